@@ -1,0 +1,44 @@
+# Quick start:   make demo   (set up, then run the head-count experiment + head analysis)
+#                make test   (set up, then run the test suite)
+#
+# `make setup` makes .venv and installs mhainterp in it. It installs the CPU build of
+# torch first (TORCH, default torch==2.13.0) unless the venv already has a torch, so no
+# multi-GB CUDA build is pulled in. Bring your own torch with `make setup TORCH=` after
+# installing it into .venv (or use `pip install -e .[dev]` in an environment you manage).
+
+PYTHON ?= python3
+VENV   ?= .venv
+TORCH  ?= torch==2.13.0
+OUT    ?= runs/quickstart
+BIN    := $(VENV)/bin
+
+.PHONY: setup demo test test-all lint clean-venv
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	@if [ -n "$(TORCH)" ] && ! $(BIN)/python -c "import torch" 2>/dev/null; then \
+		echo "installing $(TORCH) (CPU build)"; \
+		$(BIN)/pip install --quiet "$(TORCH)"; \
+	fi
+	$(BIN)/pip install --quiet -e ".[dev]"
+	@touch $@
+
+setup: $(VENV)/.installed
+
+demo: setup
+	$(BIN)/mhainterp demo --out $(OUT)
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-all: setup
+	$(BIN)/python -m pytest -q -m ""
+
+lint: setup
+	$(BIN)/ruff check mhainterp analysis tests
+	$(BIN)/ruff format --check mhainterp analysis tests
+
+clean-venv:
+	rm -rf $(VENV)

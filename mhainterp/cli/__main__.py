@@ -1,0 +1,3 @@
+from mhainterp.cli import main
+
+raise SystemExit(main())

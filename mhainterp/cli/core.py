@@ -1,0 +1,250 @@
+"""Commands ``tasks``, ``train``, ``sweep`` and ``demo``: train models and compare head counts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from mhainterp.config import SweepConfig, TrainConfig
+
+__all__ = ["register"]
+
+DEMO_TASKS = ("count_previous", "reverse")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    tasks = subparsers.add_parser(
+        "tasks",
+        help="list the synthetic tasks",
+        description="List the registered tasks: what each asks and which relation solves it.",
+    )
+    tasks.set_defaults(func=_cmd_tasks)
+
+    train = subparsers.add_parser(
+        "train",
+        help="train one model and save a run folder",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train one model on one task and save a run folder (config.json, "
+        "model.safetensors, metrics.csv, eval.json).",
+        epilog="example:\n  mhainterp train --task reverse --n-heads 4 --seed 0 --out runs/rev_h4",
+    )
+    train.add_argument("--out", required=True, help="run folder to write")
+    train.add_argument("--n-heads", type=int, default=4, help="attention heads (default 4)")
+    train.add_argument("--seed", type=int, default=0, help="init and data seed (default 0)")
+    _add_task_args(train)
+    _add_model_args(train)
+    _add_train_args(train)
+    train.set_defaults(func=_cmd_train)
+
+    sweep = subparsers.add_parser(
+        "sweep",
+        help="the head-count experiment: h x seeds, with the seed table and figures",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train every (head count, seed) with everything else fixed, then print the "
+        "seed table (mean, std, n; differences vs the seed spread) and draw the figures. "
+        "Rerunning with the same settings resumes: finished runs are kept.",
+        epilog="example:\n  mhainterp sweep --task reverse --n-heads 1,4,8 --seeds 0,1,2 "
+        "--out runs/reverse",
+    )
+    sweep.add_argument("--out", required=True, help="sweep folder (resumed if it exists)")
+    sweep.add_argument("--n-heads", type=_int_list, default=[1, 4, 8], help="e.g. 1,4,8")
+    sweep.add_argument("--seeds", type=_int_list, default=[0, 1, 2], help="e.g. 0,1,2")
+    sweep.add_argument(
+        "--executor", default="local", help="how to run: local (default), or batched/ray if present"
+    )
+    _add_task_args(sweep)
+    _add_model_args(sweep)
+    _add_train_args(sweep)
+    sweep.set_defaults(func=_cmd_sweep)
+
+    demo = subparsers.add_parser(
+        "demo",
+        help="the main job: head-count experiment on count_previous and reverse + head analysis",
+        description="Run the head-count experiment (h = 1, 4, 8; seeds 0, 1, 2; d_model 64) on "
+        "count_previous and reverse, print the seed tables, draw the figures, analyse the heads "
+        "of one model per task, and write report.md. Resumable.",
+    )
+    demo.add_argument("--out", default="runs/quickstart", help="results folder")
+    demo.add_argument("--steps", type=int, default=None, help="override training steps")
+    demo.add_argument("--seeds", type=_int_list, default=[0, 1, 2])
+    demo.add_argument("--n-heads", type=_int_list, default=[1, 4, 8])
+    demo.add_argument("--executor", default=None, help="sweep executor (default: fastest)")
+    demo.add_argument("--no-analysis", action="store_true", help="skip the head analysis")
+    demo.set_defaults(func=_cmd_demo)
+
+
+# ----- argument groups --------------------------------------------------------------------------
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def _task_param(text: str) -> tuple[str, Any]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    try:
+        return key.strip(), json.loads(value)
+    except json.JSONDecodeError:
+        return key.strip(), value
+
+
+def _add_task_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("task")
+    group.add_argument("--task", default="count_previous", help="task name (see `mhainterp tasks`)")
+    group.add_argument(
+        "--task-param",
+        type=_task_param,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="task parameter, repeatable: --task-param seq_len=16 --task-param d_vocab=10",
+    )
+
+
+def _add_model_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model (everything but the head count is shared)")
+    group.add_argument("--d-model", type=int, default=64, help="residual width (default 64)")
+    group.add_argument("--n-layers", type=int, default=None, help="blocks (default: task minimum)")
+    group.add_argument("--mlp", action="store_true", help="add MLPs (default: attention only)")
+    group.add_argument("--layer-norm", action="store_true", help="pre-LayerNorm (default: none)")
+    causal = group.add_mutually_exclusive_group()
+    causal.add_argument(
+        "--causal",
+        dest="causal",
+        action="store_true",
+        default=None,
+        help="mask future positions (default: what the task expects)",
+    )
+    causal.add_argument("--bidirectional", dest="causal", action="store_false")
+
+
+def _add_train_args(parser: argparse.ArgumentParser) -> None:
+    defaults = TrainConfig()
+    group = parser.add_argument_group("training")
+    group.add_argument("--steps", type=int, default=defaults.steps)
+    group.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    group.add_argument("--lr", type=float, default=defaults.lr)
+    group.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
+    group.add_argument("--grad-clip", type=float, default=defaults.grad_clip)
+    group.add_argument("--eval-size", type=int, default=defaults.eval_size)
+    group.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _model_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    overrides: dict[str, Any] = {"d_model": args.d_model, "attn_only": not args.mlp}
+    if args.layer_norm:
+        overrides["normalization_type"] = "LN"
+    if args.n_layers is not None:
+        overrides["n_layers"] = args.n_layers
+    if args.causal is not None:
+        overrides["causal"] = args.causal
+    return overrides
+
+
+def _train_config(args: argparse.Namespace, seed: int = 0) -> TrainConfig:
+    return TrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        warmup_steps=min(args.warmup_steps, args.steps),
+        grad_clip=args.grad_clip,
+        eval_size=args.eval_size,
+        seed=seed,
+    )
+
+
+# ----- commands ---------------------------------------------------------------------------------
+def _cmd_tasks(args: argparse.Namespace) -> int:
+    from mhainterp.tasks import get_task, list_tasks
+
+    for name in list_tasks():
+        task = get_task(name)
+        doc = (type(task).__doc__ or "").strip().splitlines()
+        relations = ", ".join(task.relations(task.sample(1).tokens))
+        print(f"{name}")
+        print(f"  {doc[0] if doc else ''}")
+        print(
+            f"  relations: {relations}; targets: {', '.join(task.target_names)}; "
+            f"{'causal' if task.causal else 'bidirectional'}; layers >= {task.min_layers}"
+        )
+        print(f"  defaults: {json.dumps(task.params)}")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from mhainterp.tasks import get_task
+    from mhainterp.training import build_model, train
+
+    task = get_task(args.task, **dict(args.task_param))
+    model = build_model(task, **_model_overrides(args), n_heads=args.n_heads, seed=args.seed)
+    result = train(
+        model, task, _train_config(args, args.seed), run_dir=args.out, progress=not args.quiet
+    )
+    print(f"trained {task.name} h={args.n_heads} seed={args.seed} -> {result.run_dir}")
+    for key, value in result.eval.items():
+        print(f"  {key}: {value:.4f}" if isinstance(value, float) else f"  {key}: {value}")
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from mhainterp.tasks import get_task
+
+    overrides = _model_overrides(args)
+    if "n_layers" not in overrides:
+        overrides["n_layers"] = get_task(args.task, **dict(args.task_param)).min_layers
+    config = SweepConfig(
+        task=args.task,
+        task_params=dict(args.task_param),
+        n_heads=args.n_heads,
+        seeds=args.seeds,
+        model=overrides,
+        train=_train_config(args),
+    )
+    summary = run_and_report_sweep(config, Path(args.out), args.executor, not args.quiet)
+    print(summary.to_markdown())
+    print(f"results, figures and summary in {args.out}")
+    return 0
+
+
+def run_and_report_sweep(config: SweepConfig, out: Path, executor: str, progress: bool):
+    """Run a sweep, then write summary tables, figures and summary.md beside its results."""
+    from mhainterp.figures._common import save_figure
+    from mhainterp.figures.headcount import plot_head_count_accuracy, plot_training_curves
+    from mhainterp.io import write_csv, write_text
+    from mhainterp.sweep import load_curves, run_sweep, summarize
+
+    results = run_sweep(config, out, executor=executor, progress=progress)
+    summary = summarize(results)
+    write_csv(out / "summary_table.csv", summary.table)
+    write_csv(out / "summary_comparisons.csv", summary.comparisons)
+    write_text(out / "summary.md", summary.to_markdown())
+    save_figure(
+        plot_head_count_accuracy(results),
+        out / "head_count_accuracy.png",
+        results.drop(columns=["run_dir"]),
+    )
+    curves = load_curves(results)
+    save_figure(plot_training_curves(curves), out / "training_curves.png", curves)
+    return summary
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from mhainterp.demo import run_demo
+
+    report = run_demo(
+        Path(args.out),
+        steps=args.steps,
+        seeds=args.seeds,
+        n_heads=args.n_heads,
+        executor=args.executor,
+        analysis=not args.no_analysis,
+    )
+    print(f"\nreport: {report}")
+    return 0

@@ -1,0 +1,81 @@
+"""Synthetic sequence tasks with known ground-truth attention relations.
+
+A task samples batches (``Task.sample(n, generator) -> Batch``), labels given tokens
+(``Task.targets_for``), gives the 0/1 attention templates of the relations that solve it
+(``Task.relations``) and a fixed evaluation set (``Task.eval_batch``). Tasks are built by name:
+
+    >>> from mhainterp.tasks import get_task, list_tasks
+    >>> task = get_task("count_previous", seq_len=16, d_vocab=10)
+    >>> batch = task.sample(64)
+    >>> batch.tokens.shape, task.d_vocab_out
+    (torch.Size([64, 16]), 16)
+
+Users add tasks with ``register_task(name, TaskSubclass)``; see :class:`Task` for what a
+subclass defines.
+
+Layout: ``batch`` (Batch), ``templates`` (relation template builders), ``base`` (Task),
+``builtin`` (the built-in tasks), ``registry`` (register_task / get_task / list_tasks).
+"""
+
+from mhainterp.tasks.base import Task
+from mhainterp.tasks.batch import IGNORE_INDEX, Batch
+from mhainterp.tasks.builtin import (
+    BUILTIN_TASKS,
+    CountPreviousTask,
+    HistogramTask,
+    InductionTask,
+    MultiRelationTask,
+    PreviousTokenTask,
+    ReverseTask,
+    SortTask,
+)
+from mhainterp.tasks.registry import (
+    accepted_params,
+    get_task,
+    list_tasks,
+    register_task,
+    unregister_task,
+)
+from mhainterp.tasks.templates import (
+    RELATION_TEMPLATES,
+    first_position_template,
+    induction_template,
+    mirror_template,
+    previous_token_template,
+    same_token_template,
+    self_template,
+    sort_source_template,
+    uniform_template,
+)
+
+__all__ = [
+    "BUILTIN_TASKS",
+    "IGNORE_INDEX",
+    "RELATION_TEMPLATES",
+    "Batch",
+    "CountPreviousTask",
+    "HistogramTask",
+    "InductionTask",
+    "MultiRelationTask",
+    "PreviousTokenTask",
+    "ReverseTask",
+    "SortTask",
+    "Task",
+    "accepted_params",
+    "first_position_template",
+    "get_task",
+    "induction_template",
+    "list_tasks",
+    "mirror_template",
+    "previous_token_template",
+    "register_task",
+    "same_token_template",
+    "self_template",
+    "sort_source_template",
+    "uniform_template",
+    "unregister_task",
+]
+
+for _task_cls in BUILTIN_TASKS:
+    register_task(_task_cls.name, _task_cls, overwrite=True)
+del _task_cls

@@ -1,0 +1,166 @@
+"""The head-count sweep: exact statistics on known tables, resumption, refusal to mix sweeps."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.stats import bootstrap_diff_ci, describe, exceeds_seed_spread, welch_test
+from mhainterp.sweep import EXECUTORS, execute_run, run_sweep, summarize
+
+
+def _results(acc: dict[int, list[float]], task="reverse") -> pd.DataFrame:
+    rows = []
+    for h, values in acc.items():
+        for seed, value in enumerate(values):
+            rows.append(
+                {
+                    "task": task,
+                    "n_heads": h,
+                    "seed": seed,
+                    "d_model": 64,
+                    "d_head": 64 // h,
+                    "n_params": 20000,
+                    "n_attn_params": 16640,
+                    "final_train_loss": 1.0 - value,
+                    "val_accuracy": value,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def test_describe_uses_sample_std():
+    assert describe([0.5, 0.7, 0.9]) == {
+        "mean": pytest.approx(0.7),
+        "std": pytest.approx(0.2),
+        "n": 3,
+    }
+    assert math.isnan(describe([0.5])["std"])
+
+
+def test_seed_rule():
+    assert exceeds_seed_spread(0.9, 0.01, 0.5, 0.02) is True
+    assert exceeds_seed_spread(0.9, 0.2, 0.7, 0.1) is False  # 0.2 < 0.3
+    assert exceeds_seed_spread(0.9, math.nan, 0.7, 0.1) is None
+
+
+def test_welch_matches_textbook_value():
+    # a = [1,2,3] (mean 2, var 1), b = [4,5,6] (mean 5, var 1): t = -3 / sqrt(2/3), df = 4.
+    t, p = welch_test([1, 2, 3], [4, 5, 6])
+    assert t == pytest.approx(-3 / math.sqrt(2 / 3))
+    assert p == pytest.approx(0.0213, abs=1e-4)
+    assert welch_test([1, 1], [1, 1]) == (0.0, 1.0)
+
+
+def test_bootstrap_interval_brackets_the_difference():
+    low, high = bootstrap_diff_ci([0.9, 0.91, 0.92], [0.5, 0.52, 0.54])
+    assert 0.36 <= low <= 0.4 <= high <= 0.42
+
+
+def test_summarize_exact_table_and_verdicts():
+    summary = summarize(
+        _results({1: [0.50, 0.52, 0.54], 4: [0.90, 0.91, 0.92], 8: [0.88, 0.93, 0.95]})
+    )
+    table = summary.table.set_index("n_heads")
+    assert table.loc[1, "val_accuracy_mean"] == pytest.approx(0.52)
+    assert table.loc[1, "val_accuracy_std"] == pytest.approx(0.02)
+    assert table.loc[4, "val_accuracy_std"] == pytest.approx(0.01)
+    assert table.loc[4, "d_head"] == 16 and table.loc[8, "n"] == 3
+    assert table.loc[1, "final_train_loss_mean"] == pytest.approx(0.48)
+    cmp = summary.comparisons.set_index(["n_heads_a", "n_heads_b"])
+    assert list(cmp.index) == [(1, 4), (1, 8), (4, 8)]
+    assert cmp.loc[(1, 4), "diff"] == pytest.approx(0.39)
+    assert cmp.loc[(1, 4), "verdict"] == "h=4 better"
+    assert bool(cmp.loc[(1, 4), "exceeds_seed_spread"]) is True
+    # 4 vs 8: diff 0.01, spread 0.01 + 0.0361: no difference.
+    assert cmp.loc[(4, 8), "verdict"] == "no difference (within seed spread)"
+    assert not any("too easy" in note for note in summary.notes)
+    markdown = summary.to_markdown()
+    assert "| 1 | 64 |" in markdown and "h=4 better" in markdown
+
+
+def test_summarize_says_too_easy_and_no_difference():
+    summary = summarize(_results({1: [1.0, 1.0, 0.995], 4: [1.0, 1.0, 1.0]}))
+    assert any("too easy" in note and "seq_len=32" in note for note in summary.notes)
+    assert any("no difference between head counts" in note for note in summary.notes)
+
+
+def test_summarize_with_one_seed_is_undetermined():
+    summary = summarize(_results({1: [0.5], 4: [0.9]}))
+    assert summary.comparisons["verdict"].tolist() == ["undetermined (n < 2)"]
+
+
+def test_summarize_rejects_other_tables():
+    with pytest.raises(ValueError, match="missing columns"):
+        summarize(pd.DataFrame({"task": ["x"]}))
+
+
+TINY = SweepConfig(
+    task="reverse",
+    task_params={"seq_len": 6, "d_vocab": 4},
+    n_heads=[1, 2],
+    seeds=[0, 1],
+    model={"d_model": 8},
+    train=TrainConfig(steps=12, batch_size=8, warmup_steps=2, log_every=4, eval_size=32),
+)
+
+
+def _numbers(df: pd.DataFrame) -> pd.DataFrame:
+    return df.drop(columns=["run_dir"])
+
+
+def test_sweep_table_rows_and_folders(tmp_path):
+    df = run_sweep(TINY, tmp_path, progress=False)
+    assert df[["n_heads", "seed"]].values.tolist() == [[1, 0], [1, 1], [2, 0], [2, 1]]
+    assert df["n_attn_params"].tolist() == [4 * (8 * 8 + 8)] * 4
+    assert df["n_params"].nunique() == 1  # the head count does not change the parameter count
+    assert (tmp_path / "runs" / "h2_seed1" / "model.safetensors").is_file()
+    saved = pd.read_csv(tmp_path / "results.csv")
+    pd.testing.assert_frame_equal(_numbers(saved), _numbers(df), check_dtype=False)
+
+
+def test_killed_sweep_resumes_to_the_identical_table(tmp_path, monkeypatch):
+    reference = run_sweep(TINY, tmp_path / "clean", progress=False)
+
+    def dies_after_two(specs, progress):
+        for spec in specs[:2]:
+            execute_run(spec)
+        raise KeyboardInterrupt("killed")
+
+    monkeypatch.setitem(EXECUTORS, "dies", dies_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(TINY, tmp_path / "killed", executor="dies", progress=False)
+    # A half-written run (no eval.json) must be redone, not trusted.
+    (tmp_path / "killed" / "runs" / "h1_seed1" / "eval.json").unlink()
+    finished_before = (tmp_path / "killed" / "runs" / "h1_seed0" / "model.safetensors").stat()
+
+    trained = []
+    monkeypatch.setitem(
+        EXECUTORS,
+        "counting",
+        lambda specs, progress: [trained.append(s.run_dir.name) or execute_run(s) for s in specs],
+    )
+    resumed = run_sweep(TINY, tmp_path / "killed", executor="counting", progress=False)
+    assert trained == ["h1_seed1", "h2_seed0", "h2_seed1"]
+    after = (tmp_path / "killed" / "runs" / "h1_seed0" / "model.safetensors").stat()
+    assert after.st_mtime_ns == finished_before.st_mtime_ns  # finished run kept untouched
+    pd.testing.assert_frame_equal(_numbers(resumed), _numbers(reference))
+
+
+def test_sweep_refuses_a_folder_of_another_sweep(tmp_path):
+    run_sweep(TINY, tmp_path, progress=False)
+    other = SweepConfig(**{**TINY.__dict__, "seeds": [5, 6]})
+    with pytest.raises(ValueError, match="holds a different sweep"):
+        run_sweep(other, tmp_path, progress=False)
+
+
+def test_sweep_config_errors():
+    with pytest.raises(ValueError, match=r"\[3\] do not divide d_model=64"):
+        SweepConfig(n_heads=[1, 3])
+    with pytest.raises(ValueError, match="set per run by the sweep"):
+        SweepConfig(model={"n_heads": 4})
+    with pytest.raises(ValueError, match="unknown"):
+        run_sweep(TINY, "unused", executor="nope")
