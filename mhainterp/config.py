@@ -31,6 +31,10 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 @dataclass
 class ModelConfig(TransformerLensConfig):
     """Shape and options of a :class:`~mhainterp.model.HookedMHATransformer`.
@@ -96,7 +100,7 @@ class ModelConfig(TransformerLensConfig):
         if self.d_head in (-1, None):
             self.d_head = derived_d_head
         _require(
-            self.d_head == derived_d_head,
+            _is_int(self.d_head) and self.d_head == derived_d_head,
             "d_head",
             self.d_head,
             f"must equal d_model // n_heads = {derived_d_head} (or be omitted)",
@@ -115,6 +119,10 @@ class ModelConfig(TransformerLensConfig):
             self.normalization_type,
             f"allowed: {_NORMALIZATION_TYPES}",
         )
+        for name in ("causal", "attn_only", "use_attn_result"):
+            value = getattr(self, name)
+            _require(isinstance(value, bool), name, value, "must be True or False")
+        _require(_is_number(self.eps) and self.eps > 0, "eps", self.eps, "must be a number > 0")
         _require(self.act_fn in _ACT_FNS, "act_fn", self.act_fn, f"allowed: {_ACT_FNS}")
         _require(
             self.positional_embedding_type in _POSITIONAL_EMBEDDING_TYPES,
@@ -130,6 +138,8 @@ class ModelConfig(TransformerLensConfig):
         )
         if isinstance(self.dtype, str):
             self.dtype = getattr(torch, self.dtype.removeprefix("torch."))
+        if isinstance(self.device, torch.device):
+            self.device = str(self.device)  # keeps the config JSON-serialisable
         # The parent fills device (cuda if available) and d_mlp (4 * d_model).
         super().__post_init__()
         _require(
@@ -217,6 +227,15 @@ class TrainConfig:
             self.eval_every,
             "must be an int >= 0",
         )
+        for name in ("lr", "weight_decay"):
+            value = getattr(self, name)
+            _require(_is_number(value), name, value, "must be a number")
+        _require(
+            self.grad_clip is None or _is_number(self.grad_clip),
+            "grad_clip",
+            self.grad_clip,
+            "must be a number or None",
+        )
         _require(self.lr > 0, "lr", self.lr, "must be > 0")
         _require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
         _require(
@@ -298,6 +317,11 @@ class SweepConfig:
             "must be a non-empty list of ints",
         )
         _require(len(set(self.seeds)) == len(self.seeds), "seeds", self.seeds, "no repeats")
+        known = {f.name for f in dataclasses.fields(ModelConfig)}
+        unknown = sorted(set(self.model) - known)
+        _require(
+            not unknown, "model", self.model, f"unknown fields {unknown}; allowed: {sorted(known)}"
+        )
         for forbidden in ("n_heads", "seed", "d_head"):
             _require(
                 forbidden not in self.model,

@@ -407,7 +407,14 @@ class HookedMHATransformer(HookedRootModule):
         self, logits: Tensor, targets: Tensor, loss_mask: Tensor | None = None
     ) -> Float[Tensor, ""]:
         """Mean cross-entropy over scored (position, target) pairs; -100 targets are ignored."""
-        targets = targets.reshape(logits.shape[:-1])
+        if not isinstance(targets, Tensor) or targets.is_floating_point():
+            raise ValueError("targets must be an integer tensor of class ids (-100 = ignore)")
+        if targets.numel() != logits[..., 0].numel():
+            raise ValueError(
+                f"targets of shape {tuple(targets.shape)} do not match logits "
+                f"{tuple(logits.shape)}: expected {tuple(logits.shape[:-1])}"
+            )
+        targets = targets.long().reshape(logits.shape[:-1])
         if loss_mask is not None:
             keep = loss_mask if targets.ndim == loss_mask.ndim else loss_mask[..., None]
             targets = targets.masked_fill(~keep.expand_as(targets), -100)
@@ -464,6 +471,8 @@ class HookedMHATransformer(HookedRootModule):
         """
         if isinstance(seq, str):
             parts = seq.replace(",", " ").split()
+            if not parts:
+                raise ValueError("cannot make tokens from an empty string; give token ids")
             try:
                 seq = [int(p) for p in parts]
             except ValueError:
@@ -506,6 +515,23 @@ class HookedMHATransformer(HookedRootModule):
     @property
     def W_O(self) -> Float[Tensor, "n_layers h d_head d_model"]:
         return self._stack("W_O")
+
+    @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        return self.embed.weight
+
+    @property
+    def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:
+        return self.pos_embed.weight
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab_out_total"]:
+        """Unembedding in TransformerLens layout (``resid @ W_U + b_U``)."""
+        return self.unembed.weight.T
+
+    @property
+    def b_U(self) -> Float[Tensor, " d_vocab_out_total"]:
+        return self.unembed.bias
 
     @property
     def n_params(self) -> int:
