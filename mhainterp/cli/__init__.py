@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 __all__ = ["main", "build_parser"]
 
-COMMAND_MODULES = ("mhainterp.cli.core",)
+COMMAND_MODULES = ("mhainterp.cli.core", "mhainterp.cli.inspect")
 
 DESCRIPTION = """\
 mhainterp: do attention heads really specialize?

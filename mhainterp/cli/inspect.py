@@ -1,0 +1,237 @@
+"""``mhainterp ablate``: remove heads from a trained run and see what breaks.
+
+One-shot::
+
+    mhainterp ablate RUN --heads L0H1,L0H3 --method mean
+
+prints the metrics before and after (overall and per target). Interactive::
+
+    mhainterp ablate RUN --interactive
+
+reads commands from standard input (``list``, ``toggle L0H2``, ``set L0H1,L0H3``,
+``method mean``, ``reset``, ``eval``, ``help``, ``quit``) and prints the table after every change.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import TextIO
+
+import pandas as pd
+import torch
+
+from mhainterp.ablation import METHODS, Ablator
+from mhainterp.training import Run, load_run
+
+__all__ = ["register", "run_ablate", "interactive_session", "format_metrics_table"]
+
+ABLATE_DESCRIPTION = """\
+Ablate (remove) attention heads of a trained run and compare loss and accuracy on the task's
+fixed evaluation set before and after, overall and per target.
+
+Methods (each edits the heads' outputs before W_O, so no other head changes):
+  zero      the head writes nothing
+  mean      the head's output is replaced by its mean over the evaluation set (per position)
+  resample  the head's output comes from another sequence of the evaluation set
+
+examples:
+  mhainterp ablate runs/quickstart/count_previous/h4_seed0 --heads L0H1,L0H3 --method mean
+  mhainterp ablate runs/quickstart/count_previous/h4_seed0 --interactive
+"""
+
+HELP_TEXT = """\
+commands:
+  list                 show every head; [x] marks the ablated ones
+  toggle HEAD[,HEAD]   ablate a head, or restore it if it is ablated (e.g. toggle L0H2)
+  set HEAD[,HEAD]      ablate exactly these heads ('set' alone: none)
+  method NAME          switch method: zero, mean or resample
+  reset                restore every head
+  eval                 print the metrics table again
+  help                 this text
+  quit                 leave (end of input also leaves)"""
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``ablate`` command to the ``mhainterp`` parser."""
+    parser = subparsers.add_parser(
+        "ablate",
+        help="ablate heads of a run and compare metrics (or explore interactively)",
+        description=ABLATE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("run", metavar="RUN", help="a run folder (written by train or sweep)")
+    parser.add_argument(
+        "--heads", default=None, help="comma-separated heads to ablate, e.g. L0H1,L0H3"
+    )
+    parser.add_argument(
+        "--method", default="zero", help=f"ablation method: {', '.join(METHODS)} (default: zero)"
+    )
+    parser.add_argument(
+        "--interactive", action="store_true", help="open a session that reads commands from stdin"
+    )
+    parser.add_argument(
+        "--eval-size", type=int, default=1024, help="evaluation sequences (default: 1024)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the resample permutation (default: 0)"
+    )
+    parser.set_defaults(func=run_ablate)
+
+
+def run_ablate(args: argparse.Namespace) -> int:
+    """Handler of ``mhainterp ablate``; returns the exit code."""
+    if not args.interactive and not args.heads:
+        raise ValueError("give the heads to ablate (--heads L0H1,L0H3) or use --interactive")
+    run = load_run(args.run)
+    ablator = Ablator(
+        run.model,
+        run.task,
+        method=args.method,
+        generator=torch.Generator().manual_seed(args.seed),
+        eval_size=args.eval_size,
+    )
+    if args.interactive:
+        return interactive_session(ablator, sys.stdin, sys.stdout, header=_describe_run(run))
+    ablator.set(args.heads)
+    print(_describe_run(run))
+    print(_status(ablator))
+    print(format_metrics_table(ablator.table()))
+    return 0
+
+
+def _describe_run(run: Run) -> str:
+    cfg = run.model.cfg
+    return (
+        f"run: {run.path}\ntask: {run.task.name}  model: {cfg.n_layers} layer(s) x "
+        f"{cfg.n_heads} heads, d_model {cfg.d_model}"
+    )
+
+
+def _status(ablator: Ablator) -> str:
+    heads = ", ".join(ablator.heads) or "none"
+    return (
+        f"method: {ablator.method}  ablated: {heads}  ({len(ablator.batch_)} evaluation sequences)"
+    )
+
+
+def format_metrics_table(table: pd.DataFrame) -> str:
+    """The ``metric / before / after / change`` table as aligned text (4 decimals).
+
+    Args:
+        table: :meth:`mhainterp.ablation.Ablator.table` output (``metric, baseline, ablated,
+            delta``).
+
+    Example:
+        >>> print(format_metrics_table(Ablator(model, task).set("L0H1").table()))  # doctest: +SKIP
+        metric        before     after    change
+        loss          0.0000    0.0000   +0.0000
+        accuracy      1.0000    1.0000   +0.0000
+    """
+    width = max(len("metric"), *(len(m) for m in table["metric"])) + 2
+    lines = [f"{'metric':<{width}}{'before':>10}{'after':>10}{'change':>10}"]
+    for row in table.itertuples(index=False):
+        lines.append(
+            f"{row.metric:<{width}}{row.baseline:>10.4f}{row.ablated:>10.4f}{row.delta:>+10.4f}"
+        )
+    return "\n".join(lines)
+
+
+def _list_heads(ablator: Ablator) -> str:
+    ablated = set(ablator.heads)
+    n_heads = ablator.model.cfg.n_heads
+    labels = ablator.valid_heads
+    lines = []
+    for layer in range(ablator.model.cfg.n_layers):
+        row = labels[layer * n_heads : (layer + 1) * n_heads]
+        marks = "  ".join(f"[{'x' if label in ablated else ' '}] {label}" for label in row)
+        lines.append(f"layer {layer}:  {marks}")
+    return "\n".join(lines)
+
+
+def _heads_argument(text: str) -> str:
+    """``"L0H1 L0H2"`` or ``"L0H1, L0H2"`` -> ``"L0H1,L0H2"``."""
+    return ",".join(part for part in text.replace(",", " ").split())
+
+
+def _command_table(ablator: Ablator) -> dict[str, Callable[[str], bool]]:
+    """Command name -> action(argument); the action returns True when the metrics changed."""
+
+    def toggle(arg: str) -> bool:
+        if not arg.strip():
+            raise ValueError("toggle needs a head, e.g. 'toggle L0H2'")
+        ablator.toggle(_heads_argument(arg))
+        return True
+
+    def set_heads(arg: str) -> bool:
+        ablator.set(_heads_argument(arg))
+        return True
+
+    def method(arg: str) -> bool:
+        if not arg.strip():
+            raise ValueError(f"method needs a name: {', '.join(METHODS)} (now {ablator.method!r})")
+        ablator.method = arg.strip()
+        return True
+
+    def reset(arg: str) -> bool:
+        ablator.reset()
+        return True
+
+    return {
+        "toggle": toggle,
+        "set": set_heads,
+        "method": method,
+        "reset": reset,
+        "eval": lambda arg: True,
+    }
+
+
+def interactive_session(
+    ablator: Ablator, stdin: TextIO, stdout: TextIO, *, header: str = ""
+) -> int:
+    """Read ablation commands from ``stdin`` until ``quit`` or end of input; returns 0.
+
+    A command that fails (an unknown head, an unknown method) prints the error and the session
+    goes on. The prompt ``ablate>`` is shown only when ``stdin`` is a terminal.
+    """
+
+    def say(text: str = "") -> None:
+        print(text, file=stdout, flush=True)
+
+    def show() -> None:
+        say(_status(ablator))
+        say(format_metrics_table(ablator.table()))
+
+    if header:
+        say(header)
+    say("interactive ablation: type 'help' for commands, 'quit' to leave")
+    show()
+    commands = _command_table(ablator)
+    interactive = stdin.isatty()
+    while True:
+        if interactive:
+            print("ablate> ", end="", file=stdout, flush=True)
+        line = stdin.readline()
+        if not line:  # end of input
+            if interactive:
+                say()
+            return 0
+        name, _, arg = line.strip().partition(" ")
+        if not name:
+            continue
+        if name in ("quit", "exit", "q"):
+            return 0
+        if name in ("help", "?"):
+            say(HELP_TEXT)
+        elif name in ("list", "ls"):
+            say(_list_heads(ablator))
+        elif name in commands:
+            try:
+                commands[name](arg)
+            except (ValueError, TypeError) as error:
+                say(f"error: {error}")
+                continue
+            show()
+        else:
+            say(f"unknown command {name!r}; type 'help' for the commands")

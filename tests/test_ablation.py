@@ -1,0 +1,481 @@
+"""Ablation with known answers: a hand-built model with two identical previous-token heads and a
+uniform head (mhainterp.handbuilt), plus equality checks against naive per-head loops."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch.testing import assert_close
+
+from mhainterp.ablation import (
+    METHODS,
+    Ablator,
+    ablate,
+    ablation_tables,
+    compare_importance,
+    gradient_importance,
+    head_importance,
+    importance_agreement,
+    pairwise_ablation,
+    prune_curve,
+    resolve_heads,
+)
+from mhainterp.figures.ablation import (
+    gradient_vs_ablation_figure,
+    importance_figure,
+    pairwise_figure,
+    pairwise_matrix,
+    prune_curve_figure,
+    save_ablation_figures,
+)
+from mhainterp.handbuilt import handbuilt_model
+from mhainterp.tasks import get_task
+from mhainterp.training import build_model, evaluate
+
+PREV_A, UNIFORM, PREV_B = "L0H0", "L0H1", "L0H2"
+
+
+@pytest.fixture(scope="module")
+def task():
+    return get_task("previous_token", seq_len=16, d_vocab=10)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return handbuilt_model(["previous", "uniform", "previous"])
+
+
+@pytest.fixture(scope="module")
+def batch(task):
+    return task.eval_batch(256)
+
+
+@pytest.fixture(scope="module")
+def multi_task():
+    # Multi-target and padded: exercises per-target columns and padding-aware references.
+    return get_task("multi_relation", seq_len=8, d_vocab=5, min_len=5)
+
+
+@pytest.fixture(scope="module")
+def multi_model(multi_task):
+    return build_model(multi_task, d_model=32, n_heads=4, n_layers=2, seed=3)
+
+
+@pytest.fixture(scope="module")
+def multi_batch(multi_task):
+    return multi_task.eval_batch(64)
+
+
+def uniform_only_accuracy(batch) -> float:
+    """Known answer when only the uniform head is left: at t >= 1 the model predicts the most
+    frequent token among positions 0..t (the first one on ties); t = 0 is always right."""
+    tokens, targets = batch.tokens, batch.targets
+    correct = total = 0
+    for seq, target in zip(tokens.tolist(), targets.tolist(), strict=True):
+        for t in range(len(seq)):
+            counts = [seq[: t + 1].count(c) for c in range(10)]
+            prediction = 10 if t == 0 else counts.index(max(counts))
+            correct += prediction == target[t]
+            total += 1
+    return correct / total
+
+
+def all_dead_accuracy(batch) -> float:
+    """Known answer with every head removed: class 10 at t = 0, class 0 (all logits tie) after."""
+    t = torch.arange(batch.tokens.shape[1]).expand_as(batch.tokens)
+    right = (t == 0) | (batch.targets == 0)
+    return float(right.float().mean())
+
+
+# ----------------------------------------------------------------------------- known answers
+
+
+@pytest.mark.parametrize("method", ["zero", "mean"])
+def test_single_heads_backup_and_uniform(model, batch, method):
+    table = head_importance(model, batch, method).set_index("head_label")
+    assert list(table.index) == [PREV_A, UNIFORM, PREV_B]
+    assert table["baseline_accuracy"].eq(1.0).all()
+    # Uniform head: nobody needs it. One previous head: the other one backs it up.
+    assert table.loc[UNIFORM, "delta_accuracy"] == 0.0
+    assert abs(table.loc[UNIFORM, "delta_loss"]) < 1e-4
+    assert table.loc[PREV_A, "accuracy"] == 1.0
+    assert table.loc[PREV_B, "accuracy"] == 1.0
+    assert_close(table.loc[PREV_A, "delta_loss"], table.loc[PREV_B, "delta_loss"])
+
+
+def test_both_previous_heads_destroy_accuracy(model, batch):
+    expected = uniform_only_accuracy(batch)
+    assert expected < 0.45
+    with ablate(model, [PREV_A, PREV_B]):
+        metrics = evaluate(model, batch)
+    assert metrics["accuracy"] == pytest.approx(expected, abs=1e-12)
+    ablator = Ablator(model, batch).set([PREV_A, PREV_B])
+    assert ablator.evaluate()["accuracy"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_pairwise_shows_backup(model, batch):
+    table = pairwise_ablation(model, batch, "zero")
+    acc = table[table["metric"] == "accuracy"].set_index(["head_a", "head_b"])
+    assert list(acc.index) == [(PREV_A, UNIFORM), (PREV_A, PREV_B), (UNIFORM, PREV_B)]
+    expected_drop = 1.0 - uniform_only_accuracy(batch)
+    backup = acc.loc[(PREV_A, PREV_B)]
+    assert backup["damage_a"] == 0.0 and backup["damage_b"] == 0.0
+    assert backup["damage_joint"] == pytest.approx(expected_drop, abs=1e-12)
+    assert backup["interaction"] == pytest.approx(expected_drop, abs=1e-12)  # joint >> sum
+    assert acc.loc[(PREV_A, UNIFORM), "interaction"] == 0.0
+    assert acc.loc[(UNIFORM, PREV_B), "interaction"] == 0.0
+    loss = table[table["metric"] == "loss"].set_index(["head_a", "head_b"])
+    assert loss["interaction"].idxmax() == (PREV_A, PREV_B)
+    assert set(table.columns) >= {"damage_sum", "ablated_joint", "baseline", "method"}
+
+
+def test_pairwise_subset_of_heads(model, batch):
+    table = pairwise_ablation(model, batch, heads="L0H2,L0H0")
+    assert table[["head_a", "head_b"]].drop_duplicates().values.tolist() == [[PREV_A, PREV_B]]
+
+
+@pytest.mark.parametrize("rescore", [True, False])
+def test_prune_curve_known_order(model, batch, rescore):
+    curve = prune_curve(model, batch, "zero", rescore=rescore)
+    assert curve["n_heads_left"].tolist() == [3, 2, 1, 0]
+    assert curve["removed"].tolist()[:2] == ["", UNIFORM]  # the useless head goes first
+    assert set(curve["removed"].tolist()[2:]) == {PREV_A, PREV_B}
+    assert curve["accuracy"].tolist()[:3] == [1.0, 1.0, 1.0]  # one previous head suffices
+    assert curve["accuracy"].iloc[3] == pytest.approx(all_dead_accuracy(batch), abs=1e-12)
+    assert curve["pruned"].iloc[3].split(",")[0] == UNIFORM
+
+
+# ----------------------------------------------------------------------------- batched == naive
+
+
+def naive_importance(model, batch, method, target_names=None):
+    rows = []
+    for label in model.head_labels:
+        with ablate(model, [label], method, reference=batch):
+            rows.append({"head_label": label, **evaluate(model, batch)})
+    return pd.DataFrame(rows).set_index("head_label")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_batched_importance_equals_naive_loop(model, batch, method):
+    batched = head_importance(model, batch, method).set_index("head_label")
+    naive = naive_importance(model, batch, method)
+    for column in ("loss", "accuracy"):
+        np.testing.assert_allclose(
+            batched[column].to_numpy(), naive[column].to_numpy(), atol=1e-5, rtol=0
+        )
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_batched_importance_equals_naive_loop_multilayer_multitarget(
+    multi_model, multi_task, multi_batch, method
+):
+    # max_rows=100 forces several chunks (copies and sequences) through the batched pass.
+    batched = head_importance(multi_model, multi_batch, method, max_rows=100)
+    batched = batched.set_index("head_label")
+    naive = naive_importance(multi_model, multi_batch, method)
+    columns = ["loss", "accuracy", "accuracy/target0", "accuracy/target1", "accuracy/target2"]
+    for column in columns:
+        np.testing.assert_allclose(
+            batched[column].to_numpy(), naive[column].to_numpy(), atol=1e-5, rtol=0
+        )
+    baseline = evaluate(multi_model, multi_batch)
+    assert_close(batched["baseline_loss"].iloc[0], baseline["loss"], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(
+        batched["delta_accuracy/target1"].to_numpy(),
+        batched["accuracy/target1"].to_numpy() - baseline["accuracy/target1"],
+        atol=1e-6,
+        rtol=0,
+    )
+    named = head_importance(multi_model, multi_task, method, eval_size=64)
+    assert "delta_accuracy/mirror" in named.columns  # a Task gives its target names
+
+
+def test_pairwise_equals_naive_joint_ablation(multi_model, multi_batch):
+    table = pairwise_ablation(multi_model, multi_batch, "mean", max_rows=150)
+    row = table[(table["head_a"] == "L0H1") & (table["head_b"] == "L1H3")]
+    row = row.set_index("metric")
+    with ablate(multi_model, ["L0H1", "L1H3"], "mean", reference=multi_batch):
+        joint = evaluate(multi_model, multi_batch)
+    assert_close(row.loc["loss", "ablated_joint"], joint["loss"], atol=1e-5, rtol=0)
+    assert_close(row.loc["accuracy", "ablated_joint"], joint["accuracy"], atol=1e-5, rtol=0)
+    assert len(table) == 28 * 5  # 8 heads -> 28 pairs, 5 metrics
+
+
+# ----------------------------------------------------------------------------- semantics
+
+
+def clean_z(model, batch, layer=0):
+    _, cache = model.run_with_cache(batch.tokens, batch.padding_mask)
+    return cache["z", layer]  # (n, T, h, d_head)
+
+
+def ablated_z(model, batch, heads, method, reference, layer=0, generator=None):
+    with ablate(model, heads, method, reference=reference, generator=generator):
+        _, cache = model.run_with_cache(batch.tokens, batch.padding_mask)
+    return cache["z", layer]
+
+
+def test_ablating_no_heads_is_exactly_the_baseline(model, batch):
+    expected = model(batch.tokens)
+    for method in METHODS:
+        with ablate(model, [], method, reference=batch):
+            assert torch.equal(model(batch.tokens), expected)
+        ablator = Ablator(model, batch, method=method)
+        assert ablator.toggle(PREV_A).toggle(PREV_A).evaluate() == {
+            **ablator.baseline_,
+            "delta_loss": 0.0,
+            "delta_accuracy": 0.0,
+        }
+    assert_close(ablator.baseline_["loss"], evaluate(model, batch)["loss"], atol=1e-7, rtol=0)
+
+
+def test_ablation_edits_only_the_listed_heads(multi_model, multi_batch):
+    clean = clean_z(multi_model, multi_batch, layer=0)
+    zeroed = ablated_z(multi_model, multi_batch, ["L0H2"], "zero", None, layer=0)
+    assert torch.equal(zeroed[:, :, 2], torch.zeros_like(zeroed[:, :, 2]))
+    assert torch.equal(zeroed[:, :, [0, 1, 3]], clean[:, :, [0, 1, 3]])
+    assert len(multi_model.hook_dict["blocks.0.attn.hook_z"].fwd_hooks) == 0  # hooks removed
+
+
+def test_mean_ablation_is_the_per_position_mean_over_real_tokens(multi_model, multi_batch):
+    reference = multi_batch[:40]
+    ref_z = clean_z(multi_model, reference, layer=1)[:, :, 3]  # (40, T, d_head)
+    real = reference.padding_mask
+    assert not real.all()  # the reference has padding, which must not enter the mean
+    expected = torch.stack(
+        [ref_z[real[:, t], t].mean(0) for t in range(real.shape[1])]
+    )  # (T, d_head)
+    got = ablated_z(multi_model, multi_batch, ["L1H3"], "mean", reference, layer=1)[:, :, 3]
+    assert_close(got, expected.expand_as(got), atol=1e-6, rtol=1e-6)
+
+
+def test_resample_takes_other_sequences_and_is_reproducible(multi_model, multi_task):
+    batch = multi_task.sample(12, torch.Generator().manual_seed(5))
+    clean = clean_z(multi_model, batch)[:, :, 1]  # (12, T, d_head)
+    got = ablated_z(
+        multi_model, batch, ["L0H1"], "resample", batch, generator=torch.Generator().manual_seed(7)
+    )[:, :, 1]
+    real = batch.padding_mask
+    mean = torch.stack([clean[real[:, t], t].mean(0) for t in range(real.shape[1])])
+    donors = []
+    for i in range(len(batch)):
+        # The donor is the sequence whose z matches at position 0 (always real).
+        matches = [j for j in range(len(batch)) if torch.allclose(got[i, 0], clean[j, 0])]
+        assert len(matches) == 1
+        j = matches[0]
+        donors.append(j)
+        both = real[j]
+        assert_close(got[i, both], clean[j, both])
+        assert_close(got[i, ~both], mean[~both])  # donor padding -> per-position mean
+    assert sorted(donors) == list(range(len(batch)))  # a permutation...
+    assert all(i != j for i, j in enumerate(donors))  # ...with no sequence keeping its own
+    again = ablated_z(
+        multi_model, batch, ["L0H1"], "resample", batch, generator=torch.Generator().manual_seed(7)
+    )[:, :, 1]
+    other = ablated_z(
+        multi_model, batch, ["L0H1"], "resample", batch, generator=torch.Generator().manual_seed(8)
+    )[:, :, 1]
+    assert torch.equal(got, again)
+    assert not torch.equal(got, other)
+
+
+# ----------------------------------------------------------------------------- gradients
+
+
+def test_gradient_importance_matches_finite_differences(multi_model, multi_batch):
+    model = copy.deepcopy(multi_model).double()  # float64: finite differences need it
+    batch = multi_batch[:6]
+    table = gradient_importance(model, batch, normalize=False).set_index("head_label")
+    eps = 1e-5
+    for label in ["L0H0", "L0H3", "L1H2"]:
+        layer, head = resolve_heads(model, label)[0]
+        slopes = []
+        for i in range(len(batch)):
+            losses = []
+            for scale in (1 + eps, 1 - eps):
+
+                def gate(z, hook, scale=scale, head=head):
+                    z = z.clone()
+                    z[:, :, head] *= scale
+                    return z
+
+                with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_z", gate)]):
+                    losses.append(evaluate(model, batch[i])["loss"])
+            slopes.append(abs(losses[0] - losses[1]) / (2 * eps))
+        expected = sum(slopes) / len(slopes)
+        assert table.loc[label, "raw_importance"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_gradient_importance_normalised_per_layer(multi_model, multi_batch):
+    table = gradient_importance(multi_model, multi_batch)
+    norms = table.groupby("layer")["importance"].apply(lambda s: float((s**2).sum() ** 0.5))
+    np.testing.assert_allclose(norms.to_numpy(), np.ones(2), atol=1e-6, rtol=0)
+    raw = table.set_index("head_label")["raw_importance"]
+    layer0 = raw[["L0H0", "L0H1", "L0H2", "L0H3"]]
+    assert_close(
+        table.set_index("head_label").loc["L0H2", "importance"],
+        raw["L0H2"] / float((layer0**2).sum() ** 0.5),
+    )
+
+
+def test_gradient_importance_known_heads():
+    model = handbuilt_model(["previous", "dead", "previous"])
+    batch = get_task("previous_token", seq_len=16, d_vocab=10).eval_batch(64)
+    table = gradient_importance(model, batch).set_index("head_label")
+    assert table.loc["L0H1", "importance"] == 0.0  # a head that writes nothing
+    assert_close(table.loc["L0H0", "importance"], table.loc["L0H2", "importance"])
+    assert_close(table.loc["L0H0", "importance"], 2**-0.5, atol=1e-6, rtol=0)
+
+
+def test_importance_agreement_is_spearman():
+    heads = ["L0H0", "L0H1", "L0H2", "L0H3"]
+    gradient = pd.DataFrame(
+        {"head_label": heads, "layer": 0, "head": range(4), "importance": [0.1, 0.2, 0.3, 0.4]}
+    )
+    ablation = pd.DataFrame(
+        {
+            "head_label": heads * 2,
+            "method": ["zero"] * 4 + ["mean"] * 4,
+            "delta_loss": [1.0, 2.0, 4.0, 3.0, 4.0, 3.0, 2.0, 1.0],  # zero, then mean
+        }
+    )
+    agreement = importance_agreement(gradient, ablation).set_index("method")
+    assert list(agreement.index) == ["zero", "mean"]
+    assert agreement.loc["zero", "spearman"] == pytest.approx(0.8)
+    assert agreement.loc["mean", "spearman"] == pytest.approx(-1.0)
+    compared = compare_importance(gradient, ablation)
+    zero = compared[compared["method"] == "zero"].set_index("head_label")
+    assert zero["ablation_rank"].tolist() == [4.0, 3.0, 1.0, 2.0]
+    assert zero["gradient_rank"].tolist() == [4.0, 3.0, 2.0, 1.0]
+    with pytest.raises(ValueError, match="no column 'delta_accuracy/x'"):
+        compare_importance(gradient, ablation, ablation_column="delta_accuracy/x")
+
+
+# ----------------------------------------------------------------------------- Ablator
+
+
+def test_ablator_state_and_agreement_with_ablate(model, batch):
+    ablator = Ablator(model, batch)
+    assert ablator.valid_heads == [PREV_A, UNIFORM, PREV_B]
+    ablator.toggle("L0H2").toggle("L0H0")
+    assert ablator.heads == [PREV_A, PREV_B]
+    ablator.method = "mean"
+    result = ablator.evaluate()
+    with ablate(model, [PREV_A, PREV_B], "mean", reference=batch):
+        expected = evaluate(model, batch)
+    assert_close(result["loss"], expected["loss"], atol=1e-5, rtol=0)
+    assert result["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-5)
+    assert result["delta_loss"] == pytest.approx(result["loss"] - ablator.baseline_["loss"])
+    table = ablator.table()
+    assert table.columns.tolist() == ["metric", "baseline", "ablated", "delta"]
+    assert table["metric"].tolist() == ["loss", "accuracy"]
+    assert ablator.set(["L0H1"]).heads == [UNIFORM]
+    assert ablator.reset().heads == [] and ablator.method == "mean"
+    assert "mean" in repr(ablator)
+
+
+def test_ablator_per_target(multi_model, multi_task):
+    ablator = Ablator(multi_model, multi_task, eval_size=64)
+    result = ablator.set("L0H3").evaluate()
+    assert [k for k in result if k.startswith("accuracy/")] == [
+        "accuracy/previous",
+        "accuracy/mirror",
+        "accuracy/count_previous",
+    ]
+    expected = head_importance(multi_model, multi_task, eval_size=64).set_index("head_label")
+    assert_close(result["accuracy/mirror"], expected.loc["L0H3", "accuracy/mirror"])
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+def test_unknown_heads_list_the_valid_ones(multi_model):
+    eight = build_model(get_task("previous_token"), d_model=64, n_heads=8)
+    with pytest.raises(ValueError, match=r"'L0H9'.*valid heads.*L0H0, L0H1.*L0H7"):
+        resolve_heads(eight, ["L0H9"])
+    with pytest.raises(ValueError, match=r"'L3H0'.*valid heads.*L0H7$"):
+        resolve_heads(eight, "L3H0")
+    with pytest.raises(ValueError, match=r"'head2'.*valid heads"):
+        resolve_heads(eight, ["head2"])
+    with pytest.raises(TypeError, match="valid heads"):
+        resolve_heads(eight, [2])
+    with pytest.raises(ValueError, match="L1H3"), ablate(multi_model, ["L2H0"]):
+        pass
+    assert resolve_heads(multi_model, ["L1H0", (0, 2), "L1H0"]) == [(0, 2), (1, 0)]
+    assert resolve_heads(multi_model, "") == []
+
+
+def test_bad_method_and_missing_reference(model, batch):
+    allowed = "allowed: 'zero', 'mean', 'resample'"
+    with pytest.raises(ValueError, match=f"method='median' is invalid; {allowed}"):
+        head_importance(model, batch, "median")
+    with pytest.raises(ValueError, match=allowed), ablate(model, [UNIFORM], "Zero"):
+        pass
+    ablator = Ablator(model, batch)
+    with pytest.raises(ValueError, match=allowed):
+        ablator.method = "random"
+    assert ablator.method == "zero"
+    with pytest.raises(ValueError, match="needs reference="), ablate(model, [UNIFORM], "mean"):
+        pass
+    with pytest.raises(ValueError, match="valid heads"):
+        ablator.toggle("L0H1", "L0H9")
+    assert ablator.heads == []  # a failed toggle changes nothing
+    with pytest.raises(TypeError, match="Task or a Batch"):
+        head_importance(model, batch.tokens)
+    with pytest.raises(ValueError, match="by='size' is invalid"):
+        prune_curve(model, batch, by="size")
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def test_figures_and_tables(model, task, tmp_path):
+    tables = ablation_tables(model, task, eval_size=128)
+    assert list(tables) == [
+        "importance",
+        "pairwise",
+        "gradient_importance",
+        "importance_agreement",
+        "prune_curve",
+    ]
+    assert tables["importance"]["method"].tolist() == [m for m in METHODS for _ in range(3)]
+    matrix = pairwise_matrix(tables["pairwise"], metric="accuracy")
+    assert matrix.index.tolist() == [PREV_A, UNIFORM, PREV_B]
+    np.testing.assert_array_equal(matrix.to_numpy(), matrix.to_numpy().T)
+    backup = tables["pairwise"].query(
+        "metric == 'accuracy' and head_a == 'L0H0' and head_b == 'L0H2'"
+    )
+    assert matrix.loc[PREV_B, PREV_A] == backup["interaction"].item() > 0.5
+
+    fig = importance_figure(tables["importance"])
+    assert [ax.get_title() for ax in fig.axes[:2]] == [
+        "Δ loss when the head is ablated",
+        "Δ accuracy when the head is ablated",
+    ]
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == [PREV_A, UNIFORM, PREV_B]
+    assert "redundancy" in pairwise_figure(tables["pairwise"]).axes[0].get_title()
+    assert prune_curve_figure(tables["prune_curve"]).axes[0].get_xlabel() == "heads left"
+    comparison = compare_importance(tables["gradient_importance"], tables["importance"])
+    fig = gradient_vs_ablation_figure(comparison, tables["importance_agreement"])
+    assert len(fig.axes) >= 3 and "Spearman" in fig.axes[0].get_title()
+
+    saved = save_ablation_figures(tables, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"{name}.{ext}" for name in saved for ext in ("png", "csv")]
+    )
+    csv = pd.read_csv(tmp_path / "ablation_prune_curve.csv", keep_default_na=False)
+    assert csv["removed"].tolist() == tables["prune_curve"]["removed"].tolist()
+
+
+def test_per_target_importance_figure(multi_model, multi_task):
+    table = head_importance(multi_model, multi_task, "mean", eval_size=64)
+    fig = importance_figure(table)
+    assert len([ax for ax in fig.axes if ax.get_title()]) == 3
+    assert fig.axes[2].get_title() == "Δ accuracy per target (mean ablation)"
+    with pytest.raises(ValueError, match="lacks columns"):
+        importance_figure(table.drop(columns="delta_loss"))
