@@ -8,9 +8,26 @@ answers are known, compare head counts across seeds, and look inside the heads.
     >>> result = train(build_model(task, n_heads=4), task, TrainConfig(steps=500))  # doctest: +SKIP
 """
 
+from mhainterp.ablation import (
+    Ablator,
+    ablate,
+    gradient_importance,
+    head_importance,
+    pairwise_ablation,
+    prune_curve,
+)
+from mhainterp.analyze import analyze_run
+from mhainterp.capture import average_patterns, example_patterns, head_statistics
 from mhainterp.config import ModelConfig, SweepConfig, TrainConfig
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.model import HookedMHATransformer, MultiHeadAttention, TransformerBlock, head_label
+from mhainterp.similarity import (
+    cluster_heads,
+    cross_model_similarity,
+    head_map_mds,
+    head_similarity,
+    match_heads,
+)
 from mhainterp.sweep import SweepSummary, run_sweep, summarize
 from mhainterp.tasks import Batch, Task, get_task, list_tasks, register_task
 from mhainterp.training import Run, build_model, evaluate, load_run, save_run, train
@@ -18,6 +35,21 @@ from mhainterp.training import Run, build_model, evaluate, load_run, save_run, t
 __version__ = "0.1.0"
 
 __all__ = [
+    "Ablator",
+    "ablate",
+    "analyze_run",
+    "average_patterns",
+    "cluster_heads",
+    "cross_model_similarity",
+    "example_patterns",
+    "gradient_importance",
+    "head_importance",
+    "head_map_mds",
+    "head_similarity",
+    "head_statistics",
+    "match_heads",
+    "pairwise_ablation",
+    "prune_curve",
     "Batch",
     "HookedMHATransformer",
     "ModelConfig",

@@ -93,8 +93,10 @@ def _analyse_one_run(
     from mhainterp.analyze import analyze_run
 
     h = max(n_heads)
-    run_dir = out / task / "runs" / f"h{h}_seed{seeds[0]}"
-    written = analyze_run(run_dir)
+    runs = out / task / "runs"
+    run_dir = runs / f"h{h}_seed{seeds[0]}"
+    reference = runs / f"h1_seed{seeds[0]}" if 1 in n_heads and h != 1 else None
+    written = analyze_run(run_dir, reference=reference)
     echo(f"analysed {run_dir}: {len(written)} files in {run_dir / 'analysis'}")
     rel = run_dir.relative_to(out) / "analysis"
     lines = [f"#### Inside {task}, h={h}, seed {seeds[0]}"]

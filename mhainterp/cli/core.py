@@ -59,6 +59,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_train_args(sweep)
     sweep.set_defaults(func=_cmd_sweep)
 
+    analyze = subparsers.add_parser(
+        "analyze",
+        help="look inside a run (or every run of a sweep): patterns, similarity, ablation",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Write every analysis table (CSV) and figure (PNG beside its CSV) under "
+        "RUN/analysis/: per-head statistics, average and example patterns next to the task's "
+        "relation templates, head similarity (js, pattern_corr, cka, ov, qk, separation) with "
+        "clustering and an MDS map, and ablation importance (single, pairwise, gradient, "
+        "pruning). Given a sweep folder, analyses every run in it.",
+        epilog="example:\n  mhainterp analyze runs/quickstart/reverse/runs/h8_seed0",
+    )
+    analyze.add_argument("path", help="a run folder or a sweep folder")
+    analyze.add_argument("--n-eval", type=int, default=1024, help="evaluation sequences")
+    analyze.add_argument("--no-ablation", action="store_true", help="skip the ablation tables")
+    analyze.add_argument("--quiet", action="store_true", help="no progress bars")
+    analyze.set_defaults(func=_cmd_analyze)
+
     demo = subparsers.add_parser(
         "demo",
         help="the main job: head-count experiment on count_previous and reverse + head analysis",
@@ -233,6 +250,17 @@ def run_and_report_sweep(config: SweepConfig, out: Path, executor: str, progress
     curves = load_curves(results)
     save_figure(plot_training_curves(curves), out / "training_curves.png", curves)
     return summary
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    from mhainterp.analyze import analyze_path
+
+    results = analyze_path(
+        args.path, n_eval=args.n_eval, ablation=not args.no_ablation, progress=not args.quiet
+    )
+    for run_dir, written in results.items():
+        print(f"{run_dir}: {len(written)} files in {run_dir / 'analysis'}")
+    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

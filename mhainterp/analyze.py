@@ -1,0 +1,176 @@
+"""Look inside a trained run: every capture, similarity and ablation table, with its figure.
+
+``analyze_run(run_dir)`` writes under ``run_dir/analysis/`` (each PNG beside its CSV)::
+
+    head_statistics.csv            entropy, confidence, offsets, self/first mass, template mass
+    average_patterns.png/.csv      dataset-average pattern per head next to the task's templates
+    example_patterns.png/.csv      one sequence's patterns, tokens on the axes
+    similarity_{method}.png/.csv   clustered head x head similarity, one per method
+    head_map.png/.csv              2-D MDS map of the heads (from the JS similarity)
+    ablation_*.png/.csv            importance, pairwise (backup), pruning, gradient vs ablation
+    gradient_importance.csv  importance_agreement.csv
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from mhainterp.io import write_csv
+from mhainterp.training import Run, is_finished_run, load_run
+
+__all__ = ["analyze_run", "analyze_path", "find_runs"]
+
+DEFAULT_METHODS = ("js", "pattern_corr", "cka", "ov", "qk", "separation")
+
+
+def analyze_run(
+    run: Run | str | os.PathLike[str],
+    *,
+    reference: Run | str | os.PathLike[str] | None = None,
+    methods: Sequence[str] = DEFAULT_METHODS,
+    n_eval: int = 1024,
+    ablation: bool = True,
+    progress: bool = False,
+) -> list[Path]:
+    """Write every analysis table and figure of one run under ``run.path / "analysis"``.
+
+    Args:
+        run: A run folder or a loaded :class:`~mhainterp.training.Run`.
+        reference: A one-head run of the same task, used as the reference of the
+            ``"separation"`` similarity (the seeds' head separation vs the single head).
+        methods: Similarity methods to compute (see ``mhainterp.similarity``).
+        n_eval: Sequences of the task's fixed evaluation set to analyse.
+        ablation: Also compute the ablation tables (the slowest part).
+        progress: Show a progress bar over the analysis steps.
+
+    Returns:
+        The paths written (CSV and PNG).
+
+    Example:
+        >>> written = analyze_run("runs/quickstart/reverse/runs/h8_seed0")  # doctest: +SKIP
+    """
+    from mhainterp.capture import (
+        average_patterns,
+        average_relations,
+        example_patterns,
+        head_statistics,
+        patterns_frame,
+        relations_frame,
+    )
+    from mhainterp.figures.patterns import plot_average_patterns, plot_example_patterns
+
+    run = run if isinstance(run, Run) else load_run(run)
+    model, task, out = run.model, run.task, run.path / "analysis"
+    n_heads_total = model.cfg.n_heads * model.cfg.n_layers
+    steps = ["statistics", "patterns", "similarity", "ablation" if ablation else None]
+    bar = tqdm([s for s in steps if s], desc=f"analyze {run.path.name}", disable=not progress)
+    written: list[Path] = []
+    for step in bar:
+        bar.set_postfix(step=step)
+        if step == "statistics":
+            stats = head_statistics(model, task, n_eval=n_eval)
+            written.append(write_csv(out / "head_statistics.csv", stats))
+        elif step == "patterns":
+            average = patterns_frame(average_patterns(model, task, n_eval=n_eval))
+            templates = relations_frame(average_relations(task, task, n_eval=n_eval))
+            title = f"{task.name}, h={model.cfg.n_heads}: average attention vs task relations"
+            plot_average_patterns(
+                average, templates, title=title, path=out / "average_patterns.png"
+            )
+            example = example_patterns(model, task, n_eval=n_eval)
+            plot_example_patterns(example, path=out / "example_patterns.png")
+            written += _pair(out, "average_patterns") + _pair(out, "example_patterns")
+        elif step == "similarity" and n_heads_total > 1:
+            written += _similarity(run, reference, methods, n_eval, out)
+        elif step == "ablation":
+            written += _ablation(run, n_eval, out)
+    return written
+
+
+def _pair(out: Path, stem: str) -> list[Path]:
+    return [out / f"{stem}.csv", out / f"{stem}.png"]
+
+
+def _similarity(
+    run: Run,
+    reference: Run | str | os.PathLike[str] | None,
+    methods: Sequence[str],
+    n_eval: int,
+    out: Path,
+) -> list[Path]:
+    from mhainterp.figures.similarity import plot_head_map, plot_similarity_heatmap
+    from mhainterp.similarity import cluster_heads, head_map_mds, head_similarity
+
+    if reference is not None and not isinstance(reference, Run):
+        reference = load_run(reference)
+    written: list[Path] = []
+    for method in methods:
+        ref_model = reference.model if (method == "separation" and reference) else None
+        sim = head_similarity(
+            run.model, run.task, method=method, n_eval=n_eval, reference=ref_model
+        )
+        plot_similarity_heatmap(sim, method=method, path=out / f"similarity_{method}.png")
+        written += _pair(out, f"similarity_{method}")
+        if method == "js":
+            clusters = cluster_heads(sim)
+            plot_head_map(
+                head_map_mds(sim), clusters=clusters, method=method, path=out / "head_map.png"
+            )
+            written += _pair(out, "head_map")
+    return written
+
+
+def _ablation(run: Run, n_eval: int, out: Path) -> list[Path]:
+    from mhainterp.ablation import ablation_tables
+    from mhainterp.figures.ablation import save_ablation_figures
+
+    tables = ablation_tables(run, eval_size=n_eval)
+    written = [
+        write_csv(out / f"{name}.csv", tables[name])
+        for name in ("gradient_importance", "importance_agreement")
+    ]
+    for png in save_ablation_figures(tables, out).values():
+        written += [png.with_suffix(".csv"), png]
+    return written
+
+
+def find_runs(path: str | os.PathLike[str]) -> list[Path]:
+    """Finished run folders at ``path``: the folder itself, or every run below it (sorted)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    if is_finished_run(path):
+        return [path]
+    runs = sorted(p.parent for p in path.rglob("eval.json") if is_finished_run(p.parent))
+    if not runs:
+        raise FileNotFoundError(f"no finished run folder (with eval.json) under {path}")
+    return runs
+
+
+def analyze_path(
+    path: str | os.PathLike[str], *, progress: bool = False, **options
+) -> dict[Path, list[Path]]:
+    """Analyse a run folder, or every run of a sweep folder (one-head runs as references).
+
+    Returns:
+        Run folder -> paths written.
+    """
+    runs = find_runs(path)
+    results = {}
+    for run_dir in tqdm(runs, desc="analyze", disable=not progress or len(runs) == 1):
+        reference = _one_head_sibling(run_dir)
+        results[run_dir] = analyze_run(run_dir, reference=reference, progress=progress, **options)
+    return results
+
+
+def _one_head_sibling(run_dir: Path) -> Path | None:
+    """``.../h1_seed{s}`` beside a sweep run ``.../h{h}_seed{s}``, if it exists and finished."""
+    name = run_dir.name
+    if not name.startswith("h") or "_seed" not in name:
+        return None
+    sibling = run_dir.parent / f"h1_{name.split('_', 1)[1]}"
+    return sibling if sibling != run_dir and is_finished_run(sibling) else None

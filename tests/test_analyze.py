@@ -1,0 +1,86 @@
+"""`analyze`: every table and figure of a run, checked on a hand-built model with known heads."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from mhainterp.cli import main
+from mhainterp.config import TrainConfig
+from mhainterp.handbuilt import handbuilt_model
+from mhainterp.tasks import get_task
+from mhainterp.training import save_run
+
+EXPECTED = {
+    "head_statistics.csv",
+    "average_patterns.png",
+    "average_patterns.csv",
+    "example_patterns.png",
+    "example_patterns.csv",
+    "head_map.png",
+    "head_map.csv",
+    "gradient_importance.csv",
+    "importance_agreement.csv",
+    "ablation_importance.png",
+    "ablation_importance.csv",
+    "ablation_pairwise.png",
+    "ablation_pairwise.csv",
+    "ablation_prune_curve.png",
+    "ablation_prune_curve.csv",
+    "gradient_vs_ablation.png",
+    "gradient_vs_ablation.csv",
+} | {
+    f"similarity_{m}.{ext}"
+    for m in ("js", "pattern_corr", "cka", "ov", "qk", "separation")
+    for ext in ("png", "csv")
+}
+
+
+@pytest.fixture
+def handbuilt_run(tmp_path):
+    """A run folder holding the previous / uniform / previous model (no training needed)."""
+    task = get_task("previous_token", seq_len=16, d_vocab=10)
+    model = handbuilt_model(["previous", "uniform", "previous"])
+    run_dir = tmp_path / "sweep" / "runs" / "h3_seed0"
+    metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
+    save_run(
+        run_dir,
+        model,
+        task,
+        TrainConfig(steps=1, warmup_steps=0),
+        metrics,
+        {"status": "finished", "accuracy": 1.0, "loss": 0.0, "final_train_loss": 0.0},
+    )
+    return run_dir
+
+
+def test_analyze_writes_every_table_and_figure_with_known_values(handbuilt_run, capsys):
+    assert main(["analyze", str(handbuilt_run), "--n-eval", "128", "--quiet"]) == 0
+    out = handbuilt_run / "analysis"
+    assert {p.name for p in out.iterdir()} == EXPECTED
+    stats = pd.read_csv(out / "head_statistics.csv")
+    mass = stats[stats["metric"] == "relation_mass:previous"].set_index("head_label")["value"]
+    assert mass["L0H0"] == pytest.approx(1.0, abs=1e-6)
+    assert mass["L0H2"] == pytest.approx(1.0, abs=1e-6)
+    assert mass["L0H1"] < 0.3  # the uniform head
+    js = pd.read_csv(out / "similarity_js.csv").set_index(["head_a", "head_b"])["similarity"]
+    assert js["L0H0", "L0H2"] == pytest.approx(1.0)
+    assert js["L0H0", "L0H1"] < 0.9
+    importance = pd.read_csv(out / "ablation_importance.csv")
+    zero = importance[importance["method"] == "zero"].set_index("head_label")
+    assert zero["delta_accuracy"].tolist() == [0.0, 0.0, 0.0]  # each previous head backs up
+
+
+def test_analyze_a_sweep_folder_analyses_every_run(handbuilt_run, capsys):
+    code = main(
+        ["analyze", str(handbuilt_run.parent.parent), "--n-eval", "64", "--no-ablation", "--quiet"]
+    )
+    assert code == 0
+    assert f"{handbuilt_run}: " in capsys.readouterr().out
+    assert (handbuilt_run / "analysis" / "similarity_cka.png").is_file()
+    assert not (handbuilt_run / "analysis" / "ablation_importance.png").exists()
+
+
+def test_analyze_missing_folder_is_a_clear_error(tmp_path, capsys):
+    assert main(["analyze", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
