@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 __all__ = ["main", "build_parser"]
 
-COMMAND_MODULES = ("mhainterp.cli.core", "mhainterp.cli.inspect")
+COMMAND_MODULES = ("mhainterp.cli.core", "mhainterp.cli.inspect", "mhainterp.cli.report")
 
 DESCRIPTION = """\
 mhainterp: do attention heads really specialize?

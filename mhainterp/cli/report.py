@@ -1,0 +1,162 @@
+"""``mhainterp report`` and ``mhainterp specialize``: the verdict and the report of a run or a
+sweep.
+
+    mhainterp specialize runs/quickstart/count_previous/runs/h4_seed0
+    mhainterp specialize runs/quickstart/count_previous
+    mhainterp report runs/quickstart --out reports/
+
+``specialize`` prints the per-head table (label and evidence) and the verdict of a run, or the
+per-head-count table and verdicts of a sweep (or of every sweep of a folder), and saves the
+tables under the runs' ``analysis/`` folders (reused when the settings match). ``report``
+writes ``report.md`` and a self-contained ``report.html``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+SPECIALIZE_DESCRIPTION = """\
+Do the heads specialize? Each head gets a label: a role (the relation it attends to, when its
+share of attention on it beats both nulls after correction and the effect is large enough),
+"redundant" (similar to another head and backing it up when ablated), "dead" (writes almost
+nothing) or "unspecialized". The verdict states the counts, the causal selectivity against its
+null (multi-target tasks) and, for several seeds, how consistent the roles are across seeds.
+
+examples:
+  mhainterp specialize runs/quickstart/count_previous/runs/h4_seed0
+  mhainterp specialize runs/quickstart/count_previous --alpha 0.01
+"""
+
+REPORT_DESCRIPTION = """\
+Write report.md and a self-contained report.html (figures embedded) for a run folder, a sweep
+folder, or a folder of sweeps (like the demo's runs/quickstart). The head-count tables, the
+specialization test (computed where missing), the figures and the caveats are all generated
+from the numbers.
+
+examples:
+  mhainterp report runs/quickstart
+  mhainterp report runs/quickstart/reverse --out reports/reverse
+"""
+
+HEAD_COLUMNS = [
+    "head_label",
+    "label",
+    "top_role",
+    "top_effect",
+    "top_p_adj",
+    "output_ratio",
+    "total_damage",
+    "causal_target",
+    "causal_selectivity",
+    "redundant_with",
+]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``specialize`` and ``report`` commands to the ``mhainterp`` parser."""
+    specialize = subparsers.add_parser(
+        "specialize",
+        help="label every head (role / redundant / dead / unspecialized) and state the verdict",
+        description=SPECIALIZE_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    specialize.add_argument("path", metavar="RUN_OR_SWEEP", help="a run, sweep or sweeps folder")
+    _add_settings(specialize)
+    specialize.set_defaults(func=_cmd_specialize)
+
+    report = subparsers.add_parser(
+        "report",
+        help="write report.md and a self-contained report.html for a run or sweep",
+        description=REPORT_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    report.add_argument("path", metavar="RUN_OR_SWEEP", help="a run, sweep or sweeps folder")
+    report.add_argument("--out", default=None, help="folder for the report (default: the path)")
+    _add_settings(report)
+    report.set_defaults(func=_cmd_report)
+
+
+def _add_settings(parser: argparse.ArgumentParser) -> None:
+    from mhainterp.specialization import CORRECTIONS, SpecializationSettings
+
+    defaults = SpecializationSettings()
+    group = parser.add_argument_group("specialization test")
+    group.add_argument(
+        "--n-sequences",
+        type=int,
+        default=defaults.n_sequences,
+        help=f"held-out sequences (default {defaults.n_sequences})",
+    )
+    group.add_argument("--alpha", type=float, default=defaults.alpha, help="level after correction")
+    group.add_argument(
+        "--correction",
+        default=defaults.correction,
+        choices=CORRECTIONS,
+        help="multiple-comparison correction (default holm)",
+    )
+    group.add_argument(
+        "--min-effect",
+        type=float,
+        default=defaults.min_effect,
+        help=f"smallest effect size that counts as a role (default {defaults.min_effect})",
+    )
+    group.add_argument(
+        "--ablation-method",
+        default=defaults.ablation_method,
+        help="ablation method for damage and redundancy (default mean)",
+    )
+    group.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from mhainterp.specialization import SpecializationSettings
+
+    return SpecializationSettings(
+        n_sequences=args.n_sequences,
+        alpha=args.alpha,
+        correction=args.correction,
+        min_effect=args.min_effect,
+        ablation_method=args.ablation_method,
+    )
+
+
+def _cmd_specialize(args: argparse.Namespace) -> int:
+    from mhainterp.report import report_kind, sweep_folders
+    from mhainterp.specialization import cached_specialization, sweep_specialization
+    from mhainterp.specialization.text import markdown_table
+
+    path = Path(args.path)
+    kind = report_kind(path)
+    settings = _settings(args)
+    progress = not args.quiet
+    if kind == "run":
+        result = cached_specialization(path, settings, progress=progress)
+        print(markdown_table(result.heads[HEAD_COLUMNS]))
+        print()
+        print(result.verdict.text)
+        print()
+        for caveat in result.verdict.caveats:
+            print(f"- {caveat}")
+        print(f"\ntables saved in {path / 'analysis'}")
+        return 0
+    sweeps = [path] if kind == "sweep" else sweep_folders(path)
+    for sweep in sweeps:
+        spec = sweep_specialization(sweep, settings, progress=progress)
+        spec.save(sweep)
+        print(f"## {sweep.name}\n")
+        print(spec.to_markdown())
+        print("\n".join(spec.result.verdict.lines))
+        print(f"\ntables saved in {sweep}\n")
+    return 0
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from mhainterp.report import write_report
+
+    md, html = write_report(args.path, args.out, settings=_settings(args), progress=not args.quiet)
+    print(f"report: {md}\n        {html}")
+    return 0

@@ -1,0 +1,338 @@
+"""Figures of the specialization test (:mod:`mhainterp.specialization`), one function per figure.
+
+Each function takes the DataFrame(s) the library returned and gives back a matplotlib Figure;
+:func:`save_specialization_figures` draws those that apply to a result and saves each PNG next to
+the CSV it was drawn from (:func:`mhainterp.figures._common.save_figure`).
+
+- :func:`role_heatmap`: heads x roles, the role score, with significance marks;
+- :func:`causal_matrix_figure`: heads x targets, the accuracy drop when the head is removed;
+- :func:`specialization_vs_heads`: share of heads with a role, share redundant and accuracy
+  against head count (every seed a point, mean ± std a bar);
+- :func:`consistency_figure`: cross-seed consistency against random matching and the
+  role-shuffled null, per head count.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mhainterp.figures._common import new_figure, plt, save_figure, sns
+
+__all__ = [
+    "causal_matrix_figure",
+    "consistency_figure",
+    "role_heatmap",
+    "save_specialization_figures",
+    "specialization_vs_heads",
+]
+
+
+def _require(df: pd.DataFrame, columns: Sequence[str], name: str) -> None:
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"{name} must be a pandas DataFrame, got {type(df).__name__}")
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(
+            f"{name} lacks columns {missing}; expected the table from mhainterp.specialization "
+            f"(has: {', '.join(map(str, df.columns))})"
+        )
+
+
+def _runs(df: pd.DataFrame, max_runs: int) -> list[str]:
+    runs = list(dict.fromkeys(df["run"])) if "run" in df.columns else [""]
+    return runs[:max_runs]
+
+
+def _of_run(df: pd.DataFrame, run: str) -> pd.DataFrame:
+    return df[df["run"] == run] if "run" in df.columns else df
+
+
+def _head_order(labels: Sequence[str]) -> list[str]:
+    def key(label: str) -> tuple[int, int]:
+        layer, head = label[1:].split("H")
+        return int(layer), int(head)
+
+    return sorted(dict.fromkeys(labels), key=key)
+
+
+def _panel_grid(n_panels: int, width: float, height: float) -> tuple[plt.Figure, list]:
+    """A figure of ``n_panels`` panels, at most two per row."""
+    ncols = min(2, n_panels)
+    nrows = -(-n_panels // ncols)
+    fig, axes = new_figure(width * ncols, height * nrows, nrows=nrows, ncols=ncols, squeeze=False)
+    flat = list(axes.ravel())
+    for ax in flat[n_panels:]:
+        ax.set_visible(False)
+    return fig, flat[:n_panels]
+
+
+def role_heatmap(
+    roles: pd.DataFrame, *, value: str = "score", alpha: float = 0.05, max_runs: int = 4
+) -> plt.Figure:
+    """Heads x roles heatmap of the role score, one panel per run.
+
+    Marks: ``**`` significant role (beats both nulls after correction, effect large enough),
+    ``*`` corrected p below alpha but effect too small, nothing otherwise. The task's own
+    relations come first and carry a trailing ``†`` on the axis.
+
+    Args:
+        roles: :attr:`SpecializationResult.roles` (``run, head_label, role, task_relation``,
+            ``value``, ``p_adj``, ``significant``).
+        value: The column to colour by (``"score"`` or ``"effect"``).
+        alpha: The level the ``*`` mark uses (the test's ``alpha``).
+        max_runs: Draw at most this many runs.
+
+    Example:
+        >>> fig = role_heatmap(result.roles)  # doctest: +SKIP
+    """
+    _require(roles, ["head_label", "role", value, "p_adj", "significant"], "roles")
+    runs = _runs(roles, max_runs)
+    width = 2.5 + 0.85 * roles["role"].nunique()
+    height = 2.6 + 0.45 * roles["head_label"].nunique()
+    fig, axes = _panel_grid(len(runs), width, height)
+    for ax, run in zip(axes, runs, strict=True):
+        df = _of_run(roles, run)
+        role_order = list(dict.fromkeys(df["role"]))
+        heads = _head_order(df["head_label"])
+        grid = df.pivot(index="head_label", columns="role", values=value).loc[heads, role_order]
+        sig = df.pivot(index="head_label", columns="role", values="significant")
+        p_adj = df.pivot(index="head_label", columns="role", values="p_adj")
+        marks = np.where(
+            sig.loc[heads, role_order].astype(bool),
+            "**",
+            np.where(p_adj.loc[heads, role_order] < alpha, "*", ""),
+        )
+        text = np.array(
+            [
+                [f"{v:.2f}{m}" if np.isfinite(v) else "" for v, m in zip(row, mrow, strict=True)]
+                for row, mrow in zip(grid.to_numpy(float), marks, strict=True)
+            ]
+        )
+        own = df["task_relation"].astype(bool) if "task_relation" in df else df["role"].isna()
+        relations = set(df.loc[own, "role"])
+        labels = [f"{r} †" if r in relations else r for r in role_order]
+        sns.heatmap(
+            grid,
+            annot=text,
+            fmt="",
+            vmin=0.0 if value == "score" else -0.2,
+            vmax=1.0,
+            cmap="viridis",
+            cbar_kws={"label": value.replace("_", " ")},
+            ax=ax,
+            xticklabels=labels,
+            yticklabels=heads,
+            annot_kws={"fontsize": 8},
+        )
+        ax.set_xlabel("relation template († = the task's own)")
+        ax.set_ylabel("head")
+        ax.set_title(run or "role scores", fontsize=10)
+        plt.setp(ax.get_xticklabels(), rotation=40, ha="right")
+        plt.setp(ax.get_yticklabels(), rotation=0)
+    fig.suptitle(
+        "Share of each head's attention on each relation template\n"
+        f"** = role (beats both nulls, corrected p < {alpha:g}, effect large enough); "
+        "* = p only"
+    )
+    fig.tight_layout()
+    return fig
+
+
+def causal_matrix_figure(causal: pd.DataFrame, *, max_runs: int = 4) -> plt.Figure:
+    """Heads x targets heatmap of the accuracy drop when the head is ablated alone.
+
+    Args:
+        causal: :attr:`SpecializationResult.causal` (``run, head_label, target, damage``).
+        max_runs: Draw at most this many runs.
+
+    Example:
+        >>> fig = causal_matrix_figure(result.causal)  # doctest: +SKIP
+    """
+    _require(causal, ["head_label", "target", "damage"], "causal")
+    runs = _runs(causal, max_runs)
+    n_targets = causal["target"].nunique()
+    width = 3.2 + 1.1 * n_targets
+    height = 2.4 + 0.45 * causal["head_label"].nunique()
+    fig, axes = _panel_grid(len(runs), width, height)
+    vmax = max(0.05, float(causal["damage"].abs().max()))
+    for ax, run in zip(axes, runs, strict=True):
+        df = _of_run(causal, run)
+        targets = list(dict.fromkeys(df["target"]))
+        heads = _head_order(df["head_label"])
+        grid = df.pivot(index="head_label", columns="target", values="damage").loc[heads, targets]
+        sns.heatmap(
+            grid,
+            annot=True,
+            fmt=".2f",
+            cmap="RdBu_r",
+            center=0.0,
+            vmin=-vmax,
+            vmax=vmax,
+            cbar_kws={"label": "accuracy drop when ablated"},
+            ax=ax,
+            annot_kws={"fontsize": 8},
+        )
+        ax.set_xlabel("target")
+        ax.set_ylabel("ablated head")
+        ax.set_title(run or "head x target damage", fontsize=10)
+        plt.setp(ax.get_yticklabels(), rotation=0)
+    fig.suptitle("Which target each head serves: accuracy lost when it is removed")
+    fig.tight_layout()
+    return fig
+
+
+_SWEEP_METRICS = (
+    ("frac_role", "share of heads with a distinct role"),
+    ("frac_redundant", "share of heads redundant"),
+    ("accuracy", "validation accuracy"),
+)
+
+
+def specialization_vs_heads(runs: pd.DataFrame) -> plt.Figure:
+    """Share of heads with a role, share redundant and accuracy against head count.
+
+    One row of panels per task; every seed is a point (jittered), the mean ± sample std over
+    seeds a black bar.
+
+    Args:
+        runs: :attr:`SweepSpecialization.runs` (``task, n_heads, seed, frac_role,
+            frac_redundant`` and ``val_accuracy`` or ``accuracy``).
+
+    Example:
+        >>> fig = specialization_vs_heads(sweep_specialization("runs/x").runs)  # doctest: +SKIP
+    """
+    _require(runs, ["task", "n_heads", "seed", "frac_role", "frac_redundant"], "runs")
+    df = runs.copy()
+    if "val_accuracy" in df.columns and df["val_accuracy"].notna().all():
+        df["accuracy"] = df["val_accuracy"]
+    _require(df, ["accuracy"], "runs")
+    tasks = list(dict.fromkeys(df["task"]))
+    fig, axes = new_figure(
+        4.0 * len(_SWEEP_METRICS), 3.4 * len(tasks), nrows=len(tasks), ncols=3, squeeze=False
+    )
+    seeds = sorted(df["seed"].unique())
+    palette = dict(zip(seeds, sns.color_palette("tab10", len(seeds)), strict=True))
+    for row, task in enumerate(tasks):
+        part = df[df["task"] == task]
+        heads = sorted(part["n_heads"].unique())
+        x_of = {h: i for i, h in enumerate(heads)}
+        for col, (metric, label) in enumerate(_SWEEP_METRICS):
+            ax = axes[row, col]
+            stats = part.groupby("n_heads")[metric].agg(["mean", "std"]).reindex(heads)
+            ax.errorbar(
+                np.arange(len(heads)),
+                stats["mean"],
+                yerr=stats["std"].fillna(0),
+                fmt="o",
+                color="black",
+                capsize=6,
+                markersize=7,
+                zorder=3,
+                label="mean ± std",
+            )
+            for i, seed in enumerate(seeds):
+                s = part[part["seed"] == seed]
+                offset = (i - (len(seeds) - 1) / 2) * 0.07
+                ax.scatter(
+                    [x_of[h] + offset for h in s["n_heads"]],
+                    s[metric],
+                    color=palette[seed],
+                    s=22,
+                    alpha=0.8,
+                    zorder=2,
+                    label=f"seed {seed}",
+                )
+            ax.set_xticks(np.arange(len(heads)), [f"h={h}" for h in heads])
+            ax.set_ylim(-0.05, 1.05)
+            ax.set_xlabel("number of heads (same parameter count)")
+            ax.set_ylabel(label)
+            ax.set_title(f"{task}: {label}", fontsize=10)
+            if row == 0 and col == 0:
+                ax.legend(fontsize=7, loc="best")
+    fig.suptitle("Specialization, redundancy and accuracy vs head count (points = seeds)")
+    fig.tight_layout()
+    return fig
+
+
+def consistency_figure(consistency: pd.DataFrame) -> plt.Figure:
+    """Cross-seed consistency of role profiles per head count, against its two nulls.
+
+    Every run pair is a point; for each head count a black bar marks the mean observed
+    consistency, a grey dash the random-matching null and a red dash the role-shuffled null.
+
+    Args:
+        consistency: :attr:`SpecializationResult.consistency` (``task, n_heads, consistency,
+            random_matching, null_shuffled``).
+
+    Example:
+        >>> fig = consistency_figure(result.consistency)  # doctest: +SKIP
+    """
+    _require(
+        consistency,
+        ["task", "n_heads", "consistency", "random_matching", "null_shuffled"],
+        "consistency",
+    )
+    tasks = list(dict.fromkeys(consistency["task"]))
+    fig, axes = new_figure(4.4 * len(tasks), 3.6, ncols=len(tasks), squeeze=False)
+    for ax, task in zip(axes[0], tasks, strict=True):
+        part = consistency[consistency["task"] == task]
+        heads = sorted(part["n_heads"].unique())
+        means = part.groupby("n_heads")[["consistency", "random_matching", "null_shuffled"]]
+        means = means.mean().reindex(heads)
+        x = np.arange(len(heads))
+        for i, h in enumerate(heads):
+            values = part.loc[part["n_heads"] == h, "consistency"]
+            ax.scatter(np.full(len(values), i), values, color="tab:blue", alpha=0.6, s=20)
+        ax.scatter(x, means["consistency"], marker="_", s=900, color="black", label="observed")
+        ax.scatter(
+            x, means["random_matching"], marker="_", s=700, color="grey", label="random matching"
+        )
+        ax.scatter(
+            x, means["null_shuffled"], marker="_", s=700, color="tab:red", label="role-shuffled"
+        )
+        ax.set_xticks(x, [f"h={h}" for h in heads])
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_xlabel("number of heads")
+        ax.set_ylabel("matched role-profile similarity")
+        ax.set_title(f"{task}: same roles across seeds?")
+        ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    return fig
+
+
+def save_specialization_figures(
+    result: object, out_dir: str | os.PathLike[str], *, prefix: str = ""
+) -> list[Path]:
+    """Draw the figures that apply to a ``SpecializationResult`` and save PNG + CSV pairs.
+
+    Writes ``{prefix}role_scores.png``, ``{prefix}causal_matrix.png`` (when the task has
+    several targets) and ``{prefix}consistency.png`` (when the result has run pairs).
+
+    Example:
+        >>> save_specialization_figures(result, "runs/x/analysis")  # doctest: +SKIP
+    """
+    out_dir = Path(out_dir)
+    roles = result.roles  # type: ignore[attr-defined]
+    causal = result.causal  # type: ignore[attr-defined]
+    consistency = result.consistency  # type: ignore[attr-defined]
+    alpha = result.settings.alpha  # type: ignore[attr-defined]
+    figure = role_heatmap(roles, alpha=alpha)
+    paths = [save_figure(figure, out_dir / f"{prefix}role_scores.png", roles)]
+    if len(causal) and causal["target"].nunique() > 1:
+        paths.append(
+            save_figure(
+                causal_matrix_figure(causal), out_dir / f"{prefix}causal_matrix.png", causal
+            )
+        )
+    if len(consistency):
+        paths.append(
+            save_figure(
+                consistency_figure(consistency), out_dir / f"{prefix}consistency.png", consistency
+            )
+        )
+    return paths

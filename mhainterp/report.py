@@ -1,0 +1,504 @@
+"""Reports: ``report.md`` and a self-contained ``report.html`` for a run, a sweep, or a folder
+of sweeps, with every finding and caveat generated from the numbers.
+
+:func:`write_report` recognises three kinds of folder:
+
+- a **run** folder (``config.json``, ``model.safetensors``, ``eval.json``; see
+  :mod:`mhainterp.training`): the run's settings and accuracy, the specialization test (labels,
+  verdict, role-score heatmap, head x target damage), and every figure ``mhainterp analyze``
+  left in ``analysis/``;
+- a **sweep** folder (``sweep.json`` + ``results.csv``; see :mod:`mhainterp.sweep`): the seed
+  table of the head-count experiment (:func:`mhainterp.sweep.summarize`), its figures
+  (``head_count_accuracy.png``, ``training_curves.png``; drawn if missing), specialization,
+  redundancy and accuracy against head count
+  (:func:`~mhainterp.specialization.sweep_specialization`), cross-seed consistency, and the
+  ``analysis/`` figures of any run that has them;
+- a **folder of sweeps** (sub-folders with ``sweep.json``, like ``runs/quickstart/``): one
+  section per sweep after a summary of all of them.
+
+The specialization test runs where it is not yet saved (results go under each run's
+``analysis/`` and the sweep-level tables and figures into the sweep folder), and is reused
+otherwise. The Markdown refers to the figures by relative path; the HTML embeds them as base64
+PNG and has no external ``src`` or ``href``, so it can be mailed as one file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from mhainterp.io import read_json, write_csv, write_text
+from mhainterp.specialization import (
+    SpecializationResult,
+    SpecializationSettings,
+    Verdict,
+    cached_specialization,
+    sweep_specialization,
+)
+from mhainterp.specialization.sweep import resolve_run_dirs
+from mhainterp.specialization.text import format_value, markdown_table
+from mhainterp.training import is_finished_run
+
+__all__ = ["report_kind", "sweep_folders", "write_report"]
+
+OWN_FIGURES = ("role_scores", "causal_matrix", "consistency")
+"""Figure stems the report draws itself (kept out of the list of ``analyze`` figures)."""
+
+SWEEP_ANALYSIS_FIGURES = (
+    "average_patterns",
+    "similarity_js",
+    "ablation_importance",
+    "ablation_pairwise",
+)
+"""The ``analyze`` figures a sweep report embeds per analysed run (a run report embeds all);
+the others are listed by name."""
+
+
+# ----------------------------------------------------------------------------- blocks
+
+
+@dataclass
+class _Heading:
+    text: str
+    level: int
+
+
+@dataclass
+class _Paragraph:
+    text: str
+
+
+@dataclass
+class _Bullets:
+    items: list[str]
+
+
+@dataclass
+class _Table:
+    df: pd.DataFrame
+    caption: str = ""
+
+
+@dataclass
+class _Image:
+    path: Path
+    caption: str
+
+
+Block = _Heading | _Paragraph | _Bullets | _Table | _Image
+
+
+def _render_markdown(blocks: list[Block], out_dir: Path) -> str:
+    lines: list[str] = []
+    for block in blocks:
+        if isinstance(block, _Heading):
+            lines += ["#" * block.level + " " + block.text, ""]
+        elif isinstance(block, _Paragraph):
+            lines += [block.text, ""]
+        elif isinstance(block, _Bullets):
+            lines += [f"- {item}" for item in block.items] + [""]
+        elif isinstance(block, _Table):
+            if block.caption:
+                lines += [f"*{block.caption}*", ""]
+            lines += [markdown_table(block.df), ""]
+        elif isinstance(block, _Image):
+            rel = Path(os.path.relpath(block.path, out_dir)).as_posix()
+            lines += [
+                f"![{block.caption}]({rel})",
+                "",
+                f"*{block.caption}* (data: `{Path(rel).with_suffix('.csv').as_posix()}`)",
+                "",
+            ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+_CSS = """
+body { font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; max-width: 1100px;
+       margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
+table { border-collapse: collapse; margin: 0.6em 0 1.2em; font-size: 0.88em; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
+th { background: #f2f2f2; }
+td:first-child, th:first-child { text-align: left; }
+figure { margin: 1em 0 1.6em; }
+figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: 0.9em; color: #555; }
+code { background: #f5f5f5; padding: 0 3px; }
+"""
+
+
+def _html_table(df: pd.DataFrame) -> str:
+    shown = df.copy()
+    for column in shown.columns:
+        shown[column] = [format_value(v) for v in shown[column]]
+    return shown.to_html(index=False, escape=True, border=0)
+
+
+def _render_html(blocks: list[Block], title: str) -> str:
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>",
+        f"<style>{_CSS}</style></head><body>",
+    ]
+    for block in blocks:
+        if isinstance(block, _Heading):
+            parts.append(f"<h{block.level}>{html.escape(block.text)}</h{block.level}>")
+        elif isinstance(block, _Paragraph):
+            parts.append(f"<p>{html.escape(block.text)}</p>")
+        elif isinstance(block, _Bullets):
+            items = "".join(f"<li>{html.escape(item)}</li>" for item in block.items)
+            parts.append(f"<ul>{items}</ul>")
+        elif isinstance(block, _Table):
+            if block.caption:
+                parts.append(f"<p><em>{html.escape(block.caption)}</em></p>")
+            parts.append(_html_table(block.df))
+        elif isinstance(block, _Image):
+            data = base64.b64encode(block.path.read_bytes()).decode("ascii")
+            caption = html.escape(block.caption)
+            parts.append(
+                f'<figure><img alt="{caption}" src="data:image/png;base64,{data}">'
+                f"<figcaption>{caption}</figcaption></figure>"
+            )
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
+
+
+# ----------------------------------------------------------------------------- kinds
+
+
+def report_kind(path: str | os.PathLike[str]) -> str:
+    """``"run"``, ``"sweep"`` or ``"sweeps"`` (a folder of sweep folders).
+
+    Raises:
+        FileNotFoundError: If ``path`` is none of these.
+
+    Example:
+        >>> report_kind("runs/quickstart")  # doctest: +SKIP
+        'sweeps'
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a folder")
+    if (path / "sweep.json").is_file():
+        return "sweep"
+    if is_finished_run(path):
+        return "run"
+    if sweep_folders(path):
+        return "sweeps"
+    raise FileNotFoundError(
+        f"{path} is not a run folder (config.json, model.safetensors, eval.json), a sweep "
+        "folder (sweep.json, results.csv) or a folder of sweep folders"
+    )
+
+
+def sweep_folders(path: str | os.PathLike[str]) -> list[Path]:
+    """The sweep folders (with ``sweep.json``) directly inside ``path``, sorted by name."""
+    path = Path(path)
+    return sorted(p for p in path.iterdir() if p.is_dir() and (p / "sweep.json").is_file())
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+def _caveats(verdict_caveats: list[str]) -> list[Block]:
+    return [_Heading("Caveats", 2), _Bullets(verdict_caveats)]
+
+
+def _analysis_blocks(run_dir: Path, level: int, only: tuple[str, ...] | None = None) -> list[Block]:
+    """The figures ``mhainterp analyze`` wrote in ``run_dir/analysis`` (not the report's own):
+    all of them, or those named in ``only`` with the rest listed by name."""
+    folder = run_dir / "analysis"
+    pngs = sorted(p for p in folder.glob("*.png") if p.stem not in OWN_FIGURES)
+    if not pngs:
+        return []
+    shown = [p for p in pngs if only is None or p.stem in only]
+    blocks: list[Block] = [_Heading(f"Inside {run_dir.name} (mhainterp analyze)", level)]
+    blocks += [_Image(p, f"{run_dir.name}: {p.stem.replace('_', ' ')}") for p in shown]
+    rest = [p.name for p in pngs if p not in shown]
+    if rest:
+        blocks.append(_Paragraph(f"Also in {run_dir.name}/analysis/: {', '.join(rest)}."))
+    return blocks
+
+
+def _head_table(result: SpecializationResult) -> pd.DataFrame:
+    columns = {
+        "head_label": "head",
+        "label": "label",
+        "top_role": "best role",
+        "top_score": "score",
+        "top_effect": "effect",
+        "top_p_adj": "p (corrected)",
+        "output_ratio": "write / resid",
+        "total_damage": "acc drop if removed",
+        "causal_target": "hurts most",
+        "causal_selectivity": "selectivity",
+        "redundant_with": "redundant with",
+    }
+    return result.heads[list(columns)].rename(columns=columns)
+
+
+def _specialization_blocks(
+    result: SpecializationResult, figure_dir: Path, level: int
+) -> list[Block]:
+    from mhainterp.figures.specialization import save_specialization_figures
+
+    paths = save_specialization_figures(result, figure_dir)
+    blocks: list[Block] = [
+        _Heading("Do the heads specialize?", level),
+        _Paragraph(
+            f"Role scores on {result.settings.n_sequences} held-out sequences; a role needs "
+            f"corrected p < {result.settings.alpha:g} against the permutation and "
+            f"initialisation nulls and effect ≥ {result.settings.min_effect:g}."
+        ),
+        _Bullets(result.verdict.lines),
+        _Table(_head_table(result), "Per head: label and evidence."),
+    ]
+    captions = {
+        "role_scores": "Share of each head's attention on each relation template (** = role).",
+        "causal_matrix": "Accuracy lost on each target when one head is removed.",
+        "consistency": "Cross-seed consistency of role profiles vs its nulls.",
+    }
+    blocks += [_Image(p, captions.get(p.stem, p.stem)) for p in paths]
+    return blocks
+
+
+def _run_blocks(
+    run_dir: Path, settings: SpecializationSettings, progress: bool, level: int
+) -> tuple[list[Block], Verdict]:
+    config = read_json(run_dir / "config.json")
+    saved = read_json(run_dir / "eval.json")
+    model, train = config["model"], config["train"]
+    task = config["task"]
+    accuracy = ", ".join(
+        f"{k} {v:.3f}" for k, v in saved.items() if k.startswith("accuracy") and v == v
+    )
+    shape = f"h={model['n_heads']} heads of d_head={model['d_head']} in d_model={model['d_model']}"
+    blocks: list[Block] = [
+        _Paragraph(
+            f"Task {task['name']} ({_params(task['params'])}); {shape}, {model['n_layers']} "
+            f"layer(s), seed {model['seed']}; {train['steps']} steps at lr {train['lr']}. "
+            f"Evaluation: loss {saved['loss']:.4f}; {accuracy}."
+        )
+    ]
+    result = cached_specialization(run_dir, settings, progress=progress)
+    blocks += _specialization_blocks(result, run_dir / "analysis", level)
+    blocks += _analysis_blocks(run_dir, level)
+    return blocks, result.verdict
+
+
+def _params(params: dict[str, Any]) -> str:
+    """``"seq_len=16, d_vocab=10"`` (or ``"defaults"`` when empty)."""
+    return ", ".join(f"{k}={v}" for k, v in params.items()) or "defaults"
+
+
+def _params_sentence(results: pd.DataFrame) -> str:
+    """Whether the head counts share one parameter count, from the results table."""
+    counts = sorted(set(int(n) for n in results["n_params"]))
+    if len(counts) == 1:
+        return f"Only the head count changes; every run has {counts[0]:,} parameters."
+    return f"Parameter counts differ between runs: {', '.join(f'{n:,}' for n in counts)}."
+
+
+def _summary_display(table: pd.DataFrame) -> pd.DataFrame:
+    out = table.drop(columns=["task"]).rename(
+        columns={
+            "final_train_loss_mean": "final train loss",
+            "val_accuracy_mean": "val acc (seed mean)",
+            "val_accuracy_std": "std",
+        }
+    )
+    return out
+
+
+def _sweep_blocks(
+    sweep_dir: Path, settings: SpecializationSettings, progress: bool, level: int
+) -> tuple[list[Block], Verdict, list[str]]:
+    """A sweep's section, its verdict, and its findings (one line each)."""
+    from mhainterp.sweep import summarize
+
+    config = read_json(sweep_dir / "sweep.json")
+    results = resolve_run_dirs(pd.read_csv(sweep_dir / "results.csv"), sweep_dir)
+    summary = summarize(results)
+    write_csv(sweep_dir / "summary_table.csv", summary.table)
+    write_csv(sweep_dir / "summary_comparisons.csv", summary.comparisons)
+    train = config["train"]
+    blocks: list[Block] = [
+        _Paragraph(
+            f"Task {config['task']} ({_params(config['task_params'])}); "
+            f"model {_params(config['model'])}; "
+            f"h ∈ {{{', '.join(map(str, config['n_heads']))}}} × seeds "
+            f"{{{', '.join(map(str, config['seeds']))}}}; {train['steps']} steps at lr "
+            f"{train['lr']}. {_params_sentence(results)}"
+        ),
+        _Heading("Head count vs accuracy", level),
+        _Table(_summary_display(summary.table), "Seed table (mean and sample std over seeds)."),
+    ]
+    if len(summary.comparisons):
+        blocks.append(
+            _Table(
+                summary.comparisons.drop(columns=["task"]),
+                "Differences between head counts: Welch's test, bootstrap CI, seed-spread rule.",
+            )
+        )
+    blocks.append(_Bullets(summary.notes))
+    blocks += [_Image(p, c) for p, c in _sweep_figures(sweep_dir, results)]
+    spec = sweep_specialization(sweep_dir, settings, progress=progress)
+    spec.save(sweep_dir)
+    blocks += _sweep_specialization_blocks(spec, sweep_dir, level)
+    for row in results.itertuples(index=False):
+        blocks += _analysis_blocks(Path(row.run_dir), level, SWEEP_ANALYSIS_FIGURES)
+    findings = [n for n in summary.notes if "exceeds the seed spread" in n or "no difference" in n]
+    findings += spec.notes[:1]
+    return blocks, spec.result.verdict, findings
+
+
+def _sweep_figures(sweep_dir: Path, results: pd.DataFrame) -> list[tuple[Path, str]]:
+    """The sweep's accuracy and training-curve figures, drawn if they are missing."""
+    from mhainterp.figures._common import save_figure
+    from mhainterp.figures.headcount import plot_head_count_accuracy, plot_training_curves
+    from mhainterp.sweep import load_curves
+
+    accuracy = sweep_dir / "head_count_accuracy.png"
+    if not accuracy.is_file():
+        data = results.drop(columns=["run_dir"], errors="ignore")
+        save_figure(plot_head_count_accuracy(results), accuracy, data)
+    curves = sweep_dir / "training_curves.png"
+    if not curves.is_file():
+        table = load_curves(results)
+        save_figure(plot_training_curves(table), curves, table)
+    return [
+        (accuracy, "Validation accuracy per head count (points = seeds, bars = mean ± std)."),
+        (curves, "Training loss, one line per run."),
+    ]
+
+
+def _sweep_specialization_blocks(spec: Any, sweep_dir: Path, level: int) -> list[Block]:
+    from mhainterp.figures._common import save_figure
+    from mhainterp.figures.specialization import (
+        causal_matrix_figure,
+        consistency_figure,
+        role_heatmap,
+        specialization_vs_heads,
+    )
+    from mhainterp.specialization.sweep import display_summary
+
+    result = spec.result
+    blocks: list[Block] = [
+        _Heading("Do the heads specialize, and how does that change with h?", level),
+        _Table(display_summary(spec.summary), "Per head count, over seeds."),
+        _Bullets(spec.notes),
+        _Paragraph("Verdicts per head count:"),
+        _Bullets(result.verdict.lines),
+    ]
+    figures = [
+        (
+            save_figure(
+                specialization_vs_heads(spec.runs),
+                sweep_dir / "specialization_vs_heads.png",
+                spec.runs,
+            ),
+            "Share of heads with a role, share redundant and accuracy vs h (points = seeds).",
+        )
+    ]
+    if len(result.consistency):
+        figures.append(
+            (
+                save_figure(
+                    consistency_figure(result.consistency),
+                    sweep_dir / "consistency.png",
+                    result.consistency,
+                ),
+                "Cross-seed consistency of role profiles vs random matching and "
+                "role-shuffled profiles.",
+            )
+        )
+    first_seed = spec.runs.groupby("n_heads", sort=True).head(1)["run"].tolist()
+    roles = result.roles[result.roles["run"].isin(first_seed)]
+    figures.append(
+        (
+            save_figure(
+                role_heatmap(roles, alpha=result.settings.alpha, max_runs=len(first_seed)),
+                sweep_dir / "role_scores.png",
+                roles,
+            ),
+            "Role scores of the first seed of each head count.",
+        )
+    )
+    causal = result.causal[result.causal["run"].isin(first_seed)]
+    if len(causal) and causal["target"].nunique() > 1:
+        figures.append(
+            (
+                save_figure(
+                    causal_matrix_figure(causal, max_runs=len(first_seed)),
+                    sweep_dir / "causal_matrix.png",
+                    causal,
+                ),
+                "Head x target damage, first seed of each head count.",
+            )
+        )
+    return blocks + [_Image(p, c) for p, c in figures]
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def write_report(
+    path: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None = None,
+    *,
+    settings: SpecializationSettings | None = None,
+    progress: bool = False,
+    **overrides: Any,
+) -> tuple[Path, Path]:
+    """Write ``report.md`` and a self-contained ``report.html`` for a run, sweep or sweeps.
+
+    Args:
+        path: A run folder, a sweep folder, or a folder of sweep folders.
+        out: Where to write the two files (default: ``path``).
+        settings: Settings of the specialization test (``**overrides`` replace fields, e.g.
+            ``n_sequences=128``).
+        progress: Show progress bars.
+        **overrides: :class:`~mhainterp.specialization.SpecializationSettings` fields.
+
+    Returns:
+        ``(report.md path, report.html path)``.
+
+    Raises:
+        FileNotFoundError: If ``path`` is not one of the three kinds of folder.
+
+    Example:
+        >>> md, html_path = write_report("runs/quickstart")  # doctest: +SKIP
+    """
+    path = Path(path)
+    kind = report_kind(path)
+    settings = settings or SpecializationSettings()
+    if overrides:
+        settings = SpecializationSettings.from_dict({**settings.to_dict(), **overrides})
+    out_dir = Path(out) if out is not None else path
+    title = f"mhainterp report: {path.resolve().name}"
+    blocks: list[Block] = [_Heading(title, 1)]
+    if kind == "run":
+        body, verdict = _run_blocks(path, settings, progress, level=2)
+        blocks += body
+    elif kind == "sweep":
+        body, verdict, findings = _sweep_blocks(path, settings, progress, level=2)
+        blocks += [_Heading("Findings", 2), _Bullets(findings), *body]
+    else:
+        sections, runs, findings = [], [], []
+        for sweep in sweep_folders(path):
+            body, sweep_verdict, sweep_findings = _sweep_blocks(sweep, settings, progress, 3)
+            sections += [_Heading(f"Sweep {sweep.name}", 2), *body]
+            findings += sweep_findings
+            runs += sweep_verdict.runs
+        verdict = Verdict(runs)
+        blocks += [_Heading("Findings", 2), _Bullets(findings), *sections]
+    blocks += _caveats(verdict.caveats)
+    md_path = write_text(out_dir / "report.md", _render_markdown(blocks, out_dir))
+    html_path = write_text(out_dir / "report.html", _render_html(blocks, title))
+    return md_path, html_path

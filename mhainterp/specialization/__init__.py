@@ -1,0 +1,135 @@
+"""Do the heads actually specialize? Role scores against nulls, causal selectivity, redundancy,
+cross-seed consistency, and a verdict generated from the numbers.
+
+The seeds warn that heads are not guaranteed distinct roles, that some are redundant or useless,
+and that an attention map is a clue, not an explanation. This package turns each warning into a
+measurement:
+
+================  ==========================================================================
+``roles``         share of each head's attention on each relation template, with the
+                  permutation null (keys shuffled within the mask)
+``nulls``         the initialisation null (same architecture, matched seeds, untrained) and
+                  corrected p-values of both nulls combined
+``corrections``   Holm and Benjamini-Hochberg adjusted p-values
+``causal``        head x target ablation damage, selectivity index and its permutation null
+``redundancy``    similar heads that back each other up in pairwise ablation
+``consistency``   the same roles across seeds: Hungarian matching vs random matching
+``settings``      :class:`SpecializationSettings`: every threshold, validated
+``labels``        one label per head: dead > redundant > role > unspecialized (mixing)
+``core``          :func:`specialization_test`: the tables, labels and verdict of runs
+``sweep``         :func:`sweep_specialization`: specialization, redundancy and accuracy vs h
+``verdict``       the verdict objects whose text is generated from the numbers
+================  ==========================================================================
+
+Example:
+    >>> from mhainterp.handbuilt import handbuilt_model
+    >>> from mhainterp.tasks import get_task
+    >>> task = get_task("previous_token", seq_len=16, d_vocab=10)
+    >>> result = specialization_test(handbuilt_model(["previous", "uniform", "dead"]), task)
+    >>> result.heads["label"].tolist()
+    ['previous', 'unspecialized', 'dead']
+"""
+
+from mhainterp.specialization.causal import (
+    CausalSelectivity,
+    TargetDamage,
+    causal_selectivity,
+    model_selectivity,
+    selectivity_index,
+    target_damage,
+)
+from mhainterp.specialization.consistency import (
+    cross_seed_consistency,
+    profile_similarity,
+    role_profiles,
+)
+from mhainterp.specialization.core import (
+    HEAD_COLUMNS,
+    RUN_COLUMNS,
+    SpecializationResult,
+    combine_results,
+    specialization_test,
+)
+from mhainterp.specialization.corrections import (
+    CORRECTIONS,
+    adjust_pvalues,
+    benjamini_hochberg,
+    holm,
+)
+from mhainterp.specialization.labels import LABELS_OTHER, label_heads, mixed_roles, role_targets
+from mhainterp.specialization.nulls import (
+    combine_nulls,
+    init_models,
+    init_null_scores,
+    init_null_summary,
+    init_p_values,
+    matched_seeds,
+)
+from mhainterp.specialization.redundancy import redundancy_pairs, redundant_partners
+from mhainterp.specialization.roles import (
+    DESCRIPTIVE_ROLES,
+    GENERIC_ROLES,
+    generic_templates,
+    nested_roles,
+    permutation_null_samples,
+    role_scores,
+    role_templates,
+)
+from mhainterp.specialization.settings import SpecializationSettings
+from mhainterp.specialization.sweep import (
+    SUMMARY_COLUMNS,
+    SweepSpecialization,
+    cached_specialization,
+    specialization_summary,
+    sweep_specialization,
+)
+from mhainterp.specialization.verdict import RunVerdict, Verdict, format_p
+
+__all__ = [
+    "CORRECTIONS",
+    "DESCRIPTIVE_ROLES",
+    "GENERIC_ROLES",
+    "HEAD_COLUMNS",
+    "LABELS_OTHER",
+    "RUN_COLUMNS",
+    "SUMMARY_COLUMNS",
+    "CausalSelectivity",
+    "RunVerdict",
+    "SpecializationResult",
+    "SpecializationSettings",
+    "SweepSpecialization",
+    "TargetDamage",
+    "Verdict",
+    "adjust_pvalues",
+    "benjamini_hochberg",
+    "cached_specialization",
+    "causal_selectivity",
+    "combine_nulls",
+    "combine_results",
+    "cross_seed_consistency",
+    "format_p",
+    "generic_templates",
+    "holm",
+    "init_models",
+    "init_null_scores",
+    "init_null_summary",
+    "init_p_values",
+    "label_heads",
+    "matched_seeds",
+    "mixed_roles",
+    "model_selectivity",
+    "nested_roles",
+    "permutation_null_samples",
+    "profile_similarity",
+    "redundancy_pairs",
+    "redundant_partners",
+    "role_profiles",
+    "role_scores",
+    "role_targets",
+    "role_templates",
+    "selectivity_index",
+    "specialization_summary",
+    "specialization_test",
+    "sweep_specialization",
+    "target_damage",
+]

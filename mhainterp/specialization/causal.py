@@ -1,0 +1,335 @@
+"""Causal selectivity: does removing a head hurt one target far more than the others?
+
+On a multi-target task (``multi_relation``: previous, mirror, count_previous) every head is
+ablated alone (:func:`mhainterp.ablation.ablate`, before ``W_O``) and its **damage** on each
+target is the drop in that target's accuracy, ``baseline - ablated``. The head x target matrix
+of damages is what :func:`mhainterp.ablation.head_importance` reports as
+``-delta_accuracy/<target>`` (the tests check they agree); here it is also kept per sequence for
+the permutation null.
+
+**Selectivity index** of a head with damages ``d_1..d_k`` (clipped at 0, total ``D``):
+
+    SI = (k * max(d) / D - 1) / (k - 1)
+
+1 when all the damage falls on one target, 0 when it is spread evenly; undefined (NaN) when the
+head does no damage (``D < min_damage``): a head that does nothing is not selective. The model's
+selectivity is the damage-weighted mean ``sum_h D_h SI_h / sum_h D_h`` over heads that do damage.
+
+**Permutation null** (the damage does not care which target): within every sequence, the head's
+per-target damages are shuffled across targets, independently per sequence and per head, and
+the indices recomputed from the shuffled means. The total damage of a head is unchanged by this,
+so the same heads take part. ``p = (1 + #{null >= observed}) / (1 + M)``.
+
+Caveat: a target that is more fragile than the others (damaged by removing *any* head) looks
+like selectivity under this null; read the matrix itself, not only the index.
+
+Shapes: H heads (all layers), n sequences, k targets, M permutations.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from jaxtyping import Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from mhainterp.ablation import ablate, check_method
+from mhainterp.model import HookedMHATransformer
+from mhainterp.tasks import IGNORE_INDEX, Batch
+
+__all__ = [
+    "CausalSelectivity",
+    "TargetDamage",
+    "causal_selectivity",
+    "head_damage_table",
+    "model_selectivity",
+    "selectivity_index",
+    "target_damage",
+]
+
+
+@dataclass
+class TargetDamage:
+    """Per-sequence results of ablating each head alone.
+
+    Attributes:
+        heads: Head labels, layer-major (H).
+        target_names: Target names (k).
+        damage: ``[H, n, k]`` float64: sequence ``i``'s contribution to the accuracy drop of
+            target ``t``, scaled so that ``damage.mean(1)`` is the drop over the whole batch.
+        loss_increase: ``[H]`` mean cross-entropy with the head ablated minus without.
+        baseline_accuracy: ``[k]`` unablated accuracy per target.
+    """
+
+    heads: list[str]
+    target_names: list[str]
+    damage: Float[Tensor, "H n k"]
+    loss_increase: Float[Tensor, " H"]
+    baseline_accuracy: Float[Tensor, " k"]
+
+    @property
+    def matrix(self) -> Float[Tensor, "H k"]:
+        """The head x target accuracy drop over the batch."""
+        return self.damage.mean(1)
+
+    def frame(self) -> pd.DataFrame:
+        """Tidy head x target table: ``head_label, layer, head, target, baseline_accuracy,
+        ablated_accuracy, damage`` (accuracy drop; positive = the head helps that target)."""
+        matrix = self.matrix.numpy()
+        rows = []
+        for i, label in enumerate(self.heads):
+            layer, head = (int(x) for x in label[1:].split("H"))
+            for t, name in enumerate(self.target_names):
+                base = float(self.baseline_accuracy[t])
+                rows.append(
+                    {
+                        "head_label": label,
+                        "layer": layer,
+                        "head": head,
+                        "target": name,
+                        "baseline_accuracy": base,
+                        "ablated_accuracy": base - float(matrix[i, t]),
+                        "damage": float(matrix[i, t]),
+                    }
+                )
+        return pd.DataFrame(rows)
+
+
+def _correct_and_nll(
+    logits: Tensor, batch: Batch
+) -> tuple[Float[Tensor, "n k"], Float[Tensor, " n"]]:
+    """Correct scored predictions per (sequence, target) and summed NLL per sequence."""
+    n, T = batch.tokens.shape
+    k = batch.n_targets
+    logits = logits.reshape(n, T, k, logits.shape[-1])
+    targets = batch.targets.reshape(n, T, k)
+    scored = (targets != IGNORE_INDEX) & batch.mask[..., None]  # (n, T, k)
+    index = targets.clamp(min=0)[..., None]
+    nll = -logits.double().log_softmax(-1).gather(-1, index).squeeze(-1)  # (n, T, k)
+    correct = ((logits.argmax(-1) == targets) & scored).double().sum(1)  # (n, k)
+    return correct, torch.where(scored, nll, 0.0).sum((1, 2))
+
+
+@torch.no_grad()
+def target_damage(
+    model: HookedMHATransformer,
+    batch: Batch,
+    *,
+    method: str = "mean",
+    target_names: Sequence[str] | None = None,
+    progress: bool = False,
+) -> TargetDamage:
+    """Ablate each head alone and record the per-sequence, per-target accuracy drop.
+
+    Args:
+        model: The model.
+        batch: The evaluation batch (also the reference of mean/resample ablation).
+        method: ``"zero"``, ``"mean"`` or ``"resample"`` (:mod:`mhainterp.ablation`).
+        target_names: One name per target (default ``target0..``, or the task's name).
+        progress: tqdm bar over heads.
+
+    Returns:
+        A :class:`TargetDamage`.
+
+    Example:
+        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.tasks import get_task
+        >>> batch = get_task("previous_token").eval_batch(64)
+        >>> td = target_damage(handbuilt_model(["previous", "dead"], d_head=18), batch,
+        ...                    method="zero")
+        >>> td.matrix.round(decimals=2).tolist()
+        [[0.84], [0.0]]
+    """
+    method = check_method(method)
+    k = batch.n_targets
+    if k != model.cfg.n_targets:
+        raise ValueError(
+            f"the batch has {k} targets per position but the model predicts {model.cfg.n_targets}"
+        )
+    names = list(target_names) if target_names is not None else [f"target{i}" for i in range(k)]
+    batch = batch.to(model.cfg.device)
+    scored = (batch.targets.reshape(len(batch), -1, k) != IGNORE_INDEX) & batch.mask[..., None]
+    n_scored = scored.double().sum((0, 1)).clamp(min=1).cpu()  # (k,)
+    n = len(batch)
+    pad = None if bool(batch.padding_mask.all()) else batch.padding_mask
+    clean_correct, clean_nll = _correct_and_nll(model.logits(batch.tokens, pad), batch)
+    damages, losses = [], []
+    for label in tqdm(model.head_labels, desc="ablate heads", disable=not progress, leave=False):
+        with ablate(model, [label], method=method, reference=batch):
+            correct, nll = _correct_and_nll(model.logits(batch.tokens, pad), batch)
+        # Scaled so the mean over sequences is the batch-level accuracy drop.
+        damages.append((clean_correct - correct).cpu() * n / n_scored)
+        losses.append(float((nll - clean_nll).sum()) / float(n_scored.sum()))
+    return TargetDamage(
+        heads=list(model.head_labels),
+        target_names=names,
+        damage=torch.stack(damages),  # (H, n, k)
+        loss_increase=torch.tensor(losses, dtype=torch.float64),
+        baseline_accuracy=(clean_correct.sum(0).cpu() / n_scored),
+    )
+
+
+def selectivity_index(
+    matrix: Float[Tensor, "... H k"], min_damage: float = 0.01
+) -> Float[Tensor, "... H"]:
+    """``(k * max(d) / D - 1) / (k - 1)`` per head (rows), NaN where ``D < min_damage``.
+
+    Damages are clipped at 0 first (an ablation that helps a target is no damage).
+
+    Example:
+        >>> selectivity_index(torch.tensor([[0.6, 0.0, 0.0], [0.2, 0.2, 0.2], [0.0, 0.0, 0.0]]))
+        tensor([1., 0., nan])
+    """
+    k = matrix.shape[-1]
+    if k < 2:
+        raise ValueError("selectivity needs at least 2 targets (a multi-target task)")
+    d = matrix.clamp(min=0)
+    total = d.sum(-1)
+    # (k * max - D) / ((k - 1) * D) >= 0; the clamp removes float round-off below 0.
+    index = ((k * d.amax(-1) - total) / ((k - 1) * total.clamp(min=1e-300))).clamp(min=0)
+    return torch.where(total >= min_damage, index, torch.full_like(index, math.nan))
+
+
+def model_selectivity(
+    matrix: Float[Tensor, "... H k"], min_damage: float = 0.01
+) -> Float[Tensor, "..."]:
+    """Damage-weighted mean selectivity over the heads that do damage (NaN if none do).
+
+    Example:
+        >>> float(model_selectivity(torch.tensor([[0.6, 0.0], [0.1, 0.1]])))
+        0.75
+    """
+    d = matrix.clamp(min=0)
+    total = d.sum(-1)
+    index = selectivity_index(matrix, min_damage)
+    weight = torch.where(index.isnan(), 0.0, total)
+    weighted = (torch.nan_to_num(index) * weight).sum(-1)
+    weight_sum = weight.sum(-1)
+    return torch.where(weight_sum > 0, weighted / weight_sum.clamp(min=1e-300), math.nan)
+
+
+@dataclass
+class CausalSelectivity:
+    """Result of :func:`causal_selectivity`.
+
+    Attributes:
+        heads: Per head: ``head_label, total_damage, causal_target, selectivity,
+            null_selectivity`` (mean over permutations), ``p_selectivity``, ``loss_increase``.
+        matrix: Tidy head x target damage table (:meth:`TargetDamage.frame`).
+        selectivity: The model's damage-weighted selectivity.
+        null_mean: Its mean under the permutation null.
+        null_std: Its standard deviation under the null.
+        p_value: ``(1 + #{null >= observed}) / (1 + M)``.
+        n_permutations: ``M``.
+    """
+
+    heads: pd.DataFrame
+    matrix: pd.DataFrame
+    selectivity: float
+    null_mean: float
+    null_std: float
+    p_value: float
+    n_permutations: int
+
+
+def _permuted_means(
+    damage: Float[Tensor, "H n k"], m: int, generator: torch.Generator
+) -> Float[Tensor, "m H k"]:
+    """``m`` draws of the per-head target means with targets shuffled within each sequence."""
+    keys = torch.rand((m, *damage.shape), generator=generator, dtype=torch.float64)
+    order = keys.argsort(-1)  # (m, H, n, k): a random permutation of targets per sequence
+    return torch.gather(damage.expand(m, *damage.shape), -1, order).mean(2)
+
+
+def causal_selectivity(
+    damage: TargetDamage,
+    *,
+    min_damage: float = 0.01,
+    n_permutations: int = 1000,
+    generator: torch.Generator | None = None,
+    chunk: int = 250,
+) -> CausalSelectivity:
+    """Selectivity index of every head and of the model, with the permutation null.
+
+    Args:
+        damage: From :func:`target_damage` (at least 2 targets).
+        min_damage: A head whose summed accuracy drop is below this does no damage (SI NaN).
+        n_permutations: Null draws ``M``.
+        generator: Randomness of the null (seed 0 when None).
+        chunk: Draws per vectorised step.
+
+    Returns:
+        A :class:`CausalSelectivity`.
+
+    Example:
+        >>> result = causal_selectivity(target_damage(model, batch))  # doctest: +SKIP
+        >>> result.selectivity, result.null_mean, result.p_value  # doctest: +SKIP
+    """
+    if len(damage.target_names) < 2:
+        raise ValueError("causal selectivity needs a multi-target task (at least 2 targets)")
+    if not isinstance(n_permutations, int) or n_permutations < 1:
+        raise ValueError(f"n_permutations={n_permutations!r} is invalid: must be an int >= 1")
+    generator = generator if generator is not None else torch.Generator().manual_seed(0)
+    observed = damage.matrix  # (H, k)
+    head_si = selectivity_index(observed, min_damage)  # (H,)
+    model_si = float(model_selectivity(observed, min_damage))
+    head_hits = torch.zeros(len(damage.heads), dtype=torch.float64)
+    head_null_sum = torch.zeros(len(damage.heads), dtype=torch.float64)
+    null_models = []
+    for start in range(0, n_permutations, chunk):
+        m = min(chunk, n_permutations - start)
+        means = _permuted_means(damage.damage, m, generator)  # (m, H, k)
+        null_si = selectivity_index(means, min_damage)  # (m, H)
+        head_hits += (null_si >= head_si - 1e-12).double().sum(0)
+        head_null_sum += torch.nan_to_num(null_si).sum(0)
+        null_models.append(model_selectivity(means, min_damage))
+    null = torch.cat(null_models)
+    totals = observed.clamp(min=0).sum(-1)
+    names = damage.target_names
+    heads = pd.DataFrame(
+        {
+            "head_label": damage.heads,
+            "total_damage": totals.numpy(),
+            "causal_target": [
+                names[int(i)] if t >= min_damage else ""
+                for i, t in zip(observed.argmax(-1), totals, strict=True)
+            ],
+            "selectivity": head_si.numpy(),
+            "null_selectivity": torch.where(
+                head_si.isnan(), math.nan, head_null_sum / n_permutations
+            ).numpy(),
+            "p_selectivity": torch.where(
+                head_si.isnan(), math.nan, (1 + head_hits) / (1 + n_permutations)
+            ).numpy(),
+            "loss_increase": damage.loss_increase.numpy(),
+        }
+    )
+    valid = null[~null.isnan()]
+    hits = float((valid >= model_si - 1e-12).sum()) if not math.isnan(model_si) else math.nan
+    return CausalSelectivity(
+        heads=heads,
+        matrix=damage.frame(),
+        selectivity=model_si,
+        null_mean=float(valid.mean()) if valid.numel() else math.nan,
+        null_std=float(valid.std()) if valid.numel() > 1 else math.nan,
+        p_value=(1 + hits) / (1 + n_permutations) if not math.isnan(hits) else math.nan,
+        n_permutations=n_permutations,
+    )
+
+
+def head_damage_table(damage: TargetDamage) -> pd.DataFrame:
+    """Per head: ``head_label, total_damage`` (summed accuracy drop, clipped at 0 per target)
+    and ``loss_increase``: the importance evidence used on single-target tasks too."""
+    totals = damage.matrix.clamp(min=0).sum(-1)
+    return pd.DataFrame(
+        {
+            "head_label": damage.heads,
+            "total_damage": totals.numpy(),
+            "loss_increase": damage.loss_increase.numpy(),
+        }
+    )

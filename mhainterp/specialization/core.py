@@ -1,0 +1,556 @@
+"""``specialization_test``: label every head and state the verdict, with the evidence.
+
+For each run (a trained model and its task), on ``n_sequences`` sequences of the task's fixed
+evaluation set (held out from training):
+
+1. role scores and their two nulls (:mod:`.roles`, :mod:`.nulls`), p-values corrected over every
+   head x role test of the run;
+2. each head's residual write, for the *dead* test (``output_ratio < dead_tol``);
+3. single-head ablations: the head x target damage matrix and, on multi-target tasks, causal
+   selectivity with its permutation null (:mod:`.causal`);
+4. redundancy from similarity + pairwise backup (:mod:`.redundancy`);
+5. with several runs of one task and head count: cross-seed consistency (:mod:`.consistency`).
+
+Each head then gets one **label** (:mod:`.labels`): ``"dead"`` > ``"redundant"`` > its distinct
+role (e.g. ``"previous"``) > ``"unspecialized"`` (which includes heads that mix two relations),
+and the run a :class:`~.verdict.RunVerdict` whose text is generated from the tables.
+
+Example:
+    >>> result = specialization_test("runs/quickstart/reverse/runs/h4_seed0")  # doctest: +SKIP
+    >>> print(result.verdict.text)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from mhainterp.capture import visible_keys
+from mhainterp.io import read_json, write_csv, write_json, write_text
+from mhainterp.model import HookedMHATransformer
+from mhainterp.specialization.causal import causal_selectivity, head_damage_table, target_damage
+from mhainterp.specialization.consistency import cross_seed_consistency
+from mhainterp.specialization.labels import LABELS_OTHER, label_heads, role_targets
+from mhainterp.specialization.nulls import (
+    combine_nulls,
+    init_null_scores,
+    init_null_summary,
+    init_p_values,
+    matched_seeds,
+)
+from mhainterp.specialization.redundancy import redundancy_pairs, redundant_partners
+from mhainterp.specialization.roles import (
+    capture_role_sums,
+    nested_roles,
+    role_frame,
+    role_templates,
+)
+from mhainterp.specialization.settings import SpecializationSettings
+from mhainterp.specialization.verdict import RunVerdict, Verdict, group_key
+from mhainterp.tasks import Task
+from mhainterp.training import Run, evaluate, load_run
+
+__all__ = [
+    "HEAD_COLUMNS",
+    "RUN_COLUMNS",
+    "SpecializationResult",
+    "SpecializationSettings",
+    "combine_results",
+    "specialization_test",
+]
+
+HEAD_COLUMNS = [
+    "run",
+    "task",
+    "n_heads",
+    "seed",
+    "layer",
+    "head",
+    "head_label",
+    "label",
+    "role",
+    "role_effect",
+    "role_p_adj",
+    "roles",
+    "mixed_roles",
+    "top_role",
+    "top_score",
+    "top_effect",
+    "top_p_adj",
+    "output_ratio",
+    "dead",
+    "redundant_with",
+    "total_damage",
+    "loss_increase",
+    "causal_target",
+    "causal_selectivity",
+    "causal_p_adj",
+    "causal_specialized",
+    "causal_support",
+]
+"""Columns of :attr:`SpecializationResult.heads` (see :func:`label_heads`)."""
+
+_TEXT_COLUMNS = ("role", "roles", "mixed_roles", "top_role", "redundant_with", "causal_target")
+"""String columns whose empty values CSV reads back as NaN."""
+
+RUN_COLUMNS = [
+    "run",
+    "task",
+    "n_heads",
+    "n_layers",
+    "seed",
+    "accuracy",
+    "n_role",
+    "n_redundant",
+    "n_dead",
+    "n_unspecialized",
+    "n_weak",
+    "frac_role",
+    "frac_redundant",
+    "frac_dead",
+    "roles_found",
+    "mean_top_effect",
+    "causal_selectivity",
+    "causal_null",
+    "causal_p",
+    "verdict",
+]
+"""Columns of :attr:`SpecializationResult.runs`: one row per run, counts of each label
+(``frac_*`` = count / all heads), ``mean_top_effect`` (mean over heads of their best effect)."""
+
+
+# ----------------------------------------------------------------------------- result
+
+
+@dataclass
+class SpecializationResult:
+    """Everything :func:`specialization_test` found, as tidy tables plus the verdict.
+
+    Attributes:
+        heads: One row per (run, head), columns :data:`HEAD_COLUMNS`.
+        roles: One row per (run, head, role): role scores with both nulls (``score, chance,
+            effect, perm_std, z_perm, p_perm, init_mean, init_std, init_n, z_init, p_init, p,
+            p_adj, significant``; see :mod:`.roles` and :mod:`.nulls`).
+        causal: Head x target damage matrix (``run, head_label, layer, head, target,
+            baseline_accuracy, ablated_accuracy, damage``).
+        redundancy: Head pairs (``run`` + :data:`.redundancy.REDUNDANCY_COLUMNS`).
+        consistency: Run pairs of the same task and head count
+            (:data:`.consistency.CONSISTENCY_COLUMNS` + ``task``); empty for one run.
+        init_null: The null models' role scores (``run, init_seed, ...``).
+        runs: One row per run, columns :data:`RUN_COLUMNS`.
+        verdict: The :class:`~.verdict.Verdict`.
+        settings: The settings used.
+    """
+
+    heads: pd.DataFrame
+    roles: pd.DataFrame
+    causal: pd.DataFrame
+    redundancy: pd.DataFrame
+    consistency: pd.DataFrame
+    init_null: pd.DataFrame
+    runs: pd.DataFrame
+    verdict: Verdict
+    settings: SpecializationSettings
+
+    TABLES = ("heads", "roles", "causal", "redundancy", "consistency", "init_null", "runs")
+
+    def to_markdown(self) -> str:
+        """The verdict, its caveats and the per-head table as Markdown."""
+        from mhainterp.specialization.text import markdown_table
+
+        columns = ["run", "head_label", "label", "top_role", "top_effect", "top_p_adj"]
+        columns += ["output_ratio", "total_damage", "causal_target", "causal_selectivity"]
+        lines = ["**Verdict.** " + line for line in self.verdict.lines]
+        lines += ["", *[f"- {c}" for c in self.verdict.caveats], ""]
+        lines.append(markdown_table(self.heads[columns]))
+        return "\n".join(lines) + "\n"
+
+    def save(self, out_dir: str | os.PathLike[str], prefix: str = "specialization") -> list[Path]:
+        """Write every table as ``{prefix}_{name}.csv``, ``{prefix}.json`` (settings and
+        verdict) and ``{prefix}.md``; return the paths."""
+        out_dir = Path(out_dir)
+        paths = [
+            write_csv(out_dir / f"{prefix}_{name}.csv", getattr(self, name)) for name in self.TABLES
+        ]
+        meta = {"settings": self.settings.to_dict(), "verdict": self.verdict.to_dict()}
+        paths.append(write_json(out_dir / f"{prefix}.json", meta))
+        paths.append(write_text(out_dir / f"{prefix}.md", self.to_markdown()))
+        return paths
+
+    @classmethod
+    def load(
+        cls, out_dir: str | os.PathLike[str], prefix: str = "specialization"
+    ) -> SpecializationResult:
+        """Read back what :meth:`save` wrote."""
+        out_dir = Path(out_dir)
+        meta = read_json(out_dir / f"{prefix}.json")
+        tables = {}
+        for name in cls.TABLES:
+            path = out_dir / f"{prefix}_{name}.csv"
+            try:
+                tables[name] = pd.read_csv(path, keep_default_na=True)
+            except pd.errors.EmptyDataError:
+                tables[name] = pd.DataFrame()
+            text = [c for c in _TEXT_COLUMNS if c in tables[name].columns]
+            tables[name] = tables[name].fillna(dict.fromkeys(text, ""))
+        return cls(
+            **tables,
+            verdict=Verdict.from_dict(meta["verdict"]),
+            settings=SpecializationSettings.from_dict(meta["settings"]),
+        )
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+@dataclass
+class _RunInput:
+    model: HookedMHATransformer
+    task: Task
+    run: str
+    seed: int
+
+
+def _resolve(run_or_runs: Any, task: Task | None) -> list[_RunInput]:
+    items = (
+        list(run_or_runs)
+        if isinstance(run_or_runs, (list, tuple)) and not _is_model_task_pair(run_or_runs)
+        else [run_or_runs]
+    )
+    if not items:
+        raise ValueError("run_or_runs is empty: give a run folder, a Run, a model or a list")
+    inputs = [_resolve_one(item, task, i) for i, item in enumerate(items)]
+    names = _unique_names([i.run for i in inputs])
+    for inp, name in zip(inputs, names, strict=True):
+        inp.run = name
+    return inputs
+
+
+def _is_model_task_pair(value: Any) -> bool:
+    return (
+        isinstance(value, tuple)
+        and len(value) == 2
+        and isinstance(value[0], HookedMHATransformer)
+        and isinstance(value[1], Task)
+    )
+
+
+def _resolve_one(item: Any, task: Task | None, index: int) -> _RunInput:
+    if isinstance(item, (str, os.PathLike)):
+        item = load_run(item)
+    if isinstance(item, Run):
+        return _RunInput(item.model, task or item.task, str(item.path), item.model_config.seed)
+    if _is_model_task_pair(item):
+        item, task = item
+    if isinstance(item, HookedMHATransformer):
+        if task is None:
+            raise ValueError("task= is required when a model (not a run folder or Run) is given")
+        return _RunInput(item, task, f"model{index}", item.cfg.seed)
+    raise TypeError(
+        "run_or_runs must be a run folder, a training.Run, a HookedMHATransformer (with task=), "
+        f"a (model, task) pair, or a list of these; got {type(item).__name__}"
+    )
+
+
+def _unique_names(paths: list[str]) -> list[str]:
+    """Shortest path suffixes that tell the runs apart (``h4_seed0``, ``reverse/runs/h4_seed0``)."""
+    parts = [Path(p).parts or (p,) for p in paths]
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        names = ["/".join(p[-depth:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    return [f"{name}#{i}" for i, name in enumerate(paths)]
+
+
+# ----------------------------------------------------------------------------- one run
+
+
+def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -> dict[str, Any]:
+    """All tables and the verdict of one run."""
+    model, task = inp.model, inp.task
+    batch = task.eval_batch(settings.n_sequences)
+    tokens, mask = batch.tokens, batch.padding_mask
+    templates = role_templates(tokens, mask, task=task, causal=model.cfg.causal)
+    relations = list(task.relations(tokens[:1], mask[:1]))
+    sums = capture_role_sums(model, tokens, mask, templates, outputs=True)
+    roles = role_frame(sums, relations)
+    seeds = matched_seeds(model.cfg.seed, settings.n_init)
+    init = init_null_scores(model.cfg, tokens, mask, templates, seeds, progress=progress)
+    roles = init_p_values(roles, init_null_summary(init))
+    roles = combine_nulls(
+        roles, alpha=settings.alpha, correction=settings.correction, min_effect=settings.min_effect
+    )
+    ratio_tensor = sums.output_ratio()
+    ratio = {label: float(ratio_tensor.flatten()[i]) for i, label in enumerate(model.head_labels)}
+    dead = [label for label, r in ratio.items() if r < settings.dead_tol]
+    damage = target_damage(
+        model,
+        batch,
+        method=settings.ablation_method,
+        target_names=task.target_names,
+        progress=progress,
+    )
+    generator = torch.Generator().manual_seed(settings.seed)
+    if len(task.target_names) >= 2:
+        selectivity = causal_selectivity(
+            damage,
+            min_damage=settings.min_damage,
+            n_permutations=settings.n_permutations,
+            generator=generator,
+        )
+        causal_heads, causal_matrix = selectivity.heads, selectivity.matrix
+        model_numbers = (selectivity.selectivity, selectivity.null_mean, selectivity.p_value)
+    else:
+        causal_heads = head_damage_table(damage)
+        causal_heads["causal_target"] = [
+            task.target_names[0] if d >= settings.min_damage else ""
+            for d in causal_heads["total_damage"]
+        ]
+        causal_heads["selectivity"] = math.nan
+        causal_heads["p_selectivity"] = math.nan
+        causal_matrix = damage.frame()
+        model_numbers = (math.nan, math.nan, math.nan)
+    pairs = redundancy_pairs(
+        model,
+        batch,
+        method=settings.ablation_method,
+        similarity_method=settings.similarity_method,
+        min_similarity=settings.min_similarity,
+        backup_ratio=settings.backup_ratio,
+        min_joint_damage=settings.min_joint_damage,
+        dead=dead,
+    )
+    heads = label_heads(
+        roles,
+        ratio,
+        redundant_partners(pairs),
+        causal_matrix,
+        causal_heads,
+        settings,
+        role_targets(task),
+        nested_roles(templates, visible_keys(mask, model.cfg.causal)),
+    )
+    accuracy = float(evaluate(model, batch)["accuracy"])
+    meta = {"run": inp.run, "task": task.name, "n_heads": model.cfg.n_heads, "seed": inp.seed}
+    heads = _with_meta(heads, meta)[HEAD_COLUMNS]
+    verdict = _run_verdict(heads, roles, model, settings, accuracy, model_numbers, inp)
+    return {
+        "heads": heads,
+        "roles": _with_meta(roles, meta),
+        "causal": _with_meta(causal_matrix, meta),
+        "redundancy": _with_meta(pairs, meta),
+        "init_null": _with_meta(init, meta),
+        "verdict": verdict,
+    }
+
+
+def _with_meta(frame: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
+    frame = frame.copy()
+    for i, (key, value) in enumerate(meta.items()):
+        if key in frame.columns:
+            frame = frame.drop(columns=key)
+        frame.insert(i, key, value)
+    return frame
+
+
+def _groups(partners: pd.Series) -> list[list[str]]:
+    """Connected groups of redundant heads from the ``redundant_with`` column."""
+    groups: list[set[str]] = []
+    for head, linked in partners.items():
+        if not linked:
+            continue
+        members = {head, *linked.split(";")}
+        merged = [g for g in groups if g & members]
+        for g in merged:
+            members |= g
+            groups.remove(g)
+        groups.append(members)
+    return [sorted(g) for g in groups]
+
+
+def _shared_role(roles: list[str]) -> str:
+    """The role every head of a group holds, or "" when they differ or hold none."""
+    return roles[0] if roles and all(r == roles[0] for r in roles) else ""
+
+
+def _run_verdict(
+    heads: pd.DataFrame,
+    roles: pd.DataFrame,
+    model: HookedMHATransformer,
+    settings: SpecializationSettings,
+    accuracy: float,
+    causal: tuple[float, float, float],
+    inp: _RunInput,
+) -> RunVerdict:
+    role_rows = heads[~heads["label"].isin(LABELS_OTHER)]
+    unspecialized = heads[heads["label"] == "unspecialized"]
+    weak = unspecialized[
+        (unspecialized["top_p_adj"] < settings.alpha)
+        & (unspecialized["top_effect"] > 0)
+        & (unspecialized["top_effect"] < settings.min_effect)
+        & (unspecialized["mixed_roles"] == "")
+    ]
+    groups = _groups(heads[heads["label"] == "redundant"].set_index("head_label")["redundant_with"])
+    role_of = dict(zip(heads["head_label"], heads["role"], strict=True))
+    return RunVerdict(
+        run=inp.run,
+        task=inp.task.name,
+        n_heads=model.cfg.n_heads,
+        n_layers=model.cfg.n_layers,
+        seed=inp.seed,
+        n_targets=len(inp.task.target_names),
+        role_heads=dict(zip(role_rows["head_label"], role_rows["label"], strict=True)),
+        role_effects=dict(zip(role_rows["head_label"], role_rows["role_effect"], strict=True)),
+        redundant_groups=groups,
+        redundant_roles=[_shared_role([role_of[h] for h in group]) for group in groups],
+        dead=heads.loc[heads["label"] == "dead", "head_label"].tolist(),
+        unspecialized=unspecialized["head_label"].tolist(),
+        mixed={h: m for h, m in zip(heads["head_label"], heads["mixed_roles"], strict=True) if m},
+        weak=dict(zip(weak["head_label"], weak["top_role"], strict=True)),
+        weak_effects=dict(zip(weak["head_label"], weak["top_effect"], strict=True)),
+        supported=role_rows.loc[role_rows["causal_support"] == True, "head_label"].tolist(),  # noqa: E712
+        largest_p_adj=float(role_rows["role_p_adj"].max()) if len(role_rows) else math.nan,
+        alpha=settings.alpha,
+        correction=settings.correction,
+        min_effect=settings.min_effect,
+        min_damage=settings.min_damage,
+        n_init=settings.n_init,
+        causal_selectivity=causal[0],
+        causal_null=causal[1],
+        causal_p=causal[2],
+        accuracy=accuracy,
+    )
+
+
+def _run_row(verdict: RunVerdict, heads: pd.DataFrame) -> dict[str, Any]:
+    total = verdict.total_heads
+    return {
+        "run": verdict.run,
+        "task": verdict.task,
+        "n_heads": verdict.n_heads,
+        "n_layers": verdict.n_layers,
+        "seed": verdict.seed,
+        "accuracy": verdict.accuracy,
+        "n_role": verdict.n_role,
+        "n_redundant": verdict.n_redundant,
+        "n_dead": len(verdict.dead),
+        "n_unspecialized": len(verdict.unspecialized),
+        "n_weak": len(verdict.weak),
+        "frac_role": verdict.n_role / total,
+        "frac_redundant": verdict.n_redundant / total,
+        "frac_dead": len(verdict.dead) / total,
+        "roles_found": ";".join(verdict.roles_found),
+        "mean_top_effect": float(heads["top_effect"].clip(lower=0).mean()),
+        "causal_selectivity": verdict.causal_selectivity,
+        "causal_null": verdict.causal_null,
+        "causal_p": verdict.causal_p,
+        "verdict": verdict.text,
+    }
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+def specialization_test(
+    run_or_runs: Any,
+    task: Task | None = None,
+    settings: SpecializationSettings | None = None,
+    *,
+    progress: bool = False,
+    **overrides: Any,
+) -> SpecializationResult:
+    """Do the heads specialize? Label every head and state the verdict, with the evidence.
+
+    Args:
+        run_or_runs: A run folder, a :class:`~mhainterp.training.Run`, a model (with
+            ``task=``), a ``(model, task)`` pair, or a list of these (e.g. the seeds of one
+            head count, which adds cross-seed consistency).
+        task: The task, when models are given (overrides a run's own task otherwise).
+        settings: A :class:`SpecializationSettings`; ``**overrides`` replace its fields.
+        progress: Show progress bars.
+        **overrides: Settings fields, e.g. ``alpha=0.01, n_sequences=512``.
+
+    Returns:
+        A :class:`SpecializationResult` (``.heads``, ``.verdict.text`` ...).
+
+    Example:
+        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.tasks import get_task
+        >>> task = get_task("previous_token", seq_len=16, d_vocab=10)
+        >>> result = specialization_test(handbuilt_model(["previous", "dead"], d_head=18), task)
+        >>> result.heads["label"].tolist()
+        ['previous', 'dead']
+    """
+    settings = settings or SpecializationSettings()
+    if overrides:
+        settings = SpecializationSettings.from_dict({**settings.to_dict(), **overrides})
+    inputs = _resolve(run_or_runs, task)
+    singles = []
+    for inp in tqdm(inputs, desc="specialization", disable=not progress or len(inputs) == 1):
+        singles.append(_single_result(_analyse(inp, settings, progress), settings))
+    return combine_results(singles) if len(singles) > 1 else singles[0]
+
+
+def _single_result(
+    tables: dict[str, Any], settings: SpecializationSettings
+) -> SpecializationResult:
+    verdict = tables.pop("verdict")
+    runs = pd.DataFrame([_run_row(verdict, tables["heads"])], columns=RUN_COLUMNS)
+    return SpecializationResult(
+        **tables,
+        consistency=pd.DataFrame(),
+        runs=runs,
+        verdict=Verdict([verdict]),
+        settings=settings,
+    )
+
+
+def combine_results(results: Sequence[SpecializationResult]) -> SpecializationResult:
+    """Stack the results of several runs and add cross-seed consistency per task/head count.
+
+    The settings of the first result are used for the consistency null.
+
+    Example:
+        >>> combined = combine_results([specialization_test(r) for r in runs])  # doctest: +SKIP
+    """
+    if not results:
+        raise ValueError("combine_results needs at least one result")
+    settings = results[0].settings
+    stacked = {
+        name: pd.concat([getattr(r, name) for r in results], ignore_index=True)
+        for name in SpecializationResult.TABLES
+        if name != "consistency"
+    }
+    run_verdicts = [v for r in results for v in r.verdict.runs]
+    tables, summaries = [], {}
+    for key, group in stacked["runs"].groupby(["task", "n_heads", "n_layers"], sort=False):
+        if len(group) < 2:
+            continue
+        runs = list(group["run"])
+        roles = {run: stacked["roles"][stacked["roles"]["run"] == run] for run in runs}
+        heads = stacked["heads"]
+        labels = {
+            run: dict(zip(h["head_label"], h["label"], strict=True))
+            for run, h in heads[heads["run"].isin(runs)].groupby("run", sort=False)
+        }
+        pairs, summary = cross_seed_consistency(
+            roles, labels, n_shuffles=settings.n_shuffles, seed=settings.seed
+        )
+        pairs.insert(0, "task", key[0])
+        tables.append(pairs)
+        summaries[group_key(key[0], int(key[1]))] = summary
+    consistency = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    return SpecializationResult(
+        **stacked,
+        consistency=consistency,
+        verdict=Verdict(run_verdicts, summaries),
+        settings=settings,
+    )

@@ -1,0 +1,181 @@
+"""The initialisation null and the combined, corrected p-values of the role scores.
+
+**Initialisation null** (is the score more than the architecture gives for free?). The same
+architecture (``ModelConfig`` with only the seed changed) is built untrained for ``n_init`` seeds,
+*matched* to the run: seeds ``seed, seed + 1, ...`` where ``seed`` is the run's own, so the first
+null model is exactly the run's starting point. Each role's null pool is the scores of every head
+of every null model (``n_init * layers * heads`` values). A head's p-value is the one-sided
+*predictive* t-test of a new draw from that pool,
+
+    t = (score - mean) / (sd * sqrt(1 + 1/N)),   df = N - 1,
+
+which is exact when the pool is normal (its mean and sd are estimated from the ``N`` draws).
+
+**Combining the nulls.** A head holds a role only if it beats *both* nulls, so the p-value of
+the head x role hypothesis is ``max(p_perm, p_init)`` (an intersection-union test: valid for the
+union of the two null hypotheses). These p-values are adjusted over every testable head x role
+pair of a run (Holm by default, :mod:`mhainterp.specialization.corrections`), and a role is
+*significant* when ``p_adj < alpha`` and its effect size is at least ``min_effect``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from mhainterp.config import ModelConfig
+from mhainterp.model import HookedMHATransformer
+from mhainterp.specialization.corrections import adjust_pvalues
+from mhainterp.specialization.roles import DESCRIPTIVE_ROLES, capture_role_sums, role_frame
+
+__all__ = [
+    "combine_nulls",
+    "init_models",
+    "init_null_scores",
+    "init_null_summary",
+    "init_p_values",
+    "matched_seeds",
+]
+
+
+def matched_seeds(seed: int, n_init: int) -> list[int]:
+    """The initialisation seeds matched to a run of seed ``seed``: ``seed, seed + 1, ...``.
+
+    Example:
+        >>> matched_seeds(3, 4)
+        [3, 4, 5, 6]
+    """
+    if not isinstance(n_init, int) or isinstance(n_init, bool) or n_init < 2:
+        raise ValueError(f"n_init={n_init!r} is invalid: must be an int >= 2 (a null needs spread)")
+    return [seed + i for i in range(n_init)]
+
+
+def init_models(config: ModelConfig, seeds: Sequence[int]) -> list[HookedMHATransformer]:
+    """Untrained models of ``config``'s architecture, one per seed (nothing else changes).
+
+    Example:
+        >>> cfg = ModelConfig(d_model=16, n_heads=2, n_ctx=4, d_vocab=3)
+        >>> [m.cfg.seed for m in init_models(cfg, [0, 1])]
+        [0, 1]
+    """
+    base = config.to_dict()
+    return [HookedMHATransformer(ModelConfig.from_dict({**base, "seed": s})).eval() for s in seeds]
+
+
+def init_null_scores(
+    config: ModelConfig,
+    tokens: Tensor,
+    padding_mask: Tensor,
+    templates: Mapping[str, Tensor],
+    seeds: Sequence[int],
+    *,
+    batch_size: int = 512,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Role scores of the untrained null models on the same data and templates.
+
+    Returns:
+        :func:`~mhainterp.specialization.roles.role_frame` columns plus ``init_seed`` (first),
+        one block per seed.
+
+    Example:
+        >>> scores = init_null_scores(cfg, tokens, mask, templates, [0, 1])  # doctest: +SKIP
+    """
+    frames = []
+    models = init_models(config, seeds)
+    for seed, model in tqdm(
+        list(zip(seeds, models, strict=True)), desc="init null", disable=not progress, leave=False
+    ):
+        sums = capture_role_sums(
+            model, tokens, padding_mask, templates, outputs=False, batch_size=batch_size
+        )
+        frame = role_frame(sums)
+        frame.insert(0, "init_seed", seed)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+def init_null_summary(init_scores: pd.DataFrame) -> pd.DataFrame:
+    """Per role: ``role, init_mean, init_std`` (ddof=1) and ``init_n`` of the null pool.
+
+    Example:
+        >>> pool = pd.DataFrame({"role": ["a", "a", "a"], "score": [0.1, 0.2, 0.3]})
+        >>> init_null_summary(pool).round(3).values.tolist()
+        [['a', 0.2, 0.1, 3]]
+    """
+    grouped = init_scores.groupby("role", sort=False)["score"]
+    return pd.DataFrame(
+        {
+            "role": list(grouped.groups),
+            "init_mean": grouped.mean().to_numpy(),
+            "init_std": grouped.std(ddof=1).to_numpy(),
+            "init_n": grouped.count().to_numpy().astype(int),
+        }
+    )
+
+
+def _predictive_p(score: float, mean: float, sd: float, n: int) -> tuple[float, float]:
+    """``(z, one-sided p)`` of ``score`` as a new draw from a normal pool of ``n`` values."""
+    if n < 2 or math.isnan(score) or math.isnan(sd):
+        return math.nan, math.nan
+    if sd <= 1e-12:
+        # A pool with no spread: anything above it is beyond every null draw.
+        return (math.inf, 0.0) if score > mean + 1e-9 else (0.0, 1.0)
+    z = (score - mean) / sd
+    t = z / math.sqrt(1.0 + 1.0 / n)
+    return z, float(stats.t.sf(t, df=n - 1))
+
+
+def init_p_values(roles: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+    """Add the initialisation null to a role table: ``init_mean, init_std, init_n, z_init,
+    p_init`` (``z_init = (score - init_mean) / init_std``; NaN for descriptive roles).
+
+    Example:
+        >>> roles = pd.DataFrame({"role": ["a"], "score": [0.9]})
+        >>> summary = pd.DataFrame({"role": ["a"], "init_mean": [0.1], "init_std": [0.1],
+        ...                         "init_n": [8]})
+        >>> round(float(init_p_values(roles, summary).z_init[0]), 3)
+        8.0
+    """
+    out = roles.merge(summary, on="role", how="left", sort=False)
+    z_p = [
+        (math.nan, math.nan)
+        if role in DESCRIPTIVE_ROLES
+        else _predictive_p(score, mean, sd, int(n) if not math.isnan(n) else 0)
+        for role, score, mean, sd, n in zip(
+            out["role"], out["score"], out["init_mean"], out["init_std"], out["init_n"]
+        )
+    ]
+    out["z_init"] = [z for z, _ in z_p]
+    out["p_init"] = [p for _, p in z_p]
+    return out
+
+
+def combine_nulls(
+    roles: pd.DataFrame, *, alpha: float, correction: str, min_effect: float
+) -> pd.DataFrame:
+    """Add ``p`` (= max of ``p_perm`` and ``p_init``), ``p_adj`` (corrected over the table's
+    testable rows) and ``significant`` (``p_adj < alpha`` and ``effect >= min_effect``).
+
+    Example:
+        >>> t = pd.DataFrame({"p_perm": [0.001, 0.02], "p_init": [0.004, 0.001],
+        ...                   "effect": [0.9, 0.9]})
+        >>> combine_nulls(t, alpha=0.05, correction="holm", min_effect=0.3).p_adj.tolist()
+        [0.008, 0.02]
+    """
+    out = roles.copy()
+    p_perm = out["p_perm"].to_numpy(dtype=float)
+    p_init = out["p_init"].to_numpy(dtype=float)
+    p = np.where(np.isnan(p_perm) | np.isnan(p_init), np.nan, np.fmax(p_perm, p_init))
+    out["p"] = p
+    out["p_adj"] = adjust_pvalues(p, correction)
+    effect = out["effect"].to_numpy(dtype=float)
+    with np.errstate(invalid="ignore"):
+        out["significant"] = (out["p_adj"].to_numpy() < alpha) & (effect >= min_effect)
+    return out

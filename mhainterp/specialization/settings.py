@@ -1,0 +1,105 @@
+"""Settings of the specialization test: every threshold in one validated dataclass.
+
+Example:
+    >>> SpecializationSettings(alpha=0.01).correction
+    'holm'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from mhainterp.ablation import check_method
+from mhainterp.similarity import SIMILARITY_METHODS
+from mhainterp.specialization.corrections import CORRECTIONS
+
+__all__ = ["SpecializationSettings"]
+
+
+@dataclass
+class SpecializationSettings:
+    """Every knob of :func:`specialization_test`, validated on construction.
+
+    Args:
+        n_sequences: Sequences of the task's evaluation set used (held out from training).
+        alpha: Significance level after correction.
+        correction: ``"holm"`` (family-wise), ``"bh"`` (false discovery rate) or ``"none"``.
+        min_effect: Smallest effect size ``(score - chance) / (1 - chance)`` that counts as a
+            role.
+        n_init: Untrained null models per run (seeds matched: the run's seed, +1, ...).
+        ablation_method: ``"mean"``, ``"zero"`` or ``"resample"``.
+        similarity_method: :func:`~mhainterp.similarity.head_similarity` method for redundancy.
+        min_similarity: Similarity for two heads to count as similar.
+        backup_ratio: Share of the joint damage beyond the singles that counts as backup.
+        min_joint_damage: Loss increase (nats) that removing a redundant pair must cause.
+        dead_tol: A head whose write is below this fraction of the residual stream's RMS is
+            dead.
+        min_damage: Accuracy drop that counts as damage (selectivity, ablation support).
+        min_selectivity: Selectivity index for a head to be causally specialized.
+        mix_ratio: A head whose second significant role (not nested in or containing the
+            first) has at least this fraction of the first one's effect *mixes* the two and is
+            labelled unspecialized.
+        n_permutations: Draws of the causal permutation null.
+        n_shuffles: Draws of the role-shuffled consistency null.
+        seed: Seed of every null's random generator.
+    """
+
+    n_sequences: int = 256
+    alpha: float = 0.05
+    correction: str = "holm"
+    min_effect: float = 0.3
+    n_init: int = 4
+    ablation_method: str = "mean"
+    similarity_method: str = "js"
+    min_similarity: float = 0.9
+    backup_ratio: float = 0.5
+    min_joint_damage: float = 0.005
+    dead_tol: float = 0.01
+    min_damage: float = 0.01
+    min_selectivity: float = 0.5
+    mix_ratio: float = 0.5
+    n_permutations: int = 1000
+    n_shuffles: int = 200
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("n_sequences", "n_permutations", "n_shuffles"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("n_init", self.n_init, 2)
+        _check_int("seed", self.seed, 0)
+        for name in ("alpha", "min_similarity", "backup_ratio", "min_selectivity", "mix_ratio"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0 < value <= 1:
+                raise ValueError(f"{name}={value!r} is invalid: must be a number in (0, 1]")
+        for name in ("min_effect", "min_joint_damage", "dead_tol", "min_damage"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{name}={value!r} is invalid: must be a number >= 0")
+        if self.correction not in CORRECTIONS:
+            raise ValueError(
+                f"correction={self.correction!r} is invalid; allowed: {', '.join(CORRECTIONS)}"
+            )
+        check_method(self.ablation_method)
+        if self.similarity_method not in SIMILARITY_METHODS:
+            raise ValueError(
+                f"similarity_method={self.similarity_method!r} is invalid; allowed: "
+                f"{', '.join(SIMILARITY_METHODS)}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SpecializationSettings:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown settings {unknown}; allowed: {sorted(known)}")
+        return cls(**data)
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name}={value!r} is invalid: must be an int >= {minimum}")

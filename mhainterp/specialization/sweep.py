@@ -1,0 +1,352 @@
+"""Specialization across a head-count sweep: how the share of heads with a distinct role,
+redundancy and accuracy change with ``h``, over seeds.
+
+:func:`sweep_specialization` runs :func:`~mhainterp.specialization.core.specialization_test`
+on every run of one or more sweep folders (:mod:`mhainterp.sweep` layout), reusing a run's saved
+result (``runs/h{h}_seed{s}/analysis/specialization.json``) when it was made with the same
+settings, and saving new ones there. It then stacks the runs, adds cross-seed consistency per
+task and head count, and summarises each (task, h) over seeds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from mhainterp.io import read_json, write_csv, write_text
+from mhainterp.specialization.core import (
+    SpecializationResult,
+    SpecializationSettings,
+    combine_results,
+    specialization_test,
+)
+from mhainterp.specialization.text import markdown_table
+from mhainterp.specialization.verdict import group_key
+from mhainterp.stats import describe, exceeds_seed_spread
+
+__all__ = [
+    "SUMMARY_COLUMNS",
+    "SweepSpecialization",
+    "cached_specialization",
+    "display_summary",
+    "resolve_run_dirs",
+    "specialization_summary",
+    "sweep_specialization",
+]
+
+RESULT_PREFIX = "specialization"
+SUMMARY_COLUMNS = [
+    "task",
+    "n_heads",
+    "n_seeds",
+    "accuracy_mean",
+    "accuracy_std",
+    "frac_role_mean",
+    "frac_role_std",
+    "n_role_mean",
+    "frac_redundant_mean",
+    "frac_redundant_std",
+    "frac_dead_mean",
+    "mean_top_effect_mean",
+    "causal_selectivity_mean",
+    "causal_selectivity_std",
+    "causal_null_mean",
+    "consistency",
+    "random_matching",
+    "null_shuffled",
+    "consistency_p",
+]
+"""Columns of :attr:`SweepSpecialization.summary`: per (task, n_heads), means and sample stds
+over seeds of the run table's columns; ``accuracy`` is the sweep's ``val_accuracy`` when known;
+the consistency columns are NaN with fewer than 2 seeds."""
+
+
+@dataclass
+class SweepSpecialization:
+    """What :func:`sweep_specialization` returns.
+
+    Attributes:
+        runs: One row per run (:data:`~mhainterp.specialization.core.RUN_COLUMNS` plus
+            ``run_dir`` and ``val_accuracy``).
+        summary: One row per (task, n_heads), columns :data:`SUMMARY_COLUMNS`.
+        result: The stacked :class:`~mhainterp.specialization.core.SpecializationResult`.
+        notes: Findings generated from the numbers, one per task (+ caveats).
+    """
+
+    runs: pd.DataFrame
+    summary: pd.DataFrame
+    result: SpecializationResult
+    notes: list[str]
+
+    def to_markdown(self) -> str:
+        """The summary table per task, then the notes."""
+        parts = []
+        for task, group in self.summary.groupby("task", sort=False):
+            parts += [f"#### {task}", "", markdown_table(display_summary(group)), ""]
+        parts += [f"- {note}" for note in self.notes]
+        return "\n".join(parts) + "\n"
+
+    def save(self, out_dir: str | os.PathLike[str]) -> list[Path]:
+        """Write ``specialization_runs.csv``, ``specialization_summary.csv``,
+        ``specialization_consistency.csv`` and ``specialization_summary.md`` to ``out_dir``."""
+        out_dir = Path(out_dir)
+        return [
+            write_csv(out_dir / "specialization_runs.csv", self.runs),
+            write_csv(out_dir / "specialization_summary.csv", self.summary),
+            write_csv(out_dir / "specialization_consistency.csv", self.result.consistency),
+            write_text(out_dir / "specialization_summary.md", self.to_markdown()),
+        ]
+
+
+def display_summary(group: pd.DataFrame) -> pd.DataFrame:
+    """:data:`SUMMARY_COLUMNS` rows formatted for reading: ``mean ± std`` strings per metric.
+
+    Example:
+        >>> display_summary(spec.summary)  # doctest: +SKIP
+    """
+
+    def pm(mean: pd.Series, std: pd.Series) -> list[str]:
+        return [
+            "" if math.isnan(m) else (f"{m:.2f}" if math.isnan(s) else f"{m:.2f} ± {s:.2f}")
+            for m, s in zip(mean, std, strict=True)
+        ]
+
+    return pd.DataFrame(
+        {
+            "h": group["n_heads"],
+            "seeds": group["n_seeds"],
+            "accuracy": pm(group["accuracy_mean"], group["accuracy_std"]),
+            "share with a role": pm(group["frac_role_mean"], group["frac_role_std"]),
+            "share redundant": pm(group["frac_redundant_mean"], group["frac_redundant_std"]),
+            "share dead": group["frac_dead_mean"].map(lambda v: f"{v:.2f}"),
+            "causal selectivity": pm(
+                group["causal_selectivity_mean"], group["causal_selectivity_std"]
+            ),
+            "selectivity null": group["causal_null_mean"],
+            "consistency": group["consistency"],
+            "random matching": group["random_matching"],
+            "consistency p": group["consistency_p"],
+        }
+    )
+
+
+def cached_specialization(
+    run_dir: str | os.PathLike[str],
+    settings: SpecializationSettings,
+    *,
+    reuse: bool = True,
+    save: bool = True,
+    progress: bool = False,
+) -> SpecializationResult:
+    """One run's result: read from ``run_dir/analysis/`` when saved with the same settings,
+    else computed (and saved there when ``save``).
+
+    Example:
+        >>> result = cached_specialization("runs/rev/runs/h4_seed0",
+        ...                                SpecializationSettings())  # doctest: +SKIP
+    """
+    analysis = Path(run_dir) / "analysis"
+    meta_path = analysis / f"{RESULT_PREFIX}.json"
+    if reuse and meta_path.is_file():
+        saved = read_json(meta_path).get("settings")
+        if saved == settings.to_dict():
+            return SpecializationResult.load(analysis, RESULT_PREFIX)
+    result = specialization_test(run_dir, settings=settings, progress=progress)
+    if save:
+        result.save(analysis, RESULT_PREFIX)
+    return result
+
+
+def _renamed(result: SpecializationResult, run_id: str) -> SpecializationResult:
+    """The same result with its (single) run called ``run_id`` everywhere."""
+    tables = {}
+    for name in SpecializationResult.TABLES:
+        table = getattr(result, name).copy()
+        if "run" in table.columns:
+            table["run"] = run_id
+        tables[name] = table
+    for verdict in result.verdict.runs:
+        verdict.run = run_id
+    return SpecializationResult(**tables, verdict=result.verdict, settings=result.settings)
+
+
+def resolve_run_dirs(results: pd.DataFrame, sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
+    """``results`` with ``run_dir`` pointing into ``sweep_dir/runs/`` when the recorded path
+    (relative to wherever the sweep was started) does not exist from here.
+
+    Example:
+        >>> df = pd.DataFrame({"run_dir": ["elsewhere/runs/h1_seed0"]})
+        >>> resolve_run_dirs(df, "sweep").run_dir.tolist()  # doctest: +SKIP
+        ['sweep/runs/h1_seed0']
+    """
+    out = results.copy()
+    fixed = []
+    for recorded in out["run_dir"]:
+        local = Path(sweep_dir) / "runs" / Path(recorded).name
+        fixed.append(str(recorded) if Path(recorded).is_dir() else str(local))
+    out["run_dir"] = fixed
+    return out
+
+
+def _load_results(sweeps: Sequence[str | os.PathLike[str]]) -> pd.DataFrame:
+    frames = []
+    for sweep in sweeps:
+        path = Path(sweep) / "results.csv"
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"{sweep} is not a finished sweep folder: {path} is missing (run mhainterp sweep)"
+            )
+        frame = resolve_run_dirs(pd.read_csv(path), sweep)
+        frame.insert(0, "sweep", Path(sweep).name)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True)
+
+
+def sweep_specialization(
+    sweep: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    settings: SpecializationSettings | None = None,
+    *,
+    reuse: bool = True,
+    save: bool = True,
+    progress: bool = True,
+    **overrides: Any,
+) -> SweepSpecialization:
+    """Specialization, redundancy and accuracy against head count, over seeds.
+
+    Args:
+        sweep: A sweep folder (with ``results.csv``) or several.
+        settings: :class:`SpecializationSettings` (``**overrides`` replace fields).
+        reuse: Reuse a run's saved result made with the same settings.
+        save: Save each newly computed run result under its ``analysis/`` folder.
+        progress: tqdm bar over runs.
+        **overrides: Settings fields.
+
+    Returns:
+        A :class:`SweepSpecialization`.
+
+    Example:
+        >>> spec = sweep_specialization("runs/quickstart/count_previous")  # doctest: +SKIP
+        >>> print(spec.to_markdown())  # doctest: +SKIP
+    """
+    settings = settings or SpecializationSettings()
+    if overrides:
+        settings = SpecializationSettings.from_dict({**settings.to_dict(), **overrides})
+    sweeps = [sweep] if isinstance(sweep, (str, os.PathLike)) else list(sweep)
+    results = _load_results(sweeps)
+    singles, ids = [], []
+    rows = list(results.itertuples(index=False))
+    for row in tqdm(rows, desc="specialization", disable=not progress):
+        run_id = f"{row.sweep}/{Path(row.run_dir).name}"
+        single = cached_specialization(row.run_dir, settings, reuse=reuse, save=save)
+        singles.append(_renamed(single, run_id))
+        ids.append(run_id)
+    combined = combine_results(singles) if len(singles) > 1 else singles[0]
+    runs = combined.runs.copy()
+    runs["run_dir"] = [str(r.run_dir) for r in rows]
+    runs["val_accuracy"] = results["val_accuracy"].to_numpy()
+    summary = specialization_summary(runs, combined.verdict.consistency)
+    return SweepSpecialization(runs, summary, combined, _notes(summary, runs))
+
+
+def specialization_summary(
+    runs: pd.DataFrame, consistency: dict[str, dict[str, float]] | None = None
+) -> pd.DataFrame:
+    """Per (task, n_heads): means and sample stds over seeds (columns :data:`SUMMARY_COLUMNS`).
+
+    Args:
+        runs: The per-run table (``task, n_heads, frac_role, frac_redundant, frac_dead,
+            n_role, mean_top_effect, causal_selectivity, causal_null`` and ``val_accuracy`` or
+            ``accuracy``).
+        consistency: ``"task/h"`` -> consistency summary (from the combined verdict).
+
+    Example:
+        >>> runs = pd.DataFrame({"task": ["t", "t"], "n_heads": [2, 2], "frac_role": [0.5, 1.0],
+        ...     "frac_redundant": [0.0, 0.0], "frac_dead": [0.0, 0.0], "n_role": [1, 2],
+        ...     "mean_top_effect": [0.4, 0.6], "causal_selectivity": [float("nan")] * 2,
+        ...     "causal_null": [float("nan")] * 2, "accuracy": [0.9, 0.8]})
+        >>> table = specialization_summary(runs)
+        >>> table[["frac_role_mean", "accuracy_mean"]].round(3).values.tolist()
+        [[0.75, 0.85]]
+    """
+    consistency = consistency or {}
+    accuracy = "val_accuracy" if "val_accuracy" in runs.columns else "accuracy"
+    rows = []
+    for (task, h), group in runs.groupby(["task", "n_heads"], sort=False):
+        summary = consistency.get(group_key(task, int(h)), {})
+        row: dict[str, Any] = {"task": task, "n_heads": int(h), "n_seeds": len(group)}
+        for column, name in [
+            (accuracy, "accuracy"),
+            ("frac_role", "frac_role"),
+            ("frac_redundant", "frac_redundant"),
+            ("causal_selectivity", "causal_selectivity"),
+        ]:
+            stats = describe(group[column].dropna())
+            row[f"{name}_mean"], row[f"{name}_std"] = stats["mean"], stats["std"]
+        row["n_role_mean"] = float(group["n_role"].mean())
+        row["frac_dead_mean"] = float(group["frac_dead"].mean())
+        row["mean_top_effect_mean"] = float(group["mean_top_effect"].mean())
+        row["causal_null_mean"] = float(group["causal_null"].mean())
+        row["consistency"] = summary.get("consistency", math.nan)
+        row["random_matching"] = summary.get("random_matching", math.nan)
+        row["null_shuffled"] = summary.get("null_shuffled", math.nan)
+        row["consistency_p"] = summary.get("p_value", math.nan)
+        rows.append(row)
+    table = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    return table.sort_values(["task", "n_heads"], kind="stable", ignore_index=True)
+
+
+def _trend(summary: pd.DataFrame, column: str, label: str) -> str:
+    """A trend line, e.g. "share with a role 0.00 (h=1) -> 0.50 (h=8) — beyond the seed spread"."""
+    first, last = summary.iloc[0], summary.iloc[-1]
+    mean_a, std_a = first[f"{column}_mean"], first[f"{column}_std"]
+    mean_b, std_b = last[f"{column}_mean"], last[f"{column}_std"]
+
+    def fmt(mean: float, std: float) -> str:
+        return f"{mean:.2f}" if math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
+
+    text = (
+        f"{label} {fmt(mean_a, std_a)} (h={first['n_heads']}) -> {fmt(mean_b, std_b)} "
+        f"(h={last['n_heads']})"
+    )
+    rule = exceeds_seed_spread(mean_a, std_a, mean_b, std_b)
+    if rule is None:
+        return text + " (too few seeds to compare)"
+    return text + (" — beyond the seed spread" if rule else " — within the seed spread")
+
+
+def _notes(summary: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
+    notes = []
+    for task, group in summary.groupby("task", sort=False):
+        if len(group) < 2:
+            notes.append(f"{task}: a single head count (h={group['n_heads'].iloc[0]}); no trend.")
+            continue
+        parts = [
+            _trend(group, "frac_role", "share of heads with a distinct role"),
+            _trend(group, "frac_redundant", "share redundant"),
+            _trend(group, "accuracy", "accuracy"),
+        ]
+        if group["causal_selectivity_mean"].notna().any():
+            parts.append(_trend(group, "causal_selectivity", "causal selectivity"))
+        notes.append(f"{task}: " + "; ".join(parts) + ".")
+        with_consistency = group.dropna(subset=["consistency"])
+        for row in with_consistency.itertuples(index=False):
+            notes.append(
+                f"{task}, h={row.n_heads}: role profiles match across {row.n_seeds} seeds at "
+                f"{row.consistency:.2f} vs {row.random_matching:.2f} for a random matching "
+                f"and {row.null_shuffled:.2f} for role-shuffled profiles (p = "
+                f"{row.consistency_p:.2g})."
+            )
+    n = runs.groupby(["task", "n_heads"]).size()
+    seeds = str(n.min()) if n.min() == n.max() else f"{n.min()}-{n.max()}"
+    notes.append(
+        f"Seeds per head count: {seeds}. '±' is the sample std over seeds; a change counts only "
+        "when the mean ± std bars of the two head counts do not overlap."
+    )
+    return notes

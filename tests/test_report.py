@@ -1,0 +1,178 @@
+"""Reports of a tiny trained sweep: report.md and a self-contained report.html carry the numbers
+of the tables they were generated from; the sweep-level specialization is cached per run; the
+``specialize`` and ``report`` commands print and write the same verdicts."""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+import pandas as pd
+import pytest
+
+from mhainterp.cli import report as report_cli
+from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.io import read_json
+from mhainterp.report import report_kind, sweep_folders, write_report
+from mhainterp.specialization import (
+    SpecializationSettings,
+    cached_specialization,
+    sweep_specialization,
+)
+from mhainterp.specialization.text import format_value
+from mhainterp.sweep import run_sweep, summarize
+
+N_SEQUENCES = 48
+TASKS = ("count_previous", "multi_relation")
+
+
+@pytest.fixture(scope="module")
+def sweeps(tmp_path_factory):
+    """Two tiny trained sweeps (h = 1, 2; seeds 0, 1; 20 steps) in one folder."""
+    root = tmp_path_factory.mktemp("sweeps")
+    for task in TASKS:
+        config = SweepConfig(
+            task=task,
+            task_params={"seq_len": 6, "d_vocab": 4},
+            n_heads=[1, 2],
+            seeds=[0, 1],
+            model={"d_model": 16, "n_layers": 1},
+            train=TrainConfig(steps=20, batch_size=16, warmup_steps=2, eval_size=64, log_every=5),
+        )
+        run_sweep(config, root / task, progress=False)
+    return root
+
+
+@pytest.fixture(scope="module")
+def report(sweeps):
+    md, html = write_report(sweeps, n_sequences=N_SEQUENCES)
+    return md.read_text(encoding="utf-8"), html.read_text(encoding="utf-8")
+
+
+def _text_of_html(html: str) -> str:
+    """The visible text of the report (tags removed, entities decoded)."""
+    import html as html_lib
+
+    return html_lib.unescape(re.sub(r"<[^>]+>", " ", html))
+
+
+def test_report_kinds(sweeps, tmp_path):
+    assert report_kind(sweeps) == "sweeps"
+    assert report_kind(sweeps / "count_previous") == "sweep"
+    assert report_kind(sweeps / "count_previous" / "runs" / "h2_seed1") == "run"
+    assert [p.name for p in sweep_folders(sweeps)] == list(TASKS)
+    with pytest.raises(FileNotFoundError, match="is not a run folder"):
+        report_kind(tmp_path)
+
+
+def test_report_contains_the_head_count_table(sweeps, report):
+    md, html = report
+    text = _text_of_html(html)
+    for task in TASKS:
+        results = pd.read_csv(sweeps / task / "results.csv")
+        table = summarize(results).table
+        for value in table["val_accuracy_mean"]:
+            assert f"| {format_value(value)} |" in md
+            assert format_value(value) in text
+        comparisons = summarize(results).comparisons
+        assert comparisons["verdict"].iloc[0] in md and comparisons["verdict"].iloc[0] in text
+
+
+def test_report_contains_the_specialization_numbers(sweeps, report):
+    md, html = report
+    text = _text_of_html(html)
+    for task in TASKS:
+        summary = pd.read_csv(sweeps / task / "specialization_summary.csv")
+        runs = pd.read_csv(sweeps / task / "specialization_runs.csv")
+        assert len(runs) == 4 and set(runs["n_heads"]) == {1, 2}
+        for value in summary["consistency"]:
+            assert f"| {format_value(value)} |" in md
+        for line in runs["verdict"]:
+            # Each run's verdict is saved; the group lines in the report are built from them.
+            assert line.startswith(f"{task}, h=")
+    # The verdict lines of the report are exactly those of the saved per-run results.
+    spec = sweep_specialization(sweeps / "multi_relation", n_sequences=N_SEQUENCES, progress=False)
+    for line in spec.result.verdict.lines:
+        assert f"- {line}" in md
+        assert line in text
+    assert "Attention is a clue, not an explanation" in md
+
+
+def test_html_is_self_contained(report):
+    md, html = report
+    sources = re.findall(r'src="([^"]*)"', html)
+    assert sources and all(s.startswith("data:image/png;base64,") for s in sources)
+    assert "href=" not in html and "<link" not in html and "<script" not in html
+    # One embedded image per figure the Markdown links to.
+    assert len(sources) == len(re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md))
+
+
+def test_markdown_figures_exist_with_their_csv(sweeps, report):
+    md, _ = report
+    links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert "count_previous/head_count_accuracy.png" in links
+    assert "multi_relation/specialization_vs_heads.png" in links
+    assert "multi_relation/causal_matrix.png" in links
+    for link in links:
+        assert (sweeps / link).is_file()
+        assert (sweeps / link).with_suffix(".csv").is_file()
+
+
+def test_run_specialization_is_cached(sweeps):
+    run_dir = sweeps / "count_previous" / "runs" / "h2_seed0"
+    settings = SpecializationSettings(n_sequences=N_SEQUENCES)
+    meta = run_dir / "analysis" / "specialization.json"
+    assert meta.is_file()  # written by the report
+    stamp = meta.stat().st_mtime_ns
+    again = cached_specialization(run_dir, settings)
+    assert meta.stat().st_mtime_ns == stamp  # reused, not recomputed
+    assert again.verdict.text == read_json(meta)["verdict"]["text"]
+    other = cached_specialization(run_dir, SpecializationSettings(n_sequences=32), save=False)
+    assert other.settings.n_sequences == 32 and meta.stat().st_mtime_ns == stamp
+
+
+def test_run_report(sweeps, tmp_path):
+    run_dir = sweeps / "multi_relation" / "runs" / "h2_seed1"
+    md_path, html_path = write_report(run_dir, tmp_path, n_sequences=N_SEQUENCES)
+    md = md_path.read_text(encoding="utf-8")
+    result = cached_specialization(run_dir, SpecializationSettings(n_sequences=N_SEQUENCES))
+    assert f"- {result.verdict.text}" in md
+    eval_loss = read_json(run_dir / "eval.json")["loss"]
+    assert f"loss {eval_loss:.4f}" in md
+    for label in result.heads["label"]:
+        assert f"| {label} |" in md
+    assert html_path.read_text(encoding="utf-8").count("data:image/png;base64,") == 2
+
+
+def _cli(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    report_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_specialize_command_prints_the_verdict(sweeps, capsys):
+    run_dir = sweeps / "count_previous" / "runs" / "h1_seed1"
+    code = _cli(["specialize", str(run_dir), "--n-sequences", str(N_SEQUENCES), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 0
+    saved = read_json(run_dir / "analysis" / "specialization.json")
+    assert saved["verdict"]["text"] in out
+    assert "| L0H0 |" in out
+
+
+def test_report_command_writes_both_files(sweeps, tmp_path, capsys):
+    code = _cli(
+        [
+            "report",
+            str(sweeps / "count_previous" / "runs" / "h2_seed1"),
+            "--out",
+            str(tmp_path),
+            "--n-sequences",
+            str(N_SEQUENCES),
+            "--quiet",
+        ]
+    )
+    assert code == 0
+    assert (tmp_path / "report.md").is_file() and (tmp_path / "report.html").is_file()
+    assert str(tmp_path / "report.md") in capsys.readouterr().out

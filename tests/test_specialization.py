@@ -1,0 +1,621 @@
+"""Known answers for the specialization test: hand-built heads are labelled exactly, untrained
+heads are not called specialized, copies are redundant, the corrections match hand-computed
+values, the nulls match their definitions, and the verdict text follows the numbers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from scipy import stats
+from torch.testing import assert_close
+
+from mhainterp.ablation import head_importance
+from mhainterp.capture import head_statistics, visible_keys
+from mhainterp.config import ModelConfig
+from mhainterp.figures.specialization import (
+    causal_matrix_figure,
+    consistency_figure,
+    role_heatmap,
+    save_specialization_figures,
+    specialization_vs_heads,
+)
+from mhainterp.handbuilt import handbuilt_model
+from mhainterp.model import HookedMHATransformer
+from mhainterp.specialization import (
+    RunVerdict,
+    SpecializationResult,
+    SpecializationSettings,
+    TargetDamage,
+    Verdict,
+    adjust_pvalues,
+    benjamini_hochberg,
+    causal_selectivity,
+    combine_nulls,
+    cross_seed_consistency,
+    holm,
+    init_models,
+    init_p_values,
+    model_selectivity,
+    permutation_null_samples,
+    profile_similarity,
+    role_scores,
+    role_templates,
+    selectivity_index,
+    specialization_summary,
+    specialization_test,
+    target_damage,
+)
+from mhainterp.specialization.roles import RoleSums, role_frame
+from mhainterp.tasks import get_task
+from mhainterp.training import build_model
+
+T, V = 16, 10
+
+
+# ----------------------------------------------------------------------------- builders
+
+
+def multi_relation_model(kinds: list[str], d_head: int = 16) -> HookedMHATransformer:
+    """A hand-set 1-layer model for ``multi_relation`` (3 targets, bidirectional).
+
+    Kinds: ``"previous"`` (attend to q-1, copy the token into block A, read by the previous
+    target), ``"mirror"`` (attend to T-1-q, copy into block B, read by the mirror target),
+    ``"mix"`` (attend half to q-1 and half to T-1-q, copy into block A), ``"dead"`` (all
+    zero). The count target is never computed (its logits are 0), so no head's removal can
+    change it. mhainterp.handbuilt has one target only, hence this builder.
+    """
+    n, n_out = len(kinds), max(V + 1, T)
+    d_model = n * d_head
+    cfg = ModelConfig(
+        d_model=d_model,
+        n_heads=n,
+        n_layers=1,
+        n_ctx=T,
+        d_vocab=V,
+        d_vocab_out=n_out,
+        n_targets=3,
+        causal=False,
+        attn_only=True,
+        normalization_type=None,
+        device="cpu",
+    )
+    model = HookedMHATransformer(cfg)
+    block = {"previous": V + T, "mirror": V + T + V, "mix": V + T}  # start of each copy block
+    scale = 30.0 * d_head**0.5
+    W_Q, W_K, W_V = (torch.zeros(n, d_model, d_head) for _ in range(3))
+    W_O = torch.zeros(n, d_head, d_model)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+        model.embed.weight[:, :V] = torch.eye(V)
+        model.pos_embed.weight[:, V : V + T] = torch.eye(T)
+        for h, kind in enumerate(kinds):
+            if kind == "dead":
+                continue
+            for q in range(T):
+                keys = {"previous": [q - 1], "mirror": [T - 1 - q], "mix": [q - 1, T - 1 - q]}
+                for k in keys[kind]:
+                    if k >= 0:
+                        W_Q[h, V + q, k] = scale
+            W_K[h, V : V + T, :T] = torch.eye(T)
+            W_V[h, :V, :V] = torch.eye(V)
+            W_O[h, :V, block[kind] : block[kind] + V] = torch.eye(V)
+        attn = model.blocks[0].attn
+        attn.W_Q, attn.W_K, attn.W_V, attn.W_O = W_Q, W_K, W_V, W_O
+        unembed = model.unembed.weight  # (3 * n_out, d_model), target-major
+        for t, kind in enumerate(["previous", "mirror"]):
+            rows = slice(t * n_out, t * n_out + V)
+            unembed[rows, block[kind] : block[kind] + V] = 20.0 * torch.eye(V)
+        unembed[V, V] = 40.0  # previous target, class V ("no previous token") at t = 0
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def multi_task():
+    return get_task("multi_relation", seq_len=T, d_vocab=V)
+
+
+@pytest.fixture(scope="module")
+def previous_task():
+    return get_task("previous_token", seq_len=T, d_vocab=V)
+
+
+@pytest.fixture(scope="module")
+def hand_result(multi_task):
+    return specialization_test(multi_relation_model(["previous", "mirror", "dead"]), multi_task)
+
+
+# ----------------------------------------------------------------------------- corrections
+
+
+def test_holm_and_bh_match_hand_computed_values():
+    p = [0.01, 0.04, 0.03, 0.005]
+    # Holm: sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> cummax.
+    np.testing.assert_allclose(holm(p), [0.03, 0.06, 0.06, 0.02])
+    # BH: 4p/rank = 0.02, 0.02, 0.04, 0.04 -> cummin from the top.
+    np.testing.assert_allclose(benjamini_hochberg(p), [0.02, 0.04, 0.04, 0.02])
+    p = [0.01, 0.02, 0.03, 0.04, 0.05]
+    np.testing.assert_allclose(holm(p), [0.05, 0.08, 0.09, 0.09, 0.09])
+    np.testing.assert_allclose(benjamini_hochberg(p), [0.05] * 5)
+    # Adjusted values are capped at 1.
+    np.testing.assert_allclose(holm([0.6, 0.9]), [1.0, 1.0])
+
+
+def test_corrections_leave_nan_out_of_the_family():
+    np.testing.assert_allclose(holm([0.04, math.nan, 0.01]), [0.04, math.nan, 0.02])
+    np.testing.assert_allclose(benjamini_hochberg([0.04, math.nan, 0.01]), [0.04, math.nan, 0.02])
+    np.testing.assert_allclose(adjust_pvalues([0.2, 0.01], "none"), [0.2, 0.01])
+    with pytest.raises(ValueError, match="correction='bonferroni'.*holm, bh, none"):
+        adjust_pvalues([0.1], "bonferroni")
+    with pytest.raises(ValueError, match=r"must lie in \[0, 1\]"):
+        holm([1.5])
+
+
+# ----------------------------------------------------------------------------- roles and nulls
+
+
+def test_permutation_null_moments_by_hand():
+    # One sequence of 3 positions, bidirectional; the head is one-hot on the previous key.
+    patterns = torch.tensor([[1.0, 0, 0], [1, 0, 0], [0, 1, 0]])[None, None, None]  # (1,1,1,3,3)
+    tokens = torch.tensor([[4, 5, 6]])
+    template = role_templates(tokens)["previous"]
+    sums = RoleSums()
+    sums.add_batch(patterns, {"previous": template}, visible_keys(torch.ones(1, 3).bool(), False))
+    row = role_frame(sums).iloc[0]
+    # Rows q = 1, 2 count (row 0 has no previous key): score 1. Per row s=1 of n=3 keys:
+    # E = 1/3; Var = s(n-s)/(n-1) * sigma^2 = 1 * mean((w - 1/3)^2) = 2/9; the mean of two
+    # rows has Var = (2/9 + 2/9) / 4 = 1/9, sd 1/3, so z = (1 - 1/3) / (1/3) = 2.
+    assert row["score"] == pytest.approx(1.0)
+    assert row["chance"] == pytest.approx(1 / 3)
+    assert row["perm_std"] == pytest.approx(1 / 3)
+    assert row["z_perm"] == pytest.approx(2.0)
+    assert row["p_perm"] == pytest.approx(stats.norm.sf(2.0))
+    assert row["effect"] == pytest.approx(1.0)
+
+
+def test_exact_permutation_moments_match_monte_carlo():
+    # A random causal head on padded data: the exact null mean/sd equal the Monte Carlo ones.
+    task = get_task("count_previous", seq_len=8, d_vocab=3, min_len=5)
+    model = build_model(task, d_model=16, n_heads=1, seed=3)
+    batch = task.eval_batch(24)
+    with torch.no_grad():
+        _, cache = model.run_with_cache(batch.tokens, batch.padding_mask)
+    patterns = cache["pattern", 0][:, 0] * batch.padding_mask[:, :, None]  # (n, T, T)
+    templates = role_templates(batch.tokens, batch.padding_mask, task=task, causal=True)
+    visible = visible_keys(batch.padding_mask, causal=True)
+    sums = RoleSums()
+    sums.add_batch(patterns[:, None, None], templates, visible)
+    exact = role_frame(sums).set_index("role")
+    for role in ("same_token_before", "previous", "first_position"):
+        draws = permutation_null_samples(
+            patterns,
+            templates[role],
+            visible,
+            n_permutations=4000,
+            generator=torch.Generator().manual_seed(1),
+        )
+        assert float(draws.mean()) == pytest.approx(exact.loc[role, "chance"], abs=0.004)
+        assert float(draws.std()) == pytest.approx(exact.loc[role, "perm_std"], rel=0.06)
+
+
+def test_role_scores_equal_capture_template_mass(previous_task):
+    # No padding, causal, every previous key visible: the role score is capture's "mul" score.
+    model = handbuilt_model(["previous", "uniform", "first"])
+    batch = previous_task.eval_batch(128)
+    roles = role_scores(model, previous_task, n_sequences=128)
+    stats_table = head_statistics(model, batch, relations=previous_task)
+    mass = stats_table[stats_table["metric"] == "relation_mass:previous"]["value"].to_numpy()
+    mine = roles[roles["role"] == "previous"]["score"].to_numpy()
+    np.testing.assert_allclose(mine, mass, atol=1e-9)
+    assert mine[0] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_role_templates_drop_generic_duplicates():
+    task = get_task("count_previous", seq_len=6, d_vocab=3)
+    tokens = task.eval_batch(4).tokens
+    causal = role_templates(tokens, task=task, causal=True)
+    # Causal: the generic same_token (other copies) sees only earlier copies = the task's.
+    assert list(causal) == [
+        "same_token_before",
+        "previous",
+        "self",
+        "first_position",
+        "mirror",
+        "uniform",
+    ]
+    bidirectional = role_templates(tokens, task=task, causal=False)
+    assert "same_token" in bidirectional
+
+
+def test_init_null_matches_the_runs_starting_point(multi_task):
+    model = build_model(multi_task, d_model=32, n_heads=4, seed=7)
+    (null,) = init_models(model.cfg, [7])
+    for name, tensor in model.state_dict().items():
+        assert_close(null.state_dict()[name], tensor)
+
+
+def test_init_p_value_is_the_predictive_t_test():
+    roles = pd.DataFrame({"role": ["a", "uniform"], "score": [0.9, 0.9]})
+    summary = pd.DataFrame(
+        {
+            "role": ["a", "uniform"],
+            "init_mean": [0.1, 0.1],
+            "init_std": [0.1, 0.1],
+            "init_n": [8, 8],
+        }
+    )
+    out = init_p_values(roles, summary)
+    assert out.loc[0, "z_init"] == pytest.approx(8.0)
+    assert out.loc[0, "p_init"] == pytest.approx(stats.t.sf(8.0 / math.sqrt(1 + 1 / 8), df=7))
+    assert math.isnan(out.loc[1, "p_init"])  # descriptive role: not tested
+    combined = combine_nulls(
+        pd.DataFrame({"p_perm": [0.001, 0.02, 0.5], "p_init": [0.004, 0.001, 0.001]}).assign(
+            effect=[0.9, 0.9, 0.1]
+        ),
+        alpha=0.05,
+        correction="holm",
+        min_effect=0.3,
+    )
+    # p = max(p_perm, p_init) = 0.004, 0.02, 0.5; Holm: 0.012, 0.04, 0.5.
+    np.testing.assert_allclose(combined["p_adj"], [0.012, 0.04, 0.5])
+    assert combined["significant"].tolist() == [True, True, False]
+
+
+# ----------------------------------------------------------------------------- known models
+
+
+def test_previous_mirror_dead_heads_are_labelled_exactly(hand_result):
+    heads = hand_result.heads.set_index("head_label")
+    assert heads["label"].tolist() == ["previous", "mirror", "dead"]
+    assert heads.loc["L0H0", "role_effect"] == pytest.approx(1.0, abs=1e-6)
+    assert heads.loc["L0H1", "role_effect"] == pytest.approx(1.0, abs=1e-6)
+    assert heads.loc["L0H2", "output_ratio"] == 0.0
+    assert heads["causal_target"].tolist() == ["previous", "mirror", ""]
+    assert heads.loc[["L0H0", "L0H1"], "causal_selectivity"].tolist() == [1.0, 1.0]
+    assert heads["causal_support"].tolist()[:2] == [True, True]
+    assert hand_result.redundancy["redundant"].tolist() == [False, False, False]
+
+
+def test_hand_model_causal_matrix_and_selectivity(hand_result):
+    matrix = hand_result.causal.pivot(index="head_label", columns="target", values="damage")
+    # Removing the previous head loses the previous target except at t = 0 (class V from the
+    # position) and where the mean-ablated copy still wins; nothing else moves.
+    assert matrix.loc["L0H0", "mirror"] == 0.0 and matrix.loc["L0H0", "count_previous"] == 0.0
+    assert matrix.loc["L0H1", "previous"] == 0.0 and matrix.loc["L0H1", "count_previous"] == 0.0
+    assert (matrix.loc["L0H2"] == 0.0).all()
+    assert matrix.loc["L0H0", "previous"] > 0.5 and matrix.loc["L0H1", "mirror"] > 0.5
+    run = hand_result.runs.iloc[0]
+    assert run["causal_selectivity"] == pytest.approx(1.0)
+    assert run["causal_null"] < 0.2
+    assert run["causal_p"] == pytest.approx(1 / 1001)
+
+
+def test_hand_model_verdict_text(hand_result):
+    text = hand_result.verdict.text
+    assert "multi_relation, h=3, seed 0" in text
+    assert "2 of 3 heads hold a distinct role" in text
+    assert "L0H0 previous (effect 1.00), L0H1 mirror (effect 1.00)" in text
+    assert "0 redundant (none); 1 dead (L0H2); 0 unspecialized (none)." in text
+    null = hand_result.runs.iloc[0]["causal_null"]
+    assert f"Causal selectivity 1.00 vs permutation null {null:.2f} (p = 0.001)" in text
+    assert "Ablation backs 2 of 2 role heads" in text
+
+
+def test_a_head_that_mixes_two_relations_is_unspecialized(multi_task):
+    model = multi_relation_model(["previous", "mix"], d_head=24)
+    result = specialization_test(model, multi_task, n_sequences=128)
+    heads = result.heads.set_index("head_label")
+    assert heads["label"].tolist() == ["previous", "unspecialized"]
+    # Half the weight on each key, all of it where the two keys coincide (q = 8) or only one
+    # exists (q = 0, mirror): previous = (1 + 14 / 2) / 15 over q = 1..15,
+    # mirror = (1 + 1 + 14 / 2) / 16 over q = 0..15. Both are significant roles.
+    scores = result.roles[result.roles["head_label"] == "L0H1"].set_index("role")["score"]
+    assert scores["previous"] == pytest.approx(8 / 15, abs=1e-6)
+    assert scores["mirror"] == pytest.approx(9 / 16, abs=1e-6)
+    assert heads.loc["L0H1", "roles"].split(";") == ["previous", "mirror"]
+    assert heads.loc["L0H1", "mixed_roles"] == "mirror+previous"
+    assert "1 unspecialized (L0H1 mixes mirror+previous)" in result.verdict.text
+
+
+def test_handbuilt_bidirectional_previous_mirror_dead(previous_task):
+    task = get_task("reverse", seq_len=T, d_vocab=V)
+    model = handbuilt_model(["previous", "mirror", "dead"], causal=False)
+    result = specialization_test(model, task, n_sequences=128)
+    assert result.heads["label"].tolist() == ["previous", "mirror", "dead"]
+
+
+@pytest.mark.parametrize(
+    ("kinds", "labels"),
+    [
+        (["previous", "previous"], ["redundant", "redundant"]),
+        (["previous", "previous", "previous"], ["redundant"] * 3),
+        (["previous", "uniform", "previous"], ["redundant", "unspecialized", "redundant"]),
+    ],
+)
+def test_copies_are_redundant(previous_task, kinds, labels):
+    model = handbuilt_model(kinds, d_head=18)
+    result = specialization_test(model, previous_task, n_sequences=128)
+    assert result.heads["label"].tolist() == labels
+    copies = [f"L0H{i}" for i, k in enumerate(kinds) if k == "previous"]
+    pairs = result.redundancy[result.redundancy["redundant"]]
+    assert sorted(set(pairs["head_a"]) | set(pairs["head_b"])) == copies
+    assert (pairs["similarity"] > 0.999).all() and (pairs["backup"] > 0.99).all()
+    assert f"{len(copies)} redundant ({' = '.join(copies)}: previous)" in result.verdict.text
+
+
+@pytest.mark.parametrize("task_name", ["count_previous", "multi_relation"])
+def test_untrained_models_are_not_called_specialized(task_name):
+    task = get_task(task_name, seq_len=T, d_vocab=V)
+    with_role, with_p = [], []
+    for seed in range(5):
+        model = build_model(task, d_model=64, n_heads=4, seed=seed)
+        result = specialization_test(model, task, n_sequences=128, n_permutations=200)
+        with_role.append(int((~result.heads["label"].isin(["unspecialized", "dead"])).sum()))
+        testable = result.roles[result.roles["role"] != "uniform"]
+        with_p.append(int(testable.groupby("head_label")["p_adj"].min().lt(0.05).sum()))
+    # At alpha = 0.05 after Holm correction: no head has a role in any seed, and even without
+    # the effect-size gate (p-values alone) most seeds have no significant head.
+    assert with_role == [0, 0, 0, 0, 0]
+    assert sum(count > 0 for count in with_p) <= 1
+
+
+# ----------------------------------------------------------------------------- causal pieces
+
+
+def test_selectivity_index_known_values():
+    matrix = torch.tensor([[0.6, 0.0, 0.0], [0.2, 0.2, 0.2], [0.3, 0.1, -0.2], [0.0, 0.0, 0.0]])
+    index = selectivity_index(matrix, min_damage=0.01)
+    # Row 3: clipped damages (0.3, 0.1, 0): (3 * 0.3 / 0.4 - 1) / 2 = 0.625.
+    assert_close(index[:3], torch.tensor([1.0, 0.0, 0.625]))
+    assert math.isnan(float(index[3]))
+    # Damage-weighted: (0.6 * 1 + 0.6 * 0 + 0.4 * 0.625) / 1.6.
+    assert float(model_selectivity(matrix)) == pytest.approx(0.85 / 1.6)
+
+
+def test_target_damage_equals_head_importance(multi_task):
+    task = get_task("multi_relation", seq_len=8, d_vocab=5)
+    model = build_model(task, d_model=32, n_heads=4, seed=1)
+    batch = task.eval_batch(64)
+    damage = target_damage(model, batch, method="mean", target_names=task.target_names)
+    table = head_importance(model, batch, method="mean")
+    for t, name in enumerate(task.target_names):
+        assert_close(
+            damage.matrix[:, t],
+            torch.tensor(-table[f"delta_accuracy/target{t}"].to_numpy(), dtype=torch.float64),
+        )
+        assert name == task.target_names[t]
+    assert_close(
+        damage.loss_increase, torch.tensor(table["delta_loss"].to_numpy(), dtype=torch.float64)
+    )
+
+
+def test_selectivity_null_of_an_even_head():
+    # Every sequence loses 0.1 on each target: no target is special, the null says so.
+    damage = TargetDamage(
+        heads=["L0H0", "L0H1"],
+        target_names=["a", "b"],
+        damage=torch.stack([torch.full((50, 2), 0.1), torch.tensor([[0.2, 0.0]] * 50)]).double(),
+        loss_increase=torch.zeros(2, dtype=torch.float64),
+        baseline_accuracy=torch.ones(2, dtype=torch.float64),
+    )
+    result = causal_selectivity(damage, n_permutations=199)
+    assert result.heads["selectivity"].tolist() == [0.0, 1.0]
+    assert result.heads["p_selectivity"].tolist()[0] == 1.0
+    assert result.heads["p_selectivity"].tolist()[1] == pytest.approx(1 / 200)
+    assert result.selectivity == pytest.approx(0.5)  # (0.2 * 0 + 0.2 * 1) / 0.4
+
+
+# ----------------------------------------------------------------------------- consistency
+
+
+def _roles_table(effects: dict[str, list[float]]) -> pd.DataFrame:
+    rows = [
+        {"head_label": head, "role": role, "effect": value}
+        for head, values in effects.items()
+        for role, value in zip(["previous", "mirror"], values, strict=True)
+    ]
+    return pd.DataFrame(rows)
+
+
+def test_consistency_matches_permuted_heads():
+    a = _roles_table({"L0H0": [1.0, 0.0], "L0H1": [0.0, 1.0]})
+    b = _roles_table({"L0H0": [0.0, 0.9], "L0H1": [0.8, 0.0]})
+    sim = profile_similarity(
+        *(
+            t.pivot(index="head_label", columns="role", values="effect")[["previous", "mirror"]]
+            for t in (a, b)
+        )
+    )
+    assert sim.to_numpy().tolist() == [[0.0, 1.0], [1.0, 0.0]]
+    labels = {
+        "a": {"L0H0": "previous", "L0H1": "mirror"},
+        "b": {"L0H0": "mirror", "L0H1": "previous"},
+    }
+    pairs, summary = cross_seed_consistency({"a": a, "b": b}, labels, n_shuffles=50)
+    assert pairs.loc[0, "matched"] == "L0H0=L0H1;L0H1=L0H0"
+    assert summary["consistency"] == 1.0
+    assert summary["random_matching"] == 0.5  # mean of the matrix: a random matching's mean
+    assert summary["label_agreement"] == 1.0 and summary["label_agreement_random"] == 0.5
+
+
+# ----------------------------------------------------------------------------- verdict text
+
+
+def _verdict(**changes) -> RunVerdict:
+    base = dict(
+        run="r",
+        task="multi_relation",
+        n_heads=4,
+        n_layers=1,
+        seed=0,
+        n_targets=3,
+        role_heads={"L0H0": "previous", "L0H1": "mirror", "L0H3": "same_token_before"},
+        role_effects={"L0H0": 0.9, "L0H1": 0.8, "L0H3": 0.4},
+        dead=["L0H2"],
+        supported=["L0H0", "L0H1"],
+        largest_p_adj=0.004,
+        alpha=0.01,
+        causal_selectivity=0.8,
+        causal_null=0.2,
+        causal_p=0.001,
+        accuracy=0.95,
+    )
+    return RunVerdict(**{**base, **changes})
+
+
+def test_verdict_text_is_generated_from_the_numbers():
+    text = _verdict().text
+    assert text.startswith("multi_relation, h=4, seed 0 (accuracy 0.950): 3 of 4 heads hold")
+    assert "each p < 0.01 after Holm correction" in text
+    assert "1 dead (L0H2)" in text
+    assert "Causal selectivity 0.80 vs permutation null 0.20 (p = 0.001)" in text
+    assert "Ablation backs 2 of 3 role heads" in text
+    changed = _verdict(
+        role_heads={"L0H1": "mirror"},
+        role_effects={"L0H1": 0.55},
+        dead=[],
+        unspecialized=["L0H0", "L0H2", "L0H3"],
+        supported=[],
+        causal_selectivity=0.35,
+        causal_null=0.31,
+        causal_p=0.2,
+        correction="bh",
+    ).text
+    assert "1 of 4 heads holds a distinct role" in changed
+    assert "Benjamini-Hochberg" in changed and "L0H1 mirror (effect 0.55)" in changed
+    assert "3 unspecialized (L0H0, L0H2, L0H3)" in changed
+    assert "Causal selectivity 0.35 vs permutation null 0.31 (p = 0.2)" in changed
+    assert changed != text
+    assert "Causal selectivity: not applicable (one target)." in _verdict(n_targets=1).text
+    undefined = _verdict(causal_selectivity=math.nan, causal_null=math.nan).text
+    assert "Causal selectivity: undefined (no head's removal costs ≥ 0.01 accuracy)." in undefined
+
+
+def test_group_verdict_summarises_seeds():
+    runs = [_verdict(seed=0), _verdict(seed=1, role_heads={"L0H0": "previous"}), _verdict(seed=2)]
+    verdict = Verdict(
+        runs,
+        {
+            "multi_relation/h4": {
+                "consistency": 0.9,
+                "random_matching": 0.4,
+                "null_shuffled": 0.5,
+                "p_value": 0.01,
+            }
+        },
+    )
+    (line,) = verdict.lines
+    assert "multi_relation, h=4, 3 seeds: 2.33 ± 1.15 of 4 heads" in line
+    assert "(per seed: 3, 1, 3)" in line
+    assert "mirror (2/3 seeds), previous (3/3 seeds), same_token_before (2/3 seeds)" in line
+    assert "0.90 vs random matching 0.40 and role-shuffled null 0.50 (p = 0.01)" in line
+    assert verdict.caveats[2].startswith("3 seeds per task and head count")
+
+
+def test_verdict_counts_equal_the_head_table(hand_result):
+    heads = hand_result.heads
+    n_role = int((~heads["label"].isin(["unspecialized", "redundant", "dead"])).sum())
+    assert f"{n_role} of {len(heads)} heads" in hand_result.verdict.text
+    assert hand_result.runs.iloc[0]["n_role"] == n_role
+
+
+# ----------------------------------------------------------------------------- plumbing
+
+
+def test_settings_and_input_errors(multi_task):
+    with pytest.raises(ValueError, match="alpha=0 is invalid"):
+        SpecializationSettings(alpha=0)
+    with pytest.raises(ValueError, match="correction='bonferroni' is invalid; allowed: holm"):
+        SpecializationSettings(correction="bonferroni")
+    with pytest.raises(ValueError, match="method='median' is invalid"):
+        SpecializationSettings(ablation_method="median")
+    with pytest.raises(ValueError, match="task= is required"):
+        specialization_test(multi_relation_model(["dead"], d_head=48))
+    with pytest.raises(TypeError, match="run_or_runs must be"):
+        specialization_test(42, multi_task)
+
+
+def test_result_round_trips_through_files(hand_result, tmp_path):
+    hand_result.save(tmp_path)
+    loaded = SpecializationResult.load(tmp_path)
+    assert loaded.verdict.text == hand_result.verdict.text
+    assert loaded.settings == hand_result.settings
+    pd.testing.assert_frame_equal(
+        loaded.heads[["head_label", "label", "role_effect"]],
+        hand_result.heads[["head_label", "label", "role_effect"]],
+    )
+    assert len(loaded.roles) == len(hand_result.roles)
+
+
+def test_figures_show_the_tables(hand_result, tmp_path):
+    fig = role_heatmap(hand_result.roles)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    roles = list(dict.fromkeys(hand_result.roles["role"]))
+    # Row L0H0, column "previous" is the exact previous head: score 1.00, a significant role.
+    assert texts[roles.index("previous")] == "1.00**"
+    fig = causal_matrix_figure(hand_result.causal)
+    assert fig.axes[0].get_xlabel() == "target"
+    paths = save_specialization_figures(hand_result, tmp_path)
+    assert [p.name for p in paths] == ["role_scores.png", "causal_matrix.png"]
+    saved = pd.read_csv(tmp_path / "role_scores.csv")
+    np.testing.assert_allclose(saved["score"], hand_result.roles["score"])
+    runs = pd.DataFrame(
+        {
+            "task": ["t"] * 4,
+            "n_heads": [1, 1, 2, 2],
+            "seed": [0, 1, 0, 1],
+            "frac_role": [0.0, 0.0, 0.5, 1.0],
+            "frac_redundant": [0.0, 0.0, 0.5, 0.0],
+            "accuracy": [0.5, 0.6, 0.8, 0.9],
+        }
+    )
+    fig = specialization_vs_heads(runs)
+    assert len(fig.axes) == 3 and fig.axes[0].get_ylabel() == "share of heads with a distinct role"
+    pairs = pd.DataFrame(
+        {
+            "task": ["t"],
+            "n_heads": [2],
+            "consistency": [0.9],
+            "random_matching": [0.5],
+            "null_shuffled": [0.6],
+        }
+    )
+    assert consistency_figure(pairs).axes[0].get_title() == "t: same roles across seeds?"
+
+
+def test_summary_table_known_values():
+    runs = pd.DataFrame(
+        {
+            "task": ["t"] * 4,
+            "n_heads": [1, 1, 4, 4],
+            "frac_role": [0.0, 0.0, 0.5, 0.75],
+            "frac_redundant": [0.0, 0.0, 0.25, 0.25],
+            "frac_dead": [0.0, 0.0, 0.0, 0.25],
+            "n_role": [0, 0, 2, 3],
+            "mean_top_effect": [0.1, 0.1, 0.5, 0.7],
+            "causal_selectivity": [math.nan] * 4,
+            "causal_null": [math.nan] * 4,
+            "val_accuracy": [0.6, 0.7, 0.9, 0.9],
+        }
+    )
+    table = specialization_summary(
+        runs,
+        {
+            "t/h4": {
+                "consistency": 0.8,
+                "random_matching": 0.3,
+                "null_shuffled": 0.4,
+                "p_value": 0.02,
+            }
+        },
+    )
+    row = table.set_index("n_heads").loc[4]
+    assert row["frac_role_mean"] == pytest.approx(0.625)
+    assert row["frac_role_std"] == pytest.approx(math.sqrt(0.03125))
+    assert row["accuracy_mean"] == pytest.approx(0.9) and row["accuracy_std"] == 0.0
+    assert row["consistency"] == 0.8 and row["consistency_p"] == 0.02
+    assert math.isnan(table.set_index("n_heads").loc[1, "consistency"])
