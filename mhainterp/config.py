@@ -187,7 +187,8 @@ class TrainConfig:
         lr: Peak AdamW learning rate.
         weight_decay: AdamW weight decay.
         betas: AdamW betas.
-        warmup_steps: Linear warm-up steps from 0 to ``lr`` (0 disables warm-up).
+        warmup_steps: Linear warm-up steps from 0 to ``lr`` (0 disables warm-up). Default
+            (None): 10% of ``steps``, at most 100.
         lr_schedule: ``"constant"`` after warm-up, or ``"cosine"`` decay to 10% of ``lr``.
         grad_clip: Max global gradient norm, or None for no clipping.
         seed: Data-order seed.
@@ -205,7 +206,7 @@ class TrainConfig:
     lr: float = 3e-3
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 100
+    warmup_steps: int | None = None
     lr_schedule: str = "cosine"
     grad_clip: float | None = 1.0
     seed: int = 0
@@ -214,6 +215,8 @@ class TrainConfig:
     eval_every: int = 0
 
     def __post_init__(self) -> None:
+        if self.warmup_steps is None and _is_int(self.steps):
+            self.warmup_steps = min(100, self.steps // 10)
         for name in ("steps", "batch_size", "warmup_steps", "seed", "eval_size", "log_every"):
             value = getattr(self, name)
             _require(_is_int(value), name, value, "must be an int")

@@ -3,7 +3,7 @@
 ``mhainterp demo --out runs/quickstart`` writes::
 
     runs/quickstart/
-      report.md                      the findings, tables and figures, generated from the numbers
+      report.md  report.html         findings, tables and figures, generated from the numbers
       count_previous/  reverse/      one sweep folder per task (see mhainterp.sweep), each with
         results.csv summary.md summary_*.csv head_count_accuracy.png training_curves.png
         runs/h{h}_seed{s}/           run folders; the analysed one has analysis/ (CSV + PNG)
@@ -15,9 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mhainterp.config import SweepConfig, TrainConfig
-from mhainterp.io import write_text
 
-__all__ = ["DEMO_TASKS", "DEMO_STEPS", "run_demo"]
+__all__ = ["DEMO_TASKS", "DEMO_STEPS", "run_demo", "run_sweep_with_figures"]
 
 DEMO_TASKS = ("count_previous", "reverse")
 DEMO_STEPS = 1500
@@ -56,12 +55,11 @@ def run_demo(
     Returns:
         The path of ``report.md``.
     """
-    from mhainterp.cli.core import run_and_report_sweep
+    from mhainterp.report import write_report
 
     out = Path(out)
     executor = executor or _default_executor()
     train = TrainConfig(steps=steps or DEMO_STEPS)
-    sections = []
     for task in DEMO_TASKS:
         config = SweepConfig(
             task=task,
@@ -71,25 +69,41 @@ def run_demo(
             model={"d_model": 64, "n_layers": 1},
             train=train,
         )
-        summary = run_and_report_sweep(config, out / task, executor, progress)
+        summary = run_sweep_with_figures(config, out / task, executor, progress)
         echo(summary.to_markdown())
-        section = [
-            summary.to_markdown(),
-            f"![head count vs accuracy]({task}/head_count_accuracy.png)",
-            f"![training curves]({task}/training_curves.png)",
-        ]
         if analysis:
-            section.extend(_analyse_one_run(out, task, list(n_heads), list(seeds), echo))
-        sections.append("\n\n".join(section))
-    report = out / "report.md"
-    write_text(report, _report_text(sections, train, list(n_heads), list(seeds)))
-    return report
+            _analyse_one_run(out, task, list(n_heads), list(seeds), echo)
+    markdown, html = write_report(out, progress=progress)
+    echo(f"report: {markdown} and {html}")
+    return markdown
+
+
+def run_sweep_with_figures(config: SweepConfig, out: Path, executor: str, progress: bool):
+    """Run a sweep, then write summary tables, figures and summary.md beside its results."""
+    from mhainterp.figures._common import save_figure
+    from mhainterp.figures.headcount import plot_head_count_accuracy, plot_training_curves
+    from mhainterp.io import write_csv, write_text
+    from mhainterp.sweep import load_curves, run_sweep, summarize
+
+    results = run_sweep(config, out, executor=executor, progress=progress)
+    summary = summarize(results)
+    write_csv(out / "summary_table.csv", summary.table)
+    write_csv(out / "summary_comparisons.csv", summary.comparisons)
+    write_text(out / "summary.md", summary.to_markdown())
+    save_figure(
+        plot_head_count_accuracy(results),
+        out / "head_count_accuracy.png",
+        results.drop(columns=["run_dir"]),
+    )
+    curves = load_curves(results)
+    save_figure(plot_training_curves(curves), out / "training_curves.png", curves)
+    return summary
 
 
 def _analyse_one_run(
     out: Path, task: str, n_heads: list[int], seeds: list[int], echo: Callable[[str], None]
-) -> list[str]:
-    """Analyse the run with the most heads (first seed); return report lines."""
+) -> None:
+    """Analyse the run with the most heads (first seed), the one-head run as reference."""
     from mhainterp.analyze import analyze_run
 
     h = max(n_heads)
@@ -98,32 +112,3 @@ def _analyse_one_run(
     reference = runs / f"h1_seed{seeds[0]}" if 1 in n_heads and h != 1 else None
     written = analyze_run(run_dir, reference=reference)
     echo(f"analysed {run_dir}: {len(written)} files in {run_dir / 'analysis'}")
-    rel = run_dir.relative_to(out) / "analysis"
-    lines = [f"#### Inside {task}, h={h}, seed {seeds[0]}"]
-    lines += [f"![{p.stem}]({rel / p.name})" for p in written if p.suffix == ".png"]
-    return lines
-
-
-def _report_text(
-    sections: list[str], train: TrainConfig, n_heads: list[int], seeds: list[int]
-) -> str:
-    header = f"""# mhainterp: head count vs accuracy
-
-Protocol (seed 000): d_model 64, one attention-only layer, learned positional embedding, same
-data stream, steps ({train.steps}), learning rate ({train.lr}) and initialisation seed for every
-head count; only the number of heads changes (h = {", ".join(map(str, n_heads))}), so the
-parameter count is identical. Seeds {", ".join(map(str, seeds))} (n = {len(seeds)} per head count).
-Accuracy is measured on each task's fixed evaluation set.
-
-How to read the tables: "std" is the sample standard deviation over seeds. A difference counts
-only when it exceeds the seed spread (|diff| > std_a + std_b); otherwise the verdict is "no
-difference". With n = {len(seeds)} seeds, Welch's p-value and the bootstrap interval are coarse.
-Attention maps are clues, not explanations: what a head attends to does not by itself show what
-the model uses.
-"""
-    return (
-        header
-        + "\n\n"
-        + "\n\n".join(f"## {s}" if not s.startswith("#") else s for s in sections)
-        + "\n"
-    )

@@ -148,7 +148,9 @@ def _add_train_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--steps", type=int, default=defaults.steps)
     group.add_argument("--batch-size", type=int, default=defaults.batch_size)
     group.add_argument("--lr", type=float, default=defaults.lr)
-    group.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
+    group.add_argument(
+        "--warmup-steps", type=int, default=None, help="default: 10%% of steps, at most 100"
+    )
     group.add_argument("--grad-clip", type=float, default=defaults.grad_clip)
     group.add_argument("--eval-size", type=int, default=defaults.eval_size)
     group.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -170,7 +172,7 @@ def _train_config(args: argparse.Namespace, seed: int = 0) -> TrainConfig:
         steps=args.steps,
         batch_size=args.batch_size,
         lr=args.lr,
-        warmup_steps=min(args.warmup_steps, args.steps),
+        warmup_steps=args.warmup_steps,
         grad_clip=args.grad_clip,
         eval_size=args.eval_size,
         seed=seed,
@@ -224,32 +226,12 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         model=overrides,
         train=_train_config(args),
     )
-    summary = run_and_report_sweep(config, Path(args.out), args.executor, not args.quiet)
+    from mhainterp.demo import run_sweep_with_figures
+
+    summary = run_sweep_with_figures(config, Path(args.out), args.executor, not args.quiet)
     print(summary.to_markdown())
     print(f"results, figures and summary in {args.out}")
     return 0
-
-
-def run_and_report_sweep(config: SweepConfig, out: Path, executor: str, progress: bool):
-    """Run a sweep, then write summary tables, figures and summary.md beside its results."""
-    from mhainterp.figures._common import save_figure
-    from mhainterp.figures.headcount import plot_head_count_accuracy, plot_training_curves
-    from mhainterp.io import write_csv, write_text
-    from mhainterp.sweep import load_curves, run_sweep, summarize
-
-    results = run_sweep(config, out, executor=executor, progress=progress)
-    summary = summarize(results)
-    write_csv(out / "summary_table.csv", summary.table)
-    write_csv(out / "summary_comparisons.csv", summary.comparisons)
-    write_text(out / "summary.md", summary.to_markdown())
-    save_figure(
-        plot_head_count_accuracy(results),
-        out / "head_count_accuracy.png",
-        results.drop(columns=["run_dir"]),
-    )
-    curves = load_curves(results)
-    save_figure(plot_training_curves(curves), out / "training_curves.png", curves)
-    return summary
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
@@ -273,6 +255,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         n_heads=args.n_heads,
         executor=args.executor,
         analysis=not args.no_analysis,
+        echo=print,
     )
-    print(f"\nreport: {report}")
     return 0
