@@ -248,7 +248,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from mhainterp.demo import run_demo
 
-    report = run_demo(
+    run_demo(
         Path(args.out),
         steps=args.steps,
         seeds=args.seeds,
