@@ -7,6 +7,7 @@ Every figure function takes a tidy DataFrame (and options) and returns a matplot
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import matplotlib
@@ -19,7 +20,7 @@ import seaborn as sns
 
 from mhainterp.io import atomic_path, write_csv
 
-__all__ = ["plt", "sns", "save_figure", "new_figure"]
+__all__ = ["plt", "sns", "save_figure", "new_figure", "require_columns", "head_order"]
 
 sns.set_theme(context="notebook", style="whitegrid")
 
@@ -49,3 +50,32 @@ def save_figure(
         fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png")
     plt.close(fig)
     return png_path
+
+
+def require_columns(df: pd.DataFrame, columns: Iterable[str], name: str, source: str) -> None:
+    """Check a figure's input table; the error names the missing columns and where to get it.
+
+    Args:
+        df: The table passed to a figure function.
+        columns: Columns the figure needs.
+        name: The argument's name, for the message.
+        source: The function whose output the figure expects, for the message.
+    """
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"{name} must be a pandas DataFrame ({source}), got {type(df).__name__}")
+    missing = sorted(set(columns) - set(df.columns))
+    if missing:
+        raise ValueError(
+            f"{name} is missing columns {missing}; expected the table from {source} "
+            f"(has: {', '.join(map(str, df.columns))})"
+        )
+
+
+def head_order(labels: Iterable[str]) -> list[str]:
+    """Unique head labels in layer-major order (``L0H2`` before ``L0H10`` before ``L1H0``)."""
+
+    def key(label: str) -> tuple[int, int]:
+        layer, head = label[1:].split("H")
+        return int(layer), int(head)
+
+    return sorted(dict.fromkeys(labels), key=key)

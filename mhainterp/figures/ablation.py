@@ -17,7 +17,14 @@ import pandas as pd
 from scipy import stats
 
 from mhainterp.ablation import compare_importance, importance_agreement
-from mhainterp.figures._common import new_figure, plt, save_figure, sns
+from mhainterp.figures._common import (
+    head_order,
+    new_figure,
+    plt,
+    require_columns,
+    save_figure,
+    sns,
+)
 
 __all__ = [
     "gradient_vs_ablation_figure",
@@ -30,24 +37,7 @@ __all__ = [
 
 
 def _require(df: pd.DataFrame, columns: Sequence[str], name: str) -> None:
-    if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"{name} must be a pandas DataFrame, got {type(df).__name__}")
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(
-            f"{name} lacks columns {missing}; expected the table from mhainterp.ablation "
-            f"(has: {', '.join(map(str, df.columns))})"
-        )
-
-
-def _head_order(labels: Sequence[str]) -> list[str]:
-    """Unique head labels in layer-major order (``L0H2`` before ``L0H10`` before ``L1H0``)."""
-
-    def key(label: str) -> tuple[int, int]:
-        layer, head = label[1:].split("H")
-        return int(layer), int(head)
-
-    return sorted(dict.fromkeys(labels), key=key)
+    require_columns(df, columns, name, "mhainterp.ablation")
 
 
 def _rotate_if_crowded(ax: plt.Axes, n: int) -> None:
@@ -78,7 +68,7 @@ def importance_figure(importance: pd.DataFrame, *, method: str | None = None) ->
         >>> fig = importance_figure(head_importance(model, task))  # doctest: +SKIP
     """
     _require(importance, ["head_label", "method", "delta_loss", "delta_accuracy"], "importance")
-    heads = _head_order(importance["head_label"])
+    heads = head_order(importance["head_label"])
     methods = list(dict.fromkeys(importance["method"]))
     method = methods[0] if method is None else method
     if method not in methods:
@@ -146,7 +136,7 @@ def pairwise_matrix(
         raise ValueError(
             f"metric={metric!r} is not in the table; it has {sorted(pairwise['metric'].unique())}"
         )
-    heads = _head_order([*rows["head_a"], *rows["head_b"]])
+    heads = head_order([*rows["head_a"], *rows["head_b"]])
     matrix = pd.DataFrame(np.nan, index=heads, columns=heads)
     for row in rows.itertuples(index=False):
         a, b, v = row.head_a, row.head_b, getattr(row, value)

@@ -13,21 +13,18 @@ import os
 import numpy as np
 import pandas as pd
 
-from mhainterp.figures._common import new_figure, plt, save_figure
+from mhainterp.figures._common import new_figure, plt, require_columns, save_figure
 
 __all__ = ["plot_average_patterns", "plot_example_patterns"]
 
-_CMAP = "viridis"
-
 
 def _require(df: pd.DataFrame, columns: set[str], name: str, source: str) -> None:
-    if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"{name} must be a pandas DataFrame ({source}), got {type(df).__name__}")
-    missing = columns - set(df.columns)
-    if missing:
-        raise ValueError(f"{name} is missing columns {sorted(missing)} (use {source})")
+    require_columns(df, columns, name, f"mhainterp.capture.{source}")
     if df.empty:
         raise ValueError(f"{name} is empty")
+
+
+_CMAP = "viridis"
 
 
 def _matrix(df: pd.DataFrame) -> np.ndarray:

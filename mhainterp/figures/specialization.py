@@ -21,7 +21,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mhainterp.figures._common import new_figure, plt, save_figure, sns
+from mhainterp.figures._common import (
+    head_order,
+    new_figure,
+    plt,
+    require_columns,
+    save_figure,
+    sns,
+)
 
 __all__ = [
     "causal_matrix_figure",
@@ -33,14 +40,7 @@ __all__ = [
 
 
 def _require(df: pd.DataFrame, columns: Sequence[str], name: str) -> None:
-    if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"{name} must be a pandas DataFrame, got {type(df).__name__}")
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(
-            f"{name} lacks columns {missing}; expected the table from mhainterp.specialization "
-            f"(has: {', '.join(map(str, df.columns))})"
-        )
+    require_columns(df, columns, name, "mhainterp.specialization")
 
 
 def _runs(df: pd.DataFrame, max_runs: int) -> list[str]:
@@ -50,14 +50,6 @@ def _runs(df: pd.DataFrame, max_runs: int) -> list[str]:
 
 def _of_run(df: pd.DataFrame, run: str) -> pd.DataFrame:
     return df[df["run"] == run] if "run" in df.columns else df
-
-
-def _head_order(labels: Sequence[str]) -> list[str]:
-    def key(label: str) -> tuple[int, int]:
-        layer, head = label[1:].split("H")
-        return int(layer), int(head)
-
-    return sorted(dict.fromkeys(labels), key=key)
 
 
 def _panel_grid(n_panels: int, width: float, height: float) -> tuple[plt.Figure, list]:
@@ -98,7 +90,7 @@ def role_heatmap(
     for ax, run in zip(axes, runs, strict=True):
         df = _of_run(roles, run)
         role_order = list(dict.fromkeys(df["role"]))
-        heads = _head_order(df["head_label"])
+        heads = head_order(df["head_label"])
         grid = df.pivot(index="head_label", columns="role", values=value).loc[heads, role_order]
         sig = df.pivot(index="head_label", columns="role", values="significant")
         p_adj = df.pivot(index="head_label", columns="role", values="p_adj")
@@ -163,7 +155,7 @@ def causal_matrix_figure(causal: pd.DataFrame, *, max_runs: int = 4) -> plt.Figu
     for ax, run in zip(axes, runs, strict=True):
         df = _of_run(causal, run)
         targets = list(dict.fromkeys(df["target"]))
-        heads = _head_order(df["head_label"])
+        heads = head_order(df["head_label"])
         grid = df.pivot(index="head_label", columns="target", values="damage").loc[heads, targets]
         sns.heatmap(
             grid,
