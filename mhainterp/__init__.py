@@ -8,6 +8,8 @@ answers are known, compare head counts across seeds, and look inside the heads.
     >>> result = train(build_model(task, n_heads=4), task, TrainConfig(steps=500))  # doctest: +SKIP
 """
 
+# Registers the "batched" and "ray" sweep executors next to the default "local" one.
+import mhainterp.executors  # noqa: F401
 from mhainterp.ablation import (
     Ablator,
     ablate,

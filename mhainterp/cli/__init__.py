@@ -13,7 +13,12 @@ from collections.abc import Sequence
 
 __all__ = ["main", "build_parser"]
 
-COMMAND_MODULES = ("mhainterp.cli.core", "mhainterp.cli.inspect", "mhainterp.cli.report")
+COMMAND_MODULES = (
+    "mhainterp.cli.core",
+    "mhainterp.cli.inspect",
+    "mhainterp.cli.report",
+    "mhainterp.cli.bench",
+)
 
 DESCRIPTION = """\
 mhainterp: do attention heads really specialize?

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sweep.add_argument("--n-heads", type=_int_list, default=[1, 4, 8], help="e.g. 1,4,8")
     sweep.add_argument("--seeds", type=_int_list, default=[0, 1, 2], help="e.g. 0,1,2")
     sweep.add_argument(
-        "--executor", default="local", help="how to run: local (default), or batched/ray if present"
+        "--executor",
+        default="local",
+        choices=["local", "batched", "ray"],
+        help="local: one run after another (default); batched: several models per step in "
+        "one pinned worker per CPU (fastest here); ray: one task per run on a Ray cluster",
+    )
+    sweep.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster address for --executor ray (auto, ray://host:port); "
+        "default: $MHAINTERP_RAY_ADDRESS or Ray's own default",
     )
     _add_task_args(sweep)
     _add_model_args(sweep)
@@ -228,6 +239,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     )
     from mhainterp.demo import run_sweep_with_figures
 
+    if args.address:
+        os.environ["MHAINTERP_RAY_ADDRESS"] = args.address
     summary = run_sweep_with_figures(config, Path(args.out), args.executor, not args.quiet)
     print(summary.to_markdown())
     print(f"results, figures and summary in {args.out}")

@@ -1,0 +1,826 @@
+"""The speed benchmark: ``python -m mhainterp.bench`` (or ``mhainterp bench``).
+
+Measures, side by side in one process, with interleaved repeats and medians:
+
+1. ``train``: training throughput in model-steps/s on the standard config (1 layer, d_model 64,
+   seq 16, vocab 10, batch 128, attention only, causal ``count_previous`` data) for
+   (a) ``reference``: a loop written the way seed 000 writes it (its ``nn.Linear`` MHA, one
+   model at a time, plain ``torch.optim.AdamW``); (b) ``mhainterp_train``: :func:`train` on one
+   model; (c) ``batched_*``: :func:`mhainterp.batched.train_many` on all seeds of a head count,
+   on the full h x seed grid in this process, and the "batched" sweep executor (one pinned
+   single-thread worker per CPU), plus the ``torch.func.vmap`` alternative and, to separate
+   the two effects, the same pinned workers training one run at a time with :func:`train`
+   (``train_executor_unbatched``); (d) ``boot_native``:
+   TransformerLens 4.x's own from-scratch model, ``TransformerBridge.boot_native(cfg)``.
+   Grid rates of one-model loops are total model-steps over the summed time of each head count.
+2. ``peak``: fp32 matmul GFLOP/s (1024 x 1024) with the same threads, in the same run; every
+   training row also gives its achieved GFLOP/s (FLOPs of one training step counted by
+   ``torch.utils.flop_counter``) and the percentage of that peak.
+3. ``cache``: ``run_with_cache`` keeping only attention patterns, against a plain forward.
+4. ``ablation``: all single-head ablation importances at h = 8 (``head_importance``, one
+   batched pass) against the naive loop (``ablate`` one head, ``evaluate``, repeat).
+5. ``job`` (optional, ``--job-demo`` or ``--job CMD``): wall time and peak memory of a command.
+
+Writes ``bench.csv`` (one row per measurement) and ``bench.md`` to ``--out``. Ratios are the
+claims; absolute times depend on the machine and on what else runs on it (the load average
+is recorded).
+
+Example:
+    >>> from mhainterp.bench import BenchSettings, run_bench
+    >>> table = run_bench(BenchSettings.quick())  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mhainterp.io import write_csv, write_text
+
+__all__ = [
+    "BenchSettings",
+    "SeedMHA",
+    "SeedModel",
+    "add_arguments",
+    "main",
+    "run_bench",
+    "run_from_args",
+    "to_markdown",
+]
+
+COLUMNS = [
+    "section", "case", "n_heads", "n_models", "processes", "threads", "value", "unit", "ratio",
+    "ratio_to", "ratio_vs_boot_native", "gflops", "pct_of_peak", "repeats", "note",
+]  # fmt: skip
+"""Columns of the benchmark table: ``value`` is the median of ``repeats`` measurements in
+``unit``, measured with ``processes`` processes of ``threads`` torch threads each; ``ratio`` is
+the case's speed relative to ``ratio_to`` (> 1 = faster; in the ``cache`` section it is
+time(run_with_cache) / time(forward), < 1.25 is the target); ``ratio_vs_boot_native`` is the
+training speed relative to TransformerLens's boot_native model; ``gflops`` is the achieved
+rate of the counted training FLOPs and ``pct_of_peak`` its share of the measured fp32 matmul
+peak of the same number of threads."""
+
+TASK = "count_previous"
+SEQ_LEN, D_VOCAB, D_MODEL, BATCH = 16, 10, 64, 128
+
+
+@dataclass
+class BenchSettings:
+    """What the benchmark runs.
+
+    Args:
+        steps: Training steps per timed measurement (per model).
+        repeats: Interleaved repeats; the table holds medians.
+        heads: Head counts measured one by one (the issue's 4 and 8).
+        grid_heads: Head counts of the full grid.
+        seeds: Seeds per head count in the batched cases.
+        eval_size: Sequences in the cache/ablation measurements.
+        threads: Torch threads for the in-process rows (None: torch's default).
+        workers: Worker processes of the "batched" executor row (None: one per CPU).
+        sections: Which sections to run.
+        job: A command to time (``section job``), or None.
+        boot_native: Include TransformerLens's boot_native rows.
+    """
+
+    steps: int = 100
+    repeats: int = 5
+    heads: tuple[int, ...] = (4, 8)
+    grid_heads: tuple[int, ...] = (1, 4, 8)
+    seeds: int = 3
+    eval_size: int = 1024
+    threads: int | None = None
+    workers: int | None = None
+    sections: tuple[str, ...] = ("train", "peak", "cache", "ablation")
+    job: list[str] | None = None
+    boot_native: bool = True
+
+    @classmethod
+    def quick(cls, **overrides: Any) -> BenchSettings:
+        """Tiny sizes for a smoke test (numbers are not meaningful)."""
+        return replace(cls(steps=4, repeats=2, eval_size=64), **overrides)
+
+
+# ----- (a) the seed-000 reference ----------------------------------------------------------------
+class SeedMHA(nn.Module):
+    """Seed 000's ``MultiHeadAttention``, as the lecture writes it (kept as the baseline)."""
+
+    def __init__(self, d_model: int, n_heads: int, causal: bool = False):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"n_heads={n_heads} must divide d_model={d_model}")
+        self.h = n_heads
+        self.d_head = d_model // n_heads
+        self.causal = causal
+        self.W_q = nn.Linear(d_model, d_model)
+        self.W_k = nn.Linear(d_model, d_model)
+        self.W_v = nn.Linear(d_model, d_model)
+        self.W_o = nn.Linear(d_model, d_model)
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        return x.reshape(B, T, self.h, self.d_head).transpose(1, 2)  # (B, h, T, d_head)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.split(self.W_q(x)), self.split(self.W_k(x)), self.split(self.W_v(x))
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B, h, T, T)
+        if self.causal:
+            mask = torch.triu(torch.ones(T, T, dtype=torch.bool, device=x.device), diagonal=1)
+            scores = scores.masked_fill(mask, float("-inf"))
+        attn = torch.softmax(scores, dim=-1)
+        out = attn @ v  # (B, h, T, d_head)
+        out = out.transpose(1, 2).reshape(B, T, -1)  # merge (B, T, d_model)
+        return self.W_o(out)
+
+
+class SeedModel(nn.Module):
+    """Seed 000's experiment model: embedding + learned positions -> MHA -> linear, per
+    position."""
+
+    def __init__(self, d_vocab: int, d_out: int, seq_len: int, d_model: int, n_heads: int):
+        super().__init__()
+        self.embed = nn.Embedding(d_vocab, d_model)
+        self.pos = nn.Embedding(seq_len, d_model)
+        self.mha = SeedMHA(d_model, n_heads, causal=True)
+        self.out = nn.Linear(d_model, d_out)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        return self.out(self.mha(self.embed(tokens) + self.pos(positions)))
+
+
+def _task() -> Any:
+    from mhainterp.tasks import get_task
+
+    return get_task(TASK, seq_len=SEQ_LEN, d_vocab=D_VOCAB)
+
+
+def _time_reference(n_heads: int, steps: int) -> float:
+    task = _task()
+    torch.manual_seed(0)
+    model = SeedModel(task.d_vocab_in, task.d_vocab_out, SEQ_LEN, D_MODEL, n_heads)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    loss_fn = nn.CrossEntropyLoss()  # ignore_index=-100: unscored positions
+    generator = torch.Generator().manual_seed(0)
+    start = time.perf_counter()
+    for _ in range(steps):
+        batch = task.sample(BATCH, generator)
+        logits = model(batch.tokens)
+        loss = loss_fn(logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return time.perf_counter() - start
+
+
+# ----- (b), (c): mhainterp ----------------------------------------------------------------------
+def _train_config(steps: int, seed: int = 0) -> Any:
+    from mhainterp.config import TrainConfig
+
+    # A small final evaluation, so the rows time training, not the 1024-sequence eval.
+    return TrainConfig(steps=steps, seed=seed, warmup_steps=min(10, steps), eval_size=128)
+
+
+def _models(heads: Sequence[int], seeds: int) -> list[Any]:
+    from mhainterp.training import build_model
+
+    task = _task()
+    return [
+        build_model(task, d_model=D_MODEL, n_heads=h, seed=s) for h in heads for s in range(seeds)
+    ]
+
+
+def _time_train(n_heads: int, steps: int) -> float:
+    from mhainterp.training import train
+
+    (model,) = _models([n_heads], 1)
+    start = time.perf_counter()
+    train(model, _task(), _train_config(steps), progress=False)
+    return time.perf_counter() - start
+
+
+def _time_many(heads: Sequence[int], seeds: int, steps: int) -> float:
+    from mhainterp.batched import train_many
+
+    models = _models(heads, seeds)
+    configs = [_train_config(steps, m.cfg.seed) for m in models]
+    start = time.perf_counter()
+    train_many(models, _task(), configs, progress=False)
+    return time.perf_counter() - start
+
+
+def _time_executor(
+    heads: Sequence[int], seeds: int, steps: int, workers: int | None, batch: bool = True
+) -> float:
+    from mhainterp.config import SweepConfig
+    from mhainterp.executors import run_batched
+    from mhainterp.sweep import plan_sweep
+
+    config = SweepConfig(
+        task=TASK, task_params={"seq_len": SEQ_LEN, "d_vocab": D_VOCAB}, n_heads=list(heads),
+        seeds=list(range(seeds)), model={"d_model": D_MODEL}, train=_train_config(steps),
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="mhainterp-bench-") as tmp:
+        specs = plan_sweep(config, tmp)
+        start = time.perf_counter()
+        run_batched(specs, progress=False, workers=workers, batch=batch)
+        return time.perf_counter() - start
+
+
+class _LogitsOnly(nn.Module):
+    """``functional_call`` calls ``forward``; the model's forward checks its inputs with
+    data-dependent Python (not vmappable), so expose the unchecked ``logits``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.model.logits(tokens)
+
+
+def _time_vmap(n_heads: int, seeds: int, steps: int) -> float:
+    """The alternative to :mod:`mhainterp.batched`'s hand-written forward:
+    ``torch.func.stack_module_state`` + ``vmap(functional_call)`` over the model's logits."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    from mhainterp.batched import batched_loss, sample_many
+
+    task = _task()
+    wrappers = [_LogitsOnly(m) for m in _models([n_heads], seeds)]
+    params, buffers = stack_module_state(wrappers)
+    base = copy.deepcopy(wrappers[0]).to("meta")
+
+    def logits_fn(p: dict, b: dict, tokens: torch.Tensor) -> torch.Tensor:
+        return functional_call(base, (p, b), (tokens,))
+
+    batched = vmap(logits_fn, in_dims=(0, 0, 0))
+    optimizer = torch.optim.AdamW(list(params.values()), lr=3e-3)
+    generators = [torch.Generator().manual_seed(s) for s in range(seeds)]
+    start = time.perf_counter()
+    for _ in range(steps):
+        batch = sample_many(task, BATCH, generators)
+        logits = batched(params, buffers, batch.tokens)
+        losses = batched_loss(logits, batch.targets, batch.mask, task.d_vocab_out)
+        optimizer.zero_grad()
+        losses.sum().backward()
+        with torch.no_grad():  # per-model clipping, as train() does
+            norms = sum(p.grad.flatten(1).square().sum(1) for p in params.values()).sqrt()
+            coef = (1.0 / (norms + 1e-6)).clamp(max=1.0)
+            for p in params.values():
+                p.grad.mul_(coef.view(-1, *[1] * (p.ndim - 1)))
+        optimizer.step()
+    return time.perf_counter() - start
+
+
+# ----- (d) TransformerLens boot_native ----------------------------------------------------------
+def _boot_native_model(n_heads: int) -> nn.Module:
+    from transformer_lens.config import TransformerBridgeConfig
+    from transformer_lens.model_bridge import TransformerBridge
+
+    task = _task()
+    cfg = TransformerBridgeConfig(
+        d_model=D_MODEL, d_head=D_MODEL // n_heads, n_layers=1, n_ctx=SEQ_LEN, n_heads=n_heads,
+        d_vocab=task.d_vocab_in, d_vocab_out=task.d_vocab_out, attn_only=True,
+        normalization_type=None, seed=0,
+    )  # fmt: skip
+    return TransformerBridge.boot_native(cfg)
+
+
+def _time_boot_native(n_heads: int, steps: int) -> float:
+    task = _task()
+    model = _boot_native_model(n_heads)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    generator = torch.Generator().manual_seed(0)
+    start = time.perf_counter()
+    for _ in range(steps):
+        batch = task.sample(BATCH, generator)
+        logits = model(batch.tokens)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.targets.reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    return time.perf_counter() - start
+
+
+def _boot_native_problem() -> str | None:
+    """Why boot_native cannot run here (None when it can)."""
+    try:
+        model = _boot_native_model(4)
+        model(torch.zeros(1, SEQ_LEN, dtype=torch.long))
+    except Exception as error:  # report, do not fake the row
+        return f"boot_native unavailable: {type(error).__name__}: {error}"
+    return None
+
+
+# ----- (2) peak and FLOPs -----------------------------------------------------------------------
+def _matmul_gflops(n: int = 1024, reps: int = 5) -> float:
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm up
+    start = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    return 2 * n**3 * reps / (time.perf_counter() - start) / 1e9
+
+
+def flops_per_model_step(n_heads: int = 8) -> float:
+    """FLOPs of one training step (forward + backward) of the standard model, counted by
+    ``torch.utils.flop_counter`` (matmuls; the optimiser's element-wise work is not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    (model,) = _models([n_heads], 1)
+    batch = _task().sample(BATCH, torch.Generator().manual_seed(0))
+    with FlopCounterMode(display=False) as counter:
+        model.loss(model.logits(batch.tokens), batch.targets, batch.mask).backward()
+    return float(counter.get_total_flops())
+
+
+# ----- (3) cache, (4) ablation ------------------------------------------------------------------
+def _time_forward(model: Any, tokens: torch.Tensor, cached: bool, inner: int) -> float:
+    only_patterns = lambda name: name.endswith("hook_pattern")  # noqa: E731
+    start = time.perf_counter()
+    with torch.no_grad():
+        for _ in range(inner):
+            if cached:
+                model.run_with_cache(tokens, names_filter=only_patterns)
+            else:
+                model(tokens)
+    return (time.perf_counter() - start) / inner
+
+
+def _time_importance(model: Any, task: Any, eval_size: int, naive: bool) -> float:
+    from mhainterp.ablation import ablate, head_importance
+    from mhainterp.training import evaluate
+
+    start = time.perf_counter()
+    if naive:
+        for label in model.head_labels:
+            with ablate(model, [label]):
+                evaluate(model, task, eval_size=eval_size)
+    else:
+        head_importance(model, task, eval_size=eval_size)
+    return time.perf_counter() - start
+
+
+def _ablation_problem() -> str | None:
+    try:
+        from mhainterp.ablation import ablate, head_importance  # noqa: F401
+    except ImportError as error:
+        return f"skipped: mhainterp.ablation.head_importance is not available ({error})"
+    return None
+
+
+# ----- (5) a job --------------------------------------------------------------------------------
+_JOB_RUNNER = """
+import json, resource, subprocess, sys, time
+try:
+    import psutil
+except ImportError:
+    psutil = None
+start = time.perf_counter()
+proc = subprocess.Popen(sys.argv[1:])
+peak_tree = 0
+while proc.poll() is None:
+    if psutil is not None:
+        try:
+            root = psutil.Process(proc.pid)
+            tree = [root, *root.children(recursive=True)]
+            peak_tree = max(peak_tree, sum(p.memory_info().rss for p in tree))
+        except psutil.Error:
+            pass
+    time.sleep(0.2)
+wall = time.perf_counter() - start
+max_rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+print(json.dumps({"rc": proc.returncode, "wall_s": wall, "max_rss": max_rss,
+                  "peak_tree": peak_tree or None}))
+"""
+
+
+def _run_job(command: Sequence[str]) -> dict[str, Any]:
+    """Wall time, exit code and memory of ``command`` (peak RSS of the process tree, sampled
+    every 0.2 s when psutil is installed, and the largest single process's max RSS)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _JOB_RUNNER, *command], capture_output=True, text=True, check=False
+    )
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise RuntimeError(f"could not time {shlex.join(command)}: {out.stderr[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def demo_job(out_dir: str | os.PathLike[str]) -> list[str]:
+    """The README's main job (``mhainterp demo``) writing into ``out_dir``."""
+    return [sys.executable, "-m", "mhainterp.cli", "demo", "--out", str(out_dir)]
+
+
+# ----- running ------------------------------------------------------------------------------------
+@dataclass
+class _Case:
+    section: str
+    case: str
+    heads: tuple[int, ...]
+    n_models: int
+    model_steps: int
+    threads: int
+    run: Callable[[int], float]  # steps -> seconds (steps is ignored outside training)
+    processes: int = 1
+
+
+def _train_cases(settings: BenchSettings, threads: int) -> list[_Case]:
+    s, n = settings.steps, settings.seeds
+    all_heads = sorted(set(settings.heads) | set(settings.grid_heads))
+    cases = []
+    for h in all_heads:
+        cases += [
+            _Case("train", "reference", (h,), 1, s, threads, lambda k, h=h: _time_reference(h, k)),
+            _Case(
+                "train", "mhainterp_train", (h,), 1, s, threads, lambda k, h=h: _time_train(h, k)
+            ),
+        ]
+        if settings.boot_native:
+            cases.append(
+                _Case("train", "boot_native", (h,), 1, s, threads,
+                      lambda k, h=h: _time_boot_native(h, k))
+            )  # fmt: skip
+    for h in settings.heads:
+        cases += [
+            _Case("train", "batched_seeds", (h,), n, n * s, threads,
+                  lambda k, h=h: _time_many([h], n, k)),
+            _Case("train", "batched_vmap_seeds", (h,), n, n * s, threads,
+                  lambda k, h=h: _time_vmap(h, n, k)),
+        ]  # fmt: skip
+    grid, m = tuple(settings.grid_heads), len(settings.grid_heads) * n
+    workers = settings.workers
+    n_workers = workers or min(len(_cpus()), m)
+    cases += [
+        _Case("train", "batched_grid", grid, m, m * s, threads, lambda k: _time_many(grid, n, k)),
+        _Case("train", "batched_executor", grid, m, m * s, 1,
+              lambda k: _time_executor(grid, n, k, workers), processes=n_workers),
+        _Case("train", "train_executor_unbatched", grid, m, m * s, 1,
+              lambda k: _time_executor(grid, n, k, workers, batch=False), processes=n_workers),
+    ]  # fmt: skip
+    return cases
+
+
+def _cpus() -> list[int]:
+    from mhainterp.executors import available_cpus
+
+    return available_cpus()
+
+
+def _peak_cases(thread_counts: set[int]) -> list[_Case]:
+    """The matmul peak of every thread count a training row uses (processes x threads)."""
+    return [
+        _Case("peak", "matmul_fp32", (), 0, 0, t, lambda k: _matmul_gflops())
+        for t in sorted(thread_counts)
+    ]
+
+
+WARMUP_STEPS = 2
+
+
+def _with_threads(threads: int, fn: Callable[[int], float], steps: int) -> float:
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads))
+    try:
+        return fn(steps)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _measure(
+    cases: list[_Case], repeats: int, echo: Callable[[str], None], steps: int = 0
+) -> dict[int, list]:
+    """Interleaved repeats: every case once per round, so slow drifts in machine load hit all
+    cases alike. A short warm-up round first (lazy initialisation, first-call costs)."""
+    samples: dict[int, list[float]] = {i: [] for i in range(len(cases))}
+    for case in cases:
+        _with_threads(case.threads, case.run, WARMUP_STEPS)
+    for r in range(repeats):
+        for i, case in enumerate(cases):
+            samples[i].append(_with_threads(case.threads, case.run, steps))
+        echo(f"round {r + 1}/{repeats} done")
+    return samples
+
+
+def _train_rows(cases: list[_Case], samples: dict, flops: float, peaks: dict) -> list[dict]:
+    rows, rate = [], {}
+    for i, case in enumerate(cases):
+        if case.section != "train":
+            continue
+        value = case.model_steps / statistics.median(samples[i])
+        rate[(case.case, case.heads)] = value
+        rows.append(_row(case, value, "model-steps/s", len(samples[i])))
+    rows += _grid_rows(cases, samples)
+    for row in rows:
+        row["gflops"] = row["value"] * flops / 1e9
+        # n processes x t threads compete with the peak of n * t threads
+        peak = peaks.get(row["threads"] * row["processes"])
+        row["pct_of_peak"] = 100 * row["gflops"] / peak if peak else float("nan")
+    _add_ratios(rows)
+    return rows
+
+
+def _grid_rows(cases: list[_Case], samples: dict) -> list[dict]:
+    """One-model loops over the whole grid: all model-steps over the summed per-model time."""
+    grid = next((c.heads for c in cases if c.case == "batched_grid"), ())
+    out = []
+    for name in ("reference", "mhainterp_train", "boot_native"):
+        parts = [(i, c) for i, c in enumerate(cases) if c.case == name and c.heads[0] in grid]
+        if len(parts) != len(grid):
+            continue
+        seconds = sum(statistics.median(samples[i]) for i, _ in parts)
+        steps = sum(c.model_steps for _, c in parts)
+        case = replace(parts[0][1], heads=grid, n_models=len(grid))
+        out.append(_row(case, steps / seconds, "model-steps/s", len(samples[parts[0][0]])))
+    return out
+
+
+def _row(case: _Case, value: float, unit: str, repeats: int, note: str = "") -> dict[str, Any]:
+    return {
+        "section": case.section, "case": case.case,
+        "n_heads": ",".join(str(h) for h in case.heads), "n_models": case.n_models,
+        "processes": case.processes, "threads": case.threads, "value": value, "unit": unit,
+        "ratio": float("nan"), "ratio_to": "", "ratio_vs_boot_native": float("nan"),
+        "gflops": float("nan"), "pct_of_peak": float("nan"),
+        "repeats": repeats, "note": note,
+    }  # fmt: skip
+
+
+def _add_ratios(rows: list[dict]) -> None:
+    """Speed relative to the reference loop (and boot_native) at the same head counts."""
+    by_key = {(r["case"], r["n_heads"]): r["value"] for r in rows}
+    for row in rows:
+        ref = by_key.get(("reference", row["n_heads"]))
+        if ref:
+            row["ratio"], row["ratio_to"] = row["value"] / ref, "reference"
+        native = by_key.get(("boot_native", row["n_heads"]))
+        if native:
+            row["ratio_vs_boot_native"] = row["value"] / native
+
+
+def _peak_rows(cases: list[_Case], samples: dict) -> tuple[list[dict], dict[int, float]]:
+    rows, peaks = [], {}
+    for i, case in enumerate(cases):
+        if case.section == "peak":
+            value = statistics.median(samples[i])
+            peaks[case.threads] = value
+            rows.append(_row(case, value, "GFLOP/s", len(samples[i])))
+    return rows, peaks
+
+
+def _cache_rows(settings: BenchSettings, threads: int, echo: Callable) -> list[dict]:
+    (model,) = _models([max(settings.heads)], 1)
+    model.eval()
+    tokens = _task().eval_batch(settings.eval_size).tokens
+    inner = 3 if settings.repeats < 5 else 10
+    cases = [
+        _Case("cache", name, (max(settings.heads),), 1, 0, threads,
+              lambda k, cached=cached: _time_forward(model, tokens, cached, inner))
+        for name, cached in (("forward", False), ("run_with_cache_patterns", True))
+    ]  # fmt: skip
+    samples = _measure(cases, settings.repeats, echo)
+    forward = statistics.median(samples[0])
+    rows = []
+    for i, case in enumerate(cases):
+        row = _row(case, statistics.median(samples[i]) * 1e3, "ms", len(samples[i]))
+        row["ratio"], row["ratio_to"] = statistics.median(samples[i]) / forward, "forward (time)"
+        row["note"] = f"{settings.eval_size} sequences, no_grad"
+        rows.append(row)
+    return rows
+
+
+def _ablation_rows(settings: BenchSettings, threads: int, echo: Callable) -> list[dict]:
+    h = max(settings.heads)
+    problem = _ablation_problem()
+    if problem:
+        case = _Case("ablation", "head_importance_batched", (h,), 1, 0, threads, lambda k: 0.0)
+        return [_row(case, float("nan"), "ms", 0, problem)]
+    (model,) = _models([h], 1)
+    model.eval()
+    task, size = _task(), settings.eval_size
+    cases = [
+        _Case("ablation", name, (h,), 1, 0, threads,
+              lambda k, naive=naive: _time_importance(model, task, size, naive))
+        for name, naive in (("naive_loop", True), ("head_importance_batched", False))
+    ]  # fmt: skip
+    samples = _measure(cases, settings.repeats, echo)
+    naive = statistics.median(samples[0])
+    rows = []
+    for i, case in enumerate(cases):
+        row = _row(case, statistics.median(samples[i]) * 1e3, "ms", len(samples[i]))
+        row["ratio"], row["ratio_to"] = naive / statistics.median(samples[i]), "naive_loop"
+        row["note"] = f"all {h} single-head zero ablations, {size} sequences"
+        rows.append(row)
+    return rows
+
+
+def _job_rows(command: list[str]) -> list[dict]:
+    result = _run_job(command)
+    case = _Case("job", "command", (), 0, 0, torch.get_num_threads(), lambda k: 0.0)
+    note = f"{shlex.join(command)} (exit code {result['rc']})"
+    rows = [_row(case, result["wall_s"], "s", 1, note)]
+    rows.append(
+        {**_row(case, result["max_rss"] / 2**20, "MiB", 1, note), "case": "max_rss_process"}
+    )
+    if result.get("peak_tree"):
+        rows.append({**_row(case, result["peak_tree"] / 2**20, "MiB", 1, note),
+                     "case": "peak_rss_tree"})  # fmt: skip
+    return rows
+
+
+def run_bench(
+    settings: BenchSettings | None = None, echo: Callable[[str], None] = lambda text: None
+) -> pd.DataFrame:
+    """Run the benchmark; return the table (columns: :data:`COLUMNS`).
+
+    Args:
+        settings: What to run (default: the full benchmark).
+        echo: Called with progress lines (the CLI passes ``print``).
+
+    Example:
+        >>> df = run_bench(BenchSettings.quick())  # doctest: +SKIP
+        >>> df[df.case == "batched_grid"].ratio  # doctest: +SKIP
+    """
+    settings = settings or BenchSettings()
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+    threads = torch.get_num_threads()
+    rows: list[dict] = []
+    notes: list[dict] = []
+    if "train" in settings.sections and settings.boot_native:
+        problem = _boot_native_problem()
+        if problem:  # say so in the table rather than fake the row
+            settings = replace(settings, boot_native=False)
+            case = _Case("train", "boot_native", (), 1, 0, threads, lambda k: 0.0)
+            notes.append(_row(case, float("nan"), "model-steps/s", 0, problem))
+    cases = _train_cases(settings, threads) if "train" in settings.sections else []
+    if {"train", "peak"} & set(settings.sections):
+        counts = {threads, 1} | {c.threads * c.processes for c in cases}
+        cases = _peak_cases(counts) + cases
+    if cases:
+        echo(f"timing {len(cases)} cases x {settings.repeats} rounds ({settings.steps} steps)")
+        samples = _measure(cases, settings.repeats, echo, settings.steps)
+        peak_rows, peaks = _peak_rows(cases, samples)
+        rows += peak_rows
+        if "train" in settings.sections:
+            rows += _train_rows(cases, samples, flops_per_model_step(max(settings.heads)), peaks)
+    if "cache" in settings.sections:
+        rows += _cache_rows(settings, threads, echo)
+    if "ablation" in settings.sections:
+        rows += _ablation_rows(settings, threads, echo)
+    if settings.job:
+        rows += _job_rows(settings.job)
+    return pd.DataFrame(rows + notes, columns=COLUMNS)
+
+
+# ----- output -------------------------------------------------------------------------------------
+def machine_info() -> dict[str, Any]:
+    """What the numbers were measured on (and how busy the machine was)."""
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cpus": len(_cpus()),
+        "cpu": _cpu_name(),
+    }
+    if hasattr(os, "getloadavg"):
+        info["load_average_1min"] = round(os.getloadavg()[0], 2)
+    return info
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _fmt(value: Any, digits: int = 2) -> str:
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:.{digits}f}"
+    return str(value)
+
+
+def to_markdown(table: pd.DataFrame, info_before: dict, info_after: dict) -> str:
+    """The benchmark table as Markdown, one table per section."""
+    lines = ["# mhainterp benchmark", ""]
+    lines.append(
+        "Medians of interleaved repeats. `ratio` > 1: faster than `ratio_to` (cache section: "
+        "time of run_with_cache / time of forward). `processes` x `threads`: worker processes "
+        "(each pinned to one CPU) x torch threads each. `pct_of_peak`: achieved training "
+        "GFLOP/s over the fp32 matmul peak of as many threads."
+    )
+    lines.append("")
+    lines.append("Machine: " + json.dumps(info_before))
+    lines.append(f"Load average after: {info_after.get('load_average_1min', 'n/a')}")
+    for section, group in table.groupby("section", sort=False):
+        lines += ["", f"## {section}", ""]
+        cols = ["case", "n_heads", "n_models", "processes", "threads", "value", "unit", "ratio",
+                "ratio_to", "ratio_vs_boot_native", "gflops", "pct_of_peak", "note"]  # fmt: skip
+        cols = [c for c in cols if group[c].astype(str).str.len().gt(0).any()
+                and not group[c].isna().all()]  # fmt: skip
+        lines.append("| " + " | ".join(cols) + " |")
+        lines.append("|" + "|".join("---" for _ in cols) + "|")
+        for row in group.itertuples(index=False):
+            lines.append("| " + " | ".join(_fmt(getattr(row, c)) for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmark's command-line options (shared by ``python -m mhainterp.bench`` and
+    ``mhainterp bench``)."""
+    parser.add_argument("--out", default="runs/bench", help="folder for bench.csv and bench.md")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps per measurement")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per head count")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (default: torch's)"
+    )
+    parser.add_argument("--workers", type=int, default=None, help="batched executor workers")
+    parser.add_argument(
+        "--sections", default=None,
+        help="comma-separated subset of train,peak,cache,ablation (default: all)",
+    )  # fmt: skip
+    parser.add_argument("--job", default=None, help="also time this command (quoted)")
+    parser.add_argument(
+        "--job-demo", action="store_true",
+        help="also time the README main job, `mhainterp demo` (takes minutes)",
+    )  # fmt: skip
+
+
+def settings_from_args(args: argparse.Namespace, out: Path) -> BenchSettings:
+    """:class:`BenchSettings` from parsed :func:`add_arguments` options."""
+    settings = BenchSettings.quick() if args.quick else BenchSettings()
+    overrides: dict[str, Any] = {}
+    for name in ("steps", "repeats", "seeds", "threads", "workers"):
+        value = getattr(args, name)
+        if value is not None:
+            if value < 1:
+                raise ValueError(f"--{name}={value} is invalid: must be >= 1")
+            overrides[name] = value
+    if args.sections:
+        sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
+        unknown = sorted(set(sections) - {"train", "peak", "cache", "ablation"})
+        if unknown:
+            raise ValueError(
+                f"--sections has unknown {unknown}; allowed: train,peak,cache,ablation"
+            )
+        overrides["sections"] = sections
+    if args.job:
+        overrides["job"] = shlex.split(args.job)
+    elif args.job_demo:
+        overrides["job"] = demo_job(out / "demo_job")
+    return replace(settings, **overrides)
+
+
+def run_from_args(args: argparse.Namespace, echo: Callable[[str], None] = print) -> int:
+    """Run the benchmark for parsed options, write ``bench.csv`` + ``bench.md``, echo the table."""
+    out = Path(args.out)
+    settings = settings_from_args(args, out)
+    before = machine_info()
+    table = run_bench(settings, echo=echo)
+    after = machine_info()
+    write_csv(out / "bench.csv", table)
+    markdown = to_markdown(table, before, after)
+    write_text(out / "bench.md", markdown)
+    echo(markdown)
+    echo(f"wrote {out / 'bench.csv'} and {out / 'bench.md'}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m mhainterp.bench``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m mhainterp.bench", description=__doc__.split("\n\n")[0]
+    )
+    add_arguments(parser)
+    return run_from_args(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,446 @@
+"""Sweep executors beyond "local": "batched" (many runs per training step, on every CPU) and
+"ray" (runs as tasks on a Ray cluster).
+
+An executor is a callable ``(specs, progress) -> None`` in :data:`mhainterp.sweep.EXECUTORS`
+that leaves a finished run folder for every :class:`~mhainterp.sweep.RunSpec` (exactly what
+:func:`~mhainterp.sweep.execute_run` writes). Importing this module registers both; the sweep's
+results table never depends on the executor or on how runs were grouped, because every run is
+trained on its own data stream and the table is read back from the run folders.
+
+- ``"batched"``: runs that share task, model shape (except ``n_heads``) and training settings
+  (except the seed) are trained together by :func:`mhainterp.batched.train_many`. On a machine
+  with several CPUs the models are dealt out to one worker process per CPU, each pinned to its
+  CPU with one thread (see :func:`run_batched` and ``python -m mhainterp.bench``).
+- ``"ray"``: each group of runs is a Ray task on an existing cluster (``address`` argument, or
+  the ``MHAINTERP_RAY_ADDRESS`` environment variable, or Ray's own default). The worker sends the
+  run files back and the driver writes them, so no shared file system is needed. Ray is
+  optional: ``pip install 'mhainterp[ray]'``.
+
+Example:
+    >>> import mhainterp.executors  # registers "batched" and "ray"
+    >>> from mhainterp import run_sweep
+    >>> df = run_sweep("reverse", "runs/rev", executor="batched")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from mhainterp.io import atomic_path
+from mhainterp.sweep import EXECUTORS, RunSpec
+from mhainterp.training import RUN_FILES, TrainingDivergedError
+
+__all__ = [
+    "RAY_ADDRESS_ENV",
+    "available_cpus",
+    "DEFAULT_CHUNK_SIZE",
+    "group_specs",
+    "plan_chunks",
+    "register_executors",
+    "run_batched",
+    "run_ray",
+    "split_group",
+    "train_group",
+]
+
+RAY_ADDRESS_ENV = "MHAINTERP_RAY_ADDRESS"
+RAY_MISSING = (
+    "the 'ray' executor needs Ray, which is not installed; install it with "
+    "pip install 'mhainterp[ray]'"
+)
+
+
+# ----- grouping ----------------------------------------------------------------------------------
+def _group_key(spec: RunSpec) -> str:
+    """Runs with equal keys can share one batched training step."""
+    model = spec.model_config.to_dict()
+    for free in ("n_heads", "d_head", "seed"):
+        model.pop(free)
+    train = spec.train_config.to_dict()
+    train.pop("seed")
+    return json.dumps([spec.task_name, spec.task_params, model, train], sort_keys=True, default=str)
+
+
+def group_specs(specs: Sequence[RunSpec], max_group_size: int | None = None) -> list[list[RunSpec]]:
+    """Group runs that can be trained together (same task, shape and settings but head count
+    and seed), in first-seen order; groups larger than ``max_group_size`` are split.
+
+    Example:
+        >>> specs = plan_sweep(SweepConfig(n_heads=[1, 4, 8]), "runs/x")  # doctest: +SKIP
+        >>> [len(g) for g in group_specs(specs)]  # doctest: +SKIP
+        [9]
+    """
+    if max_group_size is not None and max_group_size < 1:
+        raise ValueError(f"max_group_size={max_group_size!r} is invalid: must be >= 1 or None")
+    groups: dict[str, list[RunSpec]] = {}
+    for spec in specs:
+        groups.setdefault(_group_key(spec), []).append(spec)
+    out = []
+    for group in groups.values():
+        size = max_group_size or len(group)
+        out.extend(group[i : i + size] for i in range(0, len(group), size))
+    return out
+
+
+def _relative_cost(spec: RunSpec) -> float:
+    """Measured shape of a step's cost on a CPU: the attention core grows with ``n_heads``
+    (a step at h = 8 takes ~1.4x one at h = 1 at d_model 64); the rest does not."""
+    return 1.0 + spec.n_heads * spec.model_config.n_layers / 16
+
+
+def split_group(group: Sequence[RunSpec], parts: int) -> list[list[RunSpec]]:
+    """Deal a group into at most ``parts`` chunks of near-equal cost, each trained as one
+    batched group (longest-processing-time first: the costliest run goes to the chunk with the
+    least work so far). Chunks keep the group's order inside."""
+    if parts < 1:
+        raise ValueError(f"parts={parts!r} is invalid: must be >= 1")
+    loads = [0.0] * min(parts, len(group))
+    members: list[list[int]] = [[] for _ in loads]
+    order = sorted(range(len(group)), key=lambda i: -_relative_cost(group[i]))
+    for i in order:
+        target = loads.index(min(loads))
+        loads[target] += _relative_cost(group[i])
+        members[target].append(i)
+    return [[group[i] for i in sorted(chunk)] for chunk in members if chunk]
+
+
+DEFAULT_CHUNK_SIZE = 3
+"""Models per batched step in one process. Measured on a 2-core CPU at the standard config
+(``python -m mhainterp.bench``): 2-3 models per step are fastest per model; more models per
+step get slower again (their activations no longer fit the caches: 9 at once is slower per
+model than 1 at h = 8)."""
+
+
+def plan_chunks(
+    groups: Sequence[Sequence[RunSpec]], workers: int, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> list[list[RunSpec]]:
+    """Cut groups into chunks of at most ``chunk_size`` runs, a multiple of ``workers`` chunks
+    per group where possible so that workers get equal work, costliest chunks first (they are
+    handed out in this order).
+
+    Example:
+        >>> [len(c) for c in plan_chunks([grid_of_9_runs], workers=2)]  # doctest: +SKIP
+        [3, 2, 2, 2]
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size={chunk_size!r} is invalid: must be >= 1")
+    chunks = []
+    for group in groups:
+        n_chunks = math.ceil(len(group) / chunk_size)
+        n_chunks = workers * math.ceil(n_chunks / workers)
+        chunks.extend(split_group(group, n_chunks))
+    return sorted(chunks, key=lambda c: -sum(_relative_cost(s) for s in c))
+
+
+# ----- training one group ------------------------------------------------------------------------
+def train_group(
+    specs: Sequence[RunSpec],
+    progress: bool = False,
+    on_step: Callable[[int], None] | None = None,
+) -> dict[str, str]:
+    """Train runs that :func:`group_specs` put together and write their run folders.
+
+    ``on_step`` is called after every step with the number of runs that took it.
+
+    Returns:
+        Run folder -> divergence message, for the runs whose loss became NaN/inf (their folders
+        hold the last good weights with status "diverged", as :func:`train` leaves them).
+    """
+    from mhainterp.batched import BatchDivergedError, train_many
+    from mhainterp.training import build_model
+
+    task = specs[0].build_task()
+    models = [build_model(task, **spec.model_config.to_dict()) for spec in specs]
+    try:
+        train_many(
+            models,
+            task,
+            [spec.train_config for spec in specs],
+            run_dirs=[spec.run_dir for spec in specs],
+            progress=progress,
+            on_step=on_step,
+        )
+    except BatchDivergedError as error:
+        return {str(specs[i].run_dir): message for i, message in error.messages.items()}
+    return {}
+
+
+def _raise_diverged(messages: dict[str, str]) -> None:
+    if messages:
+        lines = "\n".join(f"{run}: {message}" for run, message in sorted(messages.items()))
+        raise TrainingDivergedError(
+            f"{len(messages)} run(s) diverged (all other runs finished):\n{lines}"
+        )
+
+
+# ----- the batched executor ----------------------------------------------------------------------
+def available_cpus() -> list[int]:
+    """The CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+_worker_steps: Any = None  # in a pool worker: the shared counter of model-steps done
+
+
+def _pin_worker(cpu_queue: Any, steps: Any) -> None:
+    """Process-pool initializer: pin this worker to one CPU, with one torch thread."""
+    import torch
+
+    global _worker_steps
+    _worker_steps = steps
+    cpu = cpu_queue.get()
+    if cpu is not None and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, {cpu})
+    torch.set_num_threads(1)
+
+
+def _count_steps(n: int) -> None:
+    with _worker_steps.get_lock():
+        _worker_steps.value += n
+
+
+def _train_in_worker(specs: Sequence[RunSpec]) -> dict[str, str]:
+    return train_group(specs, on_step=_count_steps)
+
+
+def _train_alone_in_worker(specs: Sequence[RunSpec]) -> dict[str, str]:
+    """One run at a time with :func:`mhainterp.training.train` (the local executor's way)."""
+    from mhainterp.sweep import execute_run
+
+    messages = {}
+    for spec in specs:
+        try:
+            execute_run(spec)
+        except TrainingDivergedError as error:
+            messages[str(spec.run_dir)] = str(error)
+        _count_steps(spec.train_config.steps)
+    return messages
+
+
+def run_batched(
+    specs: Sequence[RunSpec],
+    progress: bool = True,
+    *,
+    workers: int | None = None,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    batch: bool = True,
+) -> None:
+    """The "batched" executor: train groups of runs together, on every available CPU.
+
+    Args:
+        specs: Runs to do.
+        progress: Show progress bars.
+        workers: Worker processes, each pinned to its own CPU with one thread. None: one per
+            available CPU, but never more than there are runs. 1: train in this process (with
+            torch's current thread setting).
+        chunk_size: Most runs per batched step (see :data:`DEFAULT_CHUNK_SIZE`). A chunk's
+            run folders are written when it finishes, so this also bounds the work lost when
+            a sweep is killed.
+        batch: False trains each run alone with :func:`~mhainterp.training.train` (the local
+            executor, spread over the pinned workers); for comparison and for runs that
+            cannot be batched.
+
+    Raises:
+        TrainingDivergedError: after all other runs finished, if some runs diverged.
+
+    Example:
+        >>> run_batched(plan_sweep(SweepConfig(), "runs/x"), workers=1)  # doctest: +SKIP
+    """
+    specs = list(specs)
+    if not specs:
+        return
+    if workers is None:
+        workers = min(len(available_cpus()), len(specs))
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise ValueError(f"workers={workers!r} is invalid: must be an int >= 1 or None")
+    chunks = plan_chunks(group_specs(specs), workers, chunk_size)
+    messages: dict[str, str] = {}
+    if workers == 1 and batch:
+        for chunk in tqdm(chunks, desc="sweep (batched)", disable=not progress or len(chunks) < 2):
+            messages.update(train_group(chunk, progress=progress))
+    else:
+        worker_fn = _train_in_worker if batch else _train_alone_in_worker
+        messages = _run_in_pool(chunks, workers, progress, worker_fn)
+    _raise_diverged(messages)
+
+
+def _mp_context() -> Any:
+    """fork on Linux: no re-import of torch per worker and no ``if __name__ == "__main__"``
+    guard needed in user scripts; workers use one thread (as DataLoader workers do), which is
+    what makes forking after torch's thread pool safe. spawn elsewhere."""
+    import multiprocessing
+
+    if sys.platform.startswith("linux"):
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
+
+
+def _run_in_pool(
+    chunks: list[list[RunSpec]],
+    workers: int,
+    progress: bool,
+    worker_fn: Callable[[Sequence[RunSpec]], dict[str, str]],
+) -> dict[str, str]:
+    context = _mp_context()
+    cpus = available_cpus()
+    cpu_queue = context.Queue()
+    for i in range(workers):
+        cpu_queue.put(cpus[i % len(cpus)] if len(cpus) >= workers else None)
+    steps = context.Value("q", 0)
+    messages: dict[str, str] = {}
+    total = sum(len(chunk) * chunk[0].train_config.steps for chunk in chunks)
+    with (
+        ProcessPoolExecutor(workers, mp_context=context, initializer=_pin_worker,
+                            initargs=(cpu_queue, steps)) as pool,
+        tqdm(total=total, desc=f"sweep (batched, {workers} workers)", unit="model-step",
+             disable=not progress) as bar,
+    ):  # fmt: skip
+        pending = {pool.submit(worker_fn, chunk) for chunk in chunks}
+        while pending:
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            for future in done:
+                messages.update(future.result())
+            bar.update(steps.value - bar.n)
+    return messages
+
+
+# ----- the Ray executor --------------------------------------------------------------------------
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ImportError(RAY_MISSING) from None
+    return ray
+
+
+def train_group_files(specs: Sequence[RunSpec]) -> list[tuple[str, dict[str, bytes], str | None]]:
+    """Train a group in a temporary folder and return its run files (for remote workers).
+
+    Returns:
+        One ``(run_dir, {file name: bytes}, divergence message or None)`` per run.
+    """
+    from dataclasses import replace
+
+    with tempfile.TemporaryDirectory(prefix="mhainterp-") as tmp:
+        local = [replace(spec, run_dir=Path(tmp) / f"run{i}") for i, spec in enumerate(specs)]
+        messages = train_group(local)
+        out = []
+        for spec, here in zip(specs, local, strict=True):
+            folder = here.run_dir
+            files = {n: (folder / n).read_bytes() for n in RUN_FILES if (folder / n).is_file()}
+            out.append((str(spec.run_dir), files, messages.get(str(folder))))
+    return out
+
+
+def _write_run_files(run_dir: str, files: dict[str, bytes]) -> None:
+    """Write a run folder atomically, file by file, ``eval.json`` last (as save_run does)."""
+    order = [n for n in RUN_FILES if n != "eval.json" and n in files]
+    order += ["eval.json"] if "eval.json" in files else []
+    for name in order:
+        with atomic_path(Path(run_dir) / name) as tmp:
+            tmp.write_bytes(files[name])
+
+
+def run_ray(
+    specs: Sequence[RunSpec],
+    progress: bool = True,
+    *,
+    address: str | None = None,
+    group_size: int | None = 3,
+    num_cpus: int = 1,
+    max_retries: int = 3,
+    _task_fn: Callable[[Sequence[RunSpec]], Any] | None = None,
+) -> None:
+    """The "ray" executor: each group of runs is one Ray task; results land in ``run_dir`` s.
+
+    Ray is initialised if it is not already: ``ray.init(address=...)`` with ``address`` from
+    the argument, else the ``MHAINTERP_RAY_ADDRESS`` environment variable (``"auto"``,
+    ``"ray://host:10001"``...), else Ray's default (an existing local cluster, or a new one).
+    Each finished task's run folders are written as soon as it returns, so a sweep whose
+    workers die can be rerun and only the missing runs are trained.
+
+    Args:
+        specs: Runs to do.
+        progress: Show a progress bar.
+        address: Ray cluster address (see above).
+        group_size: Most runs per task (batched together on the worker); 1 = one run per task.
+        num_cpus: CPUs each task reserves (and torch threads it uses).
+        max_retries: Ray retries of a task whose worker died.
+
+    Raises:
+        ImportError: Ray is not installed (``pip install 'mhainterp[ray]'``).
+        TrainingDivergedError: after all other runs finished, if some runs diverged.
+        RuntimeError: some tasks failed; their runs are missing and a rerun does them.
+    """
+    ray = _import_ray()
+    specs = list(specs)
+    if not specs:
+        return
+    if not ray.is_initialized():
+        ray.init(address=address or os.environ.get(RAY_ADDRESS_ENV) or None, log_to_driver=False)
+    remote = ray.remote(num_cpus=num_cpus, max_retries=max_retries)(_ray_task)
+    fn = _task_fn or train_group_files
+    chunks = group_specs(specs, group_size)
+    pending = {remote.remote(fn, chunk, num_cpus): chunk for chunk in chunks}
+    messages: dict[str, str] = {}
+    failures: list[str] = []
+    with tqdm(total=len(specs), desc="sweep (ray)", disable=not progress) as bar:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            chunk = pending.pop(done[0])
+            try:
+                results = ray.get(done[0])
+            except Exception as error:  # a dead worker or a failed task: the runs stay missing
+                reason = (str(error).strip().splitlines() or [""])[-1][:200]
+                failures.append(
+                    f"{[s.run_dir.name for s in chunk]}: {type(error).__name__}: {reason}"
+                )
+                continue
+            for run_dir, files, message in results:
+                _write_run_files(run_dir, files)
+                if message:
+                    messages[run_dir] = message
+            bar.update(len(chunk))
+    _raise_diverged(messages)
+    if failures:
+        raise RuntimeError(
+            f"{len(failures)} Ray task(s) failed; their runs are missing (rerun the sweep to do "
+            "only those):\n" + "\n".join(failures)
+        )
+
+
+def _ray_task(fn: Callable[[Sequence[RunSpec]], Any], chunk: Sequence[RunSpec], threads: int):
+    import torch
+
+    torch.set_num_threads(max(1, threads))
+    return fn(chunk)
+
+
+# ----- registration ------------------------------------------------------------------------------
+def _batched_executor(specs: Sequence[RunSpec], progress: bool) -> None:
+    run_batched(specs, progress)
+
+
+def _ray_executor(specs: Sequence[RunSpec], progress: bool) -> None:
+    run_ray(specs, progress)
+
+
+def register_executors() -> None:
+    """Add "batched" and "ray" to :data:`mhainterp.sweep.EXECUTORS` (done on import)."""
+    EXECUTORS["batched"] = _batched_executor
+    EXECUTORS["ray"] = _ray_executor
+
+
+register_executors()

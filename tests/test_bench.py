@@ -1,0 +1,113 @@
+"""The benchmark: its reference model is the seed's, and a quick run yields the expected table."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import pandas as pd
+import pytest
+import torch
+
+from mhainterp.bench import (
+    COLUMNS,
+    BenchSettings,
+    SeedMHA,
+    _train_cases,
+    add_arguments,
+    run_bench,
+    settings_from_args,
+    to_markdown,
+)
+from mhainterp.cli import bench as cli_bench
+from mhainterp.config import ModelConfig
+from mhainterp.model import MultiHeadAttention
+
+
+@pytest.mark.parametrize("n_heads", [1, 4, 8])
+def test_seed_mha_has_the_seeds_parameter_count_and_equals_ours(n_heads):
+    # The seed: "파라미터 수는 모두 16640 (bias 포함: 4*(64*64+64))" for h = 1, 4, 8.
+    seed = SeedMHA(64, n_heads, causal=True)
+    assert sum(p.numel() for p in seed.parameters()) == 16640
+    ours = MultiHeadAttention(ModelConfig(d_model=64, n_heads=n_heads, causal=True))
+    with torch.no_grad():
+        for mine, theirs in [("q_proj", "W_q"), ("k_proj", "W_k"), ("v_proj", "W_v"),
+                             ("o_proj", "W_o")]:  # fmt: skip
+            getattr(ours, mine).weight.copy_(getattr(seed, theirs).weight)
+            getattr(ours, mine).bias.copy_(getattr(seed, theirs).bias)
+    x = torch.randn(2, 10, 64, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(seed(x), ours(x))
+
+
+def _args(tmp_path, *extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(["--out", str(tmp_path), *extra])
+
+
+def test_quick_bench_table_has_the_expected_rows_and_ratios():
+    settings = BenchSettings.quick(steps=2, repeats=1, seeds=2, heads=(2,), grid_heads=(1, 2),
+                                   eval_size=32, workers=2)  # fmt: skip
+    table = run_bench(settings)
+    assert list(table.columns) == COLUMNS
+
+    train = table[table.section == "train"]
+    cases = set(zip(train.case, train.n_heads, strict=True))
+    one_model = {"reference", "mhainterp_train", "boot_native"}
+    expected = {(c, h) for c in one_model for h in ("1", "2", "1,2")}
+    expected |= {("batched_seeds", "2"), ("batched_vmap_seeds", "2")}
+    expected |= {("batched_grid", "1,2"), ("batched_executor", "1,2")}
+    expected |= {("train_executor_unbatched", "1,2")}
+    assert cases == expected
+    for column in ("value", "ratio", "ratio_vs_boot_native", "gflops", "pct_of_peak"):
+        values = train[column].to_numpy(dtype=float)
+        assert all(math.isfinite(v) and v > 0 for v in values), column
+    assert (train[train.case == "reference"].ratio == 1.0).all()
+    assert (train[train.case == "boot_native"].ratio_vs_boot_native == 1.0).all()
+    grid = train[train.case == "batched_grid"].iloc[0]
+    assert (grid.n_models, grid.processes, grid.ratio_to) == (4, 1, "reference")
+    executor = train[train.case == "batched_executor"].iloc[0]
+    assert (executor.processes, executor.threads) == (2, 1)
+
+    peak = table[table.section == "peak"]
+    assert sorted(peak.threads) == sorted({torch.get_num_threads(), 1, 2})
+    assert (peak.value > 0).all()
+    for section, names in (("cache", ["forward", "run_with_cache_patterns"]),
+                           ("ablation", ["naive_loop", "head_importance_batched"])):  # fmt: skip
+        rows = table[table.section == section]
+        assert rows.case.tolist() == names
+        assert all(math.isfinite(v) and v > 0 for v in rows.ratio), section
+        assert rows.ratio.iloc[0] == 1.0
+    markdown = to_markdown(table, {"cpus": 2}, {})
+    assert markdown.startswith("# mhainterp benchmark")
+    assert "| batched_grid | 1,2 | 4 |" in markdown
+
+
+def test_default_settings_measure_the_issues_cases():
+    cases = _train_cases(BenchSettings(), threads=2)
+    names = {(c.case, c.heads, c.n_models) for c in cases}
+    assert {("reference", (4,), 1), ("reference", (8,), 1), ("boot_native", (8,), 1),
+            ("batched_seeds", (8,), 3), ("batched_grid", (1, 4, 8), 9),
+            ("batched_executor", (1, 4, 8), 9)} <= names  # fmt: skip
+    assert all(c.model_steps == 100 * c.n_models for c in cases)
+
+
+def test_settings_from_args_and_errors(tmp_path):
+    settings = settings_from_args(_args(tmp_path, "--sections", "cache", "--steps", "7"), tmp_path)
+    assert settings.sections == ("cache",) and settings.steps == 7 and settings.repeats == 5
+    demo = settings_from_args(_args(tmp_path, "--job-demo"), tmp_path)
+    assert demo.job[-4:] == ["mhainterp.cli", "demo", "--out", str(tmp_path / "demo_job")]
+    with pytest.raises(ValueError, match="--sections has unknown"):
+        settings_from_args(_args(tmp_path, "--sections", "train,nope"), tmp_path)
+    with pytest.raises(ValueError, match="--steps=0 is invalid"):
+        settings_from_args(_args(tmp_path, "--steps", "0"), tmp_path)
+
+
+def test_cli_registers_bench(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    cli_bench.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["bench", "--quick", "--sections", "cache", "--out", str(tmp_path)])
+    assert args.func(args) == 0
+    assert "run_with_cache_patterns" in capsys.readouterr().out
+    table = pd.read_csv(tmp_path / "bench.csv")
+    assert table.case.tolist() == ["forward", "run_with_cache_patterns"]

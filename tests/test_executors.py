@@ -1,0 +1,196 @@
+"""The sweep's table does not depend on the executor or on how runs are grouped; resumption."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import mhainterp.executors as executors
+from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.executors import (
+    group_specs,
+    plan_chunks,
+    run_batched,
+    run_ray,
+    split_group,
+    train_group,
+)
+from mhainterp.sweep import EXECUTORS, plan_sweep, run_sweep
+
+TINY = SweepConfig(
+    task="reverse",
+    task_params={"seq_len": 6, "d_vocab": 4},
+    n_heads=[1, 2, 4],
+    seeds=[0, 1],
+    model={"d_model": 8},
+    train=TrainConfig(steps=12, batch_size=8, warmup_steps=2, log_every=4, eval_size=32),
+)
+
+
+def _numbers(df: pd.DataFrame) -> pd.DataFrame:
+    return df.drop(columns=["run_dir"])
+
+
+@pytest.fixture(scope="module")
+def local_table(tmp_path_factory) -> pd.DataFrame:
+    return run_sweep(TINY, tmp_path_factory.mktemp("local"), progress=False)
+
+
+def test_executors_are_registered():
+    assert {"local", "batched", "ray"} <= set(EXECUTORS)
+
+
+@pytest.mark.parametrize(("workers", "batch"), [(1, True), (2, True), (None, True), (2, False)])
+def test_batched_table_equals_local_table(local_table, tmp_path, monkeypatch, workers, batch):
+    executor = functools.partial(run_batched, workers=workers, batch=batch)
+    monkeypatch.setitem(EXECUTORS, "batched", executor)
+    table = run_sweep(TINY, tmp_path, executor="batched", progress=False)
+    pd.testing.assert_frame_equal(_numbers(table), _numbers(local_table), atol=1e-5, rtol=1e-4)
+    assert table["run_dir"].tolist() == [
+        str(tmp_path / "runs" / f"h{h}_seed{s}") for h in (1, 2, 4) for s in (0, 1)
+    ]
+
+
+def test_grouping_does_not_change_the_table(local_table, tmp_path):
+    specs = plan_sweep(TINY, tmp_path)
+    for group in group_specs(specs, max_group_size=4):  # groups of 4 and 2, mixed head counts
+        train_group(group)
+    table = run_sweep(TINY, tmp_path, executor="local", progress=False)  # nothing left to do
+    pd.testing.assert_frame_equal(_numbers(table), _numbers(local_table), atol=1e-5, rtol=1e-4)
+
+
+def test_group_specs_and_split_group(tmp_path):
+    specs = plan_sweep(TINY, tmp_path)
+    other = plan_sweep(SweepConfig(**{**TINY.__dict__, "model": {"d_model": 16}}), tmp_path)
+    groups = group_specs(specs + other[:2])
+    assert [[(s.n_heads, s.seed) for s in g] for g in groups] == [
+        [(1, 0), (1, 1), (2, 0), (2, 1), (4, 0), (4, 1)],
+        [(1, 0), (1, 1)],
+    ]
+    assert [len(g) for g in group_specs(specs, max_group_size=4)] == [4, 2]
+    # longest first to the least-loaded chunk: costs 1.25 (h=4), 1.125 (h=2), 1.0625 (h=1)
+    chunks = split_group(specs, 2)
+    assert [[(s.n_heads, s.seed) for s in c] for c in chunks] == [
+        [(1, 0), (2, 0), (4, 0)],
+        [(1, 1), (2, 1), (4, 1)],
+    ]
+    grid = plan_sweep(SweepConfig(**{**TINY.__dict__, "n_heads": [1, 4, 8], "seeds": [0, 1, 2]}),
+                      tmp_path)  # fmt: skip
+    chunks = split_group(grid, 2)  # costs 1.5 (h=8), 1.25 (h=4), 1.0625 (h=1): loads 5.31, 6.13
+    assert [[(s.n_heads, s.seed) for s in c] for c in chunks] == [
+        [(1, 1), (4, 2), (8, 0), (8, 2)],
+        [(1, 0), (1, 2), (4, 0), (4, 1), (8, 1)],
+    ]
+    assert len(split_group(specs[:1], 2)) == 1  # no empty chunks
+    # at most 3 runs per step, 2 workers: 4 chunks, costliest first
+    chunks = plan_chunks([grid], workers=2, chunk_size=3)
+    assert [[(s.n_heads, s.seed) for s in c] for c in chunks] == [
+        [(1, 2), (4, 0), (4, 1)],
+        [(4, 2), (8, 0)],
+        [(1, 0), (8, 1)],
+        [(1, 1), (8, 2)],
+    ]
+    assert [len(c) for c in plan_chunks([specs], workers=1, chunk_size=4)] == [3, 3]
+    with pytest.raises(ValueError, match="max_group_size=0 is invalid"):
+        group_specs(specs, max_group_size=0)
+    with pytest.raises(ValueError, match="chunk_size=0 is invalid"):
+        plan_chunks([specs], workers=1, chunk_size=0)
+    with pytest.raises(ValueError, match="workers=0 is invalid"):
+        run_batched(specs, workers=0)
+
+
+def test_batched_sweep_resumes_only_missing_runs(local_table, tmp_path, monkeypatch):
+    monkeypatch.setitem(EXECUTORS, "batched", functools.partial(run_batched, workers=1))
+    run_sweep(TINY, tmp_path, executor="batched", progress=False)
+    runs = tmp_path / "runs"
+    (runs / "h2_seed1" / "eval.json").unlink()  # killed before this run finished
+    (runs / "h4_seed0" / "model.safetensors").unlink()
+    kept = {p.name: (p / "model.safetensors").stat().st_mtime_ns for p in runs.iterdir()
+            if (p / "model.safetensors").is_file() and (p / "eval.json").is_file()}  # fmt: skip
+    trained = []
+    real = executors.train_group
+
+    def counting(specs, progress=False):
+        trained.extend(s.run_dir.name for s in specs)
+        return real(specs, progress)
+
+    monkeypatch.setattr(executors, "train_group", counting)
+    table = run_sweep(TINY, tmp_path, executor="batched", progress=False)
+    assert sorted(trained) == ["h2_seed1", "h4_seed0"]
+    for name, mtime in kept.items():
+        assert (runs / name / "model.safetensors").stat().st_mtime_ns == mtime, name
+    pd.testing.assert_frame_equal(_numbers(table), _numbers(local_table), atol=1e-5, rtol=1e-4)
+
+
+def test_divergence_is_reported_after_the_other_runs(tmp_path):
+    config = SweepConfig(**{**TINY.__dict__, "train": TrainConfig(
+        steps=12, batch_size=8, warmup_steps=0, log_every=4, eval_size=32, lr=1e30,
+        grad_clip=None)})  # fmt: skip
+    specs = plan_sweep(config, tmp_path)
+    with pytest.raises(executors.TrainingDivergedError, match=r"run\(s\) diverged"):
+        run_batched(specs, progress=False, workers=1)
+    statuses = {p.name: (p / "eval.json").read_text() for p in (tmp_path / "runs").iterdir()}
+    assert len(statuses) == 6  # every run folder was written, diverged or not
+    assert any('"diverged"' in text for text in statuses.values())
+
+
+def test_ray_missing_says_how_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` fail
+    with pytest.raises(ImportError, match=r"pip install 'mhainterp\[ray\]'"):
+        run_ray(plan_sweep(TINY, tmp_path))
+
+
+# ----- Ray (optional: only where ray is installed) ----------------------------------------------
+def _crash_on_seed_1(specs):
+    """A Ray task body whose worker process dies when its group holds a seed-1 run."""
+    if any(spec.seed == 1 for spec in specs):
+        os._exit(1)
+    return executors.train_group_files(specs)
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    # Ray workers cannot import this test module: send its functions by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_table_equals_local_table(ray_local, local_table, tmp_path):
+    table = run_sweep(TINY, tmp_path, executor="ray", progress=False)
+    pd.testing.assert_frame_equal(_numbers(table), _numbers(local_table), atol=1e-5, rtol=1e-4)
+
+
+def test_ray_killed_worker_then_rerun_completes_only_missing(
+    ray_local, local_table, tmp_path, monkeypatch
+):
+    crashing = functools.partial(run_ray, group_size=1, max_retries=0, _task_fn=_crash_on_seed_1)
+    monkeypatch.setitem(EXECUTORS, "ray", crashing)
+    with pytest.raises(RuntimeError, match="3 Ray task"):
+        run_sweep(TINY, tmp_path, executor="ray", progress=False)
+    runs = tmp_path / "runs"
+    done = sorted(p.name for p in runs.iterdir() if (p / "eval.json").is_file())
+    assert done == ["h1_seed0", "h2_seed0", "h4_seed0"]
+    mtimes = {name: (runs / name / "model.safetensors").stat().st_mtime_ns for name in done}
+
+    monkeypatch.setitem(EXECUTORS, "ray", functools.partial(run_ray, group_size=1))
+    trained: list[str] = []
+    real = executors.run_ray
+
+    def spy(specs, progress):
+        trained.extend(Path(s.run_dir).name for s in specs)
+        return real(specs, progress, group_size=1)
+
+    monkeypatch.setitem(EXECUTORS, "ray", spy)
+    table = run_sweep(TINY, tmp_path, executor="ray", progress=False)
+    assert sorted(trained) == ["h1_seed1", "h2_seed1", "h4_seed1"]
+    for name, mtime in mtimes.items():
+        assert (runs / name / "model.safetensors").stat().st_mtime_ns == mtime
+    pd.testing.assert_frame_equal(_numbers(table), _numbers(local_table), atol=1e-5, rtol=1e-4)
