@@ -28,7 +28,9 @@ the unablated model's (unless the caller has other hooks on).
 All single-head ablations of :func:`head_importance` run in one batched pass: the batch is
 repeated once per ablated configuration (plus one clean copy) along the batch axis, and a hook
 on each layer's ``hook_z`` applies a per-copy head mask, so a single forward evaluates every
-head. :func:`pairwise_ablation` and :func:`prune_curve` use the same machinery. To bound memory,
+head. Copies are identical up to the first ablated layer's ``hook_z``, so that prefix runs
+once on the un-repeated batch and only the rest of the network (``model.logits_from_z``) runs
+per copy. :func:`pairwise_ablation` and :func:`prune_curve` use the same machinery. To bound memory,
 a pass is split into forwards of at most ``max_rows`` rows (copies x sequences; default 16384,
 which covers 15 heads x 1024 sequences in one forward); results do not depend on the split.
 
@@ -500,11 +502,32 @@ def _forward_copies(
         for layer in range(model.cfg.n_layers)
         if bool(chunk[:, layer].any())
     ]
-    tokens = part.tokens.repeat(c, 1)  # (c * s, T), copy-major
-    padding_mask = part.padding_mask.repeat(c, 1)
-    with model.hooks(fwd_hooks=hooks):
-        logits = model.logits(tokens, padding_mask)
+    ablated_layers = chunk.any(dim=(0, 2)).nonzero().flatten().tolist()
+    first = ablated_layers[0] if ablated_layers else model.cfg.n_layers - 1
+    # Every copy is the clean model up to the first ablated layer's hook_z: compute that once.
+    resid_pre, z = _clean_resid_and_z(model, part, first)
+    z = _mask_hook(
+        z.repeat(c, 1, 1, 1),
+        None,
+        layer=first,
+        copy_masks=chunk[:, first],
+        rows=rows,
+        replacement=replacement,
+    )  # (c * s, T, h, d_head)
+    padding_mask = part.padding_mask.repeat(c, 1)  # copy-major
+    later_hooks = [(name, hook) for name, hook in hooks if int(name.split(".")[1]) > first]
+    with model.hooks(fwd_hooks=later_hooks):
+        logits = model.logits_from_z(first, resid_pre.repeat(c, 1, 1), z, padding_mask)
     return _score(logits, part, c)
+
+
+def _clean_resid_and_z(
+    model: HookedMHATransformer, part: Batch, layer: int
+) -> tuple[Float[Tensor, "s T d_model"], Float[Tensor, "s T h d_head"]]:
+    """Layer ``layer``'s clean ``hook_resid_pre`` and ``hook_z`` on ``part``."""
+    names = (f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.attn.hook_z")
+    _, cache = model.run_with_cache(part.tokens, part.padding_mask, names_filter=list(names))
+    return cache[names[0]], cache[names[1]]
 
 
 def _masks_for(

@@ -128,7 +128,7 @@ class MultiHeadAttention(nn.Module):
         padding_mask: Bool[Tensor, "B T"] | None = None,
     ) -> Float[Tensor, "B T d_model"]:
         """Attend; ``padding_mask`` is True for real tokens, False for padding keys."""
-        B, T, _ = x.shape
+        T = x.shape[1]
         q = self.hook_q(self._project(self.q_proj, x))  # (B, T, h, d_head)
         k = self.hook_k(self._project(self.k_proj, x))  # (B, T, h, d_head)
         v = self.hook_v(self._project(self.v_proj, x))  # (B, T, h, d_head)
@@ -146,11 +146,16 @@ class MultiHeadAttention(nn.Module):
         pattern = self.hook_pattern(pattern)  # (B, h, T_q, T_k)
 
         z = self.hook_z((pattern @ v.transpose(1, 2)).transpose(1, 2))  # (B, T, h, d_head)
+        return self.output_from_z(z)
+
+    def output_from_z(self, z: Float[Tensor, "B T h d_head"]) -> Float[Tensor, "B T d_model"]:
+        """Merge the heads and apply W_O (the part of the layer after ``hook_z``)."""
         if self.cfg.use_attn_result or self.hook_result.fwd_hooks:
             # Each head's own write to the residual stream: z_h @ W_O[h].
             result = torch.einsum("bthd,hdm->bthm", z, self.W_O)  # (B, T, h, d_model)
             result = self.hook_result(result)
             return result.sum(dim=2) + self.o_proj.bias
+        B, T = z.shape[:2]
         return self.o_proj(z.reshape(B, T, self.n_heads * self.d_head))  # merge, then W_O
 
     def _blocked_keys(self, T: int, padding_mask: Tensor | None) -> Tensor | None:
@@ -298,7 +303,13 @@ class TransformerBlock(nn.Module):
         self, resid: Float[Tensor, "B T d_model"], padding_mask: Tensor | None = None
     ) -> Float[Tensor, "B T d_model"]:
         resid = self.hook_resid_pre(resid)
-        resid = resid + self.hook_attn_out(self.attn(self.ln1(resid), padding_mask))
+        return self.after_attention(resid, self.attn(self.ln1(resid), padding_mask))
+
+    def after_attention(
+        self, resid_pre: Float[Tensor, "B T d_model"], attn_out: Float[Tensor, "B T d_model"]
+    ) -> Float[Tensor, "B T d_model"]:
+        """The rest of the block once the attention output is known."""
+        resid = resid_pre + self.hook_attn_out(attn_out)
         if not self.cfg.attn_only:
             resid = self.hook_resid_mid(resid)
             resid = resid + self.hook_mlp_out(self.mlp(self.ln2(resid)))
@@ -398,6 +409,29 @@ class HookedMHATransformer(HookedRootModule):
         )  # (B, T, d_model)
         for block in self.blocks:
             resid = block(resid, padding_mask)
+        return self._unembed(resid)
+
+    def logits_from_z(
+        self,
+        layer: int,
+        resid_pre: Float[Tensor, "B T d_model"],
+        z: Float[Tensor, "B T h d_head"],
+        padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Finish a forward pass from layer ``layer``'s ``hook_z`` (e.g. an edited copy of it).
+
+        ``resid_pre`` is that layer's ``hook_resid_pre``. Everything before ``hook_z`` is
+        skipped, so many edits of one layer's heads cost one merge + W_O each, not a whole
+        forward (this is how all single-head ablations are scored at once).
+        """
+        block = self.blocks[layer]
+        resid = block.after_attention(resid_pre, block.attn.output_from_z(z))
+        for later in self.blocks[layer + 1 :]:
+            resid = later(resid, padding_mask)
+        return self._unembed(resid)
+
+    def _unembed(self, resid: Float[Tensor, "B T d_model"]) -> Tensor:
+        B, T, _ = resid.shape
         logits = self.unembed(self.ln_final(resid))  # (B, T, n_targets * V)
         if self.cfg.n_targets > 1:
             logits = logits.reshape(B, T, self.cfg.n_targets, self.cfg.d_vocab_out)

@@ -205,6 +205,7 @@ def _count_params(spec: RunSpec) -> int:
 
 # ----- the seed's table ---------------------------------------------------------------------------
 TOO_EASY_ACCURACY = 0.99
+SIGNIFICANCE = 0.05
 
 
 @dataclass
@@ -218,7 +219,8 @@ class SweepSummary:
             n_heads_b, diff`` (= mean_b - mean_a of val accuracy), ``welch_t, welch_p,
             ci_low, ci_high`` (95% bootstrap of the diff), ``exceeds_seed_spread`` (the seed's
             rule: |diff| > std_a + std_b) and ``verdict`` ("h=b better", "h=a better",
-            "no difference (within seed spread)", or "undetermined (n < 2)").
+            "no difference (within seed spread)", or "undetermined (n < 2)"); a difference
+            that passes the seed's rule but not Welch's test at 0.05 is marked "tentative".
         notes: Plain-language findings and caveats generated from the numbers.
     """
 
@@ -293,6 +295,8 @@ def summarize(results: pd.DataFrame) -> SweepSummary:
                     verdict = "no difference (within seed spread)"
                 else:
                     verdict = f"h={h_b} better" if diff > 0 else f"h={h_a} better"
+                    if not p < SIGNIFICANCE:  # the seed's rule alone, not confirmed by Welch
+                        verdict += f" (tentative: Welch p >= {SIGNIFICANCE})"
                 comparisons.append(
                     {
                         "task": task,
@@ -338,10 +342,12 @@ def _task_notes(task: str, rows: list[dict], comparisons: list[dict]) -> list[st
             "(|diff| > std_a + std_b); report no difference."
         )
     for c in real:
+        confirmed = c["welch_p"] < SIGNIFICANCE
         notes.append(
             f"{task}: h={c['n_heads_b']} vs h={c['n_heads_a']}: accuracy difference "
             f"{c['diff']:+.3f} exceeds the seed spread (Welch p = {c['welch_p']:.3g}; "
-            f"95% bootstrap CI [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}], n = seeds per group)."
+            f"95% bootstrap CI [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}], n = seeds per group)"
+            + ("." if confirmed else "; Welch's test does not confirm it, so call it tentative.")
         )
     return notes
 

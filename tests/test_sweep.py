@@ -77,9 +77,19 @@ def test_summarize_exact_table_and_verdicts():
     assert bool(cmp.loc[(1, 4), "exceeds_seed_spread"]) is True
     # 4 vs 8: diff 0.01, spread 0.01 + 0.0361: no difference.
     assert cmp.loc[(4, 8), "verdict"] == "no difference (within seed spread)"
+    assert cmp.loc[(1, 4), "welch_p"] < 0.05
     assert not any("too easy" in note for note in summary.notes)
     markdown = summary.to_markdown()
     assert "| 1 | 64 |" in markdown and "h=4 better" in markdown
+
+
+def test_seed_rule_without_welch_support_is_called_tentative():
+    # Bars do not overlap (0.006 > 0.0039 + 0.0005) but n = 3 leaves Welch unconvinced.
+    summary = summarize(_results({4: [0.9875, 0.9945, 0.994], 8: [0.9985, 0.9976, 0.9982]}))
+    row = summary.comparisons.iloc[0]
+    assert bool(row["exceeds_seed_spread"]) is True and row["welch_p"] > 0.05
+    assert row["verdict"] == "h=8 better (tentative: Welch p >= 0.05)"
+    assert any("does not confirm it" in note for note in summary.notes)
 
 
 def test_summarize_says_too_easy_and_no_difference():
