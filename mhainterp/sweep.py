@@ -123,7 +123,7 @@ def _jsonable(obj: Any) -> Any:
 
 def run_sweep(
     config: SweepConfig | str,
-    out_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str] | None = None,
     *,
     executor: str = "local",
     progress: bool = True,
@@ -133,7 +133,7 @@ def run_sweep(
 
     Args:
         config: A :class:`SweepConfig`, or a task name with the other fields as keywords.
-        out_dir: The sweep folder (created; resumed if it exists).
+        out_dir: The sweep folder (created; resumed if it exists). Default: ``runs/<task>``.
         executor: How runs are executed: one of :data:`EXECUTORS` ("local" by default).
         progress: Show progress bars.
         **config_fields: ``SweepConfig`` fields when ``config`` is a task name.
@@ -144,7 +144,7 @@ def run_sweep(
         val_accuracy`` (plus ``val_accuracy/<target>`` on multi-target tasks) and ``run_dir``.
 
     Example:
-        >>> df = run_sweep("reverse", "runs/rev", n_heads=[1, 4, 8])  # doctest: +SKIP
+        >>> df = run_sweep("reverse", n_heads=[1, 4, 8], seeds=[0, 1, 2])  # doctest: +SKIP
         >>> summarize(df).table  # doctest: +SKIP
     """
     if isinstance(config, str):
@@ -153,7 +153,7 @@ def run_sweep(
         raise TypeError("pass either a SweepConfig or a task name with keywords, not both")
     if executor not in EXECUTORS:
         raise ValueError(f"executor={executor!r} is unknown; allowed: {sorted(EXECUTORS)}")
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir) if out_dir is not None else Path("runs") / config.task
     _check_same_sweep(out_dir, config)
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "sweep.json", config.to_dict())

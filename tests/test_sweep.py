@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -158,6 +159,14 @@ def test_killed_sweep_resumes_to_the_identical_table(tmp_path, monkeypatch):
     after = (tmp_path / "killed" / "runs" / "h1_seed0" / "model.safetensors").stat()
     assert after.st_mtime_ns == finished_before.st_mtime_ns  # finished run kept untouched
     pd.testing.assert_frame_equal(_numbers(resumed), _numbers(reference))
+
+
+def test_sweep_defaults_to_runs_task_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    small = SweepConfig(**{**TINY.__dict__, "n_heads": [2], "seeds": [0]})
+    df = run_sweep(small, progress=False)
+    assert df["run_dir"].tolist() == [str(Path("runs") / "reverse" / "runs" / "h2_seed0")]
+    assert (tmp_path / "runs" / "reverse" / "results.csv").is_file()
 
 
 def test_sweep_refuses_a_folder_of_another_sweep(tmp_path):
