@@ -506,14 +506,10 @@ def _forward_copies(
     first = ablated_layers[0] if ablated_layers else model.cfg.n_layers - 1
     # Every copy is the clean model up to the first ablated layer's hook_z: compute that once.
     resid_pre, z = _clean_resid_and_z(model, part, first)
-    z = _mask_hook(
-        z.repeat(c, 1, 1, 1),
-        None,
-        layer=first,
-        copy_masks=chunk[:, first],
-        rows=rows,
-        replacement=replacement,
-    )  # (c * s, T, h, d_head)
+    values = replacement.values(first, rows, z)  # broadcastable to (s, T, h, d_head)
+    # Broadcasting the clean z over copies writes each copy once (no repeat, then overwrite).
+    z = torch.where(chunk[:, first, None, None, :, None], values[None], z[None])
+    z = z.reshape(c * len(part), *z.shape[2:])  # (c * s, T, h, d_head), copy-major
     padding_mask = part.padding_mask.repeat(c, 1)  # copy-major
     later_hooks = [(name, hook) for name, hook in hooks if int(name.split(".")[1]) > first]
     with model.hooks(fwd_hooks=later_hooks):
