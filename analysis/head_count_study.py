@@ -16,23 +16,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mhainterp.cli.core import run_and_report_sweep
 from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.demo import run_sweep_with_figures
 from mhainterp.report import write_report
+from mhainterp.sweep import fastest_executor
 
 DEFAULT_TASKS = "count_previous,reverse,histogram,sort"
 QUICK = {"tasks": "count_previous,reverse", "n_heads": "1,4", "seeds": "0,1,2", "steps": 150}
-
-
-def _default_executor() -> str:
-    """The "batched" executor (several runs per step, every CPU) when installed, else local."""
-    try:
-        import mhainterp.executors  # noqa: F401  (registers "batched")
-    except ImportError:
-        return "local"
-    from mhainterp.sweep import EXECUTORS
-
-    return "batched" if "batched" in EXECUTORS else "local"
 
 
 def _ints(text: str) -> list[int]:
@@ -65,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     progress = not args.quiet
-    executor = args.executor or _default_executor()
+    executor = args.executor or fastest_executor()
     for task in [t.strip() for t in args.tasks.split(",") if t.strip()]:
         config = SweepConfig(
             task=task,
@@ -75,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
             model={"d_model": args.d_model, "n_layers": 1},
             train=TrainConfig(steps=args.steps, warmup_steps=min(100, args.steps // 10)),
         )
-        summary = run_and_report_sweep(config, args.out / task, executor, progress)
+        summary = run_sweep_with_figures(config, args.out / task, executor, progress)
         print(summary.to_markdown())
     md, html = write_report(args.out, n_sequences=args.n_sequences, progress=progress)
     print(f"report: {md}\n        {html}")

@@ -19,24 +19,14 @@ import argparse
 from pathlib import Path
 
 from mhainterp.analyze import analyze_run
-from mhainterp.cli.core import run_and_report_sweep
 from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.demo import run_sweep_with_figures
 from mhainterp.report import write_report
 from mhainterp.specialization import sweep_specialization
+from mhainterp.sweep import fastest_executor
 
 QUICK = {"n_heads": "1,2,4", "seeds": "0,1,2", "steps": 200, "n_sequences": 128}
 """--quick: 2 tasks x 3 head counts x 3 seeds, 200 steps; analyze only the largest h (seed 0)."""
-
-
-def _default_executor() -> str:
-    """The "batched" executor (several runs per step, every CPU) when installed, else local."""
-    try:
-        import mhainterp.executors  # noqa: F401  (registers "batched")
-    except ImportError:
-        return "local"
-    from mhainterp.sweep import EXECUTORS
-
-    return "batched" if "batched" in EXECUTORS else "local"
 
 
 def _ints(text: str) -> list[int]:
@@ -73,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     progress = not args.quiet
-    executor = args.executor or _default_executor()
+    executor = args.executor or fastest_executor()
     seeds = _ints(args.seeds)
     for task in [t.strip() for t in args.tasks.split(",") if t.strip()]:
         config = SweepConfig(
@@ -85,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             train=TrainConfig(steps=args.steps, warmup_steps=min(100, args.steps // 10)),
         )
         sweep_dir = args.out / task
-        print(run_and_report_sweep(config, sweep_dir, executor, progress).to_markdown())
+        print(run_sweep_with_figures(config, sweep_dir, executor, progress).to_markdown())
         if not args.no_analyze:
             for h in args.analyze_heads or config.n_heads:
                 run_dir = sweep_dir / "runs" / f"h{h}_seed{seeds[0]}"

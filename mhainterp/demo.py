@@ -15,18 +15,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.sweep import fastest_executor
 
 __all__ = ["DEMO_TASKS", "DEMO_STEPS", "run_demo", "run_sweep_with_figures"]
 
 DEMO_TASKS = ("count_previous", "reverse")
 DEMO_STEPS = 1500
 DEMO_TASK_PARAMS = {"seq_len": 16, "d_vocab": 10}
-
-
-def _default_executor() -> str:
-    from mhainterp.sweep import EXECUTORS
-
-    return "batched" if "batched" in EXECUTORS else "local"
 
 
 def run_demo(
@@ -58,7 +53,7 @@ def run_demo(
     from mhainterp.report import write_report
 
     out = Path(out)
-    executor = executor or _default_executor()
+    executor = executor or fastest_executor()
     train = TrainConfig(steps=steps or DEMO_STEPS)
     for task in DEMO_TASKS:
         config = SweepConfig(

@@ -36,6 +36,7 @@ __all__ = [
     "collect_results",
     "execute_run",
     "EXECUTORS",
+    "fastest_executor",
     "load_curves",
 ]
 
@@ -100,6 +101,14 @@ def _run_local(specs: Sequence[RunSpec], progress: bool) -> None:
 
 # name -> callable(specs, progress). Other executors (batched, ray) register here.
 EXECUTORS: dict[str, Callable[[Sequence[RunSpec], bool], None]] = {"local": _run_local}
+
+
+def fastest_executor() -> str:
+    """ "batched" (several runs per step, one pinned worker per CPU) when registered, else "local".
+
+    ``import mhainterp`` registers "batched" (see :mod:`mhainterp.executors`).
+    """
+    return "batched" if "batched" in EXECUTORS else "local"
 
 
 def _check_same_sweep(out_dir: Path, config: SweepConfig) -> None:
