@@ -81,6 +81,12 @@ def test_analyze_a_sweep_folder_analyses_every_run(handbuilt_run, capsys):
     assert not (handbuilt_run / "analysis" / "ablation_importance.png").exists()
 
 
+def test_analyze_rejects_empty_evaluation(handbuilt_run, capsys):
+    assert main(["analyze", str(handbuilt_run), "--n-eval", "0", "--quiet"]) == 2
+    assert "--n-eval=0 is invalid" in capsys.readouterr().err
+    assert not (handbuilt_run / "analysis").exists()  # nothing half-written
+
+
 def test_analyze_missing_folder_is_a_clear_error(tmp_path, capsys):
     assert main(["analyze", str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -250,6 +250,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from mhainterp.analyze import analyze_path
 
+    if args.n_eval < 1:
+        raise ValueError(f"--n-eval={args.n_eval} is invalid: must be >= 1 sequence")
     results = analyze_path(
         args.path, n_eval=args.n_eval, ablation=not args.no_ablation, progress=not args.quiet
     )
