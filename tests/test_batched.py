@@ -116,7 +116,8 @@ def test_run_folder_matches_train(tmp_path):
     assert b.eval["accuracy"] == pytest.approx(a.eval["accuracy"], abs=1e-6)
 
 
-def test_batched_logits_equal_each_models_logits():
+@pytest.mark.parametrize("use_table", [False, True])
+def test_batched_logits_equal_each_models_logits(use_table):
     task = get_task("reverse", seq_len=6, d_vocab=4, min_len=2)
     kwargs = {"d_model": 8, "n_layers": 2, "attn_only": False, "normalization_type": "LN"}
     for causal in (False, True):
@@ -128,10 +129,31 @@ def test_batched_logits_equal_each_models_logits():
         gens = [torch.Generator().manual_seed(s) for s in range(len(models))]
         batch = sample_many(task, 5, gens)
         for mask in (None, batch.padding_mask):
-            logits = batched_logits(stack, batch.tokens, mask)
+            logits = batched_logits(stack, batch.tokens, mask, use_table=use_table)
             for i, model in enumerate(models):
                 expected = model.logits(batch.tokens[i], None if mask is None else mask[i])
                 torch.testing.assert_close(logits[i], expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_first_layer_table_gives_the_same_gradients(padded):
+    """Layer 0's LayerNorm and Q/K/V computed on the (token, position) table and gathered
+    is the same function, so the same gradient, as computing them on every token."""
+    task = get_task("count_previous", seq_len=8, d_vocab=5, **({"min_len": 4} if padded else {}))
+    kwargs = {"d_model": 16, "n_layers": 2, "attn_only": False, "normalization_type": "LN"}
+    models = [build_model(task, n_heads=h, seed=s, **kwargs) for h, s in [(1, 0), (4, 1), (4, 2)]]
+    gens = [torch.Generator().manual_seed(s) for s in range(len(models))]
+    batch = sample_many(task, 32, gens)  # 32 sequences > 5 tokens: the table is the default
+    mask = batch.padding_mask if padded else None
+    grads = []
+    for use_table in (False, None):
+        stack = StackedModels.from_models(models)
+        logits = batched_logits(stack, batch.tokens, mask, use_table=use_table)
+        weights = torch.linspace(-1, 1, logits.numel()).view_as(logits)
+        (logits * weights).sum().backward()
+        grads.append(stack.grad.clone())
+    assert grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[1], grads[0], atol=1e-5, rtol=1e-4)
 
 
 def test_batched_loss_equals_model_loss():
