@@ -506,7 +506,23 @@ def _forward_copies(
     first = ablated_layers[0] if ablated_layers else model.cfg.n_layers - 1
     # Every copy is the clean model up to the first ablated layer's hook_z: compute that once.
     resid_pre, z = _clean_resid_and_z(model, part, first)
+    z = z.contiguous()  # hook_z is a transposed view; copies written from it would be too
     values = replacement.values(first, rows, z)  # broadcastable to (s, T, h, d_head)
+    if _readout_is_linear(model, first):
+        logits = _linear_readout_copies(model, first, resid_pre, z, values, chunk[:, first])
+        unsure = _near_ties(logits, part)  # (c, s): an argmax rounding could flip
+        if bool(unsure.any()):
+            pairs = unsure.nonzero()  # (n, 2): (copy, sequence)
+            copy_z = torch.where(
+                chunk[pairs[:, 0], first][:, None, :, None],  # (n, 1, h, 1)
+                values.expand_as(z)[pairs[:, 1]],
+                z[pairs[:, 1]],
+            )  # (n, T, h, d_head)
+            exact = model.logits_from_z(
+                first, resid_pre[pairs[:, 1]], copy_z, part.padding_mask[pairs[:, 1]]
+            )
+            logits[pairs[:, 0], pairs[:, 1]] = exact.reshape(len(pairs), *logits.shape[2:])
+        return _score(logits, part, c)
     # Broadcasting the clean z over copies writes each copy once (no repeat, then overwrite).
     z = torch.where(chunk[:, first, None, None, :, None], values[None], z[None])
     z = z.reshape(c * len(part), *z.shape[2:])  # (c * s, T, h, d_head), copy-major
@@ -515,6 +531,58 @@ def _forward_copies(
     with model.hooks(fwd_hooks=later_hooks):
         logits = model.logits_from_z(first, resid_pre.repeat(c, 1, 1), z, padding_mask)
     return _score(logits, part, c)
+
+
+def _readout_is_linear(model: HookedMHATransformer, layer: int) -> bool:
+    """Whether everything after layer ``layer``'s attention output is linear and unhooked: the
+    last layer of an attention-only model without LayerNorm, and no hooks on the way out."""
+    cfg = model.cfg
+    if layer != cfg.n_layers - 1 or not cfg.attn_only or cfg.normalization_type is not None:
+        return False
+    after_z = (f"blocks.{layer}.attn.hook_result", f"blocks.{layer}.hook_attn_out",
+               f"blocks.{layer}.hook_resid_post")  # fmt: skip
+    return not cfg.use_attn_result and not any(model.hook_dict[n].fwd_hooks for n in after_z)
+
+
+def _linear_readout_copies(
+    model: HookedMHATransformer,
+    layer: int,
+    resid_pre: Float[Tensor, "s T d_model"],
+    z: Float[Tensor, "s T h d_head"],
+    values: Tensor,
+    copy_masks: Bool[Tensor, "c h"],
+) -> Float[Tensor, "c s T *out"]:
+    """Logits of every copy when the readout after ``hook_z`` is linear.
+
+    Then logits are the clean logits plus, for each replaced head, its change read out through
+    ``W_O[h] @ W_U``: ``(values_h - z_h) @ W_O[h] @ W_U`` (``[s, T, n_out]`` per head). No copy
+    of the residual stream is made, so all single-head ablations cost about one forward.
+    """
+    attn = model.blocks[layer].attn
+    clean = model._unembed(model.blocks[layer].after_attention(resid_pre, attn.output_from_z(z)))
+    s, T = z.shape[:2]
+    readout = attn.W_O @ model.W_U  # (h, d_head, n_out)
+    change = torch.einsum("sthd,hdv->hstv", values - z, readout)  # (h, s, T, n_out)
+    weights = copy_masks.to(change.dtype)  # (c, h)
+    logits = clean.reshape(s, T, -1)[None] + torch.einsum("ch,hstv->cstv", weights, change)
+    return logits.reshape(len(copy_masks), *clean.shape)  # the model's shape: (c, s, T, [k,] V)
+
+
+_TIE_TOLERANCE = 1e-4
+"""Relative top-2 logit margin below which the linear readout's rounding could pick another
+argmax than the model's own forward (hand-built models have exact ties)."""
+
+
+def _near_ties(logits: Float[Tensor, "c s T *out"], part: Batch) -> Bool[Tensor, "c s"]:
+    """Copies x sequences with a scored position whose best two logits are nearly equal."""
+    c, s, T = logits.shape[:3]
+    k = part.n_targets
+    grouped = logits.reshape(c, s, T, k, -1)
+    low, high = torch.aminmax(grouped, dim=-1)  # (c, s, T, k); cheaper than topk(2)
+    tolerance = _TIE_TOLERANCE * (1.0 + torch.maximum(high.abs(), low.abs()))
+    contenders = (grouped >= (high - tolerance)[..., None]).sum(-1)  # the max counts itself
+    scored = (part.targets.reshape(s, T, k) != IGNORE_INDEX) & part.mask[..., None]
+    return ((contenders >= 2) & scored).any(dim=(2, 3))
 
 
 def _clean_resid_and_z(

@@ -14,6 +14,7 @@ from torch.testing import assert_close
 from mhainterp.ablation import (
     METHODS,
     Ablator,
+    _readout_is_linear,
     ablate,
     ablation_tables,
     compare_importance,
@@ -193,6 +194,24 @@ def test_batched_importance_equals_naive_loop_multilayer_multitarget(
     )
     named = head_importance(multi_model, multi_task, method, eval_size=64)
     assert "delta_accuracy/mirror" in named.columns  # a Task gives its target names
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_linear_readout_equals_the_full_forward(method):
+    """On a one-layer attention-only model the copies' logits are the clean logits plus each
+    replaced head's change read out through W_O[h] @ W_U; a hook after hook_z forces the full
+    per-copy forward, and both give the same table (near-ties are re-scored exactly)."""
+    task = get_task("count_previous", seq_len=12, d_vocab=6)
+    model = build_model(task, n_heads=4, seed=3, d_model=32)
+    batch = task.eval_batch(200)
+    assert _readout_is_linear(model, 0)
+    fast = head_importance(model, batch, method)
+    with model.hooks(fwd_hooks=[("blocks.0.hook_attn_out", lambda x, hook: x)]):
+        assert not _readout_is_linear(model, 0)
+        full = head_importance(model, batch, method)
+    np.testing.assert_allclose(fast["loss"], full["loss"], atol=1e-5, rtol=0)
+    assert fast["accuracy"].tolist() == full["accuracy"].tolist()
+    assert full["delta_loss"].abs().max() > 1e-3  # ablations do change the output
 
 
 def test_pairwise_equals_naive_joint_ablation(multi_model, multi_batch):
