@@ -67,6 +67,7 @@ __all__ = [
     "METHODS",
     "Ablator",
     "ablate",
+    "ablate_sets",
     "ablation_tables",
     "check_method",
     "compare_importance",
@@ -725,6 +726,62 @@ def head_importance(
                 "baseline_accuracy": baseline["accuracy"],
             }
         )
+    return pd.DataFrame(rows)
+
+
+# ----------------------------------------------------------------------------- head sets
+
+
+def ablate_sets(
+    model: HookedMHATransformer,
+    task_or_batch: Task | Batch,
+    head_sets: Sequence[str | Sequence[HeadSpec]],
+    method: str = "zero",
+    reference: Task | Batch | None = None,
+    *,
+    generator: torch.Generator | None = None,
+    eval_size: int = 1024,
+    max_rows: int = DEFAULT_MAX_ROWS,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Loss and accuracy with each given set of heads ablated together, in one batched pass.
+
+    Args:
+        model, task_or_batch, method, reference, generator, eval_size, max_rows, progress:
+            As in :func:`head_importance`.
+        head_sets: Sets of heads to ablate together (each: labels like ``"L0H1"``, ``(layer,
+            head)`` pairs, or one comma-separated string); an empty set is the clean model.
+
+    Returns:
+        One row per set, in order, with columns ``heads`` (labels joined by ``;``),
+        ``n_ablated``, ``method``, the metrics and their ``delta_`` (ablated minus clean), as
+        in :func:`head_importance`. Equal to :func:`ablate` + ``training.evaluate`` per set.
+
+    Example:
+        >>> ablate_sets(model, task, [["L0H0", "L0H1"], ["L0H2"]], method="mean")  # doctest: +SKIP
+    """
+    setup = _setup(model, task_or_batch, method, reference, generator, eval_size)
+    resolved = [resolve_heads(model, heads) if len(heads) else [] for heads in head_sets]
+    results = _evaluate_configurations(
+        model,
+        setup.batch,
+        [[], *resolved],
+        setup.replacement,
+        setup.target_names,
+        max_rows=max_rows,
+        progress=progress,
+        desc=f"ablate sets ({method})",
+    )
+    baseline, names = results[0], _metric_names(setup.target_names)
+    rows = [
+        {
+            "heads": ";".join(head_label(layer, h) for layer, h in pairs),
+            "n_ablated": len(pairs),
+            "method": method,
+            **_with_deltas(metrics, baseline, names),
+        }
+        for pairs, metrics in zip(resolved, results[1:], strict=True)
+    ]
     return pd.DataFrame(rows)
 
 

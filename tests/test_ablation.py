@@ -16,6 +16,7 @@ from mhainterp.ablation import (
     Ablator,
     _readout_is_linear,
     ablate,
+    ablate_sets,
     ablation_tables,
     compare_importance,
     gradient_importance,
@@ -116,6 +117,18 @@ def test_both_previous_heads_destroy_accuracy(model, batch):
     assert metrics["accuracy"] == pytest.approx(expected, abs=1e-12)
     ablator = Ablator(model, batch).set([PREV_A, PREV_B])
     assert ablator.evaluate()["accuracy"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_ablate_sets_known_answers(model, batch):
+    table = ablate_sets(model, batch, [[PREV_A, PREV_B], [UNIFORM], [], "L0H2,L0H0"], "zero")
+    assert table["heads"].tolist() == ["L0H0;L0H2", "L0H1", "", "L0H0;L0H2"]
+    assert table["n_ablated"].tolist() == [2, 1, 0, 2]
+    assert table.loc[0, "accuracy"] == pytest.approx(uniform_only_accuracy(batch), abs=1e-12)
+    assert table.loc[1, "accuracy"] == 1.0  # nobody needs the uniform head
+    assert table.loc[2, "delta_loss"] == 0.0 and table.loc[2, "delta_accuracy"] == 0.0
+    with ablate(model, [PREV_A, PREV_B], "zero"):
+        joint = evaluate(model, batch)
+    assert table.loc[3, "loss"] == pytest.approx(joint["loss"], abs=1e-5)
 
 
 def test_pairwise_shows_backup(model, batch):

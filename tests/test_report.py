@@ -15,6 +15,7 @@ from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.io import read_json
 from mhainterp.report import report_kind, sweep_folders, write_report
 from mhainterp.specialization import (
+    SpecializationResult,
     SpecializationSettings,
     cached_specialization,
     sweep_specialization,
@@ -129,6 +130,20 @@ def test_run_specialization_is_cached(sweeps):
     assert again.verdict.text == read_json(meta)["verdict"]["text"]
     other = cached_specialization(run_dir, SpecializationSettings(n_sequences=32), save=False)
     assert other.settings.n_sequences == 32 and meta.stat().st_mtime_ns == stamp
+
+
+def test_a_result_missing_a_table_is_recomputed_not_misread(sweeps, tmp_path):
+    # A result written before a table existed (here: redundancy_groups) must not load as if
+    # complete: load() says what is missing, the cache recomputes and rewrites it.
+    run_dir = sweeps / "count_previous" / "runs" / "h2_seed0"
+    settings = SpecializationSettings(n_sequences=N_SEQUENCES)
+    cached_specialization(run_dir, settings)
+    groups = run_dir / "analysis" / "specialization_redundancy_groups.csv"
+    groups.unlink()
+    with pytest.raises(FileNotFoundError, match="older mhainterp"):
+        SpecializationResult.load(run_dir / "analysis")
+    cached_specialization(run_dir, settings)
+    assert groups.is_file()
 
 
 def test_run_report(sweeps, tmp_path):

@@ -13,7 +13,7 @@ import torch
 from scipy import stats
 from torch.testing import assert_close
 
-from mhainterp.ablation import head_importance
+from mhainterp.ablation import ablate, head_importance
 from mhainterp.capture import head_statistics, visible_keys
 from mhainterp.config import ModelConfig
 from mhainterp.figures.specialization import (
@@ -42,16 +42,18 @@ from mhainterp.specialization import (
     model_selectivity,
     permutation_null_samples,
     profile_similarity,
+    redundancy_groups,
     role_scores,
     role_templates,
     selectivity_index,
+    similar_groups,
     specialization_summary,
     specialization_test,
     target_damage,
 )
 from mhainterp.specialization.roles import RoleSums, role_frame
 from mhainterp.tasks import get_task
-from mhainterp.training import build_model
+from mhainterp.training import build_model, evaluate
 
 T, V = 16, 10
 
@@ -345,6 +347,64 @@ def test_copies_are_redundant(previous_task, kinds, labels):
     assert sorted(set(pairs["head_a"]) | set(pairs["head_b"])) == copies
     assert (pairs["similarity"] > 0.999).all() and (pairs["backup"] > 0.99).all()
     assert f"{len(copies)} redundant ({' = '.join(copies)}: previous)" in result.verdict.text
+    groups = result.redundancy_groups
+    if len(copies) == 3:  # one group, found by similarity and by the shared role
+        assert groups["basis"].tolist() == ["similarity+role:previous"]
+        assert groups["heads"].tolist() == [";".join(copies)]
+        assert groups["redundant"].tolist() == [True]
+    else:
+        assert groups.empty  # pairs are the pair test's
+
+
+def test_a_group_of_copies_is_tested_as_a_whole(previous_task):
+    model = handbuilt_model(["previous"] * 3, d_head=18)
+    batch = previous_task.eval_batch(128)
+    groups = redundancy_groups(model, batch)
+    assert groups["heads"].tolist() == ["L0H0;L0H1;L0H2"]
+    row = groups.iloc[0]
+    clean = evaluate(model, batch)["loss"]
+    with ablate(model, ["L0H0", "L0H1", "L0H2"], "mean", reference=batch):
+        removed = evaluate(model, batch)["loss"]
+    with ablate(model, ["L0H1", "L0H2"], "mean", reference=batch):
+        kept_first = evaluate(model, batch)["loss"]
+    assert row["damage_all"] == pytest.approx(removed - clean, abs=1e-5)
+    assert row["damage_keep_one_max"] == pytest.approx(kept_first - clean, abs=1e-5)  # symmetric
+    assert row["damage_keep_one_mean"] == pytest.approx(kept_first - clean, abs=1e-5)
+    assert row["damage_all"] > 0.5 and row["backup"] > 0.9 and bool(row["redundant"])
+
+
+def test_similar_heads_nobody_needs_are_not_a_redundant_group(previous_task):
+    model = handbuilt_model(["previous", "uniform", "uniform", "uniform"], d_head=16)
+    groups = redundancy_groups(model, previous_task.eval_batch(128))
+    assert groups["heads"].tolist() == ["L0H1;L0H2;L0H3"]  # identical patterns
+    # Removing them costs nothing (here it even lowers the loss a little): nothing to back up.
+    assert groups.loc[0, "damage_all"] < 0.005
+    assert not bool(groups.loc[0, "redundant"])
+
+
+def test_extra_groups_are_tested_once_with_their_bases(previous_task):
+    model = handbuilt_model(["previous"] * 3 + ["uniform"], d_head=16)
+    extra = [
+        ("role:previous", ["L0H2", "L0H0", "L0H1"]),  # the similar group again, another order
+        ("role:uniform", ["L0H3", "L0H0"]),  # fewer than three heads: skipped
+        ("mine", ["L0H0", "L0H3", "L0H1"]),
+    ]
+    groups = redundancy_groups(model, previous_task.eval_batch(64), groups=extra)
+    assert groups[["basis", "heads"]].values.tolist() == [
+        ["similarity+role:previous", "L0H0;L0H1;L0H2"],
+        ["mine", "L0H0;L0H1;L0H3"],
+    ]
+
+
+def test_similar_groups_are_connected_components_of_live_heads():
+    labels = ["L0H0", "L0H1", "L0H2", "L0H3", "L0H4"]
+    sim = pd.DataFrame(np.eye(5), index=labels, columns=labels)
+    for a, b in [("L0H0", "L0H1"), ("L0H1", "L0H2"), ("L0H3", "L0H4")]:  # a chain and a pair
+        sim.loc[a, b] = sim.loc[b, a] = 0.95
+    assert similar_groups(sim, 0.9) == [["L0H0", "L0H1", "L0H2"]]
+    assert similar_groups(sim, 0.9, min_size=2) == [["L0H0", "L0H1", "L0H2"], ["L0H3", "L0H4"]]
+    assert similar_groups(sim, 0.9, dead=["L0H1"], min_size=2) == [["L0H3", "L0H4"]]
+    assert similar_groups(sim, 0.96) == []
 
 
 @pytest.mark.parametrize("task_name", ["count_previous", "multi_relation"])

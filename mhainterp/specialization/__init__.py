@@ -12,7 +12,7 @@ measurement:
                   corrected p-values of both nulls combined
 ``corrections``   Holm and Benjamini-Hochberg adjusted p-values
 ``causal``        head x target ablation damage, selectivity index and its permutation null
-``redundancy``    similar heads that back each other up in pairwise ablation
+``redundancy``    similar heads that back each other up (pairs, and groups of 3 or more)
 ``consistency``   the same roles across seeds: Hungarian matching vs random matching
 ``settings``      :class:`SpecializationSettings`: every threshold, validated
 ``labels``        one label per head: dead > redundant > role > unspecialized (mixing)
@@ -65,7 +65,12 @@ from mhainterp.specialization.nulls import (
     init_p_values,
     matched_seeds,
 )
-from mhainterp.specialization.redundancy import redundancy_pairs, redundant_partners
+from mhainterp.specialization.redundancy import (
+    redundancy_groups,
+    redundancy_pairs,
+    redundant_partners,
+    similar_groups,
+)
 from mhainterp.specialization.roles import (
     DESCRIPTIVE_ROLES,
     GENERIC_ROLES,
@@ -121,8 +126,10 @@ __all__ = [
     "nested_roles",
     "permutation_null_samples",
     "profile_similarity",
+    "redundancy_groups",
     "redundancy_pairs",
     "redundant_partners",
+    "similar_groups",
     "role_profiles",
     "role_scores",
     "role_targets",

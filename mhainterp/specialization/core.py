@@ -8,7 +8,7 @@ evaluation set (held out from training):
 2. each head's residual write, for the *dead* test (``output_ratio < dead_tol``);
 3. single-head ablations: the head x target damage matrix and, on multi-target tasks, causal
    selectivity with its permutation null (:mod:`.causal`);
-4. redundancy from similarity + pairwise backup (:mod:`.redundancy`);
+4. redundancy from similarity + pairwise and group backup (:mod:`.redundancy`);
 5. with several runs of one task and head count: cross-seed consistency (:mod:`.consistency`).
 
 Each head then gets one **label** (:mod:`.labels`): ``"dead"`` > ``"redundant"`` > its distinct
@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from mhainterp.capture import visible_keys
 from mhainterp.io import read_json, write_csv, write_json, write_text
 from mhainterp.model import HookedMHATransformer
+from mhainterp.similarity import head_similarity
 from mhainterp.specialization.causal import causal_selectivity, head_damage_table, target_damage
 from mhainterp.specialization.consistency import cross_seed_consistency
 from mhainterp.specialization.labels import LABELS_OTHER, label_heads, role_targets
@@ -46,7 +47,11 @@ from mhainterp.specialization.nulls import (
     init_p_values,
     matched_seeds,
 )
-from mhainterp.specialization.redundancy import redundancy_pairs, redundant_partners
+from mhainterp.specialization.redundancy import (
+    redundancy_groups,
+    redundancy_pairs,
+    redundant_partners,
+)
 from mhainterp.specialization.roles import (
     capture_role_sums,
     nested_roles,
@@ -142,6 +147,8 @@ class SpecializationResult:
         causal: Head x target damage matrix (``run, head_label, layer, head, target,
             baseline_accuracy, ablated_accuracy, damage``).
         redundancy: Head pairs (``run`` + :data:`.redundancy.REDUNDANCY_COLUMNS`).
+        redundancy_groups: Groups of three or more similar heads, tested as a whole
+            (``run`` + :data:`.redundancy.GROUP_COLUMNS`).
         consistency: Run pairs of the same task and head count
             (:data:`.consistency.CONSISTENCY_COLUMNS` + ``task``); empty for one run.
         init_null: The null models' role scores (``run, init_seed, ...``).
@@ -154,13 +161,17 @@ class SpecializationResult:
     roles: pd.DataFrame
     causal: pd.DataFrame
     redundancy: pd.DataFrame
+    redundancy_groups: pd.DataFrame
     consistency: pd.DataFrame
     init_null: pd.DataFrame
     runs: pd.DataFrame
     verdict: Verdict
     settings: SpecializationSettings
 
-    TABLES = ("heads", "roles", "causal", "redundancy", "consistency", "init_null", "runs")
+    TABLES = (
+        "heads", "roles", "causal", "redundancy", "redundancy_groups", "consistency",
+        "init_null", "runs",
+    )  # fmt: skip
 
     def to_markdown(self) -> str:
         """The verdict, its caveats and the per-head table as Markdown."""
@@ -195,6 +206,11 @@ class SpecializationResult:
         tables = {}
         for name in cls.TABLES:
             path = out_dir / f"{prefix}_{name}.csv"
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"{path} is missing: {out_dir} was written by an older mhainterp or only in "
+                    "part; run the specialization test again to rewrite it"
+                )
             try:
                 tables[name] = pd.read_csv(path, keep_default_na=True)
             except pd.errors.EmptyDataError:
@@ -318,26 +334,30 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
         causal_heads["p_selectivity"] = math.nan
         causal_matrix = damage.frame()
         model_numbers = (math.nan, math.nan, math.nan)
-    pairs = redundancy_pairs(
-        model,
-        batch,
-        method=settings.ablation_method,
-        similarity_method=settings.similarity_method,
-        min_similarity=settings.min_similarity,
-        backup_ratio=settings.backup_ratio,
-        min_joint_damage=settings.min_joint_damage,
-        dead=dead,
-    )
-    heads = label_heads(
-        roles,
-        ratio,
-        redundant_partners(pairs),
+    redundancy_settings = {
+        "method": settings.ablation_method,
+        "min_similarity": settings.min_similarity,
+        "backup_ratio": settings.backup_ratio,
+        "min_joint_damage": settings.min_joint_damage,
+        "dead": dead,
+        "similarity": head_similarity(model, batch, method=settings.similarity_method),
+    }
+    pairs = redundancy_pairs(model, batch, **redundancy_settings)
+    label_evidence = (
         causal_matrix,
         causal_heads,
         settings,
         role_targets(task),
         nested_roles(templates, visible_keys(mask, model.cfg.causal)),
     )
+    # Heads holding the same role are tested as a group too: could any one do the job alone?
+    held = label_heads(roles, ratio, redundant_partners(pairs), *label_evidence)
+    held = held[(held["role"] != "") & ~held["dead"]]
+    role_groups = [
+        (f"role:{role}", list(g["head_label"])) for role, g in held.groupby("role") if len(g) >= 3
+    ]  # pairs are the pair test's
+    groups = redundancy_groups(model, batch, groups=role_groups, **redundancy_settings)
+    heads = label_heads(roles, ratio, redundant_partners(pairs, groups), *label_evidence)
     accuracy = float(evaluate(model, batch)["accuracy"])
     meta = {"run": inp.run, "task": task.name, "n_heads": model.cfg.n_heads, "seed": inp.seed}
     heads = _with_meta(heads, meta)[HEAD_COLUMNS]
@@ -347,6 +367,7 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
         "roles": _with_meta(roles, meta),
         "causal": _with_meta(causal_matrix, meta),
         "redundancy": _with_meta(pairs, meta),
+        "redundancy_groups": _with_meta(groups, meta),
         "init_null": _with_meta(init, meta),
         "verdict": verdict,
     }

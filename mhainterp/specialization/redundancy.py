@@ -13,21 +13,41 @@ Two heads are **redundant** when both hold:
 Similar heads that do not back each other up (e.g. two heads that each carry half of a signal)
 are *not* redundant; heads that back each other up with different patterns are not either
 (they are then two routes to the answer, not copies). Dead heads are never redundant.
+
+A pair test misses larger groups: with eight mirror heads, removing any two costs nothing, so
+no pair "hurts when both go". :func:`redundancy_groups` tests a group of heads as a whole:
+remove the whole group (``damage_all``), then remove all of it but one member, for each member
+(``damage_keep_one``). The group is **redundant** when removing it hurts clearly
+(``damage_all >= min_joint_damage``) and one survivor on average keeps most of its job:
+``backup = 1 - mean(damage_keep_one) / damage_all >= backup_ratio``. The groups tested are
+every connected component of three or more similar live heads (``basis`` "similarity") and,
+in :func:`~mhainterp.specialization.specialization_test`, every set of three or more live heads
+holding the same role (``basis`` "role:<name>"): heads that find the same relation need not have
+similar patterns overall, and the question is whether any one of them could do the job alone.
+Pairs are left to the pair test, whose rule (the *sum* of the two single damages) is stricter
+than this one's mean for two heads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
 
-from mhainterp.ablation import pairwise_ablation
+from mhainterp.ablation import ablate_sets, pairwise_ablation
 from mhainterp.model import HookedMHATransformer
 from mhainterp.similarity import head_similarity
 from mhainterp.tasks import Batch
 
-__all__ = ["REDUNDANCY_COLUMNS", "redundancy_pairs", "redundant_partners"]
+__all__ = [
+    "GROUP_COLUMNS",
+    "REDUNDANCY_COLUMNS",
+    "redundancy_groups",
+    "similar_groups",
+    "redundancy_pairs",
+    "redundant_partners",
+]
 
 REDUNDANCY_COLUMNS = [
     "head_a",
@@ -142,8 +162,129 @@ def _similar_pairwise(
     return pairwise_ablation(model, batch, method, heads=heads)
 
 
-def redundant_partners(pairs: pd.DataFrame) -> dict[str, list[str]]:
-    """Head label -> the heads it is redundant with (only heads that have some).
+GROUP_COLUMNS = [
+    "basis",
+    "heads",
+    "size",
+    "damage_all",
+    "damage_keep_one_mean",
+    "damage_keep_one_max",
+    "backup",
+    "redundant",
+]
+
+
+def similar_groups(
+    similarity: pd.DataFrame, min_similarity: float, dead: Iterable[str] = (), min_size: int = 3
+) -> list[list[str]]:
+    """Connected components (of at least ``min_size`` live heads) of the graph joining heads
+    whose similarity is at least ``min_similarity``, each in layer-major order.
+
+    Example:
+        >>> sim = pd.DataFrame(np.eye(4) + [[0, .95, .95, 0], [.95, 0, 0, 0], [.95, 0, 0, 0],
+        ...                    [0, 0, 0, 0]], index=list("abcd"), columns=list("abcd"))
+        >>> similar_groups(sim, 0.9)
+        [['a', 'b', 'c']]
+    """
+    dead = set(dead)
+    labels = [h for h in similarity.index if h not in dead]
+    seen: set[str] = set()
+    groups = []
+    for start in labels:
+        if start in seen:
+            continue
+        component, frontier = {start}, [start]
+        while frontier:
+            head = frontier.pop()
+            for other in labels:
+                if other not in component and similarity.loc[head, other] >= min_similarity:
+                    component.add(other)
+                    frontier.append(other)
+        seen |= component
+        if len(component) >= min_size:
+            groups.append([h for h in labels if h in component])
+    return groups
+
+
+def redundancy_groups(
+    model: HookedMHATransformer,
+    batch: Batch,
+    *,
+    method: str = "mean",
+    similarity_method: str = "js",
+    min_similarity: float = 0.9,
+    backup_ratio: float = 0.5,
+    min_joint_damage: float = 0.005,
+    dead: Iterable[str] = (),
+    similarity: pd.DataFrame | None = None,
+    groups: Sequence[tuple[str, Sequence[str]]] = (),
+) -> pd.DataFrame:
+    """Groups of heads tested as a whole: their group-ablation backup and verdict.
+
+    Args:
+        model, batch, method, similarity_method, min_similarity, backup_ratio,
+            min_joint_damage, dead, similarity: As in :func:`redundancy_pairs`.
+        groups: More ``(basis, heads)`` groups to test (e.g. heads sharing a role) besides the
+            similar groups (:func:`similar_groups`); a set of heads is tested once, its bases
+            joined by ``+``; sets of fewer than three heads are skipped.
+
+    Returns:
+        One row per group, columns :data:`GROUP_COLUMNS`: ``basis``, ``heads`` joined by
+        ``;``, damages as loss increases, ``backup`` (see the module docstring) and
+        ``redundant``. Empty (with those columns) when there is no group to test.
+
+    Example:
+        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.tasks import get_task
+        >>> batch = get_task("previous_token").eval_batch(128)
+        >>> model = handbuilt_model(["previous"] * 3, d_head=18)
+        >>> redundancy_groups(model, batch)[["heads", "redundant"]].values.tolist()
+        [['L0H0;L0H1;L0H2', True]]
+    """
+    if similarity is None:
+        similarity = head_similarity(model, batch, method=similarity_method)
+    order = list(similarity.index)
+    bases: dict[tuple[str, ...], list[str]] = {}
+    candidates = [("similarity", g) for g in similar_groups(similarity, min_similarity, dead)]
+    for basis, members in [*candidates, *groups]:
+        key = tuple(sorted(set(members), key=order.index))
+        if len(key) >= 3 and basis not in bases.setdefault(key, []):
+            bases[key].append(basis)
+    if not bases:
+        return pd.DataFrame(columns=GROUP_COLUMNS)
+    groups = [list(key) for key in bases]
+    head_sets = []
+    for group in groups:
+        head_sets.append(group)  # remove the whole group
+        head_sets += [[h for h in group if h != keep] for keep in group]  # keep one member
+    table = ablate_sets(model, batch, head_sets, method)
+    damage = table["delta_loss"].to_numpy()
+    rows, start = [], 0
+    for group in groups:
+        damage_all = float(damage[start])
+        keep_one = damage[start + 1 : start + 1 + len(group)]
+        start += 1 + len(group)
+        backup = 1.0 - float(keep_one.mean()) / damage_all if damage_all > 0 else np.nan
+        rows.append(
+            {
+                "basis": "+".join(bases[tuple(group)]),
+                "heads": ";".join(group),
+                "size": len(group),
+                "damage_all": damage_all,
+                "damage_keep_one_mean": float(keep_one.mean()),
+                "damage_keep_one_max": float(keep_one.max()),
+                "backup": backup,
+                "redundant": bool(damage_all >= min_joint_damage and backup >= backup_ratio),
+            }
+        )
+    return pd.DataFrame(rows, columns=GROUP_COLUMNS)
+
+
+def redundant_partners(
+    pairs: pd.DataFrame, groups: pd.DataFrame | None = None
+) -> dict[str, list[str]]:
+    """Head label -> the heads it is redundant with (only heads that have some), from
+    redundant pairs and, if given, redundant groups (every member with every other).
 
     Example:
         >>> pairs = pd.DataFrame({"head_a": ["L0H0", "L0H0"], "head_b": ["L0H1", "L0H2"],
@@ -151,9 +292,16 @@ def redundant_partners(pairs: pd.DataFrame) -> dict[str, list[str]]:
         >>> redundant_partners(pairs)
         {'L0H0': ['L0H1'], 'L0H1': ['L0H0']}
     """
+    flagged = pairs[pairs["redundant"].astype(bool)]
+    linked = list(zip(flagged["head_a"], flagged["head_b"], strict=True))
+    if groups is not None:
+        for members, redundant in zip(groups["heads"], groups["redundant"], strict=True):
+            if bool(redundant):
+                heads = members.split(";")
+                linked += [(a, b) for i, a in enumerate(heads) for b in heads[i + 1 :]]
     partners: dict[str, list[str]] = {}
-    for a, b, redundant in zip(pairs["head_a"], pairs["head_b"], pairs["redundant"], strict=True):
-        if bool(redundant):
-            partners.setdefault(a, []).append(b)
-            partners.setdefault(b, []).append(a)
+    for a, b in linked:
+        for head, other in ((a, b), (b, a)):
+            if other not in partners.setdefault(head, []):
+                partners[head].append(other)
     return partners

@@ -156,7 +156,12 @@ def cached_specialization(
     meta_path = analysis / f"{RESULT_PREFIX}.json"
     if reuse and meta_path.is_file():
         saved = read_json(meta_path).get("settings")
-        if saved == settings.to_dict():
+        # A result saved before a table was added lacks its file: recompute it.
+        complete = all(
+            (analysis / f"{RESULT_PREFIX}_{name}.csv").is_file()
+            for name in SpecializationResult.TABLES
+        )
+        if saved == settings.to_dict() and complete:
             return SpecializationResult.load(analysis, RESULT_PREFIX)
     result = specialization_test(run_dir, settings=settings, progress=progress)
     if save:
