@@ -13,6 +13,7 @@ import mhainterp.executors  # noqa: F401
 from mhainterp.ablation import (
     Ablator,
     ablate,
+    ablate_sets,
     gradient_importance,
     head_importance,
     pairwise_ablation,
@@ -39,6 +40,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Ablator",
     "ablate",
+    "ablate_sets",
     "analyze_run",
     "average_patterns",
     "cluster_heads",
