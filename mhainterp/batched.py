@@ -392,16 +392,22 @@ def batched_logits(
     cfg, s = stack.cfg, stack.slots
     M, B, T = tokens.shape
     d, V = cfg.d_model, cfg.d_vocab
-    # Row of each position in its model's (token, position) table: [V * T, d] rows per model.
-    positions = torch.arange(T, device=tokens.device)
-    model_offset = torch.arange(M, device=tokens.device)[:, None, None] * (V * T)
-    flat_rows = (tokens * T + positions + model_offset).reshape(-1)  # (M * B * T,)
-    table = (s["embed"][:, :, None, :] + s["pos_embed"][:, None, :T, :]).reshape(M, V * T, d)
-    resid = table.reshape(M * V * T, d).index_select(0, flat_rows).view(M, B * T, d)
     # Layer 0's LayerNorm and Q/K/V projection see one token at a time, so they are a
     # function of (token, position) only: compute them on the V * T table rows and gather,
-    # instead of on all B * T tokens (exact; fewer FLOPs whenever V < B).
+    # instead of on all B * T tokens (exact; fewer FLOPs whenever V < B, and the table is
+    # then smaller than the activations it replaces).
     table_first_layer = V < B if use_table is None else use_table
+    if table_first_layer:
+        # Row of each position in its model's (token, position) table: V * T rows per model.
+        positions = torch.arange(T, device=tokens.device)
+        model_offset = torch.arange(M, device=tokens.device)[:, None, None] * (V * T)
+        flat_rows = (tokens * T + positions + model_offset).reshape(-1)  # (M * B * T,)
+        table = (s["embed"][:, :, None, :] + s["pos_embed"][:, None, :T, :]).reshape(M, -1, d)
+        resid = table.reshape(M * V * T, d).index_select(0, flat_rows).view(M, B * T, d)
+    else:
+        offsets = torch.arange(M, device=tokens.device)[:, None, None] * V
+        resid = F.embedding(tokens + offsets, s["embed"].reshape(M * V, d))  # (M, B, T, d)
+        resid = (resid + s["pos_embed"][:, None, :T]).reshape(M, B * T, d)
     groups = stack.head_groups()
     sizes = [b - a for a, b, _ in groups]
     for layer in range(cfg.n_layers):
