@@ -576,6 +576,20 @@ def test_group_verdict_summarises_seeds():
     assert verdict.caveats[2].startswith("3 seeds per task and head count")
 
 
+def test_group_verdict_names_roles_held_by_redundant_groups():
+    copies = dict(role_heads={}, role_effects={}, dead=[], supported=[])
+    group = ["L0H0", "L0H1", "L0H2", "L0H3"]
+    runs = [
+        _verdict(seed=0, redundant_groups=[group], redundant_roles=["mirror"], **copies),
+        _verdict(seed=1, redundant_groups=[group], redundant_roles=["mirror"], **copies),
+        _verdict(seed=2, unspecialized=group, **copies),
+    ]
+    (line,) = Verdict(runs).lines
+    assert "0.00 ± 0.00 of 4 heads hold a distinct role" in line
+    assert "redundant 2.67 ± 2.31" in line
+    assert "Roles found: mirror held by a redundant group (2/3 seeds)." in line
+
+
 def test_verdict_counts_equal_the_head_table(hand_result):
     heads = hand_result.heads
     n_role = int((~heads["label"].isin(["unspecialized", "redundant", "dead"])).sum())

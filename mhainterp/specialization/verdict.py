@@ -234,6 +234,15 @@ class Verdict:
             for role in r.roles_found:
                 found[role] = found.get(role, 0) + 1
         roles = [f"{role} ({k}/{len(runs)} seeds)" for role, k in sorted(found.items())]
+        copied: dict[str, int] = {}  # roles held by redundant groups (not distinct roles)
+        for r in runs:
+            for role in dict.fromkeys(x for x in r.redundant_roles if x):
+                copied[role] = copied.get(role, 0) + 1
+        if copied:
+            roles += [
+                f"{role} held by a redundant group ({k}/{len(runs)} seeds)"
+                for role, k in sorted(copied.items())
+            ]
         heads = "head" if first.total_heads == 1 else "heads"
         per_seed = ", ".join(map(str, counts))
         redundant = _mean_std([float(r.n_redundant) for r in runs])
