@@ -114,11 +114,13 @@ def split_group(group: Sequence[RunSpec], parts: int) -> list[list[RunSpec]]:
     return [[group[i] for i in sorted(chunk)] for chunk in members if chunk]
 
 
-DEFAULT_CHUNK_SIZE = 3
-"""Models per batched step in one process. Measured on a 2-core CPU at the standard config
-(``python -m mhainterp.bench``): 2-3 models per step are fastest per model; more models per
-step get slower again (their activations no longer fit the caches: 9 at once is slower per
-model than 1 at h = 8)."""
+DEFAULT_CHUNK_SIZE = 6
+"""Most models per batched step in one process. Measured on a 2-core CPU, the h = 1, 4, 8 x 3
+seeds grid at the standard config with 2 workers, interleaved repeats: chunks of up to 6
+(two chunks, 5 + 4 runs) took 0.93-0.95x the time of chunks of up to 3 (3 + 2 + 2 + 2): the
+fixed cost of a step is shared by more models, and with layer 0 on the (token, position)
+table the activations of 5 models still fit the caches. A chunk's run folders are written
+when it finishes, so this is also the most runs a killed sweep can lose per worker."""
 
 
 def plan_chunks(
@@ -130,7 +132,7 @@ def plan_chunks(
 
     Example:
         >>> [len(c) for c in plan_chunks([grid_of_9_runs], workers=2)]  # doctest: +SKIP
-        [3, 2, 2, 2]
+        [5, 4]
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size!r} is invalid: must be >= 1")
