@@ -243,6 +243,25 @@ def _head_table(result: SpecializationResult) -> pd.DataFrame:
     return result.heads[list(columns)].rename(columns=columns)
 
 
+_GROUP_CAPTION = (
+    "Groups of three or more heads (alike, or holding one role) removed as a whole: loss "
+    "increase with all removed, and with all but one removed (mean over which one is kept). "
+    "backup = 1 − kept-one / all; redundant when at least the backup ratio."
+)
+
+
+def _group_table(result: SpecializationResult) -> pd.DataFrame:
+    columns = {
+        "basis": "grouped by",
+        "heads": "heads",
+        "damage_all": "loss ↑, all removed",
+        "damage_keep_one_mean": "loss ↑, one kept",
+        "backup": "backup",
+        "redundant": "redundant",
+    }
+    return result.redundancy_groups[list(columns)].rename(columns=columns)
+
+
 def _specialization_blocks(
     result: SpecializationResult, figure_dir: Path, level: int
 ) -> list[Block]:
@@ -259,6 +278,8 @@ def _specialization_blocks(
         _Bullets(result.verdict.lines),
         _Table(_head_table(result), "Per head: label and evidence."),
     ]
+    if len(result.redundancy_groups):
+        blocks.append(_Table(_group_table(result), _GROUP_CAPTION))
     captions = {
         "role_scores": "Share of each head's attention on each relation template (** = role).",
         "causal_matrix": "Accuracy lost on each target when one head is removed.",

@@ -12,6 +12,7 @@ import pytest
 
 from mhainterp.cli import report as report_cli
 from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.handbuilt import handbuilt_model
 from mhainterp.io import read_json
 from mhainterp.report import report_kind, sweep_folders, write_report
 from mhainterp.specialization import (
@@ -22,6 +23,8 @@ from mhainterp.specialization import (
 )
 from mhainterp.specialization.text import format_value
 from mhainterp.sweep import run_sweep, summarize
+from mhainterp.tasks import get_task
+from mhainterp.training import evaluate, save_run
 
 N_SEQUENCES = 48
 TASKS = ("count_previous", "multi_relation")
@@ -191,3 +194,18 @@ def test_report_command_writes_both_files(sweeps, tmp_path, capsys):
     assert code == 0
     assert (tmp_path / "report.md").is_file() and (tmp_path / "report.html").is_file()
     assert str(tmp_path / "report.md") in capsys.readouterr().out
+
+
+def test_run_report_shows_groups_tested_as_a_whole(tmp_path):
+    """Three hand-built copies of a previous-token head: the report lists their group test."""
+    task = get_task("previous_token", seq_len=16, d_vocab=10)
+    model = handbuilt_model(["previous"] * 3, d_head=18)
+    metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
+    saved = {**evaluate(model, task, eval_size=64), "status": "finished"}
+    save_run(tmp_path / "run", model, task, TrainConfig(steps=1), metrics, saved)
+    md_path, html_path = write_report(tmp_path / "run", tmp_path / "report", n_sequences=64)
+    md = md_path.read_text(encoding="utf-8")
+    assert "Groups of three or more heads" in md
+    row = next(line for line in md.splitlines() if "L0H0;L0H1;L0H2" in line)
+    assert "similarity+role:previous" in row and "True" in row
+    assert "similarity+role:previous" in html_path.read_text(encoding="utf-8")
