@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -94,24 +95,68 @@ def group_specs(specs: Sequence[RunSpec], max_group_size: int | None = None) -> 
 
 def _relative_cost(spec: RunSpec) -> float:
     """Measured shape of a step's cost on a CPU: the attention core grows with ``n_heads``
-    (a step at h = 8 takes ~1.4x one at h = 1 at d_model 64); the rest does not."""
-    return 1.0 + spec.n_heads * spec.model_config.n_layers / 16
+    (with layer 0 on the (token, position) table, a step at h = 8 takes ~1.6x one at h = 1 at
+    d_model 64, h = 4 ~1.25x); the rest does not."""
+    return 1.0 + spec.n_heads * spec.model_config.n_layers / 10
 
 
-def split_group(group: Sequence[RunSpec], parts: int) -> list[list[RunSpec]]:
+_EXACT_SPLIT_LIMIT = 20_000
+"""Most assignments :func:`split_group` tries for an exact best split (9 runs into 2 chunks is
+256, about 1 ms); larger groups are dealt longest-processing-time first."""
+
+
+def split_group(
+    group: Sequence[RunSpec], parts: int, max_size: int | None = None
+) -> list[list[RunSpec]]:
     """Deal a group into at most ``parts`` chunks of near-equal cost, each trained as one
-    batched group (longest-processing-time first: the costliest run goes to the chunk with the
-    least work so far). Chunks keep the group's order inside."""
+    batched group, with at most ``max_size`` runs each. Small groups get the split whose
+    costliest chunk is cheapest (exhaustive search); others are dealt longest-processing-time
+    first (the costliest run to the chunk with the least work so far), which on the 9-run
+    h = 1, 4, 8 grid left one worker 5% more work than the best split (measured: the best
+    split trained the grid in 0.93x the time). Chunks keep the group's order inside."""
     if parts < 1:
         raise ValueError(f"parts={parts!r} is invalid: must be >= 1")
-    loads = [0.0] * min(parts, len(group))
-    members: list[list[int]] = [[] for _ in loads]
-    order = sorted(range(len(group)), key=lambda i: -_relative_cost(group[i]))
-    for i in order:
-        target = loads.index(min(loads))
-        loads[target] += _relative_cost(group[i])
-        members[target].append(i)
+    costs = [_relative_cost(spec) for spec in group]
+    k = min(parts, len(group))
+    limit = max_size or len(group)
+    if limit * k < len(group):
+        raise ValueError(f"{len(group)} runs do not fit {k} chunks of at most {limit}")
+    if k > 1 and k ** (len(group) - 1) <= _EXACT_SPLIT_LIMIT:
+        members = _best_split(costs, k, limit)
+    else:
+        members = _lpt_split(costs, k, limit)
     return [[group[i] for i in sorted(chunk)] for chunk in members if chunk]
+
+
+def _best_split(costs: list[float], k: int, max_size: int) -> list[list[int]]:
+    """The assignment of items to ``k`` non-empty chunks of at most ``max_size`` items with
+    the smallest costliest chunk (first found, item 0 in chunk 0); one exists when
+    ``k <= len(costs) <= k * max_size``."""
+    best, best_load = None, math.inf
+    for rest in itertools.product(range(k), repeat=len(costs) - 1):
+        assignment = (0, *rest)
+        loads, sizes = [0.0] * k, [0] * k
+        for item, chunk in enumerate(assignment):
+            loads[chunk] += costs[item]
+            sizes[chunk] += 1
+        if min(sizes) == 0 or max(sizes) > max_size:
+            continue
+        if max(loads) < best_load - 1e-9:
+            best, best_load = assignment, max(loads)
+    assert best is not None  # k <= n <= k * max_size admits a split
+    return [[i for i, chunk in enumerate(best) if chunk == c] for c in range(k)]
+
+
+def _lpt_split(costs: list[float], k: int, max_size: int) -> list[list[int]]:
+    """Longest processing time first, into the least-loaded chunk that has room."""
+    loads = [0.0] * k
+    members: list[list[int]] = [[] for _ in range(k)]
+    for i in sorted(range(len(costs)), key=lambda i: -costs[i]):
+        open_chunks = [c for c in range(k) if len(members[c]) < max_size]
+        target = min(open_chunks, key=lambda c: (loads[c], c))
+        loads[target] += costs[i]
+        members[target].append(i)
+    return members
 
 
 DEFAULT_CHUNK_SIZE = 6
@@ -140,7 +185,7 @@ def plan_chunks(
     for group in groups:
         n_chunks = math.ceil(len(group) / chunk_size)
         n_chunks = workers * math.ceil(n_chunks / workers)
-        chunks.extend(split_group(group, n_chunks))
+        chunks.extend(split_group(group, n_chunks, max_size=chunk_size))
     return sorted(chunks, key=lambda c: -sum(_relative_cost(s) for s in c))
 
 

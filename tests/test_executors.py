@@ -13,6 +13,7 @@ import pytest
 import mhainterp.executors as executors
 from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.executors import (
+    _lpt_split,
     group_specs,
     plan_chunks,
     run_batched,
@@ -73,7 +74,7 @@ def test_group_specs_and_split_group(tmp_path):
         [(1, 0), (1, 1)],
     ]
     assert [len(g) for g in group_specs(specs, max_group_size=4)] == [4, 2]
-    # longest first to the least-loaded chunk: costs 1.25 (h=4), 1.125 (h=2), 1.0625 (h=1)
+    # the best split: costs 1.4 (h=4), 1.2 (h=2), 1.1 (h=1), so one of each per chunk (3.7)
     chunks = split_group(specs, 2)
     assert [[(s.n_heads, s.seed) for s in c] for c in chunks] == [
         [(1, 0), (2, 0), (4, 0)],
@@ -81,13 +82,23 @@ def test_group_specs_and_split_group(tmp_path):
     ]
     grid = plan_sweep(SweepConfig(**{**TINY.__dict__, "n_heads": [1, 4, 8], "seeds": [0, 1, 2]}),
                       tmp_path)  # fmt: skip
-    chunks = split_group(grid, 2)  # costs 1.5 (h=8), 1.25 (h=4), 1.0625 (h=1): loads 5.31, 6.13
+    # costs 1.8 (h=8), 1.4 (h=4), 1.1 (h=1): the best split is 6.5 / 6.4; longest-first
+    # dealing would give 6.8 / 6.1 (one worker idle for a twentieth of the sweep)
+    chunks = split_group(grid, 2)
     assert [[(s.n_heads, s.seed) for s in c] for c in chunks] == [
-        [(1, 1), (4, 2), (8, 0), (8, 2)],
-        [(1, 0), (1, 2), (4, 0), (4, 1), (8, 1)],
+        [(1, 0), (1, 1), (1, 2), (4, 0), (8, 0)],
+        [(4, 1), (4, 2), (8, 1), (8, 2)],
     ]
+    costs = [1.0 + s.n_heads / 10 for s in grid]
+    lpt = [sum(costs[i] for i in chunk) for chunk in _lpt_split(costs, 2, 9)]
+    assert max(lpt) == pytest.approx(6.8)
+    assert [len(c) for c in split_group(grid, 2, max_size=5)] == [5, 4]
+    assert [len(c) for c in split_group(grid, 3, max_size=3)] == [3, 3, 3]
+    with pytest.raises(ValueError, match="do not fit 2 chunks of at most 4"):
+        split_group(grid, 2, max_size=4)
     assert len(split_group(specs[:1], 2)) == 1  # no empty chunks
-    # at most 3 runs per step, 2 workers: 4 chunks, costliest first
+    # at most 3 runs per step, 2 workers: 4 chunks (too many splits to try: dealt
+    # longest-first), costliest first
     chunks = plan_chunks([grid], workers=2, chunk_size=3)
     assert [[(s.n_heads, s.seed) for s in c] for c in chunks] == [
         [(1, 2), (4, 0), (4, 1)],
