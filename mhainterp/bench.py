@@ -626,12 +626,25 @@ def _cache_rows(settings: BenchSettings, threads: int, echo: Callable) -> list[d
         for name, cached in (("forward", False), ("run_with_cache_patterns", True))
     ]  # fmt: skip
     samples = _measure(cases, settings.repeats, echo)
-    forward = statistics.median(samples[0])
+    note = f"{settings.eval_size} sequences, no_grad"
+    # cache: time relative to the forward (lower is better)
+    return _time_rows(cases, samples, lambda first, t: t / first, "forward (time)", note)
+
+
+def _time_rows(
+    cases: list[_Case],
+    samples: dict,
+    ratio: Callable[[float, float], float],
+    ratio_to: str,
+    note: str,
+) -> list[dict]:
+    """One row per case: median time in ms, and ``ratio(first case's median, its median)``."""
+    first = statistics.median(samples[0])
     rows = []
     for i, case in enumerate(cases):
-        row = _row(case, statistics.median(samples[i]) * 1e3, "ms", len(samples[i]))
-        row["ratio"], row["ratio_to"] = statistics.median(samples[i]) / forward, "forward (time)"
-        row["note"] = f"{settings.eval_size} sequences, no_grad"
+        median = statistics.median(samples[i])
+        row = _row(case, median * 1e3, "ms", len(samples[i]), note)
+        row["ratio"], row["ratio_to"] = ratio(first, median), ratio_to
         rows.append(row)
     return rows
 
@@ -651,14 +664,9 @@ def _ablation_rows(settings: BenchSettings, threads: int, echo: Callable) -> lis
         for name, naive in (("naive_loop", True), ("head_importance_batched", False))
     ]  # fmt: skip
     samples = _measure(cases, settings.repeats, echo)
-    naive = statistics.median(samples[0])
-    rows = []
-    for i, case in enumerate(cases):
-        row = _row(case, statistics.median(samples[i]) * 1e3, "ms", len(samples[i]))
-        row["ratio"], row["ratio_to"] = naive / statistics.median(samples[i]), "naive_loop"
-        row["note"] = f"all {h} single-head zero ablations, {size} sequences"
-        rows.append(row)
-    return rows
+    note = f"all {h} single-head zero ablations, {size} sequences"
+    # ablation: speed-up over the naive loop (higher is better)
+    return _time_rows(cases, samples, lambda first, t: first / t, "naive_loop", note)
 
 
 def _job_rows(command: list[str]) -> list[dict]:

@@ -40,16 +40,19 @@ def holm(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
         >>> holm([0.01, 0.04, 0.03, 0.005]).round(4).tolist()
         [0.03, 0.06, 0.06, 0.02]
     """
-    p = _as_pvalues(p_values)
-    out = np.full(p.shape, np.nan)
-    keep = np.flatnonzero(~np.isnan(p))
-    m = keep.size
-    if m == 0:
-        return out
-    order = keep[np.argsort(p[keep], kind="stable")]
+    p, out, order = _ranked(p_values)
+    m = order.size
     scaled = (m - np.arange(m)) * p[order]  # (m - j + 1) * p_(j) for j = 1..m
     out[order] = np.minimum(1.0, np.maximum.accumulate(scaled))
     return out
+
+
+def _ranked(p_values: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The p-values, an all-NaN output of their shape, and the indices of the non-NaN ones
+    sorted by p (NaNs are left out of the count m and stay NaN)."""
+    p = _as_pvalues(p_values)
+    keep = np.flatnonzero(~np.isnan(p))
+    return p, np.full(p.shape, np.nan), keep[np.argsort(p[keep], kind="stable")]
 
 
 def benjamini_hochberg(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
@@ -62,13 +65,10 @@ def benjamini_hochberg(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
         >>> benjamini_hochberg([0.01, 0.04, 0.03, 0.005]).round(4).tolist()
         [0.02, 0.04, 0.04, 0.02]
     """
-    p = _as_pvalues(p_values)
-    out = np.full(p.shape, np.nan)
-    keep = np.flatnonzero(~np.isnan(p))
-    m = keep.size
+    p, out, order = _ranked(p_values)
+    m = order.size
     if m == 0:
         return out
-    order = keep[np.argsort(p[keep], kind="stable")]
     scaled = m * p[order] / np.arange(1, m + 1)
     out[order] = np.minimum(1.0, np.minimum.accumulate(scaled[::-1])[::-1])
     return out
