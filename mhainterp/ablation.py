@@ -760,8 +760,13 @@ def ablate_sets(
     Example:
         >>> ablate_sets(model, task, [["L0H0", "L0H1"], ["L0H2"]], method="mean")  # doctest: +SKIP
     """
-    setup = _setup(model, task_or_batch, method, reference, generator, eval_size)
+    if isinstance(head_sets, str) or not isinstance(head_sets, Sequence):
+        raise TypeError(
+            "head_sets must be a list of head sets, e.g. [['L0H0', 'L0H1'], ['L0H2']] or "
+            f"['L0H0,L0H1', 'L0H2'], got {head_sets!r}"
+        )
     resolved = [resolve_heads(model, heads) if len(heads) else [] for heads in head_sets]
+    setup = _setup(model, task_or_batch, method, reference, generator, eval_size)
     results = _evaluate_configurations(
         model,
         setup.batch,

@@ -129,6 +129,10 @@ def test_ablate_sets_known_answers(model, batch):
     with ablate(model, [PREV_A, PREV_B], "zero"):
         joint = evaluate(model, batch)
     assert table.loc[3, "loss"] == pytest.approx(joint["loss"], abs=1e-5)
+    with pytest.raises(TypeError, match="head_sets must be a list of head sets"):
+        ablate_sets(model, batch, "L0H0")
+    with pytest.raises(ValueError, match="L0H9"):
+        ablate_sets(model, batch, [["L0H9"]])
 
 
 def test_pairwise_shows_backup(model, batch):
