@@ -8,22 +8,23 @@ answers are known, compare head counts across seeds, and look inside the heads.
     >>> result = train(build_model(task, n_heads=4), task, TrainConfig(steps=500))  # doctest: +SKIP
 """
 
-# Registers the "batched" and "ray" sweep executors next to the default "local" one.
-import mhainterp.executors  # noqa: F401
 from mhainterp.ablation import (
     Ablator,
     ablate,
     ablate_sets,
-    gradient_importance,
+    evaluate_head_sets,
     head_importance,
     pairwise_ablation,
-    prune_curve,
 )
 from mhainterp.analyze import analyze_run
+from mhainterp.attribution import gradient_importance, prune_curve
 from mhainterp.capture import average_patterns, example_patterns, head_statistics
 from mhainterp.config import ModelConfig, SweepConfig, TrainConfig
+from mhainterp.data import as_batch
 from mhainterp.handbuilt import handbuilt_model
-from mhainterp.model import HookedMHATransformer, MultiHeadAttention, TransformerBlock, head_label
+from mhainterp.heads import format_heads, head_label, resolve_heads
+from mhainterp.model import HookedMHATransformer, MultiHeadAttention, TransformerBlock
+from mhainterp.report import write_report
 from mhainterp.similarity import (
     cluster_heads,
     cross_model_similarity,
@@ -31,14 +32,24 @@ from mhainterp.similarity import (
     head_similarity,
     match_heads,
 )
+from mhainterp.specialization import specialization_test, sweep_specialization
 from mhainterp.sweep import SweepSummary, run_sweep, summarize
 from mhainterp.tasks import Batch, Task, get_task, list_tasks, register_task
 from mhainterp.training import Run, build_model, evaluate, load_run, save_run, train
+from mhainterp.validation import ParameterError
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Ablator",
+    "ParameterError",
+    "as_batch",
+    "evaluate_head_sets",
+    "format_heads",
+    "resolve_heads",
+    "specialization_test",
+    "sweep_specialization",
+    "write_report",
     "ablate",
     "ablate_sets",
     "analyze_run",

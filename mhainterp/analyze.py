@@ -128,7 +128,7 @@ def _ablation(run: Run, n_eval: int, out: Path) -> list[Path]:
     from mhainterp.ablation import ablation_tables
     from mhainterp.figures.ablation import save_ablation_figures
 
-    tables = ablation_tables(run, eval_size=n_eval)
+    tables = ablation_tables(run, n_eval=n_eval)
     written = [
         write_csv(out / f"{name}.csv", tables[name])
         for name in ("gradient_importance", "importance_agreement")

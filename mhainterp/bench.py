@@ -94,7 +94,7 @@ class BenchSettings:
         heads: Head counts measured one by one (the issue's 4 and 8).
         grid_heads: Head counts of the full grid.
         seeds: Seeds per head count in the batched cases.
-        eval_size: Sequences in the cache/ablation measurements.
+        n_eval: Sequences in the cache/ablation measurements.
         threads: Torch threads for the in-process rows (None: torch's default).
         workers: Worker processes of the "batched" executor row (None: one per CPU).
         sections: Which sections to run.
@@ -107,7 +107,7 @@ class BenchSettings:
     heads: tuple[int, ...] = (4, 8)
     grid_heads: tuple[int, ...] = (1, 4, 8)
     seeds: int = 3
-    eval_size: int = 1024
+    n_eval: int = 1024
     threads: int | None = None
     workers: int | None = None
     sections: tuple[str, ...] = ("train", "peak", "cache", "ablation")
@@ -117,7 +117,7 @@ class BenchSettings:
     @classmethod
     def quick(cls, **overrides: Any) -> BenchSettings:
         """Tiny sizes for a smoke test (numbers are not meaningful)."""
-        return replace(cls(steps=4, repeats=2, eval_size=64), **overrides)
+        return replace(cls(steps=4, repeats=2, n_eval=64), **overrides)
 
 
 # ----- (a) the seed-000 reference ----------------------------------------------------------------
@@ -198,7 +198,7 @@ def _train_config(steps: int, seed: int = 0) -> Any:
     from mhainterp.config import TrainConfig
 
     # A small final evaluation, so the rows time training, not the 1024-sequence eval.
-    return TrainConfig(steps=steps, seed=seed, warmup_steps=min(10, steps), eval_size=128)
+    return TrainConfig(steps=steps, seed=seed, warmup_steps=min(10, steps), n_eval=128)
 
 
 def _models(heads: Sequence[int], seeds: int) -> list[Any]:
@@ -220,7 +220,7 @@ def _time_train(n_heads: int, steps: int) -> float:
 
 
 def _time_many(heads: Sequence[int], seeds: int, steps: int) -> float:
-    from mhainterp.batched import train_many
+    from mhainterp.fast.stacked import train_many
 
     models = _models(heads, seeds)
     configs = [_train_config(steps, m.cfg.seed) for m in models]
@@ -264,7 +264,7 @@ def _time_vmap(n_heads: int, seeds: int, steps: int) -> float:
     ``torch.func.stack_module_state`` + ``vmap(functional_call)`` over the model's logits."""
     from torch.func import functional_call, stack_module_state, vmap
 
-    from mhainterp.batched import batched_loss, sample_many
+    from mhainterp.fast.stacked import batched_loss, sample_many
 
     task = _task()
     wrappers = [_LogitsOnly(m) for m in _models([n_heads], seeds)]
@@ -362,7 +362,7 @@ def batched_flops_per_model_step(n_heads: int = 8, n_models: int = 3) -> float:
     runs on the (token, position) table instead of on every token."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from mhainterp.batched import StackedModels, batched_logits, batched_loss, sample_many
+    from mhainterp.fast.stacked import StackedModels, batched_logits, batched_loss, sample_many
 
     stack = StackedModels.from_models(_models([n_heads], n_models))
     gens = [torch.Generator().manual_seed(s) for s in range(n_models)]
@@ -388,7 +388,7 @@ def _time_forward(model: Any, tokens: torch.Tensor, cached: bool, inner: int) ->
     return (time.perf_counter() - start) / inner
 
 
-def _time_importance(model: Any, task: Any, eval_size: int, naive: bool) -> float:
+def _time_importance(model: Any, task: Any, n_eval: int, naive: bool) -> float:
     from mhainterp.ablation import ablate, head_importance
     from mhainterp.training import evaluate
 
@@ -396,9 +396,9 @@ def _time_importance(model: Any, task: Any, eval_size: int, naive: bool) -> floa
     if naive:
         for label in model.head_labels:
             with ablate(model, [label]):
-                evaluate(model, task, eval_size=eval_size)
+                evaluate(model, task, n_eval=n_eval)
     else:
-        head_importance(model, task, eval_size=eval_size)
+        head_importance(model, task, n_eval=n_eval)
     return time.perf_counter() - start
 
 
@@ -618,7 +618,7 @@ def _peak_rows(cases: list[_Case], samples: dict) -> tuple[list[dict], dict[int,
 def _cache_rows(settings: BenchSettings, threads: int, echo: Callable) -> list[dict]:
     (model,) = _models([max(settings.heads)], 1)
     model.eval()
-    tokens = _task().eval_batch(settings.eval_size).tokens
+    tokens = _task().eval_batch(settings.n_eval).tokens
     inner = 3 if settings.repeats < 5 else 10
     cases = [
         _Case("cache", name, (max(settings.heads),), 1, 0, threads,
@@ -626,7 +626,7 @@ def _cache_rows(settings: BenchSettings, threads: int, echo: Callable) -> list[d
         for name, cached in (("forward", False), ("run_with_cache_patterns", True))
     ]  # fmt: skip
     samples = _measure(cases, settings.repeats, echo)
-    note = f"{settings.eval_size} sequences, no_grad"
+    note = f"{settings.n_eval} sequences, no_grad"
     # cache: time relative to the forward (lower is better)
     return _time_rows(cases, samples, lambda first, t: t / first, "forward (time)", note)
 
@@ -657,7 +657,7 @@ def _ablation_rows(settings: BenchSettings, threads: int, echo: Callable) -> lis
         return [_row(case, float("nan"), "ms", 0, problem)]
     (model,) = _models([h], 1)
     model.eval()
-    task, size = _task(), settings.eval_size
+    task, size = _task(), settings.n_eval
     cases = [
         _Case("ablation", name, (h,), 1, 0, threads,
               lambda k, naive=naive: _time_importance(model, task, size, naive))

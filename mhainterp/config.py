@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from transformer_lens.config import TransformerLensConfig
 
+from mhainterp.validation import invalid
+
 __all__ = ["ModelConfig", "TrainConfig", "SweepConfig", "config_to_dict"]
 
 _NORMALIZATION_TYPES = (None, "LN")
@@ -22,9 +24,9 @@ _POSITIONAL_EMBEDDING_TYPES = ("standard",)
 
 
 def _require(condition: bool, name: str, value: Any, allowed: str) -> None:
-    """Raise ``ValueError`` in the toolkit's one format unless ``condition`` holds."""
+    """Raise the toolkit's one error (:mod:`mhainterp.validation`) unless ``condition`` holds."""
     if not condition:
-        raise ValueError(f"{name}={value!r} is invalid: {allowed}.")
+        raise invalid(name, value, allowed)
 
 
 def _is_int(value: Any) -> bool:
@@ -192,7 +194,7 @@ class TrainConfig:
         lr_schedule: ``"constant"`` after warm-up, or ``"cosine"`` decay to 10% of ``lr``.
         grad_clip: Max global gradient norm, or None for no clipping.
         seed: Data-order seed.
-        eval_size: Sequences in the task's fixed evaluation set.
+        n_eval: Sequences in the task's fixed evaluation set.
         log_every: Steps between rows of ``metrics.csv``.
         eval_every: Steps between evaluations on the fixed set during training (0: only at end).
 
@@ -210,19 +212,19 @@ class TrainConfig:
     lr_schedule: str = "cosine"
     grad_clip: float | None = 1.0
     seed: int = 0
-    eval_size: int = 1024
+    n_eval: int = 1024
     log_every: int = 50
     eval_every: int = 0
 
     def __post_init__(self) -> None:
         if self.warmup_steps is None and _is_int(self.steps):
             self.warmup_steps = min(100, self.steps // 10)
-        for name in ("steps", "batch_size", "warmup_steps", "seed", "eval_size", "log_every"):
+        for name in ("steps", "batch_size", "warmup_steps", "seed", "n_eval", "log_every"):
             value = getattr(self, name)
             _require(_is_int(value), name, value, "must be an int")
         _require(self.steps >= 1, "steps", self.steps, "must be >= 1")
         _require(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
-        _require(self.eval_size >= 1, "eval_size", self.eval_size, "must be >= 1")
+        _require(self.n_eval >= 1, "n_eval", self.n_eval, "must be >= 1")
         _require(self.log_every >= 1, "log_every", self.log_every, "must be >= 1")
         _require(
             _is_int(self.eval_every) and self.eval_every >= 0,
@@ -272,6 +274,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any]) -> TrainConfig:
+        if "eval_size" in config_dict:  # the field's name in runs saved before it was n_eval
+            config_dict = {**config_dict}
+            config_dict.setdefault("n_eval", config_dict.pop("eval_size"))
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(config_dict) - known)
         if unknown:

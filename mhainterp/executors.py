@@ -3,21 +3,21 @@
 
 An executor is a callable ``(specs, progress) -> None`` in :data:`mhainterp.sweep.EXECUTORS`
 that leaves a finished run folder for every :class:`~mhainterp.sweep.RunSpec` (exactly what
-:func:`~mhainterp.sweep.execute_run` writes). Importing this module registers both; the sweep's
-results table never depends on the executor or on how runs were grouped, because every run is
+:func:`~mhainterp.sweep.execute_run` writes). ``EXECUTORS`` names them and imports this module
+only when one is used (nothing registers itself on import); the sweep's results table never
+depends on the executor or on how runs were grouped, because every run is
 trained on its own data stream and the table is read back from the run folders.
 
 - ``"batched"``: runs that share task, model shape (except ``n_heads``) and training settings
-  (except the seed) are trained together by :func:`mhainterp.batched.train_many`. On a machine
+  (except the seed) are trained together by :func:`mhainterp.fast.stacked.train_many`. On a machine
   with several CPUs the models are dealt out to one worker process per CPU, each pinned to its
-  CPU with one thread (see :func:`run_batched` and ``python -m mhainterp.bench``).
+  CPU with one thread (see :func:`run_batched` and ``python analysis/benchmark.py``).
 - ``"ray"``: each group of runs is a Ray task on an existing cluster (``address`` argument, or
   the ``MHAINTERP_RAY_ADDRESS`` environment variable, or Ray's own default). The worker sends the
   run files back and the driver writes them, so no shared file system is needed. Ray is
   optional: ``pip install 'mhainterp[ray]'``.
 
 Example:
-    >>> import mhainterp.executors  # registers "batched" and "ray"
     >>> from mhainterp import run_sweep
     >>> df = run_sweep("reverse", "runs/rev", executor="batched")  # doctest: +SKIP
 """
@@ -38,7 +38,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from mhainterp.io import atomic_path
-from mhainterp.sweep import EXECUTORS, RunSpec
+from mhainterp.sweep import RunSpec
 from mhainterp.training import RUN_FILES, TrainingDivergedError
 
 __all__ = [
@@ -47,7 +47,6 @@ __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "group_specs",
     "plan_chunks",
-    "register_executors",
     "run_batched",
     "run_ray",
     "split_group",
@@ -203,7 +202,7 @@ def train_group(
         Run folder -> divergence message, for the runs whose loss became NaN/inf (their folders
         hold the last good weights with status "diverged", as :func:`train` leaves them).
     """
-    from mhainterp.batched import BatchDivergedError, train_many
+    from mhainterp.fast.stacked import BatchDivergedError, train_many
     from mhainterp.training import build_model
 
     task = specs[0].build_task()
@@ -473,21 +472,3 @@ def _ray_task(fn: Callable[[Sequence[RunSpec]], Any], chunk: Sequence[RunSpec], 
 
     torch.set_num_threads(max(1, threads))
     return fn(chunk)
-
-
-# ----- registration ------------------------------------------------------------------------------
-def _batched_executor(specs: Sequence[RunSpec], progress: bool) -> None:
-    run_batched(specs, progress)
-
-
-def _ray_executor(specs: Sequence[RunSpec], progress: bool) -> None:
-    run_ray(specs, progress)
-
-
-def register_executors() -> None:
-    """Add "batched" and "ray" to :data:`mhainterp.sweep.EXECUTORS` (done on import)."""
-    EXECUTORS["batched"] = _batched_executor
-    EXECUTORS["ray"] = _ray_executor
-
-
-register_executors()

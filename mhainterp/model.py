@@ -6,6 +6,11 @@ TransformerLens, so ``run_with_cache``, ``run_with_hooks``, ``cache["pattern", 0
 ``transformer_lens.patching`` and ``transformer_lens.head_detector`` work on it unchanged.
 
 Shapes: B batch, T positions, h heads, d_head = d_model / h, V classes.
+
+This is THE reference forward. Derived copies that must follow any change to it (each tested
+equal to it; a commit that changes the forward names them): ``mhainterp.fast.stacked`` (many
+models trained in one batched step) and ``mhainterp.fast.linear_readout`` (ablated copies scored
+through ``W_O[h] @ W_U`` after the last layer's ``hook_z``).
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from mhainterp.config import ModelConfig
+from mhainterp.heads import head_label, parse_head_label
+from mhainterp.scoring import mean_loss
 
 __all__ = [
     "MultiHeadAttention",
@@ -50,24 +56,6 @@ def merge_heads(x: Float[Tensor, "B h T d_head"]) -> Float[Tensor, "B T d_model"
     """Inverse of :func:`split_heads` (concatenate the heads along the last axis)."""
     B, h, T, d_head = x.shape
     return x.transpose(1, 2).reshape(B, T, h * d_head)
-
-
-def head_label(layer: int, head: int) -> str:
-    """The toolkit-wide head name, e.g. ``head_label(0, 3) == "L0H3"``."""
-    return f"L{layer}H{head}"
-
-
-def parse_head_label(label: str, n_layers: int, n_heads: int) -> tuple[int, int]:
-    """``"L0H3"`` -> ``(0, 3)``, checked against the model's shape.
-
-    Raises:
-        ValueError: for a malformed or out-of-range label, listing the valid labels.
-    """
-    valid = [head_label(layer, head) for layer in range(n_layers) for head in range(n_heads)]
-    if isinstance(label, str) and label in valid:
-        layer_text, head_text = label[1:].split("H")
-        return int(layer_text), int(head_text)
-    raise ValueError(f"unknown head {label!r}; valid heads for this model: {', '.join(valid)}")
 
 
 def _init_linear(linear: nn.Linear, generator: torch.Generator) -> None:
@@ -409,7 +397,7 @@ class HookedMHATransformer(HookedRootModule):
         )  # (B, T, d_model)
         for block in self.blocks:
             resid = block(resid, padding_mask)
-        return self._unembed(resid)
+        return self.logits_from_resid(resid)
 
     def logits_from_z(
         self,
@@ -428,9 +416,10 @@ class HookedMHATransformer(HookedRootModule):
         resid = block.after_attention(resid_pre, block.attn.output_from_z(z))
         for later in self.blocks[layer + 1 :]:
             resid = later(resid, padding_mask)
-        return self._unembed(resid)
+        return self.logits_from_resid(resid)
 
-    def _unembed(self, resid: Float[Tensor, "B T d_model"]) -> Tensor:
+    def logits_from_resid(self, resid: Float[Tensor, "B T d_model"]) -> Tensor:
+        """The final LayerNorm and unembedding: logits from the last ``hook_resid_post``."""
         B, T, _ = resid.shape
         logits = self.unembed(self.ln_final(resid))  # (B, T, n_targets * V)
         if self.cfg.n_targets > 1:
@@ -440,21 +429,8 @@ class HookedMHATransformer(HookedRootModule):
     def loss(
         self, logits: Tensor, targets: Tensor, loss_mask: Tensor | None = None
     ) -> Float[Tensor, ""]:
-        """Mean cross-entropy over scored (position, target) pairs; -100 targets are ignored."""
-        if not isinstance(targets, Tensor) or targets.is_floating_point():
-            raise ValueError("targets must be an integer tensor of class ids (-100 = ignore)")
-        if targets.numel() != logits[..., 0].numel():
-            raise ValueError(
-                f"targets of shape {tuple(targets.shape)} do not match logits "
-                f"{tuple(logits.shape)}: expected {tuple(logits.shape[:-1])}"
-            )
-        targets = targets.long().reshape(logits.shape[:-1])
-        if loss_mask is not None:
-            keep = loss_mask if targets.ndim == loss_mask.ndim else loss_mask[..., None]
-            targets = targets.masked_fill(~keep.expand_as(targets), -100)
-        return F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
-        )
+        """Mean cross-entropy over scored (position, target) pairs (:func:`scoring.mean_loss`)."""
+        return mean_loss(logits, targets, loss_mask)
 
     def validate_inputs(
         self, tokens: Any, padding_mask: Any = None

@@ -22,13 +22,15 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from mhainterp.config import ModelConfig, TrainConfig
+from mhainterp.data import DEFAULT_N_EVAL, as_batch, target_names
 from mhainterp.io import atomic_path, read_json, write_csv, write_json
 from mhainterp.model import HookedMHATransformer
+from mhainterp.scoring import Totals, position_scores, totals
 from mhainterp.tasks import Batch, Task, get_task
+from mhainterp.validation import check_int
 
 __all__ = [
     "TrainingDivergedError",
-    "TrainResult",
     "Run",
     "build_model",
     "train",
@@ -47,29 +49,23 @@ class TrainingDivergedError(RuntimeError):
 
 
 @dataclass
-class TrainResult:
-    """What :func:`train` returns.
+class Run:
+    """A trained model with its task, configs and results: what :func:`train` returns and
+    :func:`load_run` rebuilds from a run folder.
 
     Attributes:
-        model: The trained model (in eval mode).
+        path: The run folder, or None for a run trained without ``run_dir``.
+        model: The model (in eval mode).
+        task: The task it was trained on.
+        model_config: ``model.cfg``.
+        train_config: The training settings.
         metrics: The training curve, one row per logged step (columns: step, loss, lr,
             grad_norm; plus eval_loss, eval_accuracy when ``eval_every > 0``).
         eval: Final metrics on the fixed evaluation set (see :func:`evaluate`), plus
-            ``final_train_loss`` (mean loss over the last logging interval).
-        run_dir: Where the run was saved, or None.
+            ``final_train_loss`` and ``status``.
     """
 
-    model: HookedMHATransformer
-    metrics: pd.DataFrame
-    eval: dict[str, Any]
-    run_dir: Path | None = None
-
-
-@dataclass
-class Run:
-    """A saved run, rebuilt by :func:`load_run`."""
-
-    path: Path
+    path: Path | None
     model: HookedMHATransformer
     task: Task
     model_config: ModelConfig
@@ -129,61 +125,40 @@ def _check_compatible(model: HookedMHATransformer, task: Task) -> None:
 @torch.no_grad()
 def evaluate(
     model: HookedMHATransformer,
-    task_or_batch: Task | Batch,
+    data: Task | Batch,
     *,
-    eval_size: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     batch_size: int = 1024,
 ) -> dict[str, Any]:
-    """Loss and accuracy on scored positions of a batch (default: the task's fixed eval set).
+    """Loss and accuracy on the scored positions of ``data`` (a Task's fixed evaluation set).
 
     Returns:
         ``{"loss", "accuracy", "n_sequences", "n_scored"}`` plus, for multi-target tasks,
-        ``"accuracy/<target>"`` per target. Accuracy is over scored (position, target) pairs.
+        ``"accuracy/<target>"`` per target. Accuracy is over scored (position, target) pairs
+        (:mod:`mhainterp.scoring`).
 
     Example:
         >>> evaluate(model, get_task("reverse"))["accuracy"]  # doctest: +SKIP
         0.97
     """
-    batch = (
-        task_or_batch.eval_batch(eval_size) if isinstance(task_or_batch, Task) else task_or_batch
-    )
-    if not isinstance(batch, Batch):
-        raise TypeError(f"expected a Task or a Batch, got {type(task_or_batch).__name__}")
+    batch = as_batch(data, n_eval=n_eval, needs_targets=True)
+    check_int("batch_size", batch_size, minimum=1)
     was_training = model.training
     model.eval()
-    loss_sum, n_scored = 0.0, 0
-    correct_per_target = torch.zeros(model.cfg.n_targets, dtype=torch.float64)
-    scored_per_target = torch.zeros(model.cfg.n_targets, dtype=torch.float64)
-    for start in range(0, len(batch), batch_size):
-        part = batch[start : start + batch_size]
-        tokens, padding_mask = model.validate_inputs(part.tokens, part.padding_mask)
-        logits = model.logits(tokens, padding_mask)
-        targets = part.targets.reshape(logits.shape[:-1])  # (B, T[, n_targets])
-        scored = (targets != -100) & (part.mask if targets.ndim == 2 else part.mask[..., None])
-        flat_logits = logits.reshape(-1, logits.shape[-1])
-        losses = torch.nn.functional.cross_entropy(
-            flat_logits, targets.clamp(min=0).reshape(-1), reduction="none"
-        ).reshape(targets.shape)
-        loss_sum += float(losses[scored].sum())
-        n_scored += int(scored.sum())
-        correct = (logits.argmax(-1) == targets) & scored
-        # (B, T[, n_targets]) -> counts per target (n_targets,)
-        correct_per_target += correct.reshape(-1, model.cfg.n_targets).sum(0).double()
-        scored_per_target += scored.reshape(-1, model.cfg.n_targets).sum(0).double()
-    model.train(was_training)
-    if n_scored == 0:
-        raise ValueError("the batch has no scored positions (mask is all False)")
-    out: dict[str, Any] = {
-        "loss": loss_sum / n_scored,
-        "accuracy": float(correct_per_target.sum() / scored_per_target.sum()),
-        "n_sequences": len(batch),
-        "n_scored": n_scored,
-    }
-    task = task_or_batch if isinstance(task_or_batch, Task) else None
-    if model.cfg.n_targets > 1:
-        names = task.target_names if task else [f"target{i}" for i in range(model.cfg.n_targets)]
-        for name, c, s in zip(names, correct_per_target, scored_per_target, strict=True):
-            out[f"accuracy/{name}"] = float(c / s) if s else float("nan")
+    try:
+        result: Totals | None = None
+        for start in range(0, len(batch), batch_size):
+            part = batch[start : start + batch_size]
+            tokens, padding_mask = model.validate_inputs(part.tokens, part.padding_mask)
+            part_totals = totals(
+                position_scores(model.logits(tokens, padding_mask), part.targets, part.mask)
+            )
+            result = part_totals if result is None else result + part_totals
+    finally:
+        model.train(was_training)
+    out: dict[str, Any] = result.metrics(target_names(data, model.cfg.n_targets))[0]
+    out["n_sequences"] = len(batch)
+    out["n_scored"] = int(result.scored.sum())
     return out
 
 
@@ -194,7 +169,7 @@ def train(
     *,
     run_dir: str | os.PathLike[str] | None = None,
     progress: bool = True,
-) -> TrainResult:
+) -> Run:
     """Train ``model`` on fresh batches of ``task`` with AdamW; evaluate; optionally save.
 
     The data order comes from ``config.seed`` alone (a ``torch.Generator``); the initial weights
@@ -213,8 +188,8 @@ def train(
 
     Example:
         >>> task = get_task("reverse")
-        >>> result = train(build_model(task), task, TrainConfig(steps=500), progress=False)
-        >>> result.eval["accuracy"]  # doctest: +SKIP
+        >>> run = train(build_model(task), task, TrainConfig(steps=500), progress=False)
+        >>> run.eval["accuracy"]  # doctest: +SKIP
     """
     config = config or TrainConfig()
     _check_compatible(model, task)
@@ -261,7 +236,7 @@ def train(
             if config.eval_every and (
                 (step + 1) % config.eval_every == 0 or step + 1 == config.steps
             ):
-                metrics = evaluate(model, task, eval_size=config.eval_size)
+                metrics = evaluate(model, task, n_eval=config.n_eval)
                 row.update(eval_loss=metrics["loss"], eval_accuracy=metrics["accuracy"])
                 model.train()
             rows.append(row)
@@ -270,13 +245,13 @@ def train(
             last_good = _snapshot(model)
     model.eval()
     metrics_df = pd.DataFrame(rows)
-    eval_metrics = evaluate(model, task, eval_size=config.eval_size)
+    eval_metrics = evaluate(model, task, n_eval=config.n_eval)
     eval_metrics["final_train_loss"] = float(metrics_df["loss"].iloc[-1])
     eval_metrics["status"] = "finished"
     saved = None
     if run_dir is not None:
         saved = save_run(run_dir, model, task, config, metrics_df, eval_metrics)
-    return TrainResult(model=model, metrics=metrics_df, eval=eval_metrics, run_dir=saved)
+    return Run(saved, model, task, model.cfg, config, metrics_df, eval_metrics)
 
 
 def _snapshot(model: HookedMHATransformer) -> dict[str, torch.Tensor]:

@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 import torch
 
-from mhainterp.batched import (
+from mhainterp.config import TrainConfig
+from mhainterp.fast.stacked import (
     BatchDivergedError,
     StackedModels,
     _adamw_step,
@@ -19,7 +20,6 @@ from mhainterp.batched import (
     sample_many,
     train_many,
 )
-from mhainterp.config import TrainConfig
 from mhainterp.tasks import get_task
 from mhainterp.training import TrainingDivergedError, build_model, load_run, train
 
@@ -31,7 +31,7 @@ ZERO_GRADIENT_PARAMS = ("attn.k_proj.bias",)
 
 
 def _config(seed: int, **overrides) -> TrainConfig:
-    fields = dict(steps=30, batch_size=16, warmup_steps=5, log_every=10, eval_size=64)
+    fields = dict(steps=30, batch_size=16, warmup_steps=5, log_every=10, n_eval=64)
     return TrainConfig(seed=seed, **{**fields, **overrides})
 
 

@@ -47,7 +47,7 @@ def _args(tmp_path, *extra: str) -> argparse.Namespace:
 
 def test_quick_bench_table_has_the_expected_rows_and_ratios():
     settings = BenchSettings.quick(steps=2, repeats=1, seeds=2, heads=(2,), grid_heads=(1, 2),
-                                   eval_size=32, workers=2)  # fmt: skip
+                                   n_eval=32, workers=2)  # fmt: skip
     table = run_bench(settings)
     assert list(table.columns) == COLUMNS
 

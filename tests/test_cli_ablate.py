@@ -16,7 +16,7 @@ from mhainterp.handbuilt import handbuilt_model
 from mhainterp.tasks import get_task
 from mhainterp.training import build_model, evaluate, save_run
 
-EVAL = ["--eval-size", "128"]
+EVAL = ["--n-eval", "128"]
 ROW = re.compile(r"^(loss|accuracy\S*)\s+(-?\d+\.\d{4})\s+(-?\d+\.\d{4})\s+([+-]\d+\.\d{4})$")
 
 
@@ -28,7 +28,7 @@ def ablate_command(monkeypatch):
 
 def make_run(path, model, task):
     metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
-    eval_metrics = {**evaluate(model, task, eval_size=128), "status": "finished"}
+    eval_metrics = {**evaluate(model, task, n_eval=128), "status": "finished"}
     return str(save_run(path, model, task, TrainConfig(), metrics, eval_metrics))
 
 
@@ -46,7 +46,7 @@ def run_dir(tmp_path_factory, task):
 @pytest.fixture(scope="module")
 def uniform_only(task):
     """Known answer: accuracy with both previous-token heads removed (zero ablation)."""
-    return evaluate(handbuilt_model(["uniform"], d_head=48), task, eval_size=128)
+    return evaluate(handbuilt_model(["uniform"], d_head=48), task, n_eval=128)
 
 
 def tables(text: str) -> list[dict[str, tuple[float, float, float]]]:
@@ -93,7 +93,7 @@ def test_per_target_rows(tmp_path, capsys):
         "accuracy/mirror",
         "accuracy/count_previous",
     ]
-    expected = Ablator(model, multi, method="resample", eval_size=128).set("L0H3").evaluate()
+    expected = Ablator(model, multi, method="resample", n_eval=128).set("L0H3").evaluate()
     for metric, (before, after, _) in table.items():
         assert after == pytest.approx(expected[metric], abs=5e-5)
         assert before == pytest.approx(expected[metric] - expected[f"delta_{metric}"], abs=5e-5)
@@ -133,8 +133,8 @@ def test_interactive_session(run_dir, uniform_only, monkeypatch, capsys):
     assert "layer 0:  [ ] L0H0  [ ] L0H1  [ ] L0H2" in out
     assert "layer 0:  [x] L0H0  [ ] L0H1  [x] L0H2" in out
     assert "method: mean  ablated: L0H1" in out
-    assert "error: unknown head 'L0H9'; valid heads for this model: L0H0, L0H1, L0H2" in out
-    assert "error: method='median' is invalid; allowed: 'zero', 'mean', 'resample'" in out
+    assert "error: head='L0H9' is invalid: valid heads for this model: L0H0, L0H1, L0H2" in out
+    assert "error: method='median' is invalid: one of 'zero', 'mean', 'resample'" in out
     assert "unknown command 'frobnicate'" in out
     assert "toggle HEAD[,HEAD]" in out
 
@@ -149,10 +149,13 @@ def test_interactive_end_of_input_quits_cleanly(run_dir, monkeypatch, capsys):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["--heads", "L0H9"], "unknown head 'L0H9'; valid heads for this model: L0H0, L0H1, L0H2"),
-        (["--heads", "L3H0"], "unknown head 'L3H0'; valid heads"),
-        (["--heads", "head2"], "unknown head 'head2'; valid heads"),
-        (["--heads", "L0H1", "--method", "avg"], "allowed: 'zero', 'mean', 'resample'"),
+        (
+            ["--heads", "L0H9"],
+            "head='L0H9' is invalid: valid heads for this model: L0H0, L0H1, L0H2",
+        ),
+        (["--heads", "L3H0"], "head='L3H0' is invalid: valid heads"),
+        (["--heads", "head2"], "head='head2' is invalid: valid heads"),
+        (["--heads", "L0H1", "--method", "avg"], "one of 'zero', 'mean', 'resample'"),
         ([], "give the heads to ablate (--heads L0H1,L0H3) or use --interactive"),
     ],
 )

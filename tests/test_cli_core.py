@@ -17,7 +17,7 @@ TINY_TRAIN = [
     "8",
     "--warmup-steps",
     "2",
-    "--eval-size",
+    "--n-eval",
     "32",
     "--quiet",
 ]

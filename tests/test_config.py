@@ -49,7 +49,7 @@ def test_attention_parameter_count_property(n_heads):
 
 def test_n_heads_not_dividing_d_model_names_n_heads_and_lists_allowed_values():
     message = (
-        "n_heads=5 is invalid: must divide d_model=64; allowed n_heads: [1, 2, 4, 8, 16, 32, 64]."
+        "n_heads=5 is invalid: must divide d_model=64; allowed n_heads: [1, 2, 4, 8, 16, 32, 64]"
     )
     with pytest.raises(ValueError, match=re.escape(message)):
         ModelConfig(d_model=64, n_heads=5)
@@ -58,7 +58,7 @@ def test_n_heads_not_dividing_d_model_names_n_heads_and_lists_allowed_values():
 
 
 def test_d_head_disagreeing_with_d_model_over_n_heads_raises():
-    message = "d_head=8 is invalid: must equal d_model // n_heads = 16 (or be omitted)."
+    message = "d_head=8 is invalid: must equal d_model // n_heads = 16 (or be omitted)"
     with pytest.raises(ValueError, match=re.escape(message)):
         ModelConfig(d_model=64, n_heads=4, d_head=8)
 

@@ -29,7 +29,7 @@ TINY = SweepConfig(
     n_heads=[1, 2, 4],
     seeds=[0, 1],
     model={"d_model": 8},
-    train=TrainConfig(steps=12, batch_size=8, warmup_steps=2, log_every=4, eval_size=32),
+    train=TrainConfig(steps=12, batch_size=8, warmup_steps=2, log_every=4, n_eval=32),
 )
 
 
@@ -140,7 +140,7 @@ def test_batched_sweep_resumes_only_missing_runs(local_table, tmp_path, monkeypa
 
 def test_divergence_is_reported_after_the_other_runs(tmp_path):
     config = SweepConfig(**{**TINY.__dict__, "train": TrainConfig(
-        steps=12, batch_size=8, warmup_steps=0, log_every=4, eval_size=32, lr=1e30,
+        steps=12, batch_size=8, warmup_steps=0, log_every=4, n_eval=32, lr=1e30,
         grad_clip=None)})  # fmt: skip
     specs = plan_sweep(config, tmp_path)
     with pytest.raises(executors.TrainingDivergedError, match=r"run\(s\) diverged"):

@@ -560,7 +560,7 @@ def test_head_labels():
     assert model.head_labels == ["L0H0", "L0H1", "L1H0", "L1H1"]
     assert head_label(1, 3) == "L1H3"
     assert parse_head_label("L1H0", 2, 2) == (1, 0)
-    with pytest.raises(ValueError, match=r"unknown head 'L2H0'.*L0H0, L0H1, L1H0, L1H1"):
+    with pytest.raises(ValueError, match=r"head='L2H0' is invalid: .*L0H0, L0H1, L1H0, L1H1"):
         parse_head_label("L2H0", 2, 2)
 
 

@@ -41,7 +41,7 @@ def sweeps(tmp_path_factory):
             n_heads=[1, 2],
             seeds=[0, 1],
             model={"d_model": 16, "n_layers": 1},
-            train=TrainConfig(steps=20, batch_size=16, warmup_steps=2, eval_size=64, log_every=5),
+            train=TrainConfig(steps=20, batch_size=16, warmup_steps=2, n_eval=64, log_every=5),
         )
         run_sweep(config, root / task, progress=False)
     return root
@@ -201,7 +201,7 @@ def test_run_report_shows_groups_tested_as_a_whole(tmp_path):
     task = get_task("previous_token", seq_len=16, d_vocab=10)
     model = handbuilt_model(["previous"] * 3, d_head=18)
     metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
-    saved = {**evaluate(model, task, eval_size=64), "status": "finished"}
+    saved = {**evaluate(model, task, n_eval=64), "status": "finished"}
     save_run(tmp_path / "run", model, task, TrainConfig(steps=1), metrics, saved)
     md_path, html_path = write_report(tmp_path / "run", tmp_path / "report", n_sequences=64)
     md = md_path.read_text(encoding="utf-8")

@@ -115,7 +115,7 @@ TINY = SweepConfig(
     n_heads=[1, 2],
     seeds=[0, 1],
     model={"d_model": 8},
-    train=TrainConfig(steps=12, batch_size=8, warmup_steps=2, log_every=4, eval_size=32),
+    train=TrainConfig(steps=12, batch_size=8, warmup_steps=2, log_every=4, n_eval=32),
 )
 
 
@@ -181,5 +181,5 @@ def test_sweep_config_errors():
         SweepConfig(n_heads=[1, 3])
     with pytest.raises(ValueError, match="set per run by the sweep"):
         SweepConfig(model={"n_heads": 4})
-    with pytest.raises(ValueError, match="unknown"):
+    with pytest.raises(ValueError, match="executor='nope' is invalid: one of 'auto', 'local'"):
         run_sweep(TINY, "unused", executor="nope")

@@ -23,7 +23,7 @@ from mhainterp.training import (
 )
 
 SMALL = {"d_model": 16}
-FAST = TrainConfig(steps=24, batch_size=16, warmup_steps=4, log_every=8, eval_size=64)
+FAST = TrainConfig(steps=24, batch_size=16, warmup_steps=4, log_every=8, n_eval=64)
 
 
 def _train(task_name="reverse", seed=0, config=FAST, run_dir=None, **model):
@@ -69,7 +69,7 @@ def test_lr_schedule_values():
 def test_evaluate_handbuilt_previous_token_is_exact():
     task = get_task("previous_token", seq_len=16, d_vocab=10)
     model = handbuilt_model(["previous", "uniform", "previous"])
-    metrics = evaluate(model, task, eval_size=256)
+    metrics = evaluate(model, task, n_eval=256)
     assert metrics["accuracy"] == 1.0
     assert metrics["n_scored"] == 256 * 16
     assert metrics["loss"] < 1e-3
@@ -103,8 +103,8 @@ def test_multi_target_reports_per_target_accuracy():
 def test_training_learns_previous_token():
     task = get_task("previous_token", seq_len=8, d_vocab=5)
     model = build_model(task, d_model=32, n_heads=2, seed=0)
-    before = evaluate(model, task, eval_size=256)["accuracy"]
-    cfg = TrainConfig(steps=300, batch_size=64, lr=1e-2, warmup_steps=10, eval_size=256)
+    before = evaluate(model, task, n_eval=256)["accuracy"]
+    cfg = TrainConfig(steps=300, batch_size=64, lr=1e-2, warmup_steps=10, n_eval=256)
     after = train(model, task, cfg, progress=False).eval["accuracy"]
     assert before < 0.4
     assert after > 0.95

@@ -163,7 +163,12 @@ def _add_train_args(parser: argparse.ArgumentParser) -> None:
         "--warmup-steps", type=int, default=None, help="default: 10%% of steps, at most 100"
     )
     group.add_argument("--grad-clip", type=float, default=defaults.grad_clip)
-    group.add_argument("--eval-size", type=int, default=defaults.eval_size)
+    group.add_argument(
+        "--n-eval",
+        type=int,
+        default=defaults.n_eval,
+        help="evaluation sequences (default %(default)s)",
+    )
     group.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -185,7 +190,7 @@ def _train_config(args: argparse.Namespace, seed: int = 0) -> TrainConfig:
         lr=args.lr,
         warmup_steps=args.warmup_steps,
         grad_clip=args.grad_clip,
-        eval_size=args.eval_size,
+        n_eval=args.n_eval,
         seed=seed,
     )
 
@@ -217,7 +222,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     result = train(
         model, task, _train_config(args, args.seed), run_dir=args.out, progress=not args.quiet
     )
-    print(f"trained {task.name} h={args.n_heads} seed={args.seed} -> {result.run_dir}")
+    print(f"trained {task.name} h={args.n_heads} seed={args.seed} -> {result.path}")
     for key, value in result.eval.items():
         print(f"  {key}: {value:.4f}" if isinstance(value, float) else f"  {key}: {value}")
     return 0

@@ -72,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--interactive", action="store_true", help="open a session that reads commands from stdin"
     )
     parser.add_argument(
-        "--eval-size", type=int, default=1024, help="evaluation sequences (default: 1024)"
+        "--n-eval", type=int, default=1024, help="evaluation sequences (default: 1024)"
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of the resample permutation (default: 0)"
@@ -90,7 +90,7 @@ def run_ablate(args: argparse.Namespace) -> int:
         run.task,
         method=args.method,
         generator=torch.Generator().manual_seed(args.seed),
-        eval_size=args.eval_size,
+        n_eval=args.n_eval,
     )
     if args.interactive:
         return interactive_session(ablator, sys.stdin, sys.stdout, header=_describe_run(run))

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from mhainterp.ablation import compare_importance, importance_agreement
+from mhainterp.attribution import compare_importance, importance_agreement
 from mhainterp.figures._common import (
     head_order,
     new_figure,
@@ -214,7 +214,7 @@ def prune_curve_figure(curve: pd.DataFrame) -> plt.Figure:
     """Accuracy (overall and per target) as heads are greedily removed.
 
     Args:
-        curve: :func:`mhainterp.ablation.prune_curve` output (several methods may be stacked).
+        curve: :func:`mhainterp.attribution.prune_curve` output (several methods may be stacked).
 
     Example:
         >>> fig = prune_curve_figure(prune_curve(model, task))  # doctest: +SKIP
@@ -262,8 +262,8 @@ def gradient_vs_ablation_figure(
     """Scatter of gradient importance against ablation importance, one panel per method.
 
     Args:
-        comparison: :func:`mhainterp.ablation.compare_importance` output.
-        agreement: :func:`mhainterp.ablation.importance_agreement` output, for the Spearman ρ
+        comparison: :func:`mhainterp.attribution.compare_importance` output.
+        agreement: :func:`mhainterp.attribution.importance_agreement` output, for the Spearman ρ
             in each title (computed from ``comparison`` when None).
 
     Example:
@@ -343,7 +343,7 @@ def save_ablation_figures(
     Writes, each PNG beside the CSV it was drawn from: ``ablation_importance``,
     ``ablation_pairwise`` (accuracy interaction; the CSV is the full pairwise table),
     ``ablation_prune_curve`` and ``gradient_vs_ablation`` (the CSV is
-    :func:`~mhainterp.ablation.compare_importance`). Tables that are missing are skipped.
+    :func:`~mhainterp.attribution.compare_importance`). Tables that are missing are skipped.
 
     Returns:
         Figure name -> PNG path.

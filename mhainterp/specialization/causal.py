@@ -1,7 +1,7 @@
 """Causal selectivity: does removing a head hurt one target far more than the others?
 
 On a multi-target task (``multi_relation``: previous, mirror, count_previous) every head is
-ablated alone (:func:`mhainterp.ablation.ablate`, before ``W_O``) and its **damage** on each
+ablated alone (the ablation engine, before ``W_O``) and its **damage** on each
 target is the drop in that target's accuracy, ``baseline - ablated``. The head x target matrix
 of damages is what :func:`mhainterp.ablation.head_importance` reports as
 ``-delta_accuracy/<target>`` (the tests check they agree); here it is also kept per sequence for
@@ -36,11 +36,10 @@ import pandas as pd
 import torch
 from jaxtyping import Float
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from mhainterp.ablation import ablate, check_method
+from mhainterp.ablation import Method, evaluate_head_sets
 from mhainterp.model import HookedMHATransformer
-from mhainterp.tasks import IGNORE_INDEX, Batch
+from mhainterp.tasks import Batch
 
 __all__ = [
     "CausalSelectivity",
@@ -100,38 +99,26 @@ class TargetDamage:
         return pd.DataFrame(rows)
 
 
-def _correct_and_nll(
-    logits: Tensor, batch: Batch
-) -> tuple[Float[Tensor, "n k"], Float[Tensor, " n"]]:
-    """Correct scored predictions per (sequence, target) and summed NLL per sequence."""
-    n, T = batch.tokens.shape
-    k = batch.n_targets
-    logits = logits.reshape(n, T, k, logits.shape[-1])
-    targets = batch.targets.reshape(n, T, k)
-    scored = (targets != IGNORE_INDEX) & batch.mask[..., None]  # (n, T, k)
-    index = targets.clamp(min=0)[..., None]
-    nll = -logits.double().log_softmax(-1).gather(-1, index).squeeze(-1)  # (n, T, k)
-    correct = ((logits.argmax(-1) == targets) & scored).double().sum(1)  # (n, k)
-    return correct, torch.where(scored, nll, 0.0).sum((1, 2))
-
-
 @torch.no_grad()
 def target_damage(
     model: HookedMHATransformer,
     batch: Batch,
     *,
-    method: str = "mean",
+    method: Method = "mean",
     target_names: Sequence[str] | None = None,
     progress: bool = False,
 ) -> TargetDamage:
     """Ablate each head alone and record the per-sequence, per-target accuracy drop.
+
+    One pass of the ablation engine (:func:`mhainterp.ablation.evaluate_head_sets`) with
+    per-position outputs: the clean model and every single-head ablation.
 
     Args:
         model: The model.
         batch: The evaluation batch (also the reference of mean/resample ablation).
         method: ``"zero"``, ``"mean"`` or ``"resample"`` (:mod:`mhainterp.ablation`).
         target_names: One name per target (default ``target0..``, or the task's name).
-        progress: tqdm bar over heads.
+        progress: Show a progress bar.
 
     Returns:
         A :class:`TargetDamage`.
@@ -145,32 +132,29 @@ def target_damage(
         >>> td.matrix.round(decimals=2).tolist()
         [[0.84], [0.0]]
     """
-    method = check_method(method)
     k = batch.n_targets
     if k != model.cfg.n_targets:
         raise ValueError(
             f"the batch has {k} targets per position but the model predicts {model.cfg.n_targets}"
         )
     names = list(target_names) if target_names is not None else [f"target{i}" for i in range(k)]
-    batch = batch.to(model.cfg.device)
-    scored = (batch.targets.reshape(len(batch), -1, k) != IGNORE_INDEX) & batch.mask[..., None]
-    n_scored = scored.double().sum((0, 1)).clamp(min=1).cpu()  # (k,)
+    heads = list(model.head_labels)
+    result = evaluate_head_sets(
+        model, batch, [[], *([h] for h in heads)], method, per_position=True, progress=progress,
+        desc="ablate heads",
+    )  # fmt: skip
+    scores = result.scores
+    correct = scores.correct.double().sum(2).cpu()  # (1 + H, n, k)
+    nll = scores.nll.double().sum((2, 3)).cpu()  # (1 + H, n)
+    n_scored = scores.scored.double().sum((0, 1)).clamp(min=1).cpu()  # (k,)
     n = len(batch)
-    pad = None if bool(batch.padding_mask.all()) else batch.padding_mask
-    clean_correct, clean_nll = _correct_and_nll(model.logits(batch.tokens, pad), batch)
-    damages, losses = [], []
-    for label in tqdm(model.head_labels, desc="ablate heads", disable=not progress, leave=False):
-        with ablate(model, [label], method=method, reference=batch):
-            correct, nll = _correct_and_nll(model.logits(batch.tokens, pad), batch)
-        # Scaled so the mean over sequences is the batch-level accuracy drop.
-        damages.append((clean_correct - correct).cpu() * n / n_scored)
-        losses.append(float((nll - clean_nll).sum()) / float(n_scored.sum()))
     return TargetDamage(
-        heads=list(model.head_labels),
+        heads=heads,
         target_names=names,
-        damage=torch.stack(damages),  # (H, n, k)
-        loss_increase=torch.tensor(losses, dtype=torch.float64),
-        baseline_accuracy=(clean_correct.sum(0).cpu() / n_scored),
+        # Scaled so the mean over sequences is the batch-level accuracy drop.
+        damage=(correct[:1] - correct[1:]) * n / n_scored,  # (H, n, k)
+        loss_increase=(nll[1:] - nll[:1]).sum(1) / float(n_scored.sum()),
+        baseline_accuracy=correct[0].sum(0) / n_scored,
     )
 
 

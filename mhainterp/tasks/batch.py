@@ -12,10 +12,9 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-__all__ = ["IGNORE_INDEX", "Batch"]
+from mhainterp.scoring import IGNORE_INDEX, scored_positions
 
-IGNORE_INDEX = -100
-"""Target value at unscored positions (``torch.nn.functional.cross_entropy``'s ``ignore_index``)."""
+__all__ = ["IGNORE_INDEX", "Batch"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +101,16 @@ class Batch:
     def n_targets(self) -> int:
         """Targets per position: 1 for ``[n, pos]`` targets, else ``targets.shape[-1]``."""
         return 1 if self.targets.ndim == 2 else self.targets.shape[-1]
+
+    @property
+    def scored(self) -> Bool[Tensor, "n pos k"]:
+        """True at the scored (sequence, position, target) triples (:mod:`mhainterp.scoring`)."""
+        return scored_positions(self.targets, self.mask)
+
+    @property
+    def has_targets(self) -> bool:
+        """Whether any triple is scored (False for a batch made from bare tokens)."""
+        return bool(self.mask.any())
 
     @property
     def device(self) -> torch.device:

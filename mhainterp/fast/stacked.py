@@ -39,10 +39,11 @@ from tqdm.auto import tqdm
 
 from mhainterp.config import ModelConfig, TrainConfig
 from mhainterp.model import HookedMHATransformer
+from mhainterp.scoring import scored_positions
 from mhainterp.tasks import Task
 from mhainterp.training import (
+    Run,
     TrainingDivergedError,
-    TrainResult,
     _check_compatible,
     _diverged,
     evaluate,
@@ -72,14 +73,14 @@ class BatchDivergedError(TrainingDivergedError):
     """Some models of a :func:`train_many` group diverged; the others finished.
 
     Attributes:
-        results: One entry per model, in input order: its :class:`TrainResult`, or None for a
-            model that diverged (its run folder, if any, holds the last good weights with
+        results: One entry per model, in input order: its :class:`~mhainterp.training.Run`, or
+            None for a model that diverged (its run folder, if any, holds the last good weights with
             ``eval.json`` status "diverged", exactly as :func:`~mhainterp.training.train`
             leaves it).
         messages: Input index -> the divergence message :func:`train` would have raised.
     """
 
-    def __init__(self, results: list[TrainResult | None], messages: dict[int, str]) -> None:
+    def __init__(self, results: list[Run | None], messages: dict[int, str]) -> None:
         self.results = results
         self.messages = messages
         lines = [f"model {i}: {message}" for i, message in sorted(messages.items())]
@@ -87,33 +88,30 @@ class BatchDivergedError(TrainingDivergedError):
 
 
 # ----- parameters of M models in one buffer ------------------------------------------------------
-def _param_layout(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
-    """Model parameter names and shapes in buffer order (Q, K, V weights adjacent, then biases,
-    so that one ``[3d, d]`` view projects all three at once)."""
-    d, layout = cfg.d_model, []
-    layout += [("embed.weight", (cfg.d_vocab, d)), ("pos_embed.weight", (cfg.n_ctx, d))]
-    norm = cfg.normalization_type == "LN"
-    for layer in range(cfg.n_layers):
-        p = f"blocks.{layer}."
-        if norm:
-            layout += [(p + "ln1.weight", (d,)), (p + "ln1.bias", (d,))]
-        layout += [(p + f"attn.{x}_proj.weight", (d, d)) for x in "qkv"]
-        layout += [(p + f"attn.{x}_proj.bias", (d,)) for x in "qkv"]
-        layout += [(p + "attn.o_proj.weight", (d, d)), (p + "attn.o_proj.bias", (d,))]
-        if not cfg.attn_only:
-            if norm:
-                layout += [(p + "ln2.weight", (d,)), (p + "ln2.bias", (d,))]
-            layout += [
-                (p + "mlp.fc_in.weight", (cfg.d_mlp, d)),
-                (p + "mlp.fc_in.bias", (cfg.d_mlp,)),
-                (p + "mlp.fc_out.weight", (d, cfg.d_mlp)),
-                (p + "mlp.fc_out.bias", (d,)),
-            ]
-    if norm:
-        layout += [("ln_final.weight", (d,)), ("ln_final.bias", (d,))]
-    n_out = cfg.n_targets * cfg.d_vocab_out
-    layout += [("unembed.weight", (n_out, d)), ("unembed.bias", (n_out,))]
+_FUSED_QKV = tuple(f"attn.{x}_proj.{kind}" for kind in ("weight", "bias") for x in "qkv")
+
+
+def _param_layout(model: HookedMHATransformer) -> list[tuple[str, tuple[int, ...]]]:
+    """The model's own parameters (``named_parameters``: names and shapes) in buffer order.
+
+    The one change to the model's order: each attention's Q, K and V weights are moved next to
+    each other, then their biases, so that one ``[3d, d]`` view projects all three at once.
+    """
+    params = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+    shapes = dict(params)
+    layout: list[tuple[str, tuple[int, ...]]] = []
+    for name, shape in params:
+        if name.endswith(_FUSED_QKV[0]):  # the first of a fused group: emit the whole group
+            prefix = name[: -len(_FUSED_QKV[0])]
+            layout += [(prefix + part, shapes[prefix + part]) for part in _FUSED_QKV]
+        elif not name.endswith(_FUSED_QKV):
+            layout.append((name, shape))
     return layout
+
+
+def _layout_of(cfg: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """:func:`_param_layout` of a model built from ``cfg`` (the layout depends on it alone)."""
+    return _param_layout(HookedMHATransformer(cfg))
 
 
 def _slot_layout(cfg: ModelConfig) -> dict[str, tuple[list[str], tuple[int, ...]]]:
@@ -177,7 +175,7 @@ def check_batchable(models: Sequence[HookedMHATransformer]) -> None:
                 f"models[{i}] has hooks attached at {hooked[:3]}; batched training does not run "
                 "hooks. Remove them (model.reset_hooks()) or train the model with train()"
             )
-        expected = dict(_param_layout(model.cfg))
+        expected = dict(_layout_of(model.cfg))
         actual = {name: tuple(p.shape) for name, p in model.named_parameters()}
         if actual != expected:
             extra = sorted(set(actual) - set(expected))
@@ -217,14 +215,21 @@ class StackedModels:
         torch.Size([2, 18960])
     """
 
-    def __init__(self, flat: Float[Tensor, "M P"], cfg: ModelConfig, n_heads: Sequence[int]):
+    def __init__(
+        self,
+        flat: Float[Tensor, "M P"],
+        cfg: ModelConfig,
+        n_heads: Sequence[int],
+        layout: list[tuple[str, tuple[int, ...]]] | None = None,
+    ):
         self.cfg = cfg
+        self.layout = _layout_of(cfg) if layout is None else layout
         self.n_heads = list(n_heads)
         self.flat = flat
         self.grad = torch.zeros_like(flat)
         self.offsets: dict[str, tuple[int, tuple[int, ...]]] = {}
         start = 0
-        for name, shape in _param_layout(cfg):
+        for name, shape in self.layout:
             self.offsets[name] = (start, shape)
             start += math.prod(shape)
         if start != flat.shape[1]:
@@ -243,12 +248,12 @@ class StackedModels:
         """Copy the models' weights into one buffer (checked with :func:`check_batchable`)."""
         check_batchable(models)
         cfg = models[0].cfg
-        layout = _param_layout(cfg)
+        layout = _param_layout(models[0])
         rows = []
         for model in models:
             params = dict(model.named_parameters())
             rows.append(torch.cat([params[name].detach().reshape(-1) for name, _ in layout]))
-        return cls(torch.stack(rows), cfg, [m.cfg.n_heads for m in models])
+        return cls(torch.stack(rows), cfg, [m.cfg.n_heads for m in models], layout)
 
     def __len__(self) -> int:
         return self.flat.shape[0]
@@ -257,7 +262,7 @@ class StackedModels:
         """A new stack holding only ``rows`` (copies)."""
         index = torch.as_tensor(list(rows), dtype=torch.long, device=self.flat.device)
         return StackedModels(
-            self.flat.index_select(0, index), self.cfg, [self.n_heads[r] for r in rows]
+            self.flat.index_select(0, index), self.cfg, [self.n_heads[r] for r in rows], self.layout
         )
 
     def state_dict(self, row: int, flat: Tensor | None = None) -> dict[str, Tensor]:
@@ -454,14 +459,14 @@ def batched_loss(
 ) -> Float[Tensor, " M"]:
     """Each model's mean cross-entropy over its scored (position, target) pairs, as
     :meth:`HookedMHATransformer.loss` computes it."""
-    M = logits.shape[0]
-    targets = targets.reshape(M, mask.shape[1], mask.shape[2], -1)  # (M, B, T, k)
-    targets = targets.masked_fill(~mask[..., None], -100)
+    M, B, T = mask.shape
+    targets = targets.reshape(M * B, T, -1)  # (M * B, T, k)
+    scored = scored_positions(targets, mask.reshape(M * B, T)).reshape(-1)  # (M * B * T * k,)
     losses = F.cross_entropy(
-        logits.reshape(-1, d_vocab_out), targets.reshape(-1), ignore_index=-100, reduction="none"
-    ).view(M, -1)
-    counts = (targets != -100).view(M, -1).sum(1)
-    return losses.sum(1) / counts
+        logits.reshape(-1, d_vocab_out), targets.clamp(min=0).reshape(-1), reduction="none"
+    )
+    losses = torch.where(scored, losses, 0.0).view(M, -1)
+    return losses.sum(1) / scored.view(M, -1).sum(1)
 
 
 # ----- data --------------------------------------------------------------------------------------
@@ -628,7 +633,7 @@ class _Group:
             entry = {"step": step + 1, "loss": means[row], "lr": lr, "grad_norm": norms[row]}
             if do_eval:
                 self.stack.write_to(row, self.models[i])
-                metrics = evaluate(self.models[i], self.task, eval_size=config.eval_size)
+                metrics = evaluate(self.models[i], self.task, n_eval=config.n_eval)
                 entry.update(eval_loss=metrics["loss"], eval_accuracy=metrics["accuracy"])
             self.rows[i].append(entry)
         self.loss_sum.zero_()
@@ -685,7 +690,7 @@ def train_many(
     run_dirs: Sequence[str | os.PathLike[str] | None] | None = None,
     progress: bool = True,
     on_step: Callable[[int], None] | None = None,
-) -> list[TrainResult]:
+) -> list[Run]:
     """Train several models together; each ends as if trained alone by :func:`train`.
 
     Args:
@@ -701,7 +706,7 @@ def train_many(
             progress reporting from worker processes).
 
     Returns:
-        One :class:`TrainResult` per model, in input order.
+        One :class:`~mhainterp.training.Run` per model, in input order.
 
     Raises:
         BatchDivergedError: some models' loss became NaN/inf. The others finished (their
@@ -747,20 +752,20 @@ def train_many(
     return _finish(group, models, task, configs, run_dirs)
 
 
-def _finish(group: _Group, models, task, configs, run_dirs) -> list[TrainResult]:
-    results: list[TrainResult | None] = [None] * len(models)
+def _finish(group: _Group, models, task, configs, run_dirs) -> list[Run]:
+    results: list[Run | None] = [None] * len(models)
     for row, i in enumerate(group.index):
         model = models[i]
         group.stack.write_to(row, model)
         model.eval()
         metrics_df = pd.DataFrame(group.rows[i])
-        eval_metrics = evaluate(model, task, eval_size=configs[i].eval_size)
+        eval_metrics = evaluate(model, task, n_eval=configs[i].n_eval)
         eval_metrics["final_train_loss"] = float(metrics_df["loss"].iloc[-1])
         eval_metrics["status"] = "finished"
         saved: Path | None = None
         if run_dirs[i] is not None:
             saved = save_run(run_dirs[i], model, task, configs[i], metrics_df, eval_metrics)
-        results[i] = TrainResult(model=model, metrics=metrics_df, eval=eval_metrics, run_dir=saved)
+        results[i] = Run(saved, model, task, model.cfg, configs[i], metrics_df, eval_metrics)
     if group.messages:
         raise BatchDivergedError(results, group.messages)
     return results  # type: ignore[return-value]

@@ -1,0 +1,41 @@
+"""Which heads matter: ablation by editing ``hook_z``.
+
+- :mod:`~mhainterp.ablation.engine`: the one engine (any head sets, one batched pass,
+  per-position outputs) and the :func:`ablate` context manager;
+- :mod:`~mhainterp.ablation.tables`: importance, head-set and pairwise tables over it;
+- :mod:`~mhainterp.ablation.interactive`: :class:`Ablator`, toggle heads and see the metrics.
+
+Gradient importance and pruning curves are in :mod:`mhainterp.attribution`.
+"""
+
+from mhainterp.ablation.engine import (
+    METHODS,
+    AblationResult,
+    Method,
+    ablate,
+    check_method,
+    evaluate_head_sets,
+)
+from mhainterp.ablation.interactive import Ablator
+from mhainterp.ablation.tables import (
+    ablate_sets,
+    ablation_tables,
+    head_importance,
+    pairwise_ablation,
+)
+from mhainterp.heads import resolve_heads
+
+__all__ = [
+    "METHODS",
+    "AblationResult",
+    "Ablator",
+    "Method",
+    "ablate",
+    "ablate_sets",
+    "ablation_tables",
+    "check_method",
+    "evaluate_head_sets",
+    "head_importance",
+    "pairwise_ablation",
+    "resolve_heads",
+]

@@ -1,0 +1,515 @@
+"""The ablation engine: any list of head sets, one batched pass, per-position outputs.
+
+Every ablation in the toolkit replaces the chosen heads' slice of ``blocks.{l}.attn.hook_z``
+(``[batch, pos, head, d_head]``, the heads' outputs *before* ``W_O``), so exactly those heads
+change and every other head, the biases and the residual stream are left alone. Three methods:
+
+``"zero"``
+    The head's z is set to 0: the head writes nothing into the residual stream.
+``"mean"``
+    The head's z is set to its mean over a *reference* batch, **per position** and counting only
+    real (non-padding) tokens. Per position because the heads see learned position embeddings,
+    so a head's typical output at t=0 differs from its output at t=10. A position that no
+    reference sequence reaches gets the head's mean over all real positions. This keeps the
+    head's average contribution and removes only what depends on the particular input.
+``"resample"``
+    The head's z is taken from *another* sequence of the reference batch (resample ablation,
+    Chan et al. 2022): row ``i`` gets the z of reference row ``sigma(i mod m)``, where ``sigma``
+    is a random single-cycle permutation drawn once from ``generator`` (seed 0 when None). A
+    single cycle has no fixed points, so when the reference *is* the evaluated batch (the
+    default), no sequence gets its own output back. Where the donor is padding and the receiver
+    is not, the per-position mean is used.
+
+**One pass for many configurations.** :func:`evaluate_head_sets` repeats the batch once per
+head set along the batch axis, and a hook on each layer's ``hook_z`` applies a per-copy head
+mask. Copies are identical up to the first ablated layer's ``hook_z``, so that prefix runs once
+on the un-repeated batch and only the rest (``model.logits_from_z``) runs per copy; head sets
+are grouped by their first ablated layer so that a cheap group is never dragged into a costly
+one. When everything after ``hook_z`` is linear, the derived fast path
+:mod:`mhainterp.fast.linear_readout` scores all copies without a per-copy residual stream.
+Passes are split into forwards of at most ``max_rows`` rows (copies x sequences); results do
+not depend on the split.
+
+Shapes: C configurations, n sequences, T positions, L layers, h heads, k targets.
+
+Example:
+    >>> from mhainterp.handbuilt import handbuilt_model
+    >>> from mhainterp.tasks import get_task
+    >>> model = handbuilt_model(["previous", "uniform", "previous"])
+    >>> task = get_task("previous_token", seq_len=16, d_vocab=10)
+    >>> result = evaluate_head_sets(model, task, [[], ["L0H0"], ["L0H0", "L0H2"]])
+    >>> [round(m["accuracy"], 2) for m in result.metrics()]  # doctest: +SKIP
+    [1.0, 1.0, 0.11]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from mhainterp.data import Data, as_batch, batch_for_model, target_names
+from mhainterp.fast import linear_readout
+from mhainterp.heads import HeadSpec, format_heads, resolve_heads
+from mhainterp.scoring import PositionScores, Totals, position_scores, totals
+from mhainterp.tasks import Batch
+from mhainterp.validation import check_int, check_option, check_type
+
+__all__ = [
+    "DEFAULT_MAX_ROWS",
+    "METHODS",
+    "AblationResult",
+    "Method",
+    "Replacement",
+    "ablate",
+    "build_replacement",
+    "check_method",
+    "evaluate_head_sets",
+    "run_masks",
+]
+
+Method = Literal["zero", "mean", "resample"]
+METHODS: tuple[Method, ...] = ("zero", "mean", "resample")
+"""The ablation methods (see the module docstring)."""
+
+DEFAULT_MAX_ROWS = 16384
+RESAMPLE_SEED = 0
+
+
+def check_method(method: Any) -> Method:
+    """``method`` if it is one of :data:`METHODS`.
+
+    Example:
+        >>> check_method("mean")
+        'mean'
+    """
+    return check_option("method", method, METHODS)
+
+
+def _device(model: Any) -> torch.device:
+    return next(model.parameters()).device
+
+
+# ----------------------------------------------------------------------------- replacements
+
+
+@dataclass
+class Replacement:
+    """What an ablated head's z becomes, per layer (see the module docstring)."""
+
+    method: Method
+    mean_z: list[Float[Tensor, "T h d_head"]] | None = None
+    donor_z: list[Float[Tensor, "m T h d_head"]] | None = None
+    donor_real: Bool[Tensor, "m T"] | None = None
+    sigma: Int[Tensor, " m"] | None = None
+
+    def values(
+        self, layer: int, rows: Int[Tensor, " s"], z: Float[Tensor, "s T h d_head"]
+    ) -> Tensor:
+        """Replacement z for rows ``rows`` of the evaluated batch, broadcastable to ``z``."""
+        T = z.shape[1]
+        if self.method == "zero":
+            return z.new_zeros(())
+        mean = self.mean_z[layer]
+        if mean.shape[0] < T:
+            raise ValueError(
+                f"the reference batch has {mean.shape[0]} positions but the ablated batch has "
+                f"{T}; use a reference batch at least as long"
+            )
+        mean = mean[:T].to(z.dtype)  # (T, h, d_head)
+        if self.method == "mean":
+            return mean[None]  # (1, T, h, d_head)
+        donors = self.sigma[rows % self.sigma.shape[0]]  # (s,)
+        donor = self.donor_z[layer][donors, :T].to(z.dtype)  # (s, T, h, d_head)
+        real = self.donor_real[donors, :T, None, None]  # (s, T, 1, 1)
+        return torch.where(real, donor, mean[None])
+
+
+def _capture_z(model: Any, batch: Batch, max_rows: int) -> list[Float[Tensor, "m T h d_head"]]:
+    """Every layer's clean ``hook_z`` on ``batch``, in chunks of ``max_rows`` sequences."""
+    n_layers = model.cfg.n_layers
+    chunks: list[list[Tensor]] = [[] for _ in range(n_layers)]
+
+    def keep(z: Tensor, hook: Any, layer: int) -> None:
+        chunks[layer].append(z.detach())
+
+    hooks = [(f"blocks.{lay}.attn.hook_z", partial(keep, layer=lay)) for lay in range(n_layers)]
+    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+        for start in range(0, len(batch), max_rows):
+            part = batch[start : start + max_rows]
+            model.logits(part.tokens, part.padding_mask)
+    return [torch.cat(layer_chunks) for layer_chunks in chunks]
+
+
+def _per_position_mean(
+    z: Float[Tensor, "m T h d_head"], real: Bool[Tensor, "m T"]
+) -> Float[Tensor, "T h d_head"]:
+    """Mean over the real tokens at each position; the overall real mean where none exist."""
+    weights = real.to(z.dtype)[:, :, None, None]  # (m, T, 1, 1)
+    counts = weights.sum(0)  # (T, 1, 1)
+    per_position = (z * weights).sum(0) / counts.clamp(min=1)  # (T, h, d_head)
+    overall = (z * weights).sum((0, 1)) / weights.sum().clamp(min=1)  # (h, d_head)
+    return torch.where(counts > 0, per_position, overall[None])
+
+
+def _single_cycle(m: int, generator: torch.Generator) -> Int[Tensor, " m"]:
+    """A random permutation made of one cycle (no fixed points when m > 1)."""
+    order = torch.randperm(m, generator=generator)
+    sigma = torch.empty(m, dtype=torch.int64)
+    sigma[order] = order.roll(-1)
+    return sigma
+
+
+def _generator(generator: torch.Generator | None) -> torch.Generator:
+    if generator is None:
+        return torch.Generator().manual_seed(RESAMPLE_SEED)
+    return check_type("generator", generator, torch.Generator, "a torch.Generator or None")
+
+
+def build_replacement(
+    model: Any,
+    method: Method,
+    reference: Batch | None,
+    generator: torch.Generator | None = None,
+    max_rows: int = DEFAULT_MAX_ROWS,
+) -> Replacement:
+    """The replacement values of ``method``, from the model's clean run on ``reference``."""
+    method = check_method(method)
+    if method == "zero":
+        return Replacement("zero")
+    if reference is None:
+        raise ValueError(
+            f"method={method!r} needs reference= (a Task, Batch or tokens whose clean "
+            "activations give the replacement); method='zero' needs none"
+        )
+    reference = batch_for_model(model, reference, scored=False)
+    if not bool(reference.padding_mask.any()):
+        raise ValueError("the reference batch has no real (non-padding) tokens")
+    was_training = model.training
+    model.eval()
+    try:
+        donor_z = _capture_z(model, reference, max_rows)
+    finally:
+        model.train(was_training)
+    real = reference.padding_mask
+    means = [_per_position_mean(z, real) for z in donor_z]
+    if method == "mean":
+        return Replacement("mean", mean_z=means)
+    sigma = _single_cycle(len(reference), _generator(generator)).to(real.device)
+    return Replacement("resample", mean_z=means, donor_z=donor_z, donor_real=real, sigma=sigma)
+
+
+# ----------------------------------------------------------------------------- ablate()
+
+
+def _ablate_hook(
+    z: Float[Tensor, "B T h d_head"],
+    hook: Any,
+    *,
+    layer: int,
+    head_mask: Bool[Tensor, " h"],
+    replacement: Replacement,
+) -> Tensor:
+    rows = torch.arange(z.shape[0], device=z.device)
+    values = replacement.values(layer, rows, z)
+    return torch.where(head_mask[None, None, :, None], values, z)
+
+
+@contextmanager
+def ablate(
+    model: Any,
+    heads: str | Sequence[HeadSpec],
+    method: Method = "zero",
+    reference: Data | None = None,
+    generator: torch.Generator | None = None,
+    *,
+    n_eval: int = 1024,
+) -> Iterator[Any]:
+    """Context manager: inside it, ``model`` runs with ``heads`` ablated.
+
+    The listed heads' slices of ``hook_z`` are replaced (before ``W_O``, so no other head
+    changes). Hooks are removed on exit, also after an exception. Ablating no heads adds no
+    hooks, so the model is exactly the unablated one.
+
+    Args:
+        model: The model.
+        heads: Head labels (``["L0H1", "L0H3"]``, ``"L0H1,L0H3"``) or ``(layer, head)`` pairs.
+        method: ``"zero"``, ``"mean"`` or ``"resample"`` (see the module docstring).
+        reference: For ``"mean"``/``"resample"``: a Task (its evaluation set of ``n_eval``),
+            a Batch or tokens. Its clean activations are computed once, on entering.
+        generator: For ``"resample"``: draws the donor permutation (seed 0 when None).
+        n_eval: Size of a Task reference's evaluation set.
+
+    Example:
+        >>> with ablate(model, ["L0H0", "L0H2"]) as ablated:  # doctest: +SKIP
+        ...     logits = ablated(batch.tokens)
+    """
+    method = check_method(method)
+    pairs = resolve_heads(model, heads)
+    ref = None if reference is None else as_batch(reference, n_eval=n_eval, name="reference")
+    replacement = build_replacement(model, method, ref, generator)
+    mask = head_masks(model, [pairs])[0].to(_device(model))  # (L, h)
+    hooks = [
+        (
+            f"blocks.{layer}.attn.hook_z",
+            partial(_ablate_hook, layer=layer, head_mask=mask[layer], replacement=replacement),
+        )
+        for layer in range(model.cfg.n_layers)
+        if bool(mask[layer].any())
+    ]
+    with model.hooks(fwd_hooks=hooks):
+        yield model
+
+
+# ----------------------------------------------------------------------------- batched passes
+
+
+def head_masks(model: Any, head_sets: Sequence[Sequence[tuple[int, int]]]) -> Bool[Tensor, "C L h"]:
+    """One ``[L, h]`` mask per head set (True = ablated)."""
+    masks = torch.zeros(len(head_sets), model.cfg.n_layers, model.cfg.n_heads, dtype=torch.bool)
+    for c, pairs in enumerate(head_sets):
+        for layer, head in pairs:
+            masks[c, layer, head] = True
+    return masks
+
+
+def _mask_hook(
+    z: Float[Tensor, "CS T h d_head"],
+    hook: Any,
+    *,
+    layer: int,
+    copy_masks: Bool[Tensor, "c h"],
+    rows: Int[Tensor, " s"],
+    replacement: Replacement,
+) -> Tensor:
+    c, s = copy_masks.shape[0], rows.shape[0]
+    z = z.reshape(c, s, *z.shape[1:])  # (c, s, T, h, d_head)
+    values = replacement.values(layer, rows, z[0])  # broadcastable to (s, T, h, d_head)
+    out = torch.where(copy_masks[:, None, None, :, None], values[None], z)
+    return out.reshape(c * s, *z.shape[2:])
+
+
+def _clean_resid_and_z(
+    model: Any, part: Batch, layer: int
+) -> tuple[Float[Tensor, "s T d_model"], Float[Tensor, "s T h d_head"]]:
+    """Layer ``layer``'s clean ``hook_resid_pre`` and ``hook_z`` on ``part``."""
+    names = (f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.attn.hook_z")
+    _, cache = model.run_with_cache(part.tokens, part.padding_mask, names_filter=list(names))
+    return cache[names[0]], cache[names[1]].contiguous()  # hook_z is a transposed view
+
+
+def _forward_copies(
+    model: Any,
+    part: Batch,
+    chunk: Bool[Tensor, "c L h"],
+    rows: Int[Tensor, " s"],
+    replacement: Replacement,
+    first: int,
+) -> Float[Tensor, "c s T *out"]:
+    """Logits of ``c`` copies of ``part``: copy ``i`` ablates ``chunk[i]``, from ``first`` on."""
+    c = chunk.shape[0]
+    resid_pre, z = _clean_resid_and_z(model, part, first)
+    values = replacement.values(first, rows, z)  # broadcastable to (s, T, h, d_head)
+    if linear_readout.applies(model, first):
+        return linear_readout.copy_logits(model, first, resid_pre, z, values, chunk[:, first], part)
+    # Broadcasting the clean z over copies writes each copy once (no repeat, then overwrite).
+    z = torch.where(chunk[:, first, None, None, :, None], values[None], z[None])
+    z = z.reshape(c * len(part), *z.shape[2:])  # (c * s, T, h, d_head), copy-major
+    hooks = [
+        (
+            f"blocks.{layer}.attn.hook_z",
+            partial(
+                _mask_hook, layer=layer, copy_masks=chunk[:, layer], rows=rows,
+                replacement=replacement,
+            ),
+        )
+        for layer in range(first + 1, model.cfg.n_layers)
+        if bool(chunk[:, layer].any())
+    ]  # fmt: skip
+    with model.hooks(fwd_hooks=hooks):
+        logits = model.logits_from_z(
+            first, resid_pre.repeat(c, 1, 1), z, part.padding_mask.repeat(c, 1)
+        )
+    return logits.reshape(c, len(part), *logits.shape[1:])
+
+
+def _first_layers(masks: Bool[Tensor, "C L h"]) -> list[int]:
+    """Each configuration's first ablated layer (the last layer for the clean model)."""
+    L = masks.shape[1]
+    any_layer = masks.any(-1)  # (C, L)
+    first = torch.where(any_layer.any(-1), any_layer.int().argmax(-1), L - 1)
+    return first.tolist()
+
+
+def run_masks(
+    model: Any,
+    batch: Batch,
+    masks: Bool[Tensor, "C L h"],
+    replacement: Replacement,
+    *,
+    per_position: bool = False,
+    max_rows: int = DEFAULT_MAX_ROWS,
+    progress: bool = False,
+    desc: str = "ablate",
+) -> tuple[Totals, PositionScores | None]:
+    """Score ``C`` ablation configurations of ``batch`` (copy c ablates ``masks[c]``).
+
+    Returns:
+        The :class:`~mhainterp.scoring.Totals` of every configuration and, with
+        ``per_position``, the :class:`~mhainterp.scoring.PositionScores` ``[C, n, T, k]``.
+    """
+    max_rows = check_int("max_rows", max_rows, minimum=1)
+    C, n = masks.shape[0], len(batch)
+    seqs_per = min(n, max_rows)
+    copies_per = max(1, max_rows // seqs_per)
+    first_of = _first_layers(masks)
+    masks = masks.to(_device(model))
+    jobs = []  # (first layer, configuration indices, sequence start); cheap groups apart
+    for first in sorted(set(first_of), reverse=True):
+        members = [c for c in range(C) if first_of[c] == first]
+        for i in range(0, len(members), copies_per):
+            jobs += [(first, members[i : i + copies_per], s0) for s0 in range(0, n, seqs_per)]
+    k = batch.n_targets
+    loss_sum = torch.zeros(C, dtype=torch.float64)
+    correct = torch.zeros(C, k, dtype=torch.float64)
+    pieces: dict[tuple[int, int], PositionScores] = {}
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for first, members, s0 in tqdm(jobs, desc=desc, disable=not progress, leave=False):
+                part = batch[s0 : s0 + seqs_per]
+                rows = torch.arange(s0, s0 + len(part), device=masks.device)
+                index = torch.tensor(members, device=masks.device)
+                logits = _forward_copies(model, part, masks[index], rows, replacement, first)
+                scores = position_scores(logits, part.targets, part.mask)  # (c, s, T, k)
+                part_totals = totals(scores)
+                loss_sum[members] += part_totals.loss_sum
+                correct[members] += part_totals.correct
+                if per_position:
+                    pieces[(members[0], s0)] = scores
+    finally:
+        model.train(was_training)
+    result = Totals(
+        loss_sum=loss_sum, correct=correct, scored=batch.scored.double().sum((0, 1)).cpu()
+    )
+    return result, (_assemble(pieces, jobs, C, batch) if per_position else None)
+
+
+def _assemble(
+    pieces: dict[tuple[int, int], PositionScores], jobs: list, C: int, batch: Batch
+) -> PositionScores:
+    """Put the per-chunk scores back into configuration order: ``[C, n, T, k]``."""
+    n, T, k = batch.scored.shape
+    device = batch.scored.device
+    nll = torch.zeros(C, n, T, k, device=device)
+    correct = torch.zeros(C, n, T, k, dtype=torch.bool, device=device)
+    predictions = torch.zeros(C, n, T, k, dtype=torch.long, device=device)
+    for _, members, s0 in jobs:
+        piece = pieces[(members[0], s0)]
+        s1 = s0 + piece.nll.shape[1]
+        index = torch.tensor(members, device=device)
+        nll[index, s0:s1] = piece.nll
+        correct[index, s0:s1] = piece.correct
+        predictions[index, s0:s1] = piece.predictions
+    return PositionScores(nll=nll, correct=correct, predictions=predictions, scored=batch.scored)
+
+
+# ----------------------------------------------------------------------------- public entry
+
+
+@dataclass
+class AblationResult:
+    """What :func:`evaluate_head_sets` returns.
+
+    Attributes:
+        head_sets: The configurations, as sorted ``(layer, head)`` lists (C).
+        method: The ablation method.
+        target_names: Per-target names (empty for single-target models).
+        batch: The evaluated batch.
+        totals: Loss sums and correct counts per configuration.
+        scores: Per-(configuration, sequence, position, target) scores ``[C, n, T, k]``, when
+            ``per_position=True`` was asked.
+    """
+
+    head_sets: list[list[tuple[int, int]]]
+    method: Method
+    target_names: list[str]
+    batch: Batch
+    totals: Totals
+    scores: PositionScores | None = None
+
+    def metrics(self) -> list[dict[str, float]]:
+        """Per configuration: ``loss, accuracy`` and ``accuracy/<target>``."""
+        return self.totals.metrics(self.target_names)
+
+    @property
+    def labels(self) -> list[str]:
+        """Each head set written ``"L0H1,L0H3"`` (``""`` for the clean model)."""
+        return [format_heads(pairs) for pairs in self.head_sets]
+
+
+def evaluate_head_sets(
+    model: Any,
+    data: Data,
+    head_sets: Sequence[str | Sequence[HeadSpec]],
+    method: Method = "zero",
+    reference: Data | None = None,
+    *,
+    n_eval: int = 1024,
+    per_position: bool = False,
+    generator: torch.Generator | None = None,
+    max_rows: int = DEFAULT_MAX_ROWS,
+    progress: bool = False,
+    desc: str = "ablate",
+) -> AblationResult:
+    """Loss and accuracy with each head set ablated, all in one batched pass.
+
+    Args:
+        model: The model.
+        data: A Task (its evaluation set of ``n_eval`` sequences), a Batch, or tokens (which
+            raise: scoring needs targets).
+        head_sets: Sets of heads to ablate together; each a list of labels or pairs, or one
+            comma-separated string. An empty set is the clean model.
+        method: ``"zero"``, ``"mean"`` or ``"resample"``.
+        reference: Where mean/resample activations come from (same kinds as ``data``);
+            default: the evaluated batch.
+        n_eval: Size of a Task's evaluation set.
+        per_position: Also keep per-(set, sequence, position, target) scores.
+        generator: The resample permutation (seed 0 when None).
+        max_rows: Most rows (copies x sequences) per forward; bounds memory.
+        progress: Show a progress bar.
+        desc: The progress bar's label.
+
+    Returns:
+        An :class:`AblationResult`.
+    """
+    method = check_method(method)
+    if isinstance(head_sets, str) or not isinstance(head_sets, Sequence):
+        raise TypeError(
+            "head_sets must be a list of head sets, e.g. [['L0H0', 'L0H1'], ['L0H2']] or "
+            f"['L0H0,L0H1', 'L0H2'], got {head_sets!r}"
+        )
+    resolved = [resolve_heads(model, heads) if len(heads) else [] for heads in head_sets]
+    batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
+    ref = batch if reference is None else as_batch(reference, n_eval=n_eval, name="reference")
+    replacement = build_replacement(model, method, ref, generator, max_rows)
+    result, scores = run_masks(
+        model, batch, head_masks(model, resolved), replacement,
+        per_position=per_position, max_rows=max_rows, progress=progress, desc=desc,
+    )  # fmt: skip
+    return AblationResult(
+        head_sets=resolved,
+        method=method,
+        target_names=target_names(data, model.cfg.n_targets),
+        batch=batch,
+        totals=result,
+        scores=scores,
+    )

@@ -1,0 +1,317 @@
+"""Ablation tables: thin wrappers over :func:`~mhainterp.ablation.engine.evaluate_head_sets`.
+
+Every table here is one call to the engine plus a layout. Metric columns are ``loss, accuracy``
+and, on multi-target models, ``accuracy/<target>``; ``delta_<metric>`` is the ablated minus the
+clean value (a harmful ablation has ``delta_loss > 0`` and ``delta_accuracy < 0``) and
+``baseline_<metric>`` the clean value. Per-head tables lead with ``head_label, layer, head``.
+
+Example:
+    >>> from mhainterp.handbuilt import handbuilt_model
+    >>> from mhainterp.tasks import get_task
+    >>> model = handbuilt_model(["previous", "uniform", "previous"])
+    >>> task = get_task("previous_token", seq_len=16, d_vocab=10)
+    >>> head_importance(model, task)[["head_label", "accuracy"]].round(2).values.tolist()
+    [['L0H0', 1.0], ['L0H1', 1.0], ['L0H2', 1.0]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+import torch
+
+from mhainterp.ablation.engine import (
+    DEFAULT_MAX_ROWS,
+    METHODS,
+    AblationResult,
+    Method,
+    check_method,
+    evaluate_head_sets,
+)
+from mhainterp.data import Data
+from mhainterp.heads import HeadSpec, all_heads, format_heads, head_label, resolve_heads
+from mhainterp.scoring import metric_names
+
+__all__ = [
+    "ablate_sets",
+    "ablation_tables",
+    "damage",
+    "head_importance",
+    "pairwise_ablation",
+    "with_deltas",
+]
+
+
+def with_deltas(
+    metrics: dict[str, float], baseline: dict[str, float], names: Sequence[str]
+) -> dict[str, float]:
+    """``metric``, then ``delta_metric = metric - baseline``, then ``baseline_metric``."""
+    out = {name: metrics[name] for name in names}
+    out.update({f"delta_{name}": metrics[name] - baseline[name] for name in names})
+    out.update({f"baseline_{name}": baseline[name] for name in names})
+    return out
+
+
+def damage(metric: str, ablated: float, baseline: float) -> float:
+    """Harm done: loss increase, or accuracy drop (positive = worse)."""
+    return ablated - baseline if metric == "loss" else baseline - ablated
+
+
+def _with_clean(
+    model: Any, data: Data, head_sets: list, method: Method, reference: Data | None, **options: Any
+) -> tuple[AblationResult, dict[str, float], list[dict[str, float]], list[str]]:
+    """Evaluate the clean model followed by ``head_sets``; split off the clean metrics."""
+    result = evaluate_head_sets(model, data, [[], *head_sets], method, reference, **options)
+    metrics = result.metrics()
+    return result, metrics[0], metrics[1:], metric_names(result.target_names)
+
+
+def head_importance(
+    model: Any,
+    data: Data,
+    method: Method = "zero",
+    reference: Data | None = None,
+    *,
+    n_eval: int = 1024,
+    generator: torch.Generator | None = None,
+    max_rows: int = DEFAULT_MAX_ROWS,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Loss and accuracy with each head ablated alone, all heads in one batched pass.
+
+    Args:
+        model: The model.
+        data: A Task (its evaluation set of ``n_eval`` sequences) or a Batch.
+        method: ``"zero"``, ``"mean"`` or ``"resample"``.
+        reference: Where mean/resample activations come from; default: the evaluated batch.
+        n_eval: Size of a Task's evaluation set.
+        generator: The resample permutation (seed 0 when None).
+        max_rows: Most rows (copies x sequences) per forward; bounds memory.
+        progress: Show a progress bar.
+
+    Returns:
+        One row per head (layer-major): ``head_label, layer, head, method``, the metrics, their
+        ``delta_`` and ``baseline_`` columns. Equals ablating each head with
+        :func:`~mhainterp.ablation.ablate` and calling ``training.evaluate`` (to rounding).
+
+    Example:
+        >>> head_importance(model, task, method="mean")  # doctest: +SKIP
+    """
+    heads = all_heads(model.cfg.n_layers, model.cfg.n_heads)
+    _, baseline, results, names = _with_clean(
+        model, data, [[pair] for pair in heads], method, reference,
+        n_eval=n_eval, generator=generator, max_rows=max_rows, progress=progress,
+        desc=f"importance ({method})",
+    )  # fmt: skip
+    rows = [
+        {
+            "head_label": head_label(layer, head),
+            "layer": layer,
+            "head": head,
+            "method": method,
+            **with_deltas(metrics, baseline, names),
+        }
+        for (layer, head), metrics in zip(heads, results, strict=True)
+    ]
+    return pd.DataFrame(rows)
+
+
+def ablate_sets(
+    model: Any,
+    data: Data,
+    head_sets: Sequence[str | Sequence[HeadSpec]],
+    method: Method = "zero",
+    reference: Data | None = None,
+    *,
+    n_eval: int = 1024,
+    generator: torch.Generator | None = None,
+    max_rows: int = DEFAULT_MAX_ROWS,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Loss and accuracy with each given set of heads ablated together, in one batched pass.
+
+    Args:
+        model, data, method, reference, n_eval, generator, max_rows, progress: As in
+            :func:`head_importance`.
+        head_sets: Sets of heads to ablate together (each: labels like ``"L0H1"``, ``(layer,
+            head)`` pairs, or one comma-separated string); an empty set is the clean model.
+
+    Returns:
+        One row per set, in order: ``heads`` (``"L0H1,L0H3"``, the format every function
+        accepts), ``n_ablated``, ``method``, the metrics, their ``delta_`` and ``baseline_``.
+
+    Example:
+        >>> ablate_sets(model, task, [["L0H0", "L0H1"], "L0H2"], method="mean")  # doctest: +SKIP
+    """
+    if isinstance(head_sets, str) or not isinstance(head_sets, Sequence):
+        raise TypeError(
+            "head_sets must be a list of head sets, e.g. [['L0H0', 'L0H1'], ['L0H2']] or "
+            f"['L0H0,L0H1', 'L0H2'], got {head_sets!r}"
+        )
+    resolved = [resolve_heads(model, heads) if len(heads) else [] for heads in head_sets]
+    _, baseline, results, names = _with_clean(
+        model, data, resolved, method, reference,
+        n_eval=n_eval, generator=generator, max_rows=max_rows, progress=progress,
+        desc=f"ablate sets ({method})",
+    )  # fmt: skip
+    rows = [
+        {
+            "heads": format_heads(pairs),
+            "n_ablated": len(pairs),
+            "method": method,
+            **with_deltas(metrics, baseline, names),
+        }
+        for pairs, metrics in zip(resolved, results, strict=True)
+    ]
+    return pd.DataFrame(rows)
+
+
+PAIRWISE_COLUMNS = [
+    "head_a", "head_b", "layer_a", "layer_b", "method", "metric", "baseline", "ablated_a",
+    "ablated_b", "ablated_joint", "damage_a", "damage_b", "damage_joint", "damage_sum",
+    "interaction",
+]  # fmt: skip
+
+
+def pairwise_ablation(
+    model: Any,
+    data: Data,
+    method: Method = "zero",
+    reference: Data | None = None,
+    *,
+    heads: str | Sequence[HeadSpec] | None = None,
+    pairs: Sequence[tuple[HeadSpec, HeadSpec]] | None = None,
+    n_eval: int = 1024,
+    generator: torch.Generator | None = None,
+    max_rows: int = DEFAULT_MAX_ROWS,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """Joint ablation of pairs of heads against the sum of their single ablations.
+
+    Effects are *damage*: the loss increase or the accuracy drop, so positive means the
+    ablation hurts. ``interaction = damage_joint - (damage_a + damage_b)``:
+
+    - ``interaction >> 0``: removing both hurts far more than the two removals added up, i.e.
+      each head can stand in for the other (redundancy, backup heads);
+    - ``interaction << 0``: the heads' harms overlap (e.g. both are needed together);
+    - ``interaction ~ 0``: the heads act independently.
+
+    Args:
+        model, data, method, reference, n_eval, generator, max_rows, progress: As in
+            :func:`head_importance`.
+        heads: The heads to pair up (default: all heads of the model): every pair of them.
+        pairs: Instead of ``heads``, exactly these pairs.
+
+    Returns:
+        Tidy DataFrame, one row per pair (``head_a < head_b``, layer-major) and metric, with
+        columns :data:`PAIRWISE_COLUMNS`.
+
+    Example:
+        >>> pairs = pairwise_ablation(model, task)  # doctest: +SKIP
+        >>> pairs.query("metric == 'accuracy'").sort_values("interaction").tail(1)  # doctest: +SKIP
+    """
+    if pairs is not None and heads is not None:
+        raise TypeError("give heads= or pairs=, not both")
+    if pairs is None:
+        chosen = (
+            all_heads(model.cfg.n_layers, model.cfg.n_heads)
+            if heads is None
+            else resolve_heads(model, heads)
+        )
+        pairs = [(a, b) for i, a in enumerate(chosen) for b in chosen[i + 1 :]]
+    else:
+        pairs = sorted({tuple(resolve_heads(model, list(pair))) for pair in pairs})
+        if any(len(pair) != 2 for pair in pairs):
+            raise ValueError("each of pairs= must name two different heads")
+        chosen = sorted({head for pair in pairs for head in pair})
+    _, baseline, results, names = _with_clean(
+        model, data, [[h] for h in chosen] + [list(pair) for pair in pairs], method, reference,
+        n_eval=n_eval, generator=generator, max_rows=max_rows, progress=progress,
+        desc=f"pairwise ({method})",
+    )  # fmt: skip
+    single = dict(zip(chosen, results[: len(chosen)], strict=True))
+    rows = []
+    for (a, b), joint in zip(pairs, results[len(chosen) :], strict=True):
+        for metric in names:
+            base = baseline[metric]
+            damage_a = damage(metric, single[a][metric], base)
+            damage_b = damage(metric, single[b][metric], base)
+            damage_joint = damage(metric, joint[metric], base)
+            rows.append(
+                dict(
+                    zip(
+                        PAIRWISE_COLUMNS,
+                        [
+                            head_label(*a), head_label(*b), a[0], b[0], method, metric, base,
+                            single[a][metric], single[b][metric], joint[metric], damage_a,
+                            damage_b, damage_joint, damage_a + damage_b,
+                            damage_joint - (damage_a + damage_b),
+                        ],
+                        strict=True,
+                    )
+                )
+            )  # fmt: skip
+    return pd.DataFrame(rows, columns=PAIRWISE_COLUMNS)
+
+
+def ablation_tables(
+    run_or_model: Any,
+    data: Data | None = None,
+    *,
+    method: Method = "mean",
+    methods: Sequence[Method] = METHODS,
+    n_eval: int = 1024,
+    progress: bool = False,
+) -> dict[str, pd.DataFrame]:
+    """Every ablation table for a run (or a model and its data), ready to save as CSV.
+
+    Args:
+        run_or_model: A ``training.Run`` (uses its model and task) or a model.
+        data: What to evaluate on; required with a model, optional with a Run.
+        method: The method for the pairwise and pruning tables.
+        methods: The methods for the importance table (stacked, one block per method).
+        n_eval: Size of a Task's evaluation set.
+        progress: Show progress bars.
+
+    Returns:
+        ``{"importance", "pairwise", "gradient_importance", "importance_agreement",
+        "prune_curve"}``.
+
+    Example:
+        >>> tables = ablation_tables(load_run("runs/x/h4_seed0"))  # doctest: +SKIP
+    """
+    from mhainterp.attribution import gradient_importance, importance_agreement, prune_curve
+
+    model, data = unpack_run(run_or_model, data)
+    options = {"n_eval": n_eval, "progress": progress}
+    importance = pd.concat(
+        [head_importance(model, data, check_method(m), **options) for m in methods],
+        ignore_index=True,
+    )
+    gradient = gradient_importance(model, data, **options)
+    return {
+        "importance": importance,
+        "pairwise": pairwise_ablation(model, data, method, **options),
+        "gradient_importance": gradient,
+        "importance_agreement": importance_agreement(gradient, importance),
+        "prune_curve": prune_curve(model, data, method, **options),
+    }
+
+
+def unpack_run(run_or_model: Any, data: Data | None) -> tuple[Any, Data]:
+    """``(model, data)`` from a Run (its task unless ``data`` is given) or a model + data."""
+    from mhainterp.model import HookedMHATransformer
+
+    if isinstance(run_or_model, HookedMHATransformer):
+        if data is None:
+            raise TypeError("data= is required when a model (not a Run) is given")
+        return run_or_model, data
+    model, run_task = getattr(run_or_model, "model", None), getattr(run_or_model, "task", None)
+    if not isinstance(model, HookedMHATransformer):
+        raise TypeError(
+            f"run_or_model must be a training.Run or a HookedMHATransformer, got "
+            f"{type(run_or_model).__name__}"
+        )
+    return model, data if data is not None else run_task

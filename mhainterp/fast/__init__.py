@@ -1,0 +1,9 @@
+"""Derived fast paths: fenced copies of parts of :mod:`mhainterp.model`, each tested equal to it.
+
+- :mod:`mhainterp.fast.stacked`: train many same-shaped models in one batched step
+  (``train_many``; ``tests/test_batched.py`` proves logits, gradients and whole runs equal).
+- :mod:`mhainterp.fast.linear_readout`: score many ablated copies through ``W_O[h] @ W_U`` when
+  the readout after ``hook_z`` is linear (``tests/test_ablation.py`` proves tables equal).
+
+``model.py`` is the one reference forward; a change to it names these modules in its commit.
+"""

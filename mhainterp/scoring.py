@@ -1,0 +1,184 @@
+"""Which positions are scored, and loss and accuracy on them: the one implementation.
+
+Training's loss, ``evaluate``, every ablation table, the division-of-labour profiles and the
+explorer all score through this module, so "accuracy" means the same thing everywhere:
+
+- a (sequence, position, target) triple is **scored** when the batch's ``mask`` is True at the
+  position and the target is not :data:`IGNORE_INDEX`;
+- **loss** is the mean cross-entropy over scored triples; **accuracy** the share of scored
+  triples whose argmax logit is the target; ``accuracy/<target>`` the same per target.
+
+Shapes: C copies (ablation configurations), n sequences, T positions, k targets, V classes.
+Logits may be ``[n, T, V]`` (one target) or ``[n, T, k, V]``, with any leading copy axes.
+
+Example:
+    >>> import torch
+    >>> logits = torch.tensor([[[2.0, 0.0], [0.0, 2.0], [5.0, 0.0]]])  # [n=1, T=3, V=2]
+    >>> targets = torch.tensor([[0, 0, IGNORE_INDEX]])
+    >>> mask = torch.tensor([[True, True, True]])
+    >>> scores = position_scores(logits, targets, mask)
+    >>> scores.correct.squeeze(-1).tolist(), totals(scores).metrics()[0]["accuracy"]
+    ([[True, False, False]], 0.5)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+__all__ = [
+    "IGNORE_INDEX",
+    "PositionScores",
+    "Totals",
+    "mean_loss",
+    "metric_names",
+    "position_scores",
+    "scored_positions",
+    "totals",
+]
+
+IGNORE_INDEX = -100
+"""Target value at unscored positions (``torch.nn.functional.cross_entropy``'s ``ignore_index``)."""
+
+
+def scored_positions(
+    targets: Int[Tensor, "n T *k"], mask: Bool[Tensor, "n T"]
+) -> Bool[Tensor, "n T k"]:
+    """True at scored (sequence, position, target) triples: ``mask`` and not ignored."""
+    n, T = mask.shape
+    targets = targets.reshape(n, T, -1)  # (n, T, k)
+    return (targets != IGNORE_INDEX) & mask[..., None]
+
+
+@dataclass
+class PositionScores:
+    """Per-(copy, sequence, position, target) results; unscored entries are 0 / False.
+
+    Attributes:
+        nll: ``[*C, n, T, k]`` cross-entropy of the target (float32, or float64 for a float64
+            model), 0 where unscored.
+        correct: ``[*C, n, T, k]`` argmax == target, False where unscored.
+        predictions: ``[*C, n, T, k]`` argmax class (also where unscored).
+        scored: ``[n, T, k]`` which triples count (shared by every copy).
+    """
+
+    nll: Float[Tensor, "*C n T k"]
+    correct: Bool[Tensor, "*C n T k"]
+    predictions: Int[Tensor, "*C n T k"]
+    scored: Bool[Tensor, "n T k"]
+
+
+def position_scores(
+    logits: Float[Tensor, "*C n T *k V"],
+    targets: Int[Tensor, "n T *k"],
+    mask: Bool[Tensor, "n T"],
+) -> PositionScores:
+    """Cross-entropy, correctness and prediction at every position, for every copy."""
+    n, T = mask.shape
+    scored = scored_positions(targets, mask)  # (n, T, k)
+    k, V = scored.shape[-1], logits.shape[-1]
+    # Logits have a target axis only when k > 1 (the model's own layout); the rest are copies.
+    lead = logits.shape[: logits.ndim - (4 if k > 1 else 3)]
+    grouped = logits.reshape(*lead, n, T, k, V)
+    index = targets.reshape(n, T, k).clamp(min=0)
+    # float32 at least (half-precision log-softmax loses the loss), float64 kept as it is.
+    precise = grouped if grouped.dtype == torch.float64 else grouped.float()
+    nll = (
+        -precise.log_softmax(-1).gather(-1, index.expand(*lead, n, T, k)[..., None]).squeeze(-1)
+    )  # (*C, n, T, k)
+    predictions = grouped.argmax(-1)
+    return PositionScores(
+        nll=torch.where(scored, nll, 0.0),
+        correct=(predictions == index) & scored,
+        predictions=predictions,
+        scored=scored,
+    )
+
+
+@dataclass
+class Totals:
+    """Sufficient statistics of loss and accuracy for C configurations (summable over chunks).
+
+    Attributes:
+        loss_sum: ``[C]`` summed cross-entropy over scored triples (float64).
+        correct: ``[C, k]`` correct scored triples per target.
+        scored: ``[k]`` scored triples per target (the same for every configuration).
+    """
+
+    loss_sum: Float[Tensor, " C"]
+    correct: Float[Tensor, "C k"]
+    scored: Float[Tensor, " k"]
+
+    def __add__(self, other: Totals) -> Totals:
+        """Totals over two disjoint sets of sequences (same configurations)."""
+        return Totals(
+            self.loss_sum + other.loss_sum, self.correct + other.correct, self.scored + other.scored
+        )
+
+    def metrics(self, target_names: Sequence[str] = ()) -> list[dict[str, float]]:
+        """One dict per configuration: ``loss, accuracy`` and ``accuracy/<name>`` per target.
+
+        ``target_names`` is empty for single-target models (no per-target columns).
+        """
+        n_scored = float(self.scored.sum())
+        if n_scored == 0:
+            raise ValueError("the batch has no scored positions (mask is all False)")
+        rows = []
+        for c in range(self.loss_sum.shape[0]):
+            row = {
+                "loss": float(self.loss_sum[c]) / n_scored,
+                "accuracy": float(self.correct[c].sum()) / n_scored,
+            }
+            for t, name in enumerate(target_names):
+                s = float(self.scored[t])
+                row[f"accuracy/{name}"] = float(self.correct[c, t]) / s if s else float("nan")
+            rows.append(row)
+        return rows
+
+
+def totals(scores: PositionScores) -> Totals:
+    """Sum :class:`PositionScores` over sequences and positions (copies kept apart)."""
+    nll, correct = scores.nll, scores.correct
+    C = nll.shape[: nll.ndim - 3]
+    return Totals(
+        loss_sum=nll.double().reshape(*C, -1).sum(-1).reshape(-1).cpu(),
+        correct=correct.double().sum((-3, -2)).reshape(-1, scores.scored.shape[-1]).cpu(),
+        scored=scores.scored.double().sum((0, 1)).cpu(),
+    )
+
+
+def metric_names(target_names: Sequence[str] = ()) -> list[str]:
+    """``["loss", "accuracy", "accuracy/<name>"...]``: the metric columns of every table."""
+    return ["loss", "accuracy", *(f"accuracy/{name}" for name in target_names)]
+
+
+def mean_loss(
+    logits: Float[Tensor, "n T *k V"],
+    targets: Int[Tensor, "n T *k"],
+    mask: Bool[Tensor, "n T"] | None = None,
+) -> Float[Tensor, ""]:
+    """Mean cross-entropy over scored triples (differentiable; the training loss).
+
+    ``mask=None`` scores every position whose target is not :data:`IGNORE_INDEX`.
+    """
+    if not isinstance(targets, Tensor) or targets.is_floating_point():
+        raise ValueError(
+            f"targets must be an integer tensor of class ids ({IGNORE_INDEX} = ignore)"
+        )
+    if targets.numel() != logits[..., 0].numel():
+        raise ValueError(
+            f"targets of shape {tuple(targets.shape)} do not match logits "
+            f"{tuple(logits.shape)}: expected {tuple(logits.shape[:-1])}"
+        )
+    targets = targets.long().reshape(logits.shape[:-1])
+    if mask is not None:
+        keep = mask if targets.ndim == mask.ndim else mask[..., None]
+        targets = targets.masked_fill(~keep.expand_as(targets), IGNORE_INDEX)
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX
+    )

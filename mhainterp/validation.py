@@ -1,0 +1,126 @@
+"""The one parameter validator: one message format, one error type.
+
+Every user-facing parameter check in the toolkit goes through these functions, so every bad
+argument reads the same way::
+
+    n_eval=0 is invalid: an integer >= 1
+
+:class:`ParameterError` subclasses both ``ValueError`` and ``TypeError`` (as scikit-learn's
+``InvalidParameterError`` does), so callers may catch either; the CLI turns it into one line.
+
+Example:
+    >>> check_int("n_eval", 1024, minimum=1)
+    1024
+    >>> check_option("method", "mean", ("zero", "mean", "resample"))
+    'mean'
+    >>> check_option("method", "max", ("zero", "mean"))
+    Traceback (most recent call last):
+    ...
+    mhainterp.validation.ParameterError: method='max' is invalid: one of 'zero', 'mean'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+__all__ = [
+    "ParameterError",
+    "check_bool",
+    "check_float",
+    "check_int",
+    "check_option",
+    "check_type",
+    "invalid",
+]
+
+T = TypeVar("T")
+
+
+class ParameterError(ValueError, TypeError):
+    """A parameter has a value or type that is not allowed (the message says what is)."""
+
+
+def invalid(name: str, value: Any, allowed: str) -> ParameterError:
+    """The error for ``name=value``, in the toolkit's one format (raise it yourself).
+
+    Example:
+        >>> str(invalid("heads", "L0H9", "one of L0H0..L0H3"))
+        "heads='L0H9' is invalid: one of L0H0..L0H3"
+    """
+    return ParameterError(f"{name}={_show(value)} is invalid: {allowed}")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int(
+    name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
+    """``value`` if it is an int (not a bool) within ``[minimum, maximum]``."""
+    in_range = (minimum is None or value >= minimum) and (maximum is None or value <= maximum)
+    if _is_int(value) and in_range:
+        return value
+    raise invalid(name, value, _range_text("an integer", minimum, maximum))
+
+
+def check_float(
+    name: str,
+    value: Any,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    inclusive: bool = True,
+) -> float:
+    """``float(value)`` if it is a finite real number within the bounds (NaN and inf refused)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and minimum is not None:
+        ok = value >= minimum if inclusive else value > minimum
+    if ok and maximum is not None:
+        ok = value <= maximum if inclusive else value < maximum
+    if ok:
+        return float(value)
+    raise invalid(name, value, _range_text("a finite number", minimum, maximum, inclusive))
+
+
+def check_bool(name: str, value: Any) -> bool:
+    """``value`` if it is True or False."""
+    if isinstance(value, bool):
+        return value
+    raise invalid(name, value, "True or False")
+
+
+def check_option(name: str, value: Any, options: Iterable[T]) -> T:
+    """``value`` if it is one of ``options`` (compared with ``==``, types must match)."""
+    options = tuple(options)
+    for option in options:
+        if type(value) is type(option) and value == option:
+            return option
+    raise invalid(name, value, "one of " + ", ".join(repr(o) for o in options))
+
+
+def check_type(name: str, value: Any, types: type | tuple[type, ...], allowed: str) -> Any:
+    """``value`` if it is an instance of ``types``; ``allowed`` says what is, in words."""
+    if isinstance(value, types):
+        return value
+    raise ParameterError(f"{name} is invalid: {allowed}, got {type(value).__name__}")
+
+
+def _range_text(
+    kind: str, minimum: float | None, maximum: float | None, inclusive: bool = True
+) -> str:
+    low, high = (">=", "<=") if inclusive else (">", "<")
+    if minimum is not None and maximum is not None:
+        return f"{kind} {low} {minimum} and {high} {maximum}"
+    if minimum is not None:
+        return f"{kind} {low} {minimum}"
+    if maximum is not None:
+        return f"{kind} {high} {maximum}"
+    return kind
