@@ -519,3 +519,17 @@ def test_per_target_importance_figure(multi_model, multi_task):
     assert fig.axes[2].get_title() == "Δ accuracy per target (mean ablation)"
     with pytest.raises(ValueError, match="is missing columns"):
         importance_figure(table.drop(columns="delta_loss"))
+
+
+def test_prune_shortlist_is_exact_while_few_heads_remain(model, batch, multi_model, multi_batch):
+    """The shortlist re-scores only the least important candidates; with at most `shortlist`
+    heads remaining that is every head, so the curve equals the full greedy one."""
+    full = prune_curve(multi_model, multi_batch, "mean", shortlist=None)  # 2 layers x 4 heads
+    pd.testing.assert_frame_equal(prune_curve(multi_model, multi_batch, "mean", shortlist=8), full)
+    # The hand-built model: the first step scores all three heads and removes the useless one;
+    # then one candidate per step (the two identical previous heads tie: layer-major order).
+    short = prune_curve(model, batch, "zero", shortlist=1)
+    pd.testing.assert_frame_equal(short, prune_curve(model, batch, "zero", shortlist=None))
+    assert short["removed"].tolist() == ["", UNIFORM, PREV_A, PREV_B]
+    with pytest.raises(ValueError, match="shortlist=0 is invalid: an integer >= 1"):
+        prune_curve(model, batch, shortlist=0)

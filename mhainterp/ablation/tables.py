@@ -263,6 +263,7 @@ def ablation_tables(
     method: Method = "mean",
     methods: Sequence[Method] = METHODS,
     n_eval: int = 1024,
+    pairwise_heads: int | None = 16,
     progress: bool = False,
 ) -> dict[str, pd.DataFrame]:
     """Every ablation table for a run (or a model and its data), ready to save as CSV.
@@ -273,6 +274,10 @@ def ablation_tables(
         method: The method for the pairwise and pruning tables.
         methods: The methods for the importance table (stacked, one block per method).
         n_eval: Size of a Task's evaluation set.
+        pairwise_heads: The pairwise table pairs up at most this many heads: on a larger
+            model, the ones whose single ablation (``method``) raises the loss most. Pairs grow
+            as h^2 (496 for 2 x 16 heads); backups of heads that matter are among these pairs.
+            None: every head.
         progress: Show progress bars.
 
     Returns:
@@ -293,11 +298,26 @@ def ablation_tables(
     gradient = gradient_importance(model, data, **options)
     return {
         "importance": importance,
-        "pairwise": pairwise_ablation(model, data, method, **options),
+        "pairwise": pairwise_ablation(
+            model,
+            data,
+            method,
+            heads=_most_damaging(importance, method, pairwise_heads),
+            **options,
+        ),
         "gradient_importance": gradient,
         "importance_agreement": importance_agreement(gradient, importance),
         "prune_curve": prune_curve(model, data, method, **options),
     }
+
+
+def _most_damaging(importance: pd.DataFrame, method: str, n: int | None) -> list[str] | None:
+    """The ``n`` heads whose ablation raises the loss most (layer-major), or None for all."""
+    table = importance[importance["method"] == method]
+    if n is None or len(table) <= n:
+        return None
+    top = table.sort_values(["delta_loss", "layer", "head"], ascending=[False, True, True])
+    return table.loc[sorted(top.index[:n])]["head_label"].tolist()
 
 
 def unpack_run(run_or_model: Any, data: Data | None) -> tuple[Any, Data]:

@@ -510,6 +510,12 @@ def specialization_test(
         >>> result.heads["label"].tolist()
         ['previous', 'dead']
     """
+    if task is not None and not isinstance(task, Task):
+        raise TypeError(
+            f"specialization_test needs the Task itself, got a {type(task).__name__}: the role "
+            "templates come from task.relations() and the held-out set from task.eval_batch(); "
+            "pass the Task (its evaluation size is settings.n_sequences)"
+        )
     settings = settings or SpecializationSettings()
     if overrides:
         settings = SpecializationSettings.from_dict({**settings.to_dict(), **overrides})
