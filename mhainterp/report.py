@@ -41,7 +41,7 @@ from mhainterp.specialization import (
     cached_specialization,
     sweep_specialization,
 )
-from mhainterp.specialization.sweep import resolve_run_dirs
+from mhainterp.specialization.over_sweep import resolve_run_dirs
 from mhainterp.specialization.text import format_value, markdown_table
 from mhainterp.training import is_finished_run
 
@@ -407,7 +407,7 @@ def _sweep_specialization_blocks(spec: Any, sweep_dir: Path, level: int) -> list
         role_heatmap,
         specialization_vs_heads,
     )
-    from mhainterp.specialization.sweep import display_summary
+    from mhainterp.specialization.over_sweep import display_summary
 
     result = spec.result
     blocks: list[Block] = [

@@ -81,7 +81,7 @@ from mhainterp.specialization.roles import (
     role_templates,
 )
 from mhainterp.specialization.settings import SpecializationSettings
-from mhainterp.specialization.sweep import (
+from mhainterp.specialization.over_sweep import (
     SUMMARY_COLUMNS,
     SweepSpecialization,
     cached_specialization,
