@@ -13,7 +13,7 @@ import torch
 from scipy import stats
 from torch.testing import assert_close
 
-from mhainterp.ablation import ablate, head_importance
+from mhainterp.ablation import ablate, head_importance, pairwise_ablation
 from mhainterp.capture import visible_keys
 from mhainterp.config import ModelConfig
 from mhainterp.figures.specialization import (
@@ -43,6 +43,7 @@ from mhainterp.specialization import (
     permutation_null_samples,
     profile_similarity,
     redundancy_groups,
+    redundancy_pairs,
     role_scores,
     role_templates,
     selectivity_index,
@@ -385,6 +386,23 @@ def test_a_group_of_copies_is_tested_as_a_whole(previous_task):
     assert row["damage_keep_one_max"] == pytest.approx(kept_first - clean, abs=1e-5)  # symmetric
     assert row["damage_keep_one_mean"] == pytest.approx(kept_first - clean, abs=1e-5)
     assert row["damage_all"] > 0.5 and row["backup"] > 0.9 and bool(row["redundant"])
+
+
+def test_redundancy_reads_its_thresholds_from_the_settings(previous_task):
+    model = handbuilt_model(["previous"] * 3, d_head=18)
+    batch = previous_task.eval_batch(64)
+    pairs = redundancy_pairs(model, batch)  # defaults: exact copies are similar and redundant
+    assert pairs["similar"].all() and pairs["redundant"].all()
+    # No removal of these heads costs 50 nats, so nothing passes that joint-damage bar.
+    strict = SpecializationSettings(min_joint_damage=50.0)
+    strict_pairs = redundancy_pairs(model, batch, strict)
+    assert strict_pairs["similar"].all() and not strict_pairs["redundant"].any()
+    assert not redundancy_groups(model, batch, strict)["redundant"].any()
+    # The ablation method comes from the settings too.
+    zero = redundancy_pairs(model, batch, SpecializationSettings(ablation_method="zero"))
+    direct = pairwise_ablation(model, batch, "zero")
+    direct = direct[direct["metric"] == "loss"]["damage_joint"].to_numpy()
+    np.testing.assert_allclose(zero["damage_joint"].to_numpy(), direct)
 
 
 def test_similar_heads_nobody_needs_are_not_a_redundant_group(previous_task):

@@ -65,6 +65,13 @@ from mhainterp.specialization.nulls import (
     init_p_values,
     matched_seeds,
 )
+from mhainterp.specialization.over_sweep import (
+    SUMMARY_COLUMNS,
+    SweepSpecialization,
+    cached_specialization,
+    specialization_summary,
+    sweep_specialization,
+)
 from mhainterp.specialization.redundancy import (
     redundancy_groups,
     redundancy_pairs,
@@ -81,13 +88,6 @@ from mhainterp.specialization.roles import (
     role_templates,
 )
 from mhainterp.specialization.settings import SpecializationSettings
-from mhainterp.specialization.over_sweep import (
-    SUMMARY_COLUMNS,
-    SweepSpecialization,
-    cached_specialization,
-    specialization_summary,
-    sweep_specialization,
-)
 from mhainterp.specialization.verdict import RunVerdict, Verdict, format_p
 
 __all__ = [
