@@ -14,6 +14,7 @@ from mhainterp.cli import report as report_cli
 from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.io import read_json
+from mhainterp.render import format_value
 from mhainterp.report import report_kind, sweep_folders, write_report
 from mhainterp.specialization import (
     SpecializationResult,
@@ -21,7 +22,6 @@ from mhainterp.specialization import (
     cached_specialization,
     sweep_specialization,
 )
-from mhainterp.specialization.text import format_value
 from mhainterp.sweep import run_sweep, summarize
 from mhainterp.tasks import get_task
 from mhainterp.training import evaluate, save_run

@@ -125,9 +125,9 @@ def _settings(args: argparse.Namespace) -> Any:
 
 
 def _cmd_specialize(args: argparse.Namespace) -> int:
+    from mhainterp.render import markdown_table
     from mhainterp.report import report_kind, sweep_folders
     from mhainterp.specialization import cached_specialization, sweep_specialization
-    from mhainterp.specialization.text import markdown_table
 
     path = Path(args.path)
     kind = report_kind(path)

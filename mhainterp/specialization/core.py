@@ -175,7 +175,7 @@ class SpecializationResult:
 
     def to_markdown(self) -> str:
         """The verdict, its caveats and the per-head table as Markdown."""
-        from mhainterp.specialization.text import markdown_table
+        from mhainterp.render import markdown_table
 
         columns = ["run", "head_label", "label", "top_role", "top_effect", "top_p_adj"]
         columns += ["output_ratio", "total_damage", "causal_target", "causal_selectivity"]

@@ -21,13 +21,13 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from mhainterp.io import read_json, write_csv, write_text
+from mhainterp.render import markdown_table
 from mhainterp.specialization.core import (
     SpecializationResult,
     SpecializationSettings,
     combine_results,
     specialization_test,
 )
-from mhainterp.specialization.text import markdown_table
 from mhainterp.specialization.verdict import group_key
 from mhainterp.stats import describe, exceeds_seed_spread
 
