@@ -16,10 +16,15 @@ of sweeps, with every finding and caveat generated from the numbers.
 - a **folder of sweeps** (sub-folders with ``sweep.json``, like ``runs/quickstart/``): one
   section per sweep after a summary of all of them.
 
-The specialization test runs where it is not yet saved (results go under each run's
-``analysis/`` and the sweep-level tables and figures into the sweep folder), and is reused
-otherwise. The Markdown refers to the figures by relative path; the HTML embeds them as base64
-PNG and has no external ``src`` or ``href``, so it can be mailed as one file.
+The report reads saved results only: it runs no model and no test. The specialization results
+come from :func:`~mhainterp.specialization.specialize_folder` (``mhainterp specialize``; the
+``mhainterp report`` command and the demo run it first), under each run's ``analysis/`` and, for
+a sweep, in the sweep folder. Where they are missing (or were made with other settings than the
+``settings`` asked for), the report says so in their place and names the command that writes
+them. The report draws its figures from the saved tables, and the sweep's seed table is
+:func:`mhainterp.sweep.summarize` of ``results.csv``. The Markdown refers to the figures by
+relative path; the HTML embeds them as base64 PNG and has no external ``src`` or ``href``, so it
+can be mailed as one file.
 """
 
 from __future__ import annotations
@@ -45,11 +50,14 @@ from mhainterp.specialization import (
     SpecializationResult,
     SpecializationSettings,
     Verdict,
-    cached_specialization,
-    sweep_specialization,
+    saved_specialization,
 )
-from mhainterp.specialization.over_sweep import resolve_run_dirs
-from mhainterp.training import is_finished_run
+from mhainterp.specialization.over_sweep import (
+    SweepSpecialization,
+    report_kind,
+    resolve_run_dirs,
+    sweep_folders,
+)
 
 __all__ = ["report_kind", "sweep_folders", "write_report"]
 
@@ -64,40 +72,6 @@ SWEEP_ANALYSIS_FIGURES = (
 )
 """The ``analyze`` figures a sweep report embeds per analysed run (a run report embeds all);
 the others are listed by name."""
-
-
-# ----------------------------------------------------------------------------- kinds
-
-
-def report_kind(path: str | os.PathLike[str]) -> str:
-    """``"run"``, ``"sweep"`` or ``"sweeps"`` (a folder of sweep folders).
-
-    Raises:
-        FileNotFoundError: If ``path`` is none of these.
-
-    Example:
-        >>> report_kind("runs/quickstart")  # doctest: +SKIP
-        'sweeps'
-    """
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path} is not a folder")
-    if (path / "sweep.json").is_file():
-        return "sweep"
-    if is_finished_run(path):
-        return "run"
-    if sweep_folders(path):
-        return "sweeps"
-    raise FileNotFoundError(
-        f"{path} is not a run folder (config.json, model.safetensors, eval.json), a sweep "
-        "folder (sweep.json, results.csv) or a folder of sweep folders"
-    )
-
-
-def sweep_folders(path: str | os.PathLike[str]) -> list[Path]:
-    """The sweep folders (with ``sweep.json``) directly inside ``path``, sorted by name."""
-    path = Path(path)
-    return sorted(p for p in path.iterdir() if p.is_dir() and (p / "sweep.json").is_file())
 
 
 # ----------------------------------------------------------------------------- sections
@@ -186,8 +160,18 @@ def _specialization_blocks(
     return blocks
 
 
+def _missing(folder: Path, what: str, settings: SpecializationSettings | None) -> Paragraph:
+    """The note that stands where a saved result is missing."""
+    which = " made with the settings asked for" if settings is not None else ""
+    return Paragraph(
+        f"Not in this report: {folder} has no saved {what}{which}. Compute them with "
+        f"`mhainterp specialize {folder}` (`mhainterp report` does this before writing), then "
+        "write the report again."
+    )
+
+
 def _run_blocks(
-    run_dir: Path, settings: SpecializationSettings, progress: bool, level: int
+    run_dir: Path, settings: SpecializationSettings | None, level: int
 ) -> tuple[list[Block], Verdict]:
     config = read_json(run_dir / "config.json")
     saved = read_json(run_dir / "eval.json")
@@ -204,10 +188,16 @@ def _run_blocks(
             f"Evaluation: loss {saved['loss']:.4f}; {accuracy}."
         )
     ]
-    result = cached_specialization(run_dir, settings, progress=progress)
-    blocks += _specialization_blocks(result, run_dir / "analysis", level)
+    result = saved_specialization(run_dir, settings)
+    if result is None:
+        blocks += [
+            Heading("Do the heads specialize?", level),
+            _missing(run_dir, "specialization results", settings),
+        ]
+    else:
+        blocks += _specialization_blocks(result, run_dir / "analysis", level)
     blocks += _analysis_blocks(run_dir, level)
-    return blocks, result.verdict
+    return blocks, result.verdict if result is not None else Verdict([])
 
 
 def _params(params: dict[str, Any]) -> str:
@@ -234,8 +224,21 @@ def _summary_display(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _saved_sweep(
+    sweep_dir: Path, settings: SpecializationSettings | None
+) -> SweepSpecialization | None:
+    """The sweep's saved specialization results (None if missing or made otherwise)."""
+    try:
+        spec = SweepSpecialization.load(sweep_dir)
+    except FileNotFoundError:
+        return None
+    if settings is not None and spec.result.settings != settings:
+        return None
+    return spec
+
+
 def _sweep_blocks(
-    sweep_dir: Path, settings: SpecializationSettings, progress: bool, level: int
+    sweep_dir: Path, settings: SpecializationSettings | None, level: int
 ) -> tuple[list[Block], Verdict, list[str]]:
     """A sweep's section, its verdict, and its findings (one line each)."""
     from mhainterp.sweep import summarize
@@ -266,14 +269,20 @@ def _sweep_blocks(
         )
     blocks.append(Bullets(summary.notes))
     blocks += [Image(p, c) for p, c in _sweep_figures(sweep_dir, results)]
-    spec = sweep_specialization(sweep_dir, settings, progress=progress)
-    spec.save(sweep_dir)
-    blocks += _sweep_specialization_blocks(spec, sweep_dir, level)
+    spec = _saved_sweep(sweep_dir, settings)
+    if spec is None:
+        blocks += [
+            Heading("Do the heads specialize, and how does that change with h?", level),
+            _missing(sweep_dir, "sweep-level specialization results", settings),
+        ]
+    else:
+        blocks += _sweep_specialization_blocks(spec, sweep_dir, level)
     for row in results.itertuples(index=False):
         blocks += _analysis_blocks(Path(row.run_dir), level, SWEEP_ANALYSIS_FIGURES)
     findings = [n for n in summary.notes if "exceeds the seed spread" in n or "no difference" in n]
-    findings += spec.notes[:1]
-    return blocks, spec.result.verdict, findings
+    if spec is None:
+        return blocks, Verdict([]), findings
+    return blocks, spec.result.verdict, [*findings, *spec.notes[:1]]
 
 
 def _sweep_figures(sweep_dir: Path, results: pd.DataFrame) -> list[tuple[Path, str]]:
@@ -296,7 +305,9 @@ def _sweep_figures(sweep_dir: Path, results: pd.DataFrame) -> list[tuple[Path, s
     ]
 
 
-def _sweep_specialization_blocks(spec: Any, sweep_dir: Path, level: int) -> list[Block]:
+def _sweep_specialization_blocks(
+    spec: SweepSpecialization, sweep_dir: Path, level: int
+) -> list[Block]:
     from mhainterp.figures._common import save_figure
     from mhainterp.figures.specialization import (
         causal_matrix_figure,
@@ -371,17 +382,18 @@ def write_report(
     out: str | os.PathLike[str] | None = None,
     *,
     settings: SpecializationSettings | None = None,
-    progress: bool = False,
     **overrides: Any,
 ) -> tuple[Path, Path]:
-    """Write ``report.md`` and a self-contained ``report.html`` for a run, sweep or sweeps.
+    """Write ``report.md`` and a self-contained ``report.html`` for a run, sweep or sweeps,
+    from saved results only (compute the specialization results first with
+    :func:`~mhainterp.specialization.specialize_folder`).
 
     Args:
         path: A run folder, a sweep folder, or a folder of sweep folders.
         out: Where to write the two files (default: ``path``).
-        settings: Settings of the specialization test (``**overrides`` replace fields, e.g.
-            ``n_sequences=128``).
-        progress: Show progress bars.
+        settings: Show only specialization results saved with these settings
+            (``**overrides`` replace fields, e.g. ``n_sequences=128``); results saved with
+            other settings count as missing. None (and no overrides): whatever is saved.
         **overrides: :class:`~mhainterp.specialization.SpecializationSettings` fields.
 
     Returns:
@@ -391,26 +403,28 @@ def write_report(
         FileNotFoundError: If ``path`` is not one of the three kinds of folder.
 
     Example:
+        >>> from mhainterp.specialization import specialize_folder
+        >>> specialize_folder("runs/quickstart")  # doctest: +SKIP
         >>> md, html_path = write_report("runs/quickstart")  # doctest: +SKIP
     """
     path = Path(path)
     kind = report_kind(path)
-    settings = settings or SpecializationSettings()
     if overrides:
-        settings = SpecializationSettings.from_dict({**settings.to_dict(), **overrides})
+        base = settings or SpecializationSettings()
+        settings = SpecializationSettings.from_dict({**base.to_dict(), **overrides})
     out_dir = Path(out) if out is not None else path
     title = f"mhainterp report: {path.resolve().name}"
     blocks: list[Block] = [Heading(title, 1)]
     if kind == "run":
-        body, verdict = _run_blocks(path, settings, progress, level=2)
+        body, verdict = _run_blocks(path, settings, level=2)
         blocks += body
     elif kind == "sweep":
-        body, verdict, findings = _sweep_blocks(path, settings, progress, level=2)
+        body, verdict, findings = _sweep_blocks(path, settings, level=2)
         blocks += [Heading("Findings", 2), Bullets(findings), *body]
     else:
         sections, runs, findings = [], [], []
         for sweep in sweep_folders(path):
-            body, sweep_verdict, sweep_findings = _sweep_blocks(sweep, settings, progress, 3)
+            body, sweep_verdict, sweep_findings = _sweep_blocks(sweep, settings, 3)
             sections += [Heading(f"Sweep {sweep.name}", 2), *body]
             findings += sweep_findings
             runs += sweep_verdict.runs

@@ -17,7 +17,8 @@ measurement:
 ``settings``      :class:`SpecializationSettings`: every threshold, validated
 ``labels``        one label per head: dead > redundant > role > unspecialized (mixing)
 ``core``          :func:`specialization_test`: the tables, labels and verdict of runs
-``sweep``         :func:`sweep_specialization`: specialization, redundancy and accuracy vs h
+``over_sweep``    :func:`sweep_specialization`: specialization, redundancy and accuracy vs h;
+                  :func:`specialize_folder`: compute and save what a report reads
 ``verdict``       the verdict objects whose text is generated from the numbers
 ================  ==========================================================================
 
@@ -69,7 +70,9 @@ from mhainterp.specialization.over_sweep import (
     SUMMARY_COLUMNS,
     SweepSpecialization,
     cached_specialization,
+    saved_specialization,
     specialization_summary,
+    specialize_folder,
     sweep_specialization,
 )
 from mhainterp.specialization.redundancy import (
@@ -137,6 +140,8 @@ __all__ = [
     "selectivity_index",
     "specialization_summary",
     "specialization_test",
+    "saved_specialization",
+    "specialize_folder",
     "sweep_specialization",
     "target_damage",
 ]
