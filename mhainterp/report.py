@@ -72,6 +72,8 @@ SWEEP_ANALYSIS_FIGURES = (
 )
 """The ``analyze`` figures a sweep report embeds per analysed run (a run report embeds all);
 the others are listed by name."""
+RUN_HEADING = "Do the heads specialize?"
+SWEEP_HEADING = "Do the heads specialize, and how does that change with h?"
 
 
 # ----------------------------------------------------------------------------- sections
@@ -140,7 +142,7 @@ def _specialization_blocks(
 
     paths = save_specialization_figures(result, figure_dir)
     blocks: list[Block] = [
-        Heading("Do the heads specialize?", level),
+        Heading(RUN_HEADING, level),
         Paragraph(
             f"Role scores on {result.settings.n_sequences} held-out sequences; a role needs "
             f"corrected p < {result.settings.alpha:g} against the permutation and "
@@ -160,14 +162,17 @@ def _specialization_blocks(
     return blocks
 
 
-def _missing(folder: Path, what: str, settings: SpecializationSettings | None) -> Paragraph:
-    """The note that stands where a saved result is missing."""
+def _missing(
+    heading: str, folder: Path, what: str, settings: SpecializationSettings | None, level: int
+) -> list[Block]:
+    """The section that stands where a saved result is missing: its heading and a note."""
     which = " made with the settings asked for" if settings is not None else ""
-    return Paragraph(
+    note = (
         f"Not in this report: {folder} has no saved {what}{which}. Compute them with "
         f"`mhainterp specialize {folder}` (`mhainterp report` does this before writing), then "
         "write the report again."
     )
+    return [Heading(heading, level), Paragraph(note)]
 
 
 def _run_blocks(
@@ -190,10 +195,7 @@ def _run_blocks(
     ]
     result = saved_specialization(run_dir, settings)
     if result is None:
-        blocks += [
-            Heading("Do the heads specialize?", level),
-            _missing(run_dir, "specialization results", settings),
-        ]
+        blocks += _missing(RUN_HEADING, run_dir, "specialization results", settings, level)
     else:
         blocks += _specialization_blocks(result, run_dir / "analysis", level)
     blocks += _analysis_blocks(run_dir, level)
@@ -271,10 +273,8 @@ def _sweep_blocks(
     blocks += [Image(p, c) for p, c in _sweep_figures(sweep_dir, results)]
     spec = _saved_sweep(sweep_dir, settings)
     if spec is None:
-        blocks += [
-            Heading("Do the heads specialize, and how does that change with h?", level),
-            _missing(sweep_dir, "sweep-level specialization results", settings),
-        ]
+        what = "sweep-level specialization results"
+        blocks += _missing(SWEEP_HEADING, sweep_dir, what, settings, level)
     else:
         blocks += _sweep_specialization_blocks(spec, sweep_dir, level)
     for row in results.itertuples(index=False):
@@ -319,7 +319,7 @@ def _sweep_specialization_blocks(
 
     result = spec.result
     blocks: list[Block] = [
-        Heading("Do the heads specialize, and how does that change with h?", level),
+        Heading(SWEEP_HEADING, level),
         Table(display_summary(spec.summary), "Per head count, over seeds."),
         Bullets(spec.notes),
         Paragraph("Verdicts per head count:"),

@@ -25,6 +25,16 @@ def _printable() -> SimpleNamespace:
     return SimpleNamespace(to_markdown=lambda: "")
 
 
+def _report(calls: list[tuple]):
+    """A write_report that records its call."""
+
+    def report(path, settings):
+        calls.append(("report", path))
+        return path / "report.md", path / "report.html"
+
+    return report
+
+
 def test_head_count_study_plan(tmp_path, monkeypatch):
     # The study's steps in order, the heavy ones recorded instead of run.
     study = _load("head_count_study")
@@ -37,13 +47,9 @@ def test_head_count_study_plan(tmp_path, monkeypatch):
     def specialize(path, settings, progress):
         calls.append(("specialize", path, settings.n_sequences))
 
-    def report(path, settings):
-        calls.append(("report", path))
-        return path / "report.md", path / "report.html"
-
     monkeypatch.setattr(study, "run_sweep_with_figures", sweep)
     monkeypatch.setattr(study, "specialize_folder", specialize)
-    monkeypatch.setattr(study, "write_report", report)
+    monkeypatch.setattr(study, "write_report", _report(calls))
     assert study.main(["--out", str(tmp_path), "--quick", "--executor", "local", "--quiet"]) == 0
     assert calls == [
         ("sweep", "count_previous", [1, 4], [0, 1, 2], 150, tmp_path / "count_previous"),
@@ -71,14 +77,10 @@ def test_specialization_study_plan(tmp_path, monkeypatch):
         return SimpleNamespace(to_markdown=lambda: "", result=SimpleNamespace(verdict=verdict),
                                save=save)  # fmt: skip
 
-    def report(path, settings):
-        calls.append(("report", path))
-        return path / "report.md", path / "report.html"
-
     monkeypatch.setattr(study, "run_sweep_with_figures", sweep)
     monkeypatch.setattr(study, "analyze_run", analyze)
     monkeypatch.setattr(study, "sweep_specialization", specialize)
-    monkeypatch.setattr(study, "write_report", report)
+    monkeypatch.setattr(study, "write_report", _report(calls))
     args = ["--out", str(tmp_path), "--tasks", "reverse", "--quick", "--executor", "local"]
     assert study.main([*args, "--quiet"]) == 0
     assert calls == [
