@@ -333,6 +333,7 @@ def iter_patterns(
         ...                                           batch_size=2)]
         [torch.Size([2, 1, 2, 16, 16]), torch.Size([1, 1, 2, 16, 16])]
     """
+    # A non-model gets no hook names here; iter_activations refuses it with a clear TypeError.
     names = pattern_hook_names(model) if isinstance(model, HookedMHATransformer) else []
     run = dict(batch_size=batch_size, n_eval=n_eval, progress=progress, desc="capture patterns")
     for part in iter_activations([model], data, [names], padding_mask, **run):
