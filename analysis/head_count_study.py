@@ -19,6 +19,7 @@ from pathlib import Path
 from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.demo import run_sweep_with_figures
 from mhainterp.report import write_report
+from mhainterp.specialization import SpecializationSettings, specialize_folder
 from mhainterp.sweep import fastest_executor
 
 DEFAULT_TASKS = "count_previous,reverse,histogram,sort"
@@ -67,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         summary = run_sweep_with_figures(config, args.out / task, executor, progress)
         print(summary.to_markdown())
-    md, html = write_report(args.out, n_sequences=args.n_sequences, progress=progress)
+    settings = SpecializationSettings(n_sequences=args.n_sequences)
+    specialize_folder(args.out, settings, progress=progress)  # the report reads these results
+    md, html = write_report(args.out, settings=settings)
     print(f"report: {md}\n        {html}")
     return 0
 

@@ -22,7 +22,7 @@ from mhainterp.analyze import analyze_run
 from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.demo import run_sweep_with_figures
 from mhainterp.report import write_report
-from mhainterp.specialization import sweep_specialization
+from mhainterp.specialization import SpecializationSettings, sweep_specialization
 from mhainterp.sweep import fastest_executor
 
 QUICK = {"n_heads": "1,2,4", "seeds": "0,1,2", "steps": 200, "n_sequences": 128}
@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = not args.quiet
     executor = args.executor or fastest_executor()
     seeds = _ints(args.seeds)
+    settings = SpecializationSettings(n_sequences=args.n_sequences)
     for task in [t.strip() for t in args.tasks.split(",") if t.strip()]:
         config = SweepConfig(
             task=task,
@@ -80,11 +81,11 @@ def main(argv: list[str] | None = None) -> int:
             for h in args.analyze_heads or config.n_heads:
                 run_dir = sweep_dir / "runs" / f"h{h}_seed{seeds[0]}"
                 analyze_run(run_dir, n_eval=args.analyze_eval, progress=progress)
-        spec = sweep_specialization(sweep_dir, n_sequences=args.n_sequences, progress=progress)
-        spec.save(sweep_dir)
+        spec = sweep_specialization(sweep_dir, settings, progress=progress)
+        spec.save(sweep_dir)  # what the report reads
         print(spec.to_markdown())
         print("\n".join(spec.result.verdict.lines))
-    md, html = write_report(args.out, n_sequences=args.n_sequences, progress=progress)
+    md, html = write_report(args.out, settings=settings)
     print(f"report: {md}\n        {html}")
     return 0
 

@@ -25,7 +25,7 @@ Shapes: n sequences, B a batch of them, T positions (q query, k key), L layers, 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,13 +43,16 @@ __all__ = [
     "MIN_VISIBLE_KEYS",
     "Data",
     "PatternBatch",
+    "ActivationBatch",
     "Relations",
+    "TemplateMass",
     "attention_patterns",
     "average_patterns",
     "average_relations",
     "capture_activations",
     "example_patterns",
     "head_statistics",
+    "iter_activations",
     "iter_patterns",
     "offset_profile",
     "pattern_hook_names",
@@ -224,6 +227,83 @@ def run_patterns(
     return torch.stack([store[name] for name in names], dim=1)  # (B, L, h, T, T)
 
 
+@dataclass(frozen=True)
+class ActivationBatch:
+    """One batch of the activations of one or more models on the same sequences.
+
+    Attributes:
+        start: Index of the batch's first sequence in the whole input.
+        tokens: ``[B, T]`` token ids (CPU).
+        padding_mask: ``[B, T]`` bool, True for real tokens (CPU).
+        activations: Per model (in the order given), hook name -> activation (on the model's
+            device).
+    """
+
+    start: int
+    tokens: Int[Tensor, "B T"]
+    padding_mask: Bool[Tensor, "B T"]
+    activations: list[dict[str, Tensor]]
+
+
+def iter_activations(
+    models: Sequence[HookedMHATransformer],
+    data: Data,
+    names: Sequence[Sequence[str]],
+    padding_mask: Tensor | None = None,
+    *,
+    batch_size: int = 256,
+    n_eval: int = 1024,
+    progress: bool = False,
+    desc: str = "capture",
+) -> Iterator[ActivationBatch]:
+    """Run every model on the same batches of ``data``, keeping only the named activations.
+
+    The one streaming loop of the toolkit's hook-based statistics: patterns, similarity and role
+    scores all read their batches from here, so a dataset of any size is summarised one batch at
+    a time. A model listed twice (e.g. compared with itself) runs once per batch.
+
+    Args:
+        models: The models (they must all accept the tokens).
+        data: Task, Batch or ``[n, pos]`` tokens (see :func:`resolve_inputs`).
+        names: Per model, the hook names to keep.
+        padding_mask: With a token tensor only: True for real tokens.
+        batch_size: Sequences per forward pass.
+        n_eval: Size of a task's evaluation set.
+        progress: Show a tqdm bar over batches.
+        desc: The bar's label.
+
+    Yields:
+        :class:`ActivationBatch` per batch, in order.
+
+    Example:
+        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> model = handbuilt_model(["self"], d_head=48)
+        >>> parts = iter_activations([model], torch.zeros(3, 4).long(),
+        ...                          [["blocks.0.attn.hook_z"]], batch_size=2)
+        >>> [p.activations[0]["blocks.0.attn.hook_z"].shape[0] for p in parts]
+        [2, 1]
+    """
+    for model in models:
+        _check_model(model)
+    _check_batch_size(batch_size)
+    tokens, mask, _ = resolve_inputs(data, padding_mask, n_eval=n_eval)
+    for model in models:
+        model.validate_inputs(tokens, mask)
+    has_padding = not bool(mask.all())
+    unique: dict[int, tuple[HookedMHATransformer, set[str]]] = {}
+    for model, wanted in zip(models, names, strict=True):
+        unique.setdefault(id(model), (model, set()))[1].update(wanted)
+    starts = range(0, tokens.shape[0], batch_size)
+    for start in tqdm(starts, desc=desc, disable=not progress, leave=False):
+        part, part_mask = tokens[start : start + batch_size], mask[start : start + batch_size]
+        captured: dict[int, dict[str, Tensor]] = {}
+        for key, (model, wanted) in unique.items():
+            device = model.cfg.device
+            run_mask = part_mask.to(device) if has_padding else None
+            captured[key] = capture_activations(model, part.to(device), run_mask, sorted(wanted))
+        yield ActivationBatch(start, part, part_mask, [captured[id(m)] for m in models])
+
+
 def iter_patterns(
     model: HookedMHATransformer,
     data: Data,
@@ -253,20 +333,15 @@ def iter_patterns(
         ...                                           batch_size=2)]
         [torch.Size([2, 1, 2, 16, 16]), torch.Size([1, 1, 2, 16, 16])]
     """
-    _check_model(model)
-    _check_batch_size(batch_size)
-    tokens, mask, _ = resolve_inputs(data, padding_mask, n_eval=n_eval)
-    tokens, mask = model.validate_inputs(tokens, mask)
-    device = model.cfg.device
-    has_padding = not bool(mask.all())
-    starts = range(0, tokens.shape[0], batch_size)
-    for start in tqdm(starts, desc="capture patterns", disable=not progress, leave=False):
-        part = tokens[start : start + batch_size].to(device)
-        part_mask = mask[start : start + batch_size].to(device)
-        patterns = run_patterns(model, part, part_mask if has_padding else None)
+    # A non-model gets no hook names here; iter_activations refuses it with a clear TypeError.
+    names = pattern_hook_names(model) if isinstance(model, HookedMHATransformer) else []
+    run = dict(batch_size=batch_size, n_eval=n_eval, progress=progress, desc="capture patterns")
+    for part in iter_activations([model], data, [names], padding_mask, **run):
+        device = model.cfg.device
+        tokens, mask = part.tokens.to(device), part.padding_mask.to(device)
+        patterns = torch.stack([part.activations[0][name] for name in names], dim=1)
         # Padding queries attend to real keys like any other; their rows are meaningless.
-        patterns = patterns * part_mask[:, None, None, :, None]
-        yield PatternBatch(start, part, part_mask, patterns)
+        yield PatternBatch(part.start, tokens, mask, patterns * mask[:, None, None, :, None])
 
 
 def attention_patterns(
@@ -540,21 +615,67 @@ def _pattern_metrics(
         acc.add(f"offset_mass:{offset}", (diag * weight[..., q_index]).sum((0, 3)), n)
 
 
-def _relation_metrics(
-    acc: _StatAccumulator, patterns: Tensor, templates: Mapping[str, Tensor], real: Tensor
-) -> None:
-    """Add one batch's template mass: sum(pattern * template) / sum(pattern) over queries whose
-    template row is non-empty."""
-    B, _, _, T, _ = patterns.shape
-    p = patterns.double()
-    for name, template in templates.items():
+class TemplateMass:
+    """Running per-head sums of the attention that lands on relation templates (float64).
+
+    The one template-mass accumulator: :func:`head_statistics`' ``relation_mass`` and the role
+    scores of :mod:`mhainterp.specialization.roles` both read it. For each template ``name``
+    it keeps, per head, ``sums[name]`` = the sum over counted queries of
+    ``sum_k pattern[q, k] * template[q, k]`` and ``counts[name]`` = the number of counted
+    queries, so :meth:`mean` is the share of attention on the template (TransformerLens's
+    ``detect_head`` with ``error_measure="mul"``, over the counted queries). A query counts when
+    the caller's ``queries`` mask holds it and its template row marks at least one key.
+
+    Example:
+        >>> p = torch.eye(3)[None, None, None]  # one head that attends to itself
+        >>> mass = TemplateMass()
+        >>> rows = mass.add_template("self", p, torch.eye(3)[None], torch.ones(1, 3).bool())
+        >>> float(mass.mean("self")[0, 0]), mass.counts["self"]
+        (1.0, 3.0)
+    """
+
+    def __init__(self) -> None:
+        self.sums: dict[str, Tensor] = {}  # name -> (L, h)
+        self.counts: dict[str, float] = {}  # name -> number of counted queries
+
+    def add_values(
+        self, name: str, values: Float[Tensor, "B L h T"], rows: Bool[Tensor, "B T"]
+    ) -> None:
+        """Add per-query values of every head over the counted ``rows``."""
+        keep = rows.to(values.device).double()[:, None, None, :]
+        total = (values.double() * keep).sum((0, 3))  # (L, h)
+        self.sums[name] = self.sums[name] + total if name in self.sums else total
+        self.counts[name] = self.counts.get(name, 0.0) + float(rows.sum())
+
+    def add_template(
+        self,
+        name: str,
+        patterns: Float[Tensor, "B L h T T"],
+        template: Float[Tensor, "B T T"],
+        queries: Bool[Tensor, "B T"],
+    ) -> Bool[Tensor, "B T"]:
+        """Add one batch's mass on ``template``; return the rows that counted."""
+        B, _, _, T, _ = patterns.shape
+        p = patterns.double()
         template = _check_template(name, template, (B, T, T)).to(p.device).double()
-        rows = (template.sum(-1) > 0) & real  # (B, q)
-        on_template = (p * template[:, None, None]).sum(-1)  # (B, L, h, q)
-        total = p.sum(-1)  # (B, L, h, q): 1 for real rows; 0 only for queries that see nothing
-        keep = rows.double()[:, None, None, :]
-        acc.add(f"relation_mass:{name}:num", (on_template * keep).sum((0, 3)), 0)
-        acc.add(f"relation_mass:{name}:den", (total * keep).sum((0, 3)), float(rows.sum()))
+        rows = queries.to(p.device) & (template.sum(-1) > 0)  # (B, q)
+        self.add_values(name, (p * template[:, None, None]).sum(-1), rows)
+        return rows
+
+    def add(
+        self,
+        patterns: Float[Tensor, "B L h T T"],
+        templates: Mapping[str, Tensor],
+        queries: Bool[Tensor, "B T"],
+    ) -> None:
+        """:meth:`add_template` for every template of one batch."""
+        for name, template in templates.items():
+            self.add_template(name, patterns, template, queries)
+
+    def mean(self, name: str) -> Float[Tensor, "L h"]:
+        """Per head: the mean over counted queries (NaN when no query counted)."""
+        total = self.sums[name].cpu()
+        return total / self.counts[name] if self.counts[name] else total * math.nan
 
 
 def head_statistics(
@@ -584,10 +705,11 @@ def head_statistics(
 
     And per relation template (TransformerLens ``detect_head`` with ``error_measure="mul"``):
 
-    - ``relation_mass:{name}``: ``sum(pattern * template) / sum(pattern)`` over every real
-      query whose template row is non-empty, i.e. the fraction of attention that lands on the
-      template. Unlike ``detect_head``, queries the relation does not apply to (position 0 for
-      ``previous``) are left out instead of counting as misses, so an exact head scores 1.
+    - ``relation_mass:{name}``: the mean of ``sum_k pattern[q, k] * template[q, k]`` over every
+      real query whose template row is non-empty (:class:`TemplateMass`), i.e. the fraction of
+      attention that lands on the template (a real query's weights sum to 1). Unlike
+      ``detect_head``, queries the relation does not apply to (position 0 for ``previous``)
+      are left out instead of counting as misses, so an exact head scores 1.
 
     Args:
         model: The model.
@@ -614,7 +736,7 @@ def head_statistics(
     """
     if relations is None and isinstance(data, Task):
         relations = data
-    acc = _StatAccumulator()
+    acc, masses = _StatAccumulator(), TemplateMass()
     for part in iter_patterns(
         model, data, padding_mask, batch_size=batch_size, n_eval=n_eval, progress=progress
     ):
@@ -624,22 +746,18 @@ def head_statistics(
         _pattern_metrics(acc, part.patterns, visible, offsets)
         if relations is not None:
             templates = _relation_templates(relations, part.tokens, part.padding_mask, part.start)
-            _relation_metrics(acc, part.patterns, templates, part.padding_mask)
-    return _statistics_frame(acc)
+            masses.add(part.patterns, templates, part.padding_mask)  # every real query
+    return _statistics_frame(acc, masses)
 
 
-def _statistics_frame(acc: _StatAccumulator) -> pd.DataFrame:
+def _statistics_frame(acc: _StatAccumulator, masses: TemplateMass) -> pd.DataFrame:
     values: dict[str, tuple[Tensor, float]] = {}
     for metric, total in acc.sums.items():
-        if metric.endswith(":num"):
-            base = metric[: -len(":num")]
-            den = acc.sums[f"{base}:den"]
-            # No query the relation applies to: the mass is undefined (NaN), not 0.
-            mass = torch.where(den > 0, total / den.clamp(min=1e-300), math.nan)
-            values[base] = (mass, acc.counts[f"{base}:den"])
-        elif not metric.endswith(":den"):
-            n = acc.counts[metric]
-            values[metric] = (total / max(n, 1.0) if n else total * math.nan, n)
+        n = acc.counts[metric]
+        values[metric] = (total / max(n, 1.0) if n else total * math.nan, n)
+    for name in masses.sums:
+        # No query the relation applies to: the mass is undefined (NaN), not 0.
+        values[f"relation_mass:{name}"] = (masses.mean(name), masses.counts[name])
     frames = []
     for metric, (value, n) in values.items():
         frame = _with_head_labels(_tensor_frame(value, ["layer", "head"], "value"))

@@ -51,6 +51,7 @@ def run_demo(
         The path of ``report.md``.
     """
     from mhainterp.report import write_report
+    from mhainterp.specialization import specialize_folder
 
     out = Path(out)
     executor = executor or fastest_executor()
@@ -68,7 +69,8 @@ def run_demo(
         echo(summary.to_markdown())
         if analysis:
             _analyse_one_run(out, task, list(n_heads), list(seeds), echo)
-    markdown, html = write_report(out, progress=progress)
+    specialize_folder(out, progress=progress)  # the report reads these results
+    markdown, html = write_report(out)
     echo(f"report: {markdown} and {html}")
     return markdown
 

@@ -16,34 +16,48 @@ of sweeps, with every finding and caveat generated from the numbers.
 - a **folder of sweeps** (sub-folders with ``sweep.json``, like ``runs/quickstart/``): one
   section per sweep after a summary of all of them.
 
-The specialization test runs where it is not yet saved (results go under each run's
-``analysis/`` and the sweep-level tables and figures into the sweep folder), and is reused
-otherwise. The Markdown refers to the figures by relative path; the HTML embeds them as base64
-PNG and has no external ``src`` or ``href``, so it can be mailed as one file.
+The report reads saved results only: it runs no model and no test. The specialization results
+come from :func:`~mhainterp.specialization.specialize_folder` (``mhainterp specialize``; the
+``mhainterp report`` command and the demo run it first), under each run's ``analysis/`` and, for
+a sweep, in the sweep folder. Where they are missing (or were made with other settings than the
+``settings`` asked for), the report says so in their place and names the command that writes
+them. The report draws its figures from the saved tables, and the sweep's seed table is
+:func:`mhainterp.sweep.summarize` of ``results.csv``. The Markdown refers to the figures by
+relative path; the HTML embeds them as base64 PNG and has no external ``src`` or ``href``, so it
+can be mailed as one file.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from mhainterp.io import read_json, write_csv, write_text
+from mhainterp.render import (
+    Block,
+    Bullets,
+    Heading,
+    Image,
+    Paragraph,
+    Table,
+    render_html,
+    render_markdown,
+)
 from mhainterp.specialization import (
     SpecializationResult,
     SpecializationSettings,
     Verdict,
-    cached_specialization,
-    sweep_specialization,
+    saved_specialization,
 )
-from mhainterp.specialization.sweep import resolve_run_dirs
-from mhainterp.specialization.text import format_value, markdown_table
-from mhainterp.training import is_finished_run
+from mhainterp.specialization.over_sweep import (
+    SweepSpecialization,
+    report_kind,
+    resolve_run_dirs,
+    sweep_folders,
+)
 
 __all__ = ["report_kind", "sweep_folders", "write_report"]
 
@@ -58,156 +72,15 @@ SWEEP_ANALYSIS_FIGURES = (
 )
 """The ``analyze`` figures a sweep report embeds per analysed run (a run report embeds all);
 the others are listed by name."""
-
-
-# ----------------------------------------------------------------------------- blocks
-
-
-@dataclass
-class _Heading:
-    text: str
-    level: int
-
-
-@dataclass
-class _Paragraph:
-    text: str
-
-
-@dataclass
-class _Bullets:
-    items: list[str]
-
-
-@dataclass
-class _Table:
-    df: pd.DataFrame
-    caption: str = ""
-
-
-@dataclass
-class _Image:
-    path: Path
-    caption: str
-
-
-Block = _Heading | _Paragraph | _Bullets | _Table | _Image
-
-
-def _render_markdown(blocks: list[Block], out_dir: Path) -> str:
-    lines: list[str] = []
-    for block in blocks:
-        if isinstance(block, _Heading):
-            lines += ["#" * block.level + " " + block.text, ""]
-        elif isinstance(block, _Paragraph):
-            lines += [block.text, ""]
-        elif isinstance(block, _Bullets):
-            lines += [f"- {item}" for item in block.items] + [""]
-        elif isinstance(block, _Table):
-            if block.caption:
-                lines += [f"*{block.caption}*", ""]
-            lines += [markdown_table(block.df), ""]
-        elif isinstance(block, _Image):
-            rel = Path(os.path.relpath(block.path, out_dir)).as_posix()
-            lines += [
-                f"![{block.caption}]({rel})",
-                "",
-                f"*{block.caption}* (data: `{Path(rel).with_suffix('.csv').as_posix()}`)",
-                "",
-            ]
-    return "\n".join(lines).rstrip() + "\n"
-
-
-_CSS = """
-body { font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; max-width: 1100px;
-       margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
-table { border-collapse: collapse; margin: 0.6em 0 1.2em; font-size: 0.88em; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
-th { background: #f2f2f2; }
-td:first-child, th:first-child { text-align: left; }
-figure { margin: 1em 0 1.6em; }
-figure img { max-width: 100%; border: 1px solid #eee; }
-figcaption { font-size: 0.9em; color: #555; }
-code { background: #f5f5f5; padding: 0 3px; }
-"""
-
-
-def _html_table(df: pd.DataFrame) -> str:
-    shown = df.copy()
-    for column in shown.columns:
-        shown[column] = [format_value(v) for v in shown[column]]
-    return shown.to_html(index=False, escape=True, border=0)
-
-
-def _render_html(blocks: list[Block], title: str) -> str:
-    parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f"<title>{html.escape(title)}</title>",
-        f"<style>{_CSS}</style></head><body>",
-    ]
-    for block in blocks:
-        if isinstance(block, _Heading):
-            parts.append(f"<h{block.level}>{html.escape(block.text)}</h{block.level}>")
-        elif isinstance(block, _Paragraph):
-            parts.append(f"<p>{html.escape(block.text)}</p>")
-        elif isinstance(block, _Bullets):
-            items = "".join(f"<li>{html.escape(item)}</li>" for item in block.items)
-            parts.append(f"<ul>{items}</ul>")
-        elif isinstance(block, _Table):
-            if block.caption:
-                parts.append(f"<p><em>{html.escape(block.caption)}</em></p>")
-            parts.append(_html_table(block.df))
-        elif isinstance(block, _Image):
-            data = base64.b64encode(block.path.read_bytes()).decode("ascii")
-            caption = html.escape(block.caption)
-            parts.append(
-                f'<figure><img alt="{caption}" src="data:image/png;base64,{data}">'
-                f"<figcaption>{caption}</figcaption></figure>"
-            )
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
-
-
-# ----------------------------------------------------------------------------- kinds
-
-
-def report_kind(path: str | os.PathLike[str]) -> str:
-    """``"run"``, ``"sweep"`` or ``"sweeps"`` (a folder of sweep folders).
-
-    Raises:
-        FileNotFoundError: If ``path`` is none of these.
-
-    Example:
-        >>> report_kind("runs/quickstart")  # doctest: +SKIP
-        'sweeps'
-    """
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path} is not a folder")
-    if (path / "sweep.json").is_file():
-        return "sweep"
-    if is_finished_run(path):
-        return "run"
-    if sweep_folders(path):
-        return "sweeps"
-    raise FileNotFoundError(
-        f"{path} is not a run folder (config.json, model.safetensors, eval.json), a sweep "
-        "folder (sweep.json, results.csv) or a folder of sweep folders"
-    )
-
-
-def sweep_folders(path: str | os.PathLike[str]) -> list[Path]:
-    """The sweep folders (with ``sweep.json``) directly inside ``path``, sorted by name."""
-    path = Path(path)
-    return sorted(p for p in path.iterdir() if p.is_dir() and (p / "sweep.json").is_file())
+RUN_HEADING = "Do the heads specialize?"
+SWEEP_HEADING = "Do the heads specialize, and how does that change with h?"
 
 
 # ----------------------------------------------------------------------------- sections
 
 
 def _caveats(verdict_caveats: list[str]) -> list[Block]:
-    return [_Heading("Caveats", 2), _Bullets(verdict_caveats)]
+    return [Heading("Caveats", 2), Bullets(verdict_caveats)]
 
 
 def _analysis_blocks(run_dir: Path, level: int, only: tuple[str, ...] | None = None) -> list[Block]:
@@ -218,11 +91,11 @@ def _analysis_blocks(run_dir: Path, level: int, only: tuple[str, ...] | None = N
     if not pngs:
         return []
     shown = [p for p in pngs if only is None or p.stem in only]
-    blocks: list[Block] = [_Heading(f"Inside {run_dir.name} (mhainterp analyze)", level)]
-    blocks += [_Image(p, f"{run_dir.name}: {p.stem.replace('_', ' ')}") for p in shown]
+    blocks: list[Block] = [Heading(f"Inside {run_dir.name} (mhainterp analyze)", level)]
+    blocks += [Image(p, f"{run_dir.name}: {p.stem.replace('_', ' ')}") for p in shown]
     rest = [p.name for p in pngs if p not in shown]
     if rest:
-        blocks.append(_Paragraph(f"Also in {run_dir.name}/analysis/: {', '.join(rest)}."))
+        blocks.append(Paragraph(f"Also in {run_dir.name}/analysis/: {', '.join(rest)}."))
     return blocks
 
 
@@ -269,28 +142,41 @@ def _specialization_blocks(
 
     paths = save_specialization_figures(result, figure_dir)
     blocks: list[Block] = [
-        _Heading("Do the heads specialize?", level),
-        _Paragraph(
+        Heading(RUN_HEADING, level),
+        Paragraph(
             f"Role scores on {result.settings.n_sequences} held-out sequences; a role needs "
             f"corrected p < {result.settings.alpha:g} against the permutation and "
             f"initialisation nulls and effect ≥ {result.settings.min_effect:g}."
         ),
-        _Bullets(result.verdict.lines),
-        _Table(_head_table(result), "Per head: label and evidence."),
+        Bullets(result.verdict.lines),
+        Table(_head_table(result), "Per head: label and evidence."),
     ]
     if len(result.redundancy_groups):
-        blocks.append(_Table(_group_table(result), _GROUP_CAPTION))
+        blocks.append(Table(_group_table(result), _GROUP_CAPTION))
     captions = {
         "role_scores": "Share of each head's attention on each relation template (** = role).",
         "causal_matrix": "Accuracy lost on each target when one head is removed.",
         "consistency": "Cross-seed consistency of role profiles vs its nulls.",
     }
-    blocks += [_Image(p, captions.get(p.stem, p.stem)) for p in paths]
+    blocks += [Image(p, captions.get(p.stem, p.stem)) for p in paths]
     return blocks
 
 
+def _missing(
+    heading: str, folder: Path, what: str, settings: SpecializationSettings | None, level: int
+) -> list[Block]:
+    """The section that stands where a saved result is missing: its heading and a note."""
+    which = " made with the settings asked for" if settings is not None else ""
+    note = (
+        f"Not in this report: {folder} has no saved {what}{which}. Compute them with "
+        f"`mhainterp specialize {folder}` (`mhainterp report` does this before writing), then "
+        "write the report again."
+    )
+    return [Heading(heading, level), Paragraph(note)]
+
+
 def _run_blocks(
-    run_dir: Path, settings: SpecializationSettings, progress: bool, level: int
+    run_dir: Path, settings: SpecializationSettings | None, level: int
 ) -> tuple[list[Block], Verdict]:
     config = read_json(run_dir / "config.json")
     saved = read_json(run_dir / "eval.json")
@@ -301,16 +187,19 @@ def _run_blocks(
     )
     shape = f"h={model['n_heads']} heads of d_head={model['d_head']} in d_model={model['d_model']}"
     blocks: list[Block] = [
-        _Paragraph(
+        Paragraph(
             f"Task {task['name']} ({_params(task['params'])}); {shape}, {model['n_layers']} "
             f"layer(s), seed {model['seed']}; {train['steps']} steps at lr {train['lr']}. "
             f"Evaluation: loss {saved['loss']:.4f}; {accuracy}."
         )
     ]
-    result = cached_specialization(run_dir, settings, progress=progress)
-    blocks += _specialization_blocks(result, run_dir / "analysis", level)
+    result = saved_specialization(run_dir, settings)
+    if result is None:
+        blocks += _missing(RUN_HEADING, run_dir, "specialization results", settings, level)
+    else:
+        blocks += _specialization_blocks(result, run_dir / "analysis", level)
     blocks += _analysis_blocks(run_dir, level)
-    return blocks, result.verdict
+    return blocks, result.verdict if result is not None else Verdict([])
 
 
 def _params(params: dict[str, Any]) -> str:
@@ -337,8 +226,21 @@ def _summary_display(table: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def _saved_sweep(
+    sweep_dir: Path, settings: SpecializationSettings | None
+) -> SweepSpecialization | None:
+    """The sweep's saved specialization results (None if missing or made otherwise)."""
+    try:
+        spec = SweepSpecialization.load(sweep_dir)
+    except FileNotFoundError:
+        return None
+    if settings is not None and spec.result.settings != settings:
+        return None
+    return spec
+
+
 def _sweep_blocks(
-    sweep_dir: Path, settings: SpecializationSettings, progress: bool, level: int
+    sweep_dir: Path, settings: SpecializationSettings | None, level: int
 ) -> tuple[list[Block], Verdict, list[str]]:
     """A sweep's section, its verdict, and its findings (one line each)."""
     from mhainterp.sweep import summarize
@@ -350,33 +252,37 @@ def _sweep_blocks(
     write_csv(sweep_dir / "summary_comparisons.csv", summary.comparisons)
     train = config["train"]
     blocks: list[Block] = [
-        _Paragraph(
+        Paragraph(
             f"Task {config['task']} ({_params(config['task_params'])}); "
             f"model {_params(config['model'])}; "
             f"h ∈ {{{', '.join(map(str, config['n_heads']))}}} × seeds "
             f"{{{', '.join(map(str, config['seeds']))}}}; {train['steps']} steps at lr "
             f"{train['lr']}. {_params_sentence(results)}"
         ),
-        _Heading("Head count vs accuracy", level),
-        _Table(_summary_display(summary.table), "Seed table (mean and sample std over seeds)."),
+        Heading("Head count vs accuracy", level),
+        Table(_summary_display(summary.table), "Seed table (mean and sample std over seeds)."),
     ]
     if len(summary.comparisons):
         blocks.append(
-            _Table(
+            Table(
                 summary.comparisons.drop(columns=["task"]),
                 "Differences between head counts: Welch's test, bootstrap CI, seed-spread rule.",
             )
         )
-    blocks.append(_Bullets(summary.notes))
-    blocks += [_Image(p, c) for p, c in _sweep_figures(sweep_dir, results)]
-    spec = sweep_specialization(sweep_dir, settings, progress=progress)
-    spec.save(sweep_dir)
-    blocks += _sweep_specialization_blocks(spec, sweep_dir, level)
+    blocks.append(Bullets(summary.notes))
+    blocks += [Image(p, c) for p, c in _sweep_figures(sweep_dir, results)]
+    spec = _saved_sweep(sweep_dir, settings)
+    if spec is None:
+        what = "sweep-level specialization results"
+        blocks += _missing(SWEEP_HEADING, sweep_dir, what, settings, level)
+    else:
+        blocks += _sweep_specialization_blocks(spec, sweep_dir, level)
     for row in results.itertuples(index=False):
         blocks += _analysis_blocks(Path(row.run_dir), level, SWEEP_ANALYSIS_FIGURES)
     findings = [n for n in summary.notes if "exceeds the seed spread" in n or "no difference" in n]
-    findings += spec.notes[:1]
-    return blocks, spec.result.verdict, findings
+    if spec is None:
+        return blocks, Verdict([]), findings
+    return blocks, spec.result.verdict, [*findings, *spec.notes[:1]]
 
 
 def _sweep_figures(sweep_dir: Path, results: pd.DataFrame) -> list[tuple[Path, str]]:
@@ -399,7 +305,9 @@ def _sweep_figures(sweep_dir: Path, results: pd.DataFrame) -> list[tuple[Path, s
     ]
 
 
-def _sweep_specialization_blocks(spec: Any, sweep_dir: Path, level: int) -> list[Block]:
+def _sweep_specialization_blocks(
+    spec: SweepSpecialization, sweep_dir: Path, level: int
+) -> list[Block]:
     from mhainterp.figures._common import save_figure
     from mhainterp.figures.specialization import (
         causal_matrix_figure,
@@ -407,15 +315,15 @@ def _sweep_specialization_blocks(spec: Any, sweep_dir: Path, level: int) -> list
         role_heatmap,
         specialization_vs_heads,
     )
-    from mhainterp.specialization.sweep import display_summary
+    from mhainterp.specialization.over_sweep import display_summary
 
     result = spec.result
     blocks: list[Block] = [
-        _Heading("Do the heads specialize, and how does that change with h?", level),
-        _Table(display_summary(spec.summary), "Per head count, over seeds."),
-        _Bullets(spec.notes),
-        _Paragraph("Verdicts per head count:"),
-        _Bullets(result.verdict.lines),
+        Heading(SWEEP_HEADING, level),
+        Table(display_summary(spec.summary), "Per head count, over seeds."),
+        Bullets(spec.notes),
+        Paragraph("Verdicts per head count:"),
+        Bullets(result.verdict.lines),
     ]
     figures = [
         (
@@ -463,7 +371,7 @@ def _sweep_specialization_blocks(spec: Any, sweep_dir: Path, level: int) -> list
                 "Head x target damage, first seed of each head count.",
             )
         )
-    return blocks + [_Image(p, c) for p, c in figures]
+    return blocks + [Image(p, c) for p, c in figures]
 
 
 # ----------------------------------------------------------------------------- public API
@@ -474,17 +382,18 @@ def write_report(
     out: str | os.PathLike[str] | None = None,
     *,
     settings: SpecializationSettings | None = None,
-    progress: bool = False,
     **overrides: Any,
 ) -> tuple[Path, Path]:
-    """Write ``report.md`` and a self-contained ``report.html`` for a run, sweep or sweeps.
+    """Write ``report.md`` and a self-contained ``report.html`` for a run, sweep or sweeps,
+    from saved results only (compute the specialization results first with
+    :func:`~mhainterp.specialization.specialize_folder`).
 
     Args:
         path: A run folder, a sweep folder, or a folder of sweep folders.
         out: Where to write the two files (default: ``path``).
-        settings: Settings of the specialization test (``**overrides`` replace fields, e.g.
-            ``n_sequences=128``).
-        progress: Show progress bars.
+        settings: Show only specialization results saved with these settings
+            (``**overrides`` replace fields, e.g. ``n_sequences=128``); results saved with
+            other settings count as missing. None (and no overrides): whatever is saved.
         **overrides: :class:`~mhainterp.specialization.SpecializationSettings` fields.
 
     Returns:
@@ -494,32 +403,34 @@ def write_report(
         FileNotFoundError: If ``path`` is not one of the three kinds of folder.
 
     Example:
+        >>> from mhainterp.specialization import specialize_folder
+        >>> specialize_folder("runs/quickstart")  # doctest: +SKIP
         >>> md, html_path = write_report("runs/quickstart")  # doctest: +SKIP
     """
     path = Path(path)
     kind = report_kind(path)
-    settings = settings or SpecializationSettings()
     if overrides:
-        settings = SpecializationSettings.from_dict({**settings.to_dict(), **overrides})
+        base = settings or SpecializationSettings()
+        settings = SpecializationSettings.from_dict({**base.to_dict(), **overrides})
     out_dir = Path(out) if out is not None else path
     title = f"mhainterp report: {path.resolve().name}"
-    blocks: list[Block] = [_Heading(title, 1)]
+    blocks: list[Block] = [Heading(title, 1)]
     if kind == "run":
-        body, verdict = _run_blocks(path, settings, progress, level=2)
+        body, verdict = _run_blocks(path, settings, level=2)
         blocks += body
     elif kind == "sweep":
-        body, verdict, findings = _sweep_blocks(path, settings, progress, level=2)
-        blocks += [_Heading("Findings", 2), _Bullets(findings), *body]
+        body, verdict, findings = _sweep_blocks(path, settings, level=2)
+        blocks += [Heading("Findings", 2), Bullets(findings), *body]
     else:
         sections, runs, findings = [], [], []
         for sweep in sweep_folders(path):
-            body, sweep_verdict, sweep_findings = _sweep_blocks(sweep, settings, progress, 3)
-            sections += [_Heading(f"Sweep {sweep.name}", 2), *body]
+            body, sweep_verdict, sweep_findings = _sweep_blocks(sweep, settings, 3)
+            sections += [Heading(f"Sweep {sweep.name}", 2), *body]
             findings += sweep_findings
             runs += sweep_verdict.runs
         verdict = Verdict(runs)
-        blocks += [_Heading("Findings", 2), _Bullets(findings), *sections]
+        blocks += [Heading("Findings", 2), Bullets(findings), *sections]
     blocks += _caveats(verdict.caveats)
-    md_path = write_text(out_dir / "report.md", _render_markdown(blocks, out_dir))
-    html_path = write_text(out_dir / "report.html", _render_html(blocks, title))
+    md_path = write_text(out_dir / "report.md", render_markdown(blocks, out_dir))
+    html_path = write_text(out_dir / "report.html", render_html(blocks, title))
     return md_path, html_path

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from mhainterp.config import ModelConfig, SweepConfig, TrainConfig
 from mhainterp.io import read_json, write_csv, write_json
+from mhainterp.render import markdown_table
 from mhainterp.tasks import Task, get_task
 from mhainterp.training import build_model, is_finished_run, train
 from mhainterp.validation import check_option
@@ -264,11 +265,11 @@ class SweepSummary:
         parts = []
         for task, group in self.table.groupby("task", sort=False):
             parts.append(f"### {task}\n")
-            parts.append(_markdown_table(_display_table(group)))
+            parts.append(markdown_table(_display_table(group)))
             cmp = self.comparisons[self.comparisons["task"] == task]
             if len(cmp):
                 parts.append("")
-                parts.append(_markdown_table(_display_comparisons(cmp)))
+                parts.append(markdown_table(_display_comparisons(cmp)))
             parts.append("")
         parts.extend(f"- {note}" for note in self.notes)
         return "\n".join(parts) + "\n"
@@ -417,13 +418,6 @@ def _display_comparisons(cmp: pd.DataFrame) -> pd.DataFrame:
             "verdict": cmp["verdict"],
         }
     )
-
-
-def _markdown_table(df: pd.DataFrame) -> str:
-    header = "| " + " | ".join(str(c) for c in df.columns) + " |"
-    rule = "|" + "|".join("---" for _ in df.columns) + "|"
-    body = ["| " + " | ".join(str(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join([header, rule, *body])
 
 
 def load_curves(results: pd.DataFrame) -> pd.DataFrame:

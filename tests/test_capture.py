@@ -12,6 +12,7 @@ from torch.testing import assert_close
 from transformer_lens.head_detector import detect_head
 
 from mhainterp.capture import (
+    TemplateMass,
     attention_patterns,
     average_patterns,
     average_relations,
@@ -71,6 +72,26 @@ def test_template_mass_known_answers(model, task):
     assert_close(table.loc["relation_mass:previous", "L0H2"], 1.0, atol=1e-9, rtol=0)
     # The uniform head's weight on the previous key at query q is 1 / (q + 1).
     assert_close(table.loc["relation_mass:previous", "L0H1"], UNIFORM_WEIGHT, atol=1e-6, rtol=0)
+
+
+def test_template_mass_accumulator_by_hand():
+    # Two batches of one 3-position sequence, two heads; the template marks key 0 for query 1
+    # and keys 0, 2 for query 2; row 0 is empty and never counts.
+    head_a = torch.tensor([[1.0, 0, 0], [0.5, 0.5, 0], [0.2, 0.3, 0.5]])
+    head_b = torch.tensor([[1.0, 0, 0], [0, 1, 0], [0, 1, 0]])
+    patterns = torch.stack([head_a, head_b])[None, None]  # (1, 1, 2, 3, 3)
+    template = torch.tensor([[[0.0, 0, 0], [1, 0, 0], [1, 0, 1]]])
+    mass = TemplateMass()
+    rows = mass.add_template("t", patterns, template, torch.ones(1, 3).bool())
+    assert rows.tolist() == [[False, True, True]]
+    mass.add_template("t", patterns, template, torch.tensor([[True, False, True]]))
+    # Head a: 0.5 (q = 1) + 0.7 (q = 2), then 0.7 again; head b: 0 everywhere.
+    assert mass.counts == {"t": 3.0}
+    assert_close(mass.mean("t"), torch.tensor([[1.9 / 3, 0.0]], dtype=torch.float64))
+    mass.add(patterns, {"u": template}, torch.zeros(1, 3).bool())
+    assert mass.counts["u"] == 0.0 and bool(mass.mean("u").isnan().all())  # nothing counted
+    with pytest.raises(ValueError, match="relation 't' has shape"):
+        mass.add_template("t", patterns, template[:, :2], torch.ones(1, 3).bool())
 
 
 def test_task_as_data_uses_its_relations_and_eval_set(model, task):

@@ -1,12 +1,98 @@
-"""The README's main job, end to end, at a tiny size (the real one trains 1,500 steps)."""
+"""The README's main job: its plan (fast, the heavy steps recorded instead of run), and the
+whole of it end to end at a tiny size (slow; the real one trains 1,500 steps)."""
 
 from __future__ import annotations
 
-import pandas as pd
+from pathlib import Path
 
+import pandas as pd
+import pytest
+
+import mhainterp.analyze
+import mhainterp.demo
+import mhainterp.report
+import mhainterp.specialization
 from mhainterp.cli import main
 
 
+class _Summary:
+    def __init__(self, task: str) -> None:
+        self.task = task
+
+    def to_markdown(self) -> str:
+        return f"### {self.task}\n"
+
+
+def test_demo_plan_sweeps_and_analyses_each_task_then_specializes_then_reports(
+    tmp_path, monkeypatch, capsys
+):
+    calls: list[tuple] = []
+
+    def sweep(config, out, executor, progress):
+        calls.append(("sweep", config.task, Path(out), executor))
+        calls.append(("config", config.task_params, config.n_heads, config.seeds, config.model))
+        calls.append(("steps", config.train.steps))
+        return _Summary(config.task)
+
+    def analyze(run_dir, *, reference):
+        calls.append(("analyze", Path(run_dir), reference))
+        return []
+
+    def specialize(path, settings=None, **options):
+        calls.append(("specialize", Path(path)))
+        return []
+
+    def report(path, out=None, **options):
+        calls.append(("report", Path(path)))
+        return Path(path) / "report.md", Path(path) / "report.html"
+
+    monkeypatch.setattr(mhainterp.demo, "run_sweep_with_figures", sweep)
+    monkeypatch.setattr(mhainterp.analyze, "analyze_run", analyze)
+    monkeypatch.setattr(mhainterp.specialization, "specialize_folder", specialize)
+    monkeypatch.setattr(mhainterp.report, "write_report", report)
+    out = tmp_path / "quick"
+    args = ["demo", "--out", str(out), "--steps", "8", "--seeds", "0,1", "--n-heads", "1,2"]
+    args += ["--executor", "local"]
+    assert main(args) == 0
+    runs = {task: out / task / "runs" for task in ("count_previous", "reverse")}
+    params = {"seq_len": 16, "d_vocab": 10}
+    model = {"d_model": 64, "n_layers": 1}
+    assert calls == [
+        ("sweep", "count_previous", out / "count_previous", "local"),
+        ("config", params, [1, 2], [0, 1], model),
+        ("steps", 8),
+        # The run with the most heads (first seed) is analysed, the one-head run as reference.
+        ("analyze", runs["count_previous"] / "h2_seed0", runs["count_previous"] / "h1_seed0"),
+        ("sweep", "reverse", out / "reverse", "local"),
+        ("config", params, [1, 2], [0, 1], model),
+        ("steps", 8),
+        ("analyze", runs["reverse"] / "h2_seed0", runs["reverse"] / "h1_seed0"),
+        # The report only reads, so the specialization results are saved first.
+        ("specialize", out),
+        ("report", out),
+    ]
+    printed = capsys.readouterr().out
+    assert "### count_previous" in printed and "### reverse" in printed
+    assert f"report: {out / 'report.md'}" in printed
+
+
+def test_demo_defaults_are_the_readme_protocol(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(
+        mhainterp.demo,
+        "run_sweep_with_figures",
+        lambda config, out, executor, progress: seen.append(config) or _Summary(config.task),
+    )
+    monkeypatch.setattr(mhainterp.specialization, "specialize_folder", lambda *a, **k: [])
+    monkeypatch.setattr(mhainterp.report, "write_report", lambda *a, **k: (Path(), Path()))
+    mhainterp.demo.run_demo(tmp_path, analysis=False, executor="local", progress=False)
+    assert [c.task for c in seen] == ["count_previous", "reverse"]
+    assert {(tuple(c.n_heads), tuple(c.seeds), c.train.steps) for c in seen} == {
+        ((1, 4, 8), (0, 1, 2), 1500)
+    }
+
+
+@pytest.mark.slow
 def test_demo_runs_both_sweeps_analyses_heads_and_writes_the_report(tmp_path, capsys):
     out = tmp_path / "quick"
     args = ["demo", "--out", str(out), "--steps", "8", "--seeds", "0,1", "--n-heads", "1,2"]
@@ -21,7 +107,9 @@ def test_demo_runs_both_sweeps_analyses_heads_and_writes_the_report(tmp_path, ca
         analysis = out / task / "runs" / "h2_seed0" / "analysis"
         assert (analysis / "similarity_separation.png").is_file()
         assert (analysis / "ablation_importance.csv").is_file()
+        assert (out / task / "specialization_notes.json").is_file()  # saved before the report
     report = (out / "report.md").read_text()
+    assert "Not in this report" not in report
     accuracy = pd.read_csv(out / "reverse" / "summary_table.csv")["val_accuracy_mean"].iloc[0]
     assert f"{accuracy:.3f}" in report  # the report states the measured numbers
     html = (out / "report.html").read_text()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -14,14 +15,16 @@ from mhainterp.cli import report as report_cli
 from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.io import read_json
+from mhainterp.render import format_value
 from mhainterp.report import report_kind, sweep_folders, write_report
 from mhainterp.specialization import (
     SpecializationResult,
     SpecializationSettings,
+    SweepSpecialization,
     cached_specialization,
+    specialize_folder,
     sweep_specialization,
 )
-from mhainterp.specialization.text import format_value
 from mhainterp.sweep import run_sweep, summarize
 from mhainterp.tasks import get_task
 from mhainterp.training import evaluate, save_run
@@ -49,6 +52,7 @@ def sweeps(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(sweeps):
+    specialize_folder(sweeps, n_sequences=N_SEQUENCES, progress=False)  # the report only reads
     md, html = write_report(sweeps, n_sequences=N_SEQUENCES)
     return md.read_text(encoding="utf-8"), html.read_text(encoding="utf-8")
 
@@ -102,6 +106,46 @@ def test_report_contains_the_specialization_numbers(sweeps, report):
     assert "Attention is a clue, not an explanation" in md
 
 
+def test_saved_sweep_specialization_reads_back_equal(sweeps, report):
+    sweep = sweeps / "multi_relation"
+    spec = sweep_specialization(sweep, n_sequences=N_SEQUENCES, progress=False)
+    loaded = SweepSpecialization.load(sweep)
+    assert loaded.notes == spec.notes
+    assert loaded.result.verdict.lines == spec.result.verdict.lines
+    assert loaded.result.settings == spec.result.settings
+    pd.testing.assert_frame_equal(loaded.summary, spec.summary, check_dtype=False)
+    pd.testing.assert_frame_equal(
+        loaded.result.heads, spec.result.heads, check_dtype=False, check_exact=False
+    )
+
+
+def test_report_computes_nothing_and_says_what_is_missing(sweeps, tmp_path):
+    # A sweep whose specialization results were never saved: the report still has the seed
+    # table, says plainly that the specialization results are missing, and writes none.
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    for name in ("sweep.json", "results.csv"):
+        (sweep / name).write_bytes((sweeps / "count_previous" / name).read_bytes())
+    results = pd.read_csv(sweep / "results.csv")
+    results["run_dir"] = [str(sweeps / "count_previous" / "runs" / Path(r).name)
+                          for r in results["run_dir"]]  # fmt: skip
+    results.to_csv(sweep / "results.csv", index=False)
+    md_path, _ = write_report(sweep)
+    md = md_path.read_text(encoding="utf-8")
+    assert f"Not in this report: {sweep} has no saved sweep-level specialization results" in md
+    assert f"`mhainterp specialize {sweep}`" in md
+    assert "| val acc (seed mean) |" in md  # the seed table is there
+    assert not (sweep / "specialization_notes.json").exists()
+    # Results saved with other settings count as missing when settings are asked for.
+    run_dir = sweeps / "count_previous" / "runs" / "h2_seed0"
+    cached_specialization(run_dir, SpecializationSettings(n_sequences=N_SEQUENCES))
+    md_path, _ = write_report(run_dir, tmp_path / "other", n_sequences=N_SEQUENCES + 1)
+    other = md_path.read_text(encoding="utf-8")
+    assert "has no saved specialization results made with the settings asked for" in other
+    md_path, _ = write_report(run_dir, tmp_path / "same", n_sequences=N_SEQUENCES)
+    assert "Not in this report" not in md_path.read_text(encoding="utf-8")
+
+
 def test_html_is_self_contained(report):
     md, html = report
     sources = re.findall(r'src="([^"]*)"', html)
@@ -126,7 +170,7 @@ def test_run_specialization_is_cached(sweeps):
     run_dir = sweeps / "count_previous" / "runs" / "h2_seed0"
     settings = SpecializationSettings(n_sequences=N_SEQUENCES)
     meta = run_dir / "analysis" / "specialization.json"
-    assert meta.is_file()  # written by the report
+    assert meta.is_file()  # written by specialize_folder before the report
     stamp = meta.stat().st_mtime_ns
     again = cached_specialization(run_dir, settings)
     assert meta.stat().st_mtime_ns == stamp  # reused, not recomputed
@@ -151,6 +195,7 @@ def test_a_result_missing_a_table_is_recomputed_not_misread(sweeps, tmp_path):
 
 def test_run_report(sweeps, tmp_path):
     run_dir = sweeps / "multi_relation" / "runs" / "h2_seed1"
+    specialize_folder(run_dir, n_sequences=N_SEQUENCES, progress=False)
     md_path, html_path = write_report(run_dir, tmp_path, n_sequences=N_SEQUENCES)
     md = md_path.read_text(encoding="utf-8")
     result = cached_specialization(run_dir, SpecializationSettings(n_sequences=N_SEQUENCES))
@@ -203,6 +248,7 @@ def test_run_report_shows_groups_tested_as_a_whole(tmp_path):
     metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
     saved = {**evaluate(model, task, n_eval=64), "status": "finished"}
     save_run(tmp_path / "run", model, task, TrainConfig(steps=1), metrics, saved)
+    specialize_folder(tmp_path / "run", n_sequences=64, progress=False)
     md_path, html_path = write_report(tmp_path / "run", tmp_path / "report", n_sequences=64)
     md = md_path.read_text(encoding="utf-8")
     assert "Groups of three or more heads" in md

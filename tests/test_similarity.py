@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-import mhainterp.similarity as similarity_module
+import mhainterp.similarity.measures as similarity_module
 from mhainterp.config import ModelConfig
 from mhainterp.figures.similarity import plot_head_map, plot_similarity_heatmap
 from mhainterp.handbuilt import handbuilt_model

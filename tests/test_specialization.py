@@ -13,8 +13,8 @@ import torch
 from scipy import stats
 from torch.testing import assert_close
 
-from mhainterp.ablation import ablate, head_importance
-from mhainterp.capture import head_statistics, visible_keys
+from mhainterp.ablation import ablate, head_importance, pairwise_ablation
+from mhainterp.capture import visible_keys
 from mhainterp.config import ModelConfig
 from mhainterp.figures.specialization import (
     causal_matrix_figure,
@@ -43,6 +43,7 @@ from mhainterp.specialization import (
     permutation_null_samples,
     profile_similarity,
     redundancy_groups,
+    redundancy_pairs,
     role_scores,
     role_templates,
     selectivity_index,
@@ -204,16 +205,30 @@ def test_exact_permutation_moments_match_monte_carlo():
         assert float(draws.std()) == pytest.approx(exact.loc[role, "perm_std"], rel=0.06)
 
 
-def test_role_scores_equal_capture_template_mass(previous_task):
-    # No padding, causal, every previous key visible: the role score is capture's "mul" score.
+def test_role_scores_known_values(previous_task):
+    # Causal, no padding: the previous role counts queries 1..T-1 (query 0 has no previous key
+    # and sees one key). Exact previous head: 1; uniform head: the mean of 1 / (q + 1); a head
+    # on position 0 is on the previous key only at q = 1.
     model = handbuilt_model(["previous", "uniform", "first"])
-    batch = previous_task.eval_batch(128)
     roles = role_scores(model, previous_task, n_sequences=128)
-    stats_table = head_statistics(model, batch, relations=previous_task)
-    mass = stats_table[stats_table["metric"] == "relation_mass:previous"]["value"].to_numpy()
-    mine = roles[roles["role"] == "previous"]["score"].to_numpy()
-    np.testing.assert_allclose(mine, mass, atol=1e-9)
-    assert mine[0] == pytest.approx(1.0, abs=1e-6)
+    previous = roles[roles["role"] == "previous"]
+    uniform = sum(1.0 / (q + 1) for q in range(1, T)) / (T - 1)
+    np.testing.assert_allclose(previous["score"], [1.0, uniform, 1.0 / (T - 1)], atol=1e-6)
+    assert previous["n_queries"].tolist() == [128 * (T - 1)] * 3
+    assert previous["chance"].iloc[0] == pytest.approx(uniform)  # s = 1 of q + 1 keys
+
+
+def test_role_sums_mass_is_capture_template_mass():
+    # RoleSums keeps its masses in capture's accumulator, with the role's query rule: a query
+    # counts when it sees >= 2 keys and one of its template keys is visible.
+    patterns = torch.tensor([[1.0, 0, 0], [0.5, 0.5, 0], [0.25, 0.25, 0.5]])[None, None, None]
+    template = torch.tensor([[[1.0, 0, 0], [1, 0, 0], [0, 0, 1]]])  # keys 0, 0, 2
+    sums = RoleSums()
+    sums.add_batch(patterns, {"mine": template}, visible_keys(torch.ones(1, 3).bool(), True))
+    # Query 0 sees one key: left out. Masses 0.5 (q = 1) and 0.5 (q = 2).
+    assert sums.mass.counts == {"mine": 2.0}
+    assert_close(sums.mass.mean("mine"), torch.tensor([[0.5]], dtype=torch.float64))
+    assert role_frame(sums).loc[0, "score"] == pytest.approx(0.5)
 
 
 def test_role_templates_drop_generic_duplicates():
@@ -371,6 +386,23 @@ def test_a_group_of_copies_is_tested_as_a_whole(previous_task):
     assert row["damage_keep_one_max"] == pytest.approx(kept_first - clean, abs=1e-5)  # symmetric
     assert row["damage_keep_one_mean"] == pytest.approx(kept_first - clean, abs=1e-5)
     assert row["damage_all"] > 0.5 and row["backup"] > 0.9 and bool(row["redundant"])
+
+
+def test_redundancy_reads_its_thresholds_from_the_settings(previous_task):
+    model = handbuilt_model(["previous"] * 3, d_head=18)
+    batch = previous_task.eval_batch(64)
+    pairs = redundancy_pairs(model, batch)  # defaults: exact copies are similar and redundant
+    assert pairs["similar"].all() and pairs["redundant"].all()
+    # No removal of these heads costs 50 nats, so nothing passes that joint-damage bar.
+    strict = SpecializationSettings(min_joint_damage=50.0)
+    strict_pairs = redundancy_pairs(model, batch, strict)
+    assert strict_pairs["similar"].all() and not strict_pairs["redundant"].any()
+    assert not redundancy_groups(model, batch, strict)["redundant"].any()
+    # The ablation method comes from the settings too.
+    zero = redundancy_pairs(model, batch, SpecializationSettings(ablation_method="zero"))
+    direct = pairwise_ablation(model, batch, "zero")
+    direct = direct[direct["metric"] == "loss"]["damage_joint"].to_numpy()
+    np.testing.assert_allclose(zero["damage_joint"].to_numpy(), direct)
 
 
 def test_similar_heads_nobody_needs_are_not_a_redundant_group(previous_task):

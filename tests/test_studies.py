@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
+import pytest
 
 ANALYSIS = Path(__file__).resolve().parent.parent / "analysis"
 
@@ -19,6 +21,78 @@ def _load(name: str):
     return module
 
 
+def _printable() -> SimpleNamespace:
+    return SimpleNamespace(to_markdown=lambda: "")
+
+
+def _report(calls: list[tuple]):
+    """A write_report that records its call."""
+
+    def report(path, settings):
+        calls.append(("report", path))
+        return path / "report.md", path / "report.html"
+
+    return report
+
+
+def test_head_count_study_plan(tmp_path, monkeypatch):
+    # The study's steps in order, the heavy ones recorded instead of run.
+    study = _load("head_count_study")
+    calls: list[tuple] = []
+
+    def sweep(config, out, executor, progress):
+        calls.append(("sweep", config.task, config.n_heads, config.seeds, config.train.steps, out))
+        return _printable()
+
+    def specialize(path, settings, progress):
+        calls.append(("specialize", path, settings.n_sequences))
+
+    monkeypatch.setattr(study, "run_sweep_with_figures", sweep)
+    monkeypatch.setattr(study, "specialize_folder", specialize)
+    monkeypatch.setattr(study, "write_report", _report(calls))
+    assert study.main(["--out", str(tmp_path), "--quick", "--executor", "local", "--quiet"]) == 0
+    assert calls == [
+        ("sweep", "count_previous", [1, 4], [0, 1, 2], 150, tmp_path / "count_previous"),
+        ("sweep", "reverse", [1, 4], [0, 1, 2], 150, tmp_path / "reverse"),
+        ("specialize", tmp_path, 128),  # the report only reads: computed first
+        ("report", tmp_path),
+    ]
+
+
+def test_specialization_study_plan(tmp_path, monkeypatch):
+    study = _load("specialization_study")
+    calls: list[tuple] = []
+
+    def sweep(config, out, executor, progress):
+        calls.append(("sweep", config.task, out))
+        return _printable()
+
+    def analyze(run_dir, n_eval, progress):
+        calls.append(("analyze", run_dir.name, n_eval))
+
+    def specialize(sweep, settings, progress):
+        calls.append(("specialize", sweep.name, settings.n_sequences))
+        verdict = SimpleNamespace(lines=["a verdict"])
+        save = lambda out: calls.append(("save", out))  # noqa: E731
+        return SimpleNamespace(to_markdown=lambda: "", result=SimpleNamespace(verdict=verdict),
+                               save=save)  # fmt: skip
+
+    monkeypatch.setattr(study, "run_sweep_with_figures", sweep)
+    monkeypatch.setattr(study, "analyze_run", analyze)
+    monkeypatch.setattr(study, "sweep_specialization", specialize)
+    monkeypatch.setattr(study, "write_report", _report(calls))
+    args = ["--out", str(tmp_path), "--tasks", "reverse", "--quick", "--executor", "local"]
+    assert study.main([*args, "--quiet"]) == 0
+    assert calls == [
+        ("sweep", "reverse", tmp_path / "reverse"),
+        ("analyze", "h4_seed0", 256),  # --quick: only the largest head count, seed 0
+        ("specialize", "reverse", 128),
+        ("save", tmp_path / "reverse"),  # saved before the report reads it
+        ("report", tmp_path),
+    ]
+
+
+@pytest.mark.slow
 def test_head_count_study_writes_seed_tables_and_report(tmp_path):
     study = _load("head_count_study")
     args = [
@@ -50,6 +124,7 @@ def test_head_count_study_writes_seed_tables_and_report(tmp_path):
     assert (tmp_path / "report.md").is_file() and (tmp_path / "report.html").is_file()
 
 
+@pytest.mark.slow
 def test_specialization_study_writes_report(tmp_path):
     study = _load("specialization_study")
     args = [

@@ -17,7 +17,6 @@ COMMAND_MODULES = (
     "mhainterp.cli.core",
     "mhainterp.cli.inspect",
     "mhainterp.cli.report",
-    "mhainterp.cli.bench",
 )
 
 DESCRIPTION = """\

@@ -125,38 +125,34 @@ def _settings(args: argparse.Namespace) -> Any:
 
 
 def _cmd_specialize(args: argparse.Namespace) -> int:
-    from mhainterp.report import report_kind, sweep_folders
-    from mhainterp.specialization import cached_specialization, sweep_specialization
-    from mhainterp.specialization.text import markdown_table
+    from mhainterp.render import markdown_table
+    from mhainterp.specialization import SpecializationResult, specialize_folder
 
     path = Path(args.path)
-    kind = report_kind(path)
-    settings = _settings(args)
-    progress = not args.quiet
-    if kind == "run":
-        result = cached_specialization(path, settings, progress=progress)
-        print(markdown_table(result.heads[HEAD_COLUMNS]))
-        print()
-        print(result.verdict.text)
-        print()
-        for caveat in result.verdict.caveats:
-            print(f"- {caveat}")
-        print(f"\ntables saved in {path / 'analysis'}")
-        return 0
-    sweeps = [path] if kind == "sweep" else sweep_folders(path)
-    for sweep in sweeps:
-        spec = sweep_specialization(sweep, settings, progress=progress)
-        spec.save(sweep)
-        print(f"## {sweep.name}\n")
-        print(spec.to_markdown())
-        print("\n".join(spec.result.verdict.lines))
-        print(f"\ntables saved in {sweep}\n")
+    for folder, result in specialize_folder(path, _settings(args), progress=not args.quiet):
+        if isinstance(result, SpecializationResult):  # a run folder
+            print(markdown_table(result.heads[HEAD_COLUMNS]))
+            print()
+            print(result.verdict.text)
+            print()
+            for caveat in result.verdict.caveats:
+                print(f"- {caveat}")
+            print(f"\ntables saved in {folder / 'analysis'}")
+            continue
+        print(f"## {folder.name}\n")
+        print(result.to_markdown())
+        print("\n".join(result.result.verdict.lines))
+        print(f"\ntables saved in {folder}\n")
     return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from mhainterp.report import write_report
+    from mhainterp.specialization import specialize_folder
 
-    md, html = write_report(args.path, args.out, settings=_settings(args), progress=not args.quiet)
+    settings = _settings(args)
+    # The report only reads: compute (or reuse) the specialization results it shows first.
+    specialize_folder(args.path, settings, progress=not args.quiet)
+    md, html = write_report(args.path, args.out, settings=settings)
     print(f"report: {md}\n        {html}")
     return 0

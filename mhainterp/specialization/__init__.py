@@ -17,7 +17,8 @@ measurement:
 ``settings``      :class:`SpecializationSettings`: every threshold, validated
 ``labels``        one label per head: dead > redundant > role > unspecialized (mixing)
 ``core``          :func:`specialization_test`: the tables, labels and verdict of runs
-``sweep``         :func:`sweep_specialization`: specialization, redundancy and accuracy vs h
+``over_sweep``    :func:`sweep_specialization`: specialization, redundancy and accuracy vs h;
+                  :func:`specialize_folder`: compute and save what a report reads
 ``verdict``       the verdict objects whose text is generated from the numbers
 ================  ==========================================================================
 
@@ -65,6 +66,15 @@ from mhainterp.specialization.nulls import (
     init_p_values,
     matched_seeds,
 )
+from mhainterp.specialization.over_sweep import (
+    SUMMARY_COLUMNS,
+    SweepSpecialization,
+    cached_specialization,
+    saved_specialization,
+    specialization_summary,
+    specialize_folder,
+    sweep_specialization,
+)
 from mhainterp.specialization.redundancy import (
     redundancy_groups,
     redundancy_pairs,
@@ -81,13 +91,6 @@ from mhainterp.specialization.roles import (
     role_templates,
 )
 from mhainterp.specialization.settings import SpecializationSettings
-from mhainterp.specialization.sweep import (
-    SUMMARY_COLUMNS,
-    SweepSpecialization,
-    cached_specialization,
-    specialization_summary,
-    sweep_specialization,
-)
 from mhainterp.specialization.verdict import RunVerdict, Verdict, format_p
 
 __all__ = [
@@ -137,6 +140,8 @@ __all__ = [
     "selectivity_index",
     "specialization_summary",
     "specialization_test",
+    "saved_specialization",
+    "specialize_folder",
     "sweep_specialization",
     "target_damage",
 ]

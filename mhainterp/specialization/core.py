@@ -175,7 +175,7 @@ class SpecializationResult:
 
     def to_markdown(self) -> str:
         """The verdict, its caveats and the per-head table as Markdown."""
-        from mhainterp.specialization.text import markdown_table
+        from mhainterp.render import markdown_table
 
         columns = ["run", "head_label", "label", "top_role", "top_effect", "top_p_adj"]
         columns += ["output_ratio", "total_damage", "causal_target", "causal_selectivity"]
@@ -334,15 +334,11 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
         causal_heads["p_selectivity"] = math.nan
         causal_matrix = damage.frame()
         model_numbers = (math.nan, math.nan, math.nan)
-    redundancy_settings = {
-        "method": settings.ablation_method,
-        "min_similarity": settings.min_similarity,
-        "backup_ratio": settings.backup_ratio,
-        "min_joint_damage": settings.min_joint_damage,
+    redundancy_inputs = {
         "dead": dead,
         "similarity": head_similarity(model, batch, method=settings.similarity_method),
     }
-    pairs = redundancy_pairs(model, batch, **redundancy_settings)
+    pairs = redundancy_pairs(model, batch, settings, **redundancy_inputs)
     label_evidence = (
         causal_matrix,
         causal_heads,
@@ -356,7 +352,7 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
     role_groups = [
         (f"role:{role}", list(g["head_label"])) for role, g in held.groupby("role") if len(g) >= 3
     ]  # pairs are the pair test's
-    groups = redundancy_groups(model, batch, groups=role_groups, **redundancy_settings)
+    groups = redundancy_groups(model, batch, settings, groups=role_groups, **redundancy_inputs)
     heads = label_heads(roles, ratio, redundant_partners(pairs, groups), *label_evidence)
     accuracy = float(evaluate(model, batch)["accuracy"])
     meta = {"run": inp.run, "task": task.name, "n_heads": model.cfg.n_heads, "seed": inp.seed}

@@ -38,6 +38,7 @@ import pandas as pd
 from mhainterp.ablation import ablate_sets, pairwise_ablation
 from mhainterp.model import HookedMHATransformer
 from mhainterp.similarity import head_similarity
+from mhainterp.specialization.settings import SpecializationSettings
 from mhainterp.tasks import Batch
 
 __all__ = [
@@ -67,12 +68,8 @@ REDUNDANCY_COLUMNS = [
 def redundancy_pairs(
     model: HookedMHATransformer,
     batch: Batch,
+    settings: SpecializationSettings | None = None,
     *,
-    method: str = "mean",
-    similarity_method: str = "js",
-    min_similarity: float = 0.9,
-    backup_ratio: float = 0.5,
-    min_joint_damage: float = 0.005,
     dead: Iterable[str] = (),
     similarity: pd.DataFrame | None = None,
     pairwise: pd.DataFrame | None = None,
@@ -82,11 +79,13 @@ def redundancy_pairs(
     Args:
         model: The model.
         batch: Evaluation batch (and ablation reference).
-        method: Ablation method for :func:`~mhainterp.ablation.pairwise_ablation`.
-        similarity_method: A :func:`~mhainterp.similarity.head_similarity` method.
-        min_similarity: Similarity at or above which two heads count as similar.
-        backup_ratio: ``interaction / damage_joint`` at or above which they back each other up.
-        min_joint_damage: Loss increase (nats) removing both must cause at least.
+        settings: The thresholds (default :class:`SpecializationSettings`): it uses
+            ``ablation_method`` (for :func:`~mhainterp.ablation.pairwise_ablation`),
+            ``similarity_method`` (a :func:`~mhainterp.similarity.head_similarity` method),
+            ``min_similarity`` (at or above which two heads count as similar),
+            ``backup_ratio`` (``interaction / damage_joint`` at or above which they back each
+            other up) and ``min_joint_damage`` (loss increase, in nats, removing both must
+            cause at least).
         dead: Labels of dead heads (never redundant).
         similarity: A precomputed square similarity matrix (skips computing it).
         pairwise: A precomputed ``pairwise_ablation`` table (skips computing it).
@@ -105,15 +104,16 @@ def redundancy_pairs(
         >>> pairs[["head_a", "head_b", "redundant"]].values.tolist()
         [['L0H0', 'L0H1', True]]
     """
+    settings = settings or SpecializationSettings()
     if len(model.head_labels) < 2:
         return pd.DataFrame(columns=REDUNDANCY_COLUMNS)
     if similarity is None:
-        similarity = head_similarity(model, batch, method=similarity_method)
+        similarity = head_similarity(model, batch, method=settings.similarity_method)
     dead = set(dead)
     labels = list(similarity.index)
     pairs = [(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :]]
     if pairwise is None:
-        pairwise = _similar_pairwise(model, batch, method, similarity, pairs, min_similarity, dead)
+        pairwise = _similar_pairwise(model, batch, settings, similarity, pairs, dead)
     loss = pairwise[pairwise["metric"] == "loss"].set_index(["head_a", "head_b"])
     rows = []
     for a, b in pairs:
@@ -122,8 +122,8 @@ def redundancy_pairs(
         joint = float(r["damage_joint"]) if r is not None else np.nan
         interaction = float(r["interaction"]) if r is not None else np.nan
         backup = interaction / joint if joint > 0 else np.nan
-        similar = sim >= min_similarity
-        backs_up = bool(joint >= min_joint_damage and backup >= backup_ratio)
+        similar = sim >= settings.min_similarity
+        backs_up = bool(joint >= settings.min_joint_damage and backup >= settings.backup_ratio)
         rows.append(
             {
                 "head_a": a,
@@ -145,21 +145,20 @@ def redundancy_pairs(
 def _similar_pairwise(
     model: HookedMHATransformer,
     batch: Batch,
-    method: str,
+    settings: SpecializationSettings,
     similarity: pd.DataFrame,
     pairs: list[tuple[str, str]],
-    min_similarity: float,
     dead: set[str],
 ) -> pd.DataFrame:
     """Pairwise ablation among the live heads that have a similar partner (only those pairs
     can be redundant, and ablating every pair of a 16-head model would take 120 passes)."""
-    heads = sorted(
-        {h for a, b in pairs if similarity.loc[a, b] >= min_similarity for h in (a, b)} - dead,
-        key=list(similarity.index).index,
-    )
+    similar = {
+        h for a, b in pairs if similarity.loc[a, b] >= settings.min_similarity for h in (a, b)
+    }
+    heads = sorted(similar - dead, key=list(similarity.index).index)
     if len(heads) < 2:
         return pd.DataFrame(columns=["head_a", "head_b", "metric"])
-    return pairwise_ablation(model, batch, method, heads=heads)
+    return pairwise_ablation(model, batch, settings.ablation_method, heads=heads)
 
 
 GROUP_COLUMNS = [
@@ -209,12 +208,8 @@ def similar_groups(
 def redundancy_groups(
     model: HookedMHATransformer,
     batch: Batch,
+    settings: SpecializationSettings | None = None,
     *,
-    method: str = "mean",
-    similarity_method: str = "js",
-    min_similarity: float = 0.9,
-    backup_ratio: float = 0.5,
-    min_joint_damage: float = 0.005,
     dead: Iterable[str] = (),
     similarity: pd.DataFrame | None = None,
     groups: Sequence[tuple[str, Sequence[str]]] = (),
@@ -222,8 +217,9 @@ def redundancy_groups(
     """Groups of heads tested as a whole: their group-ablation backup and verdict.
 
     Args:
-        model, batch, method, similarity_method, min_similarity, backup_ratio,
-            min_joint_damage, dead, similarity: As in :func:`redundancy_pairs`.
+        model, batch, settings, dead, similarity: As in :func:`redundancy_pairs` (here
+            ``min_joint_damage`` applies to removing the whole group and ``backup_ratio`` to
+            the group's backup).
         groups: More ``(basis, heads)`` groups to test (e.g. heads sharing a role) besides the
             similar groups (:func:`similar_groups`); a set of heads is tested once, its bases
             joined by ``+``; sets of fewer than three heads are skipped.
@@ -241,11 +237,13 @@ def redundancy_groups(
         >>> redundancy_groups(model, batch)[["heads", "redundant"]].values.tolist()
         [['L0H0;L0H1;L0H2', True]]
     """
+    settings = settings or SpecializationSettings()
     if similarity is None:
-        similarity = head_similarity(model, batch, method=similarity_method)
+        similarity = head_similarity(model, batch, method=settings.similarity_method)
     order = list(similarity.index)
     bases: dict[tuple[str, ...], list[str]] = {}
-    candidates = [("similarity", g) for g in similar_groups(similarity, min_similarity, dead)]
+    similar = similar_groups(similarity, settings.min_similarity, dead)
+    candidates = [("similarity", g) for g in similar]
     for basis, members in [*candidates, *groups]:
         key = tuple(sorted(set(members), key=order.index))
         if len(key) >= 3 and basis not in bases.setdefault(key, []):
@@ -257,7 +255,7 @@ def redundancy_groups(
     for group in groups:
         head_sets.append(group)  # remove the whole group
         head_sets += [[h for h in group if h != keep] for keep in group]  # keep one member
-    table = ablate_sets(model, batch, head_sets, method)
+    table = ablate_sets(model, batch, head_sets, settings.ablation_method)
     damage = table["delta_loss"].to_numpy()
     rows, start = [], 0
     for group in groups:
@@ -274,7 +272,9 @@ def redundancy_groups(
                 "damage_keep_one_mean": float(keep_one.mean()),
                 "damage_keep_one_max": float(keep_one.max()),
                 "backup": backup,
-                "redundant": bool(damage_all >= min_joint_damage and backup >= backup_ratio),
+                "redundant": bool(
+                    damage_all >= settings.min_joint_damage and backup >= settings.backup_ratio
+                ),
             }
         )
     return pd.DataFrame(rows, columns=GROUP_COLUMNS)

@@ -9,8 +9,10 @@ TransformerLens's ``detect_head`` "mul" score, the share of attention on the tem
 
 where a query counts when it is a real token, sees at least two keys (a query that sees one key
 has no choice to make) and at least one of its template keys is visible (so a causal head is not
-blamed for missing a key it may not see; row 0 of ``previous`` never counts). With no padding
-and every template key visible this is exactly ``capture.head_statistics``' ``relation_mass``.
+blamed for missing a key it may not see; row 0 of ``previous`` never counts). The sums are
+capture's :class:`~mhainterp.capture.TemplateMass`, the accumulator behind
+``capture.head_statistics``' ``relation_mass``, given these queries and the template restricted
+to the visible keys.
 
 ``uniform`` is scored differently: its template is every visible key, so the share would be 1 for
 every head. Its score is instead the overlap of the head's distribution with the uniform one,
@@ -51,7 +53,8 @@ from scipy import stats
 from torch import Tensor
 
 from mhainterp.capture import (
-    capture_activations,
+    TemplateMass,
+    iter_activations,
     pattern_hook_names,
     statistic_queries,
     visible_keys,
@@ -210,31 +213,28 @@ def nested_roles(
 class RoleSums:
     """Running sums, per role, that give the role scores and their permutation null.
 
-    All tensors are float64 ``[L, h]`` except ``count`` and ``chance_sum`` (per role scalars).
-
     Attributes:
-        mass_sum: Sum over counted queries of the mass on the template.
-        perm_var_sum: Sum over counted queries of the permutation variance of that mass.
-        chance_sum: Sum over counted queries of ``s / n`` (the null mean of the mass).
-        count: Number of counted queries.
+        mass: The share of attention on each role's template, over the counted queries
+            (capture's :class:`~mhainterp.capture.TemplateMass`; for ``uniform``, the overlap
+            with the uniform distribution).
+        perm_var_sum: Per role, float64 ``[L, h]``: sum over counted queries of the
+            permutation variance of the mass.
+        chance_sum: Per role: sum over counted queries of ``s / n`` (the null mean of the mass).
         output_sq: Per head: sum over real positions of ``|hook_result|^2`` (its residual write).
         resid_sq: Per layer ``[L]``: sum over real positions of ``|hook_resid_pre|^2``.
         n_positions: Real positions summed over.
     """
 
-    mass_sum: dict[str, Tensor] = field(default_factory=dict)
+    mass: TemplateMass = field(default_factory=TemplateMass)
     perm_var_sum: dict[str, Tensor] = field(default_factory=dict)
     chance_sum: dict[str, float] = field(default_factory=dict)
-    count: dict[str, float] = field(default_factory=dict)
     output_sq: Tensor | None = None
     resid_sq: Tensor | None = None
     n_positions: float = 0.0
 
-    def _add(self, role: str, mass: Tensor, var: Tensor, chance: float, count: float) -> None:
-        self.mass_sum[role] = self.mass_sum.get(role, 0.0) + mass
+    def _add_null(self, role: str, var: Tensor, chance: float) -> None:
         self.perm_var_sum[role] = self.perm_var_sum.get(role, 0.0) + var
         self.chance_sum[role] = self.chance_sum.get(role, 0.0) + chance
-        self.count[role] = self.count.get(role, 0.0) + count
 
     def add_batch(
         self,
@@ -257,29 +257,23 @@ class RoleSums:
                 self._add_uniform(role, p, vis, n_vis, queries)
                 continue
             on = template.to(p.device).double() * vis  # (B, T, T): reachable template keys
+            rows = self.mass.add_template(role, p, on, queries)  # and >= 1 reachable key
             s = on.sum(-1)  # (B, T)
-            rows = queries & (s > 0)
             keep = rows.double()
-            mass = (p * on[:, None, None]).sum(-1)  # (B, L, h, T)
             var = s * (n_vis - s) / (n_vis - 1).clamp(min=1)  # (B, T), x sigma^2 below
-            self._add(
+            self._add_null(
                 role,
-                (mass * keep[:, None, None]).sum((0, 3)),
                 (sigma2 * (var * keep)[:, None, None]).sum((0, 3)),
                 float((s / safe_n * keep).sum()),
-                float(keep.sum()),
             )
 
     def _add_uniform(
         self, role: str, p: Tensor, vis: Tensor, n_vis: Tensor, queries: Tensor
     ) -> None:
-        keep = queries.double()
         share = (1.0 / n_vis.clamp(min=1))[:, None, None, :, None] * vis[:, None, None]
-        overlap = torch.minimum(p, share).sum(-1)  # (B, L, h, T)
+        self.mass.add_values(role, torch.minimum(p, share).sum(-1), queries)  # overlap
         zeros = torch.zeros(p.shape[1:3], dtype=torch.float64, device=p.device)
-        self._add(
-            role, (overlap * keep[:, None, None]).sum((0, 3)), zeros, math.nan, float(keep.sum())
-        )
+        self._add_null(role, zeros, math.nan)
 
     def add_outputs(
         self,
@@ -313,8 +307,10 @@ def capture_role_sums(
 ) -> RoleSums:
     """Run ``model`` on ``tokens`` batch by batch and accumulate :class:`RoleSums`.
 
-    One forward pass per batch keeps the attention patterns and, with ``outputs``, each head's
-    residual write (``hook_result``) and the layer input (``hook_resid_pre``).
+    One forward pass per batch (capture's streaming loop,
+    :func:`~mhainterp.capture.iter_activations`) keeps the attention patterns and, with
+    ``outputs``, each head's residual write (``hook_result``) and the layer input
+    (``hook_resid_pre``).
 
     Args:
         model: The model.
@@ -334,24 +330,22 @@ def capture_role_sums(
         0.0
     """
     L = model.cfg.n_layers
-    names = pattern_hook_names(model)
-    if outputs:
-        names += [f"blocks.{layer}.attn.hook_result" for layer in range(L)]
-        names += [f"blocks.{layer}.hook_resid_pre" for layer in range(L)]
+    pattern_names = pattern_hook_names(model)
+    result_names = [f"blocks.{layer}.attn.hook_result" for layer in range(L)]
+    resid_names = [f"blocks.{layer}.hook_resid_pre" for layer in range(L)]
+    names = pattern_names + (result_names + resid_names if outputs else [])
     sums = RoleSums()
     device = model.cfg.device
-    has_padding = not bool(padding_mask.all())
-    for start in range(0, tokens.shape[0], batch_size):
-        part = tokens[start : start + batch_size].to(device)
-        mask = padding_mask[start : start + batch_size].to(device)
-        acts = capture_activations(model, part, mask if has_padding else None, names)
-        patterns = torch.stack([acts[n] for n in pattern_hook_names(model)], dim=1)
+    for part in iter_activations([model], tokens, [names], padding_mask, batch_size=batch_size):
+        acts, mask = part.activations[0], part.padding_mask.to(device)
+        patterns = torch.stack([acts[n] for n in pattern_names], dim=1)
         patterns = patterns * mask[:, None, None, :, None]  # padding query rows are meaningless
-        part_templates = {k: v[start : start + batch_size] for k, v in templates.items()}
+        stop = part.start + part.tokens.shape[0]
+        part_templates = {k: v[part.start : stop] for k, v in templates.items()}
         sums.add_batch(patterns, part_templates, visible_keys(mask, model.cfg.causal))
         if outputs:
-            results = torch.stack([acts[f"blocks.{i}.attn.hook_result"] for i in range(L)], 2)
-            resid = torch.stack([acts[f"blocks.{i}.hook_resid_pre"] for i in range(L)], 2)
+            results = torch.stack([acts[n] for n in result_names], 2)
+            resid = torch.stack([acts[n] for n in resid_names], 2)
             sums.add_outputs(results, resid, mask)
     return sums
 
@@ -372,9 +366,9 @@ def role_frame(sums: RoleSums, task_relations: list[str] | tuple[str, ...] = ())
         the task's own relations).
     """
     records = []
-    for role, mass in sums.mass_sum.items():
-        n = sums.count[role]
-        score = (mass / n).numpy() if n else np.full(mass.shape, np.nan)
+    for role in sums.mass.sums:
+        n = sums.mass.counts[role]
+        score = sums.mass.mean(role).numpy()
         descriptive = role in DESCRIPTIVE_ROLES
         chance = math.nan if descriptive or not n else sums.chance_sum[role] / n
         sd = (sums.perm_var_sum[role].clamp(min=0).sqrt() / n).numpy() if n else score * np.nan

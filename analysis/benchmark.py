@@ -1,4 +1,7 @@
-"""The speed benchmark: ``python -m mhainterp.bench`` (or ``mhainterp bench``).
+"""The speed benchmark: ``python analysis/benchmark.py [--quick] [--out runs/bench]``.
+
+Not part of the installed package: it needs a checkout (and mhainterp installed, e.g. by
+``make setup``); run it from the repository root with the venv's python.
 
 Measures, side by side in one process, with interleaved repeats and medians:
 
@@ -6,7 +9,7 @@ Measures, side by side in one process, with interleaved repeats and medians:
    seq 16, vocab 10, batch 128, attention only, causal ``count_previous`` data) for
    (a) ``reference``: a loop written the way seed 000 writes it (its ``nn.Linear`` MHA, one
    model at a time, plain ``torch.optim.AdamW``); (b) ``mhainterp_train``: :func:`train` on one
-   model; (c) ``batched_*``: :func:`mhainterp.batched.train_many` on all seeds of a head count,
+   model; (c) ``batched_*``: :func:`mhainterp.fast.stacked.train_many` on all seeds of a head count,
    on the full h x seed grid in this process, and the "batched" sweep executor (one pinned
    single-thread worker per CPU), plus the ``torch.func.vmap`` alternative and, to separate
    the two effects, the same pinned workers training one run at a time with :func:`train`
@@ -26,8 +29,7 @@ claims; absolute times depend on the machine and on what else runs on it (the lo
 is recorded).
 
 Example:
-    >>> from mhainterp.bench import BenchSettings, run_bench
-    >>> table = run_bench(BenchSettings.quick())  # doctest: +SKIP
+    $ .venv/bin/python analysis/benchmark.py --quick --out runs/bench_quick
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mhainterp.io import write_csv, write_text
+from mhainterp.render import markdown_table
 
 __all__ = [
     "BenchSettings",
@@ -260,7 +263,7 @@ class _LogitsOnly(nn.Module):
 
 
 def _time_vmap(n_heads: int, seeds: int, steps: int) -> float:
-    """The alternative to :mod:`mhainterp.batched`'s hand-written forward:
+    """The alternative to :mod:`mhainterp.fast.stacked`'s hand-written forward:
     ``torch.func.stack_module_state`` + ``vmap(functional_call)`` over the model's logits."""
     from torch.func import functional_call, stack_module_state, vmap
 
@@ -357,7 +360,7 @@ def flops_per_model_step(n_heads: int = 8) -> float:
 
 
 def batched_flops_per_model_step(n_heads: int = 8, n_models: int = 3) -> float:
-    """FLOPs one model-step of :func:`~mhainterp.batched.train_many` actually executes (same
+    """FLOPs one model-step of :func:`~mhainterp.fast.stacked.train_many` actually executes (same
     counter): fewer than :func:`flops_per_model_step`, because layer 0's Q/K/V projection
     runs on the (token, position) table instead of on every token."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -753,12 +756,6 @@ def _cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
-def _fmt(value: Any, digits: int = 2) -> str:
-    if isinstance(value, float):
-        return "" if math.isnan(value) else f"{value:.{digits}f}"
-    return str(value)
-
-
 def to_markdown(table: pd.DataFrame, info_before: dict, info_after: dict) -> str:
     """The benchmark table as Markdown, one table per section."""
     lines = ["# mhainterp benchmark", ""]
@@ -777,16 +774,12 @@ def to_markdown(table: pd.DataFrame, info_before: dict, info_after: dict) -> str
                 "ratio_to", "ratio_vs_boot_native", "gflops", "pct_of_peak", "note"]  # fmt: skip
         cols = [c for c in cols if group[c].astype(str).str.len().gt(0).any()
                 and not group[c].isna().all()]  # fmt: skip
-        lines.append("| " + " | ".join(cols) + " |")
-        lines.append("|" + "|".join("---" for _ in cols) + "|")
-        for row in group.itertuples(index=False):
-            lines.append("| " + " | ".join(_fmt(getattr(row, c)) for c in cols) + " |")
+        lines.append(markdown_table(group[cols], digits=2))
     return "\n".join(lines) + "\n"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The benchmark's command-line options (shared by ``python -m mhainterp.bench`` and
-    ``mhainterp bench``)."""
+    """The benchmark's command-line options."""
     parser.add_argument("--out", default="runs/bench", help="folder for bench.csv and bench.md")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
     parser.add_argument("--steps", type=int, default=None, help="training steps per measurement")
@@ -847,10 +840,22 @@ def run_from_args(args: argparse.Namespace, echo: Callable[[str], None] = print)
     return 0
 
 
+EPILOG = """\
+examples:
+  python analysis/benchmark.py --out runs/bench                the full benchmark (minutes)
+  python analysis/benchmark.py --quick --out runs/bench_quick  a smoke test (numbers not meaningful)
+  python analysis/benchmark.py --sections train --steps 300    only training throughput, longer
+  python analysis/benchmark.py --job-demo --out runs/bench     also time `mhainterp demo`
+"""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m mhainterp.bench``."""
+    """``python analysis/benchmark.py``."""
     parser = argparse.ArgumentParser(
-        prog="python -m mhainterp.bench", description=__doc__.split("\n\n")[0]
+        prog="python analysis/benchmark.py",
+        description=__doc__.split("\n\n")[0],
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)
     return run_from_args(parser.parse_args(argv))

@@ -6,6 +6,10 @@ on every run of one or more sweep folders (:mod:`mhainterp.sweep` layout), reusi
 result (``runs/h{h}_seed{s}/analysis/specialization.json``) when it was made with the same
 settings, and saving new ones there. It then stacks the runs, adds cross-seed consistency per
 task and head count, and summarises each (task, h) over seeds.
+
+:func:`specialize_folder` computes and saves everything a report of a run, a sweep or a folder
+of sweeps reads (:func:`mhainterp.report.write_report` computes nothing);
+:func:`saved_specialization` and :meth:`SweepSpecialization.load` read it back.
 """
 
 from __future__ import annotations
@@ -20,28 +24,37 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from mhainterp.io import read_json, write_csv, write_text
+from mhainterp.io import read_json, write_csv, write_json, write_text
+from mhainterp.render import markdown_table
 from mhainterp.specialization.core import (
     SpecializationResult,
     SpecializationSettings,
     combine_results,
     specialization_test,
 )
-from mhainterp.specialization.text import markdown_table
 from mhainterp.specialization.verdict import group_key
 from mhainterp.stats import describe, exceeds_seed_spread
+from mhainterp.training import is_finished_run
 
 __all__ = [
     "SUMMARY_COLUMNS",
     "SweepSpecialization",
     "cached_specialization",
     "display_summary",
+    "report_kind",
     "resolve_run_dirs",
+    "saved_specialization",
     "specialization_summary",
+    "specialize_folder",
+    "sweep_folders",
     "sweep_specialization",
 ]
 
 RESULT_PREFIX = "specialization"
+"""File prefix of a run's saved result in its ``analysis/`` folder."""
+SWEEP_PREFIX = "specialization_sweep"
+"""File prefix of a sweep's stacked result in the sweep folder."""
+NOTES_FILE = "specialization_notes.json"
 SUMMARY_COLUMNS = [
     "task",
     "n_heads",
@@ -95,14 +108,38 @@ class SweepSpecialization:
 
     def save(self, out_dir: str | os.PathLike[str]) -> list[Path]:
         """Write ``specialization_runs.csv``, ``specialization_summary.csv``,
-        ``specialization_consistency.csv`` and ``specialization_summary.md`` to ``out_dir``."""
+        ``specialization_consistency.csv``, ``specialization_summary.md``, the stacked result
+        (``specialization_sweep*``, see :meth:`SpecializationResult.save`) and the notes
+        (``specialization_notes.json``) to ``out_dir``: everything :meth:`load` reads back.
+        The notes file is written last, so its presence means the set is complete."""
         out_dir = Path(out_dir)
         return [
             write_csv(out_dir / "specialization_runs.csv", self.runs),
             write_csv(out_dir / "specialization_summary.csv", self.summary),
             write_csv(out_dir / "specialization_consistency.csv", self.result.consistency),
             write_text(out_dir / "specialization_summary.md", self.to_markdown()),
+            *self.result.save(out_dir, SWEEP_PREFIX),
+            write_json(out_dir / NOTES_FILE, {"notes": self.notes}),
         ]
+
+    @classmethod
+    def load(cls, out_dir: str | os.PathLike[str]) -> SweepSpecialization:
+        """Read back what :meth:`save` wrote (no computation).
+
+        Raises:
+            FileNotFoundError: If a file is missing, naming it and the command that writes it.
+        """
+        out_dir = Path(out_dir)
+        for name in (NOTES_FILE, "specialization_runs.csv", "specialization_summary.csv"):
+            if not (out_dir / name).is_file():
+                raise FileNotFoundError(
+                    f"{out_dir / name} is missing: the specialization test has not been saved "
+                    f"for this sweep; run `mhainterp specialize {out_dir}`"
+                )
+        result = SpecializationResult.load(out_dir, SWEEP_PREFIX)
+        runs = pd.read_csv(out_dir / "specialization_runs.csv")
+        summary = pd.read_csv(out_dir / "specialization_summary.csv")
+        return cls(runs, summary, result, list(read_json(out_dir / NOTES_FILE)["notes"]))
 
 
 def display_summary(group: pd.DataFrame) -> pd.DataFrame:
@@ -152,21 +189,37 @@ def cached_specialization(
         >>> result = cached_specialization("runs/rev/runs/h4_seed0",
         ...                                SpecializationSettings())  # doctest: +SKIP
     """
-    analysis = Path(run_dir) / "analysis"
-    meta_path = analysis / f"{RESULT_PREFIX}.json"
-    if reuse and meta_path.is_file():
-        saved = read_json(meta_path).get("settings")
-        # A result saved before a table was added lacks its file: recompute it.
-        complete = all(
-            (analysis / f"{RESULT_PREFIX}_{name}.csv").is_file()
-            for name in SpecializationResult.TABLES
-        )
-        if saved == settings.to_dict() and complete:
-            return SpecializationResult.load(analysis, RESULT_PREFIX)
+    saved = saved_specialization(run_dir, settings) if reuse else None
+    if saved is not None:
+        return saved
     result = specialization_test(run_dir, settings=settings, progress=progress)
     if save:
-        result.save(analysis, RESULT_PREFIX)
+        result.save(Path(run_dir) / "analysis", RESULT_PREFIX)
     return result
+
+
+def saved_specialization(
+    run_dir: str | os.PathLike[str], settings: SpecializationSettings | None = None
+) -> SpecializationResult | None:
+    """One run's saved result (``run_dir/analysis/specialization*``), or None when there is
+    none, it is incomplete, or it was made with other ``settings`` (None: any settings).
+
+    Example:
+        >>> saved_specialization("runs/rev/runs/h4_seed0") is None  # doctest: +SKIP
+        False
+    """
+    analysis = Path(run_dir) / "analysis"
+    meta_path = analysis / f"{RESULT_PREFIX}.json"
+    if not meta_path.is_file():
+        return None
+    saved = read_json(meta_path).get("settings")
+    # A result saved before a table was added lacks its file: it does not count as saved.
+    complete = all(
+        (analysis / f"{RESULT_PREFIX}_{name}.csv").is_file() for name in SpecializationResult.TABLES
+    )
+    if not complete or (settings is not None and saved != settings.to_dict()):
+        return None
+    return SpecializationResult.load(analysis, RESULT_PREFIX)
 
 
 def _renamed(result: SpecializationResult, run_id: str) -> SpecializationResult:
@@ -240,9 +293,7 @@ def sweep_specialization(
         >>> spec = sweep_specialization("runs/quickstart/count_previous")  # doctest: +SKIP
         >>> print(spec.to_markdown())  # doctest: +SKIP
     """
-    settings = settings or SpecializationSettings()
-    if overrides:
-        settings = SpecializationSettings.from_dict({**settings.to_dict(), **overrides})
+    settings = _with_overrides(settings, overrides)
     sweeps = [sweep] if isinstance(sweep, (str, os.PathLike)) else list(sweep)
     results = _load_results(sweeps)
     singles, ids = [], []
@@ -258,6 +309,88 @@ def sweep_specialization(
     runs["val_accuracy"] = results["val_accuracy"].to_numpy()
     summary = specialization_summary(runs, combined.verdict.consistency)
     return SweepSpecialization(runs, summary, combined, _notes(summary, runs))
+
+
+def report_kind(path: str | os.PathLike[str]) -> str:
+    """``"run"``, ``"sweep"`` or ``"sweeps"`` (a folder of sweep folders).
+
+    Raises:
+        FileNotFoundError: If ``path`` is none of these.
+
+    Example:
+        >>> report_kind("runs/quickstart")  # doctest: +SKIP
+        'sweeps'
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a folder")
+    if (path / "sweep.json").is_file():
+        return "sweep"
+    if is_finished_run(path):
+        return "run"
+    if sweep_folders(path):
+        return "sweeps"
+    raise FileNotFoundError(
+        f"{path} is not a run folder (config.json, model.safetensors, eval.json), a sweep "
+        "folder (sweep.json, results.csv) or a folder of sweep folders"
+    )
+
+
+def sweep_folders(path: str | os.PathLike[str]) -> list[Path]:
+    """The sweep folders (with ``sweep.json``) directly inside ``path``, sorted by name."""
+    path = Path(path)
+    return sorted(p for p in path.iterdir() if p.is_dir() and (p / "sweep.json").is_file())
+
+
+def specialize_folder(
+    path: str | os.PathLike[str],
+    settings: SpecializationSettings | None = None,
+    *,
+    reuse: bool = True,
+    progress: bool = True,
+    **overrides: Any,
+) -> list[tuple[Path, SpecializationResult | SweepSpecialization]]:
+    """Compute and save every specialization result a report of ``path`` reads.
+
+    A run folder gets its ``analysis/specialization*`` (:func:`cached_specialization`); a sweep
+    folder, or each sweep of a folder of sweeps, gets its runs' results and the sweep-level
+    tables (:func:`sweep_specialization`, then :meth:`SweepSpecialization.save`). Results saved
+    with the same settings are reused. :func:`mhainterp.report.write_report` then only reads.
+
+    Args:
+        path: A run folder, a sweep folder or a folder of sweep folders.
+        settings: :class:`SpecializationSettings` (``**overrides`` replace fields).
+        reuse: Reuse a run's saved result made with the same settings.
+        progress: tqdm bars.
+        **overrides: Settings fields.
+
+    Returns:
+        ``(folder, result)`` per run or sweep: a SpecializationResult for a run folder, a
+        SweepSpecialization per sweep.
+
+    Example:
+        >>> specialize_folder("runs/quickstart")  # doctest: +SKIP
+    """
+    settings = _with_overrides(settings, overrides)
+    path = Path(path)
+    kind = report_kind(path)
+    if kind == "run":
+        return [(path, cached_specialization(path, settings, reuse=reuse, progress=progress))]
+    out: list[tuple[Path, SpecializationResult | SweepSpecialization]] = []
+    for sweep in [path] if kind == "sweep" else sweep_folders(path):
+        spec = sweep_specialization(sweep, settings, reuse=reuse, progress=progress)
+        spec.save(sweep)
+        out.append((sweep, spec))
+    return out
+
+
+def _with_overrides(
+    settings: SpecializationSettings | None, overrides: dict[str, Any]
+) -> SpecializationSettings:
+    settings = settings or SpecializationSettings()
+    if overrides:
+        settings = SpecializationSettings.from_dict({**settings.to_dict(), **overrides})
+    return settings
 
 
 def specialization_summary(

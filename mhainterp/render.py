@@ -1,0 +1,191 @@
+"""Markdown and HTML blocks shared by the summaries and the reports.
+
+A document is a list of blocks (:class:`Heading`, :class:`Paragraph`, :class:`Bullets`,
+:class:`Table`, :class:`Image`); :func:`render_markdown` and :func:`render_html` write it out.
+:func:`markdown_table` (and its cell formatter :func:`format_value`) is the one Markdown table
+of the toolkit: sweep summaries, specialization summaries, the CLI and the reports use it.
+
+Example:
+    >>> print(render_markdown([Heading("Result", 2), Table(pd.DataFrame({"h": [4]}))], Path(".")))
+    ## Result
+    <BLANKLINE>
+    | h |
+    |---|
+    | 4 |
+    <BLANKLINE>
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+__all__ = [
+    "Block",
+    "Bullets",
+    "Heading",
+    "Image",
+    "Paragraph",
+    "Table",
+    "format_value",
+    "html_table",
+    "markdown_table",
+    "render_html",
+    "render_markdown",
+]
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def format_value(value: Any, digits: int = 3) -> str:
+    """A table cell: floats to ``digits`` significant decimals, NaN/None as empty.
+
+    Example:
+        >>> format_value(0.123456), format_value(float("nan")), format_value(3)
+        ('0.123', '', '3')
+    """
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        if value != 0 and abs(value) < 10 ** (-digits):
+            return f"{value:.1e}"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown_table(df: pd.DataFrame, digits: int = 3) -> str:
+    """A GitHub-flavoured Markdown table of ``df`` (index dropped; ``|`` escaped).
+
+    Example:
+        >>> print(markdown_table(pd.DataFrame({"h": [1], "acc": [0.5]})))
+        | h | acc |
+        |---|---|
+        | 1 | 0.500 |
+    """
+
+    def cell(value: Any) -> str:
+        return format_value(value, digits).replace("|", "\\|").replace("\n", " ")
+
+    header = "| " + " | ".join(str(c) for c in df.columns) + " |"
+    rule = "|" + "|".join("---" for _ in df.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+# ----------------------------------------------------------------------------- blocks
+
+
+@dataclass
+class Heading:
+    text: str
+    level: int
+
+
+@dataclass
+class Paragraph:
+    text: str
+
+
+@dataclass
+class Bullets:
+    items: list[str]
+
+
+@dataclass
+class Table:
+    df: pd.DataFrame
+    caption: str = ""
+
+
+@dataclass
+class Image:
+    path: Path
+    caption: str
+
+
+Block = Heading | Paragraph | Bullets | Table | Image
+
+
+def render_markdown(blocks: list[Block], out_dir: Path) -> str:
+    lines: list[str] = []
+    for block in blocks:
+        if isinstance(block, Heading):
+            lines += ["#" * block.level + " " + block.text, ""]
+        elif isinstance(block, Paragraph):
+            lines += [block.text, ""]
+        elif isinstance(block, Bullets):
+            lines += [f"- {item}" for item in block.items] + [""]
+        elif isinstance(block, Table):
+            if block.caption:
+                lines += [f"*{block.caption}*", ""]
+            lines += [markdown_table(block.df), ""]
+        elif isinstance(block, Image):
+            rel = Path(os.path.relpath(block.path, out_dir)).as_posix()
+            lines += [
+                f"![{block.caption}]({rel})",
+                "",
+                f"*{block.caption}* (data: `{Path(rel).with_suffix('.csv').as_posix()}`)",
+                "",
+            ]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+_CSS = """
+body { font-family: -apple-system, Segoe UI, Helvetica, Arial, sans-serif; max-width: 1100px;
+       margin: 2em auto; padding: 0 1em; color: #222; line-height: 1.45; }
+table { border-collapse: collapse; margin: 0.6em 0 1.2em; font-size: 0.88em; }
+th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
+th { background: #f2f2f2; }
+td:first-child, th:first-child { text-align: left; }
+figure { margin: 1em 0 1.6em; }
+figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { font-size: 0.9em; color: #555; }
+code { background: #f5f5f5; padding: 0 3px; }
+"""
+
+
+def html_table(df: pd.DataFrame) -> str:
+    shown = df.copy()
+    for column in shown.columns:
+        shown[column] = [format_value(v) for v in shown[column]]
+    return shown.to_html(index=False, escape=True, border=0)
+
+
+def render_html(blocks: list[Block], title: str) -> str:
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>",
+        f"<style>{_CSS}</style></head><body>",
+    ]
+    for block in blocks:
+        if isinstance(block, Heading):
+            parts.append(f"<h{block.level}>{html.escape(block.text)}</h{block.level}>")
+        elif isinstance(block, Paragraph):
+            parts.append(f"<p>{html.escape(block.text)}</p>")
+        elif isinstance(block, Bullets):
+            items = "".join(f"<li>{html.escape(item)}</li>" for item in block.items)
+            parts.append(f"<ul>{items}</ul>")
+        elif isinstance(block, Table):
+            if block.caption:
+                parts.append(f"<p><em>{html.escape(block.caption)}</em></p>")
+            parts.append(html_table(block.df))
+        elif isinstance(block, Image):
+            data = base64.b64encode(block.path.read_bytes()).decode("ascii")
+            caption = html.escape(block.caption)
+            parts.append(
+                f'<figure><img alt="{caption}" src="data:image/png;base64,{data}">'
+                f"<figcaption>{caption}</figcaption></figure>"
+            )
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
