@@ -23,6 +23,7 @@ from mhainterp.config import ModelConfig
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.model import (
     HookedMHATransformer,
+    LayerNorm,
     MultiHeadAttention,
     head_label,
     merge_heads,
@@ -253,15 +254,15 @@ def test_attn_scores_are_scaled_pre_softmax_with_minus_inf_where_masked(causal):
 
 
 def test_head_results_plus_b_O_sum_to_attn_out():
-    model = make_model(causal=True)
+    model = make_model(causal=True, use_attn_result=True)
     _, cache = model.run_with_cache(random_tokens())
     result = cache["result", 0]  # (B, T, h, d_model)
     assert result.shape == (3, N_CTX, N_HEADS, D_MODEL)
     assert_close(result.sum(dim=2) + model.blocks[0].attn.b_O, cache["attn_out", 0])
+    # Without use_attn_result the hook does not fire (TransformerLens's semantics), and
     # TransformerLens recomputes the same results from hook_z and W_O.
-    _, cache_without_result = model.run_with_cache(
-        random_tokens(), names_filter=lambda name: "result" not in name
-    )
+    _, cache_without_result = make_model(causal=True).run_with_cache(random_tokens())
+    assert "blocks.0.attn.hook_result" not in cache_without_result
     stacked = cache_without_result.stack_head_results(layer=-1)  # (h, B, T, d_model)
     assert_close(stacked, cache["result", 0].permute(2, 0, 1, 3))
 
@@ -271,10 +272,17 @@ def test_result_path_and_fused_path_give_the_same_logits():
     fused = make_model(n_layers=2)(tokens)
     per_head = make_model(n_layers=2, use_attn_result=True)(tokens)
     assert_close(per_head, fused)
-    hooked = make_model(n_layers=2).run_with_hooks(
-        tokens, fwd_hooks=[(lambda name: name.endswith("hook_result"), lambda act, hook: act)]
-    )
-    assert_close(hooked, fused)
+    # A hook on hook_result fires only under use_attn_result (it does not switch paths).
+    seen: list[str] = []
+    for flag, fired in ((False, []), (True, ["blocks.0.attn.hook_result"])):
+        seen.clear()
+        model = make_model(n_layers=2, use_attn_result=flag)
+        logits = model.run_with_hooks(
+            tokens,
+            fwd_hooks=[("blocks.0.attn.hook_result", lambda act, hook: seen.append(hook.name))],
+        )
+        assert seen == fired
+        assert_close(logits, fused)
 
 
 # ----- TransformerLens utilities on our model -------------------------------------------------
@@ -312,7 +320,11 @@ def test_patching_head_outputs_gives_known_values():
 
     # The model is linear after attention: patching head h swaps its result in the residual.
     def expected(head: int) -> torch.Tensor:
-        delta = clean_cache["result", 0][:, :, head] - corrupted_cache["result", 0][:, :, head]
+        attn = model.blocks[0].attn
+        clean_result, corrupted_result = (
+            attn.head_results(c["z", 0]) for c in (clean_cache, corrupted_cache)
+        )
+        delta = clean_result[:, :, head] - corrupted_result[:, :, head]
         return metric(corrupted_logits + delta @ W_U.T)
 
     with torch.no_grad():
@@ -339,7 +351,7 @@ def test_per_head_views_have_transformer_lens_shapes():
 
 
 def test_per_head_views_recompute_the_hooked_activations():
-    model = make_model(causal=True)
+    model = make_model(causal=True, use_attn_result=True)
     attn = model.blocks[0].attn
     _, cache = model.run_with_cache(random_tokens())
     x = cache["resid_pre", 0]
@@ -402,7 +414,7 @@ def test_assigning_a_wrong_shape_raises_value_error(name):
 
 # ----- hooks and caches -------------------------------------------------------------------------
 def test_run_with_cache_returns_an_activation_cache_with_tl_names():
-    model = make_model(n_layers=2, causal=True)
+    model = make_model(n_layers=2, causal=True, use_attn_result=True)
     logits, cache = model.run_with_cache(random_tokens())
     assert isinstance(cache, ActivationCache)
     assert_close(logits, model(random_tokens()))
@@ -447,7 +459,7 @@ def test_hooks_are_removed_after_run_with_hooks():
 
 
 def test_zeroing_one_head_in_hook_z_changes_only_that_heads_result():
-    model = make_model(causal=True)
+    model = make_model(causal=True, use_attn_result=True)
     tokens = random_tokens()
     _, clean = model.run_with_cache(tokens)
     saved = {}
@@ -606,8 +618,8 @@ def test_mlp_blocks_have_resid_mid_and_mlp_out():
 
 def test_layernorm_variant_normalises_the_attention_input():
     model = make_model(normalization_type="LN")
-    assert isinstance(model.blocks[0].ln1, nn.LayerNorm)
-    assert isinstance(model.ln_final, nn.LayerNorm)
+    assert isinstance(model.blocks[0].ln1, LayerNorm)
+    assert isinstance(model.ln_final, LayerNorm)
     _, cache = model.run_with_cache(random_tokens())
     x = cache["resid_pre", 0]
     normed = (x - x.mean(-1, keepdim=True)) / torch.sqrt(

@@ -336,7 +336,7 @@ def capture_role_sums(
     L = model.cfg.n_layers
     names = pattern_hook_names(model)
     if outputs:
-        names += [f"blocks.{layer}.attn.hook_result" for layer in range(L)]
+        names += [f"blocks.{layer}.attn.hook_z" for layer in range(L)]  # results: z @ W_O
         names += [f"blocks.{layer}.hook_resid_pre" for layer in range(L)]
     sums = RoleSums()
     device = model.cfg.device
@@ -350,7 +350,11 @@ def capture_role_sums(
         part_templates = {k: v[start : start + batch_size] for k, v in templates.items()}
         sums.add_batch(patterns, part_templates, visible_keys(mask, model.cfg.causal))
         if outputs:
-            results = torch.stack([acts[f"blocks.{i}.attn.hook_result"] for i in range(L)], 2)
+            with torch.no_grad():  # each head's write, z_h @ W_O[h]
+                z = [acts[f"blocks.{i}.attn.hook_z"] for i in range(L)]
+                results = torch.stack(
+                    [b.attn.head_results(z_) for b, z_ in zip(model.blocks, z)], 2
+                )
             resid = torch.stack([acts[f"blocks.{i}.hook_resid_pre"] for i in range(L)], 2)
             sums.add_outputs(results, resid, mask)
     return sums
