@@ -411,13 +411,14 @@ class TransformerBlock(nn.Module):
         self.hook_q_input = HookPoint()  # [batch, pos, head, d_model], cfg.use_split_qkv_input
         self.hook_k_input = HookPoint()  # [batch, pos, head, d_model], cfg.use_split_qkv_input
         self.hook_v_input = HookPoint()  # [batch, pos, head, d_model], cfg.use_split_qkv_input
+        self.hook_mlp_in = HookPoint()  # [batch, pos, d_model], cfg.use_hook_mlp_in (never
+        # fires without an MLP; it exists, as in TransformerLens, so hooking it is no error)
         self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
         if not cfg.attn_only:
             self.ln2 = _norm(cfg)
             self.mlp = MLP(cfg)
             self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
-            self.hook_mlp_in = HookPoint()  # [batch, pos, d_model], cfg.use_hook_mlp_in
             self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
 
     def forward(

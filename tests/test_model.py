@@ -683,3 +683,120 @@ def test_forward_both_returns_logits_and_loss():
     assert_close(logits, model(tokens))
     assert_close(loss, F.cross_entropy(logits.reshape(-1, D_VOCAB), targets.reshape(-1)))
     assert model(tokens, return_type=None) is None
+
+
+# ----- TransformerLens parity: LayerNorm hooks, layout weights, prompts ----------------------
+def ln_model() -> HookedMHATransformer:
+    model = make_model(n_layers=2, attn_only=False, normalization_type="LN")
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # non-trivial LayerNorm weights
+        for name, param in model.named_parameters():
+            if ".ln" in name or name.startswith("ln_final"):
+                param.add_(0.3 * torch.randn(param.shape, generator=generator))
+    return model
+
+
+def test_layernorm_hooks_hold_the_scale_and_the_normalised_input():
+    model = ln_model()
+    _, cache = model.run_with_cache(random_tokens())
+    x = cache["resid_pre", 1]
+    centred = x - x.mean(-1, keepdim=True)
+    scale = torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + model.cfg.eps)
+    assert cache["blocks.1.ln1.hook_scale"].shape == (3, N_CTX, 1)
+    assert_close(cache["blocks.1.ln1.hook_scale"], scale)
+    assert_close(cache["blocks.1.ln1.hook_normalized"], centred / scale)
+    ln1 = model.blocks[1].ln1
+    expected = F.layer_norm(x, (D_MODEL,), ln1.weight, ln1.bias, eps=model.cfg.eps)
+    assert_close(ln1(x), expected)  # TL's formula computes torch's LayerNorm
+    assert ln1.w is ln1.weight and ln1.b is ln1.bias
+    assert {"blocks.0.ln1.weight", "blocks.0.ln2.bias", "ln_final.weight"} <= set(
+        model.state_dict()
+    )
+
+
+def test_apply_ln_helpers_equal_the_cached_normalised_inputs():
+    model = ln_model()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(random_tokens())
+        # Components of a layer's input, scaled by its cached LayerNorm scale, add up to the
+        # normalised input that LayerNorm saw.
+        parts = cache.decompose_resid(layer=1, apply_ln=True)
+        assert_close(parts.sum(0), cache["blocks.1.ln1.hook_normalized"])
+        parts = cache.decompose_resid(layer=1, mlp_input=True, apply_ln=True)
+        assert_close(parts.sum(0), cache["blocks.1.ln2.hook_normalized"])
+        heads = cache.stack_head_results(layer=-1, apply_ln=True, incl_remainder=True)
+        assert heads.shape == (2 * N_HEADS + 1, 3, N_CTX, D_MODEL)
+        assert_close(heads.sum(0), cache["ln_final.hook_normalized"])
+        accumulated = cache.accumulated_resid(layer=-1, apply_ln=True)
+        assert_close(accumulated[-1], model.ln_final(cache["resid_post", 1]))
+        unscaled = cache.decompose_resid(layer=-1, apply_ln=False)
+        assert_close(unscaled.sum(0), cache["resid_post", 1])
+        answers = random_tokens(seed=9)
+        attrs = cache.logit_attrs(unscaled, answers)  # (components, B, T)
+        direct = (cache["ln_final.hook_normalized"] * model.W_U.T[answers]).sum(-1)
+        assert_close(attrs.sum(0), direct)
+
+
+def test_transformer_lens_layout_weights():
+    model = make_model(n_layers=2, attn_only=False)
+    mlp = model.blocks[1].mlp
+    assert torch.equal(model.W_in[1], mlp.fc_in.weight.T)
+    assert model.W_in.shape == (2, D_MODEL, 4 * D_MODEL)
+    assert torch.equal(model.b_in[1], mlp.fc_in.bias)
+    assert torch.equal(model.W_out[1], mlp.fc_out.weight.T)
+    assert torch.equal(model.b_out[0], model.blocks[0].mlp.fc_out.bias)
+    for name in ("b_Q", "b_K", "b_V"):
+        assert model.__getattribute__(name).shape == (2, N_HEADS, D_HEAD)
+    assert torch.equal(model.b_Q[1], model.blocks[1].attn.b_Q)
+    assert torch.equal(model.b_O[1], model.blocks[1].attn.o_proj.bias)
+    assert torch.equal(model.W_E_pos, torch.cat([model.embed.weight, model.pos_embed.weight]))
+    assert_close(model.QK.AB, model.W_Q @ model.W_K.transpose(-2, -1))
+    assert_close(model.OV.AB, model.W_V @ model.W_O)
+    assert model.QK.shape == (2, N_HEADS, D_MODEL, D_MODEL)
+    assert_close(model.blocks[0].attn.OV.AB, model.OV.AB[0])
+    assert model.all_head_labels[:2] == ["L0H0", "L0H1"] and len(model.all_head_labels) == 8
+    assert not hasattr(make_model(), "W_in")  # attention-only: no MLP weights
+
+
+def test_to_tokens_takes_lists_of_strings_and_rejects_ragged_rows():
+    model = make_model()
+    assert model.to_tokens(["1 2 3", "3 2 1"]).tolist() == [[1, 2, 3], [3, 2, 1]]
+    assert model.to_tokens(["1,2", "3 4"]).shape == (2, 2)
+    with pytest.raises(ValueError, match=r"different lengths \[2, 3\].*padding_mask"):
+        model.to_tokens(["1 2", "3 4 5"])
+    with pytest.raises(ValueError, match=r"different lengths"):
+        model.to_tokens([[1, 2], [3]])
+    assert model.to_single_token("7") == 7
+    with pytest.raises(ValueError, match="one token id"):
+        model.to_single_token("1 2")
+
+
+def test_detect_head_takes_a_list_of_prompts():
+    model = handbuilt_model(["previous", "uniform", "previous"])
+    scores = detect_head(model, ["1 2 3 4 5", "5 4 3 2 1"], "previous_token_head")
+    one = detect_head(model, "1 2 3 4 5", "previous_token_head")
+    assert_close(scores, one)  # the handbuilt heads do not depend on the tokens
+    assert_close(scores[0, 0], torch.tensor(4 / 5))
+
+
+def test_optional_hook_flags_follow_transformer_lens_rules():
+    model = make_model(attn_only=False, normalization_type="LN")
+    seen: list[str] = []
+
+    def record(act, hook):
+        seen.append(hook.name)
+
+    names = ["blocks.0.hook_q_input", "blocks.0.hook_attn_in", "blocks.0.hook_mlp_in"]
+    model.run_with_hooks(random_tokens(), fwd_hooks=[(n, record) for n in names])
+    assert seen == []  # they exist (no error) but fire only behind their flags
+    model.set_use_attn_in(True)
+    model.set_use_hook_mlp_in(True)
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        model.set_use_split_qkv_input(True)
+    logits = model.run_with_hooks(random_tokens(), fwd_hooks=[(n, record) for n in names])
+    assert seen == ["blocks.0.hook_attn_in", "blocks.0.hook_mlp_in"]
+    model.set_use_attn_in(False)
+    model.set_use_hook_mlp_in(False)
+    assert_close(logits, model(random_tokens()))
+    with pytest.raises(ValueError, match="use_attn_in"):
+        ModelConfig(use_attn_in=True, use_split_qkv_input=True)
