@@ -32,7 +32,7 @@ from mhainterp.similarity import (
     match_heads,
 )
 from mhainterp.sweep import SweepSummary, run_sweep, summarize
-from mhainterp.tasks import Batch, Task, get_task, list_tasks, register_task
+from mhainterp.tasks import Batch, Task, get_task, list_tasks, load_task_module, register_task
 from mhainterp.training import Run, build_model, evaluate, load_run, save_run, train
 
 __version__ = "0.1.0"
@@ -71,6 +71,7 @@ __all__ = [
     "head_label",
     "list_tasks",
     "load_run",
+    "load_task_module",
     "register_task",
     "run_sweep",
     "save_run",
