@@ -15,6 +15,7 @@ definitions and against TransformerLens's own ``ActivationCache.compute_head_res
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -299,3 +300,14 @@ def test_patching_and_detect_head_give_the_reference_numbers(config):
         # A list is the mean of its sequences' scores.
         one_by_one = torch.stack([detect_head(model, s, pattern) for s in seqs]).mean(0)
         assert_close(scores, one_by_one)
+
+
+def test_the_readme_patching_example_runs_and_gives_its_numbers():
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("Patching one of our models with TransformerLens's own function:")[1]
+    code = section.split("```python\n")[1].split("```")[0]
+    *body, last = code.strip().splitlines()
+    namespace: dict = {}
+    exec("\n".join(body), namespace)  # the README's own example
+    result = eval(last.split("#")[0], namespace)
+    assert_close(result, torch.tensor([[11.5875, 4.4250, 11.5875]]), atol=1e-4, rtol=0)
