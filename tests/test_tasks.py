@@ -919,6 +919,8 @@ def test_an_unregistered_run_task_says_what_to_import_and_imports_nothing(tmp_pa
     assert not marker.exists()  # the folder named the module; nobody imported it
     old_run = {"name": "reverse", "params": {"seq_len": 8}}  # written before "module" existed
     assert task_from_record(old_run).seq_len == 8
+    with pytest.raises(ValueError, match=r"does not say which module.*--task-module"):
+        task_from_record({"name": "not_here", "params": {}}, "old/config.json")
 
 
 def _fake_distribution(root, entry_points: str, source: str):

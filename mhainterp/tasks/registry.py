@@ -138,7 +138,12 @@ def task_from_record(record: dict[str, Any], source: Any = "the run folder") -> 
     if name not in _REGISTRY:
         _load_plugins()
     if name not in _REGISTRY:
-        module = record.get("module") or "the module that defines it"
+        module = record.get("module")
+        if not module:  # a folder written before the module was recorded
+            raise ValueError(
+                f"{source}: task {name!r} is not registered and the folder does not say which "
+                "module defines it; load that module first (--task-module PATH_OR_MODULE)"
+            )
         raise ValueError(
             f"{source}: task {name!r} is not registered; it was defined in {module}. Load it "
             f"first: --task-module {module} on the command line, or "
