@@ -472,7 +472,11 @@ class HookedMHATransformer(HookedRootModule):
 
     A ``transformer_lens.HookedRootModule``: ``run_with_hooks``, ``hooks()`` and
     ``run_with_cache`` (returning a ``transformer_lens.ActivationCache``) work, with
-    TransformerLens's hook names (see DESIGN.md, "Model contract").
+    TransformerLens's hook names (see DESIGN.md, "Model contract"). As in TransformerLens, the
+    optional hooks fire only behind their ``cfg`` flags: ``attn.hook_result`` behind
+    ``use_attn_result`` (a plain forward and ``run_with_cache`` take the same path either way),
+    the per-head inputs behind ``use_split_qkv_input`` / ``use_attn_in``, ``hook_mlp_in`` behind
+    ``use_hook_mlp_in``; set them in the config or with ``set_use_attn_result(True)`` etc.
 
     Example:
         >>> cfg = ModelConfig(d_model=64, n_heads=4, n_ctx=16, d_vocab=10, d_vocab_out=16)
