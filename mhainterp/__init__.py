@@ -34,7 +34,7 @@ from mhainterp.similarity import (
 )
 from mhainterp.specialization import specialization_test, sweep_specialization
 from mhainterp.sweep import SweepSummary, run_sweep, summarize
-from mhainterp.tasks import Batch, Task, get_task, list_tasks, register_task
+from mhainterp.tasks import Batch, Task, get_task, list_tasks, load_task_module, register_task
 from mhainterp.training import Run, build_model, evaluate, load_run, save_run, train
 from mhainterp.validation import ParameterError
 
@@ -82,6 +82,7 @@ __all__ = [
     "head_label",
     "list_tasks",
     "load_run",
+    "load_task_module",
     "register_task",
     "run_sweep",
     "save_run",

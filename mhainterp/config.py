@@ -21,6 +21,10 @@ __all__ = ["ModelConfig", "TrainConfig", "SweepConfig", "config_to_dict"]
 _NORMALIZATION_TYPES = (None, "LN")
 _ACT_FNS = ("relu", "gelu")
 _POSITIONAL_EMBEDDING_TYPES = ("standard",)
+_FLAGS = (
+    "causal", "attn_only", "use_attn_result", "use_split_qkv_input", "use_attn_in",
+    "use_hook_mlp_in",
+)  # fmt: skip
 
 
 def _require(condition: bool, name: str, value: Any, allowed: str) -> None:
@@ -61,8 +65,15 @@ class ModelConfig(TransformerLensConfig):
         attn_only: Attention-only blocks (the seed's model) when True; attention + MLP otherwise.
         normalization_type: ``None`` (no LayerNorm, the seed's model) or ``"LN"`` (pre-norm).
         act_fn: MLP activation, ``"relu"`` or ``"gelu"``.
-        use_attn_result: Always compute the per-head residual writes (``hook_result``). They are
-            computed anyway whenever a hook is attached to ``hook_result``.
+        use_attn_result: Compute each head's residual write and fire ``attn.hook_result``
+            (``[batch, pos, head, d_model]``), as TransformerLens's flag of the same name. Off
+            (the default), heads are merged before W_O and ``hook_result`` never fires, even
+            with a hook attached.
+        use_split_qkv_input: TransformerLens's flag: fire ``hook_q_input``, ``hook_k_input``,
+            ``hook_v_input`` (the residual stream repeated per head, before ln1).
+        use_attn_in: TransformerLens's flag: fire ``hook_attn_in`` (one per-head copy of the
+            attention input for Q, K and V). Excludes ``use_split_qkv_input``.
+        use_hook_mlp_in: TransformerLens's flag: fire ``hook_mlp_in`` (the MLP input, before ln2).
         seed: Initialisation seed; the same seed gives bit-identical initial weights.
 
     Example:
@@ -83,6 +94,8 @@ class ModelConfig(TransformerLensConfig):
     causal: bool = False
     attn_only: bool = True
     normalization_type: str | None = None
+    use_attn_in: bool = False
+    use_hook_mlp_in: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -121,9 +134,15 @@ class ModelConfig(TransformerLensConfig):
             self.normalization_type,
             f"allowed: {_NORMALIZATION_TYPES}",
         )
-        for name in ("causal", "attn_only", "use_attn_result"):
+        for name in _FLAGS:
             value = getattr(self, name)
             _require(isinstance(value, bool), name, value, "must be True or False")
+        _require(
+            not (self.use_attn_in and self.use_split_qkv_input),
+            "use_attn_in",
+            self.use_attn_in,
+            "cannot be True together with use_split_qkv_input (TransformerLens's rule)",
+        )
         _require(_is_number(self.eps) and self.eps > 0, "eps", self.eps, "must be a number > 0")
         _require(self.act_fn in _ACT_FNS, "act_fn", self.act_fn, f"allowed: {_ACT_FNS}")
         _require(

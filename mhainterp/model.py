@@ -1,9 +1,13 @@
 """A small, hookable multi-head attention transformer for synthetic sequence tasks.
 
 Readable top to bottom: embeddings -> ``n_layers`` blocks (attention, optional MLP, optional
-pre-LayerNorm) -> unembedding to per-position class logits. Hook names and shapes follow
-TransformerLens, so ``run_with_cache``, ``run_with_hooks``, ``cache["pattern", 0]``,
-``transformer_lens.patching`` and ``transformer_lens.head_detector`` work on it unchanged.
+pre-LayerNorm) -> unembedding to per-position class logits. Hook names, shapes and values follow
+TransformerLens (checked against TL 4.x's own model in ``tests/test_tl_parity.py``), so
+``run_with_cache``, ``run_with_hooks``, ``cache["pattern", 0]``, the ``ActivationCache`` helpers
+(``decompose_resid``, ``stack_head_results``, ``accumulated_resid``, ``logit_attrs``, with
+``apply_ln`` either way), ``transformer_lens.patching`` and ``transformer_lens.head_detector``
+work on it unchanged. The intentional differences are listed in the README ("Coming from
+TransformerLens").
 
 Shapes: B batch, T positions, h heads, d_head = d_model / h, V classes.
 
@@ -22,7 +26,7 @@ from typing import Any, Literal
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
-from transformer_lens import ActivationCache, HookedRootModule
+from transformer_lens import ActivationCache, FactoredMatrix, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from mhainterp.config import ModelConfig
@@ -30,6 +34,7 @@ from mhainterp.heads import head_label, parse_head_label
 from mhainterp.scoring import mean_loss
 
 __all__ = [
+    "LayerNorm",
     "MultiHeadAttention",
     "TransformerBlock",
     "HookedMHATransformer",
@@ -106,20 +111,34 @@ class MultiHeadAttention(nn.Module):
         for linear in (self.q_proj, self.k_proj, self.v_proj, self.o_proj):
             _init_linear(linear, generator)
 
-    def _project(self, linear: nn.Linear, x: Float[Tensor, "B T d_model"]) -> Tensor:
-        B, T, _ = x.shape
+    def _project(self, linear: nn.Linear, x: Tensor) -> Float[Tensor, "B T h d_head"]:
+        B, T = x.shape[:2]
+        if x.ndim == 4:  # one input per head (use_split_qkv_input / use_attn_in): [B, T, h, d]
+            weight = linear.weight.T.reshape(x.shape[-1], self.n_heads, self.d_head)
+            bias = linear.bias.reshape(self.n_heads, self.d_head)
+            return torch.einsum("bthm,mhd->bthd", x, weight) + bias  # (B, T, h, d_head)
         return linear(x).reshape(B, T, self.n_heads, self.d_head)  # (B, T, h, d_head)
 
     def forward(
         self,
-        x: Float[Tensor, "B T d_model"],
+        x: Float[Tensor, "B T d_model"] | Float[Tensor, "B T h d_model"],
         padding_mask: Bool[Tensor, "B T"] | None = None,
+        *,
+        key_input: Tensor | None = None,
+        value_input: Tensor | None = None,
     ) -> Float[Tensor, "B T d_model"]:
-        """Attend; ``padding_mask`` is True for real tokens, False for padding keys."""
+        """Attend; ``padding_mask`` is True for real tokens, False for padding keys.
+
+        ``x`` is the (normalised) query input, also used for keys and values unless
+        ``key_input`` / ``value_input`` are given. Each may be ``[B, T, d_model]`` or, as with
+        TransformerLens's ``use_split_qkv_input``, ``[B, T, h, d_model]`` (one copy per head).
+        """
         T = x.shape[1]
+        key_input = x if key_input is None else key_input
+        value_input = x if value_input is None else value_input
         q = self.hook_q(self._project(self.q_proj, x))  # (B, T, h, d_head)
-        k = self.hook_k(self._project(self.k_proj, x))  # (B, T, h, d_head)
-        v = self.hook_v(self._project(self.v_proj, x))  # (B, T, h, d_head)
+        k = self.hook_k(self._project(self.k_proj, key_input))  # (B, T, h, d_head)
+        v = self.hook_v(self._project(self.v_proj, value_input))  # (B, T, h, d_head)
 
         # (B, h, T, d_head) @ (B, h, d_head, T) -> (B, h, T_q, T_k), scaled by sqrt(d_head)
         scores = q.transpose(1, 2) @ k.permute(0, 2, 3, 1) / math.sqrt(self.d_head)
@@ -136,12 +155,22 @@ class MultiHeadAttention(nn.Module):
         z = self.hook_z((pattern @ v.transpose(1, 2)).transpose(1, 2))  # (B, T, h, d_head)
         return self.output_from_z(z)
 
+    def head_results(self, z: Float[Tensor, "B T h d_head"]) -> Float[Tensor, "B T h d_model"]:
+        """Each head's own write to the residual stream, ``z_h @ W_O[h]`` (what ``hook_result``
+        holds when ``cfg.use_attn_result`` is on), computed from a ``hook_z`` value."""
+        return torch.einsum("bthd,hdm->bthm", z, self.W_O)
+
     def output_from_z(self, z: Float[Tensor, "B T h d_head"]) -> Float[Tensor, "B T d_model"]:
-        """Merge the heads and apply W_O (the part of the layer after ``hook_z``)."""
-        if self.cfg.use_attn_result or self.hook_result.fwd_hooks:
-            # Each head's own write to the residual stream: z_h @ W_O[h].
-            result = torch.einsum("bthd,hdm->bthm", z, self.W_O)  # (B, T, h, d_model)
-            result = self.hook_result(result)
+        """Merge the heads and apply W_O (the part of the layer after ``hook_z``).
+
+        As in TransformerLens, the per-head results (``hook_result``) are computed, and the hook
+        fires, only when ``cfg.use_attn_result`` is True; otherwise the heads are merged first
+        and one matmul applies W_O. Attaching a hook to ``hook_result`` does not switch paths:
+        turn the flag on (``model.set_use_attn_result(True)``), or compute the results from
+        ``hook_z`` with :meth:`head_results`.
+        """
+        if self.cfg.use_attn_result:
+            result = self.hook_result(self.head_results(z))  # (B, T, h, d_model)
             return result.sum(dim=2) + self.o_proj.bias
         B, T = z.shape[:2]
         return self.o_proj(z.reshape(B, T, self.n_heads * self.d_head))  # merge, then W_O
@@ -238,6 +267,16 @@ class MultiHeadAttention(nn.Module):
         with torch.no_grad():
             self.o_proj.bias.copy_(value)
 
+    @property
+    def QK(self) -> FactoredMatrix:
+        """``W_Q @ W_K^T`` per head, ``[h, d_model, d_model]`` (a ``FactoredMatrix``)."""
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        """``W_V @ W_O`` per head, ``[h, d_model, d_model]`` (a ``FactoredMatrix``)."""
+        return FactoredMatrix(self.W_V, self.W_O)
+
 
 def _check_shape(value: Tensor, expected: tuple[int, ...], name: str) -> None:
     if not isinstance(value, Tensor) or tuple(value.shape) != expected:
@@ -246,7 +285,11 @@ def _check_shape(value: Tensor, expected: tuple[int, ...], name: str) -> None:
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward: d_model -> d_mlp -> act -> d_model."""
+    """Position-wise feed-forward: d_model -> d_mlp -> act -> d_model.
+
+    TransformerLens-layout views: ``W_in [d_model, d_mlp]``, ``b_in [d_mlp]``,
+    ``W_out [d_mlp, d_model]``, ``b_out [d_model]`` (the weights stay ``fc_in``/``fc_out``).
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -263,15 +306,88 @@ class MLP(nn.Module):
     def forward(self, x: Float[Tensor, "B T d_model"]) -> Float[Tensor, "B T d_model"]:
         return self.fc_out(self.hook_post(self.act(self.hook_pre(self.fc_in(x)))))
 
+    @property
+    def W_in(self) -> Float[Tensor, "d_model d_mlp"]:
+        return self.fc_in.weight.T
+
+    @property
+    def b_in(self) -> Float[Tensor, " d_mlp"]:
+        return self.fc_in.bias
+
+    @property
+    def W_out(self) -> Float[Tensor, "d_mlp d_model"]:
+        return self.fc_out.weight.T
+
+    @property
+    def b_out(self) -> Float[Tensor, " d_model"]:
+        return self.fc_out.bias
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm with TransformerLens's hooks; parameters named as ``torch.nn.LayerNorm``'s.
+
+    ``hook_scale`` is ``sqrt(mean((x - mean(x))^2) + eps)`` ``[batch, pos, 1]`` and
+    ``hook_normalized`` the centred input divided by it ``[batch, pos, d_model]``, before
+    ``weight`` and ``bias`` are applied (as TransformerLens 4.x's normalization bridge and its
+    ``LayerNormPre`` define them; this is what ``ActivationCache.apply_ln_to_stack`` divides
+    by). The parameters keep ``nn.LayerNorm``'s names (``ln1.weight``, ``ln1.bias``) so saved
+    runs and the stacked fast path read them unchanged; ``w``/``b`` are TransformerLens's names.
+
+    Example:
+        >>> ln = LayerNorm(ModelConfig(d_model=4))
+        >>> ln(torch.tensor([[[1.0, 2.0, 3.0, 4.0]]])).sum().abs() < 1e-6
+        tensor(True)
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.eps = cfg.eps
+        self.weight = nn.Parameter(torch.ones(cfg.d_model))
+        self.bias = nn.Parameter(torch.zeros(cfg.d_model))
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+        nn.init.zeros_(self.bias)
+
+    def forward(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        x = x - x.mean(dim=-1, keepdim=True)
+        scale = self.hook_scale((x.pow(2).mean(dim=-1, keepdim=True) + self.eps).sqrt())
+        return self.hook_normalized(x / scale) * self.weight + self.bias
+
+    def unhooked(self, x: Float[Tensor, "... d_model"]) -> Float[Tensor, "... d_model"]:
+        """The same function without firing the hooks (for the per-head copies of the input)."""
+        x = x - x.mean(dim=-1, keepdim=True)
+        return x / (x.pow(2).mean(dim=-1, keepdim=True) + self.eps).sqrt() * self.weight + self.bias
+
+    @property
+    def w(self) -> Float[Tensor, " d_model"]:
+        return self.weight
+
+    @property
+    def b(self) -> Float[Tensor, " d_model"]:
+        return self.bias
+
 
 def _norm(cfg: ModelConfig) -> nn.Module:
-    return (
-        nn.LayerNorm(cfg.d_model, eps=cfg.eps) if cfg.normalization_type == "LN" else nn.Identity()
-    )
+    return LayerNorm(cfg) if cfg.normalization_type == "LN" else nn.Identity()
+
+
+def _unhooked_norm(norm: nn.Module, x: Tensor) -> Tensor:
+    return norm.unhooked(x) if isinstance(norm, LayerNorm) else norm(x)
 
 
 class TransformerBlock(nn.Module):
-    """Pre-norm residual block: ``x + attn(ln1(x))`` then, unless attn_only, ``+ mlp(ln2(.))``."""
+    """Pre-norm residual block: ``x + attn(ln1(x))`` then, unless attn_only, ``+ mlp(ln2(.))``.
+
+    TransformerLens's optional hooks exist always and fire only behind its flags:
+    ``hook_attn_in`` (``cfg.use_attn_in``) and ``hook_q_input``/``hook_k_input``/
+    ``hook_v_input`` (``cfg.use_split_qkv_input``) hold the residual stream repeated per head,
+    ``[batch, pos, head, d_model]``, before ln1; ``hook_mlp_in`` (``cfg.use_hook_mlp_in``) holds
+    the MLP's input before ln2. With a per-head input, ln1's own hooks fire once on the shared
+    ``hook_resid_pre`` (``[batch, pos, 1]``), as in TransformerLens 4.x.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -279,6 +395,12 @@ class TransformerBlock(nn.Module):
         self.ln1 = _norm(cfg)
         self.attn = MultiHeadAttention(cfg)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
+        self.hook_attn_in = HookPoint()  # [batch, pos, head, d_model], cfg.use_attn_in
+        self.hook_q_input = HookPoint()  # [batch, pos, head, d_model], cfg.use_split_qkv_input
+        self.hook_k_input = HookPoint()  # [batch, pos, head, d_model], cfg.use_split_qkv_input
+        self.hook_v_input = HookPoint()  # [batch, pos, head, d_model], cfg.use_split_qkv_input
+        self.hook_mlp_in = HookPoint()  # [batch, pos, d_model], cfg.use_hook_mlp_in (never
+        # fires without an MLP; it exists, as in TransformerLens, so hooking it is no error)
         self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
         if not cfg.attn_only:
@@ -291,7 +413,21 @@ class TransformerBlock(nn.Module):
         self, resid: Float[Tensor, "B T d_model"], padding_mask: Tensor | None = None
     ) -> Float[Tensor, "B T d_model"]:
         resid = self.hook_resid_pre(resid)
-        return self.after_attention(resid, self.attn(self.ln1(resid), padding_mask))
+        cfg = self.cfg
+        if not (cfg.use_attn_in or cfg.use_split_qkv_input):
+            return self.after_attention(resid, self.attn(self.ln1(resid), padding_mask))
+        attn_in = resid[:, :, None, :].repeat(1, 1, cfg.n_heads, 1)  # (B, T, h, d_model)
+        if cfg.use_attn_in:
+            attn_in = self.hook_attn_in(attn_in)
+        q_in = k_in = v_in = attn_in
+        if cfg.use_split_qkv_input:
+            q_in = self.hook_q_input(attn_in.clone())
+            k_in = self.hook_k_input(attn_in.clone())
+            v_in = self.hook_v_input(attn_in.clone())
+        self.ln1(resid)  # ln1's hooks see the shared residual stream once
+        q_in, k_in, v_in = (_unhooked_norm(self.ln1, x) for x in (q_in, k_in, v_in))
+        attn_out = self.attn(q_in, padding_mask, key_input=k_in, value_input=v_in)
+        return self.after_attention(resid, attn_out)
 
     def after_attention(
         self, resid_pre: Float[Tensor, "B T d_model"], attn_out: Float[Tensor, "B T d_model"]
@@ -300,8 +436,23 @@ class TransformerBlock(nn.Module):
         resid = resid_pre + self.hook_attn_out(attn_out)
         if not self.cfg.attn_only:
             resid = self.hook_resid_mid(resid)
-            resid = resid + self.hook_mlp_out(self.mlp(self.ln2(resid)))
+            mlp_in = self.hook_mlp_in(resid.clone()) if self.cfg.use_hook_mlp_in else resid
+            resid = resid + self.hook_mlp_out(self.mlp(self.ln2(mlp_in)))
         return self.hook_resid_post(resid)
+
+
+class Unembed(nn.Linear):
+    """The unembedding ``nn.Linear`` (keys ``unembed.weight``/``unembed.bias``) with
+    TransformerLens's ``unembed.hook_in`` ``[batch, pos, d_model]`` and ``unembed.hook_out``
+    ``[batch, pos, n_targets * d_vocab_out]``."""
+
+    def __init__(self, d_model: int, n_out: int):
+        super().__init__(d_model, n_out)
+        self.hook_in = HookPoint()  # [batch, pos, d_model]
+        self.hook_out = HookPoint()  # [batch, pos, n_targets * d_vocab_out]
+
+    def forward(self, x: Float[Tensor, "B T d_model"]) -> Float[Tensor, "B T n_out"]:
+        return self.hook_out(super().forward(self.hook_in(x)))
 
 
 class HookedMHATransformer(HookedRootModule):
@@ -309,7 +460,11 @@ class HookedMHATransformer(HookedRootModule):
 
     A ``transformer_lens.HookedRootModule``: ``run_with_hooks``, ``hooks()`` and
     ``run_with_cache`` (returning a ``transformer_lens.ActivationCache``) work, with
-    TransformerLens's hook names (see DESIGN.md, "Model contract").
+    TransformerLens's hook names (see DESIGN.md, "Model contract"). As in TransformerLens, the
+    optional hooks fire only behind their ``cfg`` flags: ``attn.hook_result`` behind
+    ``use_attn_result`` (a plain forward and ``run_with_cache`` take the same path either way),
+    the per-head inputs behind ``use_split_qkv_input`` / ``use_attn_in``, ``hook_mlp_in`` behind
+    ``use_hook_mlp_in``; set them in the config or with ``set_use_attn_result(True)`` etc.
 
     Example:
         >>> cfg = ModelConfig(d_model=64, n_heads=4, n_ctx=16, d_vocab=10, d_vocab_out=16)
@@ -330,7 +485,8 @@ class HookedMHATransformer(HookedRootModule):
         self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
         self.ln_final = _norm(cfg)
-        self.unembed = nn.Linear(cfg.d_model, cfg.n_targets * cfg.d_vocab_out)
+        self.unembed = Unembed(cfg.d_model, cfg.n_targets * cfg.d_vocab_out)
+        self.hook_unembed = HookPoint()  # [batch, pos, n_targets * d_vocab_out], TL 4.x's alias
         self.reset_parameters(cfg.seed)
         self.setup()  # registers hook points by name (HookedRootModule)
         self.to(device=cfg.device, dtype=cfg.dtype)
@@ -347,7 +503,7 @@ class HookedMHATransformer(HookedRootModule):
                     block.mlp.reset_parameters(generator)
             _init_linear(self.unembed, generator)
             for module in self.modules():
-                if isinstance(module, nn.LayerNorm):
+                if isinstance(module, LayerNorm):
                     module.reset_parameters()
 
     # ----- forward ----------------------------------------------------------------------------
@@ -421,7 +577,7 @@ class HookedMHATransformer(HookedRootModule):
     def logits_from_resid(self, resid: Float[Tensor, "B T d_model"]) -> Tensor:
         """The final LayerNorm and unembedding: logits from the last ``hook_resid_post``."""
         B, T, _ = resid.shape
-        logits = self.unembed(self.ln_final(resid))  # (B, T, n_targets * V)
+        logits = self.hook_unembed(self.unembed(self.ln_final(resid)))  # (B, T, n_targets * V)
         if self.cfg.n_targets > 1:
             logits = logits.reshape(B, T, self.cfg.n_targets, self.cfg.d_vocab_out)
         return logits
@@ -473,25 +629,63 @@ class HookedMHATransformer(HookedRootModule):
                 )
         return tokens.long(), padding_mask
 
-    def to_tokens(self, seq: str | Sequence[int] | Sequence[Sequence[int]] | Tensor) -> Tensor:
-        """Turn ``"3 1 4 1"``, ``"3,1,4,1"``, a list, nested lists or a tensor into ``[B, T]``.
+    def to_tokens(
+        self, seq: str | Sequence[str] | Sequence[int] | Sequence[Sequence[int]] | Tensor
+    ) -> Int[Tensor, "B T"]:
+        """Turn token ids in any common form into a ``[B, T]`` tensor on the model's device.
 
-        There is no text tokenizer: the tasks' tokens are integers. This is what TransformerLens's
+        Accepts ``"3 1 4 1"`` or ``"3,1,4,1"`` (one sequence), a list of such strings (one row
+        each), a list of ints, a list of lists, or a tensor. There is no text tokenizer: the
+        tasks' tokens are integers, and no BOS token is added. This is what TransformerLens's
         ``head_detector.detect_head`` calls with its ``seq`` argument.
+
+        Raises:
+            ValueError: For text that is not integers, an empty sequence, rows of different
+                lengths (there is no padding here: build a ``Batch`` with a ``padding_mask``),
+                or ids outside the vocabulary.
+
+        Example:
+            >>> model.to_tokens(["1 2 3", "3 2 1"]).shape  # doctest: +SKIP
+            torch.Size([2, 3])
         """
         if isinstance(seq, str):
-            parts = seq.replace(",", " ").split()
-            if not parts:
-                raise ValueError("cannot make tokens from an empty string; give token ids")
-            try:
-                seq = [int(p) for p in parts]
-            except ValueError:
+            seq = _parse_token_string(seq)
+        elif isinstance(seq, Sequence) and seq and all(isinstance(row, str) for row in seq):
+            seq = [_parse_token_string(row) for row in seq]
+        if isinstance(seq, Sequence) and seq and all(isinstance(row, Sequence) for row in seq):
+            lengths = sorted({len(row) for row in seq})
+            if len(lengths) > 1:
                 raise ValueError(
-                    f"cannot read {seq!r} as token ids; give integers separated by spaces or commas"
-                ) from None
+                    f"sequences have different lengths {lengths}; give equal-length sequences "
+                    "(to pad, build a Batch with a padding_mask)"
+                )
         tokens = torch.as_tensor(seq)
         tokens, _ = self.validate_inputs(tokens)
         return tokens.to(self.cfg.device)
+
+    def to_single_token(self, token: str | int) -> int:
+        """``"3"`` or ``3`` -> ``3``: one token id (TransformerLens's name, used by
+        ``ActivationCache.logit_attrs`` when given a string)."""
+        ids = _parse_token_string(token) if isinstance(token, str) else [token]
+        if len(ids) != 1 or not 0 <= int(ids[0]) < self.cfg.d_vocab:
+            raise ValueError(f"{token!r} is not one token id in [0, d_vocab={self.cfg.d_vocab})")
+        return int(ids[0])
+
+    def tokens_to_residual_directions(
+        self, tokens: str | int | Int[Tensor, "..."]
+    ) -> Float[Tensor, "... d_model"]:
+        """The unembedding direction(s) ``W_U[:, tokens]`` in the residual stream.
+
+        ``tokens`` are output class ids (columns of ``W_U``); with ``n_targets > 1`` the column
+        of class ``c`` of target ``t`` is ``t * d_vocab_out + c``. As TransformerLens's method,
+        which ``ActivationCache.logit_attrs`` calls.
+        """
+        if isinstance(tokens, str):
+            tokens = self.to_single_token(tokens)
+        if isinstance(tokens, Tensor) and tokens.numel() > 1:
+            return self.W_U[:, tokens].movedim(0, -1)  # (..., d_model)
+        index = int(tokens.item()) if isinstance(tokens, Tensor) else int(tokens)
+        return self.W_U[:, index]
 
     # ----- TransformerLens conveniences -----------------------------------------------------------
     def run_with_cache(self, *model_args: Any, **kwargs: Any) -> tuple[Any, ActivationCache]:
@@ -507,8 +701,38 @@ class HookedMHATransformer(HookedRootModule):
             head_label(lay, h) for lay in range(self.cfg.n_layers) for h in range(self.cfg.n_heads)
         ]
 
-    def _stack(self, name: str) -> Tensor:
-        return torch.stack([getattr(block.attn, name) for block in self.blocks])
+    @property
+    def all_head_labels(self) -> list[str]:
+        """TransformerLens's name for :attr:`head_labels` (the same ``"L0H0"`` labels)."""
+        return self.head_labels
+
+    # TransformerLens's setters for its optional hooks (they set the cfg flag of the same name).
+    def set_use_attn_result(self, use_attn_result: bool) -> None:
+        """Compute and hook each head's residual write (``attn.hook_result``) or not."""
+        self.cfg.use_attn_result = _flag("use_attn_result", use_attn_result)
+
+    def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
+        """Give Q, K and V their own per-head copies of the input (``hook_q_input``...)."""
+        if use_split_qkv_input and self.cfg.use_attn_in:
+            raise ValueError("use_split_qkv_input and use_attn_in are mutually exclusive; "
+                             "call set_use_attn_in(False) first")  # fmt: skip
+        self.cfg.use_split_qkv_input = _flag("use_split_qkv_input", use_split_qkv_input)
+
+    def set_use_attn_in(self, use_attn_in: bool) -> None:
+        """Give the attention one per-head copy of its input (``hook_attn_in``)."""
+        if use_attn_in and self.cfg.use_split_qkv_input:
+            raise ValueError("use_attn_in and use_split_qkv_input are mutually exclusive; "
+                             "call set_use_split_qkv_input(False) first")  # fmt: skip
+        self.cfg.use_attn_in = _flag("use_attn_in", use_attn_in)
+
+    def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
+        """Fire ``hook_mlp_in`` (the MLP input before ln2) or not."""
+        self.cfg.use_hook_mlp_in = _flag("use_hook_mlp_in", use_hook_mlp_in)
+
+    def _stack(self, name: str, part: str = "attn") -> Tensor:
+        if part == "mlp" and self.cfg.attn_only:
+            raise AttributeError(f"{name} is undefined: this model is attention-only (no MLP)")
+        return torch.stack([getattr(getattr(block, part), name) for block in self.blocks])
 
     @property
     def W_Q(self) -> Float[Tensor, "n_layers h d_model d_head"]:
@@ -527,8 +751,55 @@ class HookedMHATransformer(HookedRootModule):
         return self._stack("W_O")
 
     @property
+    def b_Q(self) -> Float[Tensor, "n_layers h d_head"]:
+        return self._stack("b_Q")
+
+    @property
+    def b_K(self) -> Float[Tensor, "n_layers h d_head"]:
+        return self._stack("b_K")
+
+    @property
+    def b_V(self) -> Float[Tensor, "n_layers h d_head"]:
+        return self._stack("b_V")
+
+    @property
+    def b_O(self) -> Float[Tensor, "n_layers d_model"]:
+        return self._stack("b_O")
+
+    @property
+    def W_in(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
+        return self._stack("W_in", "mlp")
+
+    @property
+    def b_in(self) -> Float[Tensor, "n_layers d_mlp"]:
+        return self._stack("b_in", "mlp")
+
+    @property
+    def W_out(self) -> Float[Tensor, "n_layers d_mlp d_model"]:
+        return self._stack("W_out", "mlp")
+
+    @property
+    def b_out(self) -> Float[Tensor, "n_layers d_model"]:
+        return self._stack("b_out", "mlp")
+
+    @property
+    def QK(self) -> FactoredMatrix:
+        """``W_Q @ W_K^T`` of every head, ``[n_layers, h, d_model, d_model]``."""
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        """``W_V @ W_O`` of every head, ``[n_layers, h, d_model, d_model]``."""
+        return FactoredMatrix(self.W_V, self.W_O)
+
+    @property
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
         return self.embed.weight
+
+    @property
+    def W_E_pos(self) -> Float[Tensor, "d_vocab_plus_n_ctx d_model"]:
+        """``[W_E; W_pos]`` stacked along the rows, as TransformerLens defines it."""
+        return torch.cat([self.W_E, self.W_pos], dim=0)
 
     @property
     def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:
@@ -546,3 +817,22 @@ class HookedMHATransformer(HookedRootModule):
     @property
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} is invalid: must be True or False.")
+    return value
+
+
+def _parse_token_string(text: str) -> list[int]:
+    """``"3 1 4"`` or ``"3,1,4"`` -> ``[3, 1, 4]``."""
+    parts = text.replace(",", " ").split()
+    if not parts:
+        raise ValueError("cannot make tokens from an empty string; give token ids")
+    try:
+        return [int(p) for p in parts]
+    except ValueError:
+        raise ValueError(
+            f"cannot read {text!r} as token ids; give integers separated by spaces or commas"
+        ) from None

@@ -2,7 +2,8 @@
 
 A run folder (DESIGN.md, "Results and files")::
 
-    config.json        {"model": ModelConfig, "train": TrainConfig, "task": {"name", "params"}}
+    config.json        {"model": ModelConfig, "train": TrainConfig,
+                        "task": {"name", "params", "module"}}
     model.safetensors  the weights
     metrics.csv        the training curve: step, loss, lr, grad_norm (+ eval columns if eval_every)
     eval.json          final metrics on the fixed evaluation set; written last = "run finished"
@@ -26,7 +27,7 @@ from mhainterp.data import DEFAULT_N_EVAL, as_batch, target_names
 from mhainterp.io import atomic_path, read_json, write_csv, write_json
 from mhainterp.model import HookedMHATransformer
 from mhainterp.scoring import Totals, position_scores, totals
-from mhainterp.tasks import Batch, Task, get_task
+from mhainterp.tasks import Batch, Task, task_from_record, task_record
 from mhainterp.validation import check_int
 
 __all__ = [
@@ -297,7 +298,7 @@ def save_run(
         {
             "model": model.cfg.to_dict(),
             "train": train_config.to_dict(),
-            "task": {"name": task.name, "params": dict(task.params)},
+            "task": task_record(task),  # name, params and defining module; never code
             "versions": {"torch": torch.__version__},
         },
     )
@@ -338,7 +339,7 @@ def load_run(path: str | os.PathLike[str], *, device: str = "cpu") -> Run:
     model = HookedMHATransformer(model_config)
     model.load_state_dict(load_file(str(path / "model.safetensors"), device=device))
     model.eval()
-    task = get_task(config["task"]["name"], **config["task"]["params"])
+    task = task_from_record(config["task"], path / "config.json")  # imports nothing
     return Run(
         path=path,
         model=model,

@@ -7,3 +7,59 @@ small matmuls several times slower (thread hand-off dominates), so tests run sin
 import torch
 
 torch.set_num_threads(1)
+
+
+# ----- a user's own task, in a file of its own (for the plugin tests) ---------------------------
+import pytest  # noqa: E402
+
+USER_TASK_SOURCE = '''
+"""A user's task, defined outside mhainterp: copy the token two positions back."""
+import torch
+from mhainterp.tasks import Task, register_task
+
+
+class TwoBackTask(Task):
+    """Copy the token two back (the extra class d_vocab for the first two positions)."""
+
+    name = "two_back"
+    causal = True
+
+    @property
+    def d_vocab_out(self):
+        return self.d_vocab + 1
+
+    def compute_targets(self, tokens, padding_mask):
+        targets = torch.full_like(tokens, self.d_vocab)
+        targets[:, 2:] = tokens[:, :-2]
+        return targets, padding_mask
+
+    def compute_relations(self, tokens, padding_mask):
+        n, T = tokens.shape
+        template = torch.zeros(n, T, T)
+        query = torch.arange(2, T)
+        template[:, query, query - 2] = 1.0
+        return {"two_back": template}
+
+
+register_task("two_back", TwoBackTask)
+'''
+
+
+@pytest.fixture
+def user_task_file(tmp_path):
+    """``tmp/user_tasks/two_back.py``, registering ``two_back``; unregistered afterwards."""
+    from mhainterp.tasks import list_tasks, plugins, unregister_task
+
+    path = tmp_path / "user_tasks" / "two_back.py"
+    path.parent.mkdir()
+    path.write_text(USER_TASK_SOURCE)
+    yield path
+    if "two_back" in list_tasks():
+        unregister_task("two_back")
+    plugins._loaded.clear()
+
+
+@pytest.fixture
+def user_task_source() -> str:
+    """The source of :func:`user_task_file` (a module that defines and registers two_back)."""
+    return USER_TASK_SOURCE

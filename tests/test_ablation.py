@@ -233,6 +233,9 @@ def test_linear_readout_equals_the_full_forward(method):
     np.testing.assert_allclose(fast["loss"], full["loss"], atol=1e-5, rtol=0)
     assert fast["accuracy"].tolist() == full["accuracy"].tolist()
     assert full["delta_loss"].abs().max() > 1e-3  # ablations do change the output
+    for name in ("hook_unembed", "unembed.hook_in", "blocks.0.hook_resid_post"):
+        with model.hooks(fwd_hooks=[(name, lambda x, hook: x)]):
+            assert not _readout_is_linear(model, 0), name  # a user's hook must see every copy
 
 
 def test_pairwise_equals_naive_joint_ablation(multi_model, multi_batch):

@@ -23,6 +23,7 @@ from mhainterp.config import ModelConfig
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.model import (
     HookedMHATransformer,
+    LayerNorm,
     MultiHeadAttention,
     head_label,
     merge_heads,
@@ -253,15 +254,15 @@ def test_attn_scores_are_scaled_pre_softmax_with_minus_inf_where_masked(causal):
 
 
 def test_head_results_plus_b_O_sum_to_attn_out():
-    model = make_model(causal=True)
+    model = make_model(causal=True, use_attn_result=True)
     _, cache = model.run_with_cache(random_tokens())
     result = cache["result", 0]  # (B, T, h, d_model)
     assert result.shape == (3, N_CTX, N_HEADS, D_MODEL)
     assert_close(result.sum(dim=2) + model.blocks[0].attn.b_O, cache["attn_out", 0])
+    # Without use_attn_result the hook does not fire (TransformerLens's semantics), and
     # TransformerLens recomputes the same results from hook_z and W_O.
-    _, cache_without_result = model.run_with_cache(
-        random_tokens(), names_filter=lambda name: "result" not in name
-    )
+    _, cache_without_result = make_model(causal=True).run_with_cache(random_tokens())
+    assert "blocks.0.attn.hook_result" not in cache_without_result
     stacked = cache_without_result.stack_head_results(layer=-1)  # (h, B, T, d_model)
     assert_close(stacked, cache["result", 0].permute(2, 0, 1, 3))
 
@@ -271,10 +272,17 @@ def test_result_path_and_fused_path_give_the_same_logits():
     fused = make_model(n_layers=2)(tokens)
     per_head = make_model(n_layers=2, use_attn_result=True)(tokens)
     assert_close(per_head, fused)
-    hooked = make_model(n_layers=2).run_with_hooks(
-        tokens, fwd_hooks=[(lambda name: name.endswith("hook_result"), lambda act, hook: act)]
-    )
-    assert_close(hooked, fused)
+    # A hook on hook_result fires only under use_attn_result (it does not switch paths).
+    seen: list[str] = []
+    for flag, fired in ((False, []), (True, ["blocks.0.attn.hook_result"])):
+        seen.clear()
+        model = make_model(n_layers=2, use_attn_result=flag)
+        logits = model.run_with_hooks(
+            tokens,
+            fwd_hooks=[("blocks.0.attn.hook_result", lambda act, hook: seen.append(hook.name))],
+        )
+        assert seen == fired
+        assert_close(logits, fused)
 
 
 # ----- TransformerLens utilities on our model -------------------------------------------------
@@ -312,7 +320,11 @@ def test_patching_head_outputs_gives_known_values():
 
     # The model is linear after attention: patching head h swaps its result in the residual.
     def expected(head: int) -> torch.Tensor:
-        delta = clean_cache["result", 0][:, :, head] - corrupted_cache["result", 0][:, :, head]
+        attn = model.blocks[0].attn
+        clean_result, corrupted_result = (
+            attn.head_results(c["z", 0]) for c in (clean_cache, corrupted_cache)
+        )
+        delta = clean_result[:, :, head] - corrupted_result[:, :, head]
         return metric(corrupted_logits + delta @ W_U.T)
 
     with torch.no_grad():
@@ -339,7 +351,7 @@ def test_per_head_views_have_transformer_lens_shapes():
 
 
 def test_per_head_views_recompute_the_hooked_activations():
-    model = make_model(causal=True)
+    model = make_model(causal=True, use_attn_result=True)
     attn = model.blocks[0].attn
     _, cache = model.run_with_cache(random_tokens())
     x = cache["resid_pre", 0]
@@ -402,7 +414,7 @@ def test_assigning_a_wrong_shape_raises_value_error(name):
 
 # ----- hooks and caches -------------------------------------------------------------------------
 def test_run_with_cache_returns_an_activation_cache_with_tl_names():
-    model = make_model(n_layers=2, causal=True)
+    model = make_model(n_layers=2, causal=True, use_attn_result=True)
     logits, cache = model.run_with_cache(random_tokens())
     assert isinstance(cache, ActivationCache)
     assert_close(logits, model(random_tokens()))
@@ -447,7 +459,7 @@ def test_hooks_are_removed_after_run_with_hooks():
 
 
 def test_zeroing_one_head_in_hook_z_changes_only_that_heads_result():
-    model = make_model(causal=True)
+    model = make_model(causal=True, use_attn_result=True)
     tokens = random_tokens()
     _, clean = model.run_with_cache(tokens)
     saved = {}
@@ -606,8 +618,8 @@ def test_mlp_blocks_have_resid_mid_and_mlp_out():
 
 def test_layernorm_variant_normalises_the_attention_input():
     model = make_model(normalization_type="LN")
-    assert isinstance(model.blocks[0].ln1, nn.LayerNorm)
-    assert isinstance(model.ln_final, nn.LayerNorm)
+    assert isinstance(model.blocks[0].ln1, LayerNorm)
+    assert isinstance(model.ln_final, LayerNorm)
     _, cache = model.run_with_cache(random_tokens())
     x = cache["resid_pre", 0]
     normed = (x - x.mean(-1, keepdim=True)) / torch.sqrt(
@@ -671,3 +683,120 @@ def test_forward_both_returns_logits_and_loss():
     assert_close(logits, model(tokens))
     assert_close(loss, F.cross_entropy(logits.reshape(-1, D_VOCAB), targets.reshape(-1)))
     assert model(tokens, return_type=None) is None
+
+
+# ----- TransformerLens parity: LayerNorm hooks, layout weights, prompts ----------------------
+def ln_model() -> HookedMHATransformer:
+    model = make_model(n_layers=2, attn_only=False, normalization_type="LN")
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # non-trivial LayerNorm weights
+        for name, param in model.named_parameters():
+            if ".ln" in name or name.startswith("ln_final"):
+                param.add_(0.3 * torch.randn(param.shape, generator=generator))
+    return model
+
+
+def test_layernorm_hooks_hold_the_scale_and_the_normalised_input():
+    model = ln_model()
+    _, cache = model.run_with_cache(random_tokens())
+    x = cache["resid_pre", 1]
+    centred = x - x.mean(-1, keepdim=True)
+    scale = torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + model.cfg.eps)
+    assert cache["blocks.1.ln1.hook_scale"].shape == (3, N_CTX, 1)
+    assert_close(cache["blocks.1.ln1.hook_scale"], scale)
+    assert_close(cache["blocks.1.ln1.hook_normalized"], centred / scale)
+    ln1 = model.blocks[1].ln1
+    expected = F.layer_norm(x, (D_MODEL,), ln1.weight, ln1.bias, eps=model.cfg.eps)
+    assert_close(ln1(x), expected)  # TL's formula computes torch's LayerNorm
+    assert ln1.w is ln1.weight and ln1.b is ln1.bias
+    assert {"blocks.0.ln1.weight", "blocks.0.ln2.bias", "ln_final.weight"} <= set(
+        model.state_dict()
+    )
+
+
+def test_apply_ln_helpers_equal_the_cached_normalised_inputs():
+    model = ln_model()
+    with torch.no_grad():
+        _, cache = model.run_with_cache(random_tokens())
+        # Components of a layer's input, scaled by its cached LayerNorm scale, add up to the
+        # normalised input that LayerNorm saw.
+        parts = cache.decompose_resid(layer=1, apply_ln=True)
+        assert_close(parts.sum(0), cache["blocks.1.ln1.hook_normalized"])
+        parts = cache.decompose_resid(layer=1, mlp_input=True, apply_ln=True)
+        assert_close(parts.sum(0), cache["blocks.1.ln2.hook_normalized"])
+        heads = cache.stack_head_results(layer=-1, apply_ln=True, incl_remainder=True)
+        assert heads.shape == (2 * N_HEADS + 1, 3, N_CTX, D_MODEL)
+        assert_close(heads.sum(0), cache["ln_final.hook_normalized"])
+        accumulated = cache.accumulated_resid(layer=-1, apply_ln=True)
+        assert_close(accumulated[-1], model.ln_final(cache["resid_post", 1]))
+        unscaled = cache.decompose_resid(layer=-1, apply_ln=False)
+        assert_close(unscaled.sum(0), cache["resid_post", 1])
+        answers = random_tokens(seed=9)
+        attrs = cache.logit_attrs(unscaled, answers)  # (components, B, T)
+        direct = (cache["ln_final.hook_normalized"] * model.W_U.T[answers]).sum(-1)
+        assert_close(attrs.sum(0), direct)
+
+
+def test_transformer_lens_layout_weights():
+    model = make_model(n_layers=2, attn_only=False)
+    mlp = model.blocks[1].mlp
+    assert torch.equal(model.W_in[1], mlp.fc_in.weight.T)
+    assert model.W_in.shape == (2, D_MODEL, 4 * D_MODEL)
+    assert torch.equal(model.b_in[1], mlp.fc_in.bias)
+    assert torch.equal(model.W_out[1], mlp.fc_out.weight.T)
+    assert torch.equal(model.b_out[0], model.blocks[0].mlp.fc_out.bias)
+    for name in ("b_Q", "b_K", "b_V"):
+        assert model.__getattribute__(name).shape == (2, N_HEADS, D_HEAD)
+    assert torch.equal(model.b_Q[1], model.blocks[1].attn.b_Q)
+    assert torch.equal(model.b_O[1], model.blocks[1].attn.o_proj.bias)
+    assert torch.equal(model.W_E_pos, torch.cat([model.embed.weight, model.pos_embed.weight]))
+    assert_close(model.QK.AB, model.W_Q @ model.W_K.transpose(-2, -1))
+    assert_close(model.OV.AB, model.W_V @ model.W_O)
+    assert model.QK.shape == (2, N_HEADS, D_MODEL, D_MODEL)
+    assert_close(model.blocks[0].attn.OV.AB, model.OV.AB[0])
+    assert model.all_head_labels[:2] == ["L0H0", "L0H1"] and len(model.all_head_labels) == 8
+    assert not hasattr(make_model(), "W_in")  # attention-only: no MLP weights
+
+
+def test_to_tokens_takes_lists_of_strings_and_rejects_ragged_rows():
+    model = make_model()
+    assert model.to_tokens(["1 2 3", "3 2 1"]).tolist() == [[1, 2, 3], [3, 2, 1]]
+    assert model.to_tokens(["1,2", "3 4"]).shape == (2, 2)
+    with pytest.raises(ValueError, match=r"different lengths \[2, 3\].*padding_mask"):
+        model.to_tokens(["1 2", "3 4 5"])
+    with pytest.raises(ValueError, match=r"different lengths"):
+        model.to_tokens([[1, 2], [3]])
+    assert model.to_single_token("7") == 7
+    with pytest.raises(ValueError, match="one token id"):
+        model.to_single_token("1 2")
+
+
+def test_detect_head_takes_a_list_of_prompts():
+    model = handbuilt_model(["previous", "uniform", "previous"])
+    scores = detect_head(model, ["1 2 3 4 5", "5 4 3 2 1"], "previous_token_head")
+    one = detect_head(model, "1 2 3 4 5", "previous_token_head")
+    assert_close(scores, one)  # the handbuilt heads do not depend on the tokens
+    assert_close(scores[0, 0], torch.tensor(4 / 5))
+
+
+def test_optional_hook_flags_follow_transformer_lens_rules():
+    model = make_model(attn_only=False, normalization_type="LN")
+    seen: list[str] = []
+
+    def record(act, hook):
+        seen.append(hook.name)
+
+    names = ["blocks.0.hook_q_input", "blocks.0.hook_attn_in", "blocks.0.hook_mlp_in"]
+    model.run_with_hooks(random_tokens(), fwd_hooks=[(n, record) for n in names])
+    assert seen == []  # they exist (no error) but fire only behind their flags
+    model.set_use_attn_in(True)
+    model.set_use_hook_mlp_in(True)
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        model.set_use_split_qkv_input(True)
+    logits = model.run_with_hooks(random_tokens(), fwd_hooks=[(n, record) for n in names])
+    assert seen == ["blocks.0.hook_attn_in", "blocks.0.hook_mlp_in"]
+    model.set_use_attn_in(False)
+    model.set_use_hook_mlp_in(False)
+    assert_close(logits, model(random_tokens()))
+    with pytest.raises(ValueError, match="use_attn_in"):
+        ModelConfig(use_attn_in=True, use_split_qkv_input=True)

@@ -130,6 +130,8 @@ def test_cka_equals_direct_computation_on_hook_result():
     tokens, mask = _padded()
     sim = head_similarity(model, tokens, "cka", padding_mask=mask, batch_size=5)
     _, cache = model.run_with_cache(tokens, padding_mask=mask)
+    with torch.no_grad():
+        cache.compute_head_results()  # hook_result fires only under use_attn_result (TL's rule)
     outputs = {
         f"L{layer}H{head}": cache["result", layer][:, :, head][mask].double()
         for layer in range(2)
@@ -141,6 +143,8 @@ def test_cka_equals_direct_computation_on_hook_result():
     other = _random_model(n_heads=2, seed=5)
     cross = cross_model_similarity(model, other, tokens, "cka", mask, batch_size=5)
     _, cache_b = other.run_with_cache(tokens, padding_mask=mask)
+    with torch.no_grad():
+        cache_b.compute_head_results()
     for a, (layer, head) in [("L0H1", (1, 0)), ("L1H3", (0, 1))]:
         theirs = cache_b["result", layer][:, :, head][mask].double()
         expected = _linear_cka(outputs[a], theirs)

@@ -859,3 +859,98 @@ def test_custom_task_with_bad_targets_is_caught() -> None:
 def test_direct_construction_equals_registry() -> None:
     assert InductionTask(seq_len=8) == get_task("induction", seq_len=8)
     assert get_task("induction", seq_len=8).block_len == 4
+
+
+# ----- tasks defined outside mhainterp: files, modules, entry points, run folders -------------
+def test_a_task_in_a_users_file_is_registered_with_its_module(user_task_file):
+    from mhainterp.tasks import load_task_module, task_module, task_record
+
+    assert "two_back" not in list_tasks()
+    assert load_task_module(str(user_task_file)) == ["two_back"]
+    assert load_task_module(str(user_task_file)) == ["two_back"]  # a second load is a no-op
+    task = get_task("two_back", seq_len=6)
+    tokens = torch.tensor([[3, 1, 4, 1, 5, 9]])
+    assert task.targets_for(tokens)[0].tolist() == [[10, 10, 3, 1, 4, 1]]
+    assert task_module("two_back") == str(user_task_file.resolve())
+    assert task_record(task) == {
+        "name": "two_back",
+        "params": {"seq_len": 6, "d_vocab": 10, "min_len": 6},
+        "module": str(user_task_file.resolve()),
+    }
+    assert task_module("reverse") == "mhainterp.tasks.builtin"
+
+
+def test_a_task_in_an_importable_module_records_the_module_name(user_task_file, monkeypatch):
+    from mhainterp.tasks import load_task_module, task_module
+
+    monkeypatch.syspath_prepend(str(user_task_file.parent.parent))
+    (user_task_file.parent / "__init__.py").write_text("")
+    assert load_task_module("user_tasks.two_back") == ["two_back"]
+    assert task_module("two_back") == "user_tasks.two_back"
+
+
+def test_task_module_errors_name_the_module(tmp_path):
+    from mhainterp.tasks import load_task_module
+
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        load_task_module(str(tmp_path / "missing.py"))
+    with pytest.raises(ValueError, match="no module named 'no_such_mod'"):
+        load_task_module("no_such_mod")
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('oops')\n")
+    with pytest.raises(ValueError, match=r"broken.py' failed: RuntimeError: oops"):
+        load_task_module(str(broken))
+
+
+def test_an_unregistered_run_task_says_what_to_import_and_imports_nothing(tmp_path):
+    from mhainterp.tasks import task_from_record
+
+    marker = tmp_path / "imported"
+    module = tmp_path / "evil.py"
+    module.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    record = {"name": "not_here", "params": {}, "module": str(module)}
+    with pytest.raises(ValueError) as error:
+        task_from_record(record, "run/config.json")
+    assert str(error.value) == (
+        f"run/config.json: task 'not_here' is not registered; it was defined in {module}. "
+        f"Load it first: --task-module {module} on the command line, or "
+        f"mhainterp.tasks.load_task_module({str(module)!r}) in Python"
+    )
+    assert not marker.exists()  # the folder named the module; nobody imported it
+    old_run = {"name": "reverse", "params": {"seq_len": 8}}  # written before "module" existed
+    assert task_from_record(old_run).seq_len == 8
+    with pytest.raises(ValueError, match=r"does not say which module.*--task-module"):
+        task_from_record({"name": "not_here", "params": {}}, "old/config.json")
+
+
+def _fake_distribution(root, entry_points: str, source: str):
+    """A package 'mylab' installed under ``root`` (a dist-info folder and its module)."""
+    dist = root / "mylab-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: mylab\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[mhainterp.tasks]\n{entry_points}\n")
+    classes_only = source.split('register_task("two_back"')[0]  # the package registers nothing
+    (root / "mylab_tasks.py").write_text(classes_only)
+
+
+def test_entry_point_tasks_appear_in_the_registry(tmp_path, monkeypatch, user_task_source):
+    from mhainterp.tasks import load_entry_point_tasks, task_module
+
+    _fake_distribution(tmp_path, "two_back_ep = mylab_tasks:TwoBackTask", user_task_source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert load_entry_point_tasks() == ["two_back_ep"]
+        assert get_task("two_back_ep", seq_len=4).d_vocab_out == 11
+        assert task_module("two_back_ep") == "mylab_tasks"
+        assert load_entry_point_tasks() == []  # already registered: nothing new
+    finally:
+        unregister_task("two_back_ep")
+
+
+def test_a_broken_entry_point_is_skipped_with_a_warning(tmp_path, monkeypatch, user_task_source):
+    from mhainterp.tasks import load_entry_point_tasks
+
+    _fake_distribution(tmp_path, "gone = mylab_missing:Nothing", user_task_source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.warns(UserWarning, match=r"skipped task entry point 'gone'.*package 'mylab'"):
+        assert load_entry_point_tasks() == []

@@ -121,7 +121,9 @@ def test_save_and_load_run_rebuilds_the_exact_model(tmp_path):
     pd.testing.assert_frame_equal(run.metrics, result.metrics, check_dtype=False)
     assert run.eval["accuracy"] == result.eval["accuracy"]
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert saved["task"] == {"name": "reverse", "params": run.task.params}
+    assert saved["task"] == {
+        "name": "reverse", "params": run.task.params, "module": "mhainterp.tasks.builtin"
+    }  # fmt: skip
 
 
 def test_load_run_errors_name_the_missing_files(tmp_path):

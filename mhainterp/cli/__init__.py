@@ -11,6 +11,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from mhainterp.cli.task_modules import load_task_modules
+
 __all__ = ["main", "build_parser"]
 
 COMMAND_MODULES = (
@@ -52,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        load_task_modules(args)  # --task-module: the user's own tasks, before anything else
         return int(args.func(args) or 0)
     except (ValueError, TypeError, FileNotFoundError) as error:
         # User errors: one clear line, no traceback.

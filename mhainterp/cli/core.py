@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mhainterp.cli.task_modules import add_task_module_argument
 from mhainterp.config import SweepConfig, TrainConfig
 
 __all__ = ["register"]
@@ -21,6 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="list the synthetic tasks",
         description="List the registered tasks: what each asks and which relation solves it.",
     )
+    add_task_module_argument(tasks)
     tasks.set_defaults(func=_cmd_tasks)
 
     train = subparsers.add_parser(
@@ -85,6 +87,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     analyze.add_argument("--n-eval", type=int, default=1024, help="evaluation sequences")
     analyze.add_argument("--no-ablation", action="store_true", help="skip the ablation tables")
     analyze.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_task_module_argument(analyze)
     analyze.set_defaults(func=_cmd_analyze)
 
     demo = subparsers.add_parser(
@@ -100,6 +103,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--n-heads", type=_int_list, default=[1, 4, 8])
     demo.add_argument("--executor", default=None, help="sweep executor (default: fastest)")
     demo.add_argument("--no-analysis", action="store_true", help="skip the head analysis")
+    add_task_module_argument(demo)
     demo.set_defaults(func=_cmd_demo)
 
 
@@ -126,6 +130,7 @@ def _task_param(text: str) -> tuple[str, Any]:
 def _add_task_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("task")
     group.add_argument("--task", default="count_previous", help="task name (see `mhainterp tasks`)")
+    add_task_module_argument(group)
     group.add_argument(
         "--task-param",
         type=_task_param,
@@ -197,10 +202,11 @@ def _train_config(args: argparse.Namespace, seed: int = 0) -> TrainConfig:
 
 # ----- commands ---------------------------------------------------------------------------------
 def _cmd_tasks(args: argparse.Namespace) -> int:
-    from mhainterp.tasks import get_task, list_tasks
+    from mhainterp.tasks import get_task, list_tasks, task_module
 
     for name in list_tasks():
         task = get_task(name)
+        module = task_module(name)
         doc = (type(task).__doc__ or "").strip().splitlines()
         relations = ", ".join(task.relations(task.sample(1).tokens))
         print(f"{name}")
@@ -210,6 +216,8 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
             f"{'causal' if task.causal else 'bidirectional'}; layers >= {task.min_layers}"
         )
         print(f"  defaults: {json.dumps(task.params)}")
+        if not module.startswith("mhainterp."):
+            print(f"  defined in: {module}")
     return 0
 
 

@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 
 from mhainterp.ablation import METHODS, Ablator
+from mhainterp.cli.task_modules import add_task_module_argument
 from mhainterp.training import Run, load_run
 
 __all__ = ["register", "run_ablate", "interactive_session", "format_metrics_table"]
@@ -77,6 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of the resample permutation (default: 0)"
     )
+    add_task_module_argument(parser)
     parser.set_defaults(func=run_ablate)
 
 

@@ -81,6 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_settings(parser: argparse.ArgumentParser) -> None:
+    from mhainterp.cli.task_modules import add_task_module_argument
     from mhainterp.specialization import CORRECTIONS, SpecializationSettings
 
     defaults = SpecializationSettings()
@@ -110,6 +111,7 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
         help="ablation method for damage and redundancy (default mean)",
     )
     group.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_task_module_argument(parser)
 
 
 def _settings(args: argparse.Namespace) -> Any:

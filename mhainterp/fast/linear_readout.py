@@ -39,11 +39,13 @@ def applies(model: Any, layer: int) -> bool:
         return False
     if getattr(cfg, "use_attn_result", False):
         return False
-    after_z = [name for name in model.hook_dict if name.startswith(f"blocks.{layer}.")]
     after_z = [
-        n for n in after_z if n.endswith(("hook_result", "hook_attn_out", "hook_resid_post"))
+        name
+        for name in model.hook_dict
+        if name.startswith(f"blocks.{layer}.")
+        and name.endswith(("hook_result", "hook_attn_out", "hook_resid_post"))
+        or name.startswith(("ln_final.", "unembed.", "hook_unembed"))
     ]
-    after_z += [name for name in model.hook_dict if name.startswith(("ln_final.", "unembed."))]
     return not any(model.hook_dict[name].fwd_hooks for name in after_z)
 
 

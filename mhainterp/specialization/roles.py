@@ -331,9 +331,9 @@ def capture_role_sums(
     """
     L = model.cfg.n_layers
     pattern_names = pattern_hook_names(model)
-    result_names = [f"blocks.{layer}.attn.hook_result" for layer in range(L)]
+    z_names = [f"blocks.{layer}.attn.hook_z" for layer in range(L)]  # results: z @ W_O
     resid_names = [f"blocks.{layer}.hook_resid_pre" for layer in range(L)]
-    names = pattern_names + (result_names + resid_names if outputs else [])
+    names = pattern_names + (z_names + resid_names if outputs else [])
     sums = RoleSums()
     device = model.cfg.device
     for part in iter_activations([model], tokens, [names], padding_mask, batch_size=batch_size):
@@ -344,7 +344,10 @@ def capture_role_sums(
         part_templates = {k: v[part.start : stop] for k, v in templates.items()}
         sums.add_batch(patterns, part_templates, visible_keys(mask, model.cfg.causal))
         if outputs:
-            results = torch.stack([acts[n] for n in result_names], 2)
+            with torch.no_grad():  # each head's write, z_h @ W_O[h]
+                results = torch.stack(
+                    [b.attn.head_results(acts[n]) for b, n in zip(model.blocks, z_names)], 2
+                )
             resid = torch.stack([acts[n] for n in resid_names], 2)
             sums.add_outputs(results, resid, mask)
     return sums

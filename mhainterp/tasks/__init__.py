@@ -11,10 +11,13 @@ A task samples batches (``Task.sample(n, generator) -> Batch``), labels given to
     (torch.Size([64, 16]), 16)
 
 Users add tasks with ``register_task(name, TaskSubclass)``; see :class:`Task` for what a
-subclass defines.
+subclass defines. A task in the user's own file or module is made visible with
+``load_task_module(PATH_OR_MODULE)`` (``--task-module`` on the CLI); installed packages add theirs
+through the ``mhainterp.tasks`` entry-point group (see :mod:`mhainterp.tasks.plugins`).
 
 Layout: ``batch`` (Batch), ``templates`` (relation template builders), ``base`` (Task),
-``builtin`` (the built-in tasks), ``registry`` (register_task / get_task / list_tasks).
+``builtin`` (the built-in tasks), ``registry`` (register_task / get_task / list_tasks),
+``plugins`` (load_task_module, entry points).
 """
 
 from mhainterp.tasks.base import Task
@@ -29,11 +32,15 @@ from mhainterp.tasks.builtin import (
     ReverseTask,
     SortTask,
 )
+from mhainterp.tasks.plugins import ENTRY_POINT_GROUP, load_entry_point_tasks, load_task_module
 from mhainterp.tasks.registry import (
     accepted_params,
     get_task,
     list_tasks,
     register_task,
+    task_from_record,
+    task_module,
+    task_record,
     unregister_task,
 )
 from mhainterp.tasks.templates import (
@@ -50,6 +57,7 @@ from mhainterp.tasks.templates import (
 
 __all__ = [
     "BUILTIN_TASKS",
+    "ENTRY_POINT_GROUP",
     "IGNORE_INDEX",
     "RELATION_TEMPLATES",
     "Batch",
@@ -66,11 +74,16 @@ __all__ = [
     "get_task",
     "induction_template",
     "list_tasks",
+    "load_entry_point_tasks",
+    "load_task_module",
     "mirror_template",
     "previous_token_template",
     "register_task",
     "same_token_template",
     "self_template",
+    "task_from_record",
+    "task_module",
+    "task_record",
     "sort_source_template",
     "uniform_template",
     "unregister_task",

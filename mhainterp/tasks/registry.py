@@ -1,18 +1,54 @@
-"""The task registry: tasks by name, so configs, sweeps and the CLI can refer to them."""
+"""The task registry: tasks by name, so configs, sweeps and the CLI can refer to them.
+
+Each registration also remembers the module that defined the task (:func:`task_module`), which
+a run folder records beside the task's name, so that a run of a user's task can say which
+module to import before it can be loaded. Tasks of installed packages (the ``mhainterp.tasks``
+entry-point group) and of a user's file or module (:func:`~mhainterp.tasks.load_task_module`)
+are loaded by :mod:`mhainterp.tasks.plugins`.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from mhainterp.tasks.base import Task, init_param_names
 
-__all__ = ["accepted_params", "get_task", "list_tasks", "register_task", "unregister_task"]
+__all__ = [
+    "accepted_params",
+    "get_task",
+    "list_tasks",
+    "register_task",
+    "task_from_record",
+    "task_module",
+    "task_record",
+    "unregister_task",
+]
 
 TaskFactory = Callable[..., Task]
 
 _REGISTRY: dict[str, TaskFactory] = {}
+_MODULES: dict[str, str] = {}  # task name -> the module (dotted name or file path) defining it
+_defining: list[str] = []  # the module being loaded by plugins.load_task_module, innermost last
+_lookup_hooks: list[Callable[[], None]] = []  # run once before the first lookup (entry points)
+
+
+@contextlib.contextmanager
+def defining_module(module: str) -> Iterator[None]:
+    """Tasks registered inside this block record ``module`` as the module that defined them
+    (a file loaded by path has no importable ``__module__`` of its own)."""
+    _defining.append(module)
+    try:
+        yield
+    finally:
+        _defining.pop()
+
+
+def _load_plugins() -> None:
+    while _lookup_hooks:
+        _lookup_hooks.pop(0)()
 
 
 def register_task(name: str, factory: TaskFactory, *, overwrite: bool = False) -> TaskFactory:
@@ -54,7 +90,66 @@ def register_task(name: str, factory: TaskFactory, *, overwrite: bool = False) -
             f"pass overwrite=True to replace it, or choose another name."
         )
     _REGISTRY[name] = factory
+    _MODULES[name] = _defining[-1] if _defining else getattr(factory, "__module__", "") or ""
     return factory
+
+
+def task_module(name: str) -> str:
+    """The module that registered task ``name``: a dotted module name, or a file's path for a
+    module loaded from a file (what a run folder records, and what ``--task-module`` takes).
+
+    Example:
+        >>> task_module("reverse")
+        'mhainterp.tasks.builtin'
+    """
+    _lookup(name)
+    return _MODULES.get(name, "")
+
+
+def task_record(task: Task) -> dict[str, Any]:
+    """What a run folder stores about its task: ``{"name", "params", "module"}`` (no code).
+
+    Example:
+        >>> from mhainterp.tasks import get_task
+        >>> task_record(get_task("reverse", seq_len=8))["module"]
+        'mhainterp.tasks.builtin'
+    """
+    try:
+        module = task_module(task.name)
+    except ValueError:  # a task object that was never registered: its class's module
+        module = type(task).__module__
+    return {"name": task.name, "params": dict(task.params), "module": module}
+
+
+def task_from_record(record: dict[str, Any], source: Any = "the run folder") -> Task:
+    """Rebuild a task from :func:`task_record` output, by name.
+
+    The module the record names is never imported (a run folder is data, not code): a task
+    that is not registered raises an error that says which module to load, and how.
+
+    Args:
+        record: ``{"name", "params"}`` and, for runs written since it was recorded, ``"module"``.
+        source: Where the record comes from (named in the error), e.g. ``run/config.json``.
+
+    Raises:
+        ValueError: If the task is not registered (or its parameters are invalid).
+    """
+    name = record["name"]
+    if name not in _REGISTRY:
+        _load_plugins()
+    if name not in _REGISTRY:
+        module = record.get("module")
+        if not module:  # a folder written before the module was recorded
+            raise ValueError(
+                f"{source}: task {name!r} is not registered and the folder does not say which "
+                "module defines it; load that module first (--task-module PATH_OR_MODULE)"
+            )
+        raise ValueError(
+            f"{source}: task {name!r} is not registered; it was defined in {module}. Load it "
+            f"first: --task-module {module} on the command line, or "
+            f"mhainterp.tasks.load_task_module({module!r}) in Python"
+        )
+    return get_task(name, **record.get("params", {}))
 
 
 def unregister_task(name: str) -> None:
@@ -71,6 +166,7 @@ def unregister_task(name: str) -> None:
     if name not in _REGISTRY:
         raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(list_tasks())}.")
     del _REGISTRY[name]
+    _MODULES.pop(name, None)
 
 
 def list_tasks() -> list[str]:
@@ -80,6 +176,7 @@ def list_tasks() -> list[str]:
         >>> "reverse" in list_tasks()
         True
     """
+    _load_plugins()
     return sorted(_REGISTRY)
 
 
@@ -134,6 +231,8 @@ def get_task(name: str, **params: Any) -> Task:
 
 
 def _lookup(name: str) -> TaskFactory:
+    if name not in _REGISTRY:
+        _load_plugins()
     if name not in _REGISTRY:
         raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(list_tasks())}.")
     return _REGISTRY[name]
