@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from mhainterp.model import HookedMHATransformer, head_label
 from mhainterp.tasks import Batch, Task
+from mhainterp.validation import check_int
 
 __all__ = [
     "MIN_VISIBLE_KEYS",
@@ -185,8 +186,7 @@ def _check_model(model: Any) -> None:
 
 
 def _check_batch_size(batch_size: int) -> None:
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"batch_size={batch_size!r} is invalid: must be an int >= 1")
+    check_int("batch_size", batch_size, minimum=1)
 
 
 @torch.no_grad()

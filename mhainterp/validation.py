@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
@@ -57,17 +58,19 @@ def _show(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def check_int(
     name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None
 ) -> int:
-    """``value`` if it is an int (not a bool) within ``[minimum, maximum]``."""
-    in_range = (minimum is None or value >= minimum) and (maximum is None or value <= maximum)
-    if _is_int(value) and in_range:
-        return value
+    """``int(value)`` if it is an integer (a Python or NumPy int, not a bool) within bounds."""
+    number = None
+    if not isinstance(value, bool):
+        try:
+            number = operator.index(value)
+        except TypeError:
+            number = None
+    in_range = number is not None and (minimum is None or number >= minimum)
+    if in_range and (maximum is None or number <= maximum):
+        return number
     raise invalid(name, value, _range_text("an integer", minimum, maximum))
 
 

@@ -300,7 +300,7 @@ def test_clustering_and_mds(similarities):
 
 
 def test_bad_arguments(model, tokens):
-    with pytest.raises(ValueError, match="allowed: js, pattern_corr, cka, ov, qk, separation"):
+    with pytest.raises(ValueError, match="one of 'js', 'pattern_corr', 'cka', 'ov', 'qk', 'separation'"):
         head_similarity(model, tokens, "cosine")
     with pytest.raises(ValueError, match="needs tokens"):
         head_similarity(model, method="js")
@@ -308,7 +308,7 @@ def test_bad_arguments(model, tokens):
         head_similarity(model, tokens, "js", reference=model)
     with pytest.raises(ValueError, match="one-head model"):
         head_separation(model, tokens, reference=model)
-    with pytest.raises(ValueError, match="allowed: js, pattern_corr, cka"):
+    with pytest.raises(ValueError, match="one of 'js', 'pattern_corr', 'cka'"):
         cross_model_similarity(model, model, tokens, "ov")
     other = handbuilt_model(["self", "previous"], seq_len=T, d_vocab=V, d_head=32)
     with pytest.raises(ValueError, match="same d_model"):

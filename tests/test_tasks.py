@@ -718,12 +718,12 @@ def test_unknown_parameter_lists_accepted() -> None:
 @pytest.mark.parametrize(
     ("params", "error", "pattern"),
     [
-        (dict(seq_len=1), ValueError, r"seq_len=1 is invalid: must be an integer >= 2"),
-        (dict(d_vocab=1), ValueError, r"d_vocab=1 is invalid: must be an integer >= 2"),
-        (dict(min_len=0), ValueError, r"min_len=0 is invalid: must be an integer >= 1"),
+        (dict(seq_len=1), ValueError, r"seq_len=1 is invalid: an integer >= 2"),
+        (dict(d_vocab=1), ValueError, r"d_vocab=1 is invalid: an integer >= 2"),
+        (dict(min_len=0), ValueError, r"min_len=0 is invalid: an integer >= 1"),
         (dict(min_len=17), ValueError, r"min_len=17 is invalid: must be between 1 and seq_len=16"),
         (dict(seq_len=4, min_len=5), ValueError, r"min_len=5 .* seq_len=4"),
-        (dict(seq_len=2.5), TypeError, r"seq_len=2.5 is invalid: must be an integer"),
+        (dict(seq_len=2.5), TypeError, r"seq_len=2.5 is invalid: an integer"),
         (dict(d_vocab=True), TypeError, r"d_vocab=True is invalid"),
         (dict(seq_len="16"), TypeError, r"seq_len='16' is invalid"),
     ],

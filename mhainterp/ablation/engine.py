@@ -72,6 +72,7 @@ __all__ = [
     "build_replacement",
     "check_method",
     "evaluate_head_sets",
+    "resolve_head_sets",
     "run_masks",
 ]
 
@@ -425,6 +426,23 @@ def _assemble(
 # ----------------------------------------------------------------------------- public entry
 
 
+def resolve_head_sets(
+    model: Any, head_sets: Sequence[str | Sequence[HeadSpec]]
+) -> list[list[tuple[int, int]]]:
+    """Each head set as sorted ``(layer, head)`` pairs (an empty set is the clean model).
+
+    Raises:
+        TypeError: ``head_sets`` is one string or not a list (a common slip: ``"L0H1,L0H2"``
+            is ONE set; wrap it in a list).
+    """
+    if isinstance(head_sets, str) or not isinstance(head_sets, Sequence):
+        raise TypeError(
+            "head_sets must be a list of head sets, e.g. [['L0H0', 'L0H1'], ['L0H2']] or "
+            f"['L0H0,L0H1', 'L0H2'], got {head_sets!r}"
+        )
+    return [resolve_heads(model, heads) if len(heads) else [] for heads in head_sets]
+
+
 @dataclass
 class AblationResult:
     """What :func:`evaluate_head_sets` returns.
@@ -492,12 +510,7 @@ def evaluate_head_sets(
         An :class:`AblationResult`.
     """
     method = check_method(method)
-    if isinstance(head_sets, str) or not isinstance(head_sets, Sequence):
-        raise TypeError(
-            "head_sets must be a list of head sets, e.g. [['L0H0', 'L0H1'], ['L0H2']] or "
-            f"['L0H0,L0H1', 'L0H2'], got {head_sets!r}"
-        )
-    resolved = [resolve_heads(model, heads) if len(heads) else [] for heads in head_sets]
+    resolved = resolve_head_sets(model, head_sets)
     batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
     ref = batch if reference is None else as_batch(reference, n_eval=n_eval, name="reference")
     replacement = build_replacement(model, method, ref, generator, max_rows)

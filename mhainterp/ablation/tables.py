@@ -29,6 +29,7 @@ from mhainterp.ablation.engine import (
     Method,
     check_method,
     evaluate_head_sets,
+    resolve_head_sets,
 )
 from mhainterp.data import Data
 from mhainterp.heads import HeadSpec, all_heads, format_heads, head_label, resolve_heads
@@ -145,12 +146,7 @@ def ablate_sets(
     Example:
         >>> ablate_sets(model, task, [["L0H0", "L0H1"], "L0H2"], method="mean")  # doctest: +SKIP
     """
-    if isinstance(head_sets, str) or not isinstance(head_sets, Sequence):
-        raise TypeError(
-            "head_sets must be a list of head sets, e.g. [['L0H0', 'L0H1'], ['L0H2']] or "
-            f"['L0H0,L0H1', 'L0H2'], got {head_sets!r}"
-        )
-    resolved = [resolve_heads(model, heads) if len(heads) else [] for heads in head_sets]
+    resolved = resolve_head_sets(model, head_sets)
     _, baseline, results, names = _with_clean(
         model, data, resolved, method, reference,
         n_eval=n_eval, generator=generator, max_rows=max_rows, progress=progress,

@@ -42,8 +42,10 @@ def applies(model: Any, layer: int) -> bool:
     after_z = [
         name
         for name in model.hook_dict
-        if (name.startswith(f"blocks.{layer}.")
-        and name.endswith(("hook_result", "hook_attn_out", "hook_resid_post")))
+        if (
+            name.startswith(f"blocks.{layer}.")
+            and name.endswith(("hook_result", "hook_attn_out", "hook_resid_post"))
+        )
         or name.startswith(("ln_final.", "unembed.", "hook_unembed"))
     ]
     return not any(model.hook_dict[name].fwd_hooks for name in after_z)

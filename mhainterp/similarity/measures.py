@@ -26,6 +26,7 @@ from mhainterp.capture import (
     visible_keys,
 )
 from mhainterp.model import HookedMHATransformer
+from mhainterp.validation import check_option
 
 __all__ = ["CROSS_MODEL_METHODS", "SIMILARITY_METHODS", "cross_model_similarity"]
 
@@ -46,8 +47,7 @@ def _check_model(model: Any, name: str = "model") -> None:
 
 
 def _check_method(method: Any, allowed: tuple[str, ...]) -> None:
-    if method not in allowed:
-        raise ValueError(f"method={method!r} is invalid; allowed: {', '.join(allowed)}")
+    check_option("method", method, allowed)
 
 
 def _labels(model: HookedMHATransformer) -> list[str]:

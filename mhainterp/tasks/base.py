@@ -15,7 +15,6 @@ import abc
 import hashlib
 import inspect
 import json
-import operator
 from typing import Any
 
 import torch
@@ -24,32 +23,12 @@ from torch import Tensor
 
 from mhainterp.tasks.batch import IGNORE_INDEX, Batch
 from mhainterp.tasks.templates import check_tokens
+from mhainterp.validation import check_int
 
 __all__ = ["Task", "check_int", "init_param_names"]
 
 _EVAL_SALT = "mhainterp/eval-set/v1"
 _EVAL_SEED_OFFSET = 2**32  # eval seeds lie in [2**32, 2**63): never equal to a user's 32-bit seed
-
-
-def check_int(name: str, value: Any, minimum: int) -> int:
-    """Return ``value`` as an int, raising if it is not an integer ``>= minimum``.
-
-    Example:
-        >>> check_int("seq_len", 16, minimum=2)
-        16
-    """
-    if isinstance(value, bool):
-        raise TypeError(f"{name}={value!r} is invalid: must be an integer >= {minimum}.")
-    try:
-        value = operator.index(value)
-    except TypeError:
-        raise TypeError(
-            f"{name}={value!r} is invalid: must be an integer >= {minimum}, "
-            f"got {type(value).__name__}."
-        ) from None
-    if value < minimum:
-        raise ValueError(f"{name}={value!r} is invalid: must be an integer >= {minimum}.")
-    return value
 
 
 def init_param_names(cls: type) -> list[str] | None:
@@ -121,7 +100,7 @@ class Task(abc.ABC):
     def __init__(self, seq_len: int = 16, d_vocab: int = 10, min_len: int | None = None) -> None:
         self.seq_len = check_int("seq_len", seq_len, minimum=2)
         self.d_vocab = check_int("d_vocab", d_vocab, minimum=2)
-        self.min_len = self.seq_len if min_len is None else check_int("min_len", min_len, 1)
+        self.min_len = self.seq_len if min_len is None else check_int("min_len", min_len, minimum=1)
         if self.min_len > self.seq_len:
             raise ValueError(
                 f"min_len={min_len!r} is invalid: must be between 1 and seq_len={self.seq_len} "
