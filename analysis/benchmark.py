@@ -41,6 +41,7 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -113,7 +114,7 @@ class BenchSettings:
     n_eval: int = 1024
     threads: int | None = None
     workers: int | None = None
-    sections: tuple[str, ...] = ("train", "peak", "cache", "ablation")
+    sections: tuple[str, ...] = ("train", "peak", "cache", "ablation", "engine")
     job: list[str] | None = None
     boot_native: bool = True
 
@@ -672,6 +673,68 @@ def _ablation_rows(settings: BenchSettings, threads: int, echo: Callable) -> lis
     return _time_rows(cases, samples, lambda first, t: first / t, "naive_loop", note)
 
 
+def _engine_model(n_eval: int) -> tuple[Any, Any]:
+    """The structure issue's model: 2 layers x 16 heads on multi_relation, and its batch."""
+    from mhainterp import build_model, get_task
+
+    task = get_task("multi_relation")
+    model = build_model(task, n_heads=16, n_layers=2, d_model=64, seed=0).eval()
+    return model, task.eval_batch(n_eval)
+
+
+def _engine_head_sets(model: Any) -> list[list[tuple[int, int]]]:
+    """64 configurations as pairwise ablation and pruning see them: every single head of both
+    layers, 16 pairs inside layer 0 and 16 across the layers (the costly kinds)."""
+    singles = [[(layer, h)] for layer in range(2) for h in range(16)]
+    inside = [[(0, h), (0, (h + 1) % 16)] for h in range(16)]
+    across = [[(0, h), (1, (h + 5) % 16)] for h in range(16)]
+    return singles + inside + across
+
+
+def _time_engine(model: Any, batch: Any, head_sets: list) -> float:
+    from mhainterp.ablation.engine import build_replacement, head_masks, run_masks
+
+    replacement = build_replacement(model, "mean", batch)
+    start = time.perf_counter()
+    run_masks(model, batch, head_masks(model, head_sets), replacement)
+    return (time.perf_counter() - start) / len(head_sets)
+
+
+def _engine_rows(settings: BenchSettings, threads: int, echo: Callable) -> list[dict]:
+    """Per-configuration cost of the ablation engine against a plain forward of the same data."""
+    model, batch = _engine_model(settings.n_eval)
+    head_sets = _engine_head_sets(model)
+
+    def forward(k: int) -> float:
+        with torch.no_grad():
+            start = time.perf_counter()
+            model.logits(batch.tokens, None)
+            return time.perf_counter() - start
+
+    cases = [
+        _Case("engine", "forward", (16,), 1, 0, threads, forward),
+        _Case("engine", "per_configuration", (16,), 1, 0, threads,
+              lambda k: _time_engine(model, batch, head_sets)),
+    ]  # fmt: skip
+    samples = _measure(cases, settings.repeats, echo)
+    note = f"2 layers x 16 heads, {len(batch)} sequences, {len(head_sets)} mean ablations"
+    # engine: time per configuration relative to one plain forward (lower is better)
+    return _time_rows(cases, samples, lambda first, t: t / first, "forward (time)", note)
+
+
+def analyze_job(out_dir: str | os.PathLike[str], steps: int = 300) -> list[str]:
+    """``mhainterp analyze`` on the structure issue's model (trained ``steps`` steps first)."""
+    from mhainterp import TrainConfig, get_task, train
+    from mhainterp.training import build_model
+
+    task = get_task("multi_relation")
+    model = build_model(task, n_heads=16, n_layers=2, d_model=64, seed=0)
+    run_dir = Path(out_dir) / "mr_h16_l2"
+    shutil.rmtree(run_dir, ignore_errors=True)  # the benchmark's own scratch folder
+    train(model, task, TrainConfig(steps=steps), run_dir=run_dir, progress=False)
+    return [sys.executable, "-m", "mhainterp.cli", "analyze", str(run_dir)]
+
+
 def _job_rows(command: list[str]) -> list[dict]:
     result = _run_job(command)
     case = _Case("job", "command", (), 0, 0, torch.get_num_threads(), lambda k: 0.0)
@@ -726,6 +789,8 @@ def run_bench(
         rows += _cache_rows(settings, threads, echo)
     if "ablation" in settings.sections:
         rows += _ablation_rows(settings, threads, echo)
+    if "engine" in settings.sections:
+        rows += _engine_rows(settings, threads, echo)
     if settings.job:
         rows += _job_rows(settings.job)
     return pd.DataFrame(rows + notes, columns=COLUMNS)
@@ -791,12 +856,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None, help="batched executor workers")
     parser.add_argument(
         "--sections", default=None,
-        help="comma-separated subset of train,peak,cache,ablation (default: all)",
+        help="comma-separated subset of train,peak,cache,ablation,engine (default: all)",
     )  # fmt: skip
     parser.add_argument("--job", default=None, help="also time this command (quoted)")
     parser.add_argument(
         "--job-demo", action="store_true",
         help="also time the README main job, `mhainterp demo` (takes minutes)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--job-analyze", action="store_true",
+        help="also time `mhainterp analyze` of a 2-layer, 16-head multi_relation run",
     )  # fmt: skip
 
 
@@ -812,16 +881,18 @@ def settings_from_args(args: argparse.Namespace, out: Path) -> BenchSettings:
             overrides[name] = value
     if args.sections:
         sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
-        unknown = sorted(set(sections) - {"train", "peak", "cache", "ablation"})
+        unknown = sorted(set(sections) - {"train", "peak", "cache", "ablation", "engine"})
         if unknown:
             raise ValueError(
-                f"--sections has unknown {unknown}; allowed: train,peak,cache,ablation"
+                f"--sections has unknown {unknown}; allowed: train,peak,cache,ablation,engine"
             )
         overrides["sections"] = sections
     if args.job:
         overrides["job"] = shlex.split(args.job)
     elif args.job_demo:
         overrides["job"] = demo_job(out / "demo_job")
+    elif args.job_analyze:
+        overrides["job"] = analyze_job(out / "analyze_job")
     return replace(settings, **overrides)
 
 
