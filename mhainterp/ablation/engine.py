@@ -297,13 +297,32 @@ def _mask_hook(
     return out.reshape(c * s, *z.shape[2:])
 
 
+class _StopForward(Exception):
+    """Raised by the prefix hook once layer ``first``'s ``hook_z`` is known."""
+
+
 def _clean_resid_and_z(
     model: Any, part: Batch, layer: int
 ) -> tuple[Float[Tensor, "s T d_model"], Float[Tensor, "s T h d_head"]]:
-    """Layer ``layer``'s clean ``hook_resid_pre`` and ``hook_z`` on ``part``."""
+    """Layer ``layer``'s clean ``hook_resid_pre`` and ``hook_z`` on ``part``.
+
+    The model's own forward runs and stops at that ``hook_z``: the layers after it are the
+    copies' business, so computing them here would be wasted.
+    """
+    seen: dict[str, Tensor] = {}
+
+    def keep(value: Tensor, hook: Any) -> None:
+        seen[hook.name] = value
+        if hook.name.endswith("hook_z"):
+            raise _StopForward
+
     names = (f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.attn.hook_z")
-    _, cache = model.run_with_cache(part.tokens, part.padding_mask, names_filter=list(names))
-    return cache[names[0]], cache[names[1]].contiguous()  # hook_z is a transposed view
+    with model.hooks(fwd_hooks=[(name, keep) for name in names]):
+        try:
+            model.logits(part.tokens, part.padding_mask)
+        except _StopForward:
+            pass
+    return seen[names[0]], seen[names[1]].contiguous()  # hook_z is a transposed view
 
 
 def _forward_copies(
@@ -313,10 +332,14 @@ def _forward_copies(
     rows: Int[Tensor, " s"],
     replacement: Replacement,
     first: int,
+    prefix: tuple[Tensor, Tensor],
 ) -> Float[Tensor, "c s T *out"]:
-    """Logits of ``c`` copies of ``part``: copy ``i`` ablates ``chunk[i]``, from ``first`` on."""
+    """Logits of ``c`` copies of ``part``: copy ``i`` ablates ``chunk[i]``, from ``first`` on.
+
+    ``prefix`` is the clean ``(hook_resid_pre, hook_z)`` of layer ``first`` on ``part``.
+    """
     c = chunk.shape[0]
-    resid_pre, z = _clean_resid_and_z(model, part, first)
+    resid_pre, z = prefix
     values = replacement.values(first, rows, z)  # broadcastable to (s, T, h, d_head)
     if linear_readout.applies(model, first):
         return linear_readout.copy_logits(model, first, resid_pre, z, values, chunk[:, first], part)
@@ -375,12 +398,14 @@ def run_masks(
     jobs = []  # (first layer, configuration indices, sequence start); cheap groups apart
     for first in sorted(set(first_of), reverse=True):
         members = [c for c in range(C) if first_of[c] == first]
-        for i in range(0, len(members), copies_per):
-            jobs += [(first, members[i : i + copies_per], s0) for s0 in range(0, n, seqs_per)]
+        for s0 in range(0, n, seqs_per):  # sequences outside: one clean prefix per chunk
+            chunks = range(0, len(members), copies_per)
+            jobs += [(first, members[i : i + copies_per], s0) for i in chunks]
     k = batch.n_targets
     loss_sum = torch.zeros(C, dtype=torch.float64)
     correct = torch.zeros(C, k, dtype=torch.float64)
     pieces: dict[tuple[int, int], PositionScores] = {}
+    prefixes: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}  # (first, s0) -> clean prefix
     was_training = model.training
     model.eval()
     try:
@@ -389,7 +414,11 @@ def run_masks(
                 part = batch[s0 : s0 + seqs_per]
                 rows = torch.arange(s0, s0 + len(part), device=masks.device)
                 index = torch.tensor(members, device=masks.device)
-                logits = _forward_copies(model, part, masks[index], rows, replacement, first)
+                if (first, s0) not in prefixes:  # shared by every copy chunk of this group
+                    prefixes = {(first, s0): _clean_resid_and_z(model, part, first)}
+                logits = _forward_copies(
+                    model, part, masks[index], rows, replacement, first, prefixes[(first, s0)]
+                )
                 scores = position_scores(logits, part.targets, part.mask)  # (c, s, T, k)
                 part_totals = totals(scores)
                 loss_sum[members] += part_totals.loss_sum
