@@ -22,6 +22,7 @@ from mhainterp.ablation import (
 from mhainterp.analyze import analyze_run
 from mhainterp.capture import average_patterns, example_patterns, head_statistics
 from mhainterp.config import ModelConfig, SweepConfig, TrainConfig
+from mhainterp.explore import explore
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.model import HookedMHATransformer, MultiHeadAttention, TransformerBlock, head_label
 from mhainterp.similarity import (
@@ -46,6 +47,7 @@ __all__ = [
     "cluster_heads",
     "cross_model_similarity",
     "example_patterns",
+    "explore",
     "gradient_importance",
     "head_importance",
     "head_map_mds",

@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "mhainterp.cli.inspect",
     "mhainterp.cli.report",
     "mhainterp.cli.bench",
+    "mhainterp.cli.explore",
 )
 
 DESCRIPTION = """\
