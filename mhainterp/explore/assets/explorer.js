@@ -276,13 +276,11 @@ export function mount(root, call) {
 
   function renderExample(ex) {
     const box = root.querySelector(".mhx-example");
-    const query = ui.lockedQuery ?? ui.hoverQuery;
     const T = ex.tokens.length;
     const tokenRow = h("div", { class: "mhx-tokens" });
     for (let t = 0; t < T; t++) {
       if (!ex.real[t]) continue;
-      const preds = ex.predictions[t];
-      const marks = preds.map((p, j) => {
+      const marks = ex.predictions[t].map((p, j) => {
         if (!ex.scored[t][j]) return h("div", { class: "mhx-pred none" }, "·");
         const ok = ex.correct[t][j];
         const changed = p !== ex.clean_predictions[t][j];
@@ -296,11 +294,11 @@ export function mount(root, call) {
         h(
           "div",
           {
-            class: `mhx-token${t === query ? " query" : ""}${t === ui.lockedQuery ? " locked" : ""}`,
+            class: "mhx-token",
             "data-pos": t,
-            onmouseenter: () => { ui.hoverQuery = t; renderExample(ex); },
-            onmouseleave: () => { ui.hoverQuery = null; renderExample(ex); },
-            onclick: () => { ui.lockedQuery = ui.lockedQuery === t ? null : t; renderExample(ex); },
+            onmouseenter: () => { ui.hoverQuery = t; renderAttention(ex); },
+            onmouseleave: () => { ui.hoverQuery = null; renderAttention(ex); },
+            onclick: () => { ui.lockedQuery = ui.lockedQuery === t ? null : t; renderAttention(ex); },
           },
           h("div", { class: "mhx-tok" }, ex.tokens[t]),
           h("div", { class: "mhx-tgt" }, ex.targets[t].map((x) => (x < 0 ? "·" : x)).join(",")),
@@ -308,29 +306,41 @@ export function mount(root, call) {
         ),
       );
     }
-    const attention = h("div", { class: "mhx-attn" });
-    if (query !== null && query !== undefined) {
-      attention.append(h("div", { class: "mhx-sub" }, `where each head attends from position ${query} (token ${ex.tokens[query]})${ui.lockedQuery !== null ? " · locked, click the token to unlock" : ""}`));
-      for (const [label, rows] of Object.entries(ex.attention)) {
-        const row = h("div", { class: "mhx-attn-row", "data-attn": label }, h("span", { class: "mhx-attn-name" }, label));
-        rows[query].forEach((w, k) => {
-          if (!ex.real[k]) return;
-          row.append(h("span", { class: "mhx-attn-cell", title: `${label}: ${fmt(w)} on position ${k}`, style: `background: rgba(38,84,166,${Math.sqrt(Math.max(0, w))}); color: ${w > 0.4 ? "#fff" : "inherit"}` }, ex.tokens[k]));
-        });
-        attention.append(row);
-      }
-    } else {
-      attention.append(h("div", { class: "mhx-sub" }, "hover a token to see where each head attends from it; click to lock"));
-    }
-    const n = ex.tokens.length;
     const right = ex.correct.flat().filter(Boolean).length;
     const scored = ex.scored.flat().filter(Boolean).length;
     box.replaceChildren(
       h("h3", {}, `Example sequence #${ex.index} · ${right}/${scored} right `, h("button", { "data-action": "draw", onclick: () => update("example", { draw: true }) }, "draw another")),
-      h("div", { class: "mhx-sub" }, `tokens, targets, and the prediction at each of ${n} positions (✓ right, ✗ wrong; outlined = differs from the clean model)`),
+      h("div", { class: "mhx-sub" }, `tokens, targets, and the prediction at each of ${T} positions (✓ right, ✗ wrong; outlined = differs from the clean model)`),
       tokenRow,
-      attention,
+      h("div", { class: "mhx-attn" }),
     );
+    renderAttention(ex);
+  }
+
+  // Hover a token: where each head attends from it (CircuitsVis habit); click locks it.
+  function renderAttention(ex) {
+    const query = ui.lockedQuery ?? ui.hoverQuery;
+    for (const node of root.querySelectorAll(".mhx-token")) {
+      const t = Number(node.dataset.pos);
+      node.classList.toggle("query", t === query);
+      node.classList.toggle("locked", t === ui.lockedQuery);
+    }
+    const box = root.querySelector(".mhx-attn");
+    if (query === null || query === undefined) {
+      box.replaceChildren(h("div", { class: "mhx-sub" }, "hover a token to see where each head attends from it; click to lock"));
+      return;
+    }
+    const locked = ui.lockedQuery !== null ? " · locked, click the token again to unlock" : "";
+    const rows = Object.entries(ex.attention).map(([label, pattern]) => {
+      const row = h("div", { class: "mhx-attn-row", "data-attn": label }, h("span", { class: "mhx-attn-name" }, label));
+      pattern[query].forEach((w, k) => {
+        if (!ex.real[k]) return;
+        const style = `background: rgba(38,84,166,${Math.sqrt(Math.max(0, w))}); color: ${w > 0.4 ? "#fff" : "inherit"}`;
+        row.append(h("span", { class: "mhx-attn-cell", title: `${label}: ${fmt(w)} on position ${k}`, style }, ex.tokens[k]));
+      });
+      return row;
+    });
+    box.replaceChildren(h("div", { class: "mhx-sub" }, `where each head attends from position ${query} (token ${ex.tokens[query]})${locked}`), ...rows);
   }
 
   load().catch(() => {});

@@ -1,0 +1,209 @@
+"""The explorer page in a real browser (Debian's chromium + chromedriver, driven by Selenium).
+
+A hand-built model whose answers are known: two identical previous-token heads (L0H0, L0H2),
+each enough alone, and a uniform head. Clicking one copying head changes nothing (the other backs
+it up); clicking both gives the accuracy of a model whose copying heads are dead; clicking them
+again restores the clean accuracy. The test saves the README's screenshot (docs/explorer.png).
+
+Skipped where chromium or chromedriver is not installed; .ci/run installs both.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from mhainterp.ablation import Ablator
+from mhainterp.config import TrainConfig
+from mhainterp.explore import Explorer
+from mhainterp.handbuilt import handbuilt_model
+from mhainterp.specialization import SpecializationSettings, cached_specialization
+from mhainterp.tasks import get_task
+from mhainterp.training import evaluate, save_run
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "explorer.png"
+N_EVAL = 1024
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()),
+        reason="needs Debian's chromium and chromium-driver (apt-get install chromium "
+        "chromium-driver)",
+    ),
+]
+
+# Root in a container: no sandbox; no GPU; nothing that phones home; a fresh profile. Every
+# host name but 127.0.0.1 resolves to nothing, so a CDN asset could not load.
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,860",
+    "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+]
+
+
+@pytest.fixture(scope="module")
+def task():
+    return get_task("previous_token", seq_len=16, d_vocab=10)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, task):
+    """A run folder of the hand-built model, with its saved specialization labels."""
+    model = handbuilt_model(["previous", "uniform", "previous"])
+    path = tmp_path_factory.mktemp("explore") / "h3_seed0"
+    metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
+    eval_metrics = {**evaluate(model, task), "status": "finished"}
+    save_run(path, model, task, TrainConfig(), metrics, eval_metrics)
+    cached_specialization(path, SpecializationSettings())  # what `mhainterp specialize` saves
+    return path
+
+
+@pytest.fixture(scope="module")
+def page(run_dir):
+    pytest.importorskip("selenium")
+    pytest.importorskip("uvicorn")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    from mhainterp.explore.server import ServerThread, build_app
+
+    profile = tempfile.mkdtemp(prefix="mhx-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={profile}"]:
+        options.add_argument(flag)
+    explorer = Explorer.from_path(run_dir, n_eval=N_EVAL)
+    with ServerThread(build_app(explorer)) as server:
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        try:
+            driver.get(server.url)
+            yield driver, server
+        finally:
+            driver.quit()
+            shutil.rmtree(profile, ignore_errors=True)
+
+
+def _wait(driver, condition, timeout=30):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout).until(lambda d: condition(d))
+
+
+def _accuracy(driver) -> tuple[float, str]:
+    from selenium.webdriver.common.by import By
+
+    element = driver.find_element(By.CSS_SELECTOR, '[data-metric="accuracy"]')
+    return float(element.get_attribute("data-value")), element.text
+
+
+def _click_head(driver, label: str, ablated: bool) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver.find_element(By.CSS_SELECTOR, f'[data-head="{label}"]').click()
+    # The head's class changes in the same render as the metrics and the example.
+    _wait(
+        driver,
+        lambda d: (
+            (
+                "ablated"
+                in d.find_element(By.CSS_SELECTOR, f'[data-head="{label}"]').get_attribute("class")
+            )
+            == ablated
+            and d.execute_script("return !document.querySelector('.mhx[data-busy]')")
+        ),
+    )
+
+
+def test_clicking_heads_changes_accuracy_predictions_and_returns(page, task):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    driver, _ = page
+    _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
+    heads = [
+        e.get_attribute("data-head") for e in driver.find_elements(By.CSS_SELECTOR, ".mhx-head")
+    ]
+    assert heads == ["L0H0", "L0H1", "L0H2"]
+    roles = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".mhx-head-label")]
+    assert roles == ["redundant", "unspecialized", "redundant"]  # the saved specialization
+    assert _accuracy(driver) == (1.0, "1.0000")
+
+    _click_head(driver, "L0H0", ablated=True)
+    assert _accuracy(driver) == (1.0, "1.0000")  # L0H2 backs it up
+
+    _click_head(driver, "L0H2", ablated=True)
+    dead = evaluate(handbuilt_model(["dead", "uniform", "dead"]), task, eval_size=N_EVAL)
+    value, text = _accuracy(driver)
+    assert value == pytest.approx(dead["accuracy"], abs=1e-12)
+    assert text == f"{dead['accuracy']:.4f}"
+
+    # The example (sequence 0) marks each prediction as the dead-head model makes it.
+    batch = task.eval_batch(N_EVAL)[0]
+    wrong = handbuilt_model(["dead", "uniform", "dead"]).logits(batch.tokens).argmax(-1)
+    wrong = int((wrong != batch.targets).sum())
+    shown = driver.find_elements(By.CSS_SELECTOR, '.mhx-pred[data-correct="0"]')
+    assert len(shown) == wrong > 0
+
+    # Hover position 5: the previous-token head attends to position 4 from it.
+    token = driver.find_element(By.CSS_SELECTOR, '.mhx-token[data-pos="5"]')
+    ActionChains(driver).move_to_element(token).perform()
+    cells = _wait(
+        driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-attn="L0H0"] .mhx-attn-cell')
+    )
+    assert len(cells) == 16
+    assert cells[4].get_attribute("title") == "L0H0: 1.000 on position 4"
+    token.click()  # lock it, so the screenshot shows the attention
+    SCREENSHOT.parent.mkdir(exist_ok=True)
+    assert driver.save_screenshot(str(SCREENSHOT))
+
+    # Mean ablation of the same two heads: the batched engine's number.
+    driver.find_element(By.CSS_SELECTOR, '[data-method="mean"]').click()
+    _wait(driver, lambda d: "on" in d.find_element(By.CSS_SELECTOR, '[data-method="mean"]')
+          .get_attribute("class"))  # fmt: skip
+    ablator = Ablator(handbuilt_model(["previous", "uniform", "previous"]), task, method="mean")
+    expected = ablator.set(["L0H0", "L0H2"]).evaluate()["accuracy"]
+    assert _accuracy(driver)[0] == pytest.approx(expected, abs=1e-9)
+    assert expected != pytest.approx(dead["accuracy"])
+
+    _click_head(driver, "L0H0", ablated=False)
+    _click_head(driver, "L0H2", ablated=False)
+    assert _accuracy(driver) == (1.0, "1.0000")
+    assert not driver.find_elements(By.CSS_SELECTOR, ".mhx-head.ablated")
+
+
+def test_draw_another_sequence_and_reset(page):
+    from selenium.webdriver.common.by import By
+
+    driver, _ = page
+    _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-action="draw"]'))
+    driver.find_element(By.CSS_SELECTOR, '[data-action="draw"]').click()
+    expected = int(torch.randint(N_EVAL, (1,), generator=torch.Generator().manual_seed(0)))
+    _wait(
+        driver, lambda d: f"#{expected} " in d.find_element(By.CSS_SELECTOR, ".mhx-example h3").text
+    )
+    _click_head(driver, "L0H1", ablated=True)
+    driver.find_element(By.CSS_SELECTOR, '[data-action="reset"]').click()
+    _wait(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, ".mhx-head.ablated"))
+
+
+def test_everything_loads_from_the_local_server(page):
+    driver, server = page
+    origin = server.url.rstrip("/")
+    urls = driver.execute_script("return performance.getEntriesByType('resource').map(r => r.name)")
+    assert urls and all(url.startswith(origin) for url in urls)
+    errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+    assert errors == []
