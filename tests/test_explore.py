@@ -96,6 +96,23 @@ def test_two_layers_equal_a_plain_ablate_forward(method):
         assert torch.allclose(shown, cache["pattern", layer][7, 3], atol=6e-4)
 
 
+def test_padded_sequences_are_not_scored_and_match_evaluate():
+    task = get_task("reverse", min_len=6)
+    model = build_model(task, n_heads=4, seed=2)
+    session = ExploreSession(model, task, n_eval=N_EVAL, method="mean")
+    got = session.set_heads("L0H0,L0H3").metrics()["overall"]
+    batch = session.batch
+    with ablate(model, ["L0H0", "L0H3"], "mean", reference=batch) as ablated:
+        expected = evaluate(ablated, batch)
+    assert got["n_scored"] == expected["n_scored"] == int(batch.mask.sum()) < N_EVAL * 16
+    assert got["accuracy"]["ablated"] == pytest.approx(expected["accuracy"], abs=1e-12)
+    assert got["loss"]["ablated"] == pytest.approx(expected["loss"], rel=1e-5)
+    row = int((~batch.padding_mask).any(1).nonzero()[0])  # a padded sequence
+    example = session.example(row)
+    assert example["real"] == batch.padding_mask[row].tolist()
+    assert example["scored"] == batch.mask[row][:, None].tolist()
+
+
 def test_per_target_rows_equal_evaluate_on_a_multi_target_task():
     task = get_task("multi_relation")
     model = build_model(task, n_heads=4, seed=1)

@@ -185,7 +185,7 @@ class ExploreSession:
         clean = self.clean_
         overall = {
             "loss": _pair(clean.nll.sum() / n, current.nll.sum() / n),
-            "accuracy": _pair(clean.correct.sum() / n, current.correct.sum() / n),
+            "accuracy": _pair(clean.correct.sum().double() / n, current.correct.sum().double() / n),
             "n_scored": n,
         }
         out: dict[str, Any] = {"overall": overall}
@@ -197,10 +197,11 @@ class ExploreSession:
         """Sequence ``index`` of the batch: tokens, targets, predictions and attention.
 
         Returns:
-            ``{"index", "tokens", "real", "targets", "predictions", "clean_predictions",
-            "correct", "attention"}``. ``targets``/``predictions``/``correct`` are lists per
-            position of lists per target; a target and its ``correct`` are None where the
-            pair is not scored. ``attention[label][q]`` is where head ``label`` attends from
+            ``{"index", "tokens", "real", "targets", "scored", "predictions",
+            "clean_predictions", "correct", "attention"}``. ``real`` is False at padding.
+            ``targets``, ``scored``, ``predictions`` and ``correct`` are lists per position of
+            lists per target; a pair that is not scored has target -1 and ``correct`` False.
+            ``attention[label][q]`` is where head ``label`` attends from
             query ``q`` (a list over keys), under the current ablation (only heads after an
             ablated layer can change).
 
