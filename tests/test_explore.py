@@ -222,6 +222,12 @@ def test_explorable_runs_of_a_sweep_sorted_by_heads(sweep_dir):
     runs = explorable_runs(sweep_dir)
     assert [(r.id, r.n_heads) for r in runs] == [("h2_seed0", 2), ("h3_seed1", 3)]
     assert explorable_runs(sweep_dir / "runs" / "h2_seed0")[0].id == "h2_seed0"
+    # A folder of sweeps: grouped by sweep, then (h, seed).
+    ids = [r.id for r in explorable_runs(sweep_dir.parent)]
+    assert [i for i in ids if i.startswith(f"{sweep_dir.name}/")] == [
+        f"{sweep_dir.name}/h2_seed0",
+        f"{sweep_dir.name}/h3_seed1",
+    ]
 
 
 def test_not_a_run_or_sweep(tmp_path):

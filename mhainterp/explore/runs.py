@@ -27,7 +27,8 @@ class RunEntry:
 
 
 def explorable_runs(path: str | os.PathLike[str]) -> list[RunEntry]:
-    """The finished runs at ``path`` (a run, a sweep, or a folder of sweeps), sorted by (h, seed).
+    """The finished runs at ``path`` (a run, a sweep, or a folder of sweeps), sorted by sweep,
+    then (h, seed).
 
     Raises:
         FileNotFoundError: ``path`` is not a run or sweep folder (one line naming it and what
@@ -43,7 +44,9 @@ def explorable_runs(path: str | os.PathLike[str]) -> list[RunEntry]:
     except FileNotFoundError as error:
         raise FileNotFoundError(f"{path}: {error}") from None
     entries = [_entry(path, run_dir) for run_dir in run_dirs]
-    return sorted(entries, key=lambda e: (e.n_heads or 0, e.seed or 0, e.id))
+    return sorted(
+        entries, key=lambda e: (str(Path(e.id).parent), e.n_heads or 0, e.seed or 0, e.id)
+    )
 
 
 def _entry(root: Path, run_dir: Path) -> RunEntry:
