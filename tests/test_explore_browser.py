@@ -103,11 +103,18 @@ def _wait(driver, condition, timeout=30):
     return WebDriverWait(driver, timeout).until(lambda d: condition(d))
 
 
-def _accuracy(driver) -> tuple[float, str]:
-    from selenium.webdriver.common.by import By
+def _text(driver, selector: str) -> str | None:
+    """The element's text, read in one step (the page re-renders parts after each answer)."""
+    return driver.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.textContent : null", selector
+    )
 
-    element = driver.find_element(By.CSS_SELECTOR, '[data-metric="accuracy"]')
-    return float(element.get_attribute("data-value")), element.text
+
+def _accuracy(driver) -> tuple[float, str]:
+    value = driver.execute_script(
+        "return document.querySelector('[data-metric=\"accuracy\"]').dataset.value"
+    )
+    return float(value), _text(driver, '[data-metric="accuracy"]')
 
 
 def _click_head(driver, label: str, ablated: bool) -> None:
@@ -192,9 +199,7 @@ def test_draw_another_sequence_and_reset(page):
     _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-action="draw"]'))
     driver.find_element(By.CSS_SELECTOR, '[data-action="draw"]').click()
     expected = int(torch.randint(N_EVAL, (1,), generator=torch.Generator().manual_seed(0)))
-    _wait(
-        driver, lambda d: f"#{expected} " in d.find_element(By.CSS_SELECTOR, ".mhx-example h3").text
-    )
+    _wait(driver, lambda d: f"#{expected} " in (_text(d, ".mhx-example h3") or ""))
     _click_head(driver, "L0H1", ablated=True)
     driver.find_element(By.CSS_SELECTOR, '[data-action="reset"]').click()
     _wait(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, ".mhx-head.ablated"))
@@ -207,3 +212,46 @@ def test_everything_loads_from_the_local_server(page):
     assert urls and all(url.startswith(origin) for url in urls)
     errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
     assert errors == []
+
+
+# A stand-in for anywidget's model: messages go to the same endpoints the widget's Python side
+# answers (Explorer.handle), replies come back as "msg:custom" events {id, status, body}.
+MOUNT_AS_WIDGET = """
+const done = arguments[arguments.length - 1];
+const module = await import("./assets/explorer.js");
+const handlers = [];
+const model = {
+  on(event, handler) { if (event === "msg:custom") handlers.push(handler); },
+  send(msg) {
+    fetch(`api/${msg.action}`, { method: "POST", body: JSON.stringify(msg.body) })
+      .then(async (r) => {
+        const body = await r.json();
+        handlers.forEach((h) => h({ id: msg.id, status: r.status, body }));
+      });
+  },
+};
+document.body.replaceChildren();
+const el = document.createElement("div");
+el.id = "widget";
+document.body.append(el);
+module.default.render({ model, el });
+done(true);
+"""
+
+
+def test_the_notebook_module_renders_and_clicks_through_widget_messages(page):
+    from selenium.webdriver.common.by import By
+
+    driver, server = page
+    driver.get(server.url)
+    _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
+    assert driver.execute_async_script(MOUNT_AS_WIDGET)
+    _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '#widget [data-head="L0H2"]'))
+    assert driver.find_elements(By.CSS_SELECTOR, "#app") == []  # only the widget is on show
+    _click_head(driver, "L0H0", ablated=True)
+    _click_head(driver, "L0H2", ablated=True)
+    value, _ = _accuracy(driver)
+    assert value < 0.5
+    driver.find_element(By.CSS_SELECTOR, '#widget [data-action="reset"]').click()
+    _wait(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, ".mhx-head.ablated"))
+    assert _accuracy(driver) == (1.0, "1.0000")
