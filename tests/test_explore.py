@@ -261,6 +261,26 @@ def test_state_grid_thumbnails_and_saved_labels(sweep_dir):
     assert other["view"]["importance"]["L0H0"] == 0.0  # computed: the other head backs it up
 
 
+def test_a_damaged_run_is_one_line_and_the_others_stay_usable(tmp_path, task, capsys):
+    sweep = tmp_path / "sweep"
+    write_json(sweep / "sweep.json", {"task": task.name})
+    make_run(sweep / "runs" / "h1_seed0", handbuilt_model(["previous"], d_head=48), task)
+    make_run(sweep / "runs" / "h3_seed0", handbuilt_model(["previous", "uniform", "dead"]), task)
+    (sweep / "runs" / "h3_seed0" / "model.safetensors").write_bytes(b"not safetensors")
+    explorer = Explorer.from_path(sweep, n_eval=N_EVAL)
+    with pytest.raises(BadRequestError, match="cannot load the run .*h3_seed0"):
+        explorer.handle("run", {"run": "h3_seed0"})
+    assert explorer.handle("state")["run"] == "h1_seed0"
+    bad = tmp_path / "bad"
+    make_run(bad, handbuilt_model(["previous"], d_head=48), task)
+    (bad / "model.safetensors").write_bytes(b"not safetensors")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli, "COMMAND_MODULES", ("mhainterp.cli.explore",))
+        assert cli.main(["explore", str(bad), "--no-browser", "--port", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot load the run" in err[0]
+
+
 def test_bad_requests_answer_400_messages_and_keep_state(backed_up, task):
     explorer = Explorer.from_model(backed_up, task, n_eval=N_EVAL)
     explorer.handle("toggle", {"head": "L0H1"})

@@ -85,17 +85,17 @@ def run_explore(args: argparse.Namespace) -> int:
         sock = bind(args.host, args.port)
     except PortInUseError as error:
         return _fail(str(error))
-    explorer = Explorer(runs, n_eval=args.n_eval, method=args.method)
-    explorer.open(runs[0].id)
-    explorer.state()  # computes the clean forward, patterns and importance before serving
-    host = f"[{args.host}]" if ":" in args.host else args.host
-    url = f"http://{host}:{sock.getsockname()[1]}/"
-    server = uvicorn.Server(uvicorn.Config(build_app(explorer), log_level="warning"))
-    print(f"mhainterp explore: {len(runs)} run(s) from {args.path} at {url}  (Ctrl-C stops)")
-    sys.stdout.flush()
-    if not args.no_browser:
-        threading.Timer(0.5, webbrowser.open, args=(url,)).start()
     try:
+        explorer = Explorer(runs, n_eval=args.n_eval, method=args.method)
+        explorer.open(runs[0].id)
+        explorer.state()  # the clean forward, patterns and importance, before serving
+        host = f"[{args.host}]" if ":" in args.host else args.host
+        url = f"http://{host}:{sock.getsockname()[1]}/"
+        server = uvicorn.Server(uvicorn.Config(build_app(explorer), log_level="warning"))
+        print(f"mhainterp explore: {len(runs)} run(s) from {args.path} at {url}  (Ctrl-C stops)")
+        sys.stdout.flush()
+        if not args.no_browser:
+            threading.Timer(0.5, webbrowser.open, args=(url,)).start()
         server.run(sockets=[sock])
     except KeyboardInterrupt:
         print("mhainterp explore: stopped", file=sys.stderr)

@@ -130,7 +130,13 @@ class Explorer:
             return
         entry = self.runs[run_id]
         with _torch_threads(self.threads):
-            run = load_run(entry.path)
+            try:
+                run = load_run(entry.path)
+            except Exception as error:  # a damaged file: name the folder, keep serving others
+                raise ValueError(
+                    f"cannot load the run {entry.path}: {error} (train it again, or restore "
+                    "its files)"
+                ) from None
             session = ExploreSession(run.model, run.task, n_eval=self.n_eval, method=self._method)
         self._install(run_id, run.task.name, session, SavedResults.load(entry.path))
 
