@@ -222,6 +222,7 @@ const module = await import("./assets/explorer.js");
 const handlers = [];
 const model = {
   on(event, handler) { if (event === "msg:custom") handlers.push(handler); },
+  off(event, handler) { handlers.splice(handlers.indexOf(handler), 1); },
   send(msg) {
     fetch(`api/${msg.action}`, { method: "POST", body: JSON.stringify(msg.body) })
       .then(async (r) => {

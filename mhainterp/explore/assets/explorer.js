@@ -20,21 +20,26 @@ export function httpCall(action, body = {}) {
 }
 
 export function widgetCall(model) {
+  // Every view of a widget hears every reply: ids carry a per-view prefix.
+  const prefix = Math.random().toString(36).slice(2);
   let next = 0;
   const waiting = new Map();
-  model.on("msg:custom", (msg) => {
+  const onReply = (msg) => {
     const entry = waiting.get(msg.id);
     if (!entry) return;
     waiting.delete(msg.id);
     if (msg.status === 200) entry.resolve(msg.body);
     else entry.reject(new Error(msg.body.error || `status ${msg.status}`));
-  });
-  return (action, body = {}) =>
+  };
+  model.on("msg:custom", onReply);
+  const call = (action, body = {}) =>
     new Promise((resolve, reject) => {
-      const id = ++next;
+      const id = `${prefix}-${++next}`;
       waiting.set(id, { resolve, reject });
       model.send({ id, action, body });
     });
+  call.close = () => model.off("msg:custom", onReply);
+  return call;
 }
 
 const h = (tag, attrs = {}, ...children) => {
@@ -350,6 +355,8 @@ export function mount(root, call) {
 // anywidget entry point: the notebook view talks to the same Python handler through messages.
 export default {
   render({ model, el }) {
-    mount(el, widgetCall(model));
+    const call = widgetCall(model);
+    mount(el, call);
+    return () => call.close(); // anywidget calls this when the view is removed
   },
 };
