@@ -69,6 +69,19 @@ def run_dir(tmp_path_factory, task):
     eval_metrics = {**evaluate(model, task), "status": "finished"}
     save_run(path, model, task, TrainConfig(), metrics, eval_metrics)
     cached_specialization(path, SpecializationSettings())  # what `mhainterp specialize` saves
+    # A division-of-labour table in the shape DESIGN.md gives (the explorer only reads it).
+    division = pd.DataFrame(
+        {
+            "head_label": ["L0H0", "L0H0"],
+            "by": ["token", "position"],
+            "selectivity": [0.12, 0.34],
+            "null_mean": [0.1, 0.1],
+            "p_adj": [0.5, 0.01],
+            "specialized": [False, True],
+            "serves": [None, "position 3"],
+        }
+    )
+    division.to_csv(path / "analysis" / "division_heads.csv", index=False)
     return path
 
 
@@ -151,6 +164,20 @@ def test_clicking_heads_changes_accuracy_predictions_and_returns(page, task):
 
     _click_head(driver, "L0H0", ablated=True)
     assert _accuracy(driver) == (1.0, "1.0000")  # L0H2 backs it up
+    # Hovering a head shows the saved division-of-labour rows for it.
+    ActionChains(driver).move_to_element(
+        driver.find_element(By.CSS_SELECTOR, '[data-head="L0H0"]')
+    ).perform()
+    _wait(driver, lambda d: _text(d, ".mhx-detail table"))
+    rows = driver.execute_script(
+        "return [...document.querySelectorAll('.mhx-detail tr')]"
+        ".map(tr => [...tr.cells].map(c => c.textContent))"
+    )
+    assert rows == [
+        ["by", "selectivity", "null", "p adj", "serves"],
+        ["token", "0.120", "0.100", "0.500", ""],
+        ["position", "0.340", "0.100", "0.010", "position 3"],
+    ]
 
     _click_head(driver, "L0H2", ablated=True)
     dead = evaluate(handbuilt_model(["dead", "uniform", "dead"]), task, eval_size=N_EVAL)
@@ -174,6 +201,10 @@ def test_clicking_heads_changes_accuracy_predictions_and_returns(page, task):
     assert len(cells) == 16
     assert cells[4].get_attribute("title") == "L0H0: 1.000 on position 4"
     token.click()  # lock it, so the screenshot shows the attention
+    ActionChains(driver).move_to_element(  # and L0H0's saved division-of-labour rows
+        driver.find_element(By.CSS_SELECTOR, '[data-head="L0H0"]')
+    ).perform()
+    _wait(driver, lambda d: "position 3" in (_text(d, ".mhx-detail") or ""))
     SCREENSHOT.parent.mkdir(exist_ok=True)
     assert driver.save_screenshot(str(SCREENSHOT))
 

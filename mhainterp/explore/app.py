@@ -27,6 +27,7 @@ import torch
 from mhainterp.explore.results import SavedResults
 from mhainterp.explore.runs import RunEntry, explorable_runs
 from mhainterp.explore.session import METHODS, ExploreSession
+from mhainterp.model import head_label
 
 __all__ = ["ACTIONS", "BadRequestError", "Explorer", "answer_message"]
 
@@ -198,7 +199,7 @@ class Explorer:
             }
             for layer in range(model.cfg.n_layers)
             for head in range(model.cfg.n_heads)
-            for label in [f"L{layer}H{head}"]
+            for label in [head_label(layer, head)]
         ]
         return {
             "runs": [
