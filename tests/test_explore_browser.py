@@ -287,3 +287,30 @@ def test_the_notebook_module_renders_and_clicks_through_widget_messages(page):
     driver.find_element(By.CSS_SELECTOR, '#widget [data-action="reset"]').click()
     _wait(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, ".mhx-head.ablated"))
     assert _accuracy(driver) == (1.0, "1.0000")
+
+
+def test_sweep_picker_switches_runs(tmp_path, task, page):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    from mhainterp.explore.server import ServerThread, build_app
+    from mhainterp.io import write_json
+
+    driver, _ = page
+    sweep = tmp_path / "sweep"
+    write_json(sweep / "sweep.json", {"task": task.name})
+    metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
+    for name, kinds in [("h1_seed0", ["previous"]), ("h3_seed0", ["previous", "uniform", "dead"])]:
+        model = handbuilt_model(kinds, d_head=48 if len(kinds) == 1 else 16)
+        eval_metrics = {**evaluate(model, task, eval_size=256), "status": "finished"}
+        save_run(sweep / "runs" / name, model, task, TrainConfig(), metrics, eval_metrics)
+    with ServerThread(build_app(Explorer.from_path(sweep, n_eval=256))) as server:
+        driver.get(server.url)
+        _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-control="run"]'))
+        picker = Select(driver.find_element(By.CSS_SELECTOR, '[data-control="run"]'))
+        assert [o.text for o in picker.options] == ["h1_seed0", "h3_seed0"]
+        assert len(driver.find_elements(By.CSS_SELECTOR, "[data-head]")) == 1
+        picker.select_by_visible_text("h3_seed0")
+        _wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "[data-head]")) == 3)
+        _click_head(driver, "L0H0", ablated=True)  # the only copying head of this run
+        assert _accuracy(driver)[0] < 0.5
