@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 		echo "installing $(TORCH) (CPU build)"; \
 		$(BIN)/pip install --quiet "$(TORCH)"; \
 	fi
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[dev,explore,explore-test]"
 	@touch $@
 
 setup: $(VENV)/.installed

@@ -21,6 +21,7 @@ from mhainterp.attribution import gradient_importance, prune_curve
 from mhainterp.capture import average_patterns, example_patterns, head_statistics
 from mhainterp.config import ModelConfig, SweepConfig, TrainConfig
 from mhainterp.data import as_batch
+from mhainterp.explore import explore
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.heads import format_heads, head_label, resolve_heads
 from mhainterp.model import HookedMHATransformer, MultiHeadAttention, TransformerBlock
@@ -57,6 +58,7 @@ __all__ = [
     "cluster_heads",
     "cross_model_similarity",
     "example_patterns",
+    "explore",
     "gradient_importance",
     "head_importance",
     "head_map_mds",

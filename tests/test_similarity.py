@@ -300,7 +300,9 @@ def test_clustering_and_mds(similarities):
 
 
 def test_bad_arguments(model, tokens):
-    with pytest.raises(ValueError, match="one of 'js', 'pattern_corr', 'cka', 'ov', 'qk', 'separation'"):
+    with pytest.raises(
+        ValueError, match="one of 'js', 'pattern_corr', 'cka', 'ov', 'qk', 'separation'"
+    ):
         head_similarity(model, tokens, "cosine")
     with pytest.raises(ValueError, match="needs tokens"):
         head_similarity(model, method="js")

@@ -45,7 +45,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal
@@ -297,7 +297,7 @@ def _mask_hook(
     return out.reshape(c * s, *z.shape[2:])
 
 
-class _StopForward(Exception):
+class _PrefixDoneError(Exception):
     """Raised by the prefix hook once layer ``first``'s ``hook_z`` is known."""
 
 
@@ -314,14 +314,11 @@ def _clean_resid_and_z(
     def keep(value: Tensor, hook: Any) -> None:
         seen[hook.name] = value
         if hook.name.endswith("hook_z"):
-            raise _StopForward
+            raise _PrefixDoneError
 
     names = (f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.attn.hook_z")
-    with model.hooks(fwd_hooks=[(name, keep) for name in names]):
-        try:
-            model.logits(part.tokens, part.padding_mask)
-        except _StopForward:
-            pass
+    with model.hooks(fwd_hooks=[(name, keep) for name in names]), suppress(_PrefixDoneError):
+        model.logits(part.tokens, part.padding_mask)
     return seen[names[0]], seen[names[1]].contiguous()  # hook_z is a transposed view
 
 

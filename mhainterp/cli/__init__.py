@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "mhainterp.cli.core",
     "mhainterp.cli.inspect",
     "mhainterp.cli.report",
+    "mhainterp.cli.explore",
 )
 
 DESCRIPTION = """\

@@ -1,0 +1,77 @@
+"""Ablate heads interactively: a browser explorer (``mhainterp explore``) and a notebook view.
+
+The page shows the head grid (each head's average pattern, its saved specialization label and
+its single-head importance; click a head to ablate or restore it), a method switch (zero, mean,
+resample) and reset, live loss and accuracy against the clean model (overall, per target, by
+target class or query token), and one example sequence with right/wrong predictions; hovering a
+token shows where each head attends from it (click to lock). For a sweep, a picker over runs.
+
+Modules, each with one job::
+
+    session.py   ExploreSession: the only caller of the ablation and scoring code
+    app.py       Explorer: runs, sessions and the one request handler
+    results.py   saved per-head results (labels, importance, division of labour)
+    runs.py      which runs a folder holds
+    server.py    Starlette app and socket binding (the CLI, tests)
+    widget.py    the anywidget notebook view
+    assets/      index.html, explorer.js (one ES module for both views), explorer.css
+
+Example:
+    >>> import mhainterp
+    >>> mhainterp.explore("runs/quickstart/reverse/runs/h4_seed0")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from mhainterp.explore.app import BadRequestError, Explorer
+from mhainterp.explore.session import ExploreSession
+
+__all__ = ["BadRequestError", "ExploreSession", "Explorer", "explore"]
+
+
+def explore(run: Any, task: Any = None, *, n_eval: int = 1024, method: str = "zero") -> Any:
+    """The explorer as a notebook widget: display it (last line of a cell) to use it inline.
+
+    Args:
+        run: A run folder or sweep folder (path), a loaded ``Run``, or a model (then give
+            ``task``).
+        task: With a model: the Task (its fixed evaluation set) or a Batch to evaluate on.
+        n_eval: Evaluation sequences.
+        method: Initial ablation method: ``"zero"``, ``"mean"`` or ``"resample"``.
+
+    Returns:
+        An ``ExplorerWidget`` (needs ``pip install "mhainterp[explore]"``).
+
+    Example:
+        >>> from mhainterp import explore, handbuilt_model, get_task
+        >>> task = get_task("previous_token", seq_len=16, d_vocab=10)
+        >>> view = explore(handbuilt_model(["previous", "uniform"]), task)  # doctest: +SKIP
+    """
+    from mhainterp.explore.results import SavedResults
+    from mhainterp.training import Run
+
+    try:
+        from mhainterp.explore.widget import ExplorerWidget
+    except ImportError as error:  # the explore extra is optional
+        raise ImportError(
+            f'the notebook explorer needs anywidget ({error}): pip install "mhainterp[explore]"'
+        ) from error
+
+    options = {"n_eval": n_eval, "method": method}
+    if isinstance(run, (str, os.PathLike)):
+        explorer = Explorer.from_path(run, **options)
+    elif isinstance(run, Run):
+        saved = SavedResults.load(run.path)  # labels and importance saved beside the run
+        name = run.path.name
+        explorer = Explorer.from_model(run.model, run.task, name=name, saved=saved, **options)
+    elif task is not None:
+        explorer = Explorer.from_model(run, task, **options)
+    else:
+        raise TypeError(
+            f"run must be a run or sweep folder, a Run, or a model with task=, got "
+            f"{type(run).__name__}"
+        )
+    return ExplorerWidget(explorer)

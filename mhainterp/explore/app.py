@@ -1,0 +1,281 @@
+"""The explorer's state and its one request handler, shared by the HTTP server and the widget.
+
+:class:`Explorer` holds the runs that can be picked, one :class:`ExploreSession` per opened run,
+and the shown example. :meth:`Explorer.handle` answers an action with a JSON-ready dict, or
+raises :class:`BadRequestError` (a ``ValueError``) with a message for the user; both the server
+(``server.py``, HTTP 400) and the notebook widget (``widget.py``) call it, so they behave alike.
+
+Actions: ``state`` (everything the page draws), ``toggle {head}``, ``method {method}``,
+``reset``, ``example {index} | {draw: true}``, ``run {run}`` (switch run; answers ``state``).
+
+Example:
+    >>> explorer = Explorer.from_model(model, task)  # doctest: +SKIP
+    >>> explorer.handle("toggle", {"head": "L0H1"})["metrics"]["overall"]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mhainterp.explore.results import SavedResults
+from mhainterp.explore.runs import RunEntry, explorable_runs
+from mhainterp.explore.session import METHODS, ExploreSession
+from mhainterp.model import head_label
+
+__all__ = ["ACTIONS", "BadRequestError", "Explorer", "answer_message"]
+
+ACTIONS = ("state", "toggle", "method", "reset", "example", "run")
+
+
+class BadRequestError(ValueError):
+    """A request the explorer cannot answer (unknown head, method, run or action)."""
+
+
+@dataclass
+class _Opened:
+    """A run the user has opened: its session, what was saved for it, its average patterns."""
+
+    name: str
+    task: str
+    session: ExploreSession
+    saved: SavedResults
+    thumbnails: dict[str, list[list[float]]]
+
+
+class Explorer:
+    """The explorer of one run, or of the runs of a sweep (one opened at a time).
+
+    Args:
+        runs: The runs the picker offers (see :func:`explorable_runs`).
+        n_eval: Evaluation sequences per run.
+        method: Initial ablation method.
+        seed: Seed of the "draw another sequence" generator.
+        threads: torch threads while answering (then restored); None keeps torch's setting.
+            Default 1: these models are small, and on a few busy cores handing each small
+            matmul to a second thread costs more than it gains (measured: 10 ms vs 140 ms
+            per click on 2 loaded cores; see analysis/bench_explore.py).
+    """
+
+    def __init__(
+        self,
+        runs: list[RunEntry],
+        *,
+        n_eval: int = 1024,
+        method: str = "zero",
+        seed: int = 0,
+        threads: int | None = 1,
+    ) -> None:
+        if not runs:
+            raise ValueError("no runs to explore")
+        self.runs = {entry.id: entry for entry in runs}
+        self.n_eval = n_eval
+        self._method = method
+        self._generator = torch.Generator().manual_seed(seed)
+        self._opened: dict[str, _Opened] = {}
+        self._current: _Opened | None = None
+        self._example = 0
+        self.threads = threads
+
+    @classmethod
+    def from_path(cls, path: str | os.PathLike[str], **options: Any) -> Explorer:
+        """The explorer of a run folder or a sweep folder; opens the first run."""
+        explorer = cls(explorable_runs(path), **options)
+        explorer.open(next(iter(explorer.runs)))
+        return explorer
+
+    @classmethod
+    def from_model(
+        cls,
+        model: Any,
+        data: Any,
+        *,
+        name: str = "model",
+        saved: SavedResults | None = None,
+        **options: Any,
+    ) -> Explorer:
+        """The explorer of an in-memory model on ``data`` (a Task or Batch).
+
+        ``saved``: per-head results to show (default: none; see :class:`SavedResults`).
+        """
+        explorer = cls([RunEntry(id=name, path=Path("."), n_heads=None, seed=None)], **options)
+        task = getattr(data, "name", type(data).__name__)
+        with _torch_threads(explorer.threads):
+            session = ExploreSession(model, data, n_eval=explorer.n_eval, method=explorer._method)
+        explorer._install(name, task, session, saved or SavedResults())
+        return explorer
+
+    # -- runs ----------------------------------------------------------------------------------
+    @property
+    def session(self) -> ExploreSession:
+        """The session of the run on show."""
+        assert self._current is not None
+        return self._current.session
+
+    def open(self, run_id: str) -> None:
+        """Show run ``run_id`` (loaded once, then kept with its ablated heads)."""
+        from mhainterp.training import load_run
+
+        if run_id not in self.runs:
+            raise BadRequestError(f"run={run_id!r} is invalid: one of {', '.join(self.runs)}")
+        if run_id in self._opened:
+            self._current = self._opened[run_id]
+            self._current.session.set_method(self._method)
+            self._example = 0
+            return
+        entry = self.runs[run_id]
+        with _torch_threads(self.threads):
+            try:
+                run = load_run(entry.path)
+            except Exception as error:  # a damaged file: name the folder, keep serving others
+                raise ValueError(
+                    f"cannot load the run {entry.path}: {error} (train it again, or restore "
+                    "its files)"
+                ) from None
+            session = ExploreSession(run.model, run.task, n_eval=self.n_eval, method=self._method)
+        self._install(run_id, run.task.name, session, SavedResults.load(entry.path))
+
+    def _install(self, name: str, task: str, session: ExploreSession, saved: SavedResults) -> None:
+        with _torch_threads(self.threads):
+            thumbnails = session.average_patterns()
+        opened = _Opened(name, task, session, saved, thumbnails)
+        self._opened[name] = self._current = opened
+        self._example = 0
+
+    # -- requests ------------------------------------------------------------------------------
+    def handle(self, action: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Answer one request; raises :class:`BadRequestError` for bad input (state unchanged)."""
+        body = body if isinstance(body, dict) else {}
+        if action not in ACTIONS:
+            raise BadRequestError(f"action={action!r} is invalid: one of {', '.join(ACTIONS)}")
+        with _torch_threads(self.threads):
+            return self._handle(action, body)
+
+    def _handle(self, action: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            if action == "state":
+                return self.state()
+            if action == "run":
+                self.open(_field(body, "run", str))
+                return self.state()
+            if action == "toggle":
+                self.session.toggle(_field(body, "head", str))
+            elif action == "method":
+                method = _field(body, "method", str)
+                if method not in METHODS:
+                    raise BadRequestError(
+                        f"method={method!r} is invalid: one of {', '.join(METHODS)}"
+                    )
+                self.session.set_method(method)
+                self._method = method
+            elif action == "reset":
+                self.session.reset()
+            elif action == "example":
+                self._example = self._pick_example(body)
+            return self.view()
+        except BadRequestError:
+            raise
+        except (ValueError, TypeError) as error:  # e.g. resolve_heads on an unknown head
+            raise BadRequestError(str(error)) from None
+
+    def state(self) -> dict[str, Any]:
+        """Everything the page draws: runs, the head grid, and the current view."""
+        opened = self._current
+        assert opened is not None
+        model = opened.session.model
+        heads = [
+            {
+                "label": label,
+                "layer": layer,
+                "head": head,
+                "role": opened.saved.labels.get(label),
+                "division": opened.saved.division.get(label, []),
+            }
+            for layer in range(model.cfg.n_layers)
+            for head in range(model.cfg.n_heads)
+            for label in [head_label(layer, head)]
+        ]
+        return {
+            "runs": [
+                {"id": e.id, "n_heads": e.n_heads, "seed": e.seed} for e in self.runs.values()
+            ],
+            "run": opened.name,
+            "task": opened.task,
+            "n_layers": model.cfg.n_layers,
+            "n_heads": model.cfg.n_heads,
+            "n_eval": len(opened.session.batch),
+            "methods": list(METHODS),
+            "heads": heads,
+            "thumbnails": opened.thumbnails,
+            "view": self.view(),
+        }
+
+    def view(self) -> dict[str, Any]:
+        """What changes with a click: ablated heads, method, metrics, example, importance."""
+        session = self.session
+        return {
+            "method": session.method,
+            "ablated": session.ablated,
+            "metrics": session.metrics(),
+            "example": session.example(self._example),
+            "importance": self.importance(),
+        }
+
+    def importance(self) -> dict[str, float]:
+        """Single-head change in accuracy for the current method: saved, else computed once."""
+        assert self._current is not None
+        saved = self._current.saved.importance.get(self.session.method)
+        if saved and set(saved) == set(self.session.head_labels):
+            return saved
+        return self.session.importance()
+
+    def _pick_example(self, body: dict[str, Any]) -> int:
+        n = len(self.session.batch)
+        if body.get("draw"):
+            return int(torch.randint(n, (1,), generator=self._generator))
+        index = body.get("index")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
+            raise BadRequestError(f"index={index!r} is invalid: an integer in [0, {n})")
+        return index
+
+
+@contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """Run with ``threads`` torch threads, then restore the caller's setting."""
+    before = torch.get_num_threads()
+    if threads is not None and threads != before:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
+
+
+def _field(body: dict[str, Any], name: str, kind: type) -> Any:
+    value = body.get(name)
+    if not isinstance(value, kind):
+        raise BadRequestError(f"{name}={value!r} is invalid: a {kind.__name__} is required")
+    return value
+
+
+def answer_message(explorer: Explorer, message: Any) -> dict[str, Any]:
+    """The reply to one widget message ``{id, action, body}``: ``{id, status, body}``.
+
+    Example:
+        >>> answer_message(explorer, {"id": 1, "action": "reset"})["status"]  # doctest: +SKIP
+        200
+    """
+    if not isinstance(message, dict):
+        return {"id": None, "status": 400, "body": {"error": "a message must be a JSON object"}}
+    try:
+        body = explorer.handle(str(message.get("action")), message.get("body"))
+        return {"id": message.get("id"), "status": 200, "body": body}
+    except BadRequestError as error:
+        return {"id": message.get("id"), "status": 400, "body": {"error": str(error)}}

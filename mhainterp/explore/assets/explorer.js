@@ -1,0 +1,362 @@
+// mhainterp explorer: one ES module for the browser page and the notebook widget (anywidget).
+//
+// mount(el, call) draws the explorer into `el`; `call(action, body)` returns a Promise of the
+// JSON answer of the Python side (mhainterp/explore/app.py, Explorer.handle). In the browser
+// `call` is an HTTP POST (httpCall); in a notebook it is a widget message (widgetCall).
+// Automation hooks: every head cell has data-head="L0H2"; the overall accuracy has
+// data-metric="accuracy" (its exact value in data-value); the page sets data-busy while a
+// request is in flight.
+
+export function httpCall(action, body = {}) {
+  return fetch(`api/${action}`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify(body),
+  }).then(async (response) => {
+    const answer = await response.json();
+    if (!response.ok) throw new Error(answer.error || `HTTP ${response.status}`);
+    return answer;
+  });
+}
+
+export function widgetCall(model) {
+  // Every view of a widget hears every reply: ids carry a per-view prefix.
+  const prefix = Math.random().toString(36).slice(2);
+  let next = 0;
+  const waiting = new Map();
+  const onReply = (msg) => {
+    const entry = waiting.get(msg.id);
+    if (!entry) return;
+    waiting.delete(msg.id);
+    if (msg.status === 200) entry.resolve(msg.body);
+    else entry.reject(new Error(msg.body.error || `status ${msg.status}`));
+  };
+  model.on("msg:custom", onReply);
+  const call = (action, body = {}) =>
+    new Promise((resolve, reject) => {
+      const id = `${prefix}-${++next}`;
+      waiting.set(id, { resolve, reject });
+      model.send({ id, action, body });
+    });
+  call.close = () => model.off("msg:custom", onReply);
+  return call;
+}
+
+const h = (tag, attrs = {}, ...children) => {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (key === "class") node.className = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (value !== undefined && value !== null) node.setAttribute(key, value);
+  }
+  for (const child of children.flat()) {
+    if (child !== null && child !== undefined) {
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+  }
+  return node;
+};
+// replaceChildren without the null placeholders of optional parts.
+const fill = (node, ...children) => node.replaceChildren(...children.filter((c) => c !== null && c !== undefined));
+const fmt = (x, digits = 3) => (Number.isFinite(x) ? x.toFixed(digits) : "–");
+const signed = (x, digits = 3) => (Number.isFinite(x) ? (x > 0 ? "+" : "") + x.toFixed(digits) : "–");
+
+export function mount(root, call) {
+  const ui = { state: null, view: null, lockedQuery: null, hoverQuery: null, groupBy: "by_target_class" };
+  root.classList.add("mhx");
+  root.replaceChildren(h("div", { class: "mhx-loading" }, "loading…"));
+
+  const request = async (action, body) => {
+    root.setAttribute("data-busy", "1");
+    const started = performance.now();
+    try {
+      const answer = await call(action, body);
+      return answer;
+    } catch (error) {
+      showError(error.message);
+      throw error;
+    } finally {
+      ui.lastMs = performance.now() - started;
+      root.removeAttribute("data-busy");
+    }
+  };
+
+  const showError = (message) => {
+    const bar = root.querySelector(".mhx-error");
+    if (bar) bar.textContent = message;
+  };
+
+  const load = async (action = "state", body = {}) => {
+    ui.state = await request(action, body);
+    ui.view = ui.state.view;
+    ui.lockedQuery = null;
+    renderAll();
+  };
+
+  const update = async (action, body) => {
+    const clicked = performance.now();
+    ui.view = await request(action, body);
+    renderDynamic();
+    // Click-to-render time, for the benchmark and the status line.
+    root.setAttribute("data-last-ms", (performance.now() - clicked).toFixed(1));
+  };
+
+  // ------------------------------------------------------------------ static parts (per run)
+  function renderAll() {
+    const s = ui.state;
+    const runPicker =
+      s.runs.length > 1
+        ? h(
+            "select",
+            { class: "mhx-runs", "data-control": "run", onchange: (e) => load("run", { run: e.target.value }) },
+            s.runs.map((r) => h("option", r.id === s.run ? { value: r.id, selected: "" } : { value: r.id }, r.id)),
+          )
+        : null;
+    const methods = h(
+      "span",
+      { class: "mhx-methods" },
+      s.methods.map((m) =>
+        h("button", { "data-method": m, onclick: () => update("method", { method: m }) }, m),
+      ),
+    );
+    root.replaceChildren(
+      h(
+        "div",
+        { class: "mhx-bar" },
+        h("strong", {}, "mhainterp explore"),
+        h("span", { class: "mhx-run" }, `${s.run} · ${s.task} · ${s.n_layers}×${s.n_heads} heads · ${s.n_eval} sequences`),
+        runPicker,
+        methods,
+        h("button", { "data-action": "reset", onclick: () => update("reset", {}) }, "reset"),
+        h("span", { class: "mhx-status" }),
+      ),
+      h("div", { class: "mhx-error" }),
+      h(
+        "div",
+        { class: "mhx-main" },
+        h("section", { class: "mhx-grid-box" }, h("h3", {}, "Heads: click to ablate / restore"), headGrid(s), h("div", { class: "mhx-detail" })),
+        h("section", { class: "mhx-metrics" }),
+      ),
+      h("section", { class: "mhx-example" }),
+    );
+    renderDynamic();
+  }
+
+  function headGrid(s) {
+    const grid = h("div", { class: "mhx-grid", style: `grid-template-columns: auto repeat(${s.n_heads}, 1fr)` });
+    for (let layer = 0; layer < s.n_layers; layer++) {
+      grid.append(h("div", { class: "mhx-layer" }, `L${layer}`));
+      for (const head of s.heads.filter((x) => x.layer === layer)) {
+        const canvas = h("canvas", { width: 64, height: 64, class: "mhx-thumb" });
+        drawPattern(canvas, s.thumbnails[head.label]);
+        grid.append(
+          h(
+            "div",
+            {
+              class: "mhx-head",
+              "data-head": head.label,
+              title: `${head.label}: click to ablate or restore`,
+              onclick: () => update("toggle", { head: head.label }),
+              onmouseenter: () => showDetail(head),
+            },
+            canvas,
+            h("div", { class: "mhx-head-name" }, head.label),
+            h("div", { class: "mhx-head-label" }, head.role || ""),
+            h("div", { class: "mhx-head-imp", "data-importance": head.label }),
+          ),
+        );
+      }
+    }
+    return grid;
+  }
+
+  function drawPattern(canvas, matrix) {
+    const ctx = canvas.getContext("2d");
+    const T = matrix.length;
+    const cell = canvas.width / T;
+    ctx.fillStyle = "#fff";
+    ctx.fillRect(0, 0, canvas.width, canvas.height);
+    for (let q = 0; q < T; q++) {
+      for (let k = 0; k < T; k++) {
+        const v = Math.min(1, Math.max(0, matrix[q][k]));
+        if (v <= 0) continue;
+        ctx.fillStyle = `rgba(38, 84, 166, ${Math.sqrt(v)})`;
+        ctx.fillRect(k * cell, q * cell, Math.ceil(cell), Math.ceil(cell));
+      }
+    }
+  }
+
+  function showDetail(head) {
+    const box = root.querySelector(".mhx-detail");
+    const imp = ui.view.importance[head.label];
+    const rows = [
+      h("div", {}, h("strong", {}, head.label), head.role ? ` · ${head.role}` : "", ` · Δaccuracy alone (${ui.view.method}): ${signed(imp)}`),
+    ];
+    if (head.division && head.division.length) {
+      rows.push(h("div", { class: "mhx-sub" }, "Whom it serves (division of labour, saved):"));
+      rows.push(
+        table(
+          ["by", "selectivity", "null", "p adj", "serves"],
+          head.division.map((d) => [d.by, fmt(d.selectivity), fmt(d.null_mean), fmt(d.p_adj), d.serves ?? ""]),
+        ),
+      );
+    }
+    box.replaceChildren(...rows);
+  }
+
+  // ------------------------------------------------------------------ dynamic parts (per click)
+  function renderDynamic() {
+    const v = ui.view;
+    const ablated = new Set(v.ablated);
+    for (const cell of root.querySelectorAll("[data-head]")) {
+      cell.classList.toggle("ablated", ablated.has(cell.dataset.head));
+    }
+    for (const node of root.querySelectorAll("[data-importance]")) {
+      node.textContent = `Δacc ${signed(v.importance[node.dataset.importance], 2)}`;
+    }
+    for (const button of root.querySelectorAll("[data-method]")) {
+      button.classList.toggle("on", button.dataset.method === v.method);
+    }
+    const status = root.querySelector(".mhx-status");
+    if (status) status.textContent = `ablated: ${v.ablated.join(",") || "none"} · ${v.method}`;
+    const error = root.querySelector(".mhx-error");
+    if (error) error.textContent = "";
+    renderMetrics(v.metrics);
+    renderExample(v.example);
+  }
+
+  function renderMetrics(m) {
+    const box = root.querySelector(".mhx-metrics");
+    const o = m.overall;
+    const metric = (name, pair, better) =>
+      h(
+        "div",
+        { class: "mhx-big" },
+        h("div", { class: "mhx-big-name" }, name),
+        h("div", { class: "mhx-big-value", "data-metric": name, "data-value": String(pair.ablated) }, fmt(pair.ablated, 4)),
+        h("div", { class: "mhx-big-clean", "data-metric-clean": name }, `clean ${fmt(pair.clean, 4)} · Δ ${signed(pair.ablated - pair.clean, 4)}`),
+        h("div", { class: `mhx-bar-outer` }, bar(pair, better)),
+      );
+    const groups = { by_target_class: "target class", by_query_token: "query token" };
+    const switcher = h(
+      "span",
+      { class: "mhx-groups" },
+      Object.entries(groups).map(([key, name]) =>
+        h("button", { class: ui.groupBy === key ? "on" : "", "data-group": key, onclick: () => { ui.groupBy = key; renderMetrics(ui.view.metrics); } }, name),
+      ),
+    );
+    const rows = (list) =>
+      list.map((r) => [r.key, r.n, fmt(r.accuracy.clean), fmt(r.accuracy.ablated), signed(r.accuracy.ablated - r.accuracy.clean), fmt(r.loss.ablated)]);
+    const head = ["", "n", "acc clean", "acc now", "Δ", "loss now"];
+    fill(
+      box,
+      h("h3", {}, `Metrics vs clean (${o.n_scored} scored pairs)`),
+      h("div", { class: "mhx-bigs" }, metric("accuracy", o.accuracy, "high"), metric("loss", o.loss, "low")),
+      m.per_target.length > 1 ? h("div", {}, h("h4", {}, "per target"), table(head, rows(m.per_target), "target")) : null,
+      h("h4", {}, "by ", switcher),
+      table(head, rows(m[ui.groupBy]), ui.groupBy),
+    );
+  }
+
+  function bar(pair, better) {
+    // Accuracy bars on [0, 1]; loss bars scaled to the larger of the two.
+    const top = better === "high" ? 1 : Math.max(pair.clean, pair.ablated, 1e-9);
+    const width = (x) => `${Math.max(0, Math.min(1, x / top)) * 100}%`;
+    return h(
+      "div",
+      { class: "mhx-bars" },
+      h("div", { class: "mhx-bar-clean", style: `width:${width(pair.clean)}` }),
+      h("div", { class: "mhx-bar-now", style: `width:${width(pair.ablated)}` }),
+    );
+  }
+
+  function table(head, rows, name) {
+    return h(
+      "table",
+      { class: "mhx-table", "data-table": name },
+      h("tr", {}, head.map((x) => h("th", {}, x))),
+      rows.map((r) => h("tr", {}, r.map((x) => h("td", {}, x)))),
+    );
+  }
+
+  function renderExample(ex) {
+    const box = root.querySelector(".mhx-example");
+    const T = ex.tokens.length;
+    const tokenRow = h("div", { class: "mhx-tokens" });
+    for (let t = 0; t < T; t++) {
+      if (!ex.real[t]) continue;
+      const marks = ex.predictions[t].map((p, j) => {
+        if (!ex.scored[t][j]) return h("div", { class: "mhx-pred none" }, "·");
+        const ok = ex.correct[t][j];
+        const changed = p !== ex.clean_predictions[t][j];
+        return h(
+          "div",
+          { class: `mhx-pred ${ok ? "right" : "wrong"}${changed ? " changed" : ""}`, "data-correct": ok ? "1" : "0", title: `target ${ex.targets[t][j]}, clean prediction ${ex.clean_predictions[t][j]}` },
+          `${p}${ok ? "✓" : "✗"}`,
+        );
+      });
+      tokenRow.append(
+        h(
+          "div",
+          {
+            class: "mhx-token",
+            "data-pos": t,
+            onmouseenter: () => { ui.hoverQuery = t; renderAttention(ex); },
+            onmouseleave: () => { ui.hoverQuery = null; renderAttention(ex); },
+            onclick: () => { ui.lockedQuery = ui.lockedQuery === t ? null : t; renderAttention(ex); },
+          },
+          h("div", { class: "mhx-tok" }, ex.tokens[t]),
+          h("div", { class: "mhx-tgt" }, ex.targets[t].map((x) => (x < 0 ? "·" : x)).join(",")),
+          marks,
+        ),
+      );
+    }
+    const right = ex.correct.flat().filter(Boolean).length;
+    const scored = ex.scored.flat().filter(Boolean).length;
+    box.replaceChildren(
+      h("h3", {}, `Example sequence #${ex.index} · ${right}/${scored} right `, h("button", { "data-action": "draw", onclick: () => update("example", { draw: true }) }, "draw another")),
+      h("div", { class: "mhx-sub" }, `tokens, targets, and the prediction at each of ${T} positions (✓ right, ✗ wrong; outlined = differs from the clean model)`),
+      tokenRow,
+      h("div", { class: "mhx-attn" }),
+    );
+    renderAttention(ex);
+  }
+
+  // Hover a token: where each head attends from it (CircuitsVis habit); click locks it.
+  function renderAttention(ex) {
+    const query = ui.lockedQuery ?? ui.hoverQuery;
+    for (const node of root.querySelectorAll(".mhx-token")) {
+      const t = Number(node.dataset.pos);
+      node.classList.toggle("query", t === query);
+      node.classList.toggle("locked", t === ui.lockedQuery);
+    }
+    const box = root.querySelector(".mhx-attn");
+    if (query === null || query === undefined) {
+      box.replaceChildren(h("div", { class: "mhx-sub" }, "hover a token to see where each head attends from it; click to lock"));
+      return;
+    }
+    const locked = ui.lockedQuery !== null ? " · locked, click the token again to unlock" : "";
+    const rows = Object.entries(ex.attention).map(([label, pattern]) => {
+      const row = h("div", { class: "mhx-attn-row", "data-attn": label }, h("span", { class: "mhx-attn-name" }, label));
+      pattern[query].forEach((w, k) => {
+        if (!ex.real[k]) return;
+        const style = `background: rgba(38,84,166,${Math.sqrt(Math.max(0, w))}); color: ${w > 0.4 ? "#fff" : "inherit"}`;
+        row.append(h("span", { class: "mhx-attn-cell", title: `${label}: ${fmt(w)} on position ${k}`, style }, ex.tokens[k]));
+      });
+      return row;
+    });
+    box.replaceChildren(h("div", { class: "mhx-sub" }, `where each head attends from position ${query} (token ${ex.tokens[query]})${locked}`), ...rows);
+  }
+
+  load().catch(() => {});
+  return { reload: () => load() };
+}
+
+// anywidget entry point: the notebook view talks to the same Python handler through messages.
+export default {
+  render({ model, el }) {
+    const call = widgetCall(model);
+    mount(el, call);
+    return () => call.close(); // anywidget calls this when the view is removed
+  },
+};

@@ -1,0 +1,42 @@
+"""The notebook view: an anywidget running the page's own ES module, no server needed.
+
+The module (``assets/explorer.js``) sends ``{id, action, body}`` messages; the widget answers
+each with :func:`~mhainterp.explore.app.answer_message` (``{id, status, body}``), exactly what
+the HTTP server answers. Needs ``anywidget`` (``pip install "mhainterp[explore]"``).
+
+Example:
+    >>> ExplorerWidget(Explorer.from_path("runs/rev/runs/h4_seed0"))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anywidget
+
+from mhainterp.explore.app import Explorer, answer_message
+
+__all__ = ["ExplorerWidget"]
+
+ASSET_DIR = Path(__file__).parent / "assets"
+
+
+class ExplorerWidget(anywidget.AnyWidget):
+    """The explorer as a Jupyter widget (see the module docstring).
+
+    Attributes:
+        explorer: The :class:`Explorer` it shows; ``widget.explorer.session`` is the
+            :class:`ExploreSession`, for reading the numbers from code.
+    """
+
+    _esm = ASSET_DIR / "explorer.js"
+    _css = ASSET_DIR / "explorer.css"
+
+    def __init__(self, explorer: Explorer, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.explorer = explorer
+        self.on_msg(self._on_message)
+
+    def _on_message(self, widget: Any, content: Any, buffers: Any) -> None:
+        self.send(answer_message(self.explorer, content))
