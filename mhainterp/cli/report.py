@@ -17,6 +17,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from mhainterp.cli.core import check_run_folders
+
 __all__ = ["register"]
 
 SPECIALIZE_DESCRIPTION = """\
@@ -130,6 +132,7 @@ def _cmd_specialize(args: argparse.Namespace) -> int:
     from mhainterp.specialization.text import markdown_table
 
     path = Path(args.path)
+    check_run_folders(path)
     kind = report_kind(path)
     settings = _settings(args)
     progress = not args.quiet
@@ -157,6 +160,7 @@ def _cmd_specialize(args: argparse.Namespace) -> int:
 def _cmd_report(args: argparse.Namespace) -> int:
     from mhainterp.report import write_report
 
+    check_run_folders(args.path)
     md, html = write_report(args.path, args.out, settings=_settings(args), progress=not args.quiet)
     print(f"report: {md}\n        {html}")
     return 0
