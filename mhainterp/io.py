@@ -18,6 +18,7 @@ import errno
 import json
 import os
 import secrets
+import stat
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -58,8 +59,11 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _create_temp(path)
+    mode = stat.S_IMODE(tmp.stat().st_mode)  # what the umask allows
     try:
         yield tmp
+        if stat.S_IMODE(tmp.stat().st_mode) != mode:  # a writer that made its own file
+            os.chmod(tmp, mode)
         _fsync_file(tmp)
         os.replace(tmp, path)
         _fsync_dir(path.parent)

@@ -363,6 +363,8 @@ def save_run(
     state = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
     with atomic_path(run_dir / "model.safetensors") as tmp:
         save_file(state, str(tmp), metadata=_weights_metadata(model.cfg))
+    if metrics.columns.empty:  # diverged before the first logged step: keep the header
+        metrics = pd.DataFrame(columns=list(METRIC_COLUMNS))
     write_csv(run_dir / "metrics.csv", metrics)
     write_json(run_dir / "eval.json", eval_metrics)
     return run_dir

@@ -62,6 +62,23 @@ def _write(name: str, content: bytes) -> Callable[[Path], None]:
     return lambda run: (run / name).write_bytes(content)
 
 
+def _drop_task(run: Path) -> None:
+    config = json.loads((run / "config.json").read_text())
+    del config["task"]
+    (run / "config.json").write_text(json.dumps(config))
+
+
+def _narrow_weights(run: Path) -> None:
+    """Weights of another width (their metadata kept): only the tensor shapes disagree."""
+    path = run / "model.safetensors"
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        metadata = f.metadata()
+    state = {k: v[..., :-1].contiguous() for k, v in load_file(path).items()}
+    save_file(state, path, metadata=metadata)
+
+
 # case id -> (damage, file the message must name)
 CASES: dict[str, tuple[Callable[[Path], None], str]] = {}
 for _name in ("config.json", "model.safetensors", "metrics.csv", "eval.json"):
@@ -72,16 +89,12 @@ CASES.update(
     {
         "config.json-garbage": (_write("config.json", b"\x89PNG\x00\xff"), "config.json"),
         "config.json-list": (_write("config.json", b"[1, 2]"), "config.json"),
-        "config.json-no-task": (
-            lambda run: (run / "config.json").write_text(
-                json.dumps({k: v for k, v in json.loads((run / "config.json").read_text()).items()
-                            if k != "task"})),  # fmt: skip
-            "config.json",
-        ),
+        "config.json-no-task": (_drop_task, "config.json"),
         "config.json-bad-field": (_edit_config(n_heads=3), "config.json"),
         "config.json-unknown-task": (
             lambda run: (run / "config.json").write_text(
-                (run / "config.json").read_text().replace('"reverse"', '"no_such_task"')),
+                (run / "config.json").read_text().replace('"reverse"', '"no_such_task"')
+            ),
             "config.json",
         ),
         "model.safetensors-garbage": (_write("model.safetensors", b"x" * 64), "model.safetensors"),
@@ -96,12 +109,7 @@ CASES.update(
             _strip_metadata(_edit_config(n_heads=4, d_head=2)),
             "config.json",
         ),
-        "weights-of-another-shape": (
-            lambda run: save_file(
-                {k: v[..., :-1].contiguous() for k, v in load_file(run / "model.safetensors")
-                 .items()}, run / "model.safetensors"),  # fmt: skip
-            "model.safetensors",
-        ),
+        "weights-of-another-shape": (_narrow_weights, "model.safetensors"),
     }
 )
 
