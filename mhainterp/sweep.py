@@ -187,6 +187,10 @@ def run_sweep(
 
 
 LOCK_POLL_SECONDS = 0.2
+CLAIM_AT_ONCE: dict[str, int] = {"local": 1}
+"""Runs an executor locks per round. The local executor trains one run at a time, so it locks
+one at a time and two local sweeps on one folder share the runs; executors that batch or
+spread runs (batched, ray) lock every free run at once."""
 
 
 def _train_missing(specs: Sequence[RunSpec], executor: str, progress: bool, log: _SweepLog) -> None:
@@ -198,7 +202,8 @@ def _train_missing(specs: Sequence[RunSpec], executor: str, progress: bool, log:
         todo = [spec for spec in specs if not is_finished_run(spec.run_dir)]
         if not todo or all(spec.run_dir in tried for spec in todo):
             return  # done, or the executor left runs unfinished (collect_results says which)
-        mine, held = _claim([spec for spec in todo if spec.run_dir not in tried])
+        limit = CLAIM_AT_ONCE.get(executor)
+        mine, held = _claim([spec for spec in todo if spec.run_dir not in tried], limit)
         try:
             if mine:
                 log.write("train", [spec for spec, _ in mine])
@@ -220,10 +225,16 @@ def _train_missing(specs: Sequence[RunSpec], executor: str, progress: bool, log:
             _wait_for_any(held)
 
 
-def _claim(specs: Sequence[RunSpec]) -> tuple[list[tuple[RunSpec, RunLock]], list[RunSpec]]:
-    """Lock the runs no other process holds; a run finished meanwhile is let go."""
-    mine, held = [], []
+def _claim(
+    specs: Sequence[RunSpec], limit: int | None = None
+) -> tuple[list[tuple[RunSpec, RunLock]], list[RunSpec]]:
+    """Lock up to ``limit`` runs that no other process holds; a run finished meanwhile is let
+    go. Returns the locked runs and the runs other processes hold."""
+    mine: list[tuple[RunSpec, RunLock]] = []
+    held: list[RunSpec] = []
     for spec in specs:
+        if limit is not None and len(mine) >= limit:
+            break
         lock = RunLock(spec.run_dir)
         if not lock.acquire():
             held.append(spec)
