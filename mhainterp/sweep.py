@@ -241,6 +241,10 @@ def _claim(
         elif is_finished_run(spec.run_dir):  # another process finished it before we locked
             lock.release()
         else:
+            # Temp files of a write that a killed process never finished: ours to remove now
+            # that we hold the run.
+            for stale in spec.run_dir.glob(".*.tmp"):
+                stale.unlink(missing_ok=True)
             mine.append((spec, lock))
     return mine, held
 

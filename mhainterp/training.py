@@ -530,14 +530,21 @@ METRIC_COLUMNS = ("step", "loss", "lr", "grad_norm")
 def _check_metrics(
     metrics_path: Path, metrics: pd.DataFrame, train_config: TrainConfig, saved_eval: dict
 ) -> None:
-    """A finished run's curve has every column and ends, complete, at the last step."""
+    """The curve that :func:`train` wrote for a finished run ends, complete, at its last step
+    with the ``final_train_loss`` of ``eval.json`` (runs saved by hand are not checked)."""
+    if saved_eval.get("status") != "finished" or "final_train_loss" not in saved_eval:
+        return
     missing = [c for c in METRIC_COLUMNS if c not in metrics.columns]
     if missing:
         raise RunFolderError(f"{metrics_path} lacks the columns {missing}")
-    if saved_eval.get("status") != "finished":
-        return
     last = metrics[list(METRIC_COLUMNS)].tail(1)
-    if last.empty or last.isna().any(axis=None) or int(last["step"].iloc[0]) != train_config.steps:
+    complete = (
+        not last.empty
+        and not last.isna().any(axis=None)
+        and int(last["step"].iloc[0]) == train_config.steps
+        and math.isclose(float(last["loss"].iloc[0]), float(saved_eval["final_train_loss"]))
+    )
+    if not complete:
         end = "is empty" if last.empty else f"ends at step {last['step'].iloc[0]}"
         raise RunFolderError(
             f"{metrics_path} is cut short: it {end} (or its last row is incomplete), but the run "

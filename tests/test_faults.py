@@ -90,7 +90,7 @@ def test_sweep_killed_three_times_at_random_points_resumes_byte_identical(refere
     assert finished.keys() == _run_files(ref).keys(), delays
     for name, data in _run_files(ref).items():
         assert finished[name] == data, f"{name} differs after kills at {delays} s"
-    assert list(out.rglob("*.tmp")) == [], delays
+    assert list((out / "runs").rglob("*.tmp")) == [], delays
 
 
 def test_two_sweeps_at_once_train_each_run_once_and_equal_the_serial_table(reference, tmp_path):

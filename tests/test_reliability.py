@@ -327,7 +327,8 @@ def test_sigkilled_sweep_resumes_to_byte_identical_files(serial, tmp_path):
     run_sweep(TINY, out, progress=False)
     assert _files(out) == _files(serial), f"kill delays {delays}"
     assert (out / "results.csv").read_bytes() == (serial / "results.csv").read_bytes()
-    leftovers = [p.name for p in out.rglob("*.tmp")]
+    # a kill mid-write leaves a temp file; the resumed sweep removes those of its runs
+    leftovers = [p.name for p in (out / "runs").rglob("*.tmp")]
     assert leftovers == [], leftovers
 
 
@@ -440,3 +441,12 @@ def test_describe_os_error_says_what_happened():
     assert mio.describe_os_error(PermissionError(errno.EACCES, "Permission denied", "/d")) == (
         "permission denied: /d (Permission denied); choose a folder you can write"
     )
+
+
+def test_a_resumed_sweep_removes_the_temp_files_a_killed_write_left(serial, tmp_path):
+    stale = tmp_path / "runs" / "h2_seed1" / ".model.safetensors.dead0000.tmp"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"\0" * 10)  # what SIGKILL mid-write leaves: no finally ran
+    run_sweep(TINY, tmp_path, progress=False)
+    assert not stale.exists()
+    assert _files(tmp_path) == _files(serial)
