@@ -450,3 +450,21 @@ def test_a_resumed_sweep_removes_the_temp_files_a_killed_write_left(serial, tmp_
     run_sweep(TINY, tmp_path, progress=False)
     assert not stale.exists()
     assert _files(tmp_path) == _files(serial)
+
+
+def test_train_into_a_run_another_process_is_writing_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    pid = _fork(lambda: _hold_lock(out, ready_w, go_r))
+    os.read(ready_r, 1)
+    try:
+        assert main(["train", *TINY_ARGS, "--out", str(out)]) == 2
+    finally:
+        os.write(go_w, b"1")
+        os.waitpid(pid, 0)
+    line = _one_line(capsys.readouterr().err)
+    assert line == f"mhainterp train: error: {out} is in use by process {pid}"
+    assert not (out / "eval.json").exists()
+    for fd in (ready_r, ready_w, go_r, go_w):
+        os.close(fd)
