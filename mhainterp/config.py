@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -262,6 +263,10 @@ class TrainConfig:
         )
         _require(self.lr > 0, "lr", self.lr, "must be > 0")
         _require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
+        # nan fails the comparisons above; inf passes them and makes the first step diverge.
+        for name in ("lr", "weight_decay"):
+            value = getattr(self, name)
+            _require(math.isfinite(value), name, value, "must be a finite number")
         _require(
             0 <= self.warmup_steps <= self.steps,
             "warmup_steps",

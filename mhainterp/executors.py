@@ -24,10 +24,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import math
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -240,16 +242,34 @@ def available_cpus() -> list[int]:
 _worker_steps: Any = None  # in a pool worker: the shared counter of model-steps done
 
 
-def _pin_worker(cpu_queue: Any, steps: Any) -> None:
-    """Process-pool initializer: pin this worker to one CPU, with one torch thread."""
+def _pin_worker(cpu_queue: Any, steps: Any, parent: int | None = None) -> None:
+    """Process-pool initializer: pin this worker to one CPU, with one torch thread; leave
+    Ctrl-C to the parent; die with the parent (a killed sweep leaves no orphans training)."""
     import torch
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent)
     global _worker_steps
     _worker_steps = steps
     cpu = cpu_queue.get()
     if cpu is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {cpu})
     torch.set_num_threads(1)
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """Linux: ask the kernel to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG);
+    without it, the workers of a SIGKILLed sweep go on training as orphans and then wait
+    forever for more work."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if parent is not None and os.getppid() != parent:  # the parent died before prctl
+        os._exit(1)
 
 
 def _count_steps(n: int) -> None:
@@ -349,17 +369,33 @@ def _run_in_pool(
     total = sum(len(chunk) * chunk[0].train_config.steps for chunk in chunks)
     with (
         ProcessPoolExecutor(workers, mp_context=context, initializer=_pin_worker,
-                            initargs=(cpu_queue, steps)) as pool,
+                            initargs=(cpu_queue, steps, os.getpid())) as pool,
         tqdm(total=total, desc=f"sweep (batched, {workers} workers)", unit="model-step",
              disable=not progress) as bar,
     ):  # fmt: skip
-        pending = {pool.submit(worker_fn, chunk) for chunk in chunks}
-        while pending:
-            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-            for future in done:
-                messages.update(future.result())
-            bar.update(steps.value - bar.n)
+        try:
+            pending = {pool.submit(worker_fn, chunk) for chunk in chunks}
+            while pending:
+                done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                for future in done:
+                    messages.update(future.result())
+                bar.update(steps.value - bar.n)
+        except BaseException:
+            # Ctrl-C or a failed chunk: stop the workers now rather than let the pool's exit
+            # wait for every running chunk (finished chunks' folders are already written).
+            _stop_workers(pool)
+            raise
     return messages
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    # The executor has no public way to end running tasks; its process table is the way
+    # (read before shutdown, which clears it).
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    for process in processes:
+        with contextlib.suppress(OSError, AttributeError):
+            process.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 # ----- the Ray executor --------------------------------------------------------------------------

@@ -4,18 +4,24 @@ Folder layout of a sweep (``out_dir``)::
 
     sweep.json               the SweepConfig (a rerun must match it)
     runs/h{h}_seed{s}/       one run folder per (head count, seed), see mhainterp.training
-    results.csv              one row per run (see run_sweep)
+    runs/.h{h}_seed{s}.lock  the run's lock file (see mhainterp.io.RunLock)
+    results.csv              one row per run (see run_sweep); run_dir relative to this folder
+    sweep.log                one line per event: which process trained or waited for which runs
 
 A sweep is resumable: finished runs are kept, missing or unfinished ones are (re)done, and the
 table is always rebuilt from the run folders, so a killed-and-rerun sweep ends with exactly
-the table of an uninterrupted one.
+the table of an uninterrupted one. Two sweeps on one folder share the work: each run is locked
+by the process that trains it; the other skips it, and waits for it at the end.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +29,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from mhainterp.config import ModelConfig, SweepConfig, TrainConfig
-from mhainterp.io import read_json, write_csv, write_json
+from mhainterp.io import RunLock, ensure_writable_dir, read_json, write_csv, write_json
 from mhainterp.render import markdown_table
 from mhainterp.tasks import Task, get_task
 from mhainterp.training import build_model, is_finished_run, train
@@ -36,6 +42,8 @@ __all__ = [
     "summarize",
     "plan_sweep",
     "collect_results",
+    "read_results",
+    "resolve_run_dir",
     "execute_run",
     "EXECUTORS",
     "fastest_executor",
@@ -173,7 +181,9 @@ def run_sweep(
     Returns:
         One row per run, ordered by n_heads then seed, with columns ``task, n_heads, seed,
         d_model, d_head, n_params, n_attn_params, steps, final_train_loss, val_loss,
-        val_accuracy`` (plus ``val_accuracy/<target>`` on multi-target tasks) and ``run_dir``.
+        val_accuracy`` (plus ``val_accuracy/<target>`` on multi-target tasks) and ``run_dir``
+        (usable from here: ``out_dir/runs/...``). ``results.csv`` holds the same table with
+        ``run_dir`` relative to ``out_dir``; read it back with :func:`read_results`.
 
     Example:
         >>> df = run_sweep("reverse", n_heads=[1, 4, 8], seeds=[0, 1, 2])  # doctest: +SKIP
@@ -188,15 +198,144 @@ def run_sweep(
         executor = fastest_executor()
     out_dir = Path(out_dir) if out_dir is not None else Path("runs") / config.task
     _check_same_sweep(out_dir, config)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    ensure_writable_dir(out_dir, "sweep folder")
     write_json(out_dir / "sweep.json", config.to_dict())
     specs = plan_sweep(config, out_dir)
-    todo = [spec for spec in specs if not is_finished_run(spec.run_dir)]
-    if todo:
-        EXECUTORS[executor](todo, progress)
+    _train_missing(specs, executor, progress, _SweepLog(out_dir / "sweep.log"))
     results = collect_results(specs)
-    write_csv(out_dir / "results.csv", results)
+    stored = results.assign(
+        run_dir=[Path(os.path.relpath(spec.run_dir, out_dir)).as_posix() for spec in specs]
+    )
+    write_csv(out_dir / "results.csv", stored)
     return results
+
+
+LOCK_POLL_SECONDS = 0.2
+CLAIM_AT_ONCE: dict[str, int] = {"local": 1}
+"""Runs an executor locks per round. The local executor trains one run at a time, so it locks
+one at a time and two local sweeps on one folder share the runs; executors that batch or
+spread runs (batched, ray) lock every free run at once."""
+
+
+def _train_missing(specs: Sequence[RunSpec], executor: str, progress: bool, log: _SweepLog) -> None:
+    """Train every unfinished run that no other process holds; then wait for the held ones
+    (and train those whose holder died before finishing them)."""
+    tried: set[Path] = set()
+    announced: set[Path] = set()
+    while True:
+        todo = [spec for spec in specs if not is_finished_run(spec.run_dir)]
+        if not todo or all(spec.run_dir in tried for spec in todo):
+            return  # done, or the executor left runs unfinished (collect_results says which)
+        limit = CLAIM_AT_ONCE.get(executor)
+        mine, held = _claim([spec for spec in todo if spec.run_dir not in tried], limit)
+        try:
+            if mine:
+                log.write("train", [spec for spec, _ in mine])
+                EXECUTORS[executor]([spec for spec, _ in mine], progress)
+                tried.update(spec.run_dir for spec, _ in mine)
+                log.write("done", [spec for spec, _ in mine])
+        finally:
+            for _, lock in mine:
+                lock.release()
+        if held and not mine:
+            new = [spec for spec in held if spec.run_dir not in announced]
+            if new:
+                log.write("wait", new, f"held by {RunLock(new[0].run_dir).holder()}")
+                if progress:
+                    names = ", ".join(spec.run_dir.name for spec in new)
+                    print(f"waiting for runs another process is training: {names}",
+                          file=sys.stderr)  # fmt: skip
+                announced.update(spec.run_dir for spec in new)
+            _wait_for_any(held)
+
+
+def _claim(
+    specs: Sequence[RunSpec], limit: int | None = None
+) -> tuple[list[tuple[RunSpec, RunLock]], list[RunSpec]]:
+    """Lock up to ``limit`` runs that no other process holds; a run finished meanwhile is let
+    go. Returns the locked runs and the runs other processes hold."""
+    mine: list[tuple[RunSpec, RunLock]] = []
+    held: list[RunSpec] = []
+    for spec in specs:
+        if limit is not None and len(mine) >= limit:
+            break
+        lock = RunLock(spec.run_dir)
+        if not lock.acquire():
+            held.append(spec)
+        elif is_finished_run(spec.run_dir):  # another process finished it before we locked
+            lock.release()
+        else:
+            # Temp files of a write that a killed process never finished: ours to remove now
+            # that we hold the run.
+            for stale in spec.run_dir.glob(".*.tmp"):
+                stale.unlink(missing_ok=True)
+            mine.append((spec, lock))
+    return mine, held
+
+
+def _wait_for_any(specs: Sequence[RunSpec]) -> None:
+    """Block until one of these runs' locks is free (its holder finished, failed or died)."""
+    locks = [RunLock(spec.run_dir) for spec in specs]
+    while True:
+        for lock in locks:
+            if lock.acquire():
+                lock.release()
+                return
+        time.sleep(LOCK_POLL_SECONDS)
+
+
+class _SweepLog:
+    """Appends ``<UTC time> pid=<pid> <event> <runs>`` lines to ``sweep.log``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, event: str, specs: Sequence[RunSpec], note: str = "") -> None:
+        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        names = ",".join(spec.run_dir.name for spec in specs)
+        line = f"{stamp} pid={os.getpid()} {event} {names}{' ' + note if note else ''}\n"
+        with open(self.path, "a", encoding="utf-8") as handle:  # one append = one whole line
+            handle.write(line)
+
+
+def resolve_run_dir(recorded: str | os.PathLike[str], table_dir: str | os.PathLike[str]) -> Path:
+    """The run folder a ``run_dir`` entry of ``table_dir/results.csv`` means, from here.
+
+    New tables store it relative to the table's folder (``runs/h4_seed0``); older ones stored
+    it absolute or relative to where the sweep was started. A folder that has moved is found
+    under ``table_dir/runs/`` by name.
+
+    Example:
+        >>> resolve_run_dir("runs/h4_seed0", "elsewhere/rev")  # doctest: +SKIP
+        PosixPath('elsewhere/rev/runs/h4_seed0')
+    """
+    recorded, table_dir = Path(recorded), Path(table_dir)
+    candidates = [recorded] if recorded.is_absolute() else [table_dir / recorded]
+    candidates.append(table_dir / "runs" / recorded.name)
+    if not recorded.is_absolute():
+        candidates.append(recorded)  # an old table, relative to the sweep's starting folder
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate
+    return candidates[0]
+
+
+def read_results(sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
+    """``sweep_dir/results.csv`` with ``run_dir`` resolved (see :func:`resolve_run_dir`).
+
+    Example:
+        >>> summarize(read_results("runs/rev"))  # doctest: +SKIP
+    """
+    path = Path(sweep_dir) / "results.csv"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (run mhainterp sweep first)")
+    try:
+        table = pd.read_csv(path)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not a readable CSV table ({error})") from None
+    if "run_dir" in table:
+        table["run_dir"] = [str(resolve_run_dir(r, sweep_dir)) for r in table["run_dir"]]
+    return table
 
 
 def collect_results(specs: Sequence[RunSpec]) -> pd.DataFrame:
@@ -345,7 +484,23 @@ def summarize(results: pd.DataFrame) -> SweepSummary:
                     }
                 )
         notes.extend(_task_notes(task, rows, comparisons))
-    return SweepSummary(pd.DataFrame(rows), pd.DataFrame(comparisons), notes)
+    return SweepSummary(
+        pd.DataFrame(rows), pd.DataFrame(comparisons, columns=COMPARISON_COLUMNS), notes
+    )
+
+
+COMPARISON_COLUMNS = [
+    "task",
+    "n_heads_a",
+    "n_heads_b",
+    "diff",
+    "welch_t",
+    "welch_p",
+    "ci_low",
+    "ci_high",
+    "exceeds_seed_spread",
+    "verdict",
+]
 
 
 def _task_notes(task: str, rows: list[dict], comparisons: list[dict]) -> list[str]:
@@ -367,7 +522,15 @@ def _task_notes(task: str, rows: list[dict], comparisons: list[dict]) -> list[st
         )
     real = [c for c in task_cmp if c["exceeds_seed_spread"]]
     undetermined = [c for c in task_cmp if c["exceeds_seed_spread"] is None]
-    if undetermined:
+    if len(task_rows) == 1:
+        row = task_rows[0]
+        notes.append(
+            f"{task}: one head count (h={row['n_heads']}), so nothing is compared; over "
+            f"{row['n']} seed(s) its validation accuracy is {row['val_accuracy_mean']:.4f} "
+            f"(std {row['val_accuracy_std']:.4f}), the seed spread a difference between head "
+            "counts would have to exceed."
+        )
+    elif undetermined:
         notes.append(f"{task}: fewer than 2 seeds per head count; no comparison is possible.")
     elif not real:
         notes.append(
@@ -420,15 +583,23 @@ def _display_comparisons(cmp: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def load_curves(results: pd.DataFrame) -> pd.DataFrame:
+def load_curves(
+    results: pd.DataFrame, sweep_dir: str | os.PathLike[str] | None = None
+) -> pd.DataFrame:
     """Stack every run's ``metrics.csv`` into one tidy table.
+
+    Args:
+        results: A per-run table (:func:`run_sweep`, :func:`read_results`).
+        sweep_dir: The folder of the ``results.csv`` the table was read from, when its
+            ``run_dir`` entries are as stored there (relative to it).
 
     Returns:
         Columns ``task, n_heads, seed, step, loss, lr, grad_norm`` (+ eval columns if logged).
     """
     frames = []
     for row in results.itertuples(index=False):
-        curve = pd.read_csv(Path(row.run_dir) / "metrics.csv")
+        run_dir = resolve_run_dir(row.run_dir, sweep_dir) if sweep_dir else Path(row.run_dir)
+        curve = pd.read_csv(run_dir / "metrics.csv")
         curve.insert(0, "seed", row.seed)
         curve.insert(0, "n_heads", row.n_heads)
         curve.insert(0, "task", row.task)

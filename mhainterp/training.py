@@ -4,33 +4,39 @@ A run folder (DESIGN.md, "Results and files")::
 
     config.json        {"model": ModelConfig, "train": TrainConfig,
                         "task": {"name", "params", "module"}}
-    model.safetensors  the weights
+    model.safetensors  the weights; its metadata key "mhainterp.model" repeats the architecture
+                       fields (ARCHITECTURE_FIELDS), so load_run refuses a config that disagrees
     metrics.csv        the training curve: step, loss, lr, grad_norm (+ eval columns if eval_every)
     eval.json          final metrics on the fixed evaluation set; written last = "run finished"
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from mhainterp.config import ModelConfig, TrainConfig
 from mhainterp.data import DEFAULT_N_EVAL, as_batch, target_names
-from mhainterp.io import atomic_path, read_json, write_csv, write_json
+from mhainterp.io import atomic_path, ensure_writable_dir, read_json, write_csv, write_json
 from mhainterp.model import HookedMHATransformer
 from mhainterp.scoring import Totals, position_scores, totals
 from mhainterp.tasks import Batch, Task, task_from_record, task_record
 from mhainterp.validation import check_int
 
 __all__ = [
+    "ARCHITECTURE_FIELDS",
+    "RunFolderError",
     "TrainingDivergedError",
     "Run",
     "build_model",
@@ -39,10 +45,41 @@ __all__ = [
     "save_run",
     "load_run",
     "is_finished_run",
+    "run_folder_state",
+    "run_config_differences",
     "lr_at",
 ]
 
 RUN_FILES = ("config.json", "model.safetensors", "metrics.csv", "eval.json")
+
+METADATA_KEY = "mhainterp.model"
+"""The one safetensors metadata key (one key: safetensors writes several in random order, and
+a run's files must be byte-identical for the same seed)."""
+
+ARCHITECTURE_FIELDS = (
+    "n_layers",
+    "n_heads",
+    "d_model",
+    "d_head",
+    "d_mlp",
+    "d_vocab",
+    "d_vocab_out",
+    "n_ctx",
+    "n_targets",
+    "causal",
+    "attn_only",
+    "normalization_type",
+    "act_fn",
+    "positional_embedding_type",
+    "dtype",
+)
+"""ModelConfig fields that ``model.safetensors`` repeats in its metadata and :func:`load_run`
+checks against ``config.json``: the fused weights ``[d_model, d_model]`` do not reveal
+``n_heads``, and no shape reveals ``causal``."""
+
+
+class RunFolderError(ValueError):
+    """A run folder's file is damaged, or two of its files disagree (the message names them)."""
 
 
 class TrainingDivergedError(RuntimeError):
@@ -194,6 +231,8 @@ def train(
     """
     config = config or TrainConfig()
     _check_compatible(model, task)
+    if run_dir is not None:  # fail before training, not after it
+        ensure_writable_dir(run_dir, "run folder")
     generator = torch.Generator().manual_seed(config.seed)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
@@ -290,24 +329,104 @@ def save_run(
     metrics: pd.DataFrame,
     eval_metrics: dict[str, Any],
 ) -> Path:
-    """Write a run folder atomically, file by file, with ``eval.json`` last."""
+    """Write a run folder atomically, file by file, with ``eval.json`` last.
+
+    ``model.safetensors`` carries the :data:`ARCHITECTURE_FIELDS` in its metadata.
+    """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(
-        run_dir / "config.json",
-        {
-            "model": model.cfg.to_dict(),
-            "train": train_config.to_dict(),
-            "task": task_record(task),  # name, params and defining module; never code
-            "versions": {"torch": torch.__version__},
-        },
-    )
+    write_json(run_dir / "config.json", run_config(model, task, train_config))
     state = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
     with atomic_path(run_dir / "model.safetensors") as tmp:
-        save_file(state, str(tmp))
+        save_file(state, str(tmp), metadata=_weights_metadata(model.cfg))
+    if metrics.columns.empty:  # diverged before the first logged step: keep the header
+        metrics = pd.DataFrame(columns=list(METRIC_COLUMNS))
     write_csv(run_dir / "metrics.csv", metrics)
     write_json(run_dir / "eval.json", eval_metrics)
     return run_dir
+
+
+def run_config(
+    model: HookedMHATransformer, task: Task, train_config: TrainConfig
+) -> dict[str, Any]:
+    """The content of a run's ``config.json``."""
+    return {
+        "model": model.cfg.to_dict(),
+        "train": train_config.to_dict(),
+        "task": task_record(task),  # name, params and defining module; never code
+        "versions": {"torch": torch.__version__},
+    }
+
+
+def _architecture(model_config: dict[str, Any]) -> dict[str, Any]:
+    return {name: model_config.get(name) for name in ARCHITECTURE_FIELDS}
+
+
+def _weights_metadata(cfg: ModelConfig) -> dict[str, str]:
+    return {METADATA_KEY: json.dumps(_architecture(cfg.to_dict()), sort_keys=True)}
+
+
+def run_folder_state(
+    run_dir: str | os.PathLike[str],
+    model: HookedMHATransformer,
+    task: Task,
+    train_config: TrainConfig,
+) -> str:
+    """What ``run_dir`` holds, compared with the run that ``train`` would write there.
+
+    Returns:
+        ``"empty"`` (no run files), ``"same finished"`` (this very run, finished),
+        ``"same unfinished"`` (this run, killed or diverged: redoing it loses nothing) or
+        ``"different"`` (another run, or files that cannot be read: overwriting loses it).
+
+    Example:
+        >>> run_folder_state("runs/rev_h4", model, task, TrainConfig())  # doctest: +SKIP
+        'same finished'
+    """
+    run_dir = Path(run_dir)
+    if not any((run_dir / name).exists() for name in RUN_FILES):
+        return "empty"
+    try:
+        saved = read_json(run_dir / "config.json")
+    except (OSError, ValueError):
+        return "different"
+    wanted = json.loads(json.dumps(run_config(model, task, train_config), default=list))
+    keys = ("model", "train", "task")
+    if not isinstance(saved, dict) or any(saved.get(k) != wanted[k] for k in keys):
+        return "different"
+    return "same finished" if is_finished_run(run_dir) else "same unfinished"
+
+
+def run_config_differences(
+    run_dir: str | os.PathLike[str],
+    model: HookedMHATransformer,
+    task: Task,
+    train_config: TrainConfig,
+) -> str:
+    """How the run saved in ``run_dir`` differs from this one, for messages
+    (``"task: 'reverse' there, 'sort' here; model.n_heads: 8 there, 4 here"``)."""
+    try:
+        saved = read_json(Path(run_dir) / "config.json")
+    except (OSError, ValueError) as error:
+        return f"its config.json cannot be read: {error}"
+    if not isinstance(saved, dict):
+        return "its config.json is not a run config"
+    wanted = json.loads(json.dumps(run_config(model, task, train_config), default=list))
+    diffs = []
+    for section in ("task", "model", "train"):
+        there, here = saved.get(section), wanted[section]
+        if section == "task" and isinstance(there, dict) and there.get("name") != here["name"]:
+            diffs.append(f"task: {there.get('name')!r} there, {here['name']!r} here")
+            continue
+        if not isinstance(there, dict):
+            diffs.append(f"{section}: missing there")
+            continue
+        for key in sorted(set(there) | set(here)):
+            if there.get(key) != here.get(key):
+                diffs.append(f"{section}.{key}: {there.get(key)!r} there, {here.get(key)!r} here")
+    if not diffs:
+        return "the same settings, unfinished"
+    return "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
 
 
 def is_finished_run(run_dir: str | os.PathLike[str]) -> bool:
@@ -321,8 +440,20 @@ def is_finished_run(run_dir: str | os.PathLike[str]) -> bool:
         return False
 
 
-def load_run(path: str | os.PathLike[str], *, device: str = "cpu") -> Run:
-    """Rebuild the exact model, task and configs of a saved run.
+def load_run(path: str | os.PathLike[str], *, device: str = "cpu", verify: bool = True) -> Run:
+    """Rebuild the exact model, task and configs of a saved run, refusing a damaged folder.
+
+    Checks: every run file is readable; ``config.json`` is a valid config; ``model.safetensors``
+    is a whole safetensors file whose tensors fit the config; its metadata (written since the
+    run format carried it) agrees with ``config.json`` on every :data:`ARCHITECTURE_FIELDS`.
+    A run saved before that has no metadata: with ``verify`` its weights must then reproduce the
+    loss recorded in ``eval.json`` on the task's fixed evaluation set (this catches a config
+    whose ``n_heads`` or ``causal`` disagrees with the weights); when ``eval.json`` records no
+    loss either, it loads with a warning.
+
+    Raises:
+        FileNotFoundError: a run file is missing.
+        RunFolderError: a file is damaged or two files disagree; the message names them.
 
     Example:
         >>> run = load_run("runs/quickstart/count_previous/h4_seed0")  # doctest: +SKIP
@@ -334,18 +465,147 @@ def load_run(path: str | os.PathLike[str], *, device: str = "cpu") -> Run:
         raise FileNotFoundError(
             f"{path} is not a complete run folder: missing {', '.join(missing)}"
         )
-    config = read_json(path / "config.json")
-    model_config = ModelConfig.from_dict({**config["model"], "device": device})
+    config_path, weights_path = path / "config.json", path / "model.safetensors"
+    model_config, train_config, task = _read_config(config_path, device)
+    state, metadata = _read_weights(weights_path, device)
+    if metadata is not None:
+        _check_architecture(config_path, weights_path, model_config, metadata)
     model = HookedMHATransformer(model_config)
-    model.load_state_dict(load_file(str(path / "model.safetensors"), device=device))
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as error:
+        detail = " ".join(str(error).split("\n", 1)[-1].split())
+        raise RunFolderError(f"{weights_path} does not fit {config_path}: {detail[:300]}") from None
     model.eval()
-    task = task_from_record(config["task"], path / "config.json")  # imports nothing
+    eval_path = path / "eval.json"
+    saved_eval = read_json(eval_path)
+    if not isinstance(saved_eval, dict):
+        raise RunFolderError(f"{eval_path} is not a JSON object of metrics")
+    metrics_path = path / "metrics.csv"
+    try:
+        metrics = pd.read_csv(metrics_path)
+    except (ValueError, UnicodeDecodeError) as error:  # EmptyDataError, ParserError
+        raise RunFolderError(f"{metrics_path} is not a readable CSV table ({error})") from None
+    _check_metrics(metrics_path, metrics, train_config, saved_eval)
+    if metadata is None and verify:
+        _verify_legacy(path, model, task, train_config, saved_eval)
     return Run(
         path=path,
         model=model,
         task=task,
         model_config=model_config,
-        train_config=TrainConfig.from_dict(config["train"]),
-        metrics=pd.read_csv(path / "metrics.csv"),
-        eval=read_json(path / "eval.json"),
+        train_config=train_config,
+        metrics=metrics,
+        eval=saved_eval,
     )
+
+
+METRIC_COLUMNS = ("step", "loss", "lr", "grad_norm")
+
+
+def _check_metrics(
+    metrics_path: Path, metrics: pd.DataFrame, train_config: TrainConfig, saved_eval: dict
+) -> None:
+    """The curve that :func:`train` wrote for a finished run ends, complete, at its last step
+    with the ``final_train_loss`` of ``eval.json`` (runs saved by hand are not checked)."""
+    if saved_eval.get("status") != "finished" or "final_train_loss" not in saved_eval:
+        return
+    missing = [c for c in METRIC_COLUMNS if c not in metrics.columns]
+    if missing:
+        raise RunFolderError(f"{metrics_path} lacks the columns {missing}")
+    last = metrics[list(METRIC_COLUMNS)].tail(1)
+    complete = (
+        not last.empty
+        and not last.isna().any(axis=None)
+        and int(last["step"].iloc[0]) == train_config.steps
+        and math.isclose(float(last["loss"].iloc[0]), float(saved_eval["final_train_loss"]))
+    )
+    if not complete:
+        end = "is empty" if last.empty else f"ends at step {last['step'].iloc[0]}"
+        raise RunFolderError(
+            f"{metrics_path} is cut short: it {end} (or its last row is incomplete), but the run "
+            f"trained {train_config.steps} steps"
+        )
+
+
+def _read_config(config_path: Path, device: str) -> tuple[ModelConfig, TrainConfig, Task]:
+    config = read_json(config_path)
+    keys = ("model", "train", "task")
+    if not isinstance(config, dict) or not all(isinstance(config.get(k), dict) for k in keys):
+        raise RunFolderError(f"{config_path} is not a run config: it needs objects {list(keys)}")
+    try:
+        model_config = ModelConfig.from_dict({**config["model"], "device": device})
+        train_config = TrainConfig.from_dict(config["train"])
+        task = task_from_record(config["task"], config_path)  # imports nothing
+    except (ValueError, TypeError, KeyError) as error:
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        raise RunFolderError(f"{config_path}: {message}") from None
+    return model_config, train_config, task
+
+
+def _read_weights(
+    weights_path: Path, device: str
+) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    try:
+        with safe_open(str(weights_path), framework="pt", device=device) as weights:
+            metadata = weights.metadata() or {}
+            state = {name: weights.get_tensor(name) for name in weights.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError) as error:
+        raise RunFolderError(
+            f"{weights_path} is damaged ({error}); retrain this run (rerun the sweep, or "
+            "train with --overwrite)"
+        ) from None
+    if METADATA_KEY not in metadata:
+        return state, None
+    try:
+        architecture = json.loads(metadata[METADATA_KEY])
+    except json.JSONDecodeError:
+        raise RunFolderError(f"{weights_path} has damaged metadata ({METADATA_KEY!r})") from None
+    return state, architecture
+
+
+def _check_architecture(
+    config_path: Path, weights_path: Path, model_config: ModelConfig, saved: dict[str, Any]
+) -> None:
+    configured = _architecture(model_config.to_dict())
+    diffs = [
+        f"{name}={configured[name]!r} in config.json but {saved[name]!r} in the weights"
+        for name in ARCHITECTURE_FIELDS
+        if name in saved and saved[name] != configured[name]
+    ]
+    if diffs:
+        raise RunFolderError(
+            f"{config_path} disagrees with {weights_path.name}: {'; '.join(diffs)}. The files "
+            "are from different runs; restore the right config.json or retrain the run"
+        )
+
+
+LEGACY_LOSS_RTOL = 1e-4
+
+
+def _verify_legacy(
+    path: Path,
+    model: HookedMHATransformer,
+    task: Task,
+    train_config: TrainConfig,
+    saved_eval: dict[str, Any],
+) -> None:
+    """Weights without metadata: they must reproduce the loss that eval.json recorded."""
+    recorded = saved_eval.get("loss")
+    if not isinstance(recorded, (int, float)) or not math.isfinite(recorded):
+        warnings.warn(
+            f"{path / 'model.safetensors'} has no architecture metadata (saved by an older "
+            "mhainterp) and eval.json records no loss, so n_heads and causal in config.json "
+            "cannot be checked against the weights",
+            stacklevel=3,
+        )
+        return
+    loss = evaluate(model, task, n_eval=train_config.n_eval)["loss"]
+    if abs(loss - recorded) > LEGACY_LOSS_RTOL * max(1.0, abs(recorded)):
+        raise RunFolderError(
+            f"{path / 'config.json'} disagrees with model.safetensors: the weights, read with "
+            f"this config (n_heads={model.cfg.n_heads}, causal={model.cfg.causal}), give loss "
+            f"{loss:.4g} where eval.json recorded {recorded:.4g} (the weights carry no "
+            "architecture metadata: saved by an older mhainterp). Restore the right "
+            "config.json or retrain the run"
+        )

@@ -2,12 +2,17 @@
 
 Each module in ``COMMAND_MODULES`` exposes ``register(subparsers)``, which adds its parser(s)
 and sets ``func=handler``; a handler takes the parsed args and returns an exit code.
+
+Errors (DESIGN.md, "Errors"): the user's input, a damaged file, a full disk or a folder that
+cannot be written end with one line on stderr and exit code 2; Ctrl-C with one line and 130.
+``MHAINTERP_DEBUG=1`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -54,13 +59,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from mhainterp.io import RunLockedError, describe_os_error
+    from mhainterp.training import TrainingDivergedError
+
+    prefix = f"mhainterp {args.command}"
     try:
         load_task_modules(args)  # --task-module: the user's own tasks, before anything else
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError) as error:
-        # User errors: one clear line, no traceback.
-        print(f"mhainterp {args.command}: error: {error}", file=sys.stderr)
+    except KeyboardInterrupt:
+        if os.environ.get("MHAINTERP_DEBUG"):
+            raise
+        print(f"{prefix}: interrupted; run the same command again to resume", file=sys.stderr)
+        return 130
+    except OSError as error:  # a full disk, a read-only folder, a file where a folder belongs
+        if os.environ.get("MHAINTERP_DEBUG"):
+            raise
+        print(f"{prefix}: error: {_one_line(describe_os_error(error))}", file=sys.stderr)
         return 2
+    except (ValueError, TypeError, TrainingDivergedError, RunLockedError) as error:
+        # The user's input or a damaged run folder: one clear line, no traceback.
+        if os.environ.get("MHAINTERP_DEBUG"):
+            raise
+        print(f"{prefix}: error: {_one_line(str(error))}", file=sys.stderr)
+        return 2
+
+
+def _one_line(message: str) -> str:
+    """Several lines (a list of diverged runs) joined into one."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    return " ".join(line if line.endswith(":") else line + ";" for line in lines).rstrip(";")
 
 
 if __name__ == "__main__":

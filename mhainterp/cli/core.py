@@ -11,7 +11,7 @@ from typing import Any
 from mhainterp.cli.task_modules import add_task_module_argument
 from mhainterp.config import SweepConfig, TrainConfig
 
-__all__ = ["register"]
+__all__ = ["register", "check_run_folders"]
 
 DEMO_TASKS = ("count_previous", "reverse")
 
@@ -36,6 +36,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--out", required=True, help="run folder to write")
     train.add_argument("--n-heads", type=int, default=4, help="attention heads (default 4)")
     train.add_argument("--seed", type=int, default=0, help="init and data seed (default 0)")
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in --out (without it, a finished run is kept)",
+    )
     _add_task_args(train)
     _add_model_args(train)
     _add_train_args(train)
@@ -222,18 +227,38 @@ def _cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from mhainterp.io import ensure_writable_dir, read_json, run_lock
     from mhainterp.tasks import get_task
-    from mhainterp.training import build_model, train
+    from mhainterp.training import build_model, run_config_differences, run_folder_state, train
 
     task = get_task(args.task, **dict(args.task_param))
     model = build_model(task, **_model_overrides(args), n_heads=args.n_heads, seed=args.seed)
-    result = train(
-        model, task, _train_config(args, args.seed), run_dir=args.out, progress=not args.quiet
-    )
+    config = _train_config(args, args.seed)
+    out = Path(args.out)
+    ensure_writable_dir(out, "--out")
+    state = run_folder_state(out, model, task, config)
+    if state == "same finished" and not args.overwrite:
+        print(
+            f"{out} already holds this run, finished: nothing to do (--overwrite trains it again)"
+        )
+        _print_eval(read_json(out / "eval.json"))
+        return 0
+    if state == "different" and not args.overwrite:
+        differences = run_config_differences(out, model, task, config)
+        raise ValueError(
+            f"--out {out} already holds another run ({differences}); to keep it, choose another "
+            "--out (to resume it, rerun the command that made it); to replace it, add --overwrite"
+        )
+    with run_lock(out):  # a sweep or another train writing this folder is refused
+        result = train(model, task, config, run_dir=out, progress=not args.quiet)
     print(f"trained {task.name} h={args.n_heads} seed={args.seed} -> {result.path}")
-    for key, value in result.eval.items():
-        print(f"  {key}: {value:.4f}" if isinstance(value, float) else f"  {key}: {value}")
+    _print_eval(result.eval)
     return 0
+
+
+def _print_eval(metrics: dict[str, Any]) -> None:
+    for key, value in metrics.items():
+        print(f"  {key}: {value:.4f}" if isinstance(value, float) else f"  {key}: {value}")
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
@@ -260,9 +285,24 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_run_folders(path: str | os.PathLike[str]) -> None:
+    """Load every run folder at or below ``path`` (each folder with a run file), so that a
+    damaged or disagreeing one is refused, naming the file, before anything is computed."""
+    from mhainterp.training import RUN_FILES, load_run
+
+    path = Path(path)
+    if any((path / name).exists() for name in RUN_FILES):
+        runs = {path}
+    else:
+        runs = {found.parent for name in RUN_FILES for found in path.rglob(name)}
+    for run in sorted(runs):
+        load_run(run)
+
+
 def _cmd_analyze(args: argparse.Namespace) -> int:
     from mhainterp.analyze import analyze_path
 
+    check_run_folders(args.path)
     if args.n_eval < 1:
         raise ValueError(f"--n-eval={args.n_eval} is invalid: must be >= 1 sequence")
     results = analyze_path(

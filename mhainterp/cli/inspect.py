@@ -214,7 +214,12 @@ def interactive_session(
     while True:
         if interactive:
             print("ablate> ", end="", file=stdout, flush=True)
-        line = stdin.readline()
+        try:
+            line = stdin.readline()
+        except KeyboardInterrupt:  # end the prompt's line; the CLI prints one line and exits
+            if interactive:
+                say()
+            raise
         if not line:  # end of input
             if interactive:
                 say()

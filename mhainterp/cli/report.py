@@ -17,6 +17,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from mhainterp.cli.core import check_run_folders
+
 __all__ = ["register"]
 
 SPECIALIZE_DESCRIPTION = """\
@@ -131,6 +133,7 @@ def _cmd_specialize(args: argparse.Namespace) -> int:
     from mhainterp.specialization import SpecializationResult, specialize_folder
 
     path = Path(args.path)
+    check_run_folders(path)
     for folder, result in specialize_folder(path, _settings(args), progress=not args.quiet):
         if isinstance(result, SpecializationResult):  # a run folder
             print(markdown_table(result.heads[HEAD_COLUMNS]))
@@ -152,6 +155,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from mhainterp.report import write_report
     from mhainterp.specialization import specialize_folder
 
+    check_run_folders(args.path)
     settings = _settings(args)
     # The report only reads: compute (or reuse) the specialization results it shows first.
     specialize_folder(args.path, settings, progress=not args.quiet)
