@@ -237,8 +237,8 @@ def _time_executor(
     heads: Sequence[int], seeds: int, steps: int, workers: int | None, batch: bool = True
 ) -> float:
     from mhainterp.config import SweepConfig
-    from mhainterp.executors import run_batched
     from mhainterp.sweep import plan_sweep
+    from mhainterp.sweep.executors import run_batched
 
     config = SweepConfig(
         task=TASK, task_params={"seq_len": SEQ_LEN, "d_vocab": D_VOCAB}, n_heads=list(heads),
@@ -507,7 +507,7 @@ def _train_cases(settings: BenchSettings, threads: int) -> list[_Case]:
 
 
 def _cpus() -> list[int]:
-    from mhainterp.executors import available_cpus
+    from mhainterp.sweep.executors import available_cpus
 
     return available_cpus()
 

@@ -10,9 +10,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import mhainterp.executors as executors
+import mhainterp.sweep.executors as executors
 from mhainterp.config import SweepConfig, TrainConfig
-from mhainterp.executors import (
+from mhainterp.sweep import EXECUTORS, plan_sweep, run_sweep
+from mhainterp.sweep.executors import (
     _lpt_split,
     group_specs,
     plan_chunks,
@@ -21,7 +22,6 @@ from mhainterp.executors import (
     split_group,
     train_group,
 )
-from mhainterp.sweep import EXECUTORS, plan_sweep, run_sweep
 
 TINY = SweepConfig(
     task="reverse",

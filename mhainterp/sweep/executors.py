@@ -40,7 +40,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from mhainterp.io import atomic_path
-from mhainterp.sweep import RunSpec
+from mhainterp.sweep.run import RunSpec
 from mhainterp.training import RUN_FILES, TrainingDivergedError
 
 __all__ = [
@@ -283,7 +283,7 @@ def _train_in_worker(specs: Sequence[RunSpec]) -> dict[str, str]:
 
 def _train_alone_in_worker(specs: Sequence[RunSpec]) -> dict[str, str]:
     """One run at a time with :func:`mhainterp.training.train` (the local executor's way)."""
-    from mhainterp.sweep import execute_run
+    from mhainterp.sweep.run import execute_run
 
     messages = {}
     for spec in specs:

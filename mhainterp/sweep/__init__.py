@@ -1,0 +1,40 @@
+"""The head-count experiment: plan, run (resumably, with any executor) and summarise a sweep.
+
+- :mod:`~mhainterp.sweep.run`: :func:`run_sweep`, the run folders, locks and ``results.csv``;
+- :mod:`~mhainterp.sweep.executors`: how runs are trained: ``"local"``, ``"batched"`` (several
+  runs per step on every CPU) and ``"ray"``; :data:`EXECUTORS` names them all, nothing
+  registers itself on import;
+- :mod:`~mhainterp.sweep.summary`: :func:`summarize`, the seed table and comparisons.
+
+Example:
+    >>> df = run_sweep("reverse", n_heads=[1, 4, 8], seeds=[0, 1, 2])  # doctest: +SKIP
+    >>> print(summarize(df))  # doctest: +SKIP
+"""
+
+from mhainterp.sweep.run import (
+    EXECUTORS,
+    RunSpec,
+    collect_results,
+    execute_run,
+    fastest_executor,
+    plan_sweep,
+    read_results,
+    resolve_run_dir,
+    run_sweep,
+)
+from mhainterp.sweep.summary import SweepSummary, load_curves, summarize
+
+__all__ = [
+    "EXECUTORS",
+    "RunSpec",
+    "SweepSummary",
+    "collect_results",
+    "execute_run",
+    "fastest_executor",
+    "load_curves",
+    "plan_sweep",
+    "read_results",
+    "resolve_run_dir",
+    "run_sweep",
+    "summarize",
+]
