@@ -415,9 +415,9 @@ def _tensor_frame(values: Tensor, index_names: list[str], value_name: str) -> pd
 
 
 def _with_head_labels(frame: pd.DataFrame) -> pd.DataFrame:
-    """Insert ``head_label`` after the ``layer, head`` columns."""
+    """Lead with ``head_label, layer, head`` (the toolkit's per-head column order)."""
     labels = [head_label(lay, h) for lay, h in zip(frame["layer"], frame["head"], strict=True)]
-    frame.insert(2, "head_label", labels)
+    frame.insert(0, "head_label", labels)
     return frame
 
 
@@ -783,7 +783,7 @@ def offset_profile(statistics: pd.DataFrame) -> pd.DataFrame:
     if missing:
         raise ValueError(f"statistics is missing columns {sorted(missing)} (use head_statistics)")
     rows = statistics[statistics["metric"].str.startswith("offset_mass:")]
-    out = rows[["layer", "head", "head_label"]].copy()
+    out = rows[["head_label", "layer", "head"]].copy()
     out["offset"] = rows["metric"].str.split(":").str[1].astype(int)
     out["mass"] = rows["value"]
     return out.sort_values(["layer", "head", "offset"], ignore_index=True)

@@ -213,7 +213,7 @@ def test_average_patterns_of_known_heads(model, task):
     expected_uniform = torch.tril(torch.ones(T, T)) / torch.arange(1, T + 1)[:, None]
     assert_close(avg[0, 1], expected_uniform, atol=1e-6, rtol=0)
     frame = patterns_frame(avg)
-    assert list(frame.columns) == ["layer", "head", "head_label", "query", "key", "weight"]
+    assert list(frame.columns) == ["head_label", "layer", "head", "query", "key", "weight"]
     row = frame[(frame.head_label == "L0H1") & (frame["query"] == 3) & (frame.key == 2)]
     assert_close(float(row.weight.iloc[0]), 0.25, atol=1e-6, rtol=0)
 
