@@ -41,9 +41,7 @@ __all__ = ["SPLIT_KINDS", "split_batch", "split_heads_model"]
 SPLIT_KINDS = ("all", "target", "query")
 
 
-def split_batch(
-    n: int, *, seq_len: int = 12, d_vocab: int = 10, seed: int = 0
-) -> Batch:
+def split_batch(n: int, *, seq_len: int = 12, d_vocab: int = 10, seed: int = 0) -> Batch:
     """``n`` sequences ``[BOS, x_1, ..., x_{T-1}]`` with target ``tokens[t - 1]`` from ``t = 2``.
 
     Example:
