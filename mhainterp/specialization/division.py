@@ -141,6 +141,7 @@ __all__ = [
     "TripleDamage",
     "division_index",
     "division_of_labour",
+    "division_request",
     "entropy_selectivity",
     "saved_division",
     "triple_damage",
@@ -489,19 +490,35 @@ def _resolve_settings(settings: Any, given: dict[str, Any]) -> _Settings:
     return s
 
 
-def _axes_that_apply(
-    by: Sequence[str] | str, td: TripleDamage, n_targets: int, min_count: int
-) -> tuple[list[str], dict[str, str]]:
-    """The asked axes that apply, and why each other one is skipped."""
-    if isinstance(by, str):
-        by = [part.strip() for part in by.split(",") if part.strip()]
-    axes = []
-    for axis in by:
+def _normalise_by(by: Sequence[str] | str) -> list[str]:
+    """``by`` as a list of known axes without repeats (``"token,position"`` is split)."""
+    parts = [p.strip() for p in by.split(",") if p.strip()] if isinstance(by, str) else list(by)
+    axes: list[str] = []
+    for axis in parts:
         check_option("by", axis, AXES)
         if axis not in axes:
             axes.append(axis)
     if not axes:
         raise invalid("by", by, f"one or more of {', '.join(AXES)}")
+    return axes
+
+
+def division_request(settings: Any = None, by: Sequence[str] | str = AXES, **given: Any) -> dict:
+    """What a saved result must have been made with to be reused: the resolved thresholds and
+    the axes asked for (compared with the saved ``settings``).
+
+    Example:
+        >>> division_request(by="token")["by_asked"]
+        ['token']
+    """
+    return {**_resolve_settings(settings, given).__dict__, "by_asked": _normalise_by(by)}
+
+
+def _axes_that_apply(
+    by: Sequence[str] | str, td: TripleDamage, n_targets: int, min_count: int
+) -> tuple[list[str], dict[str, str]]:
+    """The asked axes that apply, and why each other one is skipped."""
+    axes = _normalise_by(by)
     kept, skipped = [], {}
     for axis in axes:
         counts = td.onehot(axis).sum(0)
@@ -694,17 +711,23 @@ class DivisionResult:
         return cls(**tables, settings=meta["settings"], skipped=meta.get("skipped", {}))
 
 
-def saved_division(run_dir: str | os.PathLike[str]) -> DivisionResult | None:
-    """A run's saved division of labour (``run_dir/analysis/division_*``), or None.
+def saved_division(
+    run_dir: str | os.PathLike[str], request: Mapping[str, Any] | None = None
+) -> DivisionResult | None:
+    """A run's saved division of labour (``run_dir/analysis/division_*``), or None when there
+    is none or it was made otherwise than ``request`` (:func:`division_request`; None: any).
 
     Example:
         >>> saved_division("runs/rev/runs/h4_seed0") is None  # doctest: +SKIP
         False
     """
     try:
-        return DivisionResult.load(Path(run_dir) / "analysis")
+        saved = DivisionResult.load(Path(run_dir) / "analysis")
     except FileNotFoundError:
         return None
+    if request is not None and any(saved.settings.get(k) != v for k, v in request.items()):
+        return None
+    return saved
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -805,7 +828,7 @@ def division_of_labour(
     result = _tables(td, onehots, per_axis, init, defined, s)
     relations = data if relations is None and isinstance(data, Task) else relations
     attention = _attention_view(model, batch, relations, axes, td)
-    meta = {**s.__dict__, "by": list(axes), "damage_gate": gate}
+    meta = {**s.__dict__, "by_asked": _normalise_by(by), "by": list(axes), "damage_gate": gate}
     return DivisionResult(*result, attention=attention, settings=meta, skipped=skipped)
 
 
