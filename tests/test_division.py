@@ -251,3 +251,66 @@ def test_triple_damage_counts_every_scored_triple(batch):
     # Head 0 serves exactly the triples whose target class is in A.
     in_a = torch.isin(batch.targets[batch.mask], torch.tensor(A)).float()
     assert torch.equal(td.damage[0], in_a)
+
+
+# ----------------------------------------------------------------------------- folders, CLI
+
+
+def _run_folder(path):
+    from mhainterp.config import TrainConfig
+    from mhainterp.handbuilt import handbuilt_model
+    from mhainterp.training import evaluate, save_run
+
+    task = get_task("previous_token", seq_len=16, d_vocab=10)
+    model = handbuilt_model(["previous", "uniform", "dead"], d_head=18)
+    metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
+    saved = {**evaluate(model, task, n_eval=64), "status": "finished"}
+    return save_run(path, model, task, TrainConfig(steps=1), metrics, saved)
+
+
+def test_specialize_command_saves_the_division_and_the_report_shows_it(tmp_path, capsys):
+    from mhainterp.cli import main
+    from mhainterp.report import write_report
+
+    run = _run_folder(tmp_path / "run")
+    args = ["specialize", str(run), "--by", "token,position", "--n-sequences", "64", "--quiet"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    # One head does damage (the previous-token head): a profile, but no index.
+    assert "run: division index: token n/a (1 damaging head(s)); position n/a" in out
+    saved = DivisionResult.load(run / "analysis")
+    assert saved.settings["by_asked"] == ["token", "position"]
+    previous = saved.heads.query("head_label == 'L0H0'")
+    assert (
+        previous.selectivity.notna().all()
+        and saved.heads.query("head_label != 'L0H0'")["selectivity"].isna().all()
+    )
+    stamp = (run / "analysis" / "division.json").stat().st_mtime_ns
+    assert main(args) == 0  # same thresholds and axes: reused, not recomputed
+    assert (run / "analysis" / "division.json").stat().st_mtime_ns == stamp
+    md, _ = write_report(run, tmp_path / "report")
+    text = md.read_text(encoding="utf-8")
+    assert "## Whom do the heads serve? (division of labour)" in text
+    assert "division_profiles.png" in text and (run / "analysis/division_profiles.png").is_file()
+    capsys.readouterr()
+    assert main(["specialize", str(run), "--by", "colour", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "by='colour' is invalid" in err[0]
+
+
+def test_division_vs_heads_figure_draws_every_axis():
+    from mhainterp.figures.division import division_vs_heads
+
+    table = pd.DataFrame(
+        {
+            "task": "t", "n_heads": [2, 2, 4, 4], "seed": [0, 1, 0, 1], "by": "token",
+            "index": [0.1, 0.2, 0.5, 0.6], "null_index": 0.01, "null_index_std": 0.005,
+        }
+    )  # fmt: skip
+    fig = division_vs_heads(pd.concat([table, table.assign(by="position")]))
+    ax = fig.axes[0]
+    assert [a.get_title() for a in fig.axes] == ["by token", "by position"]
+    line = ax.lines[0]
+    assert line.get_ydata().tolist() == pytest.approx([0.15, 0.55])
+    with pytest.raises(ValueError, match="missing columns"):
+        division_vs_heads(table.drop(columns="null_index"))
