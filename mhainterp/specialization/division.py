@@ -59,9 +59,10 @@ replacement; :func:`_normal_null_means`): O(M H K) work, so M = 1000 costs milli
 (O(M H N); about 1 s for 8 heads x 16k triples) and is what the tests check the default
 against. (b) *Untrained matched-seed models*
 (:func:`~mhainterp.specialization.nulls.matched_seeds`: the run's seed, +1, ...) run through the
-same statistic on the first ``n_init_eval`` sequences: one engine pass per seed, so ``n_init``
-is small by default (3). Their heads almost never do damage, so their index is usually NaN;
-where defined, its mean is reported (``null_init_mean``) and raises the effect gate.
+same statistic on the first ``n_init_eval`` (128) sequences: one engine pass per seed, so
+``n_init`` is small by default (2). Their heads almost never do damage, so their index is
+usually NaN; where defined, its mean is reported (``null_init_mean``) and raises the effect
+gate, and their largest damage raises the damage gate (below).
 
 **Specialized** = ``p_adj < alpha`` (Holm over every head x axis with a defined index) **and**
 ``selectivity - max(null_mean, null_init_mean) >= min_gain`` (the NaN one left out). The
@@ -88,8 +89,8 @@ nulls (``null_index``, ``p``; ``divided`` = ``p < alpha`` and
 
 **Attention-side view** (:attr:`DivisionResult.attention`): per head, query token (and query
 position) and relation template of the task, the share of attention on the template at the
-scored queries with that value (capture's :class:`~mhainterp.capture.TemplateMass`): where a
-head looks for each token.
+scored queries with that value, over the first ``n_attention`` (256) sequences (patterns from
+capture's :func:`~mhainterp.capture.iter_patterns`): where a head looks for each token.
 
 Shapes: H heads (all layers), N scored triples, K values of an axis, M permutations, C = 1 + H
 configurations, n sequences, T positions, k targets.
@@ -162,8 +163,9 @@ DIVISION_DEFAULTS: dict[str, Any] = {
     "alpha": 0.05,
     "correction": "holm",
     "n_permutations": 1000,
-    "n_init": 3,
-    "n_init_eval": 256,
+    "n_init": 2,
+    "n_init_eval": 128,
+    "n_attention": 256,
     "seed": 0,
     "null": "normal",
 }
@@ -456,6 +458,7 @@ class _Settings:
     n_permutations: int
     n_init: int
     n_init_eval: int
+    n_attention: int
     seed: int
     null: str
 
@@ -485,6 +488,7 @@ def _resolve_settings(settings: Any, given: dict[str, Any]) -> _Settings:
     if s.n_init == 1:
         raise invalid("n_init", 1, "0 (no initialisation null) or an integer >= 2")
     check_int("n_init_eval", s.n_init_eval, minimum=1)
+    check_int("n_attention", s.n_attention, minimum=1)
     check_int("seed", s.seed, minimum=0)
     check_option("null", s.null, NULLS)
     return s
@@ -602,9 +606,12 @@ def _attention_view(
     if relations is None or not axes:
         return pd.DataFrame(columns=ATTENTION_COLUMNS)
     tokens, mask = batch.tokens.cpu(), batch.padding_mask.cpu()
-    templates = relations.relations(tokens, mask) if isinstance(relations, Task) else (
-        dict(relations(tokens, mask)) if callable(relations) else dict(relations)
-    )  # fmt: skip
+    if isinstance(relations, Task):
+        templates = relations.relations(tokens, mask)
+    elif callable(relations):
+        templates = dict(relations(tokens, mask))
+    else:  # aligned with the whole batch: keep the rows of the sequences used here
+        templates = {name: t[: len(tokens)] for name, t in dict(relations).items()}
     queries = (batch.scored.any(-1) & batch.padding_mask).cpu()  # (n, T)
     T = tokens.shape[1]
     axis_of = {"token": tokens, "position": torch.arange(T).expand_as(tokens)}
@@ -751,6 +758,7 @@ def division_of_labour(
     n_permutations: int | None = None,
     n_init: int | None = None,
     n_init_eval: int | None = None,
+    n_attention: int | None = None,
     seed: int | None = None,
     null: str | None = None,
     relations: Any = None,
@@ -778,9 +786,11 @@ def division_of_labour(
         alpha: Level for ``p_adj`` (heads) and ``p`` (index) (0.05).
         correction: Multiple-comparison correction over heads x axes (``"holm"``).
         n_permutations: Label permutations (1000).
-        n_init: Untrained matched-seed models (3; 0 = no initialisation null). One engine
-            pass each.
-        n_init_eval: Sequences the untrained models are evaluated on (256).
+        n_init: Untrained matched-seed models (2; 0 = no initialisation null). One engine
+            pass each, which is why the default is small.
+        n_init_eval: Sequences the untrained models are evaluated on (128).
+        n_attention: Sequences of the attention-side view (the first 256 of the batch: a
+            descriptive mean, and one pattern capture is as costly as half the engine pass).
         seed: Seed of the permutations.
         null: How the label-permutation null is drawn: ``"normal"`` (default; the normal
             approximation with the permutation's exact mean and covariance, O(M H K), see
@@ -804,7 +814,8 @@ def division_of_labour(
             method=method, min_damage=min_damage, min_loss_increase=min_loss_increase,
             min_gain=min_gain, min_count=min_count,
             serve_share=serve_share, alpha=alpha, correction=correction,
-            n_permutations=n_permutations, n_init=n_init, n_init_eval=n_init_eval, seed=seed,
+            n_permutations=n_permutations, n_init=n_init, n_init_eval=n_init_eval,
+            n_attention=n_attention, seed=seed,
             null=null,
         ),
     )  # fmt: skip
@@ -827,7 +838,7 @@ def division_of_labour(
         per_axis[axis] = _axis_stats(profile, null_means[axis], counts >= s.min_count, defined)
     result = _tables(td, onehots, per_axis, init, defined, s)
     relations = data if relations is None and isinstance(data, Task) else relations
-    attention = _attention_view(model, batch, relations, axes, td)
+    attention = _attention_view(model, batch[: s.n_attention], relations, axes, td)
     meta = {**s.__dict__, "by_asked": _normalise_by(by), "by": list(axes), "damage_gate": gate}
     return DivisionResult(*result, attention=attention, settings=meta, skipped=skipped)
 
@@ -904,14 +915,25 @@ def _tables(
                     ],
                 }
             )  # fmt: skip
-            for v, value in enumerate(values):
-                profile_rows.append(
-                    (
-                        label, layer, head, axis, value, int(counts[v]), float(clean[v]),
-                        float(clean[v] - st.profile[h, v]), float(st.profile[h, v]),
-                        float(loss_profile[h, v]), bool(st.keep[v]),
-                    )
-                )  # fmt: skip
+        H, K_all = st.profile.shape
+        layers, heads_of = zip(*td.pairs, strict=True)
+        profile_rows.append(
+            pd.DataFrame(
+                {
+                    "head_label": np.repeat(td.heads, K_all),
+                    "layer": np.repeat(layers, K_all),
+                    "head": np.repeat(heads_of, K_all),
+                    "by": axis,
+                    "value": np.tile(values, H),
+                    "n_scored": np.tile(counts.numpy().astype(int), H),
+                    "clean_accuracy": np.tile(clean.numpy(), H),
+                    "ablated_accuracy": (clean[None] - st.profile).numpy().ravel(),
+                    "damage": st.profile.numpy().ravel(),
+                    "loss_increase": loss_profile.numpy().ravel(),
+                    "in_index": np.tile(st.keep.numpy(), H),
+                }
+            )
+        )
         init_index = init[axis][1]
         gain = st.index - _baseline(st.null_index, init_index)
         index_rows.append(
@@ -940,5 +962,7 @@ def _tables(
     return (
         heads,
         pd.DataFrame(index_rows, columns=INDEX_COLUMNS),
-        pd.DataFrame(profile_rows, columns=PROFILE_COLUMNS),
+        pd.concat(profile_rows, ignore_index=True)[PROFILE_COLUMNS]
+        if profile_rows
+        else pd.DataFrame(columns=PROFILE_COLUMNS),
     )
