@@ -236,6 +236,7 @@ class TripleDamage:
         clean: ``[N]`` float32: 1 where the clean model is right.
         values: Per axis, ``[N]`` int64 ids of the triple's value (0..K-1).
         value_names: Per axis, the K values as strings (ids index into it).
+        index: ``[N, 3]`` int64: each triple's (sequence, position, target) in the batch.
     """
 
     pairs: list[tuple[int, int]]
@@ -244,6 +245,7 @@ class TripleDamage:
     clean: Float[Tensor, " N"]
     values: dict[str, Int[Tensor, " N"]]
     value_names: dict[str, list[str]]
+    index: Int[Tensor, "N 3"] | None = None
 
     @property
     def heads(self) -> list[str]:
@@ -309,7 +311,7 @@ def triple_damage(
         >>> td = triple_damage(handbuilt_model(["previous", "dead"], d_head=18), batch,
         ...                    method="zero")
         >>> [round(float(d), 2) for d in td.total_damage]
-        [0.88, 0.0]
+        [0.83, 0.0]
     """
     pairs = all_heads(model.cfg.n_layers, model.cfg.n_heads)
     result = evaluate_head_sets(
@@ -328,6 +330,7 @@ def triple_damage(
         clean=correct[0],
         values=values,
         value_names=value_names,
+        index=scored.nonzero().cpu(),  # row-major, the order of the triples above
     )
 
 
