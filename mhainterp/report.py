@@ -221,7 +221,9 @@ def _division_blocks(run_dirs: list[Path], sweep_dir: Path | None, level: int) -
             "more than on others. Selectivity 0 = even damage, 1 = one value; the division "
             "index (1 - mean pairwise cosine of the heads' damage profiles) is 0 when every "
             "head damages the same values and 1 when their values are disjoint; both are "
-            "tested against the values shuffled among the scored positions."
+            "tested against the values shuffled among the scored positions. A value that "
+            "removing any head hurts (a fragile class) makes every head look selective; the "
+            "index does not count it."
         ),
         Bullets([f"{d.name}: {r.summary_line()}" for d, r in saved]),
     ]

@@ -76,6 +76,11 @@ count_previous). The default ``min_gain = 0.05`` is about a head that spares one
 its own permutation null, Bonferroni over the K values), comma-separated. Empty for a head that
 is not specialized: a head that serves every value alike serves no subset.
 
+**Caveat: fragile values.** A value that removing *any* head hurts more (on count_previous,
+the target classes 2-4, which need exact counting) makes every head look selective against the
+label-permutation null, which treats values as exchangeable. The division index does not count
+it (all heads then damage the same values); read ``serves`` together with the index.
+
 **Division index** of a model along an axis: how complementary the damage profiles of the
 heads that do damage are::
 
