@@ -22,7 +22,11 @@ Measures, side by side in one process, with interleaved repeats and medians:
 3. ``cache``: ``run_with_cache`` keeping only attention patterns, against a plain forward.
 4. ``ablation``: all single-head ablation importances at h = 8 (``head_importance``, one
    batched pass) against the naive loop (``ablate`` one head, ``evaluate``, repeat).
-5. ``job`` (optional, ``--job-demo`` or ``--job CMD``): wall time and peak memory of a command.
+5. ``division``: :func:`mhainterp.division_of_labour` on every axis (defaults: mean ablation,
+   1000 null draws, 3 untrained twins, the attention view) against ``head_importance`` with
+   mean ablation, same h = 8 model and sequences; ``ratio`` = time / time(head_importance),
+   the target is <= 2.
+6. ``job`` (optional, ``--job-demo`` or ``--job CMD``): wall time and peak memory of a command.
 
 Writes ``bench.csv`` (one row per measurement) and ``bench.md`` to ``--out``. Ratios are the
 claims; absolute times depend on the machine and on what else runs on it (the load average
@@ -114,7 +118,7 @@ class BenchSettings:
     n_eval: int = 1024
     threads: int | None = None
     workers: int | None = None
-    sections: tuple[str, ...] = ("train", "peak", "cache", "ablation", "engine")
+    sections: tuple[str, ...] = ("train", "peak", "cache", "ablation", "engine", "division")
     job: list[str] | None = None
     boot_native: bool = True
 
@@ -403,6 +407,17 @@ def _time_importance(model: Any, task: Any, n_eval: int, naive: bool) -> float:
                 evaluate(model, task, n_eval=n_eval)
     else:
         head_importance(model, task, n_eval=n_eval)
+    return time.perf_counter() - start
+
+
+def _time_division(model: Any, task: Any, n_eval: int, division: bool) -> float:
+    from mhainterp import division_of_labour, head_importance
+
+    start = time.perf_counter()
+    if division:
+        division_of_labour(model, task, n_eval=n_eval)
+    else:
+        head_importance(model, task, method="mean", n_eval=n_eval)
     return time.perf_counter() - start
 
 
@@ -735,6 +750,22 @@ def analyze_job(out_dir: str | os.PathLike[str], steps: int = 300) -> list[str]:
     return [sys.executable, "-m", "mhainterp.cli", "analyze", str(run_dir)]
 
 
+def _division_rows(settings: BenchSettings, threads: int, echo: Callable) -> list[dict]:
+    h = max(settings.heads)
+    (model,) = _models([h], 1)
+    model.eval()
+    task, size = _task(), settings.n_eval
+    cases = [
+        _Case("division", name, (h,), 1, 0, threads,
+              lambda k, division=division: _time_division(model, task, size, division))
+        for name, division in (("head_importance_mean", False), ("division_of_labour", True))
+    ]  # fmt: skip
+    samples = _measure(cases, settings.repeats, echo)
+    note = f"all axes, defaults, {size} sequences, h = {h} (untrained: cost, not findings)"
+    # division: time relative to head_importance (lower is better; the target is <= 2)
+    return _time_rows(cases, samples, lambda first, t: t / first, "head_importance (time)", note)
+
+
 def _job_rows(command: list[str]) -> list[dict]:
     result = _run_job(command)
     case = _Case("job", "command", (), 0, 0, torch.get_num_threads(), lambda k: 0.0)
@@ -791,6 +822,8 @@ def run_bench(
         rows += _ablation_rows(settings, threads, echo)
     if "engine" in settings.sections:
         rows += _engine_rows(settings, threads, echo)
+    if "division" in settings.sections:
+        rows += _division_rows(settings, threads, echo)
     if settings.job:
         rows += _job_rows(settings.job)
     return pd.DataFrame(rows + notes, columns=COLUMNS)
@@ -856,7 +889,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None, help="batched executor workers")
     parser.add_argument(
         "--sections", default=None,
-        help="comma-separated subset of train,peak,cache,ablation,engine (default: all)",
+        help="comma-separated subset of train,peak,cache,ablation,engine,division (default: all)",
     )  # fmt: skip
     parser.add_argument("--job", default=None, help="also time this command (quoted)")
     parser.add_argument(
@@ -881,10 +914,11 @@ def settings_from_args(args: argparse.Namespace, out: Path) -> BenchSettings:
             overrides[name] = value
     if args.sections:
         sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
-        unknown = sorted(set(sections) - {"train", "peak", "cache", "ablation", "engine"})
+        allowed = {"train", "peak", "cache", "ablation", "engine", "division"}
+        unknown = sorted(set(sections) - allowed)
         if unknown:
             raise ValueError(
-                f"--sections has unknown {unknown}; allowed: train,peak,cache,ablation,engine"
+                f"--sections has unknown {unknown}; allowed: {','.join(sorted(allowed))}"
             )
         overrides["sections"] = sections
     if args.job:

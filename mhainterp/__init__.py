@@ -33,7 +33,11 @@ from mhainterp.similarity import (
     head_similarity,
     match_heads,
 )
-from mhainterp.specialization import specialization_test, sweep_specialization
+from mhainterp.specialization import (
+    division_of_labour,
+    specialization_test,
+    sweep_specialization,
+)
 from mhainterp.sweep import SweepSummary, run_sweep, summarize
 from mhainterp.tasks import Batch, Task, get_task, list_tasks, load_task_module, register_task
 from mhainterp.training import Run, build_model, evaluate, load_run, save_run, train
@@ -45,6 +49,7 @@ __all__ = [
     "Ablator",
     "ParameterError",
     "as_batch",
+    "division_of_labour",
     "evaluate_head_sets",
     "format_heads",
     "resolve_heads",

@@ -61,7 +61,7 @@ from mhainterp.specialization.over_sweep import (
 
 __all__ = ["report_kind", "sweep_folders", "write_report"]
 
-OWN_FIGURES = ("role_scores", "causal_matrix", "consistency")
+OWN_FIGURES = ("role_scores", "causal_matrix", "consistency", "division_profiles")
 """Figure stems the report draws itself (kept out of the list of ``analyze`` figures)."""
 
 SWEEP_ANALYSIS_FIGURES = (
@@ -198,8 +198,44 @@ def _run_blocks(
         blocks += _missing(RUN_HEADING, run_dir, "specialization results", settings, level)
     else:
         blocks += _specialization_blocks(result, run_dir / "analysis", level)
+    blocks += _division_blocks([run_dir], None, level)
     blocks += _analysis_blocks(run_dir, level)
     return blocks, result.verdict if result is not None else Verdict([])
+
+
+def _division_blocks(run_dirs: list[Path], sweep_dir: Path | None, level: int) -> list[Block]:
+    """Whom the heads serve: the saved division of labour (``analysis/division_*`` per run,
+    ``division_sweep.csv`` per sweep) as the index vs h and one heatmap per run; nothing when
+    none is saved."""
+    from mhainterp.figures._common import save_figure
+    from mhainterp.figures.division import division_vs_heads, save_division_figures
+    from mhainterp.specialization import saved_division
+
+    saved = [(d, r) for d in run_dirs if (r := saved_division(d)) is not None]
+    if not saved:
+        return []
+    blocks: list[Block] = [
+        Heading("Whom do the heads serve? (division of labour)", level),
+        Paragraph(
+            "Removing one head costs accuracy on some query tokens, positions or target classes "
+            "more than on others. Selectivity 0 = even damage, 1 = one value; the division "
+            "index (1 - mean pairwise cosine of the heads' damage profiles) is 0 when every "
+            "head damages the same values and 1 when their values are disjoint; both are "
+            "tested against the values shuffled among the scored positions. A value that "
+            "removing any head hurts (a fragile class) makes every head look selective; the "
+            "index does not count it."
+        ),
+        Bullets([f"{d.name}: {r.summary_line()}" for d, r in saved]),
+    ]
+    sweep_csv = sweep_dir / "division_sweep.csv" if sweep_dir is not None else None
+    if sweep_csv is not None and sweep_csv.is_file():
+        table = pd.read_csv(sweep_csv)
+        path = save_figure(division_vs_heads(table), sweep_dir / "division_sweep.png")
+        blocks.append(Image(path, "Division index vs h (points = seeds, band = null)."))
+    for run_dir, result in saved:
+        for path in save_division_figures(run_dir / "analysis", result):
+            blocks.append(Image(path, f"{run_dir.name}: accuracy lost per value (* = serves)."))
+    return blocks
 
 
 def _params(params: dict[str, Any]) -> str:
@@ -277,6 +313,7 @@ def _sweep_blocks(
         blocks += _missing(SWEEP_HEADING, sweep_dir, what, settings, level)
     else:
         blocks += _sweep_specialization_blocks(spec, sweep_dir, level)
+    blocks += _division_blocks([Path(r) for r in results["run_dir"]], sweep_dir, level)
     for row in results.itertuples(index=False):
         blocks += _analysis_blocks(Path(row.run_dir), level, SWEEP_ANALYSIS_FIGURES)
     findings = [n for n in summary.notes if "exceeds the seed spread" in n or "no difference" in n]

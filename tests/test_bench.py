@@ -72,7 +72,7 @@ def test_quick_bench_table_has_the_expected_rows_and_positive_timings():
                                    n_eval=32, workers=2)  # fmt: skip
     table = bench.run_bench(settings)
     assert list(table.columns) == bench.COLUMNS
-    assert list(table.section.unique()) == ["peak", "train", "cache", "ablation"]
+    assert list(table.section.unique()) == ["peak", "train", "cache", "ablation", "engine", "division"]
 
     train = table[table.section == "train"]
     cases = set(zip(train.case, train.n_heads, strict=True))
@@ -95,8 +95,12 @@ def test_quick_bench_table_has_the_expected_rows_and_positive_timings():
     peak = table[table.section == "peak"]
     assert sorted(peak.threads) == sorted({torch.get_num_threads(), 1, 2})
     assert all(math.isfinite(v) and v > 0 for v in peak.value)
-    for section, names in (("cache", ["forward", "run_with_cache_patterns"]),
-                           ("ablation", ["naive_loop", "head_importance_batched"])):  # fmt: skip
+    for section, names in (
+        ("cache", ["forward", "run_with_cache_patterns"]),
+        ("ablation", ["naive_loop", "head_importance_batched"]),
+        ("engine", ["forward", "per_configuration"]),
+        ("division", ["head_importance_mean", "division_of_labour"]),
+    ):
         rows = table[table.section == section]
         assert rows.case.tolist() == names
         assert all(math.isfinite(v) and v > 0 for v in rows.value), section

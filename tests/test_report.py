@@ -204,7 +204,9 @@ def test_run_report(sweeps, tmp_path):
     assert f"loss {eval_loss:.4f}" in md
     for label in result.heads["label"]:
         assert f"| {label} |" in md
-    assert html_path.read_text(encoding="utf-8").count("data:image/png;base64,") == 2
+    # Role scores, head x target damage, and the division of labour's head x value heatmap.
+    assert html_path.read_text(encoding="utf-8").count("data:image/png;base64,") == 3
+    assert "division_profiles.png" in md
 
 
 def _cli(argv: list[str]) -> int:

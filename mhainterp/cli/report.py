@@ -28,9 +28,14 @@ share of attention on it beats both nulls after correction and the effect is lar
 nothing) or "unspecialized". The verdict states the counts, the causal selectivity against its
 null (multi-target tasks) and, for several seeds, how consistent the roles are across seeds.
 
+It also measures whom each head serves (the division of labour: the damage of removing each
+head per query token, query position, target class and target, against label-permutation and
+untrained-model nulls) and saves it as analysis/division_*.csv per run.
+
 examples:
   mhainterp specialize runs/quickstart/count_previous/runs/h4_seed0
   mhainterp specialize runs/quickstart/count_previous --alpha 0.01
+  mhainterp specialize runs/quickstart/count_previous --by token,position
 """
 
 REPORT_DESCRIPTION = """\
@@ -112,6 +117,12 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
         default=defaults.ablation_method,
         help="ablation method for damage and redundancy (default mean)",
     )
+    group.add_argument(
+        "--by",
+        default="token,position,target_class,target",
+        help="axes of the division of labour, comma-separated (default: every axis that "
+        "applies: token,position,target_class,target); 'none' to skip it",
+    )
     group.add_argument("--quiet", action="store_true", help="no progress bars")
     add_task_module_argument(parser)
 
@@ -134,7 +145,8 @@ def _cmd_specialize(args: argparse.Namespace) -> int:
 
     path = Path(args.path)
     check_run_folders(path)
-    for folder, result in specialize_folder(path, _settings(args), progress=not args.quiet):
+    settings, by = _settings(args), _by(args)
+    for folder, result in specialize_folder(path, settings, progress=not args.quiet, by=by):
         if isinstance(result, SpecializationResult):  # a run folder
             print(markdown_table(result.heads[HEAD_COLUMNS]))
             print()
@@ -148,7 +160,20 @@ def _cmd_specialize(args: argparse.Namespace) -> int:
         print(result.to_markdown())
         print("\n".join(result.result.verdict.lines))
         print(f"\ntables saved in {folder}\n")
+    if by:
+        from mhainterp.specialization.over_sweep import division_folder
+
+        print("Division of labour (index per axis vs its label-permutation null):")
+        for run_dir, division in division_folder(path, settings, by=by, progress=False):
+            print(f"  {run_dir.name}: {division.summary_line()}")
     return 0
+
+
+def _by(args: argparse.Namespace) -> tuple[str, ...]:
+    """The ``--by`` axes (empty for ``none``)."""
+    if args.by.strip().lower() == "none":
+        return ()
+    return tuple(part.strip() for part in args.by.split(",") if part.strip())
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -158,7 +183,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
     check_run_folders(args.path)
     settings = _settings(args)
     # The report only reads: compute (or reuse) the specialization results it shows first.
-    specialize_folder(args.path, settings, progress=not args.quiet)
+    specialize_folder(args.path, settings, progress=not args.quiet, by=_by(args))
     md, html = write_report(args.path, args.out, settings=settings)
     print(f"report: {md}\n        {html}")
     return 0

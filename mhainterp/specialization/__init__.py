@@ -12,6 +12,8 @@ measurement:
                   corrected p-values of both nulls combined
 ``corrections``   Holm and Benjamini-Hochberg adjusted p-values
 ``causal``        head x target ablation damage, selectivity index and its permutation null
+``division``      :func:`division_of_labour`: whom each head serves (token, position, target
+                  class, target), against permutation and untrained-model nulls
 ``redundancy``    similar heads that back each other up (pairs, and groups of 3 or more)
 ``consistency``   the same roles across seeds: Hungarian matching vs random matching
 ``settings``      :class:`SpecializationSettings`: every threshold, validated
@@ -57,6 +59,7 @@ from mhainterp.specialization.corrections import (
     benjamini_hochberg,
     holm,
 )
+from mhainterp.specialization.division import DivisionResult, division_of_labour, saved_division
 from mhainterp.specialization.labels import LABELS_OTHER, label_heads, mixed_roles, role_targets
 from mhainterp.specialization.nulls import (
     combine_nulls,
@@ -102,6 +105,7 @@ __all__ = [
     "RUN_COLUMNS",
     "SUMMARY_COLUMNS",
     "CausalSelectivity",
+    "DivisionResult",
     "RunVerdict",
     "SpecializationResult",
     "SpecializationSettings",
@@ -115,6 +119,7 @@ __all__ = [
     "combine_nulls",
     "combine_results",
     "cross_seed_consistency",
+    "division_of_labour",
     "format_p",
     "generic_templates",
     "holm",
@@ -140,6 +145,7 @@ __all__ = [
     "selectivity_index",
     "specialization_summary",
     "specialization_test",
+    "saved_division",
     "saved_specialization",
     "specialize_folder",
     "sweep_specialization",

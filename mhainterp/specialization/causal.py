@@ -37,8 +37,9 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mhainterp.ablation import Method, evaluate_head_sets
+from mhainterp.ablation import Method
 from mhainterp.model import HookedMHATransformer
+from mhainterp.specialization.division import triple_damage
 from mhainterp.tasks import Batch
 
 __all__ = [
@@ -110,8 +111,9 @@ def target_damage(
 ) -> TargetDamage:
     """Ablate each head alone and record the per-sequence, per-target accuracy drop.
 
-    One pass of the ablation engine (:func:`mhainterp.ablation.evaluate_head_sets`) with
-    per-position outputs: the clean model and every single-head ablation.
+    One pass of the ablation engine with per-position outputs (the clean model and every
+    single-head ablation), shared with the division of labour:
+    :func:`~mhainterp.specialization.division.triple_damage`, summed per sequence and target.
 
     Args:
         model: The model.
@@ -138,23 +140,22 @@ def target_damage(
             f"the batch has {k} targets per position but the model predicts {model.cfg.n_targets}"
         )
     names = list(target_names) if target_names is not None else [f"target{i}" for i in range(k)]
-    heads = list(model.head_labels)
-    result = evaluate_head_sets(
-        model, batch, [[], *([h] for h in heads)], method, per_position=True, progress=progress,
-        desc="ablate heads",
-    )  # fmt: skip
-    scores = result.scores
-    correct = scores.correct.double().sum(2).cpu()  # (1 + H, n, k)
-    nll = scores.nll.double().sum((2, 3)).cpu()  # (1 + H, n)
-    n_scored = scores.scored.double().sum((0, 1)).clamp(min=1).cpu()  # (k,)
-    n = len(batch)
+    # One implementation of "every head's damage per scored triple": the division of labour's.
+    td = triple_damage(model, batch, method=method, names=names, progress=progress)
+    n, H = len(batch), len(td.heads)
+    sequence, target = td.index[:, 0], td.index[:, 2]  # (N,) each
+    cell = sequence * k + target  # (N,) which (sequence, target) a triple counts for
+    correct_drop = torch.zeros(H, n * k, dtype=torch.float64)
+    correct_drop.index_add_(1, cell, td.damage.double())
+    n_scored = torch.bincount(target, minlength=k).double().clamp(min=1)  # (k,)
+    clean = torch.bincount(target, weights=td.clean.double(), minlength=k)
     return TargetDamage(
-        heads=heads,
+        heads=td.heads,
         target_names=names,
         # Scaled so the mean over sequences is the batch-level accuracy drop.
-        damage=(correct[:1] - correct[1:]) * n / n_scored,  # (H, n, k)
-        loss_increase=(nll[1:] - nll[:1]).sum(1) / float(n_scored.sum()),
-        baseline_accuracy=correct[0].sum(0) / n_scored,
+        damage=correct_drop.reshape(H, n, k) * n / n_scored,  # (H, n, k)
+        loss_increase=td.loss_increase.double().mean(1),
+        baseline_accuracy=clean / n_scored,
     )
 
 

@@ -32,15 +32,23 @@ from mhainterp.specialization.core import (
     combine_results,
     specialization_test,
 )
+from mhainterp.specialization.division import (
+    AXES,
+    DivisionResult,
+    division_of_labour,
+    division_request,
+    saved_division,
+)
 from mhainterp.specialization.verdict import group_key
 from mhainterp.stats import describe, exceeds_seed_spread
-from mhainterp.training import is_finished_run
+from mhainterp.training import is_finished_run, load_run
 
 __all__ = [
     "SUMMARY_COLUMNS",
     "SweepSpecialization",
     "cached_specialization",
     "display_summary",
+    "division_folder",
     "report_kind",
     "resolve_run_dirs",
     "saved_specialization",
@@ -348,6 +356,7 @@ def specialize_folder(
     *,
     reuse: bool = True,
     progress: bool = True,
+    by: Sequence[str] | str = AXES,
     **overrides: Any,
 ) -> list[tuple[Path, SpecializationResult | SweepSpecialization]]:
     """Compute and save every specialization result a report of ``path`` reads.
@@ -362,6 +371,8 @@ def specialize_folder(
         settings: :class:`SpecializationSettings` (``**overrides`` replace fields).
         reuse: Reuse a run's saved result made with the same settings.
         progress: tqdm bars.
+        by: Axes of the division of labour saved for every run (:func:`division_folder`);
+            empty: none.
         **overrides: Settings fields.
 
     Returns:
@@ -374,6 +385,8 @@ def specialize_folder(
     settings = _with_overrides(settings, overrides)
     path = Path(path)
     kind = report_kind(path)
+    if by:
+        division_folder(path, settings, by=by, reuse=reuse, progress=progress)
     if kind == "run":
         return [(path, cached_specialization(path, settings, reuse=reuse, progress=progress))]
     out: list[tuple[Path, SpecializationResult | SweepSpecialization]] = []
@@ -382,6 +395,63 @@ def specialize_folder(
         spec.save(sweep)
         out.append((sweep, spec))
     return out
+
+
+def division_folder(
+    path: str | os.PathLike[str],
+    settings: SpecializationSettings | None = None,
+    *,
+    by: Sequence[str] | str = AXES,
+    reuse: bool = True,
+    progress: bool = True,
+) -> list[tuple[Path, DivisionResult]]:
+    """:func:`~mhainterp.specialization.division.division_of_labour` of every run of a run,
+    sweep or sweeps folder, saved as ``analysis/division_*`` per run (reused when made with
+    the same thresholds and axes), and per sweep the runs' index tables stacked into
+    ``division_sweep.csv`` (``task, n_heads, seed, run`` + the index columns).
+
+    Example:
+        >>> for run_dir, result in division_folder("runs/quickstart"):  # doctest: +SKIP
+        ...     print(run_dir.name, result.summary_line())
+    """
+    path = Path(path)
+    kind = report_kind(path)
+    request = division_request(settings, by)
+    if kind == "run":
+        return [(path, _cached_division(path, settings, request, reuse, progress))]
+    out = []
+    for sweep in [path] if kind == "sweep" else sweep_folders(path):
+        results = resolve_run_dirs(pd.read_csv(sweep / "results.csv"), sweep)
+        frames = []
+        for row in tqdm(
+            list(results.itertuples(index=False)), desc="division", disable=not progress
+        ):
+            run_dir = Path(row.run_dir)
+            result = _cached_division(run_dir, settings, request, reuse, False)
+            meta = {"task": row.task, "n_heads": row.n_heads, "seed": row.seed, "run": run_dir.name}
+            frames.append(result.index.assign(**meta)[[*meta, *result.index.columns]])
+            out.append((run_dir, result))
+        if frames:
+            write_csv(sweep / "division_sweep.csv", pd.concat(frames, ignore_index=True))
+    return out
+
+
+def _cached_division(
+    run_dir: Path,
+    settings: SpecializationSettings | None,
+    request: dict[str, Any],
+    reuse: bool,
+    progress: bool,
+) -> DivisionResult:
+    saved = saved_division(run_dir, request) if reuse else None
+    if saved is not None:
+        return saved
+    run = load_run(run_dir)
+    result = division_of_labour(
+        run.model, run.task, request["by_asked"], settings=settings, progress=progress
+    )
+    result.save(run_dir / "analysis")
+    return result
 
 
 def _with_overrides(

@@ -1,0 +1,148 @@
+"""Figures of the division of labour (:mod:`mhainterp.specialization.division`).
+
+- :func:`division_heatmap`: heads x values, the accuracy lost on each value when the head is
+  removed, one panel per axis; a served value is marked ``*``;
+- :func:`division_vs_heads`: the division index against the head count, every seed a point,
+  the seed mean a line, the label-permutation null as a band;
+- :func:`save_division_figures`: the heatmap of a saved run result, beside its CSV.
+
+Example:
+    >>> from mhainterp.specialization import saved_division
+    >>> fig = division_heatmap(saved_division("runs/cp/runs/h8_seed0").profiles)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from mhainterp.figures._common import head_order, new_figure, plt, require_columns, save_figure, sns
+
+__all__ = ["division_heatmap", "division_vs_heads", "save_division_figures"]
+
+SOURCE = "mhainterp.division_of_labour"
+PROFILE_FIGURE = "division_profiles.png"
+SWEEP_FIGURE = "division_sweep.png"
+
+
+def _value_order(values: pd.Series) -> list[str]:
+    """Values in numeric order when they are numbers (``2`` before ``10``), else as given."""
+    unique = list(dict.fromkeys(values.astype(str)))
+    try:
+        return sorted(unique, key=float)
+    except ValueError:
+        return unique
+
+
+def division_heatmap(profiles: pd.DataFrame, heads: pd.DataFrame | None = None) -> plt.Figure:
+    """Heads x values heatmap of the damage (accuracy lost), one panel per axis.
+
+    Args:
+        profiles: :attr:`DivisionResult.profiles` (``head_label, by, value, damage,
+            in_index``); values left out of the indices (too few scored triples) are hatched
+            out by being drawn blank.
+        heads: :attr:`DivisionResult.heads`; its ``serves`` marks cells with ``*``.
+
+    Example:
+        >>> fig = division_heatmap(result.profiles, result.heads)  # doctest: +SKIP
+    """
+    require_columns(
+        profiles, ["head_label", "by", "value", "damage", "in_index"], "profiles", SOURCE
+    )
+    axes_names = list(dict.fromkeys(profiles["by"]))
+    widths = [
+        max(3.0, 0.38 * profiles[profiles.by == a]["value"].nunique() + 1.5) for a in axes_names
+    ]
+    n_heads = profiles["head_label"].nunique()
+    fig, axes = new_figure(
+        sum(widths) + 1.0, 0.35 * n_heads + 1.8, ncols=max(1, len(axes_names)), squeeze=False,
+        gridspec_kw={"width_ratios": widths or [1]},
+    )  # fmt: skip
+    vmax = max(0.05, float(profiles["damage"].clip(lower=0).max()))
+    served = {}
+    if heads is not None:
+        for row in heads.itertuples(index=False):
+            served[(row.head_label, row.by)] = set(filter(None, str(row.serves).split(",")))
+    for ax, axis in zip(axes[0], axes_names, strict=False):
+        part = profiles[profiles["by"] == axis].copy()
+        part["value"] = part["value"].astype(str)
+        part.loc[~part["in_index"].astype(bool), "damage"] = np.nan
+        order, rows = _value_order(part["value"]), head_order(part["head_label"])
+        grid = part.pivot(index="head_label", columns="value", values="damage").reindex(
+            index=rows, columns=order
+        )
+        marks = [["*" if v in served.get((h, axis), set()) else "" for v in order] for h in rows]
+        sns.heatmap(
+            grid, ax=ax, cmap="rocket_r", vmin=0, vmax=vmax, annot=np.array(marks), fmt="",
+            cbar=ax is axes[0][-1], cbar_kws={"label": "accuracy lost"}, linewidths=0.3,
+        )  # fmt: skip
+        ax.set_title(f"by {axis}")
+        ax.set_xlabel(axis.replace("_", " "))
+        ax.set_ylabel("head" if ax is axes[0][0] else "")
+    fig.suptitle("Damage of removing one head, per value (* = serves)", y=1.02)
+    return fig
+
+
+def division_vs_heads(sweep: pd.DataFrame) -> plt.Figure:
+    """Division index against head count, one panel per axis (per task: one row each).
+
+    Every seed is a point, the seed mean a line; the grey band is the label-permutation null
+    (its mean ± 2 sd, averaged over the seeds of each head count).
+
+    Args:
+        sweep: ``division_sweep.csv`` (``task, n_heads, seed, by, index, null_index,
+            null_index_std``).
+
+    Example:
+        >>> fig = division_vs_heads(pd.read_csv("runs/cp/division_sweep.csv"))  # doctest: +SKIP
+    """
+    require_columns(
+        sweep, ["task", "n_heads", "seed", "by", "index", "null_index", "null_index_std"],
+        "sweep", "mhainterp.specialization.division_folder",
+    )  # fmt: skip
+    tasks = list(dict.fromkeys(sweep["task"]))
+    axes_names = list(dict.fromkeys(sweep["by"]))
+    fig, axes = new_figure(
+        3.4 * len(axes_names), 3.0 * len(tasks), nrows=len(tasks), ncols=len(axes_names),
+        squeeze=False, sharey=True,
+    )  # fmt: skip
+    for r, task in enumerate(tasks):
+        for c, axis in enumerate(axes_names):
+            ax = axes[r][c]
+            part = sweep[(sweep["task"] == task) & (sweep["by"] == axis)]
+            by_h = part.groupby("n_heads").agg(
+                index=("index", "mean"), null=("null_index", "mean"), sd=("null_index_std", "mean")
+            )
+            hs, spread = by_h.index.to_numpy(), 2 * by_h["sd"].fillna(0)
+            ax.fill_between(
+                hs, by_h["null"] - spread, by_h["null"] + spread,
+                color="0.8", alpha=0.7, label="null (mean ± 2 sd)",
+            )  # fmt: skip
+            ax.plot(hs, by_h["index"], color="black", marker="o", label="seed mean")
+            ax.scatter(part["n_heads"], part["index"], color="tab:blue", s=18, alpha=0.8,
+                       label="seeds", zorder=3)  # fmt: skip
+            ax.set_xticks(sorted(set(hs)))
+            ax.set_title(f"{task}: by {axis}" if len(tasks) > 1 else f"by {axis}")
+            ax.set_xlabel("heads (h)")
+            ax.set_ylabel("division index" if c == 0 else "")
+            ax.set_ylim(-0.02, 1.02)
+    axes[0][-1].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def save_division_figures(folder: str | os.PathLike[str], result: object) -> list[Path]:
+    """Draw the heatmap of a :class:`DivisionResult` into ``folder/division_profiles.png``
+    (beside ``division_profiles.csv``, which :meth:`DivisionResult.save` wrote).
+
+    Example:
+        >>> save_division_figures("runs/cp/runs/h8_seed0/analysis", result)  # doctest: +SKIP
+    """
+    profiles = result.profiles  # type: ignore[attr-defined]
+    if not len(profiles):
+        return []
+    fig = division_heatmap(profiles, result.heads)  # type: ignore[attr-defined]
+    return [save_figure(fig, Path(folder) / PROFILE_FIGURE)]

@@ -1,0 +1,126 @@
+"""Hand-set heads that divide the work: the ground truth of the division-of-labour tests.
+
+Every head is a previous-token head (query ``q`` attends to key ``q - 1`` and copies its token
+into the copy block that the unembedding reads), restricted in one of three ways:
+
+``("all", None)``
+    copies every token: a plain previous-token head;
+``("target", S)``
+    copies only tokens in ``S``, so removing it loses exactly the positions whose *target class*
+    (the previous token) is in ``S``;
+``("query", S)``
+    acts only at queries whose *own token* is in ``S``; at other queries it attends to the
+    beginning-of-sequence token at position 0, whose value is zero, and writes nothing.
+
+The data is :func:`split_batch`: position 0 holds the BOS token ``d_vocab - 1``, positions
+``1..`` random tokens ``0 .. d_vocab - 2``, the target at ``t`` is ``tokens[t - 1]``, scored from
+``t = 2`` on. When no head writes, the unembedding's bias makes the never-correct BOS class win,
+so with zero ablation a removed head's damage is exactly 1 on the values it serves and 0
+elsewhere. Residual layout as :mod:`mhainterp.handbuilt`: token, position, copy blocks.
+
+Example:
+    >>> model = split_heads_model([("target", [0, 1, 2, 3]), ("target", [4, 5, 6, 7, 8])])
+    >>> batch = split_batch(64)
+    >>> bool((model(batch.tokens).argmax(-1) == batch.targets)[batch.mask].all())
+    True
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from mhainterp.config import ModelConfig
+from mhainterp.model import HookedMHATransformer
+from mhainterp.tasks import Batch
+from mhainterp.validation import check_int, invalid
+
+__all__ = ["SPLIT_KINDS", "split_batch", "split_heads_model"]
+
+SPLIT_KINDS = ("all", "target", "query")
+
+
+def split_batch(n: int, *, seq_len: int = 12, d_vocab: int = 10, seed: int = 0) -> Batch:
+    """``n`` sequences ``[BOS, x_1, ..., x_{T-1}]`` with target ``tokens[t - 1]`` from ``t = 2``.
+
+    Example:
+        >>> b = split_batch(2, seq_len=4)
+        >>> b.tokens[:, 0].tolist(), b.mask[0].tolist()
+        ([9, 9], [False, False, True, True])
+    """
+    n = check_int("n", n, minimum=1)
+    generator = torch.Generator().manual_seed(seed)
+    bos = d_vocab - 1
+    tokens = torch.randint(0, bos, (n, seq_len), generator=generator)
+    tokens[:, 0] = bos
+    mask = torch.zeros(n, seq_len, dtype=torch.bool)
+    mask[:, 2:] = True
+    targets = torch.full((n, seq_len), -100, dtype=torch.long)
+    targets[:, 1:] = tokens[:, :-1]
+    targets[~mask] = -100
+    return Batch(tokens, targets, mask, torch.ones_like(mask))
+
+
+def split_heads_model(
+    heads: Sequence[tuple[str, Sequence[int] | None]],
+    *,
+    seq_len: int = 12,
+    d_vocab: int = 10,
+    d_head: int = 16,
+    sharpness: float = 30.0,
+) -> HookedMHATransformer:
+    """A one-layer attention-only causal model; head ``i`` is ``heads[i] = (kind, set)``.
+
+    Args:
+        heads: ``("all", None)``, ``("target", tokens)`` or ``("query", tokens)`` per head (see
+            the module docstring).
+        seq_len: ``n_ctx``.
+        d_vocab: Tokens including the BOS token ``d_vocab - 1``; also the output classes.
+        d_head: Head width (>= ``max(seq_len, d_vocab)``).
+        sharpness: Attention logit of the intended key; 30 gives > 0.999 weight.
+
+    Example:
+        >>> split_heads_model([("query", [0, 1]), ("all", None)]).cfg.n_heads
+        2
+    """
+    heads = list(heads)
+    if not heads or any(kind not in SPLIT_KINDS for kind, _ in heads):
+        raise invalid("heads", heads, f"(kind, tokens) pairs with kind in {SPLIT_KINDS}")
+    n_heads, T, V = len(heads), seq_len, d_vocab
+    bos = V - 1
+    d_model = n_heads * d_head
+    if d_head < max(T, V) or d_model < 2 * V + T:
+        raise invalid("d_head", d_head, f">= {max(T, V)} and n_heads * d_head >= {2 * V + T}")
+    cfg = ModelConfig(
+        d_model=d_model, n_heads=n_heads, n_layers=1, n_ctx=T, d_vocab=V, d_vocab_out=V,
+        causal=True, attn_only=True, normalization_type=None, device="cpu",
+    )  # fmt: skip
+    model = HookedMHATransformer(cfg)
+    attn = model.blocks[0].attn
+    tok, pos, copy = slice(0, V), slice(V, V + T), slice(V + T, V + T + V)
+    scale = sharpness * d_head**0.5  # undo the 1/sqrt(d_head) score scaling
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+        model.embed.weight[:, tok] = torch.eye(V)
+        model.pos_embed.weight[:, pos] = torch.eye(T)
+        W_Q = torch.zeros(n_heads, d_model, d_head)
+        W_K = torch.zeros(n_heads, d_model, d_head)
+        W_V = torch.zeros(n_heads, d_model, d_head)
+        W_O = torch.zeros(n_heads, d_head, d_model)
+        for h, (kind, members) in enumerate(heads):
+            for q in range(1, T):
+                W_Q[h, V + q, q - 1] = scale  # query q looks at key q - 1
+            W_K[h, pos, :T] = torch.eye(T)
+            copied = set(range(bos)) if kind != "target" else set(members or ())
+            for v in copied - {bos}:
+                W_V[h, v, v] = 1.0  # copy the attended token (BOS's value stays zero)
+            if kind == "query":
+                for v in set(range(V)) - set(members or ()):
+                    W_Q[h, v, 0] = 2 * scale  # other query tokens look at BOS instead
+            W_O[h, :V, copy] = torch.eye(V)
+        attn.W_Q, attn.W_K, attn.W_V, attn.W_O = W_Q, W_K, W_V, W_O
+        model.unembed.weight[:V, copy] = 20.0 * torch.eye(V)
+        model.unembed.bias[bos] = 1.0  # nothing written -> the never-correct BOS class wins
+    return model.eval()
