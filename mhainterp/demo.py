@@ -15,7 +15,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mhainterp.config import SweepConfig, TrainConfig
-from mhainterp.sweep import fastest_executor
 
 __all__ = ["DEMO_TASKS", "DEMO_STEPS", "run_demo", "run_sweep_with_figures"]
 
@@ -30,7 +29,7 @@ def run_demo(
     steps: int | None = None,
     seeds: Sequence[int] = (0, 1, 2),
     n_heads: Sequence[int] = (1, 4, 8),
-    executor: str | None = None,
+    executor: str = "auto",
     analysis: bool = True,
     echo: Callable[[str], None] = lambda text: None,
     progress: bool = True,
@@ -42,7 +41,7 @@ def run_demo(
         steps: Training steps per run (default :data:`DEMO_STEPS`).
         seeds: Seeds per head count (>= 3 for the seed's protocol).
         n_heads: Head counts to compare.
-        executor: Sweep executor name (default: "batched" when available, else "local").
+        executor: Sweep executor (default "auto": :func:`mhainterp.sweep.fastest_executor`).
         analysis: Also analyse the heads of one run per task.
         echo: Called with each finished table (the CLI passes ``print``).
         progress: Show progress bars.
@@ -54,7 +53,6 @@ def run_demo(
     from mhainterp.specialization import specialize_folder
 
     out = Path(out)
-    executor = executor or fastest_executor()
     train = TrainConfig(steps=steps or DEMO_STEPS)
     for task in DEMO_TASKS:
         config = SweepConfig(

@@ -61,10 +61,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sweep.add_argument("--seeds", type=_int_list, default=[0, 1, 2], help="e.g. 0,1,2")
     sweep.add_argument(
         "--executor",
-        default="local",
-        choices=["local", "batched", "ray"],
-        help="local: one run after another (default); batched: several models per step in "
-        "one pinned worker per CPU (fastest here); ray: one task per run on a Ray cluster",
+        default="auto",
+        choices=["auto", "local", "batched", "ray"],
+        help="auto (default): the fastest here, batched where there are several CPUs; local: "
+        "one run after another; batched: several models per step in one pinned worker per "
+        "CPU; ray: one task per run on a Ray cluster. The table is the same for all",
     )
     sweep.add_argument(
         "--address",
@@ -106,7 +107,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     demo.add_argument("--steps", type=int, default=None, help="override training steps")
     demo.add_argument("--seeds", type=_int_list, default=[0, 1, 2])
     demo.add_argument("--n-heads", type=_int_list, default=[1, 4, 8])
-    demo.add_argument("--executor", default=None, help="sweep executor (default: fastest)")
+    demo.add_argument(
+        "--executor",
+        default="auto",
+        choices=["auto", "local", "batched", "ray"],
+        help="sweep executor (default auto: the fastest here)",
+    )
     demo.add_argument("--no-analysis", action="store_true", help="skip the head analysis")
     add_task_module_argument(demo)
     demo.set_defaults(func=_cmd_demo)
