@@ -144,7 +144,7 @@ def _specialization_blocks(
     blocks: list[Block] = [
         Heading(RUN_HEADING, level),
         Paragraph(
-            f"Role scores on {result.settings.n_sequences} held-out sequences; a role needs "
+            f"Role scores on {result.settings.n_eval} held-out sequences; a role needs "
             f"corrected p < {result.settings.alpha:g} against the permutation and "
             f"initialisation nulls and effect ≥ {result.settings.min_effect:g}."
         ),
@@ -392,7 +392,7 @@ def write_report(
         path: A run folder, a sweep folder, or a folder of sweep folders.
         out: Where to write the two files (default: ``path``).
         settings: Show only specialization results saved with these settings
-            (``**overrides`` replace fields, e.g. ``n_sequences=128``); results saved with
+            (``**overrides`` replace fields, e.g. ``n_eval=128``); results saved with
             other settings count as missing. None (and no overrides): whatever is saved.
         **overrides: :class:`~mhainterp.specialization.SpecializationSettings` fields.
 

@@ -193,7 +193,7 @@ def test_exact_permutation_moments_match_monte_carlo():
     sums = RoleSums()
     sums.add_batch(patterns[:, None, None], templates, visible)
     exact = role_frame(sums).set_index("role")
-    for role in ("same_token_before", "previous", "first_position"):
+    for role in ("same_token_upto", "previous", "first_position", "same_token_upto+sink"):
         draws = permutation_null_samples(
             patterns,
             templates[role],
@@ -210,7 +210,7 @@ def test_role_scores_known_values(previous_task):
     # and sees one key). Exact previous head: 1; uniform head: the mean of 1 / (q + 1); a head
     # on position 0 is on the previous key only at q = 1.
     model = handbuilt_model(["previous", "uniform", "first"])
-    roles = role_scores(model, previous_task, n_sequences=128)
+    roles = role_scores(model, previous_task, n_eval=128)
     previous = roles[roles["role"] == "previous"]
     uniform = sum(1.0 / (q + 1) for q in range(1, T)) / (T - 1)
     np.testing.assert_allclose(previous["score"], [1.0, uniform, 1.0 / (T - 1)], atol=1e-6)
@@ -235,17 +235,31 @@ def test_role_templates_drop_generic_duplicates():
     task = get_task("count_previous", seq_len=6, d_vocab=3)
     tokens = task.eval_batch(4).tokens
     causal = role_templates(tokens, task=task, causal=True)
-    # Causal: the generic same_token (other copies) sees only earlier copies = the task's.
+    # The task's set includes the query itself, so the generic same_token (other copies: in a
+    # causal model the earlier ones) is another template; sets of several keys get a +sink
+    # variant, and the union of the testable ones is "explained".
     assert list(causal) == [
-        "same_token_before",
+        "same_token_upto",
         "previous",
         "self",
         "first_position",
+        "same_token",
         "mirror",
         "uniform",
+        "same_token_upto+sink",
+        "same_token+sink",
+        "explained",
     ]
-    bidirectional = role_templates(tokens, task=task, causal=False)
-    assert "same_token" in bidirectional
+    task = get_task("multi_relation", seq_len=6, d_vocab=3)
+    tokens = task.eval_batch(4).tokens
+    # Bidirectional: the generic same_token (every other copy) differs from the task's sets.
+    generic = role_templates(tokens, task=task, causal=False)
+    assert "same_token" in generic and "mirror+sink" not in generic  # mirror marks one key
+    sink = generic["same_token_upto+sink"]
+    assert torch.equal(sink[:, :, 0], torch.ones_like(sink[:, :, 0]))  # every query: key 0
+    assert torch.equal(
+        torch.maximum(sink[:, :, 1:], generic["same_token_upto"][:, :, 1:]), sink[:, :, 1:]
+    )
 
 
 def test_init_null_matches_the_runs_starting_point(multi_task):
@@ -314,9 +328,14 @@ def test_hand_model_causal_matrix_and_selectivity(hand_result):
 def test_hand_model_verdict_text(hand_result):
     text = hand_result.verdict.text
     assert "multi_relation, h=3, seed 0" in text
-    assert "2 of 3 heads hold a distinct role" in text
-    assert "L0H0 previous (effect 1.00), L0H1 mirror (effect 1.00)" in text
-    assert "0 redundant (none); 1 dead (L0H2); 0 unspecialized (none)." in text
+    assert (
+        "2 heads of 3 hold 2 relations (mirror: 1 head (L0H1); previous: 1 head (L0H0); "
+        "each p < 0.05 after Holm correction against both nulls, effect ≥ 0.3); 2 of 3 needed"
+    ) in text
+    assert "0 backed up, 1 dead." in text
+    assert "Division of labour not measured (no division table)" in text
+    assert "Labels are stable: none changes with any threshold x 0.8 or x 1.25." in text
+    assert "Labels: 0 redundant (none); 1 dead (L0H2); 0 unspecialized (none)." in text
     null = hand_result.runs.iloc[0]["causal_null"]
     assert f"Causal selectivity 1.00 vs permutation null {null:.2f} (p = 0.001)" in text
     assert "Ablation backs 2 of 2 role heads" in text
@@ -324,7 +343,7 @@ def test_hand_model_verdict_text(hand_result):
 
 def test_a_head_that_mixes_two_relations_is_unspecialized(multi_task):
     model = multi_relation_model(["previous", "mix"], d_head=24)
-    result = specialization_test(model, multi_task, n_sequences=128)
+    result = specialization_test(model, multi_task, n_eval=128)
     heads = result.heads.set_index("head_label")
     assert heads["label"].tolist() == ["previous", "unspecialized"]
     # Half the weight on each key, all of it where the two keys coincide (q = 8) or only one
@@ -341,7 +360,7 @@ def test_a_head_that_mixes_two_relations_is_unspecialized(multi_task):
 def test_handbuilt_bidirectional_previous_mirror_dead(previous_task):
     task = get_task("reverse", seq_len=T, d_vocab=V)
     model = handbuilt_model(["previous", "mirror", "dead"], causal=False)
-    result = specialization_test(model, task, n_sequences=128)
+    result = specialization_test(model, task, n_eval=128)
     assert result.heads["label"].tolist() == ["previous", "mirror", "dead"]
 
 
@@ -355,17 +374,20 @@ def test_handbuilt_bidirectional_previous_mirror_dead(previous_task):
 )
 def test_copies_are_redundant(previous_task, kinds, labels):
     model = handbuilt_model(kinds, d_head=18)
-    result = specialization_test(model, previous_task, n_sequences=128)
+    result = specialization_test(model, previous_task, n_eval=128)
     assert result.heads["label"].tolist() == labels
     copies = [f"L0H{i}" for i, k in enumerate(kinds) if k == "previous"]
     pairs = result.redundancy[result.redundancy["redundant"]]
     assert sorted(set(pairs["head_a"]) | set(pairs["head_b"])) == copies
     assert (pairs["similarity"] > 0.999).all() and (pairs["backup"] > 0.99).all()
     assert f"{len(copies)} redundant ({' = '.join(copies)}: previous)" in result.verdict.text
+    # Backed up, not holding nothing: the copies hold one relation between them.
+    assert f"{len(copies)} heads of {len(kinds)} hold 1 relation (previous: " in result.verdict.text
+    assert result.heads["redundant_with"].iloc[0] == ",".join(copies[1:])
     groups = result.redundancy_groups
     if len(copies) == 3:  # one group, found by similarity and by the shared role
         assert groups["basis"].tolist() == ["similarity+role:previous"]
-        assert groups["heads"].tolist() == [";".join(copies)]
+        assert groups["heads"].tolist() == [",".join(copies)]
         assert groups["redundant"].tolist() == [True]
     else:
         assert groups.empty  # pairs are the pair test's
@@ -375,7 +397,7 @@ def test_a_group_of_copies_is_tested_as_a_whole(previous_task):
     model = handbuilt_model(["previous"] * 3, d_head=18)
     batch = previous_task.eval_batch(128)
     groups = redundancy_groups(model, batch)
-    assert groups["heads"].tolist() == ["L0H0;L0H1;L0H2"]
+    assert groups["heads"].tolist() == ["L0H0,L0H1,L0H2"]
     row = groups.iloc[0]
     clean = evaluate(model, batch)["loss"]
     with ablate(model, ["L0H0", "L0H1", "L0H2"], "mean", reference=batch):
@@ -408,7 +430,7 @@ def test_redundancy_reads_its_thresholds_from_the_settings(previous_task):
 def test_similar_heads_nobody_needs_are_not_a_redundant_group(previous_task):
     model = handbuilt_model(["previous", "uniform", "uniform", "uniform"], d_head=16)
     groups = redundancy_groups(model, previous_task.eval_batch(128))
-    assert groups["heads"].tolist() == ["L0H1;L0H2;L0H3"]  # identical patterns
+    assert groups["heads"].tolist() == ["L0H1,L0H2,L0H3"]  # identical patterns
     # Removing them costs nothing (here it even lowers the loss a little): nothing to back up.
     assert groups.loc[0, "damage_all"] < 0.005
     assert not bool(groups.loc[0, "redundant"])
@@ -423,8 +445,8 @@ def test_extra_groups_are_tested_once_with_their_bases(previous_task):
     ]
     groups = redundancy_groups(model, previous_task.eval_batch(64), groups=extra)
     assert groups[["basis", "heads"]].values.tolist() == [
-        ["similarity+role:previous", "L0H0;L0H1;L0H2"],
-        ["mine", "L0H0;L0H1;L0H3"],
+        ["similarity+role:previous", "L0H0,L0H1,L0H2"],
+        ["mine", "L0H0,L0H1,L0H3"],
     ]
 
 
@@ -445,7 +467,7 @@ def test_untrained_models_are_not_called_specialized(task_name):
     with_role, with_p = [], []
     for seed in range(5):
         model = build_model(task, d_model=64, n_heads=4, seed=seed)
-        result = specialization_test(model, task, n_sequences=128, n_permutations=200)
+        result = specialization_test(model, task, n_eval=128, n_permutations=200)
         with_role.append(int((~result.heads["label"].isin(["unspecialized", "dead"])).sum()))
         testable = result.roles[result.roles["role"] != "uniform"]
         with_p.append(int(testable.groupby("head_label")["p_adj"].min().lt(0.05).sum()))
@@ -528,7 +550,7 @@ def test_consistency_matches_permuted_heads():
         "b": {"L0H0": "mirror", "L0H1": "previous"},
     }
     pairs, summary = cross_seed_consistency({"a": a, "b": b}, labels, n_shuffles=50)
-    assert pairs.loc[0, "matched"] == "L0H0=L0H1;L0H1=L0H0"
+    assert pairs.loc[0, "matched"] == "L0H0=L0H1,L0H1=L0H0"
     assert summary["consistency"] == 1.0
     assert summary["random_matching"] == 0.5  # mean of the matrix: a random matching's mean
     assert summary["label_agreement"] == 1.0 and summary["label_agreement_random"] == 0.5
@@ -545,8 +567,10 @@ def _verdict(**changes) -> RunVerdict:
         n_layers=1,
         seed=0,
         n_targets=3,
-        role_heads={"L0H0": "previous", "L0H1": "mirror", "L0H3": "same_token_before"},
+        role_heads={"L0H0": "previous", "L0H1": "mirror", "L0H3": "same_token_upto"},
         role_effects={"L0H0": 0.9, "L0H1": 0.8, "L0H3": 0.4},
+        relations={"previous": ["L0H0"], "mirror": ["L0H1"], "same_token_upto": ["L0H3"]},
+        needed=["L0H0", "L0H1"],
         dead=["L0H2"],
         supported=["L0H0", "L0H1"],
         largest_p_adj=0.004,
@@ -561,14 +585,21 @@ def _verdict(**changes) -> RunVerdict:
 
 def test_verdict_text_is_generated_from_the_numbers():
     text = _verdict().text
-    assert text.startswith("multi_relation, h=4, seed 0 (accuracy 0.950): 3 of 4 heads hold")
-    assert "each p < 0.01 after Holm correction" in text
+    assert text.startswith(
+        "multi_relation, h=4, seed 0 (accuracy 0.950): 3 heads of 4 hold 3 relations (mirror: 1 "
+        "head (L0H1); previous: 1 head (L0H0); same_token_upto: 1 head (L0H3); each p < 0.01 "
+        "after Holm correction"
+    )
+    assert (
+        "; 2 of 4 needed (removing one alone costs ≥ 0.01 accuracy), 0 backed up, 1 dead." in text
+    )
     assert "1 dead (L0H2)" in text
     assert "Causal selectivity 0.80 vs permutation null 0.20 (p = 0.001)" in text
     assert "Ablation backs 2 of 3 role heads" in text
     changed = _verdict(
         role_heads={"L0H1": "mirror"},
         role_effects={"L0H1": 0.55},
+        relations={"mirror": ["L0H1"]},
         dead=[],
         unspecialized=["L0H0", "L0H2", "L0H3"],
         supported=[],
@@ -577,8 +608,8 @@ def test_verdict_text_is_generated_from_the_numbers():
         causal_p=0.2,
         correction="bh",
     ).text
-    assert "1 of 4 heads holds a distinct role" in changed
-    assert "Benjamini-Hochberg" in changed and "L0H1 mirror (effect 0.55)" in changed
+    assert "1 head of 4 hold 1 relation (mirror: 1 head (L0H1)" in changed
+    assert "Benjamini-Hochberg" in changed
     assert "3 unspecialized (L0H0, L0H2, L0H3)" in changed
     assert "Causal selectivity 0.35 vs permutation null 0.31 (p = 0.2)" in changed
     assert changed != text
@@ -588,7 +619,8 @@ def test_verdict_text_is_generated_from_the_numbers():
 
 
 def test_group_verdict_summarises_seeds():
-    runs = [_verdict(seed=0), _verdict(seed=1, role_heads={"L0H0": "previous"}), _verdict(seed=2)]
+    one = dict(role_heads={"L0H0": "previous"}, relations={"previous": ["L0H0"]})
+    runs = [_verdict(seed=0), _verdict(seed=1, **one), _verdict(seed=2)]
     verdict = Verdict(
         runs,
         {
@@ -601,32 +633,42 @@ def test_group_verdict_summarises_seeds():
         },
     )
     (line,) = verdict.lines
-    assert "multi_relation, h=4, 3 seeds: 2.33 ± 1.15 of 4 heads" in line
-    assert "(per seed: 3, 1, 3)" in line
-    assert "mirror (2/3 seeds), previous (3/3 seeds), same_token_before (2/3 seeds)" in line
+    # Counts (relations, heads per relation) and shares (needed, redundant, dead) apart.
+    assert line.startswith(
+        "multi_relation, h=4, 4 heads, 3 seeds (mean ± std): relations covered 2.33 ± 1.15 (a "
+        "count; per seed 3, 1, 3), heads per relation 1.00 ± 0.00 (a count); needed share "
+        "0.50 ± 0.00, redundant share 0.00 ± 0.00, dead share 0.25 ± 0.00."
+    )
+    assert "mirror (2/3 seeds), previous (3/3 seeds), same_token_upto (2/3 seeds)" in line
     assert "0.90 vs random matching 0.40 and role-shuffled null 0.50 (p = 0.01)" in line
     assert verdict.caveats[2].startswith("3 seeds per task and head count")
 
 
 def test_group_verdict_names_roles_held_by_redundant_groups():
-    copies = dict(role_heads={}, role_effects={}, dead=[], supported=[])
+    copies = dict(role_heads={}, role_effects={}, dead=[], supported=[], needed=[])
     group = ["L0H0", "L0H1", "L0H2", "L0H3"]
+    held = dict(relations={"mirror": group}, backed_up=group)
     runs = [
-        _verdict(seed=0, redundant_groups=[group], redundant_roles=["mirror"], **copies),
-        _verdict(seed=1, redundant_groups=[group], redundant_roles=["mirror"], **copies),
-        _verdict(seed=2, unspecialized=group, **copies),
+        _verdict(seed=0, redundant_groups=[group], redundant_roles=["mirror"], **held, **copies),
+        _verdict(seed=1, redundant_groups=[group], redundant_roles=["mirror"], **held, **copies),
+        _verdict(seed=2, unspecialized=group, relations={}, **copies),
     ]
     (line,) = Verdict(runs).lines
-    assert "0.00 ± 0.00 of 4 heads hold a distinct role" in line
-    assert "redundant 2.67 ± 2.31" in line
-    assert "Roles found: mirror held by a redundant group (2/3 seeds)." in line
+    assert "relations covered 0.67 ± 0.58 (a count; per seed 1, 1, 0)" in line
+    assert "heads per relation 4.00 ± 0.00 (a count)" in line  # NaN for the seed with none
+    assert "redundant share 0.67 ± 0.58, dead share 0.00 ± 0.00" in line
+    assert "Relations: mirror (2/3 seeds)" in line
 
 
 def test_verdict_counts_equal_the_head_table(hand_result):
     heads = hand_result.heads
     n_role = int((~heads["label"].isin(["unspecialized", "redundant", "dead"])).sum())
-    assert f"{n_role} of {len(heads)} heads" in hand_result.verdict.text
+    n_holding = int((heads["holds"] != "").sum())
+    assert f"{n_holding} heads of {len(heads)} hold" in hand_result.verdict.text
     assert hand_result.runs.iloc[0]["n_role"] == n_role
+    assert hand_result.runs.iloc[0]["n_relations"] == 2
+    assert hand_result.runs.iloc[0]["heads_per_relation"] == 1.0
+    assert hand_result.runs.iloc[0]["n_needed"] == int(heads["needed"].sum()) == 2
 
 
 # ----------------------------------------------------------------------------- plumbing

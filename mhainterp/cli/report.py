@@ -86,10 +86,10 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
     defaults = SpecializationSettings()
     group = parser.add_argument_group("specialization test")
     group.add_argument(
-        "--n-sequences",
+        "--n-eval",
         type=int,
-        default=defaults.n_sequences,
-        help=f"held-out sequences (default {defaults.n_sequences})",
+        default=defaults.n_eval,
+        help=f"held-out sequences (default {defaults.n_eval})",
     )
     group.add_argument("--alpha", type=float, default=defaults.alpha, help="level after correction")
     group.add_argument(
@@ -116,7 +116,7 @@ def _settings(args: argparse.Namespace) -> Any:
     from mhainterp.specialization import SpecializationSettings
 
     return SpecializationSettings(
-        n_sequences=args.n_sequences,
+        n_eval=args.n_eval,
         alpha=args.alpha,
         correction=args.correction,
         min_effect=args.min_effect,
