@@ -5,6 +5,7 @@ values, the nulls match their definitions, and the verdict text follows the numb
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -26,12 +27,14 @@ from mhainterp.figures.specialization import (
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.model import HookedMHATransformer
 from mhainterp.specialization import (
+    THRESHOLDS,
     RunVerdict,
     SpecializationResult,
     SpecializationSettings,
     TargetDamage,
     Verdict,
     adjust_pvalues,
+    attach_division,
     benjamini_hochberg,
     causal_selectivity,
     combine_nulls,
@@ -39,7 +42,9 @@ from mhainterp.specialization import (
     holm,
     init_models,
     init_p_values,
+    label_stability,
     model_selectivity,
+    nested_roles,
     permutation_null_samples,
     profile_similarity,
     redundancy_groups,
@@ -50,10 +55,13 @@ from mhainterp.specialization import (
     similar_groups,
     specialization_summary,
     specialization_test,
+    stability_summary,
     target_damage,
 )
 from mhainterp.specialization.roles import RoleSums, role_frame
+from mhainterp.specialization.stability import RunEvidence, relabel, run_stability
 from mhainterp.tasks import get_task
+from mhainterp.tasks.builtin import CountPreviousTask
 from mhainterp.training import build_model, evaluate
 
 T, V = 16, 10
@@ -767,3 +775,212 @@ def test_summary_table_known_values():
     assert row["accuracy_mean"] == pytest.approx(0.9) and row["accuracy_std"] == 0.0
     assert row["consistency"] == 0.8 and row["consistency_p"] == 0.02
     assert math.isnan(table.set_index("n_heads").loc[1, "consistency"])
+
+
+# ----------------------------------------------------------------------------- counting, nesting
+
+
+class _BosCountTask(CountPreviousTask):
+    """count_previous with a BOS: token 0 at position 0 and nowhere else (a clean sink)."""
+
+    name = "count_previous_bos"
+
+    def sample_tokens(self, n, lengths, generator):
+        tokens = torch.randint(1, self.d_vocab, (n, self.seq_len), generator=generator)
+        tokens[:, 0] = 0
+        return tokens
+
+
+@pytest.fixture(scope="module")
+def count_task():
+    return get_task("count_previous", seq_len=T, d_vocab=V)
+
+
+def test_a_counting_head_gets_the_counting_label(count_task):
+    # Uniform over the copies of the query's token up to itself: the task's own set, spread
+    # exactly evenly; its attention is all on known relations.
+    model = handbuilt_model(["count", "previous"], d_head=18)
+    result = specialization_test(model, count_task, n_eval=64, n_permutations=100)
+    heads = result.heads.set_index("head_label")
+    assert heads["label"].tolist() == ["count:same_token_upto", "previous"]
+    assert heads.loc["L0H0", "role_evenness"] == pytest.approx(1.0, abs=1e-6)
+    assert math.isnan(heads.loc["L0H1", "role_evenness"])  # one key: nothing to spread over
+    assert heads["explained"].tolist() == pytest.approx([1.0, 1.0], abs=1e-6)
+    assert heads["unexplained"].tolist() == pytest.approx([0.0, 0.0], abs=1e-6)
+    # It also puts mass on self (nested in the set): not mixing.
+    assert (
+        "self" in heads.loc["L0H0", "roles"].split(";") and heads.loc["L0H0", "mixed_roles"] == ""
+    )
+    assert result.verdict.runs[0].relations == {"same_token_upto": ["L0H0"], "previous": ["L0H1"]}
+
+
+def test_a_counting_head_with_a_sink_gets_the_sink_label():
+    task = _BosCountTask(seq_len=T, d_vocab=V)
+    model = handbuilt_model(["count_sink", "previous"], d_head=18)
+    result = specialization_test(model, task, n_eval=64, n_permutations=100)
+    heads = result.heads.set_index("head_label")
+    assert heads["label"].tolist() == ["count:same_token_upto+sink", "previous"]
+    assert heads.loc["L0H0", "role_evenness"] == pytest.approx(1.0, abs=1e-6)
+    roles = result.roles[result.roles["head_label"] == "L0H0"].set_index("role")
+    # With c earlier copies the sink gets 1 / (c + 2): all mass on set + sink, part on each.
+    assert roles.loc["same_token_upto+sink", "score"] == pytest.approx(1.0, abs=1e-6)
+    batch = task.eval_batch(64)
+    counts = batch.targets[:, 1:].double()  # queries 1..T-1 (query 0 sees one key)
+    assert roles.loc["first_position", "score"] == pytest.approx(
+        float((1.0 / (counts + 2)).mean()), abs=1e-6
+    )
+
+
+def test_evenness_by_hand():
+    # One query (q = 2) sees 3 keys; the set is keys {0, 1}: weights 0.3, 0.1 -> within the set
+    # 0.75, 0.25 -> overlap with (0.5, 0.5) = 0.5 + 0.25. Query 1's set has one key: left out.
+    patterns = torch.tensor([[1.0, 0, 0], [0.5, 0.5, 0], [0.3, 0.1, 0.6]])[None, None, None]
+    template = torch.tensor([[[0.0, 0, 0], [1, 0, 0], [1, 1, 0]]])
+    sums = RoleSums()
+    sums.add_batch(patterns, {"set": template}, visible_keys(torch.ones(1, 3).bool(), True))
+    assert sums.evenness.counts == {"set": 1.0}
+    assert role_frame(sums).loc[0, "evenness"] == pytest.approx(0.75)
+
+
+def test_nesting_is_decided_on_the_queries_both_roles_count():
+    # inner marks key 0 for q = 1, where outer marks nothing; on q = 2, the only query both
+    # count, inner {1} sits inside outer {0, 1}. Decided on all queries, inner would not nest.
+    inner = torch.tensor([[[0.0, 0, 0], [1, 0, 0], [0, 1, 0]]])
+    outer = torch.tensor([[[0.0, 0, 0], [0, 0, 0], [1, 1, 0]]])
+    visible = visible_keys(torch.ones(1, 3).bool(), True)
+    nested = nested_roles({"inner": inner, "outer": outer}, visible)
+    assert nested == {("inner", "outer")}
+    apart = torch.tensor([[[0.0, 0, 0], [0, 0, 0], [0, 0, 1]]])  # q = 2 only, key 2: not in
+    assert nested_roles({"inner": inner, "apart": apart}, visible) == set()
+
+
+# ----------------------------------------------------------------------------- stability
+
+
+def _evidence(effect: float, backup: float) -> RunEvidence:
+    roles = pd.DataFrame(
+        {
+            "head_label": ["L0H0", "L0H1", "L0H2"],
+            "role": ["previous"] * 3,
+            "p_adj": [1e-6] * 3,
+            "effect": [effect, 0.9, 0.9],
+            "chance": [0.1] * 3,
+            "evenness": [math.nan] * 3,
+        }
+    )
+    pairs = pd.DataFrame(
+        {
+            "head_a": ["L0H0", "L0H0", "L0H1"],
+            "head_b": ["L0H1", "L0H2", "L0H2"],
+            "similarity": [0.1, 0.1, 0.95],
+            "damage_joint": [math.nan, math.nan, 0.3],
+            "backup": [math.nan, math.nan, backup],
+        }
+    )
+    groups = pd.DataFrame(  # the three share a role: tested as a group, which backs nothing up
+        {"basis": ["role:previous"], "heads": ["L0H0,L0H1,L0H2"], "size": [3],
+         "damage_all": [0.5], "damage_keep_one_mean": [0.45], "damage_keep_one_max": [0.5],
+         "backup": [0.1], "redundant": [False]}
+    )  # fmt: skip
+    ratio = {"L0H0": 1.0, "L0H1": 1.0, "L0H2": 1.0}
+    return RunEvidence(roles, ratio, pairs, groups, set(), {"L0H0": 0.2})
+
+
+def test_relabelling_counts_exactly_the_labels_that_move():
+    # L0H0's effect 0.33 passes min_effect 0.3 but not 0.375 (x 1.25); L0H1 = L0H2 back each
+    # other up at 0.55, which passes backup_ratio 0.5 but not 0.625. Nothing else moves.
+    settings = SpecializationSettings()
+    evidence = _evidence(effect=0.33, backup=0.55)
+    decisions, needed, untested = relabel(evidence, settings)
+    labels = {h: d.label for h, d in decisions.items()}
+    assert labels == {"L0H0": "previous", "L0H1": "redundant", "L0H2": "redundant"}
+    assert needed == {"L0H0": True, "L0H1": False, "L0H2": False} and untested == 0
+    table = run_stability("r", evidence, labels, settings)
+    moved = table[table["n_changed"] > 0][["threshold", "factor", "changed"]].values.tolist()
+    assert moved == [
+        ["min_effect", 1.25, "L0H0"],
+        ["min_similarity", 1.25, "L0H1,L0H2"],  # 0.95 < 1.0 (0.9 x 1.25, capped at 1)
+        ["backup_ratio", 1.25, "L0H1,L0H2"],
+    ]
+    assert len(table) == 2 * len(THRESHOLDS)
+    summary = stability_summary(table).set_index("threshold")
+    assert summary.loc["any", "share_any"] == 1.0  # every head moves under some threshold
+    assert summary.loc["min_effect", "share_x1.25"] == pytest.approx(1 / 3)
+    assert summary.loc["dead_tol", "share_any"] == 0.0
+    # Clear margins: only the similarity gate capped at 1 (above 0.95) still moves the pair.
+    stable = run_stability("r", _evidence(0.9, 0.9), labels, settings)
+    assert stable.loc[stable["threshold"] != "min_similarity", "n_changed"].sum() == 0
+
+
+def test_saved_results_relabel_to_the_same_table(previous_task, tmp_path):
+    # The stability test reads only saved tables: re-running it on a loaded result gives the
+    # same table, and the run's own labels come back under the unchanged settings.
+    model = handbuilt_model(["previous", "previous", "uniform"], d_head=16)
+    result = specialization_test(model, previous_task, n_eval=64, n_permutations=100)
+    result.save(tmp_path)
+    loaded = SpecializationResult.load(tmp_path)
+    pd.testing.assert_frame_equal(
+        label_stability(loaded)[["threshold", "factor", "n_changed"]],
+        result.stability[["threshold", "factor", "n_changed"]],
+    )
+    assert result.stability["n_untested"].sum() == 0
+    run = result.verdict.runs[0]
+    assert run.relations == {"previous": ["L0H0", "L0H1"]} and run.heads_per_relation == 2.0
+    assert run.backed_up == ["L0H0", "L0H1"]
+
+
+# ----------------------------------------------------------------------------- division in verdicts
+
+
+def test_mirror_copies_read_as_one_relation_and_no_division():
+    # Reverse's picture: every head attends to the mirror, any one can go at no cost. With a
+    # division table whose indices sit inside their nulls, the verdict must say exactly that.
+    task = get_task("reverse", seq_len=T, d_vocab=V)
+    model = handbuilt_model(["mirror"] * 4, causal=False)
+    result = specialization_test(model, task, n_eval=64, n_permutations=100)
+    assert result.heads["label"].tolist() == ["redundant"] * 4
+    assert result.heads["holds"].tolist() == ["mirror"] * 4
+    assert not result.heads["needed"].any()
+    text = result.verdict.text
+    assert "4 heads of 4 hold 1 relation (mirror: 4 heads (L0H0, L0H1, L0H2, L0H3);" in text
+    assert "0 of 4 needed" in text and "4 backed up, 0 dead." in text
+    assert "does not say whether the heads divide the work" in text
+    assert re.search(r"\bspecialized\b", text) is None  # no division claimed without the table
+    inside = pd.DataFrame(
+        {"by": ["token", "position"], "index": [0.01, 0.02], "null_index": [0.02, 0.02],
+         "p": [0.7, 0.5]}
+    )  # fmt: skip
+    attached = attach_division(result, inside)
+    text = attached.verdict.text
+    assert (
+        "Division index by token 0.01 vs null 0.02 (p = 0.7, inside its null); by position 0.02 "
+        "vs null 0.02 (p = 0.5, inside its null): not specialized: the heads divide the work "
+        "along none of the axes tested."
+    ) in text
+    assert attached.runs.iloc[0]["specialized_along"] == ""
+    beyond = inside.assign(index=[0.4, 0.02], p=[0.001, 0.5])
+    assert "specialized (the heads divide the work) along token." in (
+        attach_division(result, beyond).verdict.text
+    )
+
+
+def test_group_verdict_reads_the_division_of_every_seed():
+    rows = [{"by": "token", "index": 0.02, "null_index": 0.03, "p": 0.6}]
+    mirror = dict(relations={"mirror": [f"L0H{i}" for i in range(8)]}, n_heads=8, n_targets=1)
+    runs = [_verdict(seed=s, division=rows, **mirror) for s in range(3)]
+    (line,) = Verdict(runs).lines
+    assert "relations covered 1.00 ± 0.00 (a count; per seed 1, 1, 1), heads per relation " in line
+    assert "8.00 ± 0.00 (a count)" in line
+    assert (
+        "Division index by token 0.02 ± 0.00 vs null 0.03 ± 0.00, beyond its null in 0/3 seeds: "
+        "not specialized" in line
+    )
+
+
+def test_settings_read_the_old_name_and_scale_within_bounds():
+    old = SpecializationSettings.from_dict({"n_sequences": 32})
+    assert old.n_eval == 32
+    assert SpecializationSettings().scaled("backup_ratio", 1.25).backup_ratio == 0.625
+    assert SpecializationSettings().scaled("min_similarity", 1.25).min_similarity == 1.0
+    with pytest.raises(ValueError, match="name='alpha' is invalid"):
+        SpecializationSettings().scaled("alpha", 0.8)

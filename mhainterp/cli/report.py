@@ -45,6 +45,11 @@ examples:
 HEAD_COLUMNS = [
     "head_label",
     "label",
+    "holds",
+    "needed",
+    "backed_up",
+    "dead",
+    "explained",
     "top_role",
     "top_effect",
     "top_p_adj",
