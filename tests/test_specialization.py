@@ -645,7 +645,8 @@ def test_group_verdict_summarises_seeds():
     assert line.startswith(
         "multi_relation, h=4, 4 heads, 3 seeds (mean ± std): relations covered 2.33 ± 1.15 (a "
         "count; per seed 3, 1, 3), heads per relation 1.00 ± 0.00 (a count); needed share "
-        "0.50 ± 0.00, redundant share 0.00 ± 0.00, dead share 0.25 ± 0.00."
+        "0.50 ± 0.00 (needed but holding no known relation 0.08 ± 0.14), backed-up share "
+        "0.00 ± 0.00, redundant share 0.00 ± 0.00, dead share 0.25 ± 0.00."
     )
     assert "mirror (2/3 seeds), previous (3/3 seeds), same_token_upto (2/3 seeds)" in line
     assert "0.90 vs random matching 0.40 and role-shuffled null 0.50 (p = 0.01)" in line
@@ -664,7 +665,7 @@ def test_group_verdict_names_roles_held_by_redundant_groups():
     (line,) = Verdict(runs).lines
     assert "relations covered 0.67 ± 0.58 (a count; per seed 1, 1, 0)" in line
     assert "heads per relation 4.00 ± 0.00 (a count)" in line  # NaN for the seed with none
-    assert "redundant share 0.67 ± 0.58, dead share 0.00 ± 0.00" in line
+    assert "backed-up share 0.67 ± 0.58, redundant share 0.67 ± 0.58, dead share 0.00" in line
     assert "Relations: mirror (2/3 seeds)" in line
 
 
@@ -984,3 +985,25 @@ def test_settings_read_the_old_name_and_scale_within_bounds():
     assert SpecializationSettings().scaled("min_similarity", 1.25).min_similarity == 1.0
     with pytest.raises(ValueError, match="name='alpha' is invalid"):
         SpecializationSettings().scaled("alpha", 0.8)
+
+
+def test_eight_mirror_copies_are_backed_up_and_their_label_rests_on_the_backup_ratio():
+    # Eight copies, each writing 1/8: removing any one costs nothing; keeping one of the eight
+    # keeps a little more than half of the job (group backup 0.54), so the label "redundant"
+    # rests on backup_ratio 0.5 and moves at x 1.25 (0.625), and on nothing else.
+    task = get_task("reverse", seq_len=T, d_vocab=V)
+    model = handbuilt_model(["mirror"] * 8, causal=False)
+    result = specialization_test(model, task, n_eval=64, n_permutations=100)
+    heads = [f"L0H{i}" for i in range(8)]
+    assert result.heads["label"].tolist() == ["redundant"] * 8
+    assert result.redundancy_groups["backup"].iloc[0] == pytest.approx(0.535, abs=0.005)
+    run = result.verdict.runs[0]
+    assert run.flips == {name: 8 if name == "backup_ratio" else 0 for name in THRESHOLDS}
+    assert "8 heads of 8 hold 1 relation (mirror: 8 heads (" + ", ".join(heads) in run.text
+    assert "0 of 8 needed" in run.text and "8 backed up, 0 dead." in run.text
+    assert "This verdict rests on thresholds: 8 of 8 labels change" in run.text
+    # With the stricter ratio no single survivor is enough: the heads hold the mirror, none is
+    # redundant, and all are still backed up (the others carry the work of any one).
+    strict = specialization_test(model, task, n_eval=64, n_permutations=100, backup_ratio=0.625)
+    assert strict.heads["label"].tolist() == ["mirror"] * 8
+    assert strict.heads["backed_up"].all() and not strict.heads["needed"].any()

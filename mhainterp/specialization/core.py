@@ -422,7 +422,15 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
     partners = {h: d.partners for h, d in decisions.items() if d.partners}
     groups = _mark_tested_groups(groups, decisions, similarity, settings, dead)
     heads = label_heads(
-        roles, ratio, partners, causal_matrix, causal_heads, settings, role_targets(task), nested
+        roles,
+        ratio,
+        partners,
+        causal_matrix,
+        causal_heads,
+        settings,
+        role_targets(task),
+        nested,
+        covered=_covered(groups, decisions, settings),
     )
     stability = run_stability(
         inp.run, evidence, dict(zip(heads["head_label"], heads["label"])), settings
@@ -444,6 +452,19 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
         "stability": stability,
         "verdict": verdict,
     }
+
+
+def _covered(
+    groups: pd.DataFrame, decisions: dict[str, Any], settings: SpecializationSettings
+) -> set[str]:
+    """Heads of a tested group that shares their role and whose joint removal hurts."""
+    out: set[str] = set()
+    for members, damage in zip(groups.get("heads", []), groups.get("damage_all", []), strict=True):
+        heads = str(members).split(",")
+        roles = {decisions[h].role for h in heads if h in decisions}
+        if len(roles) == 1 and "" not in roles and float(damage) >= settings.min_joint_damage:
+            out |= set(heads)
+    return out
 
 
 def _mark_tested_groups(
@@ -547,7 +568,7 @@ def _run_verdict(
         accuracy=accuracy,
         relations=_relations(heads),
         needed=heads.loc[heads["needed"].astype(bool), "head_label"].tolist(),
-        backed_up=heads.loc[heads["label"] == "redundant", "head_label"].tolist(),
+        backed_up=heads.loc[heads["backed_up"].astype(bool), "head_label"].tolist(),
         **_flips(stability),
     )
 

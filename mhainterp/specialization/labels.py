@@ -22,7 +22,10 @@ high on both, which is not mixing.
 
 Besides the one label, every head gets the verdict's flags (:data:`FLAG_COLUMNS`): it
 ``holds`` a relation (its distinct role, even when backed up), is ``needed`` (removing it alone
-costs at least ``min_damage`` accuracy on some target), ``backed_up`` (redundant), or ``dead``;
+costs at least ``min_damage`` accuracy on some target), ``backed_up`` (redundant; or holding a
+relation, not needed, in a tested group of heads holding it whose joint removal costs at least
+``min_joint_damage``: the others carry its work, though no single survivor carries all of it,
+as with eight mirror heads any one of which can go), or ``dead``;
 whom it *serves* is the division test's (:mod:`.division`, column ``serves`` there).
 
 :func:`decide_labels` is the decision alone, from saved evidence, so the stability test can
@@ -83,7 +86,7 @@ def role_targets(task: Task) -> dict[str, str]:
 
     Example:
         >>> from mhainterp.tasks import get_task
-        >>> role_targets(get_task("multi_relation"))["same_token_before"]
+        >>> role_targets(get_task("multi_relation"))["same_token_upto"]
         'count_previous'
     """
     relations = task.relation_names
@@ -226,6 +229,7 @@ def label_heads(
     settings: SpecializationSettings,
     targets: dict[str, str],
     nested: Collection[tuple[str, str]] = (),
+    covered: Collection[str] = (),
 ) -> pd.DataFrame:
     """Label each head of one run and collect its evidence.
 
@@ -239,6 +243,8 @@ def label_heads(
         settings: Thresholds.
         targets: Relation name -> the target it solves (:func:`role_targets`).
         nested: ``(inner, outer)`` role pairs whose templates nest (see the module docstring).
+        covered: Heads in a tested group sharing their role whose joint removal hurts
+            (``damage_all >= min_joint_damage``): backed up when not needed alone.
 
     Returns:
         One row per head with ``layer, head, head_label, label, role, role_effect,
@@ -268,6 +274,7 @@ def label_heads(
         name, role = d.label, d.role
         best_row = by_role.loc[(label, d.best)] if d.best else None
         c = causal.loc[label]
+        needed = bool(float(by_target.loc[label].max()) >= settings.min_damage)
         selectivity, p_adj = float(c["selectivity"]), float(c["causal_p_adj"])
         has_top = label in top.index
         share = float(explained.loc[label, "score"]) if explained is not None else math.nan
@@ -297,8 +304,9 @@ def label_heads(
                 ),
                 "output_ratio": float(output_ratio[label]),
                 "holds": role,
-                "needed": bool(float(by_target.loc[label].max()) >= settings.min_damage),
-                "backed_up": bool(d.partners) and not d.dead,
+                "needed": needed,
+                "backed_up": not d.dead
+                and (bool(d.partners) or (bool(role) and not needed and label in covered)),
                 "dead": d.dead,
                 "redundant_with": HEAD_SET_SEPARATOR.join(d.partners),
                 "total_damage": float(c["total_damage"]),

@@ -136,7 +136,8 @@ class RunVerdict:
         accuracy: The model's accuracy on the evaluation batch.
         relations: Relation (role) -> the live heads that hold it, backed up or not.
         needed: Heads whose removal alone costs ``>= min_damage`` accuracy on some target.
-        backed_up: Live heads that are redundant with another (label ``redundant``).
+        backed_up: Live heads whose work others carry (redundant, or not needed in a group
+            sharing their relation whose joint removal hurts; :mod:`.labels`).
         division: Rows ``by, index, null_index, p`` of the division test (empty: not run).
         flips: Threshold -> heads whose label changes with it x 0.8 or x 1.25.
         flip_heads: Heads whose label changes under at least one of those.
@@ -202,6 +203,11 @@ class RunVerdict:
     def n_holding(self) -> int:
         """Heads that hold a relation (a count)."""
         return sum(len(h) for h in self.relations.values())
+
+    @property
+    def holding(self) -> set[str]:
+        """The heads that hold a relation."""
+        return {h for heads in self.relations.values() for h in heads}
 
     @property
     def heads_per_relation(self) -> float:
@@ -365,8 +371,10 @@ class Verdict:
             f"relations covered {_mean_std([float(r.n_relations) for r in runs])} (a count; "
             f"per seed {', '.join(str(r.n_relations) for r in runs)}), heads per relation "
             f"{_mean_std([r.heads_per_relation for r in runs])} (a count); needed share "
-            f"{share([float(len(r.needed)) for r in runs])}, redundant share "
-            f"{share([float(len(r.backed_up)) for r in runs])}, dead share "
+            f"{share([float(len(r.needed)) for r in runs])} (needed but holding no known "
+            f"relation {share([float(len(set(r.needed) - r.holding)) for r in runs])}), "
+            f"backed-up share {share([float(len(r.backed_up)) for r in runs])}, redundant "
+            f"share {share([float(r.n_redundant) for r in runs])}, dead share "
             f"{share([float(len(r.dead)) for r in runs])}. Relations: {_join(relations)} "
             "(each beats the permutation and initialisation nulls)."
         )
