@@ -252,6 +252,6 @@ def test_run_report_shows_groups_tested_as_a_whole(tmp_path):
     md_path, html_path = write_report(tmp_path / "run", tmp_path / "report", n_eval=64)
     md = md_path.read_text(encoding="utf-8")
     assert "Groups of three or more heads" in md
-    row = next(line for line in md.splitlines() if "L0H0;L0H1;L0H2" in line)
+    row = next(line for line in md.splitlines() if "L0H0,L0H1,L0H2" in line)
     assert "similarity+role:previous" in row and "True" in row
     assert "similarity+role:previous" in html_path.read_text(encoding="utf-8")

@@ -1002,6 +1002,10 @@ def test_eight_mirror_copies_are_backed_up_and_their_label_rests_on_the_backup_r
     assert "8 heads of 8 hold 1 relation (mirror: 8 heads (" + ", ".join(heads) in run.text
     assert "0 of 8 needed" in run.text and "8 backed up, 0 dead." in run.text
     assert "This verdict rests on thresholds: 8 of 8 labels change" in run.text
+    assert result.verdict.caveats[4].endswith(
+        "x 1.25 (from the saved evidence) changes 8 of 8 head labels."
+    )
+    assert "no division test is in these results" in result.verdict.caveats[5]
     # With the stricter ratio no single survivor is enough: the heads hold the mirror, none is
     # redundant, and all are still backed up (the others carry the work of any one).
     strict = specialization_test(model, task, n_eval=64, n_permutations=100, backup_ratio=0.625)

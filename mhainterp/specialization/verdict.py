@@ -479,7 +479,25 @@ class Verdict:
             seeds,
             "Causal selectivity treats targets as exchangeable: a target that removing any "
             "head hurts looks selective; read the head x target matrix too.",
+            self._stability_caveat(),
+            "Holding a relation is not dividing the work: "
+            + (
+                "'specialized' here means a division index beyond its null, along the axis named."
+                if any(r.division for r in self.runs)
+                else "no division test is in these results, so nothing here says the heads "
+                "divide the work."
+            ),
         ]
+
+    def _stability_caveat(self) -> str:
+        total = sum(r.total_heads for r in self.runs)
+        flipped = sum(len(r.flip_heads) for r in self.runs)
+        untested = sum(r.n_untested for r in self.runs)
+        text = (
+            f"Thresholds: re-deciding every label with each threshold x 0.8 and x 1.25 (from the "
+            f"saved evidence) changes {flipped} of {total} head labels"
+        )
+        return text + (f"; {untested} tests lacked evidence." if untested else ".")
 
     def to_dict(self) -> dict[str, Any]:
         return {
