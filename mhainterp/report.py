@@ -340,6 +340,22 @@ def _sweep_figures(sweep_dir: Path, results: pd.DataFrame) -> list[tuple[Path, s
     ]
 
 
+def _sweep_stability_blocks(result: SpecializationResult) -> list[Block]:
+    """Per head count: the share of head labels each threshold x 0.8 / x 1.25 changes."""
+    from mhainterp.specialization.stability import stability_summary
+
+    table = getattr(result, "stability", None)
+    if table is None or not len(table) or "run" not in result.heads.columns:
+        return []
+    h_of = dict(zip(result.heads["run"], result.heads["n_heads"], strict=False))
+    rows = []
+    for h, part in table.groupby(table["run"].map(h_of), sort=True):
+        summary = stability_summary(part)
+        rows.append({"h": int(h), **dict(zip(summary["threshold"], summary["share_any"]))})
+    frame = pd.DataFrame(rows).fillna(0.0)
+    return [Table(frame.round(3), _STABILITY_CAPTION.replace("(any", "per head count (any"))]
+
+
 def _sweep_specialization_blocks(
     spec: SweepSpecialization, sweep_dir: Path, level: int
 ) -> list[Block]:
@@ -360,6 +376,7 @@ def _sweep_specialization_blocks(
         Paragraph("Verdicts per head count:"),
         Bullets(result.verdict.lines),
     ]
+    blocks += _sweep_stability_blocks(result)
     figures = [
         (
             save_figure(

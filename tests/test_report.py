@@ -104,6 +104,19 @@ def test_report_contains_the_specialization_numbers(sweeps, report):
         assert f"- {line}" in md
         assert line in text
     assert "Attention is a clue, not an explanation" in md
+    # The stability table: per head count, the share of labels each threshold moves, as
+    # the saved stability rows give it.
+    from mhainterp.specialization import stability_summary
+
+    stability = spec.result.stability
+    runs_of_h2 = list(spec.runs.query("n_heads == 2")["run"])
+    h2 = stability[stability["run"].isin(runs_of_h2)]
+    assert runs_of_h2 and "Labels re-decided from the saved evidence" in md
+    any_share = stability_summary(h2).set_index("threshold").loc["any", "share_any"]
+    assert any(
+        line.startswith("| 2 |") and line.endswith(f"| {any_share:.3f} |")
+        for line in md.splitlines()
+    )
 
 
 def test_saved_sweep_specialization_reads_back_equal(sweeps, report):

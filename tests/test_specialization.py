@@ -664,7 +664,10 @@ def test_group_verdict_names_roles_held_by_redundant_groups():
     ]
     (line,) = Verdict(runs).lines
     assert "relations covered 0.67 ± 0.58 (a count; per seed 1, 1, 0)" in line
-    assert "heads per relation 4.00 ± 0.00 (a count)" in line  # NaN for the seed with none
+    # Undefined for the seed with none, and the n says so.
+    assert (
+        "heads per relation 4.00 ± 0.00 (a count; n = 2 of 3 seeds, those with a relation)" in line
+    )
     assert "backed-up share 0.67 ± 0.58, redundant share 0.67 ± 0.58, dead share 0.00" in line
     assert "Relations: mirror (2/3 seeds)" in line
 

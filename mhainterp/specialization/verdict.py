@@ -366,11 +366,14 @@ class Verdict:
             for rel in r.relations:
                 found[rel] = found.get(rel, 0) + 1
         relations = [f"{rel} ({k}/{n} seeds)" for rel, k in sorted(found.items())]
+        k = sum(bool(r.relations) for r in runs)
+        with_relation = "" if k == n else f"; n = {k} of {n} seeds, those with a relation"
         text = (
             f"{first.task}, h={first.n_heads}, {total} heads, {n} seeds (mean ± std): "
             f"relations covered {_mean_std([float(r.n_relations) for r in runs])} (a count; "
             f"per seed {', '.join(str(r.n_relations) for r in runs)}), heads per relation "
-            f"{_mean_std([r.heads_per_relation for r in runs])} (a count); needed share "
+            f"{_mean_std([r.heads_per_relation for r in runs])} (a count{with_relation}); "
+            "needed share "
             f"{share([float(len(r.needed)) for r in runs])} (needed but holding no known "
             f"relation {share([float(len(set(r.needed) - r.holding)) for r in runs])}), "
             f"backed-up share {share([float(len(r.backed_up)) for r in runs])}, redundant "
