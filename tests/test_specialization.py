@@ -1014,3 +1014,19 @@ def test_eight_mirror_copies_are_backed_up_and_their_label_rests_on_the_backup_r
     strict = specialization_test(model, task, n_eval=64, n_permutations=100, backup_ratio=0.625)
     assert strict.heads["label"].tolist() == ["mirror"] * 8
     assert strict.heads["backed_up"].all() and not strict.heads["needed"].any()
+
+
+def test_a_division_table_survives_saving(previous_task, tmp_path):
+    model = handbuilt_model(["previous", "uniform"], d_head=18)
+    index = pd.DataFrame({"by": ["position"], "index": [0.5], "null_index": [0.1], "p": [0.002]})
+    result = specialization_test(
+        model, previous_task, n_eval=64, n_permutations=100, division=index
+    )
+    assert result.runs.iloc[0]["specialized_along"] == "position"
+    result.save(tmp_path)
+    loaded = SpecializationResult.load(tmp_path)
+    assert loaded.division[["run", "by", "p"]].values.tolist() == [["model0", "position", 0.002]]
+    assert loaded.verdict.runs[0].specialized_axes == ["position"]
+    assert loaded.verdict.text == result.verdict.text
+    with pytest.raises(ValueError, match="division lacks columns"):
+        attach_division(result, index.drop(columns="null_index"))
