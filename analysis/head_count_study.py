@@ -43,13 +43,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--executor", default=None, help="sweep executor (default: batched when available)"
     )
-    parser.add_argument("--n-sequences", type=int, default=256, help="sequences for the report")
+    parser.add_argument("--n-eval", type=int, default=256, help="sequences for the report")
     parser.add_argument("--quick", action="store_true", help="small smoke run: " + str(QUICK))
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     args = parser.parse_args(argv)
     if args.quick:
         args.tasks, args.n_heads, args.seeds = QUICK["tasks"], QUICK["n_heads"], QUICK["seeds"]
-        args.steps, args.n_sequences = QUICK["steps"], 128
+        args.steps, args.n_eval = QUICK["steps"], 128
     return args
 
 
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         summary = run_sweep_with_figures(config, args.out / task, executor, progress)
         print(summary.to_markdown())
-    settings = SpecializationSettings(n_sequences=args.n_sequences)
+    settings = SpecializationSettings(n_eval=args.n_eval)
     specialize_folder(args.out, settings, progress=progress)  # the report reads these results
     md, html = write_report(args.out, settings=settings)
     print(f"report: {md}\n        {html}")

@@ -25,7 +25,7 @@ from mhainterp.report import write_report
 from mhainterp.specialization import SpecializationSettings, sweep_specialization
 from mhainterp.sweep import fastest_executor
 
-QUICK = {"n_heads": "1,2,4", "seeds": "0,1,2", "steps": 200, "n_sequences": 128}
+QUICK = {"n_heads": "1,2,4", "seeds": "0,1,2", "steps": 200, "n_eval": 128}
 """--quick: 2 tasks x 3 head counts x 3 seeds, 200 steps; analyze only the largest h (seed 0)."""
 
 
@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--executor", default=None, help="sweep executor (default: batched when available)"
     )
-    parser.add_argument("--n-sequences", type=int, default=256, help="held-out sequences")
+    parser.add_argument("--n-eval", type=int, default=256, help="held-out sequences")
     parser.add_argument("--no-analyze", action="store_true", help="skip mhainterp analyze")
     parser.add_argument(
         "--analyze-eval", type=int, default=1024, help="sequences for mhainterp analyze"
@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.analyze_heads = None  # None: every head count
     if args.quick:
         args.n_heads, args.seeds = QUICK["n_heads"], QUICK["seeds"]
-        args.steps, args.n_sequences = QUICK["steps"], QUICK["n_sequences"]
+        args.steps, args.n_eval = QUICK["steps"], QUICK["n_eval"]
         args.analyze_eval, args.analyze_heads = 256, [max(_ints(args.n_heads))]
     return args
 
@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = not args.quiet
     executor = args.executor or fastest_executor()
     seeds = _ints(args.seeds)
-    settings = SpecializationSettings(n_sequences=args.n_sequences)
+    settings = SpecializationSettings(n_eval=args.n_eval)
     for task in [t.strip() for t in args.tasks.split(",") if t.strip()]:
         config = SweepConfig(
             task=task,

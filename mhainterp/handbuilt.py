@@ -27,7 +27,8 @@ from mhainterp.model import HookedMHATransformer
 __all__ = ["HEAD_KINDS", "handbuilt_model"]
 
 # kind -> (query position q attends key position k) rule; None = no QK (uniform) or no output.
-HEAD_KINDS = ("previous", "mirror", "self", "first", "uniform", "dead")
+HEAD_KINDS = ("previous", "mirror", "self", "first", "uniform", "dead", "count", "count_sink")
+_COUNTING_KINDS = ("count", "count_sink")
 _COPYING_KINDS = ("previous", "mirror", "self", "first")
 
 
@@ -59,7 +60,12 @@ def handbuilt_model(
     Kinds: ``"previous"`` (attend to q-1 and copy its token), ``"mirror"`` (attend to T-1-q,
     copy), ``"self"``, ``"first"`` (attend to position 0, copy), ``"uniform"`` (equal weight on
     every visible key; writes ``uniform_weight`` x the average visible token into the copy
-    block), ``"dead"`` (all weights zero: writes nothing). Repeat a kind to get identical heads.
+    block), ``"dead"`` (all weights zero: writes nothing), ``"count"`` (equal weight on every
+    visible key holding the query's token, the query itself included: in a causal model the
+    set ``same_token_upto`` a counting head spreads over), ``"count_sink"`` (the same plus the
+    first position as a sink; uniform over set and sink when position 0 holds a token no later
+    position holds, a BOS, else position 0 gets the weight of two keys). Counting heads write
+    like ``uniform`` heads. Repeat a kind to get identical heads.
 
     The unembedding reads class ``c < V`` from the copy block and the extra class ``V`` from
     position 0, so on ``previous_token`` (fixed class ``V`` at t=0) a model with a previous head
@@ -83,6 +89,8 @@ def handbuilt_model(
     """
     kinds = list(kinds)
     unknown = [k for k in kinds if k not in HEAD_KINDS]
+    if d_head < max(seq_len, d_vocab + 1) and any(k == "count_sink" for k in kinds):
+        raise ValueError(f"d_head={d_head} must be >= d_vocab + 1 for a 'count_sink' head")
     if not kinds or unknown:
         raise ValueError(f"unknown head kinds {unknown or kinds}; allowed: {HEAD_KINDS}")
     if "mirror" in kinds and causal:
@@ -128,8 +136,19 @@ def handbuilt_model(
         W_K = torch.zeros(n_heads, d_model, d_head)
         W_V = torch.zeros(n_heads, d_model, d_head)
         W_O = torch.zeros(n_heads, d_head, d_model)
+        b_Q = torch.zeros(n_heads, d_head)
         for h, kind in enumerate(kinds):
             if kind == "dead":
+                continue
+            if kind in _COUNTING_KINDS:
+                # QK on tokens: score = scale where the key holds the query's token.
+                W_Q[h, tok, :V] = scale * torch.eye(V)
+                W_K[h, tok, :V] = torch.eye(V)
+                if kind == "count_sink":  # every query also scores position 0 (dim V)
+                    b_Q[h, V] = scale
+                    W_K[h, V + 0, V] = 1.0
+                W_V[h, tok, :V] = torch.eye(V)
+                W_O[h, :V, copy] = uniform_weight * torch.eye(V)
                 continue
             # QK on positions: query q's vector is scale * e_{key(q)}, key k's vector is e_k.
             for q in range(T):
@@ -142,6 +161,7 @@ def handbuilt_model(
             weight = uniform_weight if kind == "uniform" else copy_weights[h]
             W_O[h, :V, copy] = weight * torch.eye(V)
         attn.W_Q, attn.W_K, attn.W_V, attn.W_O = W_Q, W_K, W_V, W_O
+        attn.b_Q = b_Q
         # Unembed: class c < V reads the copy block; class V ("no previous token") reads pos 0.
         logit_scale = 20.0
         model.unembed.weight[:V, copy] = logit_scale * torch.eye(V)

@@ -103,17 +103,49 @@ def _head_table(result: SpecializationResult) -> pd.DataFrame:
     columns = {
         "head_label": "head",
         "label": "label",
+        "holds": "holds",
+        "needed": "needed",
+        "backed_up": "backed up",
+        "dead": "dead",
         "top_role": "best role",
         "top_score": "score",
         "top_effect": "effect",
         "top_p_adj": "p (corrected)",
+        "explained": "explained",
+        "unexplained": "unexplained",
         "output_ratio": "write / resid",
         "total_damage": "acc drop if removed",
         "causal_target": "hurts most",
         "causal_selectivity": "selectivity",
         "redundant_with": "redundant with",
     }
-    return result.heads[list(columns)].rename(columns=columns)
+    present = [c for c in columns if c in result.heads.columns]  # older saved results lack some
+    return result.heads[present].rename(columns=columns)
+
+
+_HEAD_CAPTION = (
+    "Per head: label and evidence. holds = the relation it holds (count:… = spread evenly "
+    "over the set, +sink = with the first position as a sink), needed = removing it alone "
+    "costs accuracy, backed up = redundant; explained = share of its attention on the union of "
+    "the known relations, unexplained = the rest."
+)
+
+
+def _stability_table(result: SpecializationResult) -> pd.DataFrame | None:
+    """Share of the head labels that change with each threshold x 0.8 / x 1.25."""
+    from mhainterp.specialization.stability import stability_summary
+
+    table = getattr(result, "stability", None)
+    if table is None or not len(table):
+        return None
+    summary = stability_summary(table)
+    return summary.rename(columns={"threshold": "threshold moved", "n_heads": "heads"})
+
+
+_STABILITY_CAPTION = (
+    "Labels re-decided from the saved evidence with each threshold x 0.8 and x 1.25: the "
+    "share of head labels that change (any = by at least one of the moves)."
+)
 
 
 _GROUP_CAPTION = (
@@ -144,13 +176,16 @@ def _specialization_blocks(
     blocks: list[Block] = [
         Heading(RUN_HEADING, level),
         Paragraph(
-            f"Role scores on {result.settings.n_sequences} held-out sequences; a role needs "
+            f"Role scores on {result.settings.n_eval} held-out sequences; a role needs "
             f"corrected p < {result.settings.alpha:g} against the permutation and "
             f"initialisation nulls and effect ≥ {result.settings.min_effect:g}."
         ),
         Bullets(result.verdict.lines),
-        Table(_head_table(result), "Per head: label and evidence."),
+        Table(_head_table(result), _HEAD_CAPTION),
     ]
+    stability = _stability_table(result)
+    if stability is not None:
+        blocks.append(Table(stability, _STABILITY_CAPTION))
     if len(result.redundancy_groups):
         blocks.append(Table(_group_table(result), _GROUP_CAPTION))
     captions = {
@@ -342,6 +377,22 @@ def _sweep_figures(sweep_dir: Path, results: pd.DataFrame) -> list[tuple[Path, s
     ]
 
 
+def _sweep_stability_blocks(result: SpecializationResult) -> list[Block]:
+    """Per head count: the share of head labels each threshold x 0.8 / x 1.25 changes."""
+    from mhainterp.specialization.stability import stability_summary
+
+    table = getattr(result, "stability", None)
+    if table is None or not len(table) or "run" not in result.heads.columns:
+        return []
+    h_of = dict(zip(result.heads["run"], result.heads["n_heads"], strict=False))
+    rows = []
+    for h, part in table.groupby(table["run"].map(h_of), sort=True):
+        summary = stability_summary(part)
+        rows.append({"h": int(h), **dict(zip(summary["threshold"], summary["share_any"]))})
+    frame = pd.DataFrame(rows).fillna(0.0)
+    return [Table(frame.round(3), _STABILITY_CAPTION.replace("(any", "per head count (any"))]
+
+
 def _sweep_specialization_blocks(
     spec: SweepSpecialization, sweep_dir: Path, level: int
 ) -> list[Block]:
@@ -362,6 +413,7 @@ def _sweep_specialization_blocks(
         Paragraph("Verdicts per head count:"),
         Bullets(result.verdict.lines),
     ]
+    blocks += _sweep_stability_blocks(result)
     figures = [
         (
             save_figure(
@@ -429,7 +481,7 @@ def write_report(
         path: A run folder, a sweep folder, or a folder of sweep folders.
         out: Where to write the two files (default: ``path``).
         settings: Show only specialization results saved with these settings
-            (``**overrides`` replace fields, e.g. ``n_sequences=128``); results saved with
+            (``**overrides`` replace fields, e.g. ``n_eval=128``); results saved with
             other settings count as missing. None (and no overrides): whatever is saved.
         **overrides: :class:`~mhainterp.specialization.SpecializationSettings` fields.
 

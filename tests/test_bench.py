@@ -72,7 +72,14 @@ def test_quick_bench_table_has_the_expected_rows_and_positive_timings():
                                    n_eval=32, workers=2)  # fmt: skip
     table = bench.run_bench(settings)
     assert list(table.columns) == bench.COLUMNS
-    assert list(table.section.unique()) == ["peak", "train", "cache", "ablation", "engine", "division"]
+    assert list(table.section.unique()) == [
+        "peak",
+        "train",
+        "cache",
+        "ablation",
+        "engine",
+        "division",
+    ]
 
     train = table[table.section == "train"]
     cases = set(zip(train.case, train.n_heads, strict=True))

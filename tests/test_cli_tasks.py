@@ -130,7 +130,7 @@ def test_a_users_task_file_trains_then_is_analysed_ablated_and_specialized_in_fr
     loaded = load_run(run)
     expected = evaluate(loaded.model, loaded.task, n_eval=64)["loss"]
     assert _before_loss(ablated.stdout) == pytest.approx(expected, abs=5e-5)
-    specialized = _cli("specialize", str(run), "--quiet", "--n-sequences", "64",
+    specialized = _cli("specialize", str(run), "--quiet", "--n-eval", "64",
                        "--task-module", task_file, cwd=tmp_path)  # fmt: skip
     assert specialized.returncode == 0, specialized.stderr
     heads = pd.read_csv(run / "analysis" / "specialization_heads.csv")

@@ -116,8 +116,8 @@ CASES.update(
 COMMANDS = {
     "analyze": ["analyze", "{run}", "--n-eval", "16", "--no-ablation", "--quiet"],
     "ablate": ["ablate", "{run}", "--heads", "L0H1", "--n-eval", "16"],
-    "specialize": ["specialize", "{run}", "--n-sequences", "16", "--quiet"],
-    "report": ["report", "{run}", "--n-sequences", "16", "--quiet"],
+    "specialize": ["specialize", "{run}", "--n-eval", "16", "--quiet"],
+    "report": ["report", "{run}", "--n-eval", "16", "--quiet"],
 }
 
 

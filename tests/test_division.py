@@ -273,7 +273,7 @@ def test_specialize_command_saves_the_division_and_the_report_shows_it(tmp_path,
     from mhainterp.report import write_report
 
     run = _run_folder(tmp_path / "run")
-    args = ["specialize", str(run), "--by", "token,position", "--n-sequences", "64", "--quiet"]
+    args = ["specialize", str(run), "--by", "token,position", "--n-eval", "64", "--quiet"]
     assert main(args) == 0
     out = capsys.readouterr().out
     # One head does damage (the previous-token head): a profile, but no index.

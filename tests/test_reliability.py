@@ -420,7 +420,7 @@ def test_enospc_at_a_write_is_one_line_and_the_sweep_stays_resumable(tmp_path, m
             raise OSError(errno.ENOSPC, "No space left on device", filename)
         return real(state, filename, metadata=metadata)
 
-    args = ["sweep", *TINY_ARGS, "--n-heads", "1,2", "--seeds", "0,1"]
+    args = ["sweep", *TINY_ARGS, "--n-heads", "1,2", "--seeds", "0,1", "--executor", "local"]
     assert main([*args, "--out", str(tmp_path / "reference")]) == 0
     monkeypatch.setattr(training, "save_file", fills_up)
     args += ["--out", str(out)]

@@ -52,8 +52,8 @@ def sweeps(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(sweeps):
-    specialize_folder(sweeps, n_sequences=N_SEQUENCES, progress=False)  # the report only reads
-    md, html = write_report(sweeps, n_sequences=N_SEQUENCES)
+    specialize_folder(sweeps, n_eval=N_SEQUENCES, progress=False)  # the report only reads
+    md, html = write_report(sweeps, n_eval=N_SEQUENCES)
     return md.read_text(encoding="utf-8"), html.read_text(encoding="utf-8")
 
 
@@ -99,16 +99,29 @@ def test_report_contains_the_specialization_numbers(sweeps, report):
             # Each run's verdict is saved; the group lines in the report are built from them.
             assert line.startswith(f"{task}, h=")
     # The verdict lines of the report are exactly those of the saved per-run results.
-    spec = sweep_specialization(sweeps / "multi_relation", n_sequences=N_SEQUENCES, progress=False)
+    spec = sweep_specialization(sweeps / "multi_relation", n_eval=N_SEQUENCES, progress=False)
     for line in spec.result.verdict.lines:
         assert f"- {line}" in md
         assert line in text
     assert "Attention is a clue, not an explanation" in md
+    # The stability table: per head count, the share of labels each threshold moves, as
+    # the saved stability rows give it.
+    from mhainterp.specialization import stability_summary
+
+    stability = spec.result.stability
+    runs_of_h2 = list(spec.runs.query("n_heads == 2")["run"])
+    h2 = stability[stability["run"].isin(runs_of_h2)]
+    assert runs_of_h2 and "Labels re-decided from the saved evidence" in md
+    any_share = stability_summary(h2).set_index("threshold").loc["any", "share_any"]
+    assert any(
+        line.startswith("| 2 |") and line.endswith(f"| {any_share:.3f} |")
+        for line in md.splitlines()
+    )
 
 
 def test_saved_sweep_specialization_reads_back_equal(sweeps, report):
     sweep = sweeps / "multi_relation"
-    spec = sweep_specialization(sweep, n_sequences=N_SEQUENCES, progress=False)
+    spec = sweep_specialization(sweep, n_eval=N_SEQUENCES, progress=False)
     loaded = SweepSpecialization.load(sweep)
     assert loaded.notes == spec.notes
     assert loaded.result.verdict.lines == spec.result.verdict.lines
@@ -138,11 +151,11 @@ def test_report_computes_nothing_and_says_what_is_missing(sweeps, tmp_path):
     assert not (sweep / "specialization_notes.json").exists()
     # Results saved with other settings count as missing when settings are asked for.
     run_dir = sweeps / "count_previous" / "runs" / "h2_seed0"
-    cached_specialization(run_dir, SpecializationSettings(n_sequences=N_SEQUENCES))
-    md_path, _ = write_report(run_dir, tmp_path / "other", n_sequences=N_SEQUENCES + 1)
+    cached_specialization(run_dir, SpecializationSettings(n_eval=N_SEQUENCES))
+    md_path, _ = write_report(run_dir, tmp_path / "other", n_eval=N_SEQUENCES + 1)
     other = md_path.read_text(encoding="utf-8")
     assert "has no saved specialization results made with the settings asked for" in other
-    md_path, _ = write_report(run_dir, tmp_path / "same", n_sequences=N_SEQUENCES)
+    md_path, _ = write_report(run_dir, tmp_path / "same", n_eval=N_SEQUENCES)
     assert "Not in this report" not in md_path.read_text(encoding="utf-8")
 
 
@@ -168,22 +181,22 @@ def test_markdown_figures_exist_with_their_csv(sweeps, report):
 
 def test_run_specialization_is_cached(sweeps):
     run_dir = sweeps / "count_previous" / "runs" / "h2_seed0"
-    settings = SpecializationSettings(n_sequences=N_SEQUENCES)
+    settings = SpecializationSettings(n_eval=N_SEQUENCES)
     meta = run_dir / "analysis" / "specialization.json"
     assert meta.is_file()  # written by specialize_folder before the report
     stamp = meta.stat().st_mtime_ns
     again = cached_specialization(run_dir, settings)
     assert meta.stat().st_mtime_ns == stamp  # reused, not recomputed
     assert again.verdict.text == read_json(meta)["verdict"]["text"]
-    other = cached_specialization(run_dir, SpecializationSettings(n_sequences=32), save=False)
-    assert other.settings.n_sequences == 32 and meta.stat().st_mtime_ns == stamp
+    other = cached_specialization(run_dir, SpecializationSettings(n_eval=32), save=False)
+    assert other.settings.n_eval == 32 and meta.stat().st_mtime_ns == stamp
 
 
 def test_a_result_missing_a_table_is_recomputed_not_misread(sweeps, tmp_path):
     # A result written before a table existed (here: redundancy_groups) must not load as if
     # complete: load() says what is missing, the cache recomputes and rewrites it.
     run_dir = sweeps / "count_previous" / "runs" / "h2_seed0"
-    settings = SpecializationSettings(n_sequences=N_SEQUENCES)
+    settings = SpecializationSettings(n_eval=N_SEQUENCES)
     cached_specialization(run_dir, settings)
     groups = run_dir / "analysis" / "specialization_redundancy_groups.csv"
     groups.unlink()
@@ -195,10 +208,10 @@ def test_a_result_missing_a_table_is_recomputed_not_misread(sweeps, tmp_path):
 
 def test_run_report(sweeps, tmp_path):
     run_dir = sweeps / "multi_relation" / "runs" / "h2_seed1"
-    specialize_folder(run_dir, n_sequences=N_SEQUENCES, progress=False)
-    md_path, html_path = write_report(run_dir, tmp_path, n_sequences=N_SEQUENCES)
+    specialize_folder(run_dir, n_eval=N_SEQUENCES, progress=False)
+    md_path, html_path = write_report(run_dir, tmp_path, n_eval=N_SEQUENCES)
     md = md_path.read_text(encoding="utf-8")
-    result = cached_specialization(run_dir, SpecializationSettings(n_sequences=N_SEQUENCES))
+    result = cached_specialization(run_dir, SpecializationSettings(n_eval=N_SEQUENCES))
     assert f"- {result.verdict.text}" in md
     eval_loss = read_json(run_dir / "eval.json")["loss"]
     assert f"loss {eval_loss:.4f}" in md
@@ -218,7 +231,7 @@ def _cli(argv: list[str]) -> int:
 
 def test_specialize_command_prints_the_verdict(sweeps, capsys):
     run_dir = sweeps / "count_previous" / "runs" / "h1_seed1"
-    code = _cli(["specialize", str(run_dir), "--n-sequences", str(N_SEQUENCES), "--quiet"])
+    code = _cli(["specialize", str(run_dir), "--n-eval", str(N_SEQUENCES), "--quiet"])
     out = capsys.readouterr().out
     assert code == 0
     saved = read_json(run_dir / "analysis" / "specialization.json")
@@ -233,7 +246,7 @@ def test_report_command_writes_both_files(sweeps, tmp_path, capsys):
             str(sweeps / "count_previous" / "runs" / "h2_seed1"),
             "--out",
             str(tmp_path),
-            "--n-sequences",
+            "--n-eval",
             str(N_SEQUENCES),
             "--quiet",
         ]
@@ -250,10 +263,10 @@ def test_run_report_shows_groups_tested_as_a_whole(tmp_path):
     metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
     saved = {**evaluate(model, task, n_eval=64), "status": "finished"}
     save_run(tmp_path / "run", model, task, TrainConfig(steps=1), metrics, saved)
-    specialize_folder(tmp_path / "run", n_sequences=64, progress=False)
-    md_path, html_path = write_report(tmp_path / "run", tmp_path / "report", n_sequences=64)
+    specialize_folder(tmp_path / "run", n_eval=64, progress=False)
+    md_path, html_path = write_report(tmp_path / "run", tmp_path / "report", n_eval=64)
     md = md_path.read_text(encoding="utf-8")
     assert "Groups of three or more heads" in md
-    row = next(line for line in md.splitlines() if "L0H0;L0H1;L0H2" in line)
+    row = next(line for line in md.splitlines() if "L0H0,L0H1,L0H2" in line)
     assert "similarity+role:previous" in row and "True" in row
     assert "similarity+role:previous" in html_path.read_text(encoding="utf-8")

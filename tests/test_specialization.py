@@ -5,6 +5,7 @@ values, the nulls match their definitions, and the verdict text follows the numb
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -26,12 +27,14 @@ from mhainterp.figures.specialization import (
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.model import HookedMHATransformer
 from mhainterp.specialization import (
+    THRESHOLDS,
     RunVerdict,
     SpecializationResult,
     SpecializationSettings,
     TargetDamage,
     Verdict,
     adjust_pvalues,
+    attach_division,
     benjamini_hochberg,
     causal_selectivity,
     combine_nulls,
@@ -39,7 +42,9 @@ from mhainterp.specialization import (
     holm,
     init_models,
     init_p_values,
+    label_stability,
     model_selectivity,
+    nested_roles,
     permutation_null_samples,
     profile_similarity,
     redundancy_groups,
@@ -50,10 +55,13 @@ from mhainterp.specialization import (
     similar_groups,
     specialization_summary,
     specialization_test,
+    stability_summary,
     target_damage,
 )
 from mhainterp.specialization.roles import RoleSums, role_frame
+from mhainterp.specialization.stability import RunEvidence, relabel, run_stability
 from mhainterp.tasks import get_task
+from mhainterp.tasks.builtin import CountPreviousTask
 from mhainterp.training import build_model, evaluate
 
 T, V = 16, 10
@@ -193,7 +201,7 @@ def test_exact_permutation_moments_match_monte_carlo():
     sums = RoleSums()
     sums.add_batch(patterns[:, None, None], templates, visible)
     exact = role_frame(sums).set_index("role")
-    for role in ("same_token_before", "previous", "first_position"):
+    for role in ("same_token_upto", "previous", "first_position", "same_token_upto+sink"):
         draws = permutation_null_samples(
             patterns,
             templates[role],
@@ -210,7 +218,7 @@ def test_role_scores_known_values(previous_task):
     # and sees one key). Exact previous head: 1; uniform head: the mean of 1 / (q + 1); a head
     # on position 0 is on the previous key only at q = 1.
     model = handbuilt_model(["previous", "uniform", "first"])
-    roles = role_scores(model, previous_task, n_sequences=128)
+    roles = role_scores(model, previous_task, n_eval=128)
     previous = roles[roles["role"] == "previous"]
     uniform = sum(1.0 / (q + 1) for q in range(1, T)) / (T - 1)
     np.testing.assert_allclose(previous["score"], [1.0, uniform, 1.0 / (T - 1)], atol=1e-6)
@@ -235,17 +243,31 @@ def test_role_templates_drop_generic_duplicates():
     task = get_task("count_previous", seq_len=6, d_vocab=3)
     tokens = task.eval_batch(4).tokens
     causal = role_templates(tokens, task=task, causal=True)
-    # Causal: the generic same_token (other copies) sees only earlier copies = the task's.
+    # The task's set includes the query itself, so the generic same_token (other copies: in a
+    # causal model the earlier ones) is another template; sets of several keys get a +sink
+    # variant, and the union of the testable ones is "explained".
     assert list(causal) == [
-        "same_token_before",
+        "same_token_upto",
         "previous",
         "self",
         "first_position",
+        "same_token",
         "mirror",
         "uniform",
+        "same_token_upto+sink",
+        "same_token+sink",
+        "explained",
     ]
-    bidirectional = role_templates(tokens, task=task, causal=False)
-    assert "same_token" in bidirectional
+    task = get_task("multi_relation", seq_len=6, d_vocab=3)
+    tokens = task.eval_batch(4).tokens
+    # Bidirectional: the generic same_token (every other copy) differs from the task's sets.
+    generic = role_templates(tokens, task=task, causal=False)
+    assert "same_token" in generic and "mirror+sink" not in generic  # mirror marks one key
+    sink = generic["same_token_upto+sink"]
+    assert torch.equal(sink[:, :, 0], torch.ones_like(sink[:, :, 0]))  # every query: key 0
+    assert torch.equal(
+        torch.maximum(sink[:, :, 1:], generic["same_token_upto"][:, :, 1:]), sink[:, :, 1:]
+    )
 
 
 def test_init_null_matches_the_runs_starting_point(multi_task):
@@ -314,9 +336,14 @@ def test_hand_model_causal_matrix_and_selectivity(hand_result):
 def test_hand_model_verdict_text(hand_result):
     text = hand_result.verdict.text
     assert "multi_relation, h=3, seed 0" in text
-    assert "2 of 3 heads hold a distinct role" in text
-    assert "L0H0 previous (effect 1.00), L0H1 mirror (effect 1.00)" in text
-    assert "0 redundant (none); 1 dead (L0H2); 0 unspecialized (none)." in text
+    assert (
+        "2 heads of 3 hold 2 relations (mirror: 1 head (L0H1); previous: 1 head (L0H0); "
+        "each p < 0.05 after Holm correction against both nulls, effect ≥ 0.3); 2 of 3 needed"
+    ) in text
+    assert "0 backed up, 1 dead." in text
+    assert "Division of labour not measured (no division table)" in text
+    assert "Labels are stable: none changes with any threshold x 0.8 or x 1.25." in text
+    assert "Labels: 0 redundant (none); 1 dead (L0H2); 0 unspecialized (none)." in text
     null = hand_result.runs.iloc[0]["causal_null"]
     assert f"Causal selectivity 1.00 vs permutation null {null:.2f} (p = 0.001)" in text
     assert "Ablation backs 2 of 2 role heads" in text
@@ -324,7 +351,7 @@ def test_hand_model_verdict_text(hand_result):
 
 def test_a_head_that_mixes_two_relations_is_unspecialized(multi_task):
     model = multi_relation_model(["previous", "mix"], d_head=24)
-    result = specialization_test(model, multi_task, n_sequences=128)
+    result = specialization_test(model, multi_task, n_eval=128)
     heads = result.heads.set_index("head_label")
     assert heads["label"].tolist() == ["previous", "unspecialized"]
     # Half the weight on each key, all of it where the two keys coincide (q = 8) or only one
@@ -341,7 +368,7 @@ def test_a_head_that_mixes_two_relations_is_unspecialized(multi_task):
 def test_handbuilt_bidirectional_previous_mirror_dead(previous_task):
     task = get_task("reverse", seq_len=T, d_vocab=V)
     model = handbuilt_model(["previous", "mirror", "dead"], causal=False)
-    result = specialization_test(model, task, n_sequences=128)
+    result = specialization_test(model, task, n_eval=128)
     assert result.heads["label"].tolist() == ["previous", "mirror", "dead"]
 
 
@@ -355,17 +382,20 @@ def test_handbuilt_bidirectional_previous_mirror_dead(previous_task):
 )
 def test_copies_are_redundant(previous_task, kinds, labels):
     model = handbuilt_model(kinds, d_head=18)
-    result = specialization_test(model, previous_task, n_sequences=128)
+    result = specialization_test(model, previous_task, n_eval=128)
     assert result.heads["label"].tolist() == labels
     copies = [f"L0H{i}" for i, k in enumerate(kinds) if k == "previous"]
     pairs = result.redundancy[result.redundancy["redundant"]]
     assert sorted(set(pairs["head_a"]) | set(pairs["head_b"])) == copies
     assert (pairs["similarity"] > 0.999).all() and (pairs["backup"] > 0.99).all()
     assert f"{len(copies)} redundant ({' = '.join(copies)}: previous)" in result.verdict.text
+    # Backed up, not holding nothing: the copies hold one relation between them.
+    assert f"{len(copies)} heads of {len(kinds)} hold 1 relation (previous: " in result.verdict.text
+    assert result.heads["redundant_with"].iloc[0] == ",".join(copies[1:])
     groups = result.redundancy_groups
     if len(copies) == 3:  # one group, found by similarity and by the shared role
         assert groups["basis"].tolist() == ["similarity+role:previous"]
-        assert groups["heads"].tolist() == [";".join(copies)]
+        assert groups["heads"].tolist() == [",".join(copies)]
         assert groups["redundant"].tolist() == [True]
     else:
         assert groups.empty  # pairs are the pair test's
@@ -375,7 +405,7 @@ def test_a_group_of_copies_is_tested_as_a_whole(previous_task):
     model = handbuilt_model(["previous"] * 3, d_head=18)
     batch = previous_task.eval_batch(128)
     groups = redundancy_groups(model, batch)
-    assert groups["heads"].tolist() == ["L0H0;L0H1;L0H2"]
+    assert groups["heads"].tolist() == ["L0H0,L0H1,L0H2"]
     row = groups.iloc[0]
     clean = evaluate(model, batch)["loss"]
     with ablate(model, ["L0H0", "L0H1", "L0H2"], "mean", reference=batch):
@@ -408,7 +438,7 @@ def test_redundancy_reads_its_thresholds_from_the_settings(previous_task):
 def test_similar_heads_nobody_needs_are_not_a_redundant_group(previous_task):
     model = handbuilt_model(["previous", "uniform", "uniform", "uniform"], d_head=16)
     groups = redundancy_groups(model, previous_task.eval_batch(128))
-    assert groups["heads"].tolist() == ["L0H1;L0H2;L0H3"]  # identical patterns
+    assert groups["heads"].tolist() == ["L0H1,L0H2,L0H3"]  # identical patterns
     # Removing them costs nothing (here it even lowers the loss a little): nothing to back up.
     assert groups.loc[0, "damage_all"] < 0.005
     assert not bool(groups.loc[0, "redundant"])
@@ -423,8 +453,8 @@ def test_extra_groups_are_tested_once_with_their_bases(previous_task):
     ]
     groups = redundancy_groups(model, previous_task.eval_batch(64), groups=extra)
     assert groups[["basis", "heads"]].values.tolist() == [
-        ["similarity+role:previous", "L0H0;L0H1;L0H2"],
-        ["mine", "L0H0;L0H1;L0H3"],
+        ["similarity+role:previous", "L0H0,L0H1,L0H2"],
+        ["mine", "L0H0,L0H1,L0H3"],
     ]
 
 
@@ -445,7 +475,7 @@ def test_untrained_models_are_not_called_specialized(task_name):
     with_role, with_p = [], []
     for seed in range(5):
         model = build_model(task, d_model=64, n_heads=4, seed=seed)
-        result = specialization_test(model, task, n_sequences=128, n_permutations=200)
+        result = specialization_test(model, task, n_eval=128, n_permutations=200)
         with_role.append(int((~result.heads["label"].isin(["unspecialized", "dead"])).sum()))
         testable = result.roles[result.roles["role"] != "uniform"]
         with_p.append(int(testable.groupby("head_label")["p_adj"].min().lt(0.05).sum()))
@@ -528,7 +558,7 @@ def test_consistency_matches_permuted_heads():
         "b": {"L0H0": "mirror", "L0H1": "previous"},
     }
     pairs, summary = cross_seed_consistency({"a": a, "b": b}, labels, n_shuffles=50)
-    assert pairs.loc[0, "matched"] == "L0H0=L0H1;L0H1=L0H0"
+    assert pairs.loc[0, "matched"] == "L0H0=L0H1,L0H1=L0H0"
     assert summary["consistency"] == 1.0
     assert summary["random_matching"] == 0.5  # mean of the matrix: a random matching's mean
     assert summary["label_agreement"] == 1.0 and summary["label_agreement_random"] == 0.5
@@ -545,8 +575,10 @@ def _verdict(**changes) -> RunVerdict:
         n_layers=1,
         seed=0,
         n_targets=3,
-        role_heads={"L0H0": "previous", "L0H1": "mirror", "L0H3": "same_token_before"},
+        role_heads={"L0H0": "previous", "L0H1": "mirror", "L0H3": "same_token_upto"},
         role_effects={"L0H0": 0.9, "L0H1": 0.8, "L0H3": 0.4},
+        relations={"previous": ["L0H0"], "mirror": ["L0H1"], "same_token_upto": ["L0H3"]},
+        needed=["L0H0", "L0H1"],
         dead=["L0H2"],
         supported=["L0H0", "L0H1"],
         largest_p_adj=0.004,
@@ -561,14 +593,21 @@ def _verdict(**changes) -> RunVerdict:
 
 def test_verdict_text_is_generated_from_the_numbers():
     text = _verdict().text
-    assert text.startswith("multi_relation, h=4, seed 0 (accuracy 0.950): 3 of 4 heads hold")
-    assert "each p < 0.01 after Holm correction" in text
+    assert text.startswith(
+        "multi_relation, h=4, seed 0 (accuracy 0.950): 3 heads of 4 hold 3 relations (mirror: 1 "
+        "head (L0H1); previous: 1 head (L0H0); same_token_upto: 1 head (L0H3); each p < 0.01 "
+        "after Holm correction"
+    )
+    assert (
+        "; 2 of 4 needed (removing one alone costs ≥ 0.01 accuracy), 0 backed up, 1 dead." in text
+    )
     assert "1 dead (L0H2)" in text
     assert "Causal selectivity 0.80 vs permutation null 0.20 (p = 0.001)" in text
     assert "Ablation backs 2 of 3 role heads" in text
     changed = _verdict(
         role_heads={"L0H1": "mirror"},
         role_effects={"L0H1": 0.55},
+        relations={"mirror": ["L0H1"]},
         dead=[],
         unspecialized=["L0H0", "L0H2", "L0H3"],
         supported=[],
@@ -577,8 +616,8 @@ def test_verdict_text_is_generated_from_the_numbers():
         causal_p=0.2,
         correction="bh",
     ).text
-    assert "1 of 4 heads holds a distinct role" in changed
-    assert "Benjamini-Hochberg" in changed and "L0H1 mirror (effect 0.55)" in changed
+    assert "1 head of 4 hold 1 relation (mirror: 1 head (L0H1)" in changed
+    assert "Benjamini-Hochberg" in changed
     assert "3 unspecialized (L0H0, L0H2, L0H3)" in changed
     assert "Causal selectivity 0.35 vs permutation null 0.31 (p = 0.2)" in changed
     assert changed != text
@@ -588,7 +627,8 @@ def test_verdict_text_is_generated_from_the_numbers():
 
 
 def test_group_verdict_summarises_seeds():
-    runs = [_verdict(seed=0), _verdict(seed=1, role_heads={"L0H0": "previous"}), _verdict(seed=2)]
+    one = dict(role_heads={"L0H0": "previous"}, relations={"previous": ["L0H0"]})
+    runs = [_verdict(seed=0), _verdict(seed=1, **one), _verdict(seed=2)]
     verdict = Verdict(
         runs,
         {
@@ -601,32 +641,46 @@ def test_group_verdict_summarises_seeds():
         },
     )
     (line,) = verdict.lines
-    assert "multi_relation, h=4, 3 seeds: 2.33 ± 1.15 of 4 heads" in line
-    assert "(per seed: 3, 1, 3)" in line
-    assert "mirror (2/3 seeds), previous (3/3 seeds), same_token_before (2/3 seeds)" in line
+    # Counts (relations, heads per relation) and shares (needed, redundant, dead) apart.
+    assert line.startswith(
+        "multi_relation, h=4, 4 heads, 3 seeds (mean ± std): relations covered 2.33 ± 1.15 (a "
+        "count; per seed 3, 1, 3), heads per relation 1.00 ± 0.00 (a count); needed share "
+        "0.50 ± 0.00 (needed but holding no known relation 0.08 ± 0.14), backed-up share "
+        "0.00 ± 0.00, redundant share 0.00 ± 0.00, dead share 0.25 ± 0.00."
+    )
+    assert "mirror (2/3 seeds), previous (3/3 seeds), same_token_upto (2/3 seeds)" in line
     assert "0.90 vs random matching 0.40 and role-shuffled null 0.50 (p = 0.01)" in line
     assert verdict.caveats[2].startswith("3 seeds per task and head count")
 
 
 def test_group_verdict_names_roles_held_by_redundant_groups():
-    copies = dict(role_heads={}, role_effects={}, dead=[], supported=[])
+    copies = dict(role_heads={}, role_effects={}, dead=[], supported=[], needed=[])
     group = ["L0H0", "L0H1", "L0H2", "L0H3"]
+    held = dict(relations={"mirror": group}, backed_up=group)
     runs = [
-        _verdict(seed=0, redundant_groups=[group], redundant_roles=["mirror"], **copies),
-        _verdict(seed=1, redundant_groups=[group], redundant_roles=["mirror"], **copies),
-        _verdict(seed=2, unspecialized=group, **copies),
+        _verdict(seed=0, redundant_groups=[group], redundant_roles=["mirror"], **held, **copies),
+        _verdict(seed=1, redundant_groups=[group], redundant_roles=["mirror"], **held, **copies),
+        _verdict(seed=2, unspecialized=group, relations={}, **copies),
     ]
     (line,) = Verdict(runs).lines
-    assert "0.00 ± 0.00 of 4 heads hold a distinct role" in line
-    assert "redundant 2.67 ± 2.31" in line
-    assert "Roles found: mirror held by a redundant group (2/3 seeds)." in line
+    assert "relations covered 0.67 ± 0.58 (a count; per seed 1, 1, 0)" in line
+    # Undefined for the seed with none, and the n says so.
+    assert (
+        "heads per relation 4.00 ± 0.00 (a count; n = 2 of 3 seeds, those with a relation)" in line
+    )
+    assert "backed-up share 0.67 ± 0.58, redundant share 0.67 ± 0.58, dead share 0.00" in line
+    assert "Relations: mirror (2/3 seeds)" in line
 
 
 def test_verdict_counts_equal_the_head_table(hand_result):
     heads = hand_result.heads
     n_role = int((~heads["label"].isin(["unspecialized", "redundant", "dead"])).sum())
-    assert f"{n_role} of {len(heads)} heads" in hand_result.verdict.text
+    n_holding = int((heads["holds"] != "").sum())
+    assert f"{n_holding} heads of {len(heads)} hold" in hand_result.verdict.text
     assert hand_result.runs.iloc[0]["n_role"] == n_role
+    assert hand_result.runs.iloc[0]["n_relations"] == 2
+    assert hand_result.runs.iloc[0]["heads_per_relation"] == 1.0
+    assert hand_result.runs.iloc[0]["n_needed"] == int(heads["needed"].sum()) == 2
 
 
 # ----------------------------------------------------------------------------- plumbing
@@ -725,3 +779,254 @@ def test_summary_table_known_values():
     assert row["accuracy_mean"] == pytest.approx(0.9) and row["accuracy_std"] == 0.0
     assert row["consistency"] == 0.8 and row["consistency_p"] == 0.02
     assert math.isnan(table.set_index("n_heads").loc[1, "consistency"])
+
+
+# ----------------------------------------------------------------------------- counting, nesting
+
+
+class _BosCountTask(CountPreviousTask):
+    """count_previous with a BOS: token 0 at position 0 and nowhere else (a clean sink)."""
+
+    name = "count_previous_bos"
+
+    def sample_tokens(self, n, lengths, generator):
+        tokens = torch.randint(1, self.d_vocab, (n, self.seq_len), generator=generator)
+        tokens[:, 0] = 0
+        return tokens
+
+
+@pytest.fixture(scope="module")
+def count_task():
+    return get_task("count_previous", seq_len=T, d_vocab=V)
+
+
+def test_a_counting_head_gets_the_counting_label(count_task):
+    # Uniform over the copies of the query's token up to itself: the task's own set, spread
+    # exactly evenly; its attention is all on known relations.
+    model = handbuilt_model(["count", "previous"], d_head=18)
+    result = specialization_test(model, count_task, n_eval=64, n_permutations=100)
+    heads = result.heads.set_index("head_label")
+    assert heads["label"].tolist() == ["count:same_token_upto", "previous"]
+    assert heads.loc["L0H0", "role_evenness"] == pytest.approx(1.0, abs=1e-6)
+    assert math.isnan(heads.loc["L0H1", "role_evenness"])  # one key: nothing to spread over
+    assert heads["explained"].tolist() == pytest.approx([1.0, 1.0], abs=1e-6)
+    assert heads["unexplained"].tolist() == pytest.approx([0.0, 0.0], abs=1e-6)
+    # It also puts mass on self (nested in the set): not mixing.
+    assert (
+        "self" in heads.loc["L0H0", "roles"].split(";") and heads.loc["L0H0", "mixed_roles"] == ""
+    )
+    assert result.verdict.runs[0].relations == {"same_token_upto": ["L0H0"], "previous": ["L0H1"]}
+
+
+def test_a_counting_head_with_a_sink_gets_the_sink_label():
+    task = _BosCountTask(seq_len=T, d_vocab=V)
+    model = handbuilt_model(["count_sink", "previous"], d_head=18)
+    result = specialization_test(model, task, n_eval=64, n_permutations=100)
+    heads = result.heads.set_index("head_label")
+    assert heads["label"].tolist() == ["count:same_token_upto+sink", "previous"]
+    assert heads.loc["L0H0", "role_evenness"] == pytest.approx(1.0, abs=1e-6)
+    roles = result.roles[result.roles["head_label"] == "L0H0"].set_index("role")
+    # With c earlier copies the sink gets 1 / (c + 2): all mass on set + sink, part on each.
+    assert roles.loc["same_token_upto+sink", "score"] == pytest.approx(1.0, abs=1e-6)
+    batch = task.eval_batch(64)
+    counts = batch.targets[:, 1:].double()  # queries 1..T-1 (query 0 sees one key)
+    assert roles.loc["first_position", "score"] == pytest.approx(
+        float((1.0 / (counts + 2)).mean()), abs=1e-6
+    )
+
+
+def test_evenness_by_hand():
+    # One query (q = 2) sees 3 keys; the set is keys {0, 1}: weights 0.3, 0.1 -> within the set
+    # 0.75, 0.25 -> overlap with (0.5, 0.5) = 0.5 + 0.25. Query 1's set has one key: left out.
+    patterns = torch.tensor([[1.0, 0, 0], [0.5, 0.5, 0], [0.3, 0.1, 0.6]])[None, None, None]
+    template = torch.tensor([[[0.0, 0, 0], [1, 0, 0], [1, 1, 0]]])
+    sums = RoleSums()
+    sums.add_batch(patterns, {"set": template}, visible_keys(torch.ones(1, 3).bool(), True))
+    assert sums.evenness.counts == {"set": 1.0}
+    assert role_frame(sums).loc[0, "evenness"] == pytest.approx(0.75)
+
+
+def test_nesting_is_decided_on_the_queries_both_roles_count():
+    # inner marks key 0 for q = 1, where outer marks nothing; on q = 2, the only query both
+    # count, inner {1} sits inside outer {0, 1}. Decided on all queries, inner would not nest.
+    inner = torch.tensor([[[0.0, 0, 0], [1, 0, 0], [0, 1, 0]]])
+    outer = torch.tensor([[[0.0, 0, 0], [0, 0, 0], [1, 1, 0]]])
+    visible = visible_keys(torch.ones(1, 3).bool(), True)
+    nested = nested_roles({"inner": inner, "outer": outer}, visible)
+    assert nested == {("inner", "outer")}
+    apart = torch.tensor([[[0.0, 0, 0], [0, 0, 0], [0, 0, 1]]])  # q = 2 only, key 2: not in
+    assert nested_roles({"inner": inner, "apart": apart}, visible) == set()
+
+
+# ----------------------------------------------------------------------------- stability
+
+
+def _evidence(effect: float, backup: float) -> RunEvidence:
+    roles = pd.DataFrame(
+        {
+            "head_label": ["L0H0", "L0H1", "L0H2"],
+            "role": ["previous"] * 3,
+            "p_adj": [1e-6] * 3,
+            "effect": [effect, 0.9, 0.9],
+            "chance": [0.1] * 3,
+            "evenness": [math.nan] * 3,
+        }
+    )
+    pairs = pd.DataFrame(
+        {
+            "head_a": ["L0H0", "L0H0", "L0H1"],
+            "head_b": ["L0H1", "L0H2", "L0H2"],
+            "similarity": [0.1, 0.1, 0.95],
+            "damage_joint": [math.nan, math.nan, 0.3],
+            "backup": [math.nan, math.nan, backup],
+        }
+    )
+    groups = pd.DataFrame(  # the three share a role: tested as a group, which backs nothing up
+        {"basis": ["role:previous"], "heads": ["L0H0,L0H1,L0H2"], "size": [3],
+         "damage_all": [0.5], "damage_keep_one_mean": [0.45], "damage_keep_one_max": [0.5],
+         "backup": [0.1], "redundant": [False]}
+    )  # fmt: skip
+    ratio = {"L0H0": 1.0, "L0H1": 1.0, "L0H2": 1.0}
+    return RunEvidence(roles, ratio, pairs, groups, set(), {"L0H0": 0.2})
+
+
+def test_relabelling_counts_exactly_the_labels_that_move():
+    # L0H0's effect 0.33 passes min_effect 0.3 but not 0.375 (x 1.25); L0H1 = L0H2 back each
+    # other up at 0.55, which passes backup_ratio 0.5 but not 0.625. Nothing else moves.
+    settings = SpecializationSettings()
+    evidence = _evidence(effect=0.33, backup=0.55)
+    decisions, needed, untested = relabel(evidence, settings)
+    labels = {h: d.label for h, d in decisions.items()}
+    assert labels == {"L0H0": "previous", "L0H1": "redundant", "L0H2": "redundant"}
+    assert needed == {"L0H0": True, "L0H1": False, "L0H2": False} and untested == 0
+    table = run_stability("r", evidence, labels, settings)
+    moved = table[table["n_changed"] > 0][["threshold", "factor", "changed"]].values.tolist()
+    assert moved == [
+        ["min_effect", 1.25, "L0H0"],
+        ["min_similarity", 1.25, "L0H1,L0H2"],  # 0.95 < 1.0 (0.9 x 1.25, capped at 1)
+        ["backup_ratio", 1.25, "L0H1,L0H2"],
+    ]
+    assert len(table) == 2 * len(THRESHOLDS)
+    summary = stability_summary(table).set_index("threshold")
+    assert summary.loc["any", "share_any"] == 1.0  # every head moves under some threshold
+    assert summary.loc["min_effect", "share_x1.25"] == pytest.approx(1 / 3)
+    assert summary.loc["dead_tol", "share_any"] == 0.0
+    # Clear margins: only the similarity gate capped at 1 (above 0.95) still moves the pair.
+    stable = run_stability("r", _evidence(0.9, 0.9), labels, settings)
+    assert stable.loc[stable["threshold"] != "min_similarity", "n_changed"].sum() == 0
+
+
+def test_saved_results_relabel_to_the_same_table(previous_task, tmp_path):
+    # The stability test reads only saved tables: re-running it on a loaded result gives the
+    # same table, and the run's own labels come back under the unchanged settings.
+    model = handbuilt_model(["previous", "previous", "uniform"], d_head=16)
+    result = specialization_test(model, previous_task, n_eval=64, n_permutations=100)
+    result.save(tmp_path)
+    loaded = SpecializationResult.load(tmp_path)
+    pd.testing.assert_frame_equal(
+        label_stability(loaded)[["threshold", "factor", "n_changed"]],
+        result.stability[["threshold", "factor", "n_changed"]],
+    )
+    assert result.stability["n_untested"].sum() == 0
+    run = result.verdict.runs[0]
+    assert run.relations == {"previous": ["L0H0", "L0H1"]} and run.heads_per_relation == 2.0
+    assert run.backed_up == ["L0H0", "L0H1"]
+
+
+# ----------------------------------------------------------------------------- division in verdicts
+
+
+def test_mirror_copies_read_as_one_relation_and_no_division():
+    # Reverse's picture: every head attends to the mirror, any one can go at no cost. With a
+    # division table whose indices sit inside their nulls, the verdict must say exactly that.
+    task = get_task("reverse", seq_len=T, d_vocab=V)
+    model = handbuilt_model(["mirror"] * 4, causal=False)
+    result = specialization_test(model, task, n_eval=64, n_permutations=100)
+    assert result.heads["label"].tolist() == ["redundant"] * 4
+    assert result.heads["holds"].tolist() == ["mirror"] * 4
+    assert not result.heads["needed"].any()
+    text = result.verdict.text
+    assert "4 heads of 4 hold 1 relation (mirror: 4 heads (L0H0, L0H1, L0H2, L0H3);" in text
+    assert "0 of 4 needed" in text and "4 backed up, 0 dead." in text
+    assert "does not say whether the heads divide the work" in text
+    assert re.search(r"\bspecialized\b", text) is None  # no division claimed without the table
+    inside = pd.DataFrame(
+        {"by": ["token", "position"], "index": [0.01, 0.02], "null_index": [0.02, 0.02],
+         "p": [0.7, 0.5]}
+    )  # fmt: skip
+    attached = attach_division(result, inside)
+    text = attached.verdict.text
+    assert (
+        "Division index by token 0.01 vs null 0.02 (p = 0.7, inside its null); by position 0.02 "
+        "vs null 0.02 (p = 0.5, inside its null): not specialized: the heads divide the work "
+        "along none of the axes tested."
+    ) in text
+    assert attached.runs.iloc[0]["specialized_along"] == ""
+    beyond = inside.assign(index=[0.4, 0.02], p=[0.001, 0.5])
+    assert "specialized (the heads divide the work) along token." in (
+        attach_division(result, beyond).verdict.text
+    )
+
+
+def test_group_verdict_reads_the_division_of_every_seed():
+    rows = [{"by": "token", "index": 0.02, "null_index": 0.03, "p": 0.6}]
+    mirror = dict(relations={"mirror": [f"L0H{i}" for i in range(8)]}, n_heads=8, n_targets=1)
+    runs = [_verdict(seed=s, division=rows, **mirror) for s in range(3)]
+    (line,) = Verdict(runs).lines
+    assert "relations covered 1.00 ± 0.00 (a count; per seed 1, 1, 1), heads per relation " in line
+    assert "8.00 ± 0.00 (a count)" in line
+    assert (
+        "Division index by token 0.02 ± 0.00 vs null 0.03 ± 0.00, beyond its null in 0/3 seeds: "
+        "not specialized" in line
+    )
+
+
+def test_settings_read_the_old_name_and_scale_within_bounds():
+    old = SpecializationSettings.from_dict({"n_sequences": 32})
+    assert old.n_eval == 32
+    assert SpecializationSettings().scaled("backup_ratio", 1.25).backup_ratio == 0.625
+    assert SpecializationSettings().scaled("min_similarity", 1.25).min_similarity == 1.0
+    with pytest.raises(ValueError, match="name='alpha' is invalid"):
+        SpecializationSettings().scaled("alpha", 0.8)
+
+
+def test_eight_mirror_copies_are_backed_up_and_their_label_rests_on_the_backup_ratio():
+    # Eight copies, each writing 1/8: removing any one costs nothing; keeping one of the eight
+    # keeps a little more than half of the job (group backup 0.54), so the label "redundant"
+    # rests on backup_ratio 0.5 and moves at x 1.25 (0.625), and on nothing else.
+    task = get_task("reverse", seq_len=T, d_vocab=V)
+    model = handbuilt_model(["mirror"] * 8, causal=False)
+    result = specialization_test(model, task, n_eval=64, n_permutations=100)
+    heads = [f"L0H{i}" for i in range(8)]
+    assert result.heads["label"].tolist() == ["redundant"] * 8
+    assert result.redundancy_groups["backup"].iloc[0] == pytest.approx(0.535, abs=0.005)
+    run = result.verdict.runs[0]
+    assert run.flips == {name: 8 if name == "backup_ratio" else 0 for name in THRESHOLDS}
+    assert "8 heads of 8 hold 1 relation (mirror: 8 heads (" + ", ".join(heads) in run.text
+    assert "0 of 8 needed" in run.text and "8 backed up, 0 dead." in run.text
+    assert "This verdict rests on thresholds: 8 of 8 labels change" in run.text
+    assert result.verdict.caveats[4].endswith(
+        "x 1.25 (from the saved evidence) changes 8 of 8 head labels."
+    )
+    assert "no division test is in these results" in result.verdict.caveats[5]
+    # With the stricter ratio no single survivor is enough: the heads hold the mirror, none is
+    # redundant, and all are still backed up (the others carry the work of any one).
+    strict = specialization_test(model, task, n_eval=64, n_permutations=100, backup_ratio=0.625)
+    assert strict.heads["label"].tolist() == ["mirror"] * 8
+    assert strict.heads["backed_up"].all() and not strict.heads["needed"].any()
+
+
+def test_a_division_table_survives_saving(previous_task, tmp_path):
+    model = handbuilt_model(["previous", "uniform"], d_head=18)
+    index = pd.DataFrame({"by": ["position"], "index": [0.5], "null_index": [0.1], "p": [0.002]})
+    result = specialization_test(
+        model, previous_task, n_eval=64, n_permutations=100, division=index
+    )
+    assert result.runs.iloc[0]["specialized_along"] == "position"
+    result.save(tmp_path)
+    loaded = SpecializationResult.load(tmp_path)
+    assert loaded.division[["run", "by", "p"]].values.tolist() == [["model0", "position", 0.002]]
+    assert loaded.verdict.runs[0].specialized_axes == ["position"]
+    assert loaded.verdict.text == result.verdict.text
+    with pytest.raises(ValueError, match="division lacks columns"):
+        attach_division(result, index.drop(columns="null_index"))

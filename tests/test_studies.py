@@ -45,7 +45,7 @@ def test_head_count_study_plan(tmp_path, monkeypatch):
         return _printable()
 
     def specialize(path, settings, progress):
-        calls.append(("specialize", path, settings.n_sequences))
+        calls.append(("specialize", path, settings.n_eval))
 
     monkeypatch.setattr(study, "run_sweep_with_figures", sweep)
     monkeypatch.setattr(study, "specialize_folder", specialize)
@@ -71,7 +71,7 @@ def test_specialization_study_plan(tmp_path, monkeypatch):
         calls.append(("analyze", run_dir.name, n_eval))
 
     def specialize(sweep, settings, progress):
-        calls.append(("specialize", sweep.name, settings.n_sequences))
+        calls.append(("specialize", sweep.name, settings.n_eval))
         verdict = SimpleNamespace(lines=["a verdict"])
         save = lambda out: calls.append(("save", out))  # noqa: E731
         return SimpleNamespace(to_markdown=lambda: "", result=SimpleNamespace(verdict=verdict),
@@ -114,7 +114,7 @@ def test_head_count_study_writes_seed_tables_and_report(tmp_path):
         "4",
         "--executor",
         "local",
-        "--n-sequences",
+        "--n-eval",
         "32",
         "--quiet",
     ]
@@ -140,7 +140,7 @@ def test_specialization_study_writes_report(tmp_path):
         "6",
         "--executor",
         "local",
-        "--n-sequences",
+        "--n-eval",
         "32",
         "--quiet",
     ]

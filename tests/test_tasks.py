@@ -318,7 +318,8 @@ RELATION_CASES = [
         "count_previous",
         dict(seq_len=4, d_vocab=4, min_len=2),
         [2, 2, 1, 4],
-        {"same_token_before": [[0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]},
+        # the query's own position is part of the counted set: every real row is non-empty
+        {"same_token_upto": [[1, 0, 0, 0], [1, 1, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]]},
     ),
     (
         "reverse",
@@ -360,7 +361,7 @@ RELATION_CASES = [
         {
             "previous": [[0, 0, 0, 0], [1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 0, 0]],
             "mirror": [[0, 0, 1, 0], [0, 1, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]],
-            "same_token_before": [[0, 0, 0, 0], [0, 0, 0, 0], [1, 0, 0, 0], [0, 0, 0, 0]],
+            "same_token_upto": [[1, 0, 0, 0], [0, 1, 0, 0], [1, 0, 1, 0], [0, 0, 0, 0]],
         },
     ),
 ]
@@ -385,6 +386,13 @@ def test_relation_templates_registry_names() -> None:
         RELATION_TEMPLATES["same_token_before"](tokens),
         same_token_template(tokens, strictly_before=True),
     )
+    assert RELATION_TEMPLATES["same_token_upto"](tokens)[0].tolist() == [
+        [1, 0, 0, 0, 0],
+        [0, 1, 0, 0, 0],
+        [1, 0, 1, 0, 0],
+        [1, 0, 1, 1, 0],
+        [0, 1, 0, 0, 1],
+    ]
     assert torch.equal(
         RELATION_TEMPLATES["uniform_causal"](tokens), uniform_template(tokens, causal=True)
     )
@@ -420,7 +428,7 @@ def test_templates_consistent_with_targets(name: str, min_len: int | None) -> No
     tokens, targets, mask = batch.tokens, batch.targets, batch.mask
     assert (targets[mask] != X).all()
     if name == "count_previous":
-        check_count(rel["same_token_before"], targets, mask)
+        check_count(rel["same_token_upto"], targets + 1, mask)
     elif name == "histogram":
         check_count(rel["same_token"], targets, mask)
     elif name == "reverse":
@@ -445,7 +453,7 @@ def test_templates_consistent_with_targets(name: str, min_len: int | None) -> No
         check_pointer(rel["previous"], tokens, targets[..., 0], mask & ~first)
         assert (targets[:, 0, 0] == task.d_vocab).all()
         check_pointer(rel["mirror"], tokens, targets[..., 1], mask)
-        check_count(rel["same_token_before"], targets[..., 2], mask)
+        check_count(rel["same_token_upto"], targets[..., 2] + 1, mask)
     else:  # pragma: no cover - a new built-in needs a case here
         raise AssertionError(f"no consistency check for {name}")
 

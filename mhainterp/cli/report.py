@@ -52,6 +52,11 @@ examples:
 HEAD_COLUMNS = [
     "head_label",
     "label",
+    "holds",
+    "needed",
+    "backed_up",
+    "dead",
+    "explained",
     "top_role",
     "top_effect",
     "top_p_adj",
@@ -94,10 +99,10 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
     defaults = SpecializationSettings()
     group = parser.add_argument_group("specialization test")
     group.add_argument(
-        "--n-sequences",
+        "--n-eval",
         type=int,
-        default=defaults.n_sequences,
-        help=f"held-out sequences (default {defaults.n_sequences})",
+        default=defaults.n_eval,
+        help=f"held-out sequences (default {defaults.n_eval})",
     )
     group.add_argument("--alpha", type=float, default=defaults.alpha, help="level after correction")
     group.add_argument(
@@ -131,7 +136,7 @@ def _settings(args: argparse.Namespace) -> Any:
     from mhainterp.specialization import SpecializationSettings
 
     return SpecializationSettings(
-        n_sequences=args.n_sequences,
+        n_eval=args.n_eval,
         alpha=args.alpha,
         correction=args.correction,
         min_effect=args.min_effect,

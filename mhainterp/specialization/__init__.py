@@ -17,7 +17,10 @@ measurement:
 ``redundancy``    similar heads that back each other up (pairs, and groups of 3 or more)
 ``consistency``   the same roles across seeds: Hungarian matching vs random matching
 ``settings``      :class:`SpecializationSettings`: every threshold, validated
-``labels``        one label per head: dead > redundant > role > unspecialized (mixing)
+``labels``        one label per head: dead > redundant > role (or count:<set>) >
+                  unspecialized (mixing), and the flags holds / needed / backed_up / dead
+``stability``     the labels re-decided with every threshold x 0.8 and x 1.25, from the
+                  saved evidence (no forward pass)
 ``core``          :func:`specialization_test`: the tables, labels and verdict of runs
 ``over_sweep``    :func:`sweep_specialization`: specialization, redundancy and accuracy vs h;
                   :func:`specialize_folder`: compute and save what a report reads
@@ -50,6 +53,7 @@ from mhainterp.specialization.core import (
     HEAD_COLUMNS,
     RUN_COLUMNS,
     SpecializationResult,
+    attach_division,
     combine_results,
     specialization_test,
 )
@@ -60,7 +64,13 @@ from mhainterp.specialization.corrections import (
     holm,
 )
 from mhainterp.specialization.division import DivisionResult, division_of_labour, saved_division
-from mhainterp.specialization.labels import LABELS_OTHER, label_heads, mixed_roles, role_targets
+from mhainterp.specialization.labels import (
+    LABELS_OTHER,
+    decide_labels,
+    label_heads,
+    mixed_roles,
+    role_targets,
+)
 from mhainterp.specialization.nulls import (
     combine_nulls,
     init_models,
@@ -82,18 +92,21 @@ from mhainterp.specialization.redundancy import (
     redundancy_groups,
     redundancy_pairs,
     redundant_partners,
+    redundant_under,
     similar_groups,
 )
 from mhainterp.specialization.roles import (
     DESCRIPTIVE_ROLES,
     GENERIC_ROLES,
+    base_relation,
     generic_templates,
     nested_roles,
     permutation_null_samples,
     role_scores,
     role_templates,
 )
-from mhainterp.specialization.settings import SpecializationSettings
+from mhainterp.specialization.settings import THRESHOLDS, SpecializationSettings
+from mhainterp.specialization.stability import label_stability, stability_summary
 from mhainterp.specialization.verdict import RunVerdict, Verdict, format_p
 
 __all__ = [
@@ -104,6 +117,7 @@ __all__ = [
     "LABELS_OTHER",
     "RUN_COLUMNS",
     "SUMMARY_COLUMNS",
+    "THRESHOLDS",
     "CausalSelectivity",
     "DivisionResult",
     "RunVerdict",
@@ -113,6 +127,11 @@ __all__ = [
     "TargetDamage",
     "Verdict",
     "adjust_pvalues",
+    "attach_division",
+    "decide_labels",
+    "label_stability",
+    "redundant_under",
+    "stability_summary",
     "benjamini_hochberg",
     "cached_specialization",
     "causal_selectivity",
@@ -139,6 +158,7 @@ __all__ = [
     "redundant_partners",
     "similar_groups",
     "role_profiles",
+    "base_relation",
     "role_scores",
     "role_targets",
     "role_templates",

@@ -178,7 +178,7 @@ def cross_seed_consistency(
                 "null_shuffled": float(null.mean()),
                 "label_agreement": agreement,
                 "label_agreement_random": agreement_random,
-                "matched": ";".join(f"{a}={b}" for a, b in zip(pairs["head_a"], pairs["head_b"])),
+                "matched": ",".join(f"{a}={b}" for a, b in zip(pairs["head_a"], pairs["head_b"])),
             }
         )
     table = pd.DataFrame(rows, columns=CONSISTENCY_COLUMNS)

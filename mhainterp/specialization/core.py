@@ -1,6 +1,6 @@
 """``specialization_test``: label every head and state the verdict, with the evidence.
 
-For each run (a trained model and its task), on ``n_sequences`` sequences of the task's fixed
+For each run (a trained model and its task), on ``n_eval`` sequences of the task's fixed
 evaluation set (held out from training):
 
 1. role scores and their two nulls (:mod:`.roles`, :mod:`.nulls`), p-values corrected over every
@@ -9,11 +9,18 @@ evaluation set (held out from training):
 3. single-head ablations: the head x target damage matrix and, on multi-target tasks, causal
    selectivity with its permutation null (:mod:`.causal`);
 4. redundancy from similarity + pairwise and group backup (:mod:`.redundancy`);
-5. with several runs of one task and head count: cross-seed consistency (:mod:`.consistency`).
+5. with several runs of one task and head count: cross-seed consistency (:mod:`.consistency`);
+6. the labels re-decided with every threshold x 0.8 and x 1.25 from the saved evidence
+   (:mod:`.stability`; table ``stability``).
 
 Each head then gets one **label** (:mod:`.labels`): ``"dead"`` > ``"redundant"`` > its distinct
-role (e.g. ``"previous"``) > ``"unspecialized"`` (which includes heads that mix two relations),
-and the run a :class:`~.verdict.RunVerdict` whose text is generated from the tables.
+role (e.g. ``"previous"``, or ``"count:same_token_upto+sink"`` for a counting head) >
+``"unspecialized"`` (which includes heads that mix two relations), the flags ``holds``,
+``needed``, ``backed_up``, ``dead``, and the share of its attention the known roles
+``explained``; the run gets a :class:`~.verdict.RunVerdict` whose text is generated from the
+tables. Whom the heads serve (the division test) enters as an optional ``division`` table
+(``run, by, index, null_index, p``): pass ``division=`` or use :func:`attach_division`; without
+it the verdict does not claim that the heads divide the work.
 
 Example:
     >>> result = specialization_test("runs/quickstart/reverse/runs/h4_seed0")  # doctest: +SKIP
@@ -22,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Sequence
@@ -39,7 +47,7 @@ from mhainterp.model import HookedMHATransformer
 from mhainterp.similarity import head_similarity
 from mhainterp.specialization.causal import causal_selectivity, head_damage_table, target_damage
 from mhainterp.specialization.consistency import cross_seed_consistency
-from mhainterp.specialization.labels import LABELS_OTHER, label_heads, role_targets
+from mhainterp.specialization.labels import LABELS_OTHER, decide_labels, label_heads, role_targets
 from mhainterp.specialization.nulls import (
     combine_nulls,
     init_null_scores,
@@ -50,15 +58,22 @@ from mhainterp.specialization.nulls import (
 from mhainterp.specialization.redundancy import (
     redundancy_groups,
     redundancy_pairs,
-    redundant_partners,
+    similar_groups,
 )
 from mhainterp.specialization.roles import (
+    base_relation,
     capture_role_sums,
     nested_roles,
     role_frame,
     role_templates,
 )
 from mhainterp.specialization.settings import SpecializationSettings
+from mhainterp.specialization.stability import (
+    RunEvidence,
+    relabel,
+    run_stability,
+    variant_settings,
+)
 from mhainterp.specialization.verdict import RunVerdict, Verdict, group_key
 from mhainterp.tasks import Task
 from mhainterp.training import Run, evaluate, load_run
@@ -68,6 +83,7 @@ __all__ = [
     "RUN_COLUMNS",
     "SpecializationResult",
     "SpecializationSettings",
+    "attach_division",
     "combine_results",
     "specialization_test",
 ]
@@ -84,13 +100,20 @@ HEAD_COLUMNS = [
     "role",
     "role_effect",
     "role_p_adj",
+    "role_evenness",
     "roles",
     "mixed_roles",
     "top_role",
     "top_score",
     "top_effect",
     "top_p_adj",
+    "explained",
+    "unexplained",
+    "explained_chance",
     "output_ratio",
+    "holds",
+    "needed",
+    "backed_up",
     "dead",
     "redundant_with",
     "total_damage",
@@ -103,7 +126,10 @@ HEAD_COLUMNS = [
 ]
 """Columns of :attr:`SpecializationResult.heads` (see :func:`label_heads`)."""
 
-_TEXT_COLUMNS = ("role", "roles", "mixed_roles", "top_role", "redundant_with", "causal_target")
+_TEXT_COLUMNS = (
+    "role", "holds", "roles", "mixed_roles", "top_role", "redundant_with", "causal_target",
+    "changed",
+)  # fmt: skip
 """String columns whose empty values CSV reads back as NaN."""
 
 RUN_COLUMNS = [
@@ -118,9 +144,16 @@ RUN_COLUMNS = [
     "n_dead",
     "n_unspecialized",
     "n_weak",
+    "n_relations",
+    "heads_per_relation",
+    "n_needed",
     "frac_role",
     "frac_redundant",
     "frac_dead",
+    "frac_needed",
+    "n_label_flips",
+    "frac_label_flips",
+    "specialized_along",
     "roles_found",
     "mean_top_effect",
     "causal_selectivity",
@@ -129,7 +162,11 @@ RUN_COLUMNS = [
     "verdict",
 ]
 """Columns of :attr:`SpecializationResult.runs`: one row per run, counts of each label
-(``frac_*`` = count / all heads), ``mean_top_effect`` (mean over heads of their best effect)."""
+(``n_*``, counts) and shares (``frac_*`` = count / all heads), ``n_relations`` (relations some
+live head holds, a count), ``heads_per_relation`` (a count), ``n_label_flips`` (heads whose
+label changes with a threshold x 0.8 or x 1.25), ``specialized_along`` (axes whose division
+index beats its null, ``,``-joined; empty when none or not measured), ``mean_top_effect``
+(mean over heads of their best effect)."""
 
 
 # ----------------------------------------------------------------------------- result
@@ -153,8 +190,14 @@ class SpecializationResult:
             (:data:`.consistency.CONSISTENCY_COLUMNS` + ``task``); empty for one run.
         init_null: The null models' role scores (``run, init_seed, ...``).
         runs: One row per run, columns :data:`RUN_COLUMNS`.
+        nested: Role pairs whose templates nest on the data (``run, inner, outer``): saved so
+            labels can be re-decided without the data.
+        stability: The labels re-decided with each threshold x 0.8 / x 1.25 (``run`` +
+            :data:`.stability.STABILITY_COLUMNS`).
         verdict: The :class:`~.verdict.Verdict`.
         settings: The settings used.
+        division: Optional division indices per run and axis (``run, by, index,
+            null_index, p``; empty when the division test was not run).
     """
 
     heads: pd.DataFrame
@@ -165,20 +208,25 @@ class SpecializationResult:
     consistency: pd.DataFrame
     init_null: pd.DataFrame
     runs: pd.DataFrame
+    nested: pd.DataFrame
+    stability: pd.DataFrame
     verdict: Verdict
     settings: SpecializationSettings
+    division: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
 
     TABLES = (
         "heads", "roles", "causal", "redundancy", "redundancy_groups", "consistency",
-        "init_null", "runs",
+        "init_null", "runs", "nested", "stability",
     )  # fmt: skip
+    OPTIONAL_TABLES = ("division",)
 
     def to_markdown(self) -> str:
         """The verdict, its caveats and the per-head table as Markdown."""
         from mhainterp.render import markdown_table
 
-        columns = ["run", "head_label", "label", "top_role", "top_effect", "top_p_adj"]
-        columns += ["output_ratio", "total_damage", "causal_target", "causal_selectivity"]
+        columns = ["run", "head_label", "label", "holds", "needed", "backed_up", "dead"]
+        columns += ["top_role", "top_effect", "top_p_adj", "explained", "unexplained"]
+        columns += ["total_damage", "causal_target", "causal_selectivity"]
         lines = ["**Verdict.** " + line for line in self.verdict.lines]
         lines += ["", *[f"- {c}" for c in self.verdict.caveats], ""]
         lines.append(markdown_table(self.heads[columns]))
@@ -191,6 +239,9 @@ class SpecializationResult:
         paths = [
             write_csv(out_dir / f"{prefix}_{name}.csv", getattr(self, name)) for name in self.TABLES
         ]
+        for name in self.OPTIONAL_TABLES:
+            if len(getattr(self, name)):
+                paths.append(write_csv(out_dir / f"{prefix}_{name}.csv", getattr(self, name)))
         meta = {"settings": self.settings.to_dict(), "verdict": self.verdict.to_dict()}
         paths.append(write_json(out_dir / f"{prefix}.json", meta))
         paths.append(write_text(out_dir / f"{prefix}.md", self.to_markdown()))
@@ -217,6 +268,9 @@ class SpecializationResult:
                 tables[name] = pd.DataFrame()
             text = [c for c in _TEXT_COLUMNS if c in tables[name].columns]
             tables[name] = tables[name].fillna(dict.fromkeys(text, ""))
+        for name in cls.OPTIONAL_TABLES:
+            path = out_dir / f"{prefix}_{name}.csv"
+            tables[name] = pd.read_csv(path) if path.is_file() else pd.DataFrame()
         return cls(
             **tables,
             verdict=Verdict.from_dict(meta["verdict"]),
@@ -292,7 +346,7 @@ def _unique_names(paths: list[str]) -> list[str]:
 def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -> dict[str, Any]:
     """All tables and the verdict of one run."""
     model, task = inp.model, inp.task
-    batch = task.eval_batch(settings.n_sequences)
+    batch = task.eval_batch(settings.n_eval)
     tokens, mask = batch.tokens, batch.padding_mask
     templates = role_templates(tokens, mask, task=task, causal=model.cfg.causal)
     relations = list(task.relations(tokens[:1], mask[:1]))
@@ -334,30 +388,57 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
         causal_heads["p_selectivity"] = math.nan
         causal_matrix = damage.frame()
         model_numbers = (math.nan, math.nan, math.nan)
-    redundancy_inputs = {
-        "dead": dead,
-        "similarity": head_similarity(model, batch, method=settings.similarity_method),
-    }
-    pairs = redundancy_pairs(model, batch, settings, **redundancy_inputs)
-    label_evidence = (
+    nested = nested_roles(templates, visible_keys(mask, model.cfg.causal))
+    similarity = head_similarity(model, batch, method=settings.similarity_method)
+    # Gather the evidence every perturbed setting of the stability test needs, so relabelling
+    # never runs the model: pairs down to the loosest similarity gate, and the candidate
+    # groups of every variant (similar components, heads sharing a role).
+    variants = [settings] + [v for _, _, v in variant_settings(settings)]
+    loosest = min(v.min_similarity for v in variants)
+    pairs = redundancy_pairs(
+        model, batch, settings, dead=dead, similarity=similarity, evidence_similarity=loosest
+    )
+    candidates: list[tuple[str, list[str]]] = []
+    similar_sets: set[tuple[str, ...]] = set()
+    for variant in variants:
+        dead_v = [h for h, r in ratio.items() if r < variant.dead_tol]
+        gate = variant.min_similarity
+        basis = "similarity" if gate == settings.min_similarity else f"similarity@{gate:g}"
+        for g in similar_groups(similarity, gate, dead_v):
+            if tuple(g) not in similar_sets:  # named after the first gate that finds it
+                similar_sets.add(tuple(g))
+                candidates.append((basis, g))
+        held: dict[str, list[str]] = {}
+        for head, d in decide_labels(roles, ratio, {}, variant, nested).items():
+            if d.role and not d.dead:
+                held.setdefault(d.role, []).append(head)
+        candidates += [(f"role:{r}", m) for r, m in held.items() if len(m) >= 3]
+    groups = redundancy_groups(
+        model, batch, settings, groups=candidates, dead=dead, similarity=similarity
+    )
+    max_damage = causal_matrix.groupby("head_label")["damage"].max().astype(float).to_dict()
+    evidence = RunEvidence(roles, ratio, pairs, groups, nested, max_damage)
+    decisions, _, _ = relabel(evidence, settings)
+    partners = {h: d.partners for h, d in decisions.items() if d.partners}
+    groups = _mark_tested_groups(groups, decisions, similarity, settings, dead)
+    heads = label_heads(
+        roles,
+        ratio,
+        partners,
         causal_matrix,
         causal_heads,
         settings,
         role_targets(task),
-        nested_roles(templates, visible_keys(mask, model.cfg.causal)),
+        nested,
+        covered=_covered(groups, decisions, settings),
     )
-    # Heads holding the same role are tested as a group too: could any one do the job alone?
-    held = label_heads(roles, ratio, redundant_partners(pairs), *label_evidence)
-    held = held[(held["role"] != "") & ~held["dead"]]
-    role_groups = [
-        (f"role:{role}", list(g["head_label"])) for role, g in held.groupby("role") if len(g) >= 3
-    ]  # pairs are the pair test's
-    groups = redundancy_groups(model, batch, settings, groups=role_groups, **redundancy_inputs)
-    heads = label_heads(roles, ratio, redundant_partners(pairs, groups), *label_evidence)
+    stability = run_stability(
+        inp.run, evidence, dict(zip(heads["head_label"], heads["label"])), settings
+    )
     accuracy = float(evaluate(model, batch)["accuracy"])
     meta = {"run": inp.run, "task": task.name, "n_heads": model.cfg.n_heads, "seed": inp.seed}
     heads = _with_meta(heads, meta)[HEAD_COLUMNS]
-    verdict = _run_verdict(heads, roles, model, settings, accuracy, model_numbers, inp)
+    verdict = _run_verdict(heads, roles, model, settings, accuracy, model_numbers, inp, stability)
     return {
         "heads": heads,
         "roles": _with_meta(roles, meta),
@@ -365,8 +446,48 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
         "redundancy": _with_meta(pairs, meta),
         "redundancy_groups": _with_meta(groups, meta),
         "init_null": _with_meta(init, meta),
+        "nested": pd.DataFrame(sorted(nested), columns=["inner", "outer"]).pipe(
+            _with_meta, {"run": inp.run}
+        ),
+        "stability": stability,
         "verdict": verdict,
     }
+
+
+def _covered(
+    groups: pd.DataFrame, decisions: dict[str, Any], settings: SpecializationSettings
+) -> set[str]:
+    """Heads of a tested group that shares their role and whose joint removal hurts."""
+    out: set[str] = set()
+    for members, damage in zip(groups.get("heads", []), groups.get("damage_all", []), strict=True):
+        heads = str(members).split(",")
+        roles = {decisions[h].role for h in heads if h in decisions}
+        if len(roles) == 1 and "" not in roles and float(damage) >= settings.min_joint_damage:
+            out |= set(heads)
+    return out
+
+
+def _mark_tested_groups(
+    groups: pd.DataFrame,
+    decisions: dict[str, Any],
+    similarity: pd.DataFrame,
+    settings: SpecializationSettings,
+    dead: list[str],
+) -> pd.DataFrame:
+    """``redundant`` of each group under the run's own settings: only groups these settings
+    test (the similar components at ``min_similarity``, the heads sharing a role) can be;
+    the other rows are evidence kept for the stability test."""
+    if not len(groups):
+        return groups
+    tested = {",".join(g) for g in similar_groups(similarity, settings.min_similarity, dead)}
+    held: dict[str, list[str]] = {}
+    for head, d in decisions.items():
+        if d.role and not d.dead:
+            held.setdefault(d.role, []).append(head)
+    tested |= {",".join(m) for m in held.values() if len(m) >= 3}
+    groups = groups.copy()
+    groups["redundant"] = groups["redundant"].astype(bool) & groups["heads"].isin(tested)
+    return groups
 
 
 def _with_meta(frame: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
@@ -384,7 +505,7 @@ def _groups(partners: pd.Series) -> list[list[str]]:
     for head, linked in partners.items():
         if not linked:
             continue
-        members = {head, *linked.split(";")}
+        members = {head, *linked.split(",")}
         merged = [g for g in groups if g & members]
         for g in merged:
             members |= g
@@ -406,6 +527,7 @@ def _run_verdict(
     accuracy: float,
     causal: tuple[float, float, float],
     inp: _RunInput,
+    stability: pd.DataFrame,
 ) -> RunVerdict:
     role_rows = heads[~heads["label"].isin(LABELS_OTHER)]
     unspecialized = heads[heads["label"] == "unspecialized"]
@@ -444,7 +566,36 @@ def _run_verdict(
         causal_null=causal[1],
         causal_p=causal[2],
         accuracy=accuracy,
+        relations=_relations(heads),
+        needed=heads.loc[heads["needed"].astype(bool), "head_label"].tolist(),
+        backed_up=heads.loc[heads["backed_up"].astype(bool), "head_label"].tolist(),
+        **_flips(stability),
     )
+
+
+def _relations(heads: pd.DataFrame) -> dict[str, list[str]]:
+    """Relation -> the live heads holding it (redundant ones included). A counting head
+    holds the relation it counts over (``count:same_token_upto+sink`` -> ``same_token_upto``):
+    how it reads a relation is its label, which relation it covers is this."""
+    out: dict[str, list[str]] = {}
+    for head, role, dead in zip(heads["head_label"], heads["holds"], heads["dead"], strict=True):
+        if role and not bool(dead):
+            out.setdefault(base_relation(str(role)), []).append(head)
+    return out
+
+
+def _flips(stability: pd.DataFrame) -> dict[str, Any]:
+    """``flips`` (threshold -> heads changed by either factor), ``flip_heads``, ``n_untested``."""
+    flips, every = {}, []
+    for name, rows in stability.groupby("threshold", sort=False):
+        heads = {h for c in rows["changed"] for h in str(c).split(",") if h and h != "nan"}
+        flips[str(name)] = len(heads)
+        every += sorted(heads)
+    return {
+        "flips": flips,
+        "flip_heads": sorted(set(every), key=every.index),
+        "n_untested": int(stability["n_untested"].sum()) if len(stability) else 0,
+    }
 
 
 def _run_row(verdict: RunVerdict, heads: pd.DataFrame) -> dict[str, Any]:
@@ -461,9 +612,16 @@ def _run_row(verdict: RunVerdict, heads: pd.DataFrame) -> dict[str, Any]:
         "n_dead": len(verdict.dead),
         "n_unspecialized": len(verdict.unspecialized),
         "n_weak": len(verdict.weak),
+        "n_relations": verdict.n_relations,
+        "heads_per_relation": verdict.heads_per_relation,
+        "n_needed": len(verdict.needed),
         "frac_role": verdict.n_role / total,
         "frac_redundant": verdict.n_redundant / total,
         "frac_dead": len(verdict.dead) / total,
+        "frac_needed": len(verdict.needed) / total,
+        "n_label_flips": len(verdict.flip_heads),
+        "frac_label_flips": len(verdict.flip_heads) / total,
+        "specialized_along": ",".join(verdict.specialized_axes),
         "roles_found": ";".join(verdict.roles_found),
         "mean_top_effect": float(heads["top_effect"].clip(lower=0).mean()),
         "causal_selectivity": verdict.causal_selectivity,
@@ -482,6 +640,7 @@ def specialization_test(
     settings: SpecializationSettings | None = None,
     *,
     progress: bool = False,
+    division: pd.DataFrame | None = None,
     **overrides: Any,
 ) -> SpecializationResult:
     """Do the heads specialize? Label every head and state the verdict, with the evidence.
@@ -493,7 +652,10 @@ def specialization_test(
         task: The task, when models are given (overrides a run's own task otherwise).
         settings: A :class:`SpecializationSettings`; ``**overrides`` replace its fields.
         progress: Show progress bars.
-        **overrides: Settings fields, e.g. ``alpha=0.01, n_sequences=512``.
+        division: Optional division indices (``run, by, index, null_index, p``; the run
+            names as in the result, or no ``run`` column for a single run): see
+            :func:`attach_division`.
+        **overrides: Settings fields, e.g. ``alpha=0.01, n_eval=512``.
 
     Returns:
         A :class:`SpecializationResult` (``.heads``, ``.verdict.text`` ...).
@@ -510,7 +672,7 @@ def specialization_test(
         raise TypeError(
             f"specialization_test needs the Task itself, got a {type(task).__name__}: the role "
             "templates come from task.relations() and the held-out set from task.eval_batch(); "
-            "pass the Task (its evaluation size is settings.n_sequences)"
+            "pass the Task (its evaluation size is settings.n_eval)"
         )
     settings = settings or SpecializationSettings()
     if overrides:
@@ -519,7 +681,56 @@ def specialization_test(
     singles = []
     for inp in tqdm(inputs, desc="specialization", disable=not progress or len(inputs) == 1):
         singles.append(_single_result(_analyse(inp, settings, progress), settings))
-    return combine_results(singles) if len(singles) > 1 else singles[0]
+    result = combine_results(singles) if len(singles) > 1 else singles[0]
+    return result if division is None else attach_division(result, division)
+
+
+DIVISION_COLUMNS = ["run", "by", "index", "null_index", "p"]
+"""Columns of :attr:`SpecializationResult.division` (one row per run and axis)."""
+
+
+def attach_division(result: SpecializationResult, division: pd.DataFrame) -> SpecializationResult:
+    """The result with division indices attached and its verdict and ``runs`` regenerated:
+    "specialized" in the sentences then means dividing the work, along the axes whose index
+    beats its null.
+
+    Args:
+        result: A :class:`SpecializationResult`.
+        division: ``by, index, null_index, p`` per axis (e.g. ``division_of_labour(...).index``)
+            and ``run`` naming the result's runs; without ``run``, the result must hold one run.
+
+    Example:
+        >>> index = pd.DataFrame({"by": ["token"], "index": [0.02], "null_index": [0.03],
+        ...                       "p": [0.6]})
+        >>> attach_division(result, index).verdict.runs[0].specialized_axes  # doctest: +SKIP
+        []
+    """
+    frame = division.copy()
+    runs = list(result.runs["run"])
+    if "run" not in frame.columns:
+        if len(runs) != 1:
+            raise ValueError(
+                f"division has no 'run' column but the result holds {len(runs)} runs; add a "
+                "'run' column naming them"
+            )
+        frame.insert(0, "run", runs[0])
+    missing = [c for c in DIVISION_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(f"division lacks columns {missing}; needs {DIVISION_COLUMNS}")
+    unknown = sorted(set(frame["run"]) - set(runs))
+    if unknown:
+        raise ValueError(f"division names runs {unknown} that the result lacks; runs: {runs}")
+    rows = frame[DIVISION_COLUMNS].to_dict("records")
+    verdicts = []
+    for v in result.verdict.runs:
+        mine = [{k: r[k] for k in DIVISION_COLUMNS[1:]} for r in rows if r["run"] == v.run]
+        verdicts.append(dataclasses.replace(v, division=mine))
+    verdict = Verdict(verdicts, result.verdict.consistency)
+    table = result.runs.copy()
+    by_run = {v.run: v for v in verdicts}
+    table["specialized_along"] = [",".join(by_run[r].specialized_axes) for r in table["run"]]
+    table["verdict"] = [by_run[r].text for r in table["run"]]
+    return dataclasses.replace(result, division=frame, verdict=verdict, runs=table)
 
 
 def _single_result(
@@ -549,7 +760,7 @@ def combine_results(results: Sequence[SpecializationResult]) -> SpecializationRe
     settings = results[0].settings
     stacked = {
         name: pd.concat([getattr(r, name) for r in results], ignore_index=True)
-        for name in SpecializationResult.TABLES
+        for name in (*SpecializationResult.TABLES, *SpecializationResult.OPTIONAL_TABLES)
         if name != "consistency"
     }
     run_verdicts = [v for r in results for v in r.verdict.runs]

@@ -2,35 +2,81 @@
 
 - ``"dead"``: the head writes (almost) nothing into the residual stream
   (``output_ratio < dead_tol``);
-- ``"redundant"``: it is redundant with another live head (:mod:`.redundancy`);
+- ``"redundant"``: it is redundant with another live head (:mod:`.redundancy`); it may still
+  *hold* a relation (column ``role``): backed up is not the same as holding nothing;
 - a role name (e.g. ``"previous"``): its best significant role (largest effect among the roles
-  with corrected ``p < alpha`` against both nulls and ``effect >= min_effect``), unless the head
+  with corrected ``p < alpha`` against both nulls and ``effect >= min_effect``; among roles
+  within 0.01 of that effect the most specific one, the smallest ``chance``), unless the head
   **mixes** roles: a second significant role, neither nested in nor containing the first (on
-  the data, restricted to visible keys), has at least ``mix_ratio`` of the first one's effect.
-  A head that splits its attention between two relations holds neither as a distinct role;
+  the queries both count, restricted to visible keys), has at least ``mix_ratio`` of the first
+  one's effect. A head that splits its attention between two relations holds neither as a
+  distinct role;
+- ``"count:<set>"`` (e.g. ``count:same_token_upto+sink``): the best role is a set of several
+  keys (with or without the sink) and the head spreads over it evenly, ``evenness >=
+  min_evenness`` (:mod:`.roles`): a counting head;
 - ``"unspecialized"``: none of the above (mixing heads included; ``mixed_roles`` says which).
 
-Nesting matters because some templates contain others (``same_token_before`` is inside the
-generic ``same_token`` of a bidirectional model): a head on the inner one scores high on both,
-which is not mixing.
+Nesting matters because some templates contain others (``self`` is inside
+``same_token_upto``, any set inside its ``+sink`` variant): a head on the inner one scores
+high on both, which is not mixing.
+
+Besides the one label, every head gets the verdict's flags (:data:`FLAG_COLUMNS`): it
+``holds`` a relation (its distinct role, even when backed up), is ``needed`` (removing it alone
+costs at least ``min_damage`` accuracy on some target), ``backed_up`` (redundant; or holding a
+relation, not needed, in a tested group of heads holding it whose joint removal costs at least
+``min_joint_damage``: the others carry its work, though no single survivor carries all of it,
+as with eight mirror heads any one of which can go), or ``dead``;
+whom it *serves* is the division test's (:mod:`.division`, column ``serves`` there).
+
+:func:`decide_labels` is the decision alone, from saved evidence, so the stability test can
+re-label a run under other thresholds without a forward pass.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 
 import pandas as pd
 
+from mhainterp.heads import HEAD_SET_SEPARATOR
 from mhainterp.specialization.corrections import adjust_pvalues
-from mhainterp.specialization.roles import DESCRIPTIVE_ROLES
+from mhainterp.specialization.roles import COUNT_PREFIX, DESCRIPTIVE_ROLES, base_relation
 from mhainterp.specialization.settings import SpecializationSettings
 from mhainterp.tasks import Task
 
-__all__ = ["LABELS_OTHER", "label_heads", "mixed_roles", "role_targets"]
+__all__ = [
+    "FLAG_COLUMNS",
+    "LABELS_OTHER",
+    "HeadDecision",
+    "decide_labels",
+    "label_heads",
+    "mixed_roles",
+    "role_targets",
+]
 
 LABELS_OTHER = ("unspecialized", "redundant", "dead")
 """Labels that are not roles."""
+
+FLAG_COLUMNS = ["holds", "needed", "backed_up", "dead"]
+"""The verdict's per-head flags (module docstring): what a head does, not one label."""
+
+SPECIFIC_TOL = 0.01
+"""Roles within this effect of the best one are ties; the most specific (smallest chance) wins."""
+
+
+@dataclass
+class HeadDecision:
+    """One head's label and what it rests on."""
+
+    label: str
+    role: str  # the distinct role held ("" when none); count:... for a counting head
+    best: str  # the role row behind ``role`` ("" when none)
+    mixed: list[str]
+    significant: list[str]
+    dead: bool
+    partners: list[str]
 
 
 def role_targets(task: Task) -> dict[str, str]:
@@ -40,7 +86,7 @@ def role_targets(task: Task) -> dict[str, str]:
 
     Example:
         >>> from mhainterp.tasks import get_task
-        >>> role_targets(get_task("multi_relation"))["same_token_before"]
+        >>> role_targets(get_task("multi_relation"))["same_token_upto"]
         'count_previous'
     """
     relations = task.relation_names
@@ -81,15 +127,77 @@ def mixed_roles(
     return [best, *others] if others else []
 
 
-def _best_rows(roles: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Per head: the row of its largest-effect testable role, and of its best significant one."""
+def _top_rows(roles: pd.DataFrame) -> pd.DataFrame:
+    """Per head: the row of its largest-effect testable role, significant or not."""
     testable = roles[~roles["role"].isin(DESCRIPTIVE_ROLES)].copy()
     testable["_effect"] = testable["effect"].fillna(-math.inf)
     ordered = testable.sort_values("_effect", ascending=False, kind="stable")
-    top = ordered.drop_duplicates("head_label").set_index("head_label")
-    significant = ordered[ordered["significant"].astype(bool)]
-    best = significant.drop_duplicates("head_label").set_index("head_label")
-    return top, best
+    return ordered.drop_duplicates("head_label").set_index("head_label")
+
+
+def _best_role(significant: pd.DataFrame) -> str:
+    """The largest-effect significant role; among ties (within :data:`SPECIFIC_TOL`) the most
+    specific one (smallest chance), so a head on ``self`` is not called ``same_token_upto``."""
+    effect = significant["effect"].astype(float)
+    ties = significant[effect >= float(effect.max()) - SPECIFIC_TOL]
+    return str(ties.sort_values("chance", kind="stable")["role"].iloc[0])
+
+
+def decide_labels(
+    roles: pd.DataFrame,
+    output_ratio: Mapping[str, float],
+    partners: Mapping[str, list[str]],
+    settings: SpecializationSettings,
+    nested: Collection[tuple[str, str]] = (),
+) -> dict[str, HeadDecision]:
+    """The label of every head from saved evidence (no forward pass): the rules of the module
+    docstring under ``settings``.
+
+    Args:
+        roles: One run's role table with ``p_adj`` (significance is re-decided here from
+            ``p_adj < alpha`` and ``effect >= min_effect``), ``chance`` and ``evenness``.
+        output_ratio: Head label -> RMS of its write / RMS of the residual stream.
+        partners: Head label -> heads it is redundant with (dead ones are dropped here).
+        settings: Thresholds.
+        nested: ``(inner, outer)`` role pairs whose templates nest.
+
+    Returns:
+        Head label -> :class:`HeadDecision`, in the role table's head order.
+
+    Example:
+        >>> roles = pd.DataFrame({"head_label": ["L0H0"], "role": ["same_token_upto"],
+        ...     "p_adj": [1e-9], "effect": [0.9], "chance": [0.2], "evenness": [0.97]})
+        >>> decide_labels(roles, {"L0H0": 1.0}, {}, SpecializationSettings())["L0H0"].label
+        'count:same_token_upto'
+    """
+    testable = roles[~roles["role"].isin(DESCRIPTIVE_ROLES)]
+    with pd.option_context("mode.chained_assignment", None):
+        significant_all = testable[
+            (testable["p_adj"].astype(float) < settings.alpha)
+            & (testable["effect"].astype(float) >= settings.min_effect)
+        ]
+    out = {}
+    for label in dict.fromkeys(roles["head_label"]):
+        dead = output_ratio[label] < settings.dead_tol
+        partner = [p for p in partners.get(label, []) if output_ratio[p] >= settings.dead_tol]
+        significant = significant_all[significant_all["head_label"] == label]
+        mixed = mixed_roles(significant, nested, settings.mix_ratio)
+        best = _best_role(significant) if len(significant) and not mixed else ""
+        role = best
+        if best:
+            evenness = float(significant.set_index("role").loc[best, "evenness"])
+            if not math.isnan(evenness) and evenness >= settings.min_evenness:
+                role = COUNT_PREFIX + best
+        if dead:
+            name = "dead"
+        elif partner:
+            name = "redundant"
+        else:
+            name = role or "unspecialized"
+        out[label] = HeadDecision(
+            name, role, best, mixed, list(significant["role"]), bool(dead), partner
+        )
+    return out
 
 
 def _support(
@@ -103,7 +211,7 @@ def _support(
     """Does ablation back a role head? None for heads without a role label."""
     if name in LABELS_OTHER:
         return None
-    target = targets.get(role)
+    target = targets.get(base_relation(role))
     if target is None:
         return False
     hurts = float(damage.get(target, 0.0)) >= min_damage
@@ -121,6 +229,7 @@ def label_heads(
     settings: SpecializationSettings,
     targets: dict[str, str],
     nested: Collection[tuple[str, str]] = (),
+    covered: Collection[str] = (),
 ) -> pd.DataFrame:
     """Label each head of one run and collect its evidence.
 
@@ -134,39 +243,42 @@ def label_heads(
         settings: Thresholds.
         targets: Relation name -> the target it solves (:func:`role_targets`).
         nested: ``(inner, outer)`` role pairs whose templates nest (see the module docstring).
+        covered: Heads in a tested group sharing their role whose joint removal hurts
+            (``damage_all >= min_joint_damage``): backed up when not needed alone.
 
     Returns:
         One row per head with ``layer, head, head_label, label, role, role_effect,
-        role_p_adj, roles, mixed_roles, top_role, top_score, top_effect, top_p_adj,
-        output_ratio, dead, redundant_with, total_damage, loss_increase, causal_target,
-        causal_selectivity, causal_p_adj, causal_specialized, causal_support``; ``role`` is the
-        distinct role ("" when none), ``roles`` every significant one, ``top_*`` the largest
-        effect whether significant or not, ``causal_support`` whether removing a role head
-        hurts its relation's target most (None for heads without a role).
+        role_p_adj, role_evenness, roles, mixed_roles, top_role, top_score, top_effect,
+        top_p_adj, explained, unexplained, explained_chance, output_ratio, holds, needed,
+        backed_up, dead, redundant_with, total_damage, loss_increase, causal_target,
+        causal_selectivity, causal_p_adj, causal_specialized, causal_support``; ``role`` (=
+        ``holds``) is the distinct role ("" when none; ``count:<set>`` for a counting head),
+        ``roles`` every significant one, ``top_*`` the largest effect whether significant or
+        not, ``explained`` the share of the head's attention on the union of the known roles
+        (``unexplained`` the rest, ``explained_chance`` what a blind head gets),
+        ``redundant_with`` a head set ``"L0H1,L0H2"``, ``causal_support`` whether removing a
+        role head hurts its relation's target most (None for heads without a role).
     """
-    top, best = _best_rows(roles)
+    top = _top_rows(roles)
+    decisions = decide_labels(roles, output_ratio, partners, settings, nested)
+    by_role = roles.set_index(["head_label", "role"])
+    explained = by_role.xs("explained", level="role") if "explained" in set(roles["role"]) else None
     causal = causal_heads.set_index("head_label")
     causal["causal_p_adj"] = adjust_pvalues(
         causal["p_selectivity"].to_numpy(float), settings.correction
     )
     by_target = damage.pivot(index="head_label", columns="target", values="damage")
     records = []
-    for label in dict.fromkeys(roles["head_label"]):
+    for label, d in decisions.items():
         layer, head = (int(x) for x in label[1:].split("H"))
-        dead = output_ratio[label] < settings.dead_tol
-        partner = [p for p in partners.get(label, []) if output_ratio[p] >= settings.dead_tol]
-        significant = roles[(roles["head_label"] == label) & roles["significant"].astype(bool)]
-        mixed = mixed_roles(significant, nested, settings.mix_ratio)
-        role = best.loc[label, "role"] if label in best.index and not mixed else ""
-        if dead:
-            name = "dead"
-        elif partner:
-            name = "redundant"
-        else:
-            name = role or "unspecialized"
+        name, role = d.label, d.role
+        best_row = by_role.loc[(label, d.best)] if d.best else None
         c = causal.loc[label]
+        needed = bool(float(by_target.loc[label].max()) >= settings.min_damage)
         selectivity, p_adj = float(c["selectivity"]), float(c["causal_p_adj"])
         has_top = label in top.index
+        share = float(explained.loc[label, "score"]) if explained is not None else math.nan
+        share = min(max(share, 0.0), 1.0) if not math.isnan(share) else share  # float dust
         records.append(
             {
                 "layer": layer,
@@ -174,17 +286,29 @@ def label_heads(
                 "head_label": label,
                 "label": name,
                 "role": role,
-                "role_effect": float(best.loc[label, "effect"]) if role else math.nan,
-                "role_p_adj": float(best.loc[label, "p_adj"]) if role else math.nan,
-                "roles": ";".join(significant["role"]),
-                "mixed_roles": "+".join(mixed),
+                "role_effect": float(best_row["effect"]) if best_row is not None else math.nan,
+                "role_p_adj": float(best_row["p_adj"]) if best_row is not None else math.nan,
+                "role_evenness": (
+                    float(best_row["evenness"]) if best_row is not None else math.nan
+                ),
+                "roles": ";".join(d.significant),
+                "mixed_roles": "+".join(d.mixed),
                 "top_role": top.loc[label, "role"] if has_top else "",
                 "top_score": float(top.loc[label, "score"]) if has_top else math.nan,
                 "top_effect": float(top.loc[label, "effect"]) if has_top else math.nan,
                 "top_p_adj": float(top.loc[label, "p_adj"]) if has_top else math.nan,
+                "explained": share,
+                "unexplained": 1.0 - share,
+                "explained_chance": (
+                    float(explained.loc[label, "chance"]) if explained is not None else math.nan
+                ),
                 "output_ratio": float(output_ratio[label]),
-                "dead": bool(dead),
-                "redundant_with": ";".join(partner),
+                "holds": role,
+                "needed": needed,
+                "backed_up": not d.dead
+                and (bool(d.partners) or (bool(role) and not needed and label in covered)),
+                "dead": d.dead,
+                "redundant_with": HEAD_SET_SEPARATOR.join(d.partners),
                 "total_damage": float(c["total_damage"]),
                 "loss_increase": float(c["loss_increase"]),
                 "causal_target": c["causal_target"],

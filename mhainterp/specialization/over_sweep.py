@@ -233,7 +233,7 @@ def saved_specialization(
 def _renamed(result: SpecializationResult, run_id: str) -> SpecializationResult:
     """The same result with its (single) run called ``run_id`` everywhere."""
     tables = {}
-    for name in SpecializationResult.TABLES:
+    for name in (*SpecializationResult.TABLES, *SpecializationResult.OPTIONAL_TABLES):
         table = getattr(result, name).copy()
         if "run" in table.columns:
             table["run"] = run_id

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from mhainterp.ablation import ablate_sets, pairwise_ablation
+from mhainterp.heads import HEAD_SET_SEPARATOR
 from mhainterp.model import HookedMHATransformer
 from mhainterp.similarity import head_similarity
 from mhainterp.specialization.settings import SpecializationSettings
@@ -45,6 +46,7 @@ __all__ = [
     "GROUP_COLUMNS",
     "REDUNDANCY_COLUMNS",
     "redundancy_groups",
+    "redundant_under",
     "similar_groups",
     "redundancy_pairs",
     "redundant_partners",
@@ -73,6 +75,7 @@ def redundancy_pairs(
     dead: Iterable[str] = (),
     similarity: pd.DataFrame | None = None,
     pairwise: pd.DataFrame | None = None,
+    evidence_similarity: float | None = None,
 ) -> pd.DataFrame:
     """Every pair of heads with its similarity, pairwise-ablation backup and verdict.
 
@@ -89,6 +92,9 @@ def redundancy_pairs(
         dead: Labels of dead heads (never redundant).
         similarity: A precomputed square similarity matrix (skips computing it).
         pairwise: A precomputed ``pairwise_ablation`` table (skips computing it).
+        evidence_similarity: Ablate the pairs at or above this similarity (default
+            ``min_similarity``); lower it to keep the evidence a looser gate needs (the
+            stability test re-labels with ``min_similarity`` x 0.8 without a forward pass).
 
     Returns:
         One row per unordered pair (layer-major), columns :data:`REDUNDANCY_COLUMNS`; damages
@@ -113,7 +119,10 @@ def redundancy_pairs(
     labels = list(similarity.index)
     pairs = [(a, b) for i, a in enumerate(labels) for b in labels[i + 1 :]]
     if pairwise is None:
-        pairwise = _similar_pairwise(model, batch, settings, similarity, pairs, dead)
+        gate = settings.min_similarity if evidence_similarity is None else evidence_similarity
+        pairwise = _similar_pairwise(
+            model, batch, min(gate, settings.min_similarity), settings, similarity, pairs, dead
+        )
     loss = pairwise[pairwise["metric"] == "loss"].set_index(["head_a", "head_b"])
     rows = []
     for a, b in pairs:
@@ -145,6 +154,7 @@ def redundancy_pairs(
 def _similar_pairwise(
     model: HookedMHATransformer,
     batch: Batch,
+    gate: float,
     settings: SpecializationSettings,
     similarity: pd.DataFrame,
     pairs: list[tuple[str, str]],
@@ -152,9 +162,7 @@ def _similar_pairwise(
 ) -> pd.DataFrame:
     """Pairwise ablation among the live heads that have a similar partner (only those pairs
     can be redundant, and ablating every pair of a 16-head model would take 120 passes)."""
-    similar = {
-        h for a, b in pairs if similarity.loc[a, b] >= settings.min_similarity for h in (a, b)
-    }
+    similar = {h for a, b in pairs if similarity.loc[a, b] >= gate for h in (a, b)}
     heads = sorted(similar - dead, key=list(similarity.index).index)
     if len(heads) < 2:
         return pd.DataFrame(columns=["head_a", "head_b", "metric"])
@@ -225,8 +233,8 @@ def redundancy_groups(
             joined by ``+``; sets of fewer than three heads are skipped.
 
     Returns:
-        One row per group, columns :data:`GROUP_COLUMNS`: ``basis``, ``heads`` joined by
-        ``;``, damages as loss increases, ``backup`` (see the module docstring) and
+        One row per group, columns :data:`GROUP_COLUMNS`: ``basis``, ``heads`` as a head set
+        ``"L0H0,L0H1,L0H2"``, damages as loss increases, ``backup`` (see the module docstring) and
         ``redundant``. Empty (with those columns) when there is no group to test.
 
     Example:
@@ -235,7 +243,7 @@ def redundancy_groups(
         >>> batch = get_task("previous_token").eval_batch(128)
         >>> model = handbuilt_model(["previous"] * 3, d_head=18)
         >>> redundancy_groups(model, batch)[["heads", "redundant"]].values.tolist()
-        [['L0H0;L0H1;L0H2', True]]
+        [['L0H0,L0H1,L0H2', True]]
     """
     settings = settings or SpecializationSettings()
     if similarity is None:
@@ -266,7 +274,7 @@ def redundancy_groups(
         rows.append(
             {
                 "basis": "+".join(bases[tuple(group)]),
-                "heads": ";".join(group),
+                "heads": HEAD_SET_SEPARATOR.join(group),
                 "size": len(group),
                 "damage_all": damage_all,
                 "damage_keep_one_mean": float(keep_one.mean()),
@@ -297,7 +305,7 @@ def redundant_partners(
     if groups is not None:
         for members, redundant in zip(groups["heads"], groups["redundant"], strict=True):
             if bool(redundant):
-                heads = members.split(";")
+                heads = _split_heads(members)
                 linked += [(a, b) for i, a in enumerate(heads) for b in heads[i + 1 :]]
     partners: dict[str, list[str]] = {}
     for a, b in linked:
@@ -305,3 +313,89 @@ def redundant_partners(
             if other not in partners.setdefault(head, []):
                 partners[head].append(other)
     return partners
+
+
+def _split_heads(members: str) -> list[str]:
+    """A saved head set back into labels; reads the old ``;`` separator too."""
+    return [h for h in members.replace(";", HEAD_SET_SEPARATOR).split(HEAD_SET_SEPARATOR) if h]
+
+
+def redundant_under(
+    pairs: pd.DataFrame,
+    groups: pd.DataFrame,
+    settings: SpecializationSettings,
+    dead: Iterable[str],
+    role_of: dict[str, str],
+) -> tuple[dict[str, list[str]], int]:
+    """Who is redundant with whom under ``settings``, from saved pair and group evidence (no
+    forward pass): the rules of the module docstring, re-applied.
+
+    A pair is redundant when ``similarity >= min_similarity``, ``damage_joint >=
+    min_joint_damage``, ``backup >= backup_ratio`` and neither head is dead. The groups that
+    count are the similar components at this ``min_similarity`` (:func:`similar_groups`, built
+    from the pairs' similarities) and the sets of three or more live heads holding the same
+    role (``role_of``); each is redundant when ``damage_all >= min_joint_damage`` and ``backup
+    >= backup_ratio``.
+
+    Args:
+        pairs: :func:`redundancy_pairs`' table (similarities for every pair).
+        groups: :func:`redundancy_groups`' table (the groups whose ablations were run).
+        settings: The thresholds.
+        dead: Dead heads under these settings.
+        role_of: Head label -> the role it holds under these settings ("" for none).
+
+    Returns:
+        ``(partners, n_untested)``: head label -> its redundant partners, and how many pairs or
+        groups these settings would test that the saved evidence does not cover (counted as
+        not redundant).
+
+    Example:
+        >>> pairs = pd.DataFrame({"head_a": ["L0H0"], "head_b": ["L0H1"], "similarity": [0.95],
+        ...     "damage_joint": [0.4], "backup": [0.9]})
+        >>> redundant_under(pairs, pd.DataFrame(columns=GROUP_COLUMNS),
+        ...                 SpecializationSettings(), [], {})
+        ({'L0H0': ['L0H1'], 'L0H1': ['L0H0']}, 0)
+    """
+    dead = set(dead)
+    linked: list[tuple[str, str]] = []
+    untested = 0
+    heads = list(dict.fromkeys([*pairs["head_a"], *pairs["head_b"]]))
+    for a, b, sim, joint, backup in zip(
+        pairs["head_a"], pairs["head_b"], pairs["similarity"], pairs["damage_joint"],
+        pairs["backup"], strict=True,
+    ):  # fmt: skip
+        if a in dead or b in dead or not float(sim) >= settings.min_similarity:
+            continue
+        if np.isnan(float(joint)):
+            untested += 1
+        elif float(joint) >= settings.min_joint_damage and float(backup) >= settings.backup_ratio:
+            linked.append((a, b))
+    candidates: list[tuple[str, ...]] = []
+    if heads:
+        sim = pd.DataFrame(np.eye(len(heads)), index=heads, columns=heads)
+        for a, b, value in zip(pairs["head_a"], pairs["head_b"], pairs["similarity"], strict=True):
+            sim.loc[a, b] = sim.loc[b, a] = float(value)
+        candidates += [tuple(g) for g in similar_groups(sim, settings.min_similarity, dead)]
+    held: dict[str, list[str]] = {}
+    for head, role in role_of.items():
+        if role and head not in dead:
+            held.setdefault(role, []).append(head)
+    candidates += [tuple(members) for members in held.values() if len(members) >= 3]
+    saved = {tuple(_split_heads(h)): i for i, h in enumerate(groups["heads"])}
+    for members in dict.fromkeys(candidates):
+        row = saved.get(members)
+        if row is None:
+            untested += 1
+            continue
+        damage_all, backup = (
+            float(groups["damage_all"].iloc[row]),
+            float(groups["backup"].iloc[row]),
+        )
+        if damage_all >= settings.min_joint_damage and backup >= settings.backup_ratio:
+            linked += [(a, b) for i, a in enumerate(members) for b in members[i + 1 :]]
+    partners: dict[str, list[str]] = {}
+    for a, b in linked:
+        for head, other in ((a, b), (b, a)):
+            if other not in partners.setdefault(head, []):
+                partners[head].append(other)
+    return partners, untested

@@ -20,6 +20,27 @@ every head. Its score is instead the overlap of the head's distribution with the
 descriptive score, never a role: shuffling keys does not change it (no permutation null) and
 initialised heads are already near-uniform.
 
+**Counting** (a head that attends uniformly over a selected set, usually with a sink). Two
+scores describe it, and a head counts when both hold (:mod:`.labels`):
+
+- *template mass* on the set, or on the set plus a **sink**: for every role ``X`` whose template
+  marks two or more visible keys on some query, the role ``X+sink`` marks ``X``'s keys and the
+  first position (the BOS-like resting key a counting head parks the rest of its attention
+  on: with ``c`` keys in the set and a sink, uniform attention puts ``1 / (c + 1)`` on the sink,
+  which encodes the count). ``X+sink`` is an ordinary role with the permutation null below;
+- *evenness*: on the queries whose set ``X`` has at least two visible keys, the overlap of the
+  head's distribution *within* the set (its weights on ``X``'s keys divided by their sum) with
+  the uniform distribution over those keys, ``sum_{k in X} min(p_k / m_X, 1 / |X|)``, averaged
+  over those queries: 1 = spread exactly evenly over the set, ``1 / |X|`` = all on one of its
+  keys; NaN when no query has two keys in the set (a one-key relation cannot be counted over).
+  ``X+sink`` has the evenness of ``X`` (the sink may take any share). The column
+  ``evenness`` of the role table.
+
+**Explained share.** The role ``explained`` (descriptive, never a label) is the mass on the
+union of every testable role's template: how much of a head's attention the known roles
+account for; ``1 - explained`` is what none of them describes, and its ``chance`` is the
+share of visible keys the union marks (what a head blind to every role gets).
+
 **Permutation null** (the head ignores the template). Within each counted query the head's
 weights are shuffled over the keys the mask lets it see, independently per query; the score
 under this null is a mean of independent per-query masses, each the sum of the weights that land
@@ -71,10 +92,13 @@ from mhainterp.tasks import (
 )
 
 __all__ = [
+    "COUNT_PREFIX",
     "DESCRIPTIVE_ROLES",
     "GENERIC_ROLES",
+    "SINK",
     "ROLE_COLUMNS",
     "RoleSums",
+    "base_relation",
     "capture_role_sums",
     "generic_templates",
     "nested_roles",
@@ -87,8 +111,26 @@ __all__ = [
 GENERIC_ROLES = ("previous", "self", "first_position", "same_token", "mirror", "uniform")
 """Generic relation templates scored for every task (after the task's own relations)."""
 
-DESCRIPTIVE_ROLES = ("uniform",)
+DESCRIPTIVE_ROLES = ("uniform", "explained")
 """Roles reported as scores but never tested or used as labels (see the module docstring)."""
+
+SINK = "+sink"
+"""Suffix of a role that adds the sink (first position) to a set's template."""
+
+COUNT_PREFIX = "count:"
+"""Prefix of the label of a head that counts over a set (``count:same_token_upto+sink``)."""
+
+
+def base_relation(role: str) -> str:
+    """The relation a role or label is built on: ``count:`` and ``+sink`` stripped.
+
+    Example:
+        >>> base_relation("count:same_token_upto+sink")
+        'same_token_upto'
+    """
+    role = role.removeprefix(COUNT_PREFIX)
+    return role.removesuffix(SINK)
+
 
 ROLE_COLUMNS = [
     "layer",
@@ -99,6 +141,7 @@ ROLE_COLUMNS = [
     "score",
     "chance",
     "effect",
+    "evenness",
     "perm_std",
     "z_perm",
     "p_perm",
@@ -145,7 +188,10 @@ def role_templates(
 
     A generic template is dropped when a role of the same name is already there (the task's
     wins) or when, restricted to the keys a query may see, it equals one already there (e.g. the
-    generic ``same_token`` and ``count_previous``'s ``same_token_before`` in a causal model).
+    generic ``same_token`` and a task's ``same_token_before`` in a causal model). Then every
+    role whose template marks two or more visible keys on some query gets its ``+sink``
+    variant (the set plus the first position; dropped the same way when it duplicates one),
+    and last comes ``explained``, the union of every testable template (module docstring).
 
     Args:
         tokens: ``[n, pos]`` token ids.
@@ -160,8 +206,10 @@ def role_templates(
     Example:
         >>> from mhainterp.tasks import get_task
         >>> task = get_task("count_previous", seq_len=4, d_vocab=3)
-        >>> list(role_templates(task.sample(2).tokens, task=task, causal=True))
-        ['same_token_before', 'previous', 'self', 'first_position', 'mirror', 'uniform']
+        >>> list(role_templates(torch.tensor([[0, 1, 0, 0]]), task=task, causal=True))[:4]
+        ['same_token_upto', 'previous', 'self', 'first_position']
+        >>> list(role_templates(torch.tensor([[0, 1, 0, 0]]), task=task, causal=True))[4:]
+        ['same_token', 'mirror', 'uniform', 'same_token_upto+sink', 'same_token+sink', 'explained']
     """
     mask = torch.ones_like(tokens, dtype=torch.bool) if padding_mask is None else padding_mask
     visible = visible_keys(mask, causal).float()
@@ -174,36 +222,56 @@ def role_templates(
         if any(torch.equal(template * visible, other * visible) for other in out.values()):
             continue
         out[name] = template
+    first = first_position_template(tokens, mask)
+    for name, template in list(out.items()):
+        if name in DESCRIPTIVE_ROLES or not bool(((template * visible).sum(-1) >= 2).any()):
+            continue
+        sink = torch.maximum(template, first)
+        if any(torch.equal(sink * visible, other * visible) for other in out.values()):
+            continue
+        out[name + SINK] = sink
+    testable = [t for name, t in out.items() if name not in DESCRIPTIVE_ROLES]
+    if testable:
+        out["explained"] = torch.stack(testable).amax(0)
     return out
 
 
 def nested_roles(
     templates: Mapping[str, Tensor], visible: Bool[Tensor, "n T T"]
 ) -> set[tuple[str, str]]:
-    """``(inner, outer)`` pairs of testable roles whose visible template keys nest on the data:
-    every key ``inner`` marks, ``outer`` marks too (e.g. ``same_token_before`` inside the
-    bidirectional ``same_token``). Used to tell a head that mixes two relations from one whose
-    relation sits inside another.
+    """``(inner, outer)`` pairs of testable roles whose visible template keys nest on the
+    queries both roles count (a query counts for a role when it sees two or more keys and one
+    of the role's keys): there, every key ``inner`` marks, ``outer`` marks too (e.g.
+    ``same_token_before`` inside the bidirectional ``same_token``, ``self`` inside
+    ``same_token_upto``). Used to tell a head that mixes two relations from one whose relation
+    sits inside another. Queries only one of the two counts do not decide it: a role scored
+    on other queries than its partner was never compared with it there.
 
     Example:
         >>> tokens = torch.tensor([[1, 2, 1, 1]])
         >>> t = role_templates(tokens, task=None)
         >>> t["before"] = same_token_template(tokens, strictly_before=True)
-        >>> sorted(nested_roles(t, torch.ones(1, 4, 4, dtype=torch.bool)))
-        [('before', 'same_token')]
+        >>> nested = nested_roles(t, torch.ones(1, 4, 4, dtype=torch.bool))
+        >>> ("before", "same_token") in nested, ("same_token", "before") in nested
+        (True, False)
     """
     vis = visible.bool()
+    queries = statistic_queries(vis)  # (n, T)
     marked = {
         name: template.bool() & vis
         for name, template in templates.items()
         if name not in DESCRIPTIVE_ROLES
     }
-    return {
-        (inner, outer)
-        for inner, a in marked.items()
-        for outer, b in marked.items()
-        if inner != outer and bool(a.any()) and not bool((a & ~b).any())
-    }
+    counted = {name: a.any(-1) & queries for name, a in marked.items()}  # (n, T)
+    out = set()
+    for inner, a in marked.items():
+        for outer, b in marked.items():
+            both = counted[inner] & counted[outer]
+            if inner == outer or not bool(both.any()):
+                continue
+            if not bool((a & ~b & both[..., None]).any()):
+                out.add((inner, outer))
+    return out
 
 
 # ----------------------------------------------------------------------------- sums
@@ -217,6 +285,8 @@ class RoleSums:
         mass: The share of attention on each role's template, over the counted queries
             (capture's :class:`~mhainterp.capture.TemplateMass`; for ``uniform``, the overlap
             with the uniform distribution).
+        evenness: Per role, the overlap of the within-set distribution with uniform over the
+            set, on queries with two or more visible set keys (module docstring).
         perm_var_sum: Per role, float64 ``[L, h]``: sum over counted queries of the
             permutation variance of the mass.
         chance_sum: Per role: sum over counted queries of ``s / n`` (the null mean of the mass).
@@ -226,6 +296,7 @@ class RoleSums:
     """
 
     mass: TemplateMass = field(default_factory=TemplateMass)
+    evenness: TemplateMass = field(default_factory=TemplateMass)
     perm_var_sum: dict[str, Tensor] = field(default_factory=dict)
     chance_sum: dict[str, float] = field(default_factory=dict)
     output_sq: Tensor | None = None
@@ -253,12 +324,21 @@ class RoleSums:
             min=0
         )  # (B, L, h, T)
         for role, template in templates.items():
-            if role in DESCRIPTIVE_ROLES:
+            if role == "uniform":
                 self._add_uniform(role, p, vis, n_vis, queries)
                 continue
             on = template.to(p.device).double() * vis  # (B, T, T): reachable template keys
             rows = self.mass.add_template(role, p, on, queries)  # and >= 1 reachable key
             s = on.sum(-1)  # (B, T)
+            if role in DESCRIPTIVE_ROLES:  # explained: a mass and its chance, no test
+                zeros = torch.zeros(p.shape[1:3], dtype=torch.float64, device=p.device)
+                self._add_null(role, zeros, float((s / safe_n * rows.double()).sum()))
+                continue
+            base = role.removesuffix(SINK)
+            base_on = on if base == role or base not in templates else None
+            if base_on is None:
+                base_on = templates[base].to(p.device).double() * vis
+            self._add_evenness(role, p, base_on, queries)
             keep = rows.double()
             var = s * (n_vis - s) / (n_vis - 1).clamp(min=1)  # (B, T), x sigma^2 below
             self._add_null(
@@ -266,6 +346,18 @@ class RoleSums:
                 (sigma2 * (var * keep)[:, None, None]).sum((0, 3)),
                 float((s / safe_n * keep).sum()),
             )
+
+    def _add_evenness(self, role: str, p: Tensor, on: Tensor, queries: Tensor) -> None:
+        """Overlap of each head's within-set distribution with uniform over the set."""
+        size = on.sum(-1)  # (B, T)
+        rows = queries & (size >= 2)
+        within = p * on[:, None, None]  # (B, L, h, T, T)
+        m = within.sum(-1, keepdim=True)  # (B, L, h, T, 1)
+        share = within / m.clamp(min=1e-300)
+        uniform = (on / size.clamp(min=1)[..., None])[:, None, None]
+        overlap = torch.minimum(share, uniform).sum(-1)  # (B, L, h, T)
+        overlap = torch.where(m[..., 0] > 0, overlap, torch.zeros_like(overlap))
+        self.evenness.add_values(role, overlap, rows)
 
     def _add_uniform(
         self, role: str, p: Tensor, vis: Tensor, n_vis: Tensor, queries: Tensor
@@ -363,7 +455,8 @@ def role_frame(sums: RoleSums, task_relations: list[str] | tuple[str, ...] = ())
         One row per (head, role), heads layer-major, roles in template order, columns
         :data:`ROLE_COLUMNS`: ``score`` (share of attention on the template; overlap with
         uniform for ``uniform``), ``chance`` (the permutation-null mean), ``effect``
-        (``(score - chance) / (1 - chance)``), ``perm_std`` (the null's standard deviation),
+        (``(score - chance) / (1 - chance)``), ``evenness`` (spread within the set, NaN for
+        one-key relations and descriptive roles), ``perm_std`` (the null's standard deviation),
         ``z_perm``, ``p_perm`` (one-sided normal tail; 1 when the null has no spread; NaN for
         descriptive roles), ``n_queries`` (queries averaged over), ``task_relation`` (True for
         the task's own relations).
@@ -373,8 +466,13 @@ def role_frame(sums: RoleSums, task_relations: list[str] | tuple[str, ...] = ())
         n = sums.mass.counts[role]
         score = sums.mass.mean(role).numpy()
         descriptive = role in DESCRIPTIVE_ROLES
-        chance = math.nan if descriptive or not n else sums.chance_sum[role] / n
+        chance = math.nan if role == "uniform" or not n else sums.chance_sum[role] / n
         sd = (sums.perm_var_sum[role].clamp(min=0).sqrt() / n).numpy() if n else score * np.nan
+        even = (
+            sums.evenness.mean(role).numpy()
+            if sums.evenness.counts.get(role)
+            else np.full_like(score, np.nan)
+        )
         for layer in range(score.shape[0]):
             for head in range(score.shape[1]):
                 value, spread = float(score[layer, head]), float(sd[layer, head])
@@ -389,6 +487,7 @@ def role_frame(sums: RoleSums, task_relations: list[str] | tuple[str, ...] = ())
                         "score": value,
                         "chance": chance,
                         "effect": _effect(value, chance),
+                        "evenness": float(even[layer, head]),
                         "perm_std": math.nan if descriptive else spread,
                         "z_perm": z,
                         "p_perm": p,
@@ -421,17 +520,17 @@ def role_scores(
     data: Task | tuple[Tensor, Tensor],
     *,
     task: Task | None = None,
-    n_sequences: int = 256,
+    n_eval: int = 256,
     batch_size: int = 512,
 ) -> pd.DataFrame:
     """Role scores of every head with their permutation null (see the module docstring).
 
     Args:
         model: The model.
-        data: A Task (its fixed evaluation set of ``n_sequences`` sequences, held out from
+        data: A Task (its fixed evaluation set of ``n_eval`` sequences, held out from
             training) or ``(tokens, padding_mask)``.
         task: Whose relations to add to the generic roles (default: ``data`` when a Task).
-        n_sequences: Sequences of a task's evaluation set to use.
+        n_eval: Sequences of a task's evaluation set to use.
         batch_size: Sequences per forward pass.
 
     Returns:
@@ -447,7 +546,7 @@ def role_scores(
     """
     if isinstance(data, Task):
         task = data if task is None else task
-        batch = data.eval_batch(n_sequences)
+        batch = data.eval_batch(n_eval)
         tokens, mask = batch.tokens, batch.padding_mask
     else:
         tokens, mask = data

@@ -15,7 +15,21 @@ from mhainterp.ablation import check_method
 from mhainterp.similarity import SIMILARITY_METHODS
 from mhainterp.specialization.corrections import CORRECTIONS
 
-__all__ = ["SpecializationSettings"]
+__all__ = ["THRESHOLDS", "SpecializationSettings"]
+
+THRESHOLDS = (
+    "min_effect",
+    "min_evenness",
+    "mix_ratio",
+    "dead_tol",
+    "min_similarity",
+    "backup_ratio",
+    "min_joint_damage",
+    "min_damage",
+)
+"""The thresholds a label rests on, each perturbed x 0.8 and x 1.25 by the stability test
+(:func:`~mhainterp.specialization.stability.label_stability`). ``alpha`` is a significance
+level, not an effect threshold, and is left out; so are the null sizes."""
 
 
 @dataclass
@@ -23,7 +37,8 @@ class SpecializationSettings:
     """Every knob of :func:`specialization_test`, validated on construction.
 
     Args:
-        n_sequences: Sequences of the task's evaluation set used (held out from training).
+        n_eval: Sequences of the task's evaluation set used (held out from training); saved
+            settings that say ``n_sequences`` (the old name) are read as ``n_eval``.
         alpha: Significance level after correction.
         correction: ``"holm"`` (family-wise), ``"bh"`` (false discovery rate) or ``"none"``.
         min_effect: Smallest effect size ``(score - chance) / (1 - chance)`` that counts as a
@@ -41,12 +56,16 @@ class SpecializationSettings:
         mix_ratio: A head whose second significant role (not nested in or containing the
             first) has at least this fraction of the first one's effect *mixes* the two and is
             labelled unspecialized.
+        min_evenness: A head whose best role is a set of several keys and which spreads its
+            attention over that set at least this evenly (overlap with the uniform
+            distribution over the set, 1 = uniform) is *counting* over it (label
+            ``count:<set>``; see :mod:`.roles`).
         n_permutations: Draws of the causal permutation null.
         n_shuffles: Draws of the role-shuffled consistency null.
         seed: Seed of every null's random generator.
     """
 
-    n_sequences: int = 256
+    n_eval: int = 256
     alpha: float = 0.05
     correction: str = "holm"
     min_effect: float = 0.3
@@ -60,16 +79,24 @@ class SpecializationSettings:
     min_damage: float = 0.01
     min_selectivity: float = 0.5
     mix_ratio: float = 0.5
+    min_evenness: float = 0.8
     n_permutations: int = 1000
     n_shuffles: int = 200
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("n_sequences", "n_permutations", "n_shuffles"):
+        for name in ("n_eval", "n_permutations", "n_shuffles"):
             _check_int(name, getattr(self, name), 1)
         _check_int("n_init", self.n_init, 2)
         _check_int("seed", self.seed, 0)
-        for name in ("alpha", "min_similarity", "backup_ratio", "min_selectivity", "mix_ratio"):
+        for name in (
+            "alpha",
+            "min_similarity",
+            "backup_ratio",
+            "min_selectivity",
+            "mix_ratio",
+            "min_evenness",
+        ):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0 < value <= 1:
                 raise ValueError(f"{name}={value!r} is invalid: must be a number in (0, 1]")
@@ -91,13 +118,34 @@ class SpecializationSettings:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def scaled(self, name: str, factor: float) -> SpecializationSettings:
+        """A copy with threshold ``name`` multiplied by ``factor`` (clipped to 1 where the
+        threshold is a share that may not exceed 1).
+
+        Example:
+            >>> SpecializationSettings().scaled("min_similarity", 1.25).min_similarity
+            1.0
+        """
+        if name not in THRESHOLDS:
+            raise ValueError(f"name={name!r} is invalid: must be one of {', '.join(THRESHOLDS)}")
+        value = getattr(self, name) * factor
+        if name in _SHARES:
+            value = min(value, 1.0)
+        return dataclasses.replace(self, **{name: value})
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpecializationSettings:
+        data = dict(data)
+        if "n_sequences" in data:  # the old name of n_eval, in settings saved before the rename
+            data["n_eval"] = data.pop("n_sequences")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown settings {unknown}; allowed: {sorted(known)}")
         return cls(**data)
+
+
+_SHARES = ("min_evenness", "mix_ratio", "min_similarity", "backup_ratio")
 
 
 def _check_int(name: str, value: Any, minimum: int) -> None:

@@ -3,6 +3,16 @@
 Nothing here is fixed text with blanks for decoration: every count, list and comparison in the
 sentences is read from the fields, so a different result gives a different verdict (the tests
 change the numbers and check that the text follows).
+
+The vocabulary (DESIGN.md, "The question the toolkit answers"): a head can **hold** a relation
+(its attention matches a role against both nulls), **serve** a subset (the division test), be
+**needed** (removing it alone costs accuracy), be **backed up** (redundant) or be **dead**.
+Holding a relation is not dividing the work: the sentences count relations and the heads per
+relation, and call a model **specialized** only along an axis whose division index beats its
+null (from the division table, when there is one; without it they do not claim division).
+Counts are written as counts ("8 heads hold 1 relation") and shares as shares ("redundant
+share 1.00"), never one as the other. A verdict whose labels change when a threshold moves by
+x 0.8 / x 1.25 says so (:mod:`.stability`).
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ import numpy as np
 
 from mhainterp.specialization.corrections import correction_name
 
-__all__ = ["RunVerdict", "Verdict", "format_p", "group_key"]
+__all__ = ["RunVerdict", "Verdict", "division_axes", "format_p", "group_key"]
 
 
 def format_p(p: float) -> str:
@@ -46,6 +56,58 @@ def _mean_std(values: list[float]) -> str:
     return f"{np.mean(finite):.2f} ± {np.std(finite, ddof=1):.2f}"
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
+def division_axes(division: list[dict[str, Any]], alpha: float) -> list[str]:
+    """The axes along which the heads divide the work: division index above its null mean
+    with ``p < alpha``.
+
+    Example:
+        >>> division_axes([{"by": "token", "index": 0.4, "null_index": 0.1, "p": 0.001},
+        ...                {"by": "position", "index": 0.1, "null_index": 0.1, "p": 0.5}], 0.05)
+        ['token']
+    """
+    return [
+        str(d["by"])
+        for d in division
+        if _finite(d.get("p"))
+        and float(d["p"]) < alpha
+        and float(d["index"]) > float(d["null_index"])
+    ]
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return not math.isnan(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _division_text(division: list[dict[str, Any]], alpha: float) -> str:
+    """ "Division index by token 0.31 vs null 0.05 (p = 0.001), ...: specialized along token"."""
+    if not division:
+        return (
+            "Division of labour not measured (no division table): this verdict does not say "
+            "whether the heads divide the work."
+        )
+    parts = []
+    for d in division:
+        inside = "" if str(d["by"]) in division_axes([d], alpha) else ", inside its null"
+        parts.append(
+            f"by {d['by']} {float(d['index']):.2f} vs null {float(d['null_index']):.2f} "
+            f"({format_p(float(d['p']))}{inside})"
+        )
+    axes = division_axes(division, alpha)
+    verdict = (
+        f"specialized (the heads divide the work) along {', '.join(axes)}"
+        if axes
+        else "not specialized: the heads divide the work along none of the axes tested"
+    )
+    return f"Division index {'; '.join(parts)}: {verdict}."
+
+
 @dataclass
 class RunVerdict:
     """The numbers behind one run's verdict.
@@ -72,6 +134,14 @@ class RunVerdict:
         causal_selectivity, causal_null, causal_p: Model selectivity, its null mean and p
             (NaN on single-target tasks).
         accuracy: The model's accuracy on the evaluation batch.
+        relations: Relation (role) -> the live heads that hold it, backed up or not.
+        needed: Heads whose removal alone costs ``>= min_damage`` accuracy on some target.
+        backed_up: Live heads whose work others carry (redundant, or not needed in a group
+            sharing their relation whose joint removal hurts; :mod:`.labels`).
+        division: Rows ``by, index, null_index, p`` of the division test (empty: not run).
+        flips: Threshold -> heads whose label changes with it x 0.8 or x 1.25.
+        flip_heads: Heads whose label changes under at least one of those.
+        n_untested: Pairs/groups a perturbed setting tests that the saved evidence lacks.
     """
 
     run: str
@@ -100,6 +170,13 @@ class RunVerdict:
     causal_null: float = math.nan
     causal_p: float = math.nan
     accuracy: float = math.nan
+    relations: dict[str, list[str]] = field(default_factory=dict)
+    needed: list[str] = field(default_factory=list)
+    backed_up: list[str] = field(default_factory=list)
+    division: list[dict[str, Any]] = field(default_factory=list)
+    flips: dict[str, int] = field(default_factory=dict)
+    flip_heads: list[str] = field(default_factory=list)
+    n_untested: int = 0
 
     @property
     def total_heads(self) -> int:
@@ -117,24 +194,66 @@ class RunVerdict:
     def roles_found(self) -> list[str]:
         return sorted(set(self.role_heads.values()))
 
-    def role_sentence(self) -> str:
-        """The role counts, e.g. "2 of 4 heads hold a distinct role (...): L0H0 previous"."""
+    @property
+    def n_relations(self) -> int:
+        """Relations covered: how many distinct relations some live head holds (a count)."""
+        return len(self.relations)
+
+    @property
+    def n_holding(self) -> int:
+        """Heads that hold a relation (a count)."""
+        return sum(len(h) for h in self.relations.values())
+
+    @property
+    def holding(self) -> set[str]:
+        """The heads that hold a relation."""
+        return {h for heads in self.relations.values() for h in heads}
+
+    @property
+    def heads_per_relation(self) -> float:
+        """Mean heads per relation covered (a count; NaN with no relation)."""
+        return self.n_holding / self.n_relations if self.relations else math.nan
+
+    @property
+    def specialized_axes(self) -> list[str]:
+        """Axes along which the heads divide the work (empty when none or not measured)."""
+        return division_axes(self.division, self.alpha)
+
+    def relation_sentence(self) -> str:
+        """ "8 heads hold 1 relation (mirror: 8 heads, L0H0, ...)"; who is needed, backed up,
+        dead."""
         total = self.total_heads
-        head_word = "head" if total == 1 else "heads"
-        verb = "holds" if self.n_role == 1 else "hold"
-        criteria = (
-            f"each p < {self.alpha:g} after {correction_name(self.correction)} correction "
-            f"against both nulls, effect ≥ {self.min_effect:g}"
-        )
-        text = f"{self.n_role} of {total} {head_word} {verb} a distinct role ({criteria})"
-        if self.role_heads:
+        if self.relations:
             listed = [
-                f"{h} {r} (effect {self.role_effects.get(h, math.nan):.2f})"
-                for h, r in self.role_heads.items()
+                f"{rel}: {_plural(len(heads), 'head')} ({', '.join(heads)})"
+                for rel, heads in sorted(self.relations.items())
             ]
-            text += ": " + ", ".join(listed)
-            text += f"; largest corrected p {self.largest_p_adj:.2g}"
-        return text + "."
+            text = (
+                f"{_plural(self.n_holding, 'head')} of {total} hold "
+                f"{_plural(self.n_relations, 'relation')} ({'; '.join(listed)}; each p < "
+                f"{self.alpha:g} after {correction_name(self.correction)} correction against "
+                f"both nulls, effect ≥ {self.min_effect:g})"
+            )
+        else:
+            text = f"No head of {total} holds a relation (none beats both nulls)"
+        text += (
+            f"; {len(self.needed)} of {total} needed (removing one alone costs ≥ "
+            f"{self.min_damage:g} accuracy), {len(self.backed_up)} backed up, "
+            f"{len(self.dead)} dead."
+        )
+        return text
+
+    def stability_sentence(self) -> str:
+        """Whether the labels survive each threshold x 0.8 and x 1.25."""
+        if not self.flip_heads:
+            return "Labels are stable: none changes with any threshold x 0.8 or x 1.25."
+        worst = sorted(((n, t) for t, n in self.flips.items() if n), reverse=True)
+        listed = ", ".join(f"{t} {n}" for n, t in worst)
+        return (
+            f"This verdict rests on thresholds: {len(self.flip_heads)} of {self.total_heads} "
+            f"labels change with a threshold x 0.8 or x 1.25 ({listed}; heads "
+            f"{', '.join(self.flip_heads)})."
+        )
 
     def other_sentence(self) -> str:
         """Redundant, dead and unspecialized heads, and weak preferences."""
@@ -147,7 +266,7 @@ class RunVerdict:
             for g, r in zip(self.redundant_groups, roles, strict=False)
         ]
         parts = [
-            f"{self.n_redundant} redundant ({_join(groups)})",
+            f"Labels: {self.n_redundant} redundant ({_join(groups)})",
             f"{len(self.dead)} dead ({_join(self.dead)})",
             f"{len(self.unspecialized)} unspecialized ({_join(unspecialized)})",
         ]
@@ -193,7 +312,14 @@ class RunVerdict:
         if not math.isnan(self.accuracy):
             header += f" (accuracy {self.accuracy:.3f})"
         return " ".join(
-            [header + ":", self.role_sentence(), self.other_sentence(), self.causal_sentence()]
+            [
+                header + ":",
+                self.relation_sentence(),
+                _division_text(self.division, self.alpha),
+                self.stability_sentence(),
+                self.other_sentence(),
+                self.causal_sentence(),
+            ]
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -226,37 +352,57 @@ class Verdict:
         return out
 
     def group_sentence(self, key: str, runs: list[RunVerdict]) -> str:
-        """Summary of several seeds of one task and head count."""
-        first = runs[0]
-        counts = [r.n_role for r in runs]
+        """Summary of several seeds of one task and head count: graded numbers as seed mean ±
+        std (n seeds), counts apart from shares, the division index against its null, and
+        whether the labels survive the thresholds moving."""
+        first, n = runs[0], len(runs)
+        total = first.total_heads
+
+        def share(values: list[float]) -> str:
+            return _mean_std([v / total for v in values])
+
         found: dict[str, int] = {}
         for r in runs:
-            for role in r.roles_found:
-                found[role] = found.get(role, 0) + 1
-        roles = [f"{role} ({k}/{len(runs)} seeds)" for role, k in sorted(found.items())]
-        copied: dict[str, int] = {}  # roles held by redundant groups (not distinct roles)
-        for r in runs:
-            for role in dict.fromkeys(x for x in r.redundant_roles if x):
-                copied[role] = copied.get(role, 0) + 1
-        if copied:
-            roles += [
-                f"{role} held by a redundant group ({k}/{len(runs)} seeds)"
-                for role, k in sorted(copied.items())
-            ]
-        heads = "head" if first.total_heads == 1 else "heads"
-        per_seed = ", ".join(map(str, counts))
-        redundant = _mean_std([float(r.n_redundant) for r in runs])
-        dead = _mean_std([float(len(r.dead)) for r in runs])
+            for rel in r.relations:
+                found[rel] = found.get(rel, 0) + 1
+        relations = [f"{rel} ({k}/{n} seeds)" for rel, k in sorted(found.items())]
+        k = sum(bool(r.relations) for r in runs)
+        with_relation = "" if k == n else f"; n = {k} of {n} seeds, those with a relation"
         text = (
-            f"{first.task}, h={first.n_heads}, {len(runs)} seeds: "
-            f"{_mean_std([float(c) for c in counts])} of {first.total_heads} {heads} hold a "
-            f"distinct role (per seed: {per_seed}); redundant {redundant}, dead {dead}. "
-            f"Roles found: {_join(roles)}."
+            f"{first.task}, h={first.n_heads}, {total} heads, {n} seeds (mean ± std): "
+            f"relations covered {_mean_std([float(r.n_relations) for r in runs])} (a count; "
+            f"per seed {', '.join(str(r.n_relations) for r in runs)}), heads per relation "
+            f"{_mean_std([r.heads_per_relation for r in runs])} (a count{with_relation}); "
+            "needed share "
+            f"{share([float(len(r.needed)) for r in runs])} (needed but holding no known "
+            f"relation {share([float(len(set(r.needed) - r.holding)) for r in runs])}), "
+            f"backed-up share {share([float(len(r.backed_up)) for r in runs])}, redundant "
+            f"share {share([float(r.n_redundant) for r in runs])}, dead share "
+            f"{share([float(len(r.dead)) for r in runs])}. Relations: {_join(relations)} "
+            "(each beats the permutation and initialisation nulls)."
         )
+        text += " " + self._group_division(runs)
+        flipped = [len(r.flip_heads) for r in runs]
+        if any(flipped):
+            per: dict[str, int] = {}
+            for r in runs:
+                for t, k in r.flips.items():
+                    per[t] = per.get(t, 0) + k
+            worst = ", ".join(
+                f"{t} {k / (total * n):.2f}"
+                for t, k in sorted(per.items(), key=lambda x: -x[1])
+                if k
+            )
+            text += (
+                f" This verdict rests on thresholds: a share {sum(flipped) / (total * n):.2f} of "
+                f"the labels change with a threshold x 0.8 or x 1.25 (by threshold: {worst})."
+            )
+        else:
+            text += " Labels are stable: none changes with any threshold x 0.8 or x 1.25."
         selectivity = [r.causal_selectivity for r in runs]
         if any(not math.isnan(s) for s in selectivity):
             text += (
-                f" Causal selectivity {_mean_std(selectivity)} vs null "
+                f" Causal selectivity over targets {_mean_std(selectivity)} vs null "
                 f"{_mean_std([r.causal_null for r in runs])}."
             )
         summary = self.consistency.get(key)
@@ -266,8 +412,36 @@ class Verdict:
                 f"random matching {summary['random_matching']:.2f} and role-shuffled null "
                 f"{summary['null_shuffled']:.2f} ({format_p(summary['p_value'])})"
             )
-            text += " (one head: any matching is the same)." if first.total_heads == 1 else "."
+            text += " (one head: any matching is the same)." if total == 1 else "."
         return text
+
+    @staticmethod
+    def _group_division(runs: list[RunVerdict]) -> str:
+        n = len(runs)
+        axes = list(dict.fromkeys(str(d["by"]) for r in runs for d in r.division))
+        if not axes:
+            return (
+                "Division of labour not measured (no division table): this verdict does not "
+                "say whether the heads divide the work."
+            )
+        parts, along = [], []
+        for axis in axes:
+            rows = [d for r in runs for d in r.division if str(d["by"]) == axis]
+            beats = sum(axis in r.specialized_axes for r in runs)
+            parts.append(
+                f"by {axis} {_mean_std([float(d['index']) for d in rows])} vs null "
+                f"{_mean_std([float(d['null_index']) for d in rows])}, beyond its null in "
+                f"{beats}/{n} seeds"
+            )
+            if beats * 2 > n:
+                along.append(axis)
+        verdict = (
+            f"specialized (the heads divide the work) along {', '.join(along)}"
+            if along
+            else "not specialized: in most seeds the division index is inside its null on "
+            "every axis tested"
+        )
+        return f"Division index {'; '.join(parts)}: {verdict}."
 
     @property
     def lines(self) -> list[str]:
@@ -308,7 +482,25 @@ class Verdict:
             seeds,
             "Causal selectivity treats targets as exchangeable: a target that removing any "
             "head hurts looks selective; read the head x target matrix too.",
+            self._stability_caveat(),
+            "Holding a relation is not dividing the work: "
+            + (
+                "'specialized' here means a division index beyond its null, along the axis named."
+                if any(r.division for r in self.runs)
+                else "no division test is in these results, so nothing here says the heads "
+                "divide the work."
+            ),
         ]
+
+    def _stability_caveat(self) -> str:
+        total = sum(r.total_heads for r in self.runs)
+        flipped = sum(len(r.flip_heads) for r in self.runs)
+        untested = sum(r.n_untested for r in self.runs)
+        text = (
+            f"Thresholds: re-deciding every label with each threshold x 0.8 and x 1.25 (from the "
+            f"saved evidence) changes {flipped} of {total} head labels"
+        )
+        return text + (f"; {untested} tests lacked evidence." if untested else ".")
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -57,8 +57,10 @@ def _previous(tokens: Int[Tensor, "n pos"], first: int) -> Int[Tensor, "n pos"]:
 class CountPreviousTask(Task):
     """Count earlier copies: the target at ``t`` is how many earlier positions ``k < t`` hold the
     same token as ``t`` (0 .. seq_len - 1, so ``d_vocab_out = seq_len``). Solved by attending
-    uniformly to the earlier copies of the current token, relation ``same_token_before``, whose
-    row sum is the target.
+    uniformly to the copies of the current token up to and including ``t`` itself, relation
+    ``same_token_upto``, whose row sum is the target + 1: the query's own position is part of
+    the mechanism (a counting head reads the count from the share ``1 / (count + 1)`` that each
+    copy, or a sink, gets).
 
     Example:
         >>> CountPreviousTask(seq_len=5, d_vocab=4).targets_for(
@@ -77,9 +79,7 @@ class CountPreviousTask(Task):
         return _count_previous(tokens), padding_mask
 
     def compute_relations(self, tokens: Tensor, padding_mask: Tensor) -> Relations:
-        return {
-            "same_token_before": same_token_template(tokens, padding_mask, strictly_before=True)
-        }
+        return {"same_token_upto": same_token_template(tokens, padding_mask, up_to_self=True)}
 
 
 class ReverseTask(Task):
@@ -265,8 +265,9 @@ class MultiRelationTask(Task):
     "count_previous"]``: the previous token (class ``d_vocab`` at ``t = 0``), the mirrored token
     ``tokens[L - 1 - t]``, and the number of earlier copies of the token at ``t``. Targets are
     ``[n, pos, 3]`` with ``d_vocab_out = max(d_vocab + 1, seq_len)``. Each target is solved by
-    its own relation, ``previous``, ``mirror`` and ``same_token_before``, which gives the heads
-    a reason to divide the work. Bidirectional.
+    its own relation, ``previous``, ``mirror`` and ``same_token_upto`` (the copies up to and
+    including the query, whose row sum is the count + 1), which gives the heads a reason to
+    divide the work. Bidirectional.
 
     Example:
         >>> MultiRelationTask(seq_len=3, d_vocab=4).targets_for(
@@ -304,7 +305,7 @@ class MultiRelationTask(Task):
         return {
             "previous": previous_token_template(tokens, padding_mask),
             "mirror": mirror_template(tokens, padding_mask),
-            "same_token_before": same_token_template(tokens, padding_mask, strictly_before=True),
+            "same_token_upto": same_token_template(tokens, padding_mask, up_to_self=True),
         }
 
 

@@ -126,25 +126,36 @@ def mirror_template(tokens: Tensor, padding_mask: Tensor | None = None) -> Float
 
 
 def same_token_template(
-    tokens: Tensor, padding_mask: Tensor | None = None, *, strictly_before: bool = False
+    tokens: Tensor,
+    padding_mask: Tensor | None = None,
+    *,
+    strictly_before: bool = False,
+    up_to_self: bool = False,
 ) -> Float[Tensor, "n q k"]:
     """Positions holding the same token as the query.
 
     Args:
         tokens: ``[n, pos]`` token ids.
         padding_mask: ``[n, pos]`` bool, True for real tokens; None = no padding.
-        strictly_before: Only earlier positions (``k < q``); otherwise every position, ``q``
-            itself included.
+        strictly_before: Only earlier positions (``k < q``).
+        up_to_self: Earlier positions and the query's own (``k <= q``): the set a causal
+            counting head spreads over (its own position makes every row non-empty, so
+            the share on each copy, ``1 / (count + 1)``, encodes the count).
+            Without either flag: every position, ``q`` itself included.
 
     Example:
         >>> same_token_template(torch.tensor([[3, 1, 3]]), strictly_before=True)[0].tolist()
         [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [1.0, 0.0, 0.0]]
+        >>> same_token_template(torch.tensor([[3, 1, 3]]), up_to_self=True)[0].tolist()
+        [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 0.0, 1.0]]
     """
+    if strictly_before and up_to_self:
+        raise ValueError("strictly_before and up_to_self exclude each other; pick one")
     tokens, padding_mask = check_tokens(tokens, padding_mask)
     rel = tokens[:, :, None] == tokens[:, None, :]  # (n, q, k)
-    if strictly_before:
+    if strictly_before or up_to_self:
         q, k = _positions(tokens)
-        rel = rel & (k < q)
+        rel = rel & ((k < q) if strictly_before else (k <= q))
     return _finish(rel, padding_mask)
 
 
@@ -232,6 +243,9 @@ RELATION_TEMPLATES: dict[str, Callable[..., Tensor]] = {
     "same_token": same_token_template,
     "same_token_before": lambda tokens, padding_mask=None: same_token_template(
         tokens, padding_mask, strictly_before=True
+    ),
+    "same_token_upto": lambda tokens, padding_mask=None: same_token_template(
+        tokens, padding_mask, up_to_self=True
     ),
     "self": self_template,
     "first_position": first_position_template,

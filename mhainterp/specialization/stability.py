@@ -1,0 +1,233 @@
+"""Stable conclusions: re-label every run with each threshold x 0.8 and x 1.25.
+
+A label that changes when a threshold moves by a fifth rests on that threshold, not on the
+model. :func:`label_stability` re-applies the labelling rules (:func:`.labels.decide_labels`,
+:func:`.redundancy.redundant_under`) to the evidence a specialization test saved (role table
+with ``p_adj``/``effect``/``chance``/``evenness``, output ratios, pair and group ablations,
+nested role pairs, the head x target damage), once per threshold of
+:data:`~.settings.THRESHOLDS` and factor, and counts the heads whose label differs from the
+run's own. Nothing is recomputed: no forward pass, no ablation, so it costs milliseconds.
+
+Evidence a perturbed setting would need but the run did not gather (a pair or group that only
+a looser gate tests) is counted in ``n_untested`` and treated as not redundant; the test
+gathers pair ablations down to ``min_similarity x 0.8`` and group ablations for every
+perturbed setting's candidate groups, so on its own results ``n_untested`` is 0.
+
+Example:
+    >>> table = label_stability(result)  # doctest: +SKIP
+    >>> table.groupby("threshold").share_changed.max()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from mhainterp.heads import HEAD_SET_SEPARATOR
+from mhainterp.specialization.labels import HeadDecision, decide_labels
+from mhainterp.specialization.redundancy import GROUP_COLUMNS, redundant_under
+from mhainterp.specialization.settings import THRESHOLDS, SpecializationSettings
+
+if TYPE_CHECKING:  # core imports this module
+    from mhainterp.specialization.core import SpecializationResult
+
+__all__ = [
+    "FACTORS",
+    "STABILITY_COLUMNS",
+    "RunEvidence",
+    "label_stability",
+    "relabel",
+    "run_stability",
+    "stability_summary",
+    "variant_settings",
+]
+
+FACTORS = (0.8, 1.25)
+"""How far each threshold is moved."""
+
+STABILITY_COLUMNS = [
+    "run",
+    "threshold",
+    "factor",
+    "value",
+    "n_heads",
+    "n_changed",
+    "share_changed",
+    "changed",
+    "n_untested",
+]
+"""Columns of :func:`label_stability`: one row per (run, threshold, factor); ``changed`` is the
+head set whose label differs (``"L0H1,L0H3"``), ``share_changed = n_changed / n_heads``."""
+
+_PAIR_COLUMNS = ["head_a", "head_b", "similarity", "damage_joint", "backup"]
+
+
+@dataclass
+class RunEvidence:
+    """What one run's labels rest on, as saved by :func:`specialization_test`.
+
+    Attributes:
+        roles: Role table (``head_label, role, p_adj, effect, chance, evenness``).
+        output_ratio: Head label -> RMS of its write / RMS of the residual stream.
+        pairs: Pair table (``head_a, head_b, similarity, damage_joint, backup``).
+        groups: Group table (``heads, damage_all, backup``).
+        nested: ``(inner, outer)`` role pairs whose templates nest.
+        max_damage: Head label -> its largest accuracy drop over targets.
+    """
+
+    roles: pd.DataFrame
+    output_ratio: dict[str, float]
+    pairs: pd.DataFrame
+    groups: pd.DataFrame
+    nested: Collection[tuple[str, str]]
+    max_damage: dict[str, float]
+
+    def __post_init__(self) -> None:
+        if not len(self.pairs) or not set(_PAIR_COLUMNS) <= set(self.pairs.columns):
+            self.pairs = pd.DataFrame(columns=_PAIR_COLUMNS)
+        if not len(self.groups) or not set(GROUP_COLUMNS) <= set(self.groups.columns):
+            self.groups = pd.DataFrame(columns=GROUP_COLUMNS)
+
+
+def relabel(
+    evidence: RunEvidence, settings: SpecializationSettings
+) -> tuple[dict[str, HeadDecision], dict[str, bool], int]:
+    """Every head's label under ``settings`` from saved evidence.
+
+    Returns:
+        ``(decisions, needed, n_untested)``: head -> :class:`~.labels.HeadDecision`, head ->
+        whether removing it costs ``>= min_damage`` accuracy on some target, and the number
+        of pairs/groups these settings test that the evidence does not cover.
+    """
+    ratio = evidence.output_ratio
+    dead = {h for h, r in ratio.items() if r < settings.dead_tol}
+    first = decide_labels(evidence.roles, ratio, {}, settings, evidence.nested)
+    role_of = {h: d.role for h, d in first.items()}
+    partners, untested = redundant_under(evidence.pairs, evidence.groups, settings, dead, role_of)
+    decisions = decide_labels(evidence.roles, ratio, partners, settings, evidence.nested)
+    needed = {h: evidence.max_damage.get(h, 0.0) >= settings.min_damage for h in decisions}
+    return decisions, needed, untested
+
+
+def variant_settings(
+    settings: SpecializationSettings, factors: Sequence[float] = FACTORS
+) -> list[tuple[str, float, SpecializationSettings]]:
+    """``(threshold, factor, settings)`` for every threshold of :data:`THRESHOLDS` x factor.
+
+    Example:
+        >>> [(n, f) for n, f, _ in variant_settings(SpecializationSettings())][:2]
+        [('min_effect', 0.8), ('min_effect', 1.25)]
+    """
+    return [(name, f, settings.scaled(name, f)) for name in THRESHOLDS for f in factors]
+
+
+def _evidence(result: SpecializationResult, run: str) -> RunEvidence:
+    def of(name: str) -> pd.DataFrame:
+        table = getattr(result, name)
+        return table[table["run"] == run] if "run" in table.columns else table.iloc[:0]
+
+    heads = of("heads")
+    causal = of("causal")
+    nested = of("nested")
+    return RunEvidence(
+        roles=of("roles"),
+        output_ratio=dict(zip(heads["head_label"], heads["output_ratio"].astype(float))),
+        pairs=of("redundancy"),
+        groups=of("redundancy_groups"),
+        nested={(a, b) for a, b in zip(nested.get("inner", []), nested.get("outer", []))},
+        max_damage=causal.groupby("head_label")["damage"].max().astype(float).to_dict()
+        if len(causal)
+        else {},
+    )
+
+
+def run_stability(
+    run: str,
+    evidence: RunEvidence,
+    labels: dict[str, str],
+    settings: SpecializationSettings,
+    factors: Sequence[float] = FACTORS,
+) -> pd.DataFrame:
+    """One run's rows of :func:`label_stability`: its ``labels`` (head -> label under
+    ``settings``) against the labels under every perturbed setting."""
+    rows = []
+    for name, factor, variant in variant_settings(settings, factors):
+        decisions, _, untested = relabel(evidence, variant)
+        changed = [h for h, d in decisions.items() if d.label != labels.get(h)]
+        rows.append(
+            {
+                "run": run,
+                "threshold": name,
+                "factor": factor,
+                "value": float(getattr(variant, name)),
+                "n_heads": len(decisions),
+                "n_changed": len(changed),
+                "share_changed": len(changed) / len(decisions) if decisions else math.nan,
+                "changed": HEAD_SET_SEPARATOR.join(changed),
+                "n_untested": untested,
+            }
+        )
+    return pd.DataFrame(rows, columns=STABILITY_COLUMNS)
+
+
+def label_stability(
+    result: SpecializationResult, factors: Sequence[float] = FACTORS
+) -> pd.DataFrame:
+    """Re-label every run of a :class:`~.core.SpecializationResult` with each threshold x
+    each factor and count the labels that change (module docstring). What
+    :func:`~.core.specialization_test` stores as ``result.stability``; call it again on a
+    saved result to try other factors.
+
+    Returns:
+        One row per (run, threshold, factor), columns :data:`STABILITY_COLUMNS`.
+    """
+    tables = []
+    for run in dict.fromkeys(result.heads["run"]):
+        own = result.heads[result.heads["run"] == run]
+        labels = dict(zip(own["head_label"], own["label"]))
+        tables.append(run_stability(run, _evidence(result, run), labels, result.settings, factors))
+    if not tables:
+        return pd.DataFrame(columns=STABILITY_COLUMNS)
+    return pd.concat(tables, ignore_index=True)
+
+
+def stability_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per threshold (and ``"any"``, a head changed by at least one perturbation): the share of
+    head labels that change, pooled over runs, per factor and both.
+
+    Returns:
+        Columns ``threshold, share_x0.8, share_x1.25, share_any, n_heads`` (shares of all the
+        runs' heads; ``share_any`` counts a head once if either factor changes it).
+
+    Example:
+        >>> t = pd.DataFrame({"run": ["r"] * 2, "threshold": ["mix_ratio"] * 2,
+        ...     "factor": [0.8, 1.25], "n_heads": [4, 4], "changed": ["L0H1", ""]})
+        >>> stability_summary(t).loc[0, ["threshold", "share_any"]].tolist()
+        ['mix_ratio', 0.25]
+    """
+    if not len(table):
+        return pd.DataFrame(columns=["threshold", "share_any", "n_heads"])
+    total = int(table.drop_duplicates("run")["n_heads"].sum())
+    rows = []
+    names = list(dict.fromkeys(table["threshold"]))
+    for name in [*names, "any"]:
+        part = table if name == "any" else table[table["threshold"] == name]
+        row: dict[str, object] = {"threshold": name}
+        union: set[tuple[str, str]] = set()
+        for factor, rows_f in part.groupby("factor", sort=True):
+            heads = {
+                (run, h)
+                for run, changed in zip(rows_f["run"], rows_f["changed"], strict=True)
+                for h in str(changed).split(HEAD_SET_SEPARATOR)
+                if h and h != "nan"
+            }
+            row[f"share_x{factor:g}"] = len(heads) / total if total else math.nan
+            union |= heads
+        row["share_any"] = len(union) / total if total else math.nan
+        row["n_heads"] = total
+        rows.append(row)
+    return pd.DataFrame(rows)
