@@ -29,6 +29,7 @@ from mhainterp.render import markdown_table
 from mhainterp.specialization.core import (
     SpecializationResult,
     SpecializationSettings,
+    attach_division,
     combine_results,
     specialization_test,
 )
@@ -198,12 +199,29 @@ def cached_specialization(
         ...                                SpecializationSettings())  # doctest: +SKIP
     """
     saved = saved_specialization(run_dir, settings) if reuse else None
-    if saved is not None:
-        return saved
-    result = specialization_test(run_dir, settings=settings, progress=progress)
-    if save:
+    result = saved or specialization_test(run_dir, settings=settings, progress=progress)
+    # Whom the heads serve enters the verdict when the run's division of labour is saved:
+    # "specialized" then means dividing the work, along the axes whose index beats its null.
+    division = saved_division(run_dir)
+    attach = division is not None and not _same_division(result, division.index)
+    if attach:
+        result = attach_division(result, division.index)
+    if save and (saved is None or attach):
         result.save(Path(run_dir) / "analysis", RESULT_PREFIX)
     return result
+
+
+def _same_division(result: SpecializationResult, index: pd.DataFrame) -> bool:
+    """Whether ``result`` already carries these division indices."""
+    have = result.division
+    if have is None or have.empty:
+        return False
+    columns = ["by", "index", "null_index", "p"]
+    mine = have[columns].reset_index(drop=True)
+    theirs = index[columns].reset_index(drop=True)
+    return mine.shape == theirs.shape and bool(
+        ((mine == theirs) | (mine.isna() & theirs.isna())).all().all()
+    )
 
 
 def saved_specialization(
