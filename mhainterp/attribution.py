@@ -236,7 +236,7 @@ def prune_curve(
     shortlist: int | None = 8,
     generator: torch.Generator | None = None,
     n_eval: int = 1024,
-    max_rows: int = DEFAULT_MAX_ROWS,
+    max_rows: int | None = DEFAULT_MAX_ROWS,
     progress: bool = False,
 ) -> pd.DataFrame:
     """Greedy pruning: remove the least important head, re-score the rest, repeat.

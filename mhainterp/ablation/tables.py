@@ -77,7 +77,7 @@ def head_importance(
     *,
     n_eval: int = 1024,
     generator: torch.Generator | None = None,
-    max_rows: int = DEFAULT_MAX_ROWS,
+    max_rows: int | None = DEFAULT_MAX_ROWS,
     progress: bool = False,
 ) -> pd.DataFrame:
     """Loss and accuracy with each head ablated alone, all heads in one batched pass.
@@ -128,7 +128,7 @@ def ablate_sets(
     *,
     n_eval: int = 1024,
     generator: torch.Generator | None = None,
-    max_rows: int = DEFAULT_MAX_ROWS,
+    max_rows: int | None = DEFAULT_MAX_ROWS,
     progress: bool = False,
 ) -> pd.DataFrame:
     """Loss and accuracy with each given set of heads ablated together, in one batched pass.
@@ -181,7 +181,7 @@ def pairwise_ablation(
     pairs: Sequence[tuple[HeadSpec, HeadSpec]] | None = None,
     n_eval: int = 1024,
     generator: torch.Generator | None = None,
-    max_rows: int = DEFAULT_MAX_ROWS,
+    max_rows: int | None = DEFAULT_MAX_ROWS,
     progress: bool = False,
 ) -> pd.DataFrame:
     """Joint ablation of pairs of heads against the sum of their single ablations.
@@ -273,7 +273,8 @@ def ablation_tables(
         pairwise_heads: The pairwise table pairs up at most this many heads: on a larger
             model, the ones whose single ablation (``method``) raises the loss most. Pairs grow
             as h^2 (496 for 2 x 16 heads); backups of heads that matter are among these pairs.
-            None: every head.
+            None: every head. The pruning curve likewise re-scores 8 candidates per step (exact
+            for up to 8 heads) and 4 on models of more than 16 heads.
         progress: Show progress bars.
 
     Returns:
@@ -287,6 +288,7 @@ def ablation_tables(
 
     model, data = unpack_run(run_or_model, data)
     options = {"n_eval": n_eval, "progress": progress}
+    n_heads = model.cfg.n_layers * model.cfg.n_heads
     importance = pd.concat(
         [head_importance(model, data, check_method(m), **options) for m in methods],
         ignore_index=True,
@@ -303,7 +305,10 @@ def ablation_tables(
         ),
         "gradient_importance": gradient,
         "importance_agreement": importance_agreement(gradient, importance),
-        "prune_curve": prune_curve(model, data, method, **options),
+        # Re-score 8 candidates per pruning step (exact up to 8 heads), 4 beyond 16 heads.
+        "prune_curve": prune_curve(
+            model, data, method, shortlist=8 if n_heads <= 16 else 4, **options
+        ),
     }
 
 
