@@ -61,21 +61,32 @@ def _plural(n: int, word: str) -> str:
 
 
 def division_axes(division: list[dict[str, Any]], alpha: float) -> list[str]:
-    """The axes along which the heads divide the work: division index above its null mean
-    with ``p < alpha``.
+    """The axes along which the heads divide the work: the division test's own ``divided``
+    (``p < alpha`` and an index at least ``min_gain`` above its null) where it is given, else
+    ``p < alpha`` and the index above its null by the division test's default ``min_gain``.
 
     Example:
         >>> division_axes([{"by": "token", "index": 0.4, "null_index": 0.1, "p": 0.001},
         ...                {"by": "position", "index": 0.1, "null_index": 0.1, "p": 0.5}], 0.05)
         ['token']
     """
-    return [
-        str(d["by"])
-        for d in division
-        if _finite(d.get("p"))
-        and float(d["p"]) < alpha
-        and float(d["index"]) > float(d["null_index"])
-    ]
+    from mhainterp.specialization.division import DIVISION_DEFAULTS
+
+    gain = DIVISION_DEFAULTS["min_gain"]
+    axes = []
+    for d in division:
+        divided = str(d.get("divided"))  # a bool, or its text after a CSV round trip
+        if divided in ("True", "False"):
+            decided = divided == "True"
+        else:
+            decided = (
+                _finite(d.get("p"))
+                and float(d["p"]) < alpha
+                and float(d["index"]) - float(d["null_index"]) >= gain
+            )
+        if decided:
+            axes.append(str(d["by"]))
+    return axes
 
 
 def _finite(value: Any) -> bool:
@@ -435,12 +446,21 @@ class Verdict:
             )
             if beats * 2 > n:
                 along.append(axis)
-        verdict = (
-            f"specialized (the heads divide the work) along {', '.join(along)}"
-            if along
-            else "not specialized: in most seeds the division index is inside its null on "
-            "every axis tested"
+        undefined = all(
+            not math.isfinite(float(d["index"])) for r in runs for d in r.division
         )
+        if along:
+            verdict = f"specialized (the heads divide the work) along {', '.join(along)}"
+        elif undefined:  # fewer than two heads whose removal alone costs anything
+            verdict = (
+                "not specialized: the division index is undefined on every axis, because "
+                "fewer than two heads do damage when removed alone (nothing to divide)"
+            )
+        else:
+            verdict = (
+                "not specialized: in most seeds the division index is inside its null on "
+                "every axis tested"
+            )
         return f"Division index {'; '.join(parts)}: {verdict}."
 
     @property
