@@ -22,8 +22,8 @@ ROW = re.compile(r"^(loss|accuracy\S*)\s+(-?\d+\.\d{4})\s+(-?\d+\.\d{4})\s+([+-]
 
 @pytest.fixture(autouse=True)
 def ablate_command(monkeypatch):
-    # The lead lists mhainterp.cli.inspect in COMMAND_MODULES; test it on its own here.
-    monkeypatch.setattr(cli, "COMMAND_MODULES", ("mhainterp.cli.inspect",))
+    # The lead lists mhainterp.cli.ablate in COMMAND_MODULES; test it on its own here.
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("mhainterp.cli.ablate",))
 
 
 def make_run(path, model, task):

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from mhainterp.cli import report as report_cli
+from mhainterp.cli import specialize as specialize_cli
 from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.io import read_json
@@ -224,7 +225,9 @@ def test_run_report(sweeps, tmp_path):
 
 def _cli(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
-    report_cli.register(parser.add_subparsers(dest="command"))
+    subparsers = parser.add_subparsers(dest="command")
+    specialize_cli.register(subparsers)
+    report_cli.register(subparsers)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -88,7 +88,7 @@ FULL_FORWARD_ROWS = 512
 """Measured (analysis/benchmark.py, 2 x 16 heads, 1,024 sequences, 2 cores): 0.93x a plain
 forward per configuration at 512 rows, 1.1x at 1,024, 1.5x at 2,048 and 1.9x at 16,384; big
 chunks leave the cache and the allocator returns their memory to the system every time."""
-LINEAR_READOUT_ROWS = 8192
+LINEAR_READOUT_ROWS = 16384
 """The fast path's copies are one einsum each; there big chunks win (3.3 vs 6.0 ms at 1,024)."""
 RESAMPLE_SEED = 0
 

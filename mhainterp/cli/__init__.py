@@ -1,7 +1,8 @@
 """The ``mhainterp`` command: one sub-command per job, each defined in its own module.
 
-Each module in ``COMMAND_MODULES`` exposes ``register(subparsers)``, which adds its parser(s)
-and sets ``func=handler``; a handler takes the parsed args and returns an exit code.
+Each module in ``COMMAND_MODULES`` (one per command, in ``--help`` order) exposes
+``register(subparsers)``, which adds its parser and sets ``func=handler``; a handler takes the
+parsed args and returns an exit code. ``options`` holds the argument groups they share.
 
 Errors (DESIGN.md, "Errors"): the user's input, a damaged file, a full disk or a folder that
 cannot be written end with one line on stderr and exit code 2; Ctrl-C with one line and 130.
@@ -21,8 +22,13 @@ from mhainterp.cli.task_modules import load_task_modules
 __all__ = ["main", "build_parser"]
 
 COMMAND_MODULES = (
-    "mhainterp.cli.core",
-    "mhainterp.cli.inspect",
+    "mhainterp.cli.tasks",
+    "mhainterp.cli.train",
+    "mhainterp.cli.sweep",
+    "mhainterp.cli.analyze",
+    "mhainterp.cli.demo",
+    "mhainterp.cli.ablate",
+    "mhainterp.cli.specialize",
     "mhainterp.cli.report",
     "mhainterp.cli.explore",
 )

@@ -446,9 +446,7 @@ class Verdict:
             )
             if beats * 2 > n:
                 along.append(axis)
-        undefined = all(
-            not math.isfinite(float(d["index"])) for r in runs for d in r.division
-        )
+        undefined = all(not math.isfinite(float(d["index"])) for r in runs for d in r.division)
         if along:
             verdict = f"specialized (the heads divide the work) along {', '.join(along)}"
         elif undefined:  # fewer than two heads whose removal alone costs anything

@@ -1,0 +1,56 @@
+"""``mhainterp demo``: the main job, the head-count experiment on count_previous and reverse
+plus the head analysis and report.md.
+
+    mhainterp demo --out runs/quickstart
+
+Resumable: rerunning keeps what is finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mhainterp.cli.options import int_list
+from mhainterp.cli.task_modules import add_task_module_argument
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``demo`` command to the ``mhainterp`` parser."""
+    demo = subparsers.add_parser(
+        "demo",
+        help="the main job: head-count experiment on count_previous and reverse + head analysis",
+        description="Run the head-count experiment (h = 1, 4, 8; seeds 0, 1, 2; d_model 64) on "
+        "count_previous and reverse, print the seed tables, draw the figures, analyse the heads "
+        "of one model per task, and write report.md. Resumable.",
+    )
+    demo.add_argument("--out", default="runs/quickstart", help="results folder")
+    demo.add_argument("--steps", type=int, default=None, help="override training steps")
+    demo.add_argument("--seeds", type=int_list, default=[0, 1, 2])
+    demo.add_argument("--n-heads", type=int_list, default=[1, 4, 8])
+    demo.add_argument(
+        "--executor",
+        default="auto",
+        choices=["auto", "local", "batched", "ray"],
+        help="sweep executor (default auto: the fastest here)",
+    )
+    demo.add_argument("--no-analysis", action="store_true", help="skip the head analysis")
+    add_task_module_argument(demo)
+    demo.set_defaults(func=_cmd_demo)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from mhainterp.demo import run_demo
+
+    run_demo(
+        Path(args.out),
+        steps=args.steps,
+        seeds=args.seeds,
+        n_heads=args.n_heads,
+        executor=args.executor,
+        analysis=not args.no_analysis,
+        echo=print,
+    )
+    return 0

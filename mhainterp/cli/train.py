@@ -1,0 +1,77 @@
+"""``mhainterp train``: train one model on one task and save a run folder.
+
+    mhainterp train --task reverse --n-heads 4 --seed 0 --out runs/rev_h4
+
+A finished run already in ``--out`` is kept (``--overwrite`` trains it again); another run there
+is refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from mhainterp.cli.options import (
+    add_model_args,
+    add_task_args,
+    add_train_args,
+    model_overrides,
+    print_eval,
+    train_config,
+)
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``train`` command to the ``mhainterp`` parser."""
+    train = subparsers.add_parser(
+        "train",
+        help="train one model and save a run folder",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train one model on one task and save a run folder (config.json, "
+        "model.safetensors, metrics.csv, eval.json).",
+        epilog="example:\n  mhainterp train --task reverse --n-heads 4 --seed 0 --out runs/rev_h4",
+    )
+    train.add_argument("--out", required=True, help="run folder to write")
+    train.add_argument("--n-heads", type=int, default=4, help="attention heads (default 4)")
+    train.add_argument("--seed", type=int, default=0, help="init and data seed (default 0)")
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the run already in --out (without it, a finished run is kept)",
+    )
+    add_task_args(train)
+    add_model_args(train)
+    add_train_args(train)
+    train.set_defaults(func=_cmd_train)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from mhainterp.io import ensure_writable_dir, read_json, run_lock
+    from mhainterp.tasks import get_task
+    from mhainterp.training import build_model, run_config_differences, run_folder_state, train
+
+    task = get_task(args.task, **dict(args.task_param))
+    model = build_model(task, **model_overrides(args), n_heads=args.n_heads, seed=args.seed)
+    config = train_config(args, args.seed)
+    out = Path(args.out)
+    ensure_writable_dir(out, "--out")
+    state = run_folder_state(out, model, task, config)
+    if state == "same finished" and not args.overwrite:
+        print(
+            f"{out} already holds this run, finished: nothing to do (--overwrite trains it again)"
+        )
+        print_eval(read_json(out / "eval.json"))
+        return 0
+    if state == "different" and not args.overwrite:
+        differences = run_config_differences(out, model, task, config)
+        raise ValueError(
+            f"--out {out} already holds another run ({differences}); to keep it, choose another "
+            "--out (to resume it, rerun the command that made it); to replace it, add --overwrite"
+        )
+    with run_lock(out):  # a sweep or another train writing this folder is refused
+        result = train(model, task, config, run_dir=out, progress=not args.quiet)
+    print(f"trained {task.name} h={args.n_heads} seed={args.seed} -> {result.path}")
+    print_eval(result.eval)
+    return 0
