@@ -14,21 +14,12 @@ from matplotlib.patches import Rectangle
 
 from mhainterp.figures._common import new_figure, plt, save_figure, sns
 from mhainterp.similarity import cluster_heads, similarity_frame
+from mhainterp.similarity.matrix import check_frame
 
 __all__ = ["plot_head_map", "plot_similarity_heatmap"]
 
 _BOUNDED_01 = ("js", "cka", "separation")  # similarity methods whose range is [0, 1]
 _HEAD_RE = re.compile(r"^(?:.*:)?L(\d+)H(\d+)$")
-
-
-def _check_similarity(similarity: pd.DataFrame) -> None:
-    if not isinstance(similarity, pd.DataFrame):
-        raise TypeError(
-            f"similarity must be a pandas DataFrame (from head_similarity), got "
-            f"{type(similarity).__name__}"
-        )
-    if similarity.empty:
-        raise ValueError("similarity is empty")
 
 
 def _colour_range(similarity: pd.DataFrame, method: str | None) -> tuple[float, float, str]:
@@ -83,7 +74,7 @@ def plot_similarity_heatmap(
         >>> sim = head_similarity(model, task, method="js")  # doctest: +SKIP
         >>> fig = plot_similarity_heatmap(sim, method="js")  # doctest: +SKIP
     """
-    _check_similarity(similarity)
+    check_frame(similarity, square=False, finite=False)
     square = list(similarity.index) == list(similarity.columns)
     cluster_of: dict[str, int] = {}
     if square and len(similarity) >= 2:

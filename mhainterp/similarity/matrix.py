@@ -36,7 +36,7 @@ def similarity_frame(similarity: pd.DataFrame, method: str | None = None) -> pd.
         >>> similarity_frame(m).similarity.tolist()
         [1.0, 0.5, 0.5, 1.0]
     """
-    _check_frame(similarity, square=False)
+    check_frame(similarity, square=False)
     rows, cols = list(similarity.index), list(similarity.columns)
     grid_a, grid_b = np.meshgrid(np.arange(len(rows)), np.arange(len(cols)), indexing="ij")
     frame = pd.DataFrame(
@@ -54,7 +54,9 @@ def similarity_frame(similarity: pd.DataFrame, method: str | None = None) -> pd.
 # ----------------------------------------------------------------------------- structure
 
 
-def _check_frame(similarity: Any, *, square: bool = True) -> None:
+def check_frame(similarity: Any, *, square: bool = True, finite: bool = True) -> None:
+    """Refuse what is not a similarity table of :func:`head_similarity`'s shape (one message
+    format for the matrix operations and the figures)."""
     if not isinstance(similarity, pd.DataFrame):
         raise TypeError(
             f"similarity must be a pandas DataFrame (from head_similarity), got "
@@ -67,7 +69,7 @@ def _check_frame(similarity: Any, *, square: bool = True) -> None:
             "similarity must be square with the same head labels on both axes (from "
             "head_similarity); use match_heads for a model-A x model-B matrix"
         )
-    if not np.isfinite(similarity.to_numpy(dtype=float)).all():
+    if finite and not np.isfinite(similarity.to_numpy(dtype=float)).all():
         raise ValueError("similarity contains NaN or infinite values")
 
 
@@ -81,7 +83,7 @@ def dissimilarity(similarity: pd.DataFrame) -> pd.DataFrame:
         >>> dissimilarity(m).to_numpy().tolist()
         [[0.0, 0.75], [0.75, 0.0]]
     """
-    _check_frame(similarity)
+    check_frame(similarity)
     values = similarity.to_numpy(dtype=float)
     dist = np.clip(1.0 - (values + values.T) / 2.0, 0.0, None)
     np.fill_diagonal(dist, 0.0)
@@ -139,7 +141,7 @@ def cluster_heads(
         >>> bool(c[0] == c[1] != c[2])
         True
     """
-    _check_frame(similarity)
+    check_frame(similarity)
     labels = list(similarity.index)
     if len(labels) == 1:
         return pd.DataFrame({"head_label": labels, "cluster": [1], "order": [0]})
@@ -206,7 +208,7 @@ def head_map_mds(similarity: pd.DataFrame, *, random_state: int = 0) -> pd.DataF
         >>> bool(abs(xy.x[0] - xy.x[1]) + abs(xy.y[0] - xy.y[1]) < 1e-3)
         True
     """
-    _check_frame(similarity)
+    check_frame(similarity)
     labels = list(similarity.index)
     if len(labels) < 3:
         # MDS of 1 or 2 points: place them on the x axis at their distance.
@@ -238,7 +240,7 @@ def match_heads(similarity: pd.DataFrame) -> pd.DataFrame:
         >>> match_heads(m).head_b.tolist()
         ['L0H1', 'L0H0']
     """
-    _check_frame(similarity, square=False)
+    check_frame(similarity, square=False)
     values = similarity.to_numpy(dtype=float)
     rows, cols = linear_sum_assignment(values, maximize=True)
     labels_a, labels_b = list(similarity.index), list(similarity.columns)
