@@ -10,6 +10,7 @@ import argparse
 
 from mhainterp.cli.options import check_run_folders
 from mhainterp.cli.task_modules import add_task_module_argument
+from mhainterp.validation import invalid
 
 __all__ = ["register"]
 
@@ -40,7 +41,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
     check_run_folders(args.path)
     if args.n_eval < 1:
-        raise ValueError(f"--n-eval={args.n_eval} is invalid: must be >= 1 sequence")
+        raise invalid("--n-eval", args.n_eval, "an integer >= 1 (sequences)")
     results = analyze_path(
         args.path, n_eval=args.n_eval, ablation=not args.no_ablation, progress=not args.quiet
     )

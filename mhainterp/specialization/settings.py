@@ -14,6 +14,7 @@ from typing import Any
 from mhainterp.ablation import check_method
 from mhainterp.similarity import SIMILARITY_METHODS
 from mhainterp.specialization.corrections import CORRECTIONS
+from mhainterp.validation import check_int
 
 __all__ = ["THRESHOLDS", "SpecializationSettings"]
 
@@ -86,9 +87,9 @@ class SpecializationSettings:
 
     def __post_init__(self) -> None:
         for name in ("n_eval", "n_permutations", "n_shuffles"):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("n_init", self.n_init, 2)
-        _check_int("seed", self.seed, 0)
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("n_init", self.n_init, minimum=2)
+        check_int("seed", self.seed, minimum=0)
         for name in (
             "alpha",
             "min_similarity",
@@ -146,8 +147,3 @@ class SpecializationSettings:
 
 
 _SHARES = ("min_evenness", "mix_ratio", "min_similarity", "backup_ratio")
-
-
-def _check_int(name: str, value: Any, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"{name}={value!r} is invalid: must be an int >= {minimum}")
