@@ -39,7 +39,7 @@ from torch import Tensor
 
 from mhainterp.ablation import Method
 from mhainterp.model import HookedMHATransformer
-from mhainterp.specialization.division import triple_damage
+from mhainterp.specialization.damage import triple_damage
 from mhainterp.tasks import Batch
 
 __all__ = [

@@ -54,7 +54,7 @@ per triple and heads keep their joint structure); the profiles and indices are r
 the shuffled means, ``M = n_permutations`` times. ``p = (1 + #{null >= observed}) / (1 + M)``.
 By default (``null="normal"``) the shuffled per-value sums are drawn from their normal
 approximation, whose mean and covariance are the permutation's exact ones (sampling without
-replacement; :func:`_normal_null_means`): O(M H K) work, so M = 1000 costs milliseconds.
+replacement; :func:`normal_null_means`): O(M H K) work, so M = 1000 costs milliseconds.
 ``null="exact"`` draws M real permutations of the triples as tensor ops on the ``[H, N]`` table
 (O(M H N); about 1 s for 8 heads x 16k triples) and is what the tests check the default
 against. (b) *Untrained matched-seed models*
@@ -121,18 +121,25 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Bool, Float
 from scipy import stats
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mhainterp.ablation import Method, check_method, evaluate_head_sets
+from mhainterp.ablation import Method, check_method
 from mhainterp.capture import iter_patterns
 from mhainterp.data import Data, as_batch, batch_for_model, target_names
-from mhainterp.heads import all_heads, head_label
+from mhainterp.heads import head_label
 from mhainterp.io import read_json, write_csv, write_json
 from mhainterp.specialization.corrections import CORRECTIONS, adjust_pvalues
+from mhainterp.specialization.damage import TripleDamage, triple_damage
 from mhainterp.specialization.nulls import init_models, matched_seeds
+from mhainterp.specialization.selectivity import (
+    division_index,
+    entropy_selectivity,
+    exact_null_means,
+    normal_null_means,
+)
 from mhainterp.tasks import Batch, Task
 from mhainterp.validation import check_float, check_int, check_option, invalid
 
@@ -224,233 +231,9 @@ ATTENTION_COLUMNS = ["head_label", "layer", "head", "by", "value", "relation", "
 
 PREFIX = "division"
 TABLES = ("heads", "index", "profiles", "attention")
-_MAX_GATHER = 1 << 24  # elements of one permuted [H, m, N] block (~64 MB of float32)
-
-
-# ----------------------------------------------------------------------------- one pass
-
-
-@dataclass
-class TripleDamage:
-    """Every head's damage at every scored (sequence, position, target) triple.
-
-    Attributes:
-        pairs: ``(layer, head)`` of every head, layer-major (H).
-        damage: ``[H, N]`` float32: clean correct minus ablated correct.
-        loss_increase: ``[H, N]`` float32: ablated minus clean cross-entropy.
-        clean: ``[N]`` float32: 1 where the clean model is right.
-        values: Per axis, ``[N]`` int64 ids of the triple's value (0..K-1).
-        value_names: Per axis, the K values as strings (ids index into it).
-        index: ``[N, 3]`` int64: each triple's (sequence, position, target) in the batch.
-    """
-
-    pairs: list[tuple[int, int]]
-    damage: Float[Tensor, "H N"]
-    loss_increase: Float[Tensor, "H N"]
-    clean: Float[Tensor, " N"]
-    values: dict[str, Int[Tensor, " N"]]
-    value_names: dict[str, list[str]]
-    index: Int[Tensor, "N 3"] | None = None
-
-    @property
-    def heads(self) -> list[str]:
-        """Head labels, layer-major."""
-        return [head_label(layer, head) for layer, head in self.pairs]
-
-    @property
-    def total_damage(self) -> Float[Tensor, " H"]:
-        """Each head's overall accuracy drop (all scored triples)."""
-        return self.damage.mean(1)
-
-    def onehot(self, axis: str) -> Float[Tensor, "N K"]:
-        """The triple x value indicator matrix of ``axis``."""
-        K = len(self.value_names[axis])
-        return torch.nn.functional.one_hot(self.values[axis], K).to(self.damage.dtype)
-
-
-def _axis_values(
-    batch: Batch, scored: Bool[Tensor, "n T k"], names: Sequence[str]
-) -> tuple[dict[str, Tensor], dict[str, list[str]]]:
-    """Value ids and names of every axis at the scored triples (row-major order)."""
-    i, t, j = scored.nonzero(as_tuple=True)
-    n, T, k = scored.shape
-    raw = {
-        "token": batch.tokens[i, t],
-        "position": t,
-        "target_class": batch.targets.reshape(n, T, k)[i, t, j],
-        "target": j,
-    }
-    values, value_names = {}, {}
-    for axis, column in raw.items():
-        unique, ids = torch.unique(column.cpu(), return_inverse=True)
-        values[axis] = ids
-        if axis == "target":
-            value_names[axis] = [names[int(u)] if names else str(int(u)) for u in unique]
-        else:
-            value_names[axis] = [str(int(u)) for u in unique]
-    return values, value_names
-
-
-@torch.no_grad()
-def triple_damage(
-    model: Any,
-    batch: Batch,
-    *,
-    method: Method = "mean",
-    names: Sequence[str] = (),
-    progress: bool = False,
-) -> TripleDamage:
-    """One engine pass (clean + every single head, per position) -> :class:`TripleDamage`.
-
-    Args:
-        model: The model.
-        batch: The evaluation batch (also the mean/resample reference).
-        method: The ablation method.
-        names: Target names (for the ``target`` axis); empty for single-target models.
-        progress: Show a progress bar.
-
-    Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
-        >>> from mhainterp.tasks import get_task
-        >>> batch = get_task("previous_token").eval_batch(32)
-        >>> td = triple_damage(handbuilt_model(["previous", "dead"], d_head=18), batch,
-        ...                    method="zero")
-        >>> [round(float(d), 2) for d in td.total_damage]
-        [0.83, 0.0]
-    """
-    pairs = all_heads(model.cfg.n_layers, model.cfg.n_heads)
-    result = evaluate_head_sets(
-        model, batch, [[], *([pair] for pair in pairs)], method,
-        per_position=True, progress=progress, desc="ablate heads (per position)",
-    )  # fmt: skip
-    scores = result.scores
-    scored = scores.scored  # (n, T, k)
-    correct = scores.correct[:, scored].float().cpu()  # (1 + H, N), row-major triples
-    nll = scores.nll[:, scored].float().cpu()
-    values, value_names = _axis_values(result.batch, scored, list(names))
-    return TripleDamage(
-        pairs=pairs,
-        damage=correct[:1] - correct[1:],
-        loss_increase=nll[1:] - nll[:1],
-        clean=correct[0],
-        values=values,
-        value_names=value_names,
-        index=scored.nonzero().cpu(),  # row-major, the order of the triples above
-    )
-
-
-# ----------------------------------------------------------------------------- statistics
-
-
-def entropy_selectivity(
-    profiles: Float[Tensor, "... H K"], defined: Bool[Tensor, " H"]
-) -> Float[Tensor, "... H"]:
-    """``1 - H(p) / log K`` of each clipped damage profile; NaN where not ``defined`` or the
-    clipped profile is all zero.
-
-    Example:
-        >>> p = torch.tensor([[0.6, 0.0, 0.0, 0.0], [0.2, 0.2, 0.2, 0.2], [0.5, 0.5, 0.0, 0.0]])
-        >>> entropy_selectivity(p, torch.tensor([True, True, True])).tolist()
-        [1.0, 0.0, 0.5]
-    """
-    K = profiles.shape[-1]
-    d = profiles.clamp(min=0).double()
-    total = d.sum(-1, keepdim=True)
-    p = d / total.clamp(min=1e-300)
-    entropy = -torch.special.xlogy(p, p).sum(-1)
-    index = (1.0 - entropy / math.log(K)).clamp(0.0, 1.0)
-    ok = defined & (total[..., 0] > 0)
-    return torch.where(ok, index, math.nan)
-
-
-def division_index(
-    profiles: Float[Tensor, "... H K"], defined: Bool[Tensor, " H"]
-) -> Float[Tensor, "..."]:
-    """``1 - mean pairwise cosine`` of the clipped profiles of the ``defined`` heads (NaN with
-    fewer than 2 such heads whose clipped profile is not all zero).
-
-    Example:
-        >>> p = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.3, 0.3]])
-        >>> float(division_index(p, torch.tensor([True, True, False])))
-        1.0
-        >>> float(division_index(p[[0, 0]], torch.tensor([True, True])))
-        0.0
-    """
-    d = profiles.clamp(min=0).double()
-    norm = d.norm(dim=-1)  # (..., H)
-    use = (defined & (norm > 0)).double()
-    unit = d / norm.clamp(min=1e-300)[..., None]
-    cos = unit @ unit.transpose(-1, -2)  # (..., H, H)
-    pair = use[..., :, None] * use[..., None, :]
-    pair = pair * (1.0 - torch.eye(d.shape[-2], dtype=pair.dtype))
-    n_pairs = pair.sum((-1, -2))
-    mean_cos = (cos * pair).sum((-1, -2)) / n_pairs.clamp(min=1)
-    return torch.where(n_pairs > 0, 1.0 - mean_cos, math.nan)
-
-
-def _exact_null_means(
-    damage: Float[Tensor, "H N"],
-    onehots: Mapping[str, Float[Tensor, "N K"]],
-    m_total: int,
-    generator: torch.Generator,
-) -> dict[str, Float[Tensor, "M H K"]]:
-    """Per axis, ``m_total`` draws of the per-value mean damage with values shuffled among the
-    triples: ``mean_v = sum_i x_{h, pi(i)} [value_i = v] / n_v`` (one pi per draw, all heads)."""
-    H, N = damage.shape
-    counts = {axis: o.sum(0).clamp(min=1) for axis, o in onehots.items()}
-    out: dict[str, list[Tensor]] = {axis: [] for axis in onehots}
-    step = max(1, _MAX_GATHER // max(1, H * N))
-    for start in range(0, m_total, step):
-        m = min(step, m_total - start)
-        perm = torch.rand(m, N, generator=generator).argsort(-1)  # (m, N)
-        shuffled = damage[:, perm]  # (H, m, N)
-        for axis, onehot in onehots.items():
-            sums = shuffled @ onehot  # (H, m, K)
-            out[axis].append((sums / counts[axis]).transpose(0, 1).double())  # (m, H, K)
-    return {axis: torch.cat(parts) for axis, parts in out.items()}
-
-
-def _psd_sqrt(cov: Float[Tensor, "d d"]) -> Float[Tensor, "d d"]:
-    """A matrix ``R`` with ``R R^T = cov`` for a positive semi-definite ``cov``."""
-    eigval, eigvec = torch.linalg.eigh(cov)
-    return eigvec * eigval.clamp(min=0).sqrt()
-
-
-def _normal_null_means(
-    damage: Float[Tensor, "H N"],
-    onehots: Mapping[str, Float[Tensor, "N K"]],
-    m_total: int,
-    generator: torch.Generator,
-) -> dict[str, Float[Tensor, "M H K"]]:
-    """The same null drawn from its normal approximation with the exact permutation moments.
-
-    Shuffling the values among the triples makes the per-value sums ``S_v`` (heads stacked) the
-    sums of a partition of the N triples into groups of sizes ``n_v``, drawn without
-    replacement. Their mean is ``n_v xbar`` and their covariance is a Kronecker product::
-
-        Cov(S_v[h], S_u[g]) = sigma_hg * (n_v delta_vu - n_v n_u / N) * N / (N - 1)
-
-    with ``sigma`` the heads' covariance of the damage over the triples. Draws are
-    ``n xbar + A Z B^T`` (``A A^T = sigma``, ``B B^T`` the value part, ``Z`` standard normal):
-    O(M H K) work instead of O(M H N).
-    """
-    x = damage.double()
-    H, N = x.shape
-    mean = x.mean(1)  # (H,)
-    centred = x - mean[:, None]
-    A = _psd_sqrt(centred @ centred.T / N)  # (H, H)
-    out = {}
-    for axis, onehot in onehots.items():
-        n = onehot.double().sum(0)  # (K,)
-        B = _psd_sqrt((torch.diag(n) - torch.outer(n, n) / N) * N / max(N - 1, 1))
-        Z = torch.randn(m_total, H, len(n), generator=generator, dtype=torch.float64)
-        sums = mean[:, None] * n[None] + A @ Z @ B.T  # (M, H, K)
-        out[axis] = sums / n.clamp(min=1)
-    return out
 
 
 NULLS = ("normal", "exact")
-"""How the label-permutation null is drawn (see :func:`division_of_labour`)."""
 
 
 @dataclass
@@ -802,7 +585,7 @@ def division_of_labour(
         seed: Seed of the permutations.
         null: How the label-permutation null is drawn: ``"normal"`` (default; the normal
             approximation with the permutation's exact mean and covariance, O(M H K), see
-            :func:`_normal_null_means`) or ``"exact"`` (M random permutations of the N triples,
+            :func:`normal_null_means`) or ``"exact"`` (M random permutations of the N triples,
             O(M H N): about 1 s for 8 heads, 16k triples and M = 1000 on 2 cores).
         relations: Templates of the attention-side view: a Task, a dict of ``[n, T, T]``
             templates aligned with the batch, or ``f(tokens, mask) -> dict``; default the Task
@@ -837,7 +620,7 @@ def division_of_labour(
     defined = (td.total_damage >= gate) & (td.loss_increase.mean(1) >= s.min_loss_increase)
     onehots = {axis: td.onehot(axis) for axis in axes}
     generator = torch.Generator().manual_seed(s.seed)
-    draw = _normal_null_means if s.null == "normal" else _exact_null_means
+    draw = normal_null_means if s.null == "normal" else exact_null_means
     null_means = draw(td.damage, onehots, s.n_permutations, generator)
     per_axis: dict[str, _AxisStats] = {}
     for axis in axes:

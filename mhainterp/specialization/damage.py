@@ -1,0 +1,136 @@
+"""Per-triple damage: what removing each head alone costs at every scored triple.
+
+One pass of the ablation engine (:func:`mhainterp.ablation.evaluate_head_sets`, clean model
+plus every single head, per-position outputs) gives, for every head and scored (sequence,
+position, target) triple, the accuracy and loss it loses there, with each triple's value on
+every axis of the division of labour (query token, position, target class, target).
+:mod:`~mhainterp.specialization.division` builds its profiles from this, and
+:func:`mhainterp.specialization.causal.target_damage` sums it per target.
+
+Shapes: H heads, N scored triples, K values of an axis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from mhainterp.ablation import Method, evaluate_head_sets
+from mhainterp.heads import all_heads, head_label
+from mhainterp.tasks import Batch
+
+__all__ = ["TripleDamage", "triple_damage"]
+
+
+@dataclass
+class TripleDamage:
+    """Every head's damage at every scored (sequence, position, target) triple.
+
+    Attributes:
+        pairs: ``(layer, head)`` of every head, layer-major (H).
+        damage: ``[H, N]`` float32: clean correct minus ablated correct.
+        loss_increase: ``[H, N]`` float32: ablated minus clean cross-entropy.
+        clean: ``[N]`` float32: 1 where the clean model is right.
+        values: Per axis, ``[N]`` int64 ids of the triple's value (0..K-1).
+        value_names: Per axis, the K values as strings (ids index into it).
+        index: ``[N, 3]`` int64: each triple's (sequence, position, target) in the batch.
+    """
+
+    pairs: list[tuple[int, int]]
+    damage: Float[Tensor, "H N"]
+    loss_increase: Float[Tensor, "H N"]
+    clean: Float[Tensor, " N"]
+    values: dict[str, Int[Tensor, " N"]]
+    value_names: dict[str, list[str]]
+    index: Int[Tensor, "N 3"] | None = None
+
+    @property
+    def heads(self) -> list[str]:
+        """Head labels, layer-major."""
+        return [head_label(layer, head) for layer, head in self.pairs]
+
+    @property
+    def total_damage(self) -> Float[Tensor, " H"]:
+        """Each head's overall accuracy drop (all scored triples)."""
+        return self.damage.mean(1)
+
+    def onehot(self, axis: str) -> Float[Tensor, "N K"]:
+        """The triple x value indicator matrix of ``axis``."""
+        K = len(self.value_names[axis])
+        return torch.nn.functional.one_hot(self.values[axis], K).to(self.damage.dtype)
+
+
+def _axis_values(
+    batch: Batch, scored: Bool[Tensor, "n T k"], names: Sequence[str]
+) -> tuple[dict[str, Tensor], dict[str, list[str]]]:
+    """Value ids and names of every axis at the scored triples (row-major order)."""
+    i, t, j = scored.nonzero(as_tuple=True)
+    n, T, k = scored.shape
+    raw = {
+        "token": batch.tokens[i, t],
+        "position": t,
+        "target_class": batch.targets.reshape(n, T, k)[i, t, j],
+        "target": j,
+    }
+    values, value_names = {}, {}
+    for axis, column in raw.items():
+        unique, ids = torch.unique(column.cpu(), return_inverse=True)
+        values[axis] = ids
+        if axis == "target":
+            value_names[axis] = [names[int(u)] if names else str(int(u)) for u in unique]
+        else:
+            value_names[axis] = [str(int(u)) for u in unique]
+    return values, value_names
+
+
+@torch.no_grad()
+def triple_damage(
+    model: Any,
+    batch: Batch,
+    *,
+    method: Method = "mean",
+    names: Sequence[str] = (),
+    progress: bool = False,
+) -> TripleDamage:
+    """One engine pass (clean + every single head, per position) -> :class:`TripleDamage`.
+
+    Args:
+        model: The model.
+        batch: The evaluation batch (also the mean/resample reference).
+        method: The ablation method.
+        names: Target names (for the ``target`` axis); empty for single-target models.
+        progress: Show a progress bar.
+
+    Example:
+        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.tasks import get_task
+        >>> batch = get_task("previous_token").eval_batch(32)
+        >>> td = triple_damage(handbuilt_model(["previous", "dead"], d_head=18), batch,
+        ...                    method="zero")
+        >>> [round(float(d), 2) for d in td.total_damage]
+        [0.83, 0.0]
+    """
+    pairs = all_heads(model.cfg.n_layers, model.cfg.n_heads)
+    result = evaluate_head_sets(
+        model, batch, [[], *([pair] for pair in pairs)], method,
+        per_position=True, progress=progress, desc="ablate heads (per position)",
+    )  # fmt: skip
+    scores = result.scores
+    scored = scores.scored  # (n, T, k)
+    correct = scores.correct[:, scored].float().cpu()  # (1 + H, N), row-major triples
+    nll = scores.nll[:, scored].float().cpu()
+    values, value_names = _axis_values(result.batch, scored, list(names))
+    return TripleDamage(
+        pairs=pairs,
+        damage=correct[:1] - correct[1:],
+        loss_increase=nll[1:] - nll[:1],
+        clean=correct[0],
+        values=values,
+        value_names=value_names,
+        index=scored.nonzero().cpu(),  # row-major, the order of the triples above
+    )
