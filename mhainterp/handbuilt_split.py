@@ -33,7 +33,7 @@ import torch
 
 from mhainterp.config import ModelConfig
 from mhainterp.model import HookedMHATransformer
-from mhainterp.tasks import Batch
+from mhainterp.tasks import IGNORE_INDEX, Batch
 from mhainterp.validation import check_int, invalid
 
 __all__ = ["SPLIT_KINDS", "split_batch", "split_heads_model"]
@@ -56,9 +56,9 @@ def split_batch(n: int, *, seq_len: int = 12, d_vocab: int = 10, seed: int = 0) 
     tokens[:, 0] = bos
     mask = torch.zeros(n, seq_len, dtype=torch.bool)
     mask[:, 2:] = True
-    targets = torch.full((n, seq_len), -100, dtype=torch.long)
+    targets = torch.full((n, seq_len), IGNORE_INDEX, dtype=torch.long)
     targets[:, 1:] = tokens[:, :-1]
-    targets[~mask] = -100
+    targets[~mask] = IGNORE_INDEX
     return Batch(tokens, targets, mask, torch.ones_like(mask))
 
 
