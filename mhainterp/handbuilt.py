@@ -24,12 +24,29 @@ import torch
 from mhainterp.config import ModelConfig
 from mhainterp.model import HookedMHATransformer
 
-__all__ = ["HEAD_KINDS", "handbuilt_model"]
+__all__ = ["HEAD_KINDS", "feature_model", "handbuilt_model"]
 
 # kind -> (query position q attends key position k) rule; None = no QK (uniform) or no output.
 HEAD_KINDS = ("previous", "mirror", "self", "first", "uniform", "dead", "count", "count_sink")
 _COUNTING_KINDS = ("count", "count_sink")
 _COPYING_KINDS = ("previous", "mirror", "self", "first")
+
+
+def feature_model(cfg: ModelConfig) -> tuple[HookedMHATransformer, tuple[slice, slice, slice]]:
+    """A model with every weight 0 but one-hot token and position embeddings.
+
+    The residual stream is laid out as ``[token one-hot (V) | position one-hot (T) | copy
+    slot (V) | ...]``; the returned slices name those features, so hand-set heads can read a
+    token or a position and write into the copy slot.
+    """
+    V, T = cfg.d_vocab, cfg.n_ctx
+    model = HookedMHATransformer(cfg)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.zero_()
+        model.embed.weight[:, :V] = torch.eye(V)
+        model.pos_embed.weight[:, V : V + T] = torch.eye(T)
+    return model, (slice(0, V), slice(V, V + T), slice(V + T, V + T + V))
 
 
 def _key_for_query(kind: str, q: int, seq_len: int) -> int | None:
@@ -122,16 +139,11 @@ def handbuilt_model(
         normalization_type=None,
         device="cpu",
     )
-    model = HookedMHATransformer(cfg)
+    model, (tok, pos, copy) = feature_model(cfg)
     attn = model.blocks[0].attn
-    tok, pos, copy = slice(0, V), slice(V, V + T), slice(V + T, V + T + V)
     scale = sharpness * d_head**0.5  # undo the 1/sqrt(d_head) score scaling
 
     with torch.no_grad():
-        for param in model.parameters():
-            param.zero_()
-        model.embed.weight[:, tok] = torch.eye(V)
-        model.pos_embed.weight[:, pos] = torch.eye(T)
         W_Q = torch.zeros(n_heads, d_model, d_head)
         W_K = torch.zeros(n_heads, d_model, d_head)
         W_V = torch.zeros(n_heads, d_model, d_head)

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from mhainterp.config import ModelConfig
+from mhainterp.handbuilt import feature_model
 from mhainterp.model import HookedMHATransformer
 from mhainterp.tasks import IGNORE_INDEX, Batch
 from mhainterp.validation import check_int, invalid
@@ -96,15 +97,10 @@ def split_heads_model(
         d_model=d_model, n_heads=n_heads, n_layers=1, n_ctx=T, d_vocab=V, d_vocab_out=V,
         causal=True, attn_only=True, normalization_type=None, device="cpu",
     )  # fmt: skip
-    model = HookedMHATransformer(cfg)
+    model, (_, pos, copy) = feature_model(cfg)
     attn = model.blocks[0].attn
-    tok, pos, copy = slice(0, V), slice(V, V + T), slice(V + T, V + T + V)
     scale = sharpness * d_head**0.5  # undo the 1/sqrt(d_head) score scaling
     with torch.no_grad():
-        for param in model.parameters():
-            param.zero_()
-        model.embed.weight[:, tok] = torch.eye(V)
-        model.pos_embed.weight[:, pos] = torch.eye(T)
         W_Q = torch.zeros(n_heads, d_model, d_head)
         W_K = torch.zeros(n_heads, d_model, d_head)
         W_V = torch.zeros(n_heads, d_model, d_head)
