@@ -30,6 +30,7 @@ from mhainterp.ablation.engine import (
     run_masks,
 )
 from mhainterp.data import Data, as_batch, batch_for_model, target_names
+from mhainterp.eval_mode import eval_mode
 from mhainterp.heads import all_heads, format_heads, head_label
 from mhainterp.scoring import position_scores
 from mhainterp.tasks import Batch
@@ -94,17 +95,13 @@ def gradient_importance(
     L, H = model.cfg.n_layers, model.cfg.n_heads
     total = torch.zeros(L, H, dtype=torch.float64)
     n_sequences = 0
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         starts = range(0, len(batch), batch_size)
         for start in tqdm(starts, desc="gradient importance", disable=not progress, leave=False):
             part = batch[start : start + batch_size]
             grads, has_scored = _gate_gradients(model, part)  # (s, L, H), (s,)
             total += grads[has_scored].abs().double().sum(0).cpu()
             n_sequences += int(has_scored.sum())
-    finally:
-        model.train(was_training)
     raw = total / max(1, n_sequences)  # (L, H)
     scores = raw / raw.norm(dim=1, keepdim=True).clamp(min=1e-30) if normalize else raw
     rows = [

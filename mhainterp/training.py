@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from mhainterp.config import ModelConfig, TrainConfig
 from mhainterp.data import DEFAULT_N_EVAL, as_batch, target_names
+from mhainterp.eval_mode import eval_mode
 from mhainterp.io import atomic_path, ensure_writable_dir, read_json, write_csv, write_json
 from mhainterp.model import HookedMHATransformer
 from mhainterp.scoring import Totals, position_scores, totals
@@ -181,9 +182,7 @@ def evaluate(
     """
     batch = as_batch(data, n_eval=n_eval, needs_targets=True)
     check_int("batch_size", batch_size, minimum=1)
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         result: Totals | None = None
         for start in range(0, len(batch), batch_size):
             part = batch[start : start + batch_size]
@@ -192,8 +191,6 @@ def evaluate(
                 position_scores(model.logits(tokens, padding_mask), part.targets, part.mask)
             )
             result = part_totals if result is None else result + part_totals
-    finally:
-        model.train(was_training)
     out: dict[str, Any] = result.metrics(target_names(data, model.cfg.n_targets))[0]
     out["n_sequences"] = len(batch)
     out["n_scored"] = int(result.scored.sum())

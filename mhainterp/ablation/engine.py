@@ -57,6 +57,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from mhainterp.data import Data, as_batch, batch_for_model, target_names
+from mhainterp.eval_mode import eval_mode
 from mhainterp.fast import linear_readout
 from mhainterp.heads import HeadSpec, format_heads, resolve_heads
 from mhainterp.scoring import PositionScores, Totals, position_scores, totals
@@ -202,12 +203,8 @@ def build_replacement(
     reference = batch_for_model(model, reference, scored=False)
     if not bool(reference.padding_mask.any()):
         raise ValueError("the reference batch has no real (non-padding) tokens")
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         donor_z = _capture_z(model, reference, max_rows or LINEAR_READOUT_ROWS)
-    finally:
-        model.train(was_training)
     real = reference.padding_mask
     means = [_per_position_mean(z, real) for z in donor_z]
     if method == "mean":
@@ -418,27 +415,22 @@ def run_masks(
     correct = torch.zeros(C, k, dtype=torch.float64)
     pieces: dict[tuple[int, int], PositionScores] = {}
     prefixes: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}  # (first, s0) -> clean prefix
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for first, members, s0, s1 in tqdm(jobs, desc=desc, disable=not progress, leave=False):
-                part = batch[s0:s1]
-                rows = torch.arange(s0, s1, device=masks.device)
-                index = torch.tensor(members, device=masks.device)
-                if (first, s0) not in prefixes:  # shared by every copy chunk of this group
-                    prefixes = {(first, s0): _clean_resid_and_z(model, part, first)}
-                logits = _forward_copies(
-                    model, part, masks[index], rows, replacement, first, prefixes[(first, s0)]
-                )
-                scores = position_scores(logits, part.targets, part.mask)  # (c, s, T, k)
-                part_totals = totals(scores)
-                loss_sum[members] += part_totals.loss_sum
-                correct[members] += part_totals.correct
-                if per_position:
-                    pieces[(members[0], s0)] = scores
-    finally:
-        model.train(was_training)
+    with eval_mode(model), torch.no_grad():
+        for first, members, s0, s1 in tqdm(jobs, desc=desc, disable=not progress, leave=False):
+            part = batch[s0:s1]
+            rows = torch.arange(s0, s1, device=masks.device)
+            index = torch.tensor(members, device=masks.device)
+            if (first, s0) not in prefixes:  # shared by every copy chunk of this group
+                prefixes = {(first, s0): _clean_resid_and_z(model, part, first)}
+            logits = _forward_copies(
+                model, part, masks[index], rows, replacement, first, prefixes[(first, s0)]
+            )
+            scores = position_scores(logits, part.targets, part.mask)  # (c, s, T, k)
+            part_totals = totals(scores)
+            loss_sum[members] += part_totals.loss_sum
+            correct[members] += part_totals.correct
+            if per_position:
+                pieces[(members[0], s0)] = scores
     result = Totals(
         loss_sum=loss_sum, correct=correct, scored=batch.scored.double().sum((0, 1)).cpu()
     )

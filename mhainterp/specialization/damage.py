@@ -13,7 +13,7 @@ Shapes: H heads, N scored triples, K values of an axis.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -48,6 +48,7 @@ class TripleDamage:
     values: dict[str, Int[Tensor, " N"]]
     value_names: dict[str, list[str]]
     index: Int[Tensor, "N 3"] | None = None
+    _onehots: dict[str, Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def heads(self) -> list[str]:
@@ -60,9 +61,13 @@ class TripleDamage:
         return self.damage.mean(1)
 
     def onehot(self, axis: str) -> Float[Tensor, "N K"]:
-        """The triple x value indicator matrix of ``axis``."""
-        K = len(self.value_names[axis])
-        return torch.nn.functional.one_hot(self.values[axis], K).to(self.damage.dtype)
+        """The triple x value indicator matrix of ``axis`` (built once per axis: the division
+        of labour asks for it several times)."""
+        if axis not in self._onehots:
+            K = len(self.value_names[axis])
+            onehot = torch.nn.functional.one_hot(self.values[axis], K).to(self.damage.dtype)
+            self._onehots[axis] = onehot
+        return self._onehots[axis]
 
 
 def _axis_values(

@@ -200,6 +200,7 @@ HEADS_COLUMNS = [
     "n_values",
 ]
 """Columns of :attr:`DivisionResult.heads`, one row per head and axis."""
+DERIVED = ("p_adj", "specialized", "serves")  # heads columns computed over all axes at once
 INDEX_COLUMNS = [
     "by",
     "index",
@@ -403,41 +404,52 @@ def _attention_view(
         templates = dict(relations(tokens, mask))
     else:  # aligned with the whole batch: keep the rows of the sequences used here
         templates = {name: t[: len(tokens)] for name, t in dict(relations).items()}
+    if not templates:
+        return pd.DataFrame(columns=ATTENTION_COLUMNS)
+    names = list(templates)
+    stacked = torch.stack([templates[n].double().cpu() for n in names])  # (R, n, T, T)
     queries = (batch.scored.any(-1) & batch.padding_mask).cpu()  # (n, T)
+    # A query counts for a relation when it is scored and the template marks a key for it.
+    rows = (queries[None] & (stacked.sum(-1) > 0)).double()  # (R, n, T)
     T = tokens.shape[1]
     axis_of = {"token": tokens, "position": torch.arange(T).expand_as(tokens)}
-    onehot = {
-        axis: (axis_of[axis][..., None] == torch.tensor([int(v) for v in td.value_names[axis]]))
+    weights = {
+        axis: (
+            axis_of[axis][..., None] == torch.tensor([int(v) for v in td.value_names[axis]])
+        ).double()[None]
+        * rows[..., None]
         for axis in axes
-    }  # axis -> (n, T, K): the query's value
-    sums: dict[tuple[str, str], Tensor] = {}  # (axis, relation) -> (L, h, K)
-    counts: dict[tuple[str, str], Tensor] = {}  # (axis, relation) -> (K,)
+    }  # axis -> (R, n, T, K): the query's value, at the queries that count
+    sums = {axis: 0.0 for axis in axes}  # axis -> (R, L, h, K)
     for part in iter_patterns(model, tokens, mask):
         window = slice(part.start, part.start + part.tokens.shape[0])
-        p = part.patterns.double().cpu()  # (B, L, h, T, T)
-        for name, template in templates.items():
-            tmpl = template[window].double().cpu()  # (B, T, T)
-            on = (p * tmpl[:, None, None]).sum(-1)  # (B, L, h, T): mass on the template
-            rows = queries[window] & (tmpl.sum(-1) > 0)  # scored, with a template key
-            for axis in axes:
-                weight = onehot[axis][window].double() * rows[..., None]  # (B, T, K)
-                key = (axis, name)
-                sums[key] = sums.get(key, 0) + torch.einsum("blhq,bqk->lhk", on, weight)
-                counts[key] = counts.get(key, 0) + weight.sum((0, 1))
-    records = []
-    for (axis, name), total in sums.items():
-        n_q = counts[(axis, name)]
-        means = (total / n_q.clamp(min=1)).flatten(0, 1)  # (L * h, K)
-        for v, value in enumerate(td.value_names[axis]):
-            if n_q[v] == 0:
-                continue
-            for i, (layer, head) in enumerate(td.pairs):
-                records.append(
-                    (head_label(layer, head), layer, head, axis, value, name,
-                     float(means[i, v]), int(n_q[v]))
-                )  # fmt: skip
-    frame = pd.DataFrame(records, columns=ATTENTION_COLUMNS)
-    return frame.sort_values(["by", "head_label", "relation"], kind="stable", ignore_index=True)
+        on = torch.einsum("blhqk,rbqk->rblhq", part.patterns.double().cpu(), stacked[:, window])
+        for axis in axes:  # (R, B, L, h, T) x (R, B, T, K) -> (R, L, h, K)
+            sums[axis] = sums[axis] + torch.einsum("rblhq,rbqk->rlhk", on, weights[axis][:, window])
+    H = len(td.pairs)
+    labels = np.array(td.heads, dtype=object)
+    layers = np.array([layer for layer, _ in td.pairs], dtype=int)
+    head_ids = np.array([head for _, head in td.pairs], dtype=int)
+    label_rank = np.argsort(np.argsort(labels, kind="stable"), kind="stable")  # string order
+    relation_rank = np.argsort(np.argsort(np.array(names, dtype=object), kind="stable"))
+    parts = []
+    for axis in sorted(axes):  # rows sorted by (by, head_label, relation), then value
+        n_q = weights[axis].sum((1, 2))  # (R, K)
+        means = (sums[axis] / n_q.clamp(min=1)[:, None, None]).flatten(1, 2)  # (R, H, K)
+        R, _, K = means.shape
+        r, h, v = (n_q > 0)[:, None, :].expand(R, H, K).nonzero(as_tuple=True)
+        r, h, v = r.numpy(), h.numpy(), v.numpy()
+        order = np.lexsort((v, relation_rank[r], label_rank[h]))
+        r, h, v = r[order], h[order], v[order]
+        parts.append(
+            {
+                "head_label": labels[h], "layer": layers[h], "head": head_ids[h], "by": axis,
+                "value": np.array(td.value_names[axis], dtype=object)[v],
+                "relation": np.array(names, dtype=object)[r],
+                "mass": means[r, h, v].numpy(), "n_queries": n_q[r, v].numpy().astype(int),
+            }
+        )  # fmt: skip
+    return pd.DataFrame(_columns(parts, ATTENTION_COLUMNS), columns=ATTENTION_COLUMNS)
 
 
 # ----------------------------------------------------------------------------- result
@@ -669,6 +681,32 @@ def _baseline(*nulls: float) -> float:
     return max(finite) if finite else math.nan
 
 
+def _served(st: _AxisStats, values: list[str], s: _Settings) -> list[str]:
+    """Per head, the values it serves (comma-separated; see "Serves" in the module docstring):
+    a kept value whose damage is at least ``serve_share`` of the head's largest kept damage and
+    beats its own permutation null (Bonferroni over the K kept values)."""
+    profile = st.profile.double()  # (H, K)
+    largest = profile[:, st.keep].clamp(min=0).max(1).values  # (H,)
+    z_crit = float(stats.norm.ppf(1 - s.alpha / int(st.keep.sum())))
+    serves = st.keep & (profile >= s.serve_share * largest[:, None]) & (st.z >= z_crit)
+    return [",".join(values[v] for v in row.nonzero()[:, 0].tolist()) for row in serves]
+
+
+def _columns(parts: list[dict[str, Any]], names: list[str]) -> dict[str, np.ndarray]:
+    """Per-axis column dicts (arrays, or scalars repeated to the part's length) joined column
+    by column, so that each table is one DataFrame construction (costly with pandas' string
+    columns) instead of one per axis."""
+    out = {}
+    for name in names:
+        pieces = []
+        for part in parts:
+            length = len(next(v for v in part.values() if isinstance(v, np.ndarray)))
+            value = part[name]
+            pieces.append(value if isinstance(value, np.ndarray) else np.full(length, value))
+        out[name] = np.concatenate(pieces) if pieces else np.array([])
+    return out
+
+
 def _tables(
     td: TripleDamage,
     onehots: dict[str, Tensor],
@@ -677,53 +715,42 @@ def _tables(
     defined: Tensor,
     s: _Settings,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    total = td.total_damage
-    loss = td.loss_increase.mean(1)
-    heads_rows, index_rows, profile_rows = [], [], []
+    """The heads, index and profiles tables, built column-wise (one array per column)."""
+    H = len(td.pairs)
+    layers = np.array([layer for layer, _ in td.pairs], dtype=int)
+    head_ids = np.array([head for _, head in td.pairs], dtype=int)
+    labels = np.array(td.heads, dtype=object)
+    heads_parts, index_rows, profile_parts = [], [], []
     for axis, st in per_axis.items():
         values = td.value_names[axis]
         counts = onehots[axis].sum(0)
-        clean = td.clean @ onehots[axis] / counts.clamp(min=1)
-        loss_profile = td.loss_increase @ onehots[axis] / counts.clamp(min=1)
-        K = int(st.keep.sum())
-        z_crit = float(stats.norm.ppf(1 - s.alpha / K))
-        for h, (layer, head) in enumerate(td.pairs):
-            label = head_label(layer, head)
-            heads_rows.append(
-                {
-                    "head_label": label, "layer": layer, "head": head, "by": axis,
-                    "selectivity": float(st.selectivity[h]), "null_mean": float(st.null_mean[h]),
-                    "p_adj": math.nan, "specialized": False, "serves": "",
-                    "total_damage": float(total[h]), "loss_increase": float(loss[h]),
-                    "p": float(st.p[h]), "null_init_mean": float(init[axis][0][h]), "n_values": K,
-                    "_served": [
-                        values[v] for v in range(len(values))
-                        if bool(st.keep[v])
-                        and float(st.profile[h, v]) >= s.serve_share * float(
-                            st.profile[h, st.keep].clamp(min=0).max()
-                        )
-                        and float(st.z[h, v]) >= z_crit
-                    ],
-                }
-            )  # fmt: skip
-        H, K_all = st.profile.shape
-        layers, heads_of = zip(*td.pairs, strict=True)
-        profile_rows.append(
-            pd.DataFrame(
-                {
-                    "head_label": np.repeat(td.heads, K_all),
-                    "layer": np.repeat(layers, K_all),
-                    "head": np.repeat(heads_of, K_all),
-                    "by": axis,
-                    "value": np.tile(values, H),
-                    "n_scored": np.tile(counts.numpy().astype(int), H),
-                    "clean_accuracy": np.tile(clean.numpy(), H),
-                    "ablated_accuracy": (clean[None] - st.profile).numpy().ravel(),
-                    "damage": st.profile.numpy().ravel(),
-                    "loss_increase": loss_profile.numpy().ravel(),
-                    "in_index": np.tile(st.keep.numpy(), H),
-                }
-            )
+        K_all, K = len(values), int(st.keep.sum())
+        heads_parts.append(
+            {
+                "head_label": labels, "layer": layers, "head": head_ids, "by": axis,
+                "selectivity": st.selectivity.numpy(), "null_mean": st.null_mean.numpy(),
+                "total_damage": td.total_damage.double().numpy(),
+                "loss_increase": td.loss_increase.mean(1).double().numpy(),
+                "p": st.p.numpy(), "null_init_mean": init[axis][0].double().numpy(),
+                "n_values": K, "served": np.array(_served(st, values, s), dtype=object),
+            }
+        )  # fmt: skip
+        clean = td.clean @ onehots[axis] / counts.clamp(min=1)  # (K,)
+        loss_profile = td.loss_increase @ onehots[axis] / counts.clamp(min=1)  # (H, K)
+        profile_parts.append(
+            {
+                "head_label": np.repeat(labels, K_all),
+                "layer": np.repeat(layers, K_all),
+                "head": np.repeat(head_ids, K_all),
+                "by": axis,
+                "value": np.tile(np.array(values, dtype=object), H),
+                "n_scored": np.tile(counts.numpy().astype(int), H),
+                "clean_accuracy": np.tile(clean.numpy(), H),
+                "ablated_accuracy": (clean[None] - st.profile).numpy().ravel(),
+                "damage": st.profile.numpy().ravel(),
+                "loss_increase": loss_profile.numpy().ravel(),
+                "in_index": np.tile(st.keep.numpy(), H),
+            }
         )
         init_index = init[axis][1]
         gain = st.index - _baseline(st.null_index, init_index)
@@ -736,24 +763,15 @@ def _tables(
                 "n_damaging": int(defined.sum()), "n_values": K,
             }
         )  # fmt: skip
-    heads = pd.DataFrame(heads_rows)
-    if len(heads):
-        heads["p_adj"] = adjust_pvalues(heads["p"].to_numpy(dtype=float), s.correction)
-        base = [_baseline(a, b) for a, b in zip(heads["null_mean"], heads["null_init_mean"])]
-        gain = heads["selectivity"].to_numpy(dtype=float) - np.array(base, dtype=float)
-        with np.errstate(invalid="ignore"):
-            specialized = (heads["p_adj"].to_numpy() < s.alpha) & (gain >= s.min_gain)
-        heads["specialized"] = specialized
-        heads["serves"] = [
-            ",".join(served) if spec else ""
-            for served, spec in zip(heads["_served"], specialized, strict=True)
-        ]
-        heads = heads.drop(columns="_served")
-    heads = heads.reindex(columns=HEADS_COLUMNS)
+    heads = _columns(heads_parts, [c for c in HEADS_COLUMNS if c not in DERIVED] + ["served"])
+    heads["p_adj"] = adjust_pvalues(heads["p"].astype(float), s.correction)
+    gain = heads["selectivity"] - np.fmax(heads["null_mean"], heads["null_init_mean"])
+    with np.errstate(invalid="ignore"):  # NaN selectivity: never specialized
+        heads["specialized"] = (heads["p_adj"] < s.alpha) & (gain >= s.min_gain)
+    # A head that serves every value alike serves no subset: ``serves`` only when specialized.
+    heads["serves"] = np.where(heads["specialized"], heads.pop("served"), "").astype(object)
     return (
-        heads,
+        pd.DataFrame(heads, columns=HEADS_COLUMNS),
         pd.DataFrame(index_rows, columns=INDEX_COLUMNS),
-        pd.concat(profile_rows, ignore_index=True)[PROFILE_COLUMNS]
-        if profile_rows
-        else pd.DataFrame(columns=PROFILE_COLUMNS),
+        pd.DataFrame(_columns(profile_parts, PROFILE_COLUMNS), columns=PROFILE_COLUMNS),
     )
