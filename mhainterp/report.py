@@ -421,7 +421,8 @@ def _sweep_specialization_blocks(
                 sweep_dir / "specialization_vs_heads.png",
                 spec.runs,
             ),
-            "Share of heads with a role, share redundant and accuracy vs h (points = seeds).",
+            "Relations covered and heads per relation (counts), redundant and dead shares of "
+            "heads, and accuracy vs h (points = seeds).",
         )
     ]
     if len(result.consistency):

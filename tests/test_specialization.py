@@ -27,6 +27,7 @@ from mhainterp.figures.specialization import (
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.model import HookedMHATransformer
 from mhainterp.specialization import (
+    SUMMARY_COLUMNS,
     THRESHOLDS,
     RunVerdict,
     SpecializationResult,
@@ -58,6 +59,7 @@ from mhainterp.specialization import (
     stability_summary,
     target_damage,
 )
+from mhainterp.specialization.over_sweep import display_summary
 from mhainterp.specialization.roles import RoleSums, role_frame
 from mhainterp.specialization.stability import RunEvidence, relabel, run_stability
 from mhainterp.tasks import get_task
@@ -728,13 +730,25 @@ def test_figures_show_the_tables(hand_result, tmp_path):
             "task": ["t"] * 4,
             "n_heads": [1, 1, 2, 2],
             "seed": [0, 1, 0, 1],
-            "frac_role": [0.0, 0.0, 0.5, 1.0],
+            "n_relations": [1, 1, 2, 3],
+            "heads_per_relation": [1.0, 1.0, 1.0, math.nan],
             "frac_redundant": [0.0, 0.0, 0.5, 0.0],
+            "frac_dead": [0.0, 0.0, 0.0, 0.5],
             "accuracy": [0.5, 0.6, 0.8, 0.9],
         }
     )
     fig = specialization_vs_heads(runs)
-    assert len(fig.axes) == 3 and fig.axes[0].get_ylabel() == "share of heads with a distinct role"
+    labels = [ax.get_ylabel() for ax in fig.axes]
+    assert labels == [
+        "relations covered (a count)",
+        "heads per relation (a count)",
+        "redundant share of heads",
+        "dead share of heads",
+        "validation accuracy",
+    ]
+    assert fig.axes[0].get_ylim()[1] == pytest.approx(3.5)  # a count: up to the largest seen
+    assert fig.axes[1].get_ylim()[1] == pytest.approx(1.5)  # NaN (no relation) left out
+    assert fig.axes[2].get_ylim() == pytest.approx((-0.05, 1.05))  # a share
     pairs = pd.DataFrame(
         {
             "task": ["t"],
@@ -750,35 +764,71 @@ def test_figures_show_the_tables(hand_result, tmp_path):
 def test_summary_table_known_values():
     runs = pd.DataFrame(
         {
+            "run": ["a", "b", "c", "d"],
             "task": ["t"] * 4,
             "n_heads": [1, 1, 4, 4],
-            "frac_role": [0.0, 0.0, 0.5, 0.75],
+            "n_relations": [1, 1, 2, 0],
+            "heads_per_relation": [1.0, 1.0, 1.5, math.nan],
+            "frac_needed": [1.0, 1.0, 0.75, 0.5],
+            "frac_backed_up": [0.0, 0.0, 0.25, 0.5],
             "frac_redundant": [0.0, 0.0, 0.25, 0.25],
             "frac_dead": [0.0, 0.0, 0.0, 0.25],
-            "n_role": [0, 0, 2, 3],
-            "mean_top_effect": [0.1, 0.1, 0.5, 0.7],
+            "frac_label_flips": [0.0, 0.0, 0.25, 0.0],
+            "specialized_along": ["", "", "token", "token,position"],
             "causal_selectivity": [math.nan] * 4,
             "causal_null": [math.nan] * 4,
             "val_accuracy": [0.6, 0.7, 0.9, 0.9],
         }
     )
-    table = specialization_summary(
-        runs,
+    division = pd.DataFrame(
         {
-            "t/h4": {
-                "consistency": 0.8,
-                "random_matching": 0.3,
-                "null_shuffled": 0.4,
-                "p_value": 0.02,
-            }
-        },
+            "run": ["a", "b", "c", "c", "d", "d"],
+            "by": ["token", "token", "token", "position", "token", "position"],
+            "index": [math.nan, math.nan, 0.3, 0.1, 0.2, 0.3],
+            "null_index": [math.nan, math.nan, 0.01, 0.05, 0.03, 0.05],
+            "p": [math.nan, math.nan, 0.001, 0.2, 0.001, 0.001],
+        }
     )
-    row = table.set_index("n_heads").loc[4]
-    assert row["frac_role_mean"] == pytest.approx(0.625)
-    assert row["frac_role_std"] == pytest.approx(math.sqrt(0.03125))
-    assert row["accuracy_mean"] == pytest.approx(0.9) and row["accuracy_std"] == 0.0
-    assert row["consistency"] == 0.8 and row["consistency_p"] == 0.02
-    assert math.isnan(table.set_index("n_heads").loc[1, "consistency"])
+    consistency = {
+        "t/h4": {"consistency": 0.8, "random_matching": 0.3, "null_shuffled": 0.4, "p_value": 0.02}
+    }
+    table = specialization_summary(runs, consistency, division)
+    assert list(table.columns) == SUMMARY_COLUMNS
+    h1, h4 = table.set_index("n_heads").loc[1], table.set_index("n_heads").loc[4]
+    # counts: relations covered over every seed, heads per relation over the seeds with one
+    assert h4["n_relations_mean"] == 1.0 and h4["n_relations_std"] == pytest.approx(math.sqrt(2))
+    assert h4["heads_per_relation_mean"] == 1.5 and math.isnan(h4["heads_per_relation_std"])
+    assert h4["n_seeds_with_relation"] == 1 and h1["n_seeds_with_relation"] == 2
+    # shares of all heads
+    assert h4["frac_needed_mean"] == pytest.approx(0.625)
+    assert h4["frac_backed_up_mean"] == pytest.approx(0.375)
+    assert h4["frac_dead_mean"] == pytest.approx(0.125)
+    assert h4["frac_label_flips_mean"] == pytest.approx(0.125)
+    # division: index over the seeds where it is defined, its null, seeds beyond it
+    assert h4["division_token_mean"] == pytest.approx(0.25)
+    assert h4["division_token_std"] == pytest.approx(math.sqrt(0.005))
+    assert h4["division_token_null"] == pytest.approx(0.02)
+    assert (h4["division_token_n_defined"], h4["division_token_n_beyond"]) == (2, 2)
+    assert (h4["division_position_n_defined"], h4["division_position_n_beyond"]) == (2, 1)
+    assert (h1["division_token_n_measured"], h1["division_token_n_defined"]) == (2, 0)
+    assert h1["division_token_n_beyond"] == 0 and math.isnan(h1["division_token_mean"])
+    assert h1["division_position_n_measured"] == 0 and h4["division_target_n_measured"] == 0
+    assert h4["accuracy_mean"] == pytest.approx(0.9) and h4["accuracy_std"] == 0.0
+    assert h4["consistency"] == 0.8 and h4["consistency_p"] == 0.02
+    assert math.isnan(h1["consistency"])
+    shown = display_summary(table)
+    assert "share with a role" not in shown.columns
+    assert shown["relations covered (count)"].tolist() == ["1.00 ± 0.00", "1.00 ± 1.41"]
+    assert shown["division by token"].tolist() == [
+        "undefined (< 2 heads do damage)",
+        "0.25 ± 0.07 vs 0.02 (2/2 beyond)",
+    ]
+    assert shown["division by position"].tolist() == [
+        "not measured",
+        "0.20 ± 0.14 vs 0.05 (1/2 beyond)",
+    ]
+    assert "division by target" not in shown.columns  # not measured: no column
+    assert "causal selectivity" not in shown.columns  # single-target: no column
 
 
 # ----------------------------------------------------------------------------- counting, nesting

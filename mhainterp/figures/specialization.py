@@ -6,8 +6,8 @@ the CSV it was drawn from (:func:`mhainterp.figures._common.save_figure`).
 
 - :func:`role_heatmap`: heads x roles, the role score, with significance marks;
 - :func:`causal_matrix_figure`: heads x targets, the accuracy drop when the head is removed;
-- :func:`specialization_vs_heads`: share of heads with a role, share redundant and accuracy
-  against head count (every seed a point, mean ± std a bar);
+- :func:`specialization_vs_heads`: relations covered and heads per relation (counts), redundant
+  and dead shares and accuracy against head count (every seed a point, mean ± std a bar);
 - :func:`consistency_figure`: cross-seed consistency against random matching and the
   role-shuffled null, per head count.
 """
@@ -178,34 +178,43 @@ def causal_matrix_figure(causal: pd.DataFrame, *, max_runs: int = 4) -> plt.Figu
     return fig
 
 
-_SWEEP_METRICS = (
-    ("frac_role", "share of heads with a distinct role"),
-    ("frac_redundant", "share of heads redundant"),
-    ("accuracy", "validation accuracy"),
+_SWEEP_METRICS = (  # (column, label, is a count): counts and shares get separate panels
+    ("n_relations", "relations covered (a count)", True),
+    ("heads_per_relation", "heads per relation (a count)", True),
+    ("frac_redundant", "redundant share of heads", False),
+    ("frac_dead", "dead share of heads", False),
+    ("accuracy", "validation accuracy", False),
 )
 
 
 def specialization_vs_heads(runs: pd.DataFrame) -> plt.Figure:
-    """Share of heads with a role, share redundant and accuracy against head count.
+    """Relations covered and heads per relation (counts), redundant and dead shares and
+    accuracy against head count.
 
     One row of panels per task; every seed is a point (jittered), the mean ± sample std over
-    seeds a black bar.
+    seeds a black bar. The division index against h, with its null, is
+    :func:`mhainterp.figures.division.division_vs_heads`.
 
     Args:
-        runs: :attr:`SweepSpecialization.runs` (``task, n_heads, seed, frac_role,
-            frac_redundant`` and ``val_accuracy`` or ``accuracy``).
+        runs: :attr:`SweepSpecialization.runs` (``task, n_heads, seed, n_relations,
+            heads_per_relation, frac_redundant, frac_dead`` and ``val_accuracy`` or
+            ``accuracy``; ``heads_per_relation`` is NaN for a seed without a relation).
 
     Example:
         >>> fig = specialization_vs_heads(sweep_specialization("runs/x").runs)  # doctest: +SKIP
     """
-    _require(runs, ["task", "n_heads", "seed", "frac_role", "frac_redundant"], "runs")
+    _require(runs, ["task", "n_heads", "seed", *(m for m, _, _ in _SWEEP_METRICS[:-1])], "runs")
     df = runs.copy()
     if "val_accuracy" in df.columns and df["val_accuracy"].notna().all():
         df["accuracy"] = df["val_accuracy"]
     _require(df, ["accuracy"], "runs")
     tasks = list(dict.fromkeys(df["task"]))
     fig, axes = new_figure(
-        4.0 * len(_SWEEP_METRICS), 3.4 * len(tasks), nrows=len(tasks), ncols=3, squeeze=False
+        4.0 * len(_SWEEP_METRICS),
+        3.4 * len(tasks),
+        nrows=len(tasks),
+        ncols=len(_SWEEP_METRICS),
+        squeeze=False,
     )
     seeds = sorted(df["seed"].unique())
     palette = dict(zip(seeds, sns.color_palette("tab10", len(seeds)), strict=True))
@@ -213,7 +222,7 @@ def specialization_vs_heads(runs: pd.DataFrame) -> plt.Figure:
         part = df[df["task"] == task]
         heads = sorted(part["n_heads"].unique())
         x_of = {h: i for i, h in enumerate(heads)}
-        for col, (metric, label) in enumerate(_SWEEP_METRICS):
+        for col, (metric, label, is_count) in enumerate(_SWEEP_METRICS):
             ax = axes[row, col]
             stats = part.groupby("n_heads")[metric].agg(["mean", "std"]).reindex(heads)
             ax.errorbar(
@@ -240,13 +249,23 @@ def specialization_vs_heads(runs: pd.DataFrame) -> plt.Figure:
                     label=f"seed {seed}",
                 )
             ax.set_xticks(np.arange(len(heads)), [f"h={h}" for h in heads])
-            ax.set_ylim(-0.05, 1.05)
+            if is_count:  # whole numbers, from 0 to the largest seen
+                top = max(
+                    1.0, float(part[metric].max(skipna=True)) if part[metric].notna().any() else 1.0
+                )
+                ax.set_ylim(-0.2, top + 0.5)
+                ax.yaxis.get_major_locator().set_params(integer=True)
+            else:
+                ax.set_ylim(-0.05, 1.05)
             ax.set_xlabel("number of heads (same parameter count)")
             ax.set_ylabel(label)
             ax.set_title(f"{task}: {label}", fontsize=10)
             if row == 0 and col == 0:
                 ax.legend(fontsize=7, loc="best")
-    fig.suptitle("Specialization, redundancy and accuracy vs head count (points = seeds)")
+    fig.suptitle(
+        "Relations covered, heads per relation, redundant and dead heads, accuracy vs h "
+        "(points = seeds)"
+    )
     fig.tight_layout()
     return fig
 

@@ -129,7 +129,6 @@ from tqdm.auto import tqdm
 from mhainterp.ablation import Method, check_method
 from mhainterp.capture import iter_patterns
 from mhainterp.data import Data, as_batch, batch_for_model, target_names
-from mhainterp.heads import head_label
 from mhainterp.io import read_json, write_csv, write_json
 from mhainterp.specialization.corrections import CORRECTIONS, adjust_pvalues
 from mhainterp.specialization.damage import TripleDamage, triple_damage

@@ -1,5 +1,5 @@
-"""Specialization across a head-count sweep: how the share of heads with a distinct role,
-redundancy and accuracy change with ``h``, over seeds.
+"""Specialization across a head-count sweep: how the relations covered, the division of
+labour, redundancy and accuracy change with ``h``, over seeds.
 
 :func:`sweep_specialization` runs :func:`~mhainterp.specialization.core.specialization_test`
 on every run of one or more sweep folders (:mod:`mhainterp.sweep` layout), reusing a run's saved
@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from mhainterp.io import read_json, write_csv, write_json, write_text
 from mhainterp.render import markdown_table
 from mhainterp.specialization.core import (
+    RUN_COLUMNS,
     SpecializationResult,
     SpecializationSettings,
     attach_division,
@@ -64,30 +65,42 @@ RESULT_PREFIX = "specialization"
 SWEEP_PREFIX = "specialization_sweep"
 """File prefix of a sweep's stacked result in the sweep folder."""
 NOTES_FILE = "specialization_notes.json"
+_GRADED = [  # run-table column -> summary prefix: mean and std over seeds of each
+    ("accuracy", "accuracy"),
+    ("n_relations", "n_relations"),  # a count
+    ("heads_per_relation", "heads_per_relation"),  # a count, over seeds with a relation
+    ("frac_needed", "frac_needed"),  # shares of all heads from here on
+    ("frac_backed_up", "frac_backed_up"),
+    ("frac_redundant", "frac_redundant"),
+    ("frac_dead", "frac_dead"),
+    ("frac_label_flips", "frac_label_flips"),
+    ("causal_selectivity", "causal_selectivity"),
+]
+_DIVISION_STATS = ("mean", "std", "null", "n_measured", "n_defined", "n_beyond")
 SUMMARY_COLUMNS = [
     "task",
     "n_heads",
     "n_seeds",
-    "accuracy_mean",
-    "accuracy_std",
-    "frac_role_mean",
-    "frac_role_std",
-    "n_role_mean",
-    "frac_redundant_mean",
-    "frac_redundant_std",
-    "frac_dead_mean",
-    "mean_top_effect_mean",
-    "causal_selectivity_mean",
-    "causal_selectivity_std",
+    *[f"{name}_{stat}" for _, name in _GRADED for stat in ("mean", "std")],
+    "n_seeds_with_relation",
+    *[f"division_{axis}_{stat}" for axis in AXES for stat in _DIVISION_STATS],
     "causal_null_mean",
     "consistency",
     "random_matching",
     "null_shuffled",
     "consistency_p",
 ]
-"""Columns of :attr:`SweepSpecialization.summary`: per (task, n_heads), means and sample stds
-over seeds of the run table's columns; ``accuracy`` is the sweep's ``val_accuracy`` when known;
-the consistency columns are NaN with fewer than 2 seeds."""
+"""Columns of :attr:`SweepSpecialization.summary`, one row per (task, n_heads): the graded
+numbers of the verdict as seed mean and sample std (``_mean``, ``_std``; std NaN with one
+seed). Counts and shares are separate columns, never mixed: ``n_relations`` (relations some
+live head holds) and ``heads_per_relation`` (over the ``n_seeds_with_relation`` seeds that
+have one) are counts; ``frac_*`` are shares of all heads (needed, backed up, redundant, dead,
+labels that change with a threshold x 0.8 or x 1.25). ``division_{axis}_*`` per axis of the
+division of labour: of the ``n_measured`` seeds where it was measured, the index's seed
+``mean`` and ``std`` over the ``n_defined`` where it is defined (two or more heads do damage),
+its label-permutation ``null`` (seed mean) and ``n_beyond``, the seeds whose index beats its
+null (the verdict's "divided"). ``accuracy`` is the sweep's ``val_accuracy`` when
+known; the consistency columns are NaN with fewer than 2 seeds."""
 
 
 @dataclass
@@ -152,35 +165,65 @@ class SweepSpecialization:
 
 
 def display_summary(group: pd.DataFrame) -> pd.DataFrame:
-    """:data:`SUMMARY_COLUMNS` rows formatted for reading: ``mean ± std`` strings per metric.
+    """:data:`SUMMARY_COLUMNS` rows formatted for reading: ``mean ± std`` strings, the counts
+    first and labelled as counts, then the shares, then one column per measured division axis
+    (``index ± std vs null (seeds beyond it / seeds)``).
 
     Example:
         >>> display_summary(spec.summary)  # doctest: +SKIP
     """
 
-    def pm(mean: pd.Series, std: pd.Series) -> list[str]:
-        return [
-            "" if math.isnan(m) else (f"{m:.2f}" if math.isnan(s) else f"{m:.2f} ± {s:.2f}")
-            for m, s in zip(mean, std, strict=True)
-        ]
+    def pm(name: str) -> list[str]:
+        mean, std = group[f"{name}_mean"], group[f"{name}_std"]
+        return [_fmt(m, s) for m, s in zip(mean, std, strict=True)]
 
-    return pd.DataFrame(
+    table: dict[str, Any] = {
+        "h": group["n_heads"],
+        "seeds": group["n_seeds"],
+        "accuracy": pm("accuracy"),
+        "relations covered (count)": pm("n_relations"),
+        "heads per relation (count)": pm("heads_per_relation"),
+        "needed (share)": pm("frac_needed"),
+        "backed up (share)": pm("frac_backed_up"),
+        "redundant (share)": pm("frac_redundant"),
+        "dead (share)": pm("frac_dead"),
+        "labels that flip (share)": pm("frac_label_flips"),
+    }
+    for axis in AXES:
+        if not (group[f"division_{axis}_n_measured"] > 0).any():
+            continue  # not measured at any h: no column
+        table[f"division by {axis}"] = [_division_cell(row, axis) for _, row in group.iterrows()]
+    if group["causal_selectivity_mean"].notna().any():
+        table["causal selectivity"] = pm("causal_selectivity")
+        table["selectivity null"] = group["causal_null_mean"].map(lambda v: f"{v:.2f}")
+    table.update(
         {
-            "h": group["n_heads"],
-            "seeds": group["n_seeds"],
-            "accuracy": pm(group["accuracy_mean"], group["accuracy_std"]),
-            "share with a role": pm(group["frac_role_mean"], group["frac_role_std"]),
-            "share redundant": pm(group["frac_redundant_mean"], group["frac_redundant_std"]),
-            "share dead": group["frac_dead_mean"].map(lambda v: f"{v:.2f}"),
-            "causal selectivity": pm(
-                group["causal_selectivity_mean"], group["causal_selectivity_std"]
-            ),
-            "selectivity null": group["causal_null_mean"],
             "consistency": group["consistency"],
             "random matching": group["random_matching"],
             "consistency p": group["consistency_p"],
         }
     )
+    return pd.DataFrame(table)
+
+
+def _division_cell(row: pd.Series, axis: str) -> str:
+    """``0.25 ± 0.06 vs 0.00 (3/3 beyond)``, or why there is no index."""
+    d = {stat: row[f"division_{axis}_{stat}"] for stat in _DIVISION_STATS}
+    if not d["n_measured"]:
+        return "not measured"
+    if not d["n_defined"]:
+        return "undefined (< 2 heads do damage)"
+    return (
+        f"{_fmt(d['mean'], d['std'])} vs {d['null']:.2f} "
+        f"({int(d['n_beyond'])}/{int(d['n_measured'])} beyond)"
+    )
+
+
+def _fmt(mean: float, std: float) -> str:
+    """``0.25 ± 0.06``; the mean alone when the std is undefined; empty when no mean."""
+    if math.isnan(mean):
+        return ""
+    return f"{mean:.2f}" if math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
 
 
 def cached_specialization(
@@ -245,7 +288,9 @@ def saved_specialization(
     )
     if not complete or (settings is not None and saved != settings.to_dict()):
         return None
-    return SpecializationResult.load(analysis, RESULT_PREFIX)
+    result = SpecializationResult.load(analysis, RESULT_PREFIX)
+    # Likewise a runs table saved before a column was added: recompute rather than guess.
+    return result if set(RUN_COLUMNS) <= set(result.runs.columns) else None
 
 
 def _renamed(result: SpecializationResult, run_id: str) -> SpecializationResult:
@@ -333,7 +378,7 @@ def sweep_specialization(
     runs = combined.runs.copy()
     runs["run_dir"] = [str(r.run_dir) for r in rows]
     runs["val_accuracy"] = results["val_accuracy"].to_numpy()
-    summary = specialization_summary(runs, combined.verdict.consistency)
+    summary = specialization_summary(runs, combined.verdict.consistency, combined.division)
     return SweepSpecialization(runs, summary, combined, _notes(summary, runs))
 
 
@@ -482,43 +527,53 @@ def _with_overrides(
 
 
 def specialization_summary(
-    runs: pd.DataFrame, consistency: dict[str, dict[str, float]] | None = None
+    runs: pd.DataFrame,
+    consistency: dict[str, dict[str, float]] | None = None,
+    division: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """Per (task, n_heads): means and sample stds over seeds (columns :data:`SUMMARY_COLUMNS`).
+    """Per (task, n_heads): the verdict's graded numbers over seeds (:data:`SUMMARY_COLUMNS`).
 
     Args:
-        runs: The per-run table (``task, n_heads, frac_role, frac_redundant, frac_dead,
-            n_role, mean_top_effect, causal_selectivity, causal_null`` and ``val_accuracy`` or
-            ``accuracy``).
+        runs: The per-run table (:data:`~mhainterp.specialization.core.RUN_COLUMNS`; with
+            ``val_accuracy`` or ``accuracy``). Columns it lacks are NaN in the summary.
         consistency: ``"task/h"`` -> consistency summary (from the combined verdict).
+        division: The division indices per run and axis (``run, by, index, null_index``, as
+            :attr:`SpecializationResult.division`); the ``run`` names match ``runs``. Whether
+            a run is beyond the null is read from its ``specialized_along``.
 
     Example:
-        >>> runs = pd.DataFrame({"task": ["t", "t"], "n_heads": [2, 2], "frac_role": [0.5, 1.0],
-        ...     "frac_redundant": [0.0, 0.0], "frac_dead": [0.0, 0.0], "n_role": [1, 2],
-        ...     "mean_top_effect": [0.4, 0.6], "causal_selectivity": [float("nan")] * 2,
-        ...     "causal_null": [float("nan")] * 2, "accuracy": [0.9, 0.8]})
-        >>> table = specialization_summary(runs)
-        >>> table[["frac_role_mean", "accuracy_mean"]].round(3).values.tolist()
-        [[0.75, 0.85]]
+        >>> runs = pd.DataFrame({"run": ["a", "b"], "task": ["t", "t"], "n_heads": [2, 2],
+        ...     "n_relations": [1, 2], "frac_redundant": [0.0, 0.5], "accuracy": [0.9, 0.8],
+        ...     "specialized_along": ["token", ""]})
+        >>> division = pd.DataFrame({"run": ["a", "b"], "by": ["token"] * 2,
+        ...     "index": [0.3, 0.1], "null_index": [0.0, 0.02]})
+        >>> row = specialization_summary(runs, division=division).iloc[0]
+        >>> [float(row[c]) for c in ("n_relations_mean", "frac_redundant_mean",
+        ...                          "division_token_mean")]
+        [1.5, 0.25, 0.2]
+        >>> [int(row["division_token_n_defined"]), int(row["division_token_n_beyond"])]
+        [2, 1]
     """
     consistency = consistency or {}
-    accuracy = "val_accuracy" if "val_accuracy" in runs.columns else "accuracy"
+    runs = runs.copy()
+    if "val_accuracy" in runs.columns:
+        runs["accuracy"] = runs["val_accuracy"]
+    for column, _ in _GRADED:
+        if column not in runs.columns:
+            runs[column] = math.nan
+    division = division if division is not None and len(division) else None
     rows = []
     for (task, h), group in runs.groupby(["task", "n_heads"], sort=False):
         summary = consistency.get(group_key(task, int(h)), {})
         row: dict[str, Any] = {"task": task, "n_heads": int(h), "n_seeds": len(group)}
-        for column, name in [
-            (accuracy, "accuracy"),
-            ("frac_role", "frac_role"),
-            ("frac_redundant", "frac_redundant"),
-            ("causal_selectivity", "causal_selectivity"),
-        ]:
+        for column, name in _GRADED:
             stats = describe(group[column].dropna())
             row[f"{name}_mean"], row[f"{name}_std"] = stats["mean"], stats["std"]
-        row["n_role_mean"] = float(group["n_role"].mean())
-        row["frac_dead_mean"] = float(group["frac_dead"].mean())
-        row["mean_top_effect_mean"] = float(group["mean_top_effect"].mean())
-        row["causal_null_mean"] = float(group["causal_null"].mean())
+        row["n_seeds_with_relation"] = int((group["n_relations"].fillna(0) > 0).sum())
+        row.update(_division_summary(group, division))
+        row["causal_null_mean"] = (
+            float(group["causal_null"].mean()) if "causal_null" in group else math.nan
+        )
         row["consistency"] = summary.get("consistency", math.nan)
         row["random_matching"] = summary.get("random_matching", math.nan)
         row["null_shuffled"] = summary.get("null_shuffled", math.nan)
@@ -528,17 +583,35 @@ def specialization_summary(
     return table.sort_values(["task", "n_heads"], kind="stable", ignore_index=True)
 
 
-def _trend(summary: pd.DataFrame, column: str, label: str) -> str:
-    """A trend line, e.g. "share with a role 0.00 (h=1) -> 0.50 (h=8) — beyond the seed spread"."""
-    first, last = summary.iloc[0], summary.iloc[-1]
+def _division_summary(group: pd.DataFrame, division: pd.DataFrame | None) -> dict[str, float]:
+    """``division_{axis}_{mean,std,null,n,beyond}`` of one (task, h) group of runs."""
+    out: dict[str, float] = {}
+    mine = None if division is None else division[division["run"].isin(group["run"])]
+    along = group.get("specialized_along", pd.Series([""] * len(group))).fillna("").astype(str)
+    for axis in AXES:
+        rows = pd.DataFrame() if mine is None else mine[mine["by"] == axis]
+        index = rows["index"].dropna() if len(rows) else pd.Series(dtype=float)
+        stats = describe(index)
+        out[f"division_{axis}_mean"], out[f"division_{axis}_std"] = stats["mean"], stats["std"]
+        null = rows["null_index"].dropna() if len(rows) else pd.Series(dtype=float)
+        out[f"division_{axis}_null"] = float(null.mean()) if len(null) else math.nan
+        out[f"division_{axis}_n_measured"] = int(rows["run"].nunique()) if len(rows) else 0
+        out[f"division_{axis}_n_defined"] = len(index)
+        out[f"division_{axis}_n_beyond"] = int(sum(axis in a.split(",") for a in along))
+    return out
+
+
+def _trend(summary: pd.DataFrame, column: str, label: str) -> str | None:
+    """A trend line over the head counts where ``column`` is defined, e.g. "redundant share
+    0.00 (h=1) -> 0.50 ± 0.10 (h=8) — beyond the seed spread"; None with fewer than two."""
+    defined = summary[summary[f"{column}_mean"].notna()]
+    if len(defined) < 2:
+        return None
+    first, last = defined.iloc[0], defined.iloc[-1]
     mean_a, std_a = first[f"{column}_mean"], first[f"{column}_std"]
     mean_b, std_b = last[f"{column}_mean"], last[f"{column}_std"]
-
-    def fmt(mean: float, std: float) -> str:
-        return f"{mean:.2f}" if math.isnan(std) else f"{mean:.2f} ± {std:.2f}"
-
     text = (
-        f"{label} {fmt(mean_a, std_a)} (h={first['n_heads']}) -> {fmt(mean_b, std_b)} "
+        f"{label} {_fmt(mean_a, std_a)} (h={first['n_heads']}) -> {_fmt(mean_b, std_b)} "
         f"(h={last['n_heads']})"
     )
     rule = exceeds_seed_spread(mean_a, std_a, mean_b, std_b)
@@ -547,20 +620,35 @@ def _trend(summary: pd.DataFrame, column: str, label: str) -> str:
     return text + (" — beyond the seed spread" if rule else " — within the seed spread")
 
 
+_TRENDS = (
+    ("n_relations", "relations covered (a count)"),
+    ("heads_per_relation", "heads per relation (a count)"),
+    ("frac_backed_up", "backed-up share"),
+    ("frac_redundant", "redundant share"),
+    ("frac_dead", "dead share"),
+    ("accuracy", "accuracy"),
+    ("causal_selectivity", "causal selectivity"),
+)
+
+
 def _notes(summary: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
     notes = []
     for task, group in summary.groupby("task", sort=False):
         if len(group) < 2:
             notes.append(f"{task}: a single head count (h={group['n_heads'].iloc[0]}); no trend.")
             continue
-        parts = [
-            _trend(group, "frac_role", "share of heads with a distinct role"),
-            _trend(group, "frac_redundant", "share redundant"),
-            _trend(group, "accuracy", "accuracy"),
-        ]
-        if group["causal_selectivity_mean"].notna().any():
-            parts.append(_trend(group, "causal_selectivity", "causal selectivity"))
-        notes.append(f"{task}: " + "; ".join(parts) + ".")
+        parts = [_trend(group, column, label) for column, label in _TRENDS]
+        parts += [_trend(group, f"division_{axis}", f"division index by {axis}") for axis in AXES]
+        notes.append(f"{task}: " + "; ".join(p for p in parts if p) + ".")
+        for axis in AXES:
+            measured = group[group[f"division_{axis}_n_measured"] > 0]
+            if len(measured):
+                per_h = ", ".join(
+                    f"{int(r[f'division_{axis}_n_beyond'])}/{int(r[f'division_{axis}_n_measured'])}"
+                    f" seeds at h={r['n_heads']}"
+                    for _, r in measured.iterrows()
+                )
+                notes.append(f"{task}: division index by {axis} beyond its null in {per_h}.")
         with_consistency = group.dropna(subset=["consistency"])
         for row in with_consistency.itertuples(index=False):
             notes.append(
@@ -573,6 +661,7 @@ def _notes(summary: pd.DataFrame, runs: pd.DataFrame) -> list[str]:
     seeds = str(n.min()) if n.min() == n.max() else f"{n.min()}-{n.max()}"
     notes.append(
         f"Seeds per head count: {seeds}. '±' is the sample std over seeds; a change counts only "
-        "when the mean ± std bars of the two head counts do not overlap."
+        "when the mean ± std bars of the two head counts do not overlap. Counts (relations "
+        "covered, heads per relation) and shares (of all heads) are reported apart."
     )
     return notes
