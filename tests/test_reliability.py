@@ -332,6 +332,32 @@ def test_sigkilled_sweep_resumes_to_byte_identical_files(serial, tmp_path):
     assert leftovers == [], leftovers
 
 
+def test_a_child_killed_holding_the_progress_lock_does_not_hang_the_parent():
+    # The hang this guards against was seen in the test above: tqdm's lock is shared with a
+    # forked child, and a child SIGKILLed while holding it blocked the parent's next bar.
+    import threading
+
+    from tqdm.auto import tqdm
+
+    import mhainterp.sweep  # noqa: F401  (registers the at-fork hook)
+
+    tqdm.get_lock()  # the parent's lock exists before the fork, as with a sweep's bar
+    pid = os.fork()
+    if pid == 0:  # the child: take the lock, then die holding it
+        tqdm.get_lock().acquire()
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.waitpid(pid, 0)
+    done = threading.Event()
+
+    def make_a_bar() -> None:
+        with tqdm(total=1, disable=True):
+            pass
+        done.set()
+
+    threading.Thread(target=make_a_bar, daemon=True).start()
+    assert done.wait(10), "the parent's progress bar is stuck on a lock its dead child held"
+
+
 # ----- 6. locks -----------------------------------------------------------------------------------
 def _hold_lock(run_dir: Path, ready_w: int, go_r: int, then=None) -> None:
     lock = RunLock(run_dir)

@@ -4,7 +4,9 @@
 - :mod:`~mhainterp.sweep.executors`: how runs are trained: ``"local"``, ``"batched"`` (several
   runs per step on every CPU) and ``"ray"``; :data:`EXECUTORS` names them all, nothing
   registers itself on import;
-- :mod:`~mhainterp.sweep.summary`: :func:`summarize`, the seed table and comparisons.
+- :mod:`~mhainterp.sweep.summary`: :func:`summarize`, the seed table and comparisons;
+- :mod:`~mhainterp.sweep.fork_safety`: forked children get a tqdm lock of their own, so a
+  killed worker cannot leave the parent's progress bars waiting forever.
 
 Example:
     >>> df = run_sweep("reverse", n_heads=[1, 4, 8], seeds=[0, 1, 2])  # doctest: +SKIP

@@ -30,6 +30,7 @@ from tqdm.auto import tqdm
 
 from mhainterp.config import ModelConfig, SweepConfig, TrainConfig
 from mhainterp.io import RunLock, ensure_writable_dir, read_json, write_csv, write_json
+from mhainterp.sweep import fork_safety  # noqa: F401  (forked workers: a tqdm lock of their own)
 from mhainterp.tasks import Task, get_task
 from mhainterp.training import build_model, is_finished_run, train
 from mhainterp.validation import check_option
