@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -196,6 +197,8 @@ def capture_activations(
     """One forward pass that keeps only the named activations (``run_with_hooks``).
 
     Unlike ``run_with_cache`` nothing else is stored, and the hooks are removed afterwards.
+    The pass stops once the last named activation is known: what comes after it (for patterns,
+    the value mixing, the MLP and the unembedding) would be computed for nothing.
 
     Example:
         >>> from mhainterp.handbuilt import handbuilt_model
@@ -208,14 +211,25 @@ def capture_activations(
     if unknown:
         raise ValueError(f"unknown hook names {unknown}; e.g. 'blocks.0.attn.hook_pattern'")
     store: dict[str, Tensor] = {}
+    wanted = set(names)
 
     def keep(activation: Tensor, hook: Any) -> None:
         store[hook.name] = activation.detach()
+        if len(store) == len(wanted):
+            raise _CapturedAllError
 
-    model.run_with_hooks(
-        tokens, padding_mask=padding_mask, return_type=None, fwd_hooks=[(n, keep) for n in names]
-    )
+    with suppress(_CapturedAllError):
+        model.run_with_hooks(
+            tokens,
+            padding_mask=padding_mask,
+            return_type=None,
+            fwd_hooks=[(n, keep) for n in wanted],
+        )
     return store
+
+
+class _CapturedAllError(Exception):
+    """Raised by :func:`capture_activations`' hook once every named activation is stored."""
 
 
 def run_patterns(

@@ -12,6 +12,7 @@ import torch
 from mhainterp import division_of_labour
 from mhainterp.handbuilt_split import split_batch, split_heads_model
 from mhainterp.specialization import DivisionResult, target_damage
+from mhainterp.specialization.damage import _small_unique
 from mhainterp.specialization.division import (
     HEADS_COLUMNS,
     INDEX_COLUMNS,
@@ -314,3 +315,26 @@ def test_division_vs_heads_figure_draws_every_axis():
     assert line.get_ydata().tolist() == pytest.approx([0.15, 0.55])
     with pytest.raises(ValueError, match="missing columns"):
         division_vs_heads(table.drop(columns="null_index"))
+
+
+def test_many_heads_each_serving_one_token_are_all_specialized():
+    # 24 heads x 3 axes = 72 tests: with the p-value floor 1/1001 of 1000 draws, Holm's
+    # smallest adjusted p would be 72/1001 = 0.072 and no head could pass; the draws are
+    # raised to 2 * 72 / alpha = 2880 so the floor sits below alpha / 2.
+    n = 24
+    model = split_heads_model([("query", [t]) for t in range(n)], d_vocab=n + 1, d_head=25)
+    result = division_of_labour(
+        model, split_batch(512, d_vocab=n + 1), "token,position,target_class",
+        method="zero", n_init=0,
+    )  # fmt: skip
+    token = result.heads.query("by == 'token'")
+    assert token["specialized"].all()
+    assert token["serves"].tolist() == [str(t) for t in range(n)]
+    assert not result.heads.query("by != 'token'")["specialized"].any()
+    assert result.settings["n_null_draws"] == 2880
+
+
+def test_small_unique_is_torch_unique_for_ids():
+    ids = torch.tensor([5, 2, 5, 9, 2])
+    unique, inverse = _small_unique(ids)
+    assert unique.tolist() == [2, 5, 9] and inverse.tolist() == [1, 0, 1, 2, 0]

@@ -150,12 +150,15 @@ def _capture_z(model: Any, batch: Batch, max_rows: int) -> list[Float[Tensor, "m
 
     def keep(z: Tensor, hook: Any, layer: int) -> None:
         chunks[layer].append(z.detach())
+        if layer == n_layers - 1:  # the rest of the forward is not needed
+            raise _PrefixDoneError
 
     hooks = [(f"blocks.{lay}.attn.hook_z", partial(keep, layer=lay)) for lay in range(n_layers)]
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         for start in range(0, len(batch), max_rows):
             part = batch[start : start + max_rows]
-            model.logits(part.tokens, part.padding_mask)
+            with suppress(_PrefixDoneError):
+                model.logits(part.tokens, part.padding_mask)
     return [torch.cat(layer_chunks) for layer_chunks in chunks]
 
 
@@ -304,7 +307,9 @@ def _mask_hook(
 
 
 class _PrefixDoneError(Exception):
-    """Raised by the prefix hook once layer ``first``'s ``hook_z`` is known."""
+    """Raised by a capture hook once the last ``hook_z`` it needs is known (the clean prefix
+    of layer ``first``, or every layer's z for the replacement): the rest of the forward is
+    not needed."""
 
 
 def _clean_resid_and_z(

