@@ -102,6 +102,12 @@ position) and relation template of the task, the share of attention on the templ
 scored queries with that value, over the first ``n_attention`` (256) sequences (patterns from
 capture's :func:`~mhainterp.capture.iter_patterns`): where a head looks for each token.
 
+Modules: this one computes (settings, the engine pass, the nulls, the tables);
+:mod:`~mhainterp.specialization.division_result` holds the result, its columns and its files;
+:mod:`~mhainterp.specialization.division_attention` the attention-side view;
+:mod:`~mhainterp.specialization.selectivity` the indices and nulls; and
+:mod:`~mhainterp.specialization.damage` the per-triple damage.
+
 Shapes: H heads (all layers), N scored triples, K values of an axis, M permutations, C = 1 + H
 configurations, n sequences, T positions, k targets.
 
@@ -117,10 +123,8 @@ Example:
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -132,11 +136,19 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from mhainterp.ablation import Method, check_method
-from mhainterp.capture import iter_patterns
 from mhainterp.data import Data, as_batch, batch_for_model, target_names
-from mhainterp.io import read_json, write_csv, write_json
 from mhainterp.specialization.corrections import CORRECTIONS, adjust_pvalues
 from mhainterp.specialization.damage import TripleDamage, triple_damage
+from mhainterp.specialization.division_attention import ATTENTION_AXES, attention_view
+from mhainterp.specialization.division_result import (
+    ATTENTION_COLUMNS,
+    HEADS_COLUMNS,
+    INDEX_COLUMNS,
+    PROFILE_COLUMNS,
+    DivisionResult,
+    join_columns,
+    saved_division,
+)
 from mhainterp.specialization.nulls import init_models, matched_seeds
 from mhainterp.specialization.selectivity import (
     division_index,
@@ -148,6 +160,7 @@ from mhainterp.tasks import Batch, Task
 from mhainterp.validation import check_float, check_int, check_option, invalid
 
 __all__ = [
+    "ATTENTION_AXES",
     "AXES",
     "DIVISION_DEFAULTS",
     "HEADS_COLUMNS",
@@ -166,8 +179,6 @@ __all__ = [
 
 AXES: tuple[str, ...] = ("token", "position", "target_class", "target")
 """The axes of :func:`division_of_labour` (see the module docstring)."""
-ATTENTION_AXES: tuple[str, ...] = ("token", "position")
-"""Axes of the attention-side view (a query has one token and one position)."""
 
 DIVISION_DEFAULTS: dict[str, Any] = {
     "method": "mean",
@@ -187,55 +198,7 @@ DIVISION_DEFAULTS: dict[str, Any] = {
 }
 """Default thresholds (see the module docstring for what each gate means)."""
 
-HEADS_COLUMNS = [
-    "head_label",
-    "layer",
-    "head",
-    "by",
-    "selectivity",
-    "null_mean",
-    "p_adj",
-    "specialized",
-    "serves",
-    "total_damage",
-    "loss_increase",
-    "p",
-    "null_init_mean",
-    "n_values",
-]
-"""Columns of :attr:`DivisionResult.heads`, one row per head and axis."""
 DERIVED = ("p_adj", "specialized", "serves")  # heads columns computed over all axes at once
-INDEX_COLUMNS = [
-    "by",
-    "index",
-    "null_index",
-    "p",
-    "divided",
-    "null_index_std",
-    "null_init_index",
-    "n_damaging",
-    "n_values",
-]
-"""Columns of :attr:`DivisionResult.index`, one row per axis."""
-PROFILE_COLUMNS = [
-    "head_label",
-    "layer",
-    "head",
-    "by",
-    "value",
-    "n_scored",
-    "clean_accuracy",
-    "ablated_accuracy",
-    "damage",
-    "loss_increase",
-    "in_index",
-]
-"""Columns of :attr:`DivisionResult.profiles`: the head x value table (``damage`` unclipped)."""
-ATTENTION_COLUMNS = ["head_label", "layer", "head", "by", "value", "relation", "mass", "n_queries"]
-"""Columns of :attr:`DivisionResult.attention`."""
-
-PREFIX = "division"
-TABLES = ("heads", "index", "profiles", "attention")
 
 
 NULLS = ("normal", "exact")
@@ -391,162 +354,6 @@ def _observed_only(
     return out
 
 
-# ----------------------------------------------------------------------------- attention view
-
-
-def _attention_view(
-    model: Any, batch: Batch, relations: Any, axes: Sequence[str], td: TripleDamage
-) -> pd.DataFrame:
-    """Share of attention on each relation template at the scored queries of each value."""
-    axes = [a for a in axes if a in ATTENTION_AXES]
-    if relations is None or not axes:
-        return pd.DataFrame(columns=ATTENTION_COLUMNS)
-    tokens, mask = batch.tokens.cpu(), batch.padding_mask.cpu()
-    if isinstance(relations, Task):
-        templates = relations.relations(tokens, mask)
-    elif callable(relations):
-        templates = dict(relations(tokens, mask))
-    else:  # aligned with the whole batch: keep the rows of the sequences used here
-        templates = {name: t[: len(tokens)] for name, t in dict(relations).items()}
-    if not templates:
-        return pd.DataFrame(columns=ATTENTION_COLUMNS)
-    names = list(templates)
-    stacked = torch.stack([templates[n].float().cpu() for n in names])  # (R, n, T, T)
-    queries = (batch.scored.any(-1) & batch.padding_mask).cpu()  # (n, T)
-    # A query counts for a relation when it is scored and the template marks a key for it.
-    rows = (queries[None] & (stacked.sum(-1) > 0)).float()  # (R, n, T)
-    T = tokens.shape[1]
-    axis_of = {"token": tokens, "position": torch.arange(T).expand_as(tokens)}
-    value_ids = {a: torch.tensor([int(v) for v in td.value_names[a]]) for a in axes}
-    # Every axis's values side by side (K_all = sum of the axes' K), so one einsum serves all.
-    weights = (
-        torch.cat([(axis_of[a][..., None] == value_ids[a]).float() for a in axes], -1)[None]
-        * rows[..., None]
-    )  # (R, n, T, K_all): the query's value, at the queries that count
-    total = torch.zeros(len(names), model.cfg.n_layers, model.cfg.n_heads, weights.shape[-1])
-    total = total.double()  # (R, L, h, K_all); float32 products, float64 sums over batches
-    for part in iter_patterns(model, tokens, mask):
-        window = slice(part.start, part.start + part.tokens.shape[0])
-        on = torch.einsum("blhqk,rbqk->rblhq", part.patterns.float().cpu(), stacked[:, window])
-        total += torch.einsum("rblhq,rbqv->rlhv", on, weights[:, window]).double()
-    offsets = np.cumsum([0] + [len(value_ids[a]) for a in axes])
-    span = {a: slice(offsets[i], offsets[i + 1]) for i, a in enumerate(axes)}
-    counts_all = weights.sum((1, 2)).double()  # (R, K_all)
-    sums = {a: total[..., span[a]] for a in axes}
-    H = len(td.pairs)
-    labels = np.array(td.heads, dtype=object)
-    layers = np.array([layer for layer, _ in td.pairs], dtype=int)
-    head_ids = np.array([head for _, head in td.pairs], dtype=int)
-    label_rank = np.argsort(np.argsort(labels, kind="stable"), kind="stable")  # string order
-    relation_rank = np.argsort(np.argsort(np.array(names, dtype=object), kind="stable"))
-    parts = []
-    for axis in sorted(axes):  # rows sorted by (by, head_label, relation), then value
-        n_q = counts_all[:, span[axis]]  # (R, K)
-        means = (sums[axis] / n_q.clamp(min=1)[:, None, None]).flatten(1, 2)  # (R, H, K)
-        R, _, K = means.shape
-        r, h, v = (n_q > 0)[:, None, :].expand(R, H, K).nonzero(as_tuple=True)
-        r, h, v = r.numpy(), h.numpy(), v.numpy()
-        order = np.lexsort((v, relation_rank[r], label_rank[h]))
-        r, h, v = r[order], h[order], v[order]
-        parts.append(
-            {
-                "head_label": labels[h], "layer": layers[h], "head": head_ids[h], "by": axis,
-                "value": np.array(td.value_names[axis], dtype=object)[v],
-                "relation": np.array(names, dtype=object)[r],
-                "mass": means[r, h, v].numpy(), "n_queries": n_q[r, v].numpy().astype(int),
-            }
-        )  # fmt: skip
-    return pd.DataFrame(_columns(parts, ATTENTION_COLUMNS), columns=ATTENTION_COLUMNS)
-
-
-# ----------------------------------------------------------------------------- result
-
-
-@dataclass
-class DivisionResult:
-    """What :func:`division_of_labour` returns (tables described in the module docstring).
-
-    Attributes:
-        heads: One row per head and axis, columns :data:`HEADS_COLUMNS`.
-        index: One row per axis, columns :data:`INDEX_COLUMNS`.
-        profiles: Head x value damage, columns :data:`PROFILE_COLUMNS`.
-        attention: Template mass per head, value and relation, :data:`ATTENTION_COLUMNS`.
-        settings: The thresholds used.
-        skipped: Axes asked for that do not apply, and why.
-    """
-
-    heads: pd.DataFrame
-    index: pd.DataFrame
-    profiles: pd.DataFrame
-    attention: pd.DataFrame
-    settings: dict[str, Any] = field(default_factory=dict)
-    skipped: dict[str, str] = field(default_factory=dict)
-
-    def summary_line(self) -> str:
-        """``token 0.42 (null 0.01, p 0.001); position ...``: the index per axis vs its null."""
-        parts = []
-        for row in self.index.itertuples(index=False):
-            if math.isnan(row.index):
-                parts.append(f"{row.by} n/a ({row.n_damaging} damaging head(s))")
-                continue
-            mark = " divided" if row.divided else ""
-            parts.append(
-                f"{row.by} {row.index:.2f} (null {row.null_index:.2f}, p {row.p:.2g}){mark}"
-            )
-        return "division index: " + ("; ".join(parts) if parts else "no axis applies")
-
-    def save(self, folder: str | os.PathLike[str], prefix: str = PREFIX) -> list[Path]:
-        """Write ``{prefix}_{table}.csv`` per table and ``{prefix}.json`` (settings, skipped
-        axes) into ``folder``, atomically; the JSON is written last, so its presence means the
-        set is complete."""
-        folder = Path(folder)
-        paths = [write_csv(folder / f"{prefix}_{name}.csv", getattr(self, name)) for name in TABLES]
-        meta = {"settings": self.settings, "skipped": self.skipped}
-        return [*paths, write_json(folder / f"{prefix}.json", meta)]
-
-    @classmethod
-    def load(cls, folder: str | os.PathLike[str], prefix: str = PREFIX) -> DivisionResult:
-        """Read back what :meth:`save` wrote.
-
-        Raises:
-            FileNotFoundError: A file is missing (the message names it and the command).
-        """
-        folder = Path(folder)
-        for path in [folder / f"{prefix}.json", *(folder / f"{prefix}_{n}.csv" for n in TABLES)]:
-            if not path.is_file():
-                raise FileNotFoundError(
-                    f"{path} is missing: the division of labour has not been saved here; run "
-                    f"`mhainterp specialize {folder.parent}`"
-                )
-        meta = read_json(folder / f"{prefix}.json")
-        tables = {}
-        for name in TABLES:
-            frame = pd.read_csv(folder / f"{prefix}_{name}.csv", dtype={"value": str})
-            if "serves" in frame.columns:
-                frame["serves"] = frame["serves"].fillna("").astype(str)
-            tables[name] = frame
-        return cls(**tables, settings=meta["settings"], skipped=meta.get("skipped", {}))
-
-
-def saved_division(
-    run_dir: str | os.PathLike[str], request: Mapping[str, Any] | None = None
-) -> DivisionResult | None:
-    """A run's saved division of labour (``run_dir/analysis/division_*``), or None when there
-    is none or it was made otherwise than ``request`` (:func:`division_request`; None: any).
-
-    Example:
-        >>> saved_division("runs/rev/runs/h4_seed0") is None  # doctest: +SKIP
-        False
-    """
-    try:
-        saved = DivisionResult.load(Path(run_dir) / "analysis")
-    except FileNotFoundError:
-        return None
-    if request is not None and any(saved.settings.get(k) != v for k, v in request.items()):
-        return None
-    return saved
-
-
 # ----------------------------------------------------------------------------- entry point
 
 
@@ -650,7 +457,7 @@ def division_of_labour(
         per_axis[axis] = _axis_stats(profile, null_means[axis], counts >= s.min_count, defined)
     result = _tables(td, onehots, per_axis, init, defined, s)
     relations = data if relations is None and isinstance(data, Task) else relations
-    attention = _attention_view(model, batch[: s.n_attention], relations, axes, td)
+    attention = attention_view(model, batch[: s.n_attention], relations, axes, td)
     meta = {**s.__dict__, "by_asked": _normalise_by(by), "by": list(axes), "damage_gate": gate}
     meta["n_null_draws"] = n_draws
     return DivisionResult(*result, attention=attention, settings=meta, skipped=skipped)
@@ -706,21 +513,6 @@ def _served(st: _AxisStats, values: list[str], s: _Settings) -> list[str]:
     z_crit = float(stats.norm.ppf(1 - s.alpha / int(st.keep.sum())))
     serves = st.keep & (profile >= s.serve_share * largest[:, None]) & (st.z >= z_crit)
     return [",".join(values[v] for v in row.nonzero()[:, 0].tolist()) for row in serves]
-
-
-def _columns(parts: list[dict[str, Any]], names: list[str]) -> dict[str, np.ndarray]:
-    """Per-axis column dicts (arrays, or scalars repeated to the part's length) joined column
-    by column, so that each table is one DataFrame construction (costly with pandas' string
-    columns) instead of one per axis."""
-    out = {}
-    for name in names:
-        pieces = []
-        for part in parts:
-            length = len(next(v for v in part.values() if isinstance(v, np.ndarray)))
-            value = part[name]
-            pieces.append(value if isinstance(value, np.ndarray) else np.full(length, value))
-        out[name] = np.concatenate(pieces) if pieces else np.array([])
-    return out
 
 
 def _tables(
@@ -779,7 +571,7 @@ def _tables(
                 "n_damaging": int(defined.sum()), "n_values": K,
             }
         )  # fmt: skip
-    heads = _columns(heads_parts, [c for c in HEADS_COLUMNS if c not in DERIVED] + ["served"])
+    heads = join_columns(heads_parts, [c for c in HEADS_COLUMNS if c not in DERIVED] + ["served"])
     heads["p_adj"] = adjust_pvalues(heads["p"].astype(float), s.correction)
     gain = heads["selectivity"] - np.fmax(heads["null_mean"], heads["null_init_mean"])
     with np.errstate(invalid="ignore"):  # NaN selectivity: never specialized
@@ -789,5 +581,5 @@ def _tables(
     return (
         pd.DataFrame(heads, columns=HEADS_COLUMNS),
         pd.DataFrame(index_rows, columns=INDEX_COLUMNS),
-        pd.DataFrame(_columns(profile_parts, PROFILE_COLUMNS), columns=PROFILE_COLUMNS),
+        pd.DataFrame(join_columns(profile_parts, PROFILE_COLUMNS), columns=PROFILE_COLUMNS),
     )

@@ -1,0 +1,178 @@
+"""What :func:`~mhainterp.specialization.division.division_of_labour` returns: its tables'
+columns, the result with its save and load, and the lookup of a run's saved result.
+
+Shapes: H heads, K values of an axis.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from mhainterp.io import read_json, write_csv, write_json
+
+__all__ = [
+    "ATTENTION_COLUMNS",
+    "HEADS_COLUMNS",
+    "INDEX_COLUMNS",
+    "PROFILE_COLUMNS",
+    "DivisionResult",
+    "join_columns",
+    "saved_division",
+]
+
+HEADS_COLUMNS = [
+    "head_label",
+    "layer",
+    "head",
+    "by",
+    "selectivity",
+    "null_mean",
+    "p_adj",
+    "specialized",
+    "serves",
+    "total_damage",
+    "loss_increase",
+    "p",
+    "null_init_mean",
+    "n_values",
+]
+"""Columns of :attr:`DivisionResult.heads`, one row per head and axis."""
+INDEX_COLUMNS = [
+    "by",
+    "index",
+    "null_index",
+    "p",
+    "divided",
+    "null_index_std",
+    "null_init_index",
+    "n_damaging",
+    "n_values",
+]
+"""Columns of :attr:`DivisionResult.index`, one row per axis."""
+PROFILE_COLUMNS = [
+    "head_label",
+    "layer",
+    "head",
+    "by",
+    "value",
+    "n_scored",
+    "clean_accuracy",
+    "ablated_accuracy",
+    "damage",
+    "loss_increase",
+    "in_index",
+]
+"""Columns of :attr:`DivisionResult.profiles`: the head x value table (``damage`` unclipped)."""
+ATTENTION_COLUMNS = ["head_label", "layer", "head", "by", "value", "relation", "mass", "n_queries"]
+"""Columns of :attr:`DivisionResult.attention`."""
+
+PREFIX = "division"
+TABLES = ("heads", "index", "profiles", "attention")
+
+
+def join_columns(parts: list[dict[str, Any]], names: list[str]) -> dict[str, np.ndarray]:
+    """Per-axis column dicts (arrays, or scalars repeated to the part's length) joined column
+    by column, so that each table is one DataFrame construction (costly with pandas' string
+    columns) instead of one per axis."""
+    out = {}
+    for name in names:
+        pieces = []
+        for part in parts:
+            length = len(next(v for v in part.values() if isinstance(v, np.ndarray)))
+            value = part[name]
+            pieces.append(value if isinstance(value, np.ndarray) else np.full(length, value))
+        out[name] = np.concatenate(pieces) if pieces else np.array([])
+    return out
+
+
+@dataclass
+class DivisionResult:
+    """What :func:`division_of_labour` returns (tables described in the module docstring).
+
+    Attributes:
+        heads: One row per head and axis, columns :data:`HEADS_COLUMNS`.
+        index: One row per axis, columns :data:`INDEX_COLUMNS`.
+        profiles: Head x value damage, columns :data:`PROFILE_COLUMNS`.
+        attention: Template mass per head, value and relation, :data:`ATTENTION_COLUMNS`.
+        settings: The thresholds used.
+        skipped: Axes asked for that do not apply, and why.
+    """
+
+    heads: pd.DataFrame
+    index: pd.DataFrame
+    profiles: pd.DataFrame
+    attention: pd.DataFrame
+    settings: dict[str, Any] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def summary_line(self) -> str:
+        """``token 0.42 (null 0.01, p 0.001); position ...``: the index per axis vs its null."""
+        parts = []
+        for row in self.index.itertuples(index=False):
+            if math.isnan(row.index):
+                parts.append(f"{row.by} n/a ({row.n_damaging} damaging head(s))")
+                continue
+            mark = " divided" if row.divided else ""
+            parts.append(
+                f"{row.by} {row.index:.2f} (null {row.null_index:.2f}, p {row.p:.2g}){mark}"
+            )
+        return "division index: " + ("; ".join(parts) if parts else "no axis applies")
+
+    def save(self, folder: str | os.PathLike[str], prefix: str = PREFIX) -> list[Path]:
+        """Write ``{prefix}_{table}.csv`` per table and ``{prefix}.json`` (settings, skipped
+        axes) into ``folder``, atomically; the JSON is written last, so its presence means the
+        set is complete."""
+        folder = Path(folder)
+        paths = [write_csv(folder / f"{prefix}_{name}.csv", getattr(self, name)) for name in TABLES]
+        meta = {"settings": self.settings, "skipped": self.skipped}
+        return [*paths, write_json(folder / f"{prefix}.json", meta)]
+
+    @classmethod
+    def load(cls, folder: str | os.PathLike[str], prefix: str = PREFIX) -> DivisionResult:
+        """Read back what :meth:`save` wrote.
+
+        Raises:
+            FileNotFoundError: A file is missing (the message names it and the command).
+        """
+        folder = Path(folder)
+        for path in [folder / f"{prefix}.json", *(folder / f"{prefix}_{n}.csv" for n in TABLES)]:
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"{path} is missing: the division of labour has not been saved here; run "
+                    f"`mhainterp specialize {folder.parent}`"
+                )
+        meta = read_json(folder / f"{prefix}.json")
+        tables = {}
+        for name in TABLES:
+            frame = pd.read_csv(folder / f"{prefix}_{name}.csv", dtype={"value": str})
+            if "serves" in frame.columns:
+                frame["serves"] = frame["serves"].fillna("").astype(str)
+            tables[name] = frame
+        return cls(**tables, settings=meta["settings"], skipped=meta.get("skipped", {}))
+
+
+def saved_division(
+    run_dir: str | os.PathLike[str], request: Mapping[str, Any] | None = None
+) -> DivisionResult | None:
+    """A run's saved division of labour (``run_dir/analysis/division_*``), or None when there
+    is none or it was made otherwise than ``request`` (:func:`division_request`; None: any).
+
+    Example:
+        >>> saved_division("runs/rev/runs/h4_seed0") is None  # doctest: +SKIP
+        False
+    """
+    try:
+        saved = DivisionResult.load(Path(run_dir) / "analysis")
+    except FileNotFoundError:
+        return None
+    if request is not None and any(saved.settings.get(k) != v for k, v in request.items()):
+        return None
+    return saved
