@@ -2,7 +2,8 @@
 
 For each task: train the head-count sweep (d_model 64, one attention-only layer; only h
 changes), look inside the first seed of every head count (capture, similarity, ablation:
-``mhainterp analyze``), run the specialization test on every run (role scores against the
+``mhainterp analyze``), the division of labour and the specialization test on every run (role
+scores against the
 permutation and initialisation nulls, causal selectivity, redundancy, cross-seed consistency),
 and write one report::
 
@@ -22,7 +23,7 @@ from mhainterp.analyze import analyze_run
 from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.demo import run_sweep_with_figures
 from mhainterp.report import write_report
-from mhainterp.specialization import SpecializationSettings, sweep_specialization
+from mhainterp.specialization import SpecializationSettings, specialize_folder
 from mhainterp.sweep import fastest_executor
 
 QUICK = {"n_heads": "1,2,4", "seeds": "0,1,2", "steps": 200, "n_eval": 128}
@@ -81,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             for h in args.analyze_heads or config.n_heads:
                 run_dir = sweep_dir / "runs" / f"h{h}_seed{seeds[0]}"
                 analyze_run(run_dir, n_eval=args.analyze_eval, progress=progress)
-        spec = sweep_specialization(sweep_dir, settings, progress=progress)
-        spec.save(sweep_dir)  # what the report reads
+        # The division of labour of every run, then the sweep's tables: what the report reads.
+        ((_, spec),) = specialize_folder(sweep_dir, settings, progress=progress)
         print(spec.to_markdown())
         print("\n".join(spec.result.verdict.lines))
     md, html = write_report(args.out, settings=settings)

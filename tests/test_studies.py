@@ -71,23 +71,22 @@ def test_specialization_study_plan(tmp_path, monkeypatch):
         calls.append(("analyze", run_dir.name, n_eval))
 
     def specialize(sweep, settings, progress):
+        # specialize_folder computes the division of labour and saves the sweep's tables
         calls.append(("specialize", sweep.name, settings.n_eval))
         verdict = SimpleNamespace(lines=["a verdict"])
-        save = lambda out: calls.append(("save", out))  # noqa: E731
-        return SimpleNamespace(to_markdown=lambda: "", result=SimpleNamespace(verdict=verdict),
-                               save=save)  # fmt: skip
+        spec = SimpleNamespace(to_markdown=lambda: "", result=SimpleNamespace(verdict=verdict))
+        return [(sweep, spec)]
 
     monkeypatch.setattr(study, "run_sweep_with_figures", sweep)
     monkeypatch.setattr(study, "analyze_run", analyze)
-    monkeypatch.setattr(study, "sweep_specialization", specialize)
+    monkeypatch.setattr(study, "specialize_folder", specialize)
     monkeypatch.setattr(study, "write_report", _report(calls))
     args = ["--out", str(tmp_path), "--tasks", "reverse", "--quick", "--executor", "local"]
     assert study.main([*args, "--quiet"]) == 0
     assert calls == [
         ("sweep", "reverse", tmp_path / "reverse"),
         ("analyze", "h4_seed0", 256),  # --quick: only the largest head count, seed 0
-        ("specialize", "reverse", 128),
-        ("save", tmp_path / "reverse"),  # saved before the report reads it
+        ("specialize", "reverse", 128),  # computed and saved before the report reads it
         ("report", tmp_path),
     ]
 
