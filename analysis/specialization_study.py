@@ -3,9 +3,8 @@
 For each task: train the head-count sweep (d_model 64, one attention-only layer; only h
 changes), look inside the first seed of every head count (capture, similarity, ablation:
 ``mhainterp analyze``), the division of labour and the specialization test on every run (role
-scores against the
-permutation and initialisation nulls, causal selectivity, redundancy, cross-seed consistency),
-and write one report::
+scores against the permutation and initialisation nulls, causal selectivity, redundancy,
+cross-seed consistency), and write one report::
 
     python analysis/specialization_study.py --out runs/specialization_study
     python analysis/specialization_study.py --quick      # a small smoke run (a minute or two)
