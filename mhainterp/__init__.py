@@ -6,44 +6,157 @@ answers are known, compare head counts across seeds, and look inside the heads.
     >>> from mhainterp import get_task, build_model, train, TrainConfig
     >>> task = get_task("reverse", seq_len=16, d_vocab=10)
     >>> result = train(build_model(task, n_heads=4), task, TrainConfig(steps=500))  # doctest: +SKIP
+
+Every name below is imported on first use (PEP 562), so ``import mhainterp`` and the
+``mhainterp`` command start without loading torch and TransformerLens until a name needs them
+(``mhainterp --help`` no longer waits for them, and Ctrl-C during that load is the command's
+own one-line message).
 """
 
-from mhainterp.ablation import (
-    Ablator,
-    ablate,
-    ablate_sets,
-    evaluate_head_sets,
-    head_importance,
-    pairwise_ablation,
-)
-from mhainterp.analyze import analyze_run
-from mhainterp.attribution import gradient_importance, prune_curve
-from mhainterp.capture import average_patterns, example_patterns, head_statistics
-from mhainterp.config import ModelConfig, SweepConfig, TrainConfig
-from mhainterp.data import as_batch
-from mhainterp.explore import explore
-from mhainterp.handbuilt import handbuilt_model
-from mhainterp.heads import format_heads, head_label, resolve_heads
-from mhainterp.model import HookedMHATransformer, MultiHeadAttention, TransformerBlock
-from mhainterp.report import write_report
-from mhainterp.similarity import (
-    cluster_heads,
-    cross_model_similarity,
-    head_map_mds,
-    head_similarity,
-    match_heads,
-)
-from mhainterp.specialization import (
-    division_of_labour,
-    specialization_test,
-    sweep_specialization,
-)
-from mhainterp.sweep import SweepSummary, run_sweep, summarize
-from mhainterp.tasks import Batch, Task, get_task, list_tasks, load_task_module, register_task
-from mhainterp.training import Run, build_model, evaluate, load_run, save_run, train
-from mhainterp.validation import ParameterError
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what static tools and IDEs see: the same names, imported eagerly
+    from mhainterp.ablation import (
+        Ablator,
+        ablate,
+        ablate_sets,
+        evaluate_head_sets,
+        head_importance,
+        pairwise_ablation,
+    )
+    from mhainterp.analyze import (
+        analyze_run,
+    )
+    from mhainterp.attribution import (
+        gradient_importance,
+        prune_curve,
+    )
+    from mhainterp.capture import (
+        average_patterns,
+        example_patterns,
+        head_statistics,
+    )
+    from mhainterp.config import (
+        ModelConfig,
+        SweepConfig,
+        TrainConfig,
+    )
+    from mhainterp.data import (
+        as_batch,
+    )
+    from mhainterp.explore import (
+        explore,
+    )
+    from mhainterp.handbuilt import (
+        handbuilt_model,
+    )
+    from mhainterp.heads import (
+        format_heads,
+        head_label,
+        resolve_heads,
+    )
+    from mhainterp.model import (
+        HookedMHATransformer,
+        MultiHeadAttention,
+        TransformerBlock,
+    )
+    from mhainterp.report import (
+        write_report,
+    )
+    from mhainterp.similarity import (
+        cluster_heads,
+        cross_model_similarity,
+        head_map_mds,
+        head_similarity,
+        match_heads,
+    )
+    from mhainterp.specialization import (
+        division_of_labour,
+        specialization_test,
+        sweep_specialization,
+    )
+    from mhainterp.sweep import (
+        SweepSummary,
+        run_sweep,
+        summarize,
+    )
+    from mhainterp.tasks import (
+        Batch,
+        Task,
+        get_task,
+        list_tasks,
+        load_task_module,
+        register_task,
+    )
+    from mhainterp.training import (
+        Run,
+        build_model,
+        evaluate,
+        load_run,
+        save_run,
+        train,
+    )
+    from mhainterp.validation import (
+        ParameterError,
+    )
 
 __version__ = "0.1.0"
+
+_EXPORTS: dict[str, str] = {
+    "ablate": "mhainterp.ablation",
+    "ablate_sets": "mhainterp.ablation",
+    "Ablator": "mhainterp.ablation",
+    "evaluate_head_sets": "mhainterp.ablation",
+    "head_importance": "mhainterp.ablation",
+    "pairwise_ablation": "mhainterp.ablation",
+    "analyze_run": "mhainterp.analyze",
+    "gradient_importance": "mhainterp.attribution",
+    "prune_curve": "mhainterp.attribution",
+    "average_patterns": "mhainterp.capture",
+    "example_patterns": "mhainterp.capture",
+    "head_statistics": "mhainterp.capture",
+    "ModelConfig": "mhainterp.config",
+    "SweepConfig": "mhainterp.config",
+    "TrainConfig": "mhainterp.config",
+    "as_batch": "mhainterp.data",
+    "explore": "mhainterp.explore",
+    "handbuilt_model": "mhainterp.handbuilt",
+    "format_heads": "mhainterp.heads",
+    "head_label": "mhainterp.heads",
+    "resolve_heads": "mhainterp.heads",
+    "HookedMHATransformer": "mhainterp.model",
+    "MultiHeadAttention": "mhainterp.model",
+    "TransformerBlock": "mhainterp.model",
+    "write_report": "mhainterp.report",
+    "cluster_heads": "mhainterp.similarity",
+    "cross_model_similarity": "mhainterp.similarity",
+    "head_map_mds": "mhainterp.similarity",
+    "head_similarity": "mhainterp.similarity",
+    "match_heads": "mhainterp.similarity",
+    "division_of_labour": "mhainterp.specialization",
+    "specialization_test": "mhainterp.specialization",
+    "sweep_specialization": "mhainterp.specialization",
+    "run_sweep": "mhainterp.sweep",
+    "summarize": "mhainterp.sweep",
+    "SweepSummary": "mhainterp.sweep",
+    "Batch": "mhainterp.tasks",
+    "get_task": "mhainterp.tasks",
+    "list_tasks": "mhainterp.tasks",
+    "load_task_module": "mhainterp.tasks",
+    "register_task": "mhainterp.tasks",
+    "Task": "mhainterp.tasks",
+    "build_model": "mhainterp.training",
+    "evaluate": "mhainterp.training",
+    "load_run": "mhainterp.training",
+    "Run": "mhainterp.training",
+    "save_run": "mhainterp.training",
+    "train": "mhainterp.training",
+    "ParameterError": "mhainterp.validation",
+}
+"""Public name -> the module that defines it."""
 
 __all__ = [
     "Ablator",
@@ -96,3 +209,22 @@ __all__ = [
     "summarize",
     "train",
 ]
+
+
+# ``explore`` is also the name of a subpackage: importing that subpackage (the CLI does) sets
+# ``mhainterp.explore`` to the module unless the function is bound here first, as it always was.
+from mhainterp.explore import explore  # noqa: E402  (light: the explorer loads on use)
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first use (and keep the name here after that)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mhainterp' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

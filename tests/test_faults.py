@@ -121,8 +121,7 @@ def test_ctrl_c_in_sweep_is_one_line_exit_130_and_resumable(reference, tmp_path,
     ref, _ = reference
     out = tmp_path / executor
     process = _sweep(out, "--executor", executor)
-    # Interrupt once training runs (Ctrl-C while Python still imports torch, before the
-    # command starts, shows Python's own traceback).
+    # Interrupt once training runs (Ctrl-C during the imports: the next test).
     while not (out / "sweep.log").is_file():
         assert process.poll() is None, process.stderr.read()
         time.sleep(0.05)
@@ -140,6 +139,19 @@ def test_ctrl_c_in_sweep_is_one_line_exit_130_and_resumable(reference, tmp_path,
     # float tolerance only, so it is compared with a local reference.
     expected = ref if executor == "batched" else request.getfixturevalue("reference_local")
     assert _run_files(out) == _run_files(expected)
+
+
+@pytest.mark.parametrize("delay", [0.4, 1.0, 2.0])
+def test_ctrl_c_while_the_command_still_imports_is_one_line_exit_130(tmp_path, delay):
+    # Building the parser imports torch and TransformerLens (seconds on this machine): a
+    # Ctrl-C then used to show Python's traceback. At any of these moments it is one line.
+    process = _sweep(tmp_path / "sweep")
+    time.sleep(delay)
+    process.send_signal(signal.SIGINT)
+    code, _, err = _finish(process, timeout=60)
+    lines = err.strip().splitlines()
+    assert code == 130, err
+    assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err, err
 
 
 def test_ctrl_c_in_the_interactive_ablate_session(reference, tmp_path):

@@ -60,7 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mhainterp`` console script."""
-    parser = build_parser()
+    try:  # building the parser imports torch and TransformerLens: seconds a Ctrl-C can hit
+        parser = build_parser()
+    except KeyboardInterrupt:
+        if os.environ.get("MHAINTERP_DEBUG"):
+            raise
+        print("mhainterp: interrupted", file=sys.stderr)
+        return 130
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -23,13 +23,30 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mhainterp.explore.app import BadRequestError, Explorer
-from mhainterp.explore.session import ExploreSession
+if TYPE_CHECKING:
+    from mhainterp.explore.app import BadRequestError, Explorer
+    from mhainterp.explore.session import ExploreSession
 
 __all__ = ["BadRequestError", "ExploreSession", "Explorer", "explore"]
+
+_LAZY = {
+    "BadRequestError": "mhainterp.explore.app",
+    "Explorer": "mhainterp.explore.app",
+    "ExploreSession": "mhainterp.explore.session",
+}
+"""Imported on first use: ``import mhainterp`` binds :func:`explore` (this package's name at
+the top level) without loading the server and the ablation code behind it."""
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mhainterp.explore' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 def explore(run: Any, task: Any = None, *, n_eval: int = 1024, method: str = "zero") -> Any:
@@ -50,6 +67,7 @@ def explore(run: Any, task: Any = None, *, n_eval: int = 1024, method: str = "ze
         >>> task = get_task("previous_token", seq_len=16, d_vocab=10)
         >>> view = explore(handbuilt_model(["previous", "uniform"]), task)  # doctest: +SKIP
     """
+    from mhainterp.explore.app import Explorer
     from mhainterp.explore.results import SavedResults
     from mhainterp.training import Run
 

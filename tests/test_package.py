@@ -1,0 +1,23 @@
+"""The package's top level: every public name resolves, and importing it is light."""
+
+import importlib
+import subprocess
+import sys
+
+import mhainterp
+
+
+def test_every_public_name_resolves_to_its_module():
+    assert sorted(mhainterp.__all__) == sorted(mhainterp._EXPORTS)
+    for name in mhainterp.__all__:
+        module = importlib.import_module(mhainterp._EXPORTS[name])
+        assert getattr(mhainterp, name) is getattr(module, name), name
+    assert set(mhainterp.__all__) <= set(dir(mhainterp))
+
+
+def test_importing_the_package_and_the_command_loads_no_torch():
+    # The command builds its parser (and imports torch) inside main, where Ctrl-C is handled.
+    code = "import sys, mhainterp, mhainterp.cli; print('torch' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"
