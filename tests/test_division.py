@@ -338,3 +338,24 @@ def test_small_unique_is_torch_unique_for_ids():
     ids = torch.tensor([5, 2, 5, 9, 2])
     unique, inverse = _small_unique(ids)
     assert unique.tolist() == [2, 5, 9] and inverse.tolist() == [1, 0, 1, 2, 0]
+
+
+def test_causal_selectivity_draws_enough_for_holm_over_many_heads():
+    # 60 heads, each wholly serving one of two targets: every p is at the floor 1 / (1 + M).
+    # With M = 1000 Holm's smallest adjusted p would be 60/1001 > 0.05; the draws are raised
+    # to 2 * 60 / 0.05 = 2400, so all 60 pass.
+    from mhainterp.specialization import causal_selectivity
+    from mhainterp.specialization.causal import TargetDamage
+    from mhainterp.specialization.corrections import adjust_pvalues
+
+    H, n = 60, 40
+    damage = torch.zeros(H, n, 2, dtype=torch.float64)
+    for h in range(H):
+        damage[h, :, h % 2] = 1.0
+    heads = [f"L0H{h}" for h in range(H)]
+    td = TargetDamage(heads, ["a", "b"], damage, torch.zeros(H), torch.ones(2))
+    result = causal_selectivity(td, n_permutations=1000, generator=torch.Generator().manual_seed(0))
+    assert result.n_permutations == 2400
+    p = result.heads["p_selectivity"].to_numpy()
+    assert np.allclose(p, 1 / 2401)
+    assert (adjust_pvalues(p, "holm") < 0.05).all()

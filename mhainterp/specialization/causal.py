@@ -210,7 +210,9 @@ class CausalSelectivity:
         null_mean: Its mean under the permutation null.
         null_std: Its standard deviation under the null.
         p_value: ``(1 + #{null >= observed}) / (1 + M)``.
-        n_permutations: ``M``.
+        n_permutations: ``M``, the draws made: ``n_permutations`` raised to ``2 m / alpha`` for
+            the ``m`` heads with a selectivity, so that Holm over the heads can pass a head
+            beyond every draw (the p floor is ``1 / (1 + M)``).
     """
 
     heads: pd.DataFrame
@@ -236,6 +238,7 @@ def causal_selectivity(
     *,
     min_damage: float = 0.01,
     n_permutations: int = 1000,
+    alpha: float = 0.05,
     generator: torch.Generator | None = None,
     chunk: int = 250,
 ) -> CausalSelectivity:
@@ -244,7 +247,9 @@ def causal_selectivity(
     Args:
         damage: From :func:`target_damage` (at least 2 targets).
         min_damage: A head whose summed accuracy drop is below this does no damage (SI NaN).
-        n_permutations: Null draws ``M``.
+        n_permutations: Null draws ``M`` (at least; see ``alpha``).
+        alpha: The level the heads' p-values are corrected to (Holm over the heads with a
+            selectivity): the draws are raised to ``2 m / alpha`` for ``m`` such heads.
         generator: Randomness of the null (seed 0 when None).
         chunk: Draws per vectorised step.
 
@@ -263,6 +268,8 @@ def causal_selectivity(
     observed = damage.matrix  # (H, k)
     head_si = selectivity_index(observed, min_damage)  # (H,)
     model_si = float(model_selectivity(observed, min_damage))
+    n_tests = int((~head_si.isnan()).sum())
+    n_permutations = max(n_permutations, math.ceil(2 * n_tests / alpha))
     head_hits = torch.zeros(len(damage.heads), dtype=torch.float64)
     head_null_sum = torch.zeros(len(damage.heads), dtype=torch.float64)
     null_models = []
