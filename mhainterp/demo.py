@@ -67,7 +67,9 @@ def run_demo(
         echo(summary.to_markdown())
         if analysis:
             _analyse_one_run(out, task, list(n_heads), list(seeds), echo)
-    specialize_folder(out, progress=progress)  # the report reads these results
+    # The report reads these results; the terminal gets each sweep's answer right away.
+    for sweep, spec in specialize_folder(out, progress=progress):
+        echo(f"### {sweep.name}: do the heads specialize?\n\n{spec.to_markdown()}")
     markdown, html = write_report(out)
     echo(f"report: {markdown} and {html}")
     return markdown
