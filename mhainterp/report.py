@@ -267,10 +267,21 @@ def _division_blocks(run_dirs: list[Path], sweep_dir: Path | None, level: int) -
         table = pd.read_csv(sweep_csv)
         path = save_figure(division_vs_heads(table), sweep_dir / "division_sweep.png")
         blocks.append(Image(path, "Division index vs h (points = seeds, band = null)."))
-    for run_dir, result in saved:
+    # A run report draws its heatmap; a sweep report those of its analysed runs (as it embeds
+    # their analyze figures), else of the last run (most heads): one per run would be 9+ per sweep.
+    drawn = saved
+    if sweep_dir is not None:
+        drawn = [(d, r) for d, r in saved if _analysed(d)] or saved[-1:]
+    for run_dir, result in drawn:
         for path in save_division_figures(run_dir / "analysis", result):
             blocks.append(Image(path, f"{run_dir.name}: accuracy lost per value (* = serves)."))
     return blocks
+
+
+def _analysed(run_dir: Path) -> bool:
+    """Whether ``mhainterp analyze`` wrote figures into the run's ``analysis/`` folder."""
+    folder = run_dir / "analysis"
+    return any(p.stem not in OWN_FIGURES for p in folder.glob("*.png"))
 
 
 def _params(params: dict[str, Any]) -> str:
