@@ -1,9 +1,10 @@
-"""The layers of :class:`~mhainterp.model.HookedMHATransformer`: attention, MLP, LayerNorm, block.
+"""The model's layers with TransformerLens hooks: attention, MLP, LayerNorm, block, unembedding.
 
-Each is an ``nn.Module`` with TransformerLens's hook points and a forward with shape comments;
-the model (:mod:`mhainterp.model`) embeds the tokens, runs the blocks and unembeds. Their
-attribute names are the state_dict keys of saved runs (``blocks.0.attn.q_proj.weight``, ...)
-and the fast paths read them by name, so they do not change.
+The layers of :class:`~mhainterp.model.HookedMHATransformer`, each an ``nn.Module`` with
+TransformerLens's hook points and a forward with shape comments; the model
+(:mod:`mhainterp.model`) embeds the tokens, runs the blocks and unembeds. Their attribute names
+are the state_dict keys of saved runs (``blocks.0.attn.q_proj.weight``, ...) and the fast paths
+read them by name, so they do not change.
 
 These forwards are part of THE reference forward (see :mod:`mhainterp.model`); the same fenced
 copies follow them: ``mhainterp.fast.stacked`` and ``mhainterp.fast.linear_readout`` (after

@@ -54,14 +54,15 @@ def example_patterns(
 
     Returns:
         DataFrame with one row per (head, query, key) over the sequence's real positions:
-        ``layer, head, head_label, query, key, query_token, key_token, weight``. Keys a causal
+        ``head_label, layer, head, query, key, query_token, key_token, weight``. Keys a causal
         query may not see have weight 0.
 
     Example:
+        >>> import torch
         >>> from mhainterp.handbuilt import handbuilt_model
         >>> df = example_patterns(handbuilt_model(["previous"], d_head=48), torch.arange(3))
         >>> list(df.columns)
-        ['layer', 'head', 'head_label', 'query', 'key', 'query_token', 'key_token', 'weight']
+        ['head_label', 'layer', 'head', 'query', 'key', 'query_token', 'key_token', 'weight']
     """
     tokens, mask, _ = resolve_inputs(data, padding_mask, n_eval=n_eval)
     n = tokens.shape[0]
@@ -121,6 +122,7 @@ def average_patterns(
         float32 ``[L, h, T, T]`` on the CPU.
 
     Example:
+        >>> import torch
         >>> from mhainterp.handbuilt import handbuilt_model
         >>> avg = average_patterns(handbuilt_model(["uniform"], d_head=48),
         ...                        torch.randint(0, 10, (8, 16)))
@@ -218,10 +220,11 @@ def patterns_frame(average: Float[Tensor, "L h T T"]) -> pd.DataFrame:
     """Tidy table of :func:`average_patterns`' output.
 
     Returns:
-        DataFrame with columns ``layer, head, head_label, query, key, weight``, one row per
+        DataFrame with columns ``head_label, layer, head, query, key, weight``, one row per
         (head, query, key).
 
     Example:
+        >>> import torch
         >>> patterns_frame(torch.ones(1, 2, 2, 2) / 2).shape
         (8, 6)
     """
@@ -234,6 +237,7 @@ def relations_frame(templates: Mapping[str, Float[Tensor, "T T"]]) -> pd.DataFra
     """Tidy table of :func:`average_relations`' output: columns ``relation, query, key, weight``.
 
     Example:
+        >>> import torch
         >>> relations_frame({"self": torch.eye(2)}).weight.tolist()
         [1.0, 0.0, 0.0, 1.0]
     """

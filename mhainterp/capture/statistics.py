@@ -179,7 +179,7 @@ def head_statistics(
         progress: tqdm bar over batches.
 
     Returns:
-        Tidy DataFrame, one row per (head, metric): ``layer, head, head_label, metric, value,
+        Tidy DataFrame, one row per (head, metric): ``head_label, layer, head, metric, value,
         n_queries`` (the number of queries averaged over).
 
     Example:
@@ -225,7 +225,7 @@ def _statistics_frame(acc: _StatAccumulator, masses: TemplateMass) -> pd.DataFra
 
 
 def offset_profile(statistics: pd.DataFrame) -> pd.DataFrame:
-    """The ``offset_mass:{d}`` rows of :func:`head_statistics` as ``layer, head, head_label,
+    """The ``offset_mass:{d}`` rows of :func:`head_statistics` as ``head_label, layer, head,
     offset, mass`` (offset = k - q, an int).
 
     Example:
