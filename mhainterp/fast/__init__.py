@@ -5,5 +5,6 @@
 - :mod:`mhainterp.fast.linear_readout`: score many ablated copies through ``W_O[h] @ W_U`` when
   the readout after ``hook_z`` is linear (``tests/test_ablation.py`` proves tables equal).
 
-``model.py`` is the one reference forward; a change to it names these modules in its commit.
+``model.py`` (with its layers in ``components.py``) is the one reference forward; a change to
+it names these modules in its commit.
 """
