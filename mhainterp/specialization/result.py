@@ -23,18 +23,20 @@ from mhainterp.specialization.verdict import Verdict
 __all__ = [
     "DIVISION_COLUMNS",
     "HEAD_COLUMNS",
+    "HEAD_KEYS",
     "RUN_COLUMNS",
     "SpecializationResult",
 ]
 
+HEAD_KEYS = ["head_label", "layer", "head"]
+"""The columns a per-head table leads with (DESIGN: Results and files)."""
+
 HEAD_COLUMNS = [
+    *HEAD_KEYS,
     "run",
     "task",
     "n_heads",
     "seed",
-    "layer",
-    "head",
-    "head_label",
     "label",
     "role",
     "role_effect",
@@ -112,6 +114,22 @@ index beats its null, ``,``-joined; empty when none or not measured), ``mean_top
 DIVISION_COLUMNS = ["run", "by", "index", "null_index", "p"]
 """Columns of :attr:`SpecializationResult.division` (one row per run and axis)."""
 
+
+def lead_with_head(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with :data:`HEAD_KEYS` moved to the front when it has all three (a per-head
+    table); the other columns keep their order. Tables saved before this order load the same.
+
+    Example:
+        >>> lead_with_head(pd.DataFrame(columns=["run", "layer", "head", "head_label", "x"]))
+        Empty DataFrame
+        Columns: [head_label, layer, head, run, x]
+        Index: []
+    """
+    if not set(HEAD_KEYS) <= set(frame.columns):
+        return frame
+    return frame[[*HEAD_KEYS, *(c for c in frame.columns if c not in HEAD_KEYS)]]
+
+
 # ----------------------------------------------------------------------------- result
 
 
@@ -121,17 +139,19 @@ class SpecializationResult:
 
     Attributes:
         heads: One row per (run, head), columns :data:`HEAD_COLUMNS`.
-        roles: One row per (run, head, role): role scores with both nulls (``score, chance,
+        roles: One row per (run, head, role), leading with ``head_label, layer, head, run,
+            task, n_heads, seed``: role scores with both nulls (``score, chance,
             effect, perm_std, z_perm, p_perm, init_mean, init_std, init_n, z_init, p_init, p,
             p_adj, significant``; see :mod:`.roles` and :mod:`.nulls`).
-        causal: Head x target damage matrix (``run, head_label, layer, head, target,
-            baseline_accuracy, ablated_accuracy, damage``).
+        causal: Head x target damage matrix (``head_label, layer, head, run, task, n_heads,
+            seed, target, baseline_accuracy, ablated_accuracy, damage``).
         redundancy: Head pairs (``run`` + :data:`.redundancy.REDUNDANCY_COLUMNS`).
         redundancy_groups: Groups of three or more similar heads, tested as a whole
             (``run`` + :data:`.redundancy.GROUP_COLUMNS`).
         consistency: Run pairs of the same task and head count
             (:data:`.consistency.CONSISTENCY_COLUMNS` + ``task``); empty for one run.
-        init_null: The null models' role scores (``run, init_seed, ...``).
+        init_null: The null models' role scores (``head_label, layer, head, run, task,
+            n_heads, seed, init_seed, role, ...``).
         runs: One row per run, columns :data:`RUN_COLUMNS`.
         nested: Role pairs whose templates nest on the data (``run, inner, outer``): saved so
             labels can be re-decided without the data.
@@ -210,7 +230,7 @@ class SpecializationResult:
             except pd.errors.EmptyDataError:
                 tables[name] = pd.DataFrame()
             text = [c for c in _TEXT_COLUMNS if c in tables[name].columns]
-            tables[name] = tables[name].fillna(dict.fromkeys(text, ""))
+            tables[name] = lead_with_head(tables[name].fillna(dict.fromkeys(text, "")))
         for name in cls.OPTIONAL_TABLES:
             path = out_dir / f"{prefix}_{name}.csv"
             tables[name] = pd.read_csv(path) if path.is_file() else pd.DataFrame()

@@ -32,7 +32,7 @@ from mhainterp.specialization.redundancy import (
     redundancy_pairs,
     similar_groups,
 )
-from mhainterp.specialization.result import HEAD_COLUMNS
+from mhainterp.specialization.result import HEAD_COLUMNS, HEAD_KEYS, lead_with_head
 from mhainterp.specialization.roles import (
     base_relation,
     capture_role_sums,
@@ -215,11 +215,14 @@ def _mark_tested_groups(
 
 
 def _with_meta(frame: pd.DataFrame, meta: dict[str, Any]) -> pd.DataFrame:
-    frame = frame.copy()
+    """``frame`` with the run's ``meta`` columns in front, after ``head_label, layer, head``
+    in a per-head table (DESIGN: per-head tables lead with them)."""
+    frame = lead_with_head(frame.copy())
+    start = len(HEAD_KEYS) if set(HEAD_KEYS) <= set(frame.columns) else 0
     for i, (key, value) in enumerate(meta.items()):
         if key in frame.columns:
             frame = frame.drop(columns=key)
-        frame.insert(i, key, value)
+        frame.insert(start + i, key, value)
     return frame
 
 
