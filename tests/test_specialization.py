@@ -27,6 +27,7 @@ from mhainterp.figures.specialization import (
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.model import HookedMHATransformer
 from mhainterp.specialization import (
+    HEAD_COLUMNS,
     SUMMARY_COLUMNS,
     THRESHOLDS,
     RunVerdict,
@@ -981,6 +982,35 @@ def test_saved_results_relabel_to_the_same_table(previous_task, tmp_path):
     run = result.verdict.runs[0]
     assert run.relations == {"previous": ["L0H0", "L0H1"]} and run.heads_per_relation == 2.0
     assert run.backed_up == ["L0H0", "L0H1"]
+
+
+def test_per_head_tables_lead_with_head_label_layer_head(hand_result, tmp_path):
+    # DESIGN: per-head tables lead with head_label, layer, head; then the run's columns.
+    lead = ["head_label", "layer", "head", "run", "task", "n_heads", "seed"]
+    assert list(hand_result.heads.columns) == HEAD_COLUMNS
+    assert HEAD_COLUMNS[:8] == [*lead, "label"]
+    assert list(hand_result.roles.columns[:8]) == [*lead, "role"]
+    assert list(hand_result.causal.columns) == [
+        *lead, "target", "baseline_accuracy", "ablated_accuracy", "damage",
+    ]  # fmt: skip
+    assert list(hand_result.init_null.columns[:9]) == [*lead, "init_seed", "role"]
+    # Tables not per head keep the run first.
+    assert list(hand_result.runs.columns[:3]) == ["run", "task", "n_heads"]
+    assert list(hand_result.nested.columns) == ["run", "inner", "outer"]
+    # A folder saved with the old order (run, task, n_heads, seed, layer, head, head_label,
+    # ...) loads by name, in the new order, with the same values.
+    hand_result.save(tmp_path)
+    old_order = ["run", "task", "n_heads", "seed", "layer", "head", "head_label"]
+    for name in ("heads", "roles", "causal"):
+        table = getattr(hand_result, name)
+        rest = [c for c in table.columns if c not in old_order]
+        table[old_order + rest].to_csv(tmp_path / f"specialization_{name}.csv", index=False)
+    loaded = SpecializationResult.load(tmp_path)
+    assert list(loaded.heads.columns) == HEAD_COLUMNS
+    for name in ("roles", "causal"):
+        assert list(getattr(loaded, name).columns) == list(getattr(hand_result, name).columns)
+    assert loaded.heads["label"].tolist() == hand_result.heads["label"].tolist()
+    pd.testing.assert_series_equal(loaded.causal["damage"], hand_result.causal["damage"])
 
 
 # ----------------------------------------------------------------------------- division in verdicts

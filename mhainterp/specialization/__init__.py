@@ -22,6 +22,9 @@ measurement:
 ``stability``     the labels re-decided with every threshold x 0.8 and x 1.25, from the
                   saved evidence (no forward pass)
 ``core``          :func:`specialization_test`: the tables, labels and verdict of runs
+                  (its parts: ``result`` the tables' columns and :class:`SpecializationResult`
+                  with save/load; ``run_analysis`` one run's tables and verdict; ``combine``
+                  :func:`combine_results` and :func:`attach_division`)
 ``over_sweep``    :func:`sweep_specialization`: specialization, redundancy and accuracy vs h;
                   :func:`specialize_folder`: compute and save what a report reads
 ``verdict``       the verdict objects whose text is generated from the numbers

@@ -1,0 +1,155 @@
+"""Results of several runs as one: the ``runs`` table rows, :func:`combine_results` (with
+cross-seed consistency) and :func:`attach_division` (the division indices and the regenerated
+verdict).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import pandas as pd
+
+from mhainterp.specialization.consistency import cross_seed_consistency
+from mhainterp.specialization.result import DIVISION_COLUMNS, RUN_COLUMNS, SpecializationResult
+from mhainterp.specialization.settings import SpecializationSettings
+from mhainterp.specialization.verdict import RunVerdict, Verdict, group_key
+
+__all__ = ["attach_division", "combine_results"]
+
+
+def _run_row(verdict: RunVerdict, heads: pd.DataFrame) -> dict[str, Any]:
+    total = verdict.total_heads
+    return {
+        "run": verdict.run,
+        "task": verdict.task,
+        "n_heads": verdict.n_heads,
+        "n_layers": verdict.n_layers,
+        "seed": verdict.seed,
+        "accuracy": verdict.accuracy,
+        "n_role": verdict.n_role,
+        "n_redundant": verdict.n_redundant,
+        "n_dead": len(verdict.dead),
+        "n_unspecialized": len(verdict.unspecialized),
+        "n_weak": len(verdict.weak),
+        "n_relations": verdict.n_relations,
+        "heads_per_relation": verdict.heads_per_relation,
+        "n_needed": len(verdict.needed),
+        "n_backed_up": len(verdict.backed_up),
+        "frac_role": verdict.n_role / total,
+        "frac_redundant": verdict.n_redundant / total,
+        "frac_dead": len(verdict.dead) / total,
+        "frac_needed": len(verdict.needed) / total,
+        "frac_backed_up": len(verdict.backed_up) / total,
+        "n_label_flips": len(verdict.flip_heads),
+        "frac_label_flips": len(verdict.flip_heads) / total,
+        "specialized_along": ",".join(verdict.specialized_axes),
+        "roles_found": ";".join(verdict.roles_found),
+        "mean_top_effect": float(heads["top_effect"].clip(lower=0).mean()),
+        "causal_selectivity": verdict.causal_selectivity,
+        "causal_null": verdict.causal_null,
+        "causal_p": verdict.causal_p,
+        "verdict": verdict.text,
+    }
+
+
+def attach_division(result: SpecializationResult, division: pd.DataFrame) -> SpecializationResult:
+    """The result with division indices attached and its verdict and ``runs`` regenerated:
+    "specialized" in the sentences then means dividing the work, along the axes whose index
+    beats its null.
+
+    Args:
+        result: A :class:`SpecializationResult`.
+        division: ``by, index, null_index, p`` per axis (e.g. ``division_of_labour(...).index``)
+            and ``run`` naming the result's runs; without ``run``, the result must hold one run.
+
+    Example:
+        >>> index = pd.DataFrame({"by": ["token"], "index": [0.02], "null_index": [0.03],
+        ...                       "p": [0.6]})
+        >>> attach_division(result, index).verdict.runs[0].specialized_axes  # doctest: +SKIP
+        []
+    """
+    frame = division.copy()
+    runs = list(result.runs["run"])
+    if "run" not in frame.columns:
+        if len(runs) != 1:
+            raise ValueError(
+                f"division has no 'run' column but the result holds {len(runs)} runs; add a "
+                "'run' column naming them"
+            )
+        frame.insert(0, "run", runs[0])
+    missing = [c for c in DIVISION_COLUMNS if c not in frame.columns]
+    if missing:
+        raise ValueError(f"division lacks columns {missing}; needs {DIVISION_COLUMNS}")
+    unknown = sorted(set(frame["run"]) - set(runs))
+    if unknown:
+        raise ValueError(f"division names runs {unknown} that the result lacks; runs: {runs}")
+    rows = frame[DIVISION_COLUMNS].to_dict("records")
+    verdicts = []
+    for v in result.verdict.runs:
+        mine = [{k: r[k] for k in DIVISION_COLUMNS[1:]} for r in rows if r["run"] == v.run]
+        verdicts.append(dataclasses.replace(v, division=mine))
+    verdict = Verdict(verdicts, result.verdict.consistency)
+    table = result.runs.copy()
+    by_run = {v.run: v for v in verdicts}
+    table["specialized_along"] = [",".join(by_run[r].specialized_axes) for r in table["run"]]
+    table["verdict"] = [by_run[r].text for r in table["run"]]
+    return dataclasses.replace(result, division=frame, verdict=verdict, runs=table)
+
+
+def _single_result(
+    tables: dict[str, Any], settings: SpecializationSettings
+) -> SpecializationResult:
+    verdict = tables.pop("verdict")
+    runs = pd.DataFrame([_run_row(verdict, tables["heads"])], columns=RUN_COLUMNS)
+    return SpecializationResult(
+        **tables,
+        consistency=pd.DataFrame(),
+        runs=runs,
+        verdict=Verdict([verdict]),
+        settings=settings,
+    )
+
+
+def combine_results(results: Sequence[SpecializationResult]) -> SpecializationResult:
+    """Stack the results of several runs and add cross-seed consistency per task/head count.
+
+    The settings of the first result are used for the consistency null.
+
+    Example:
+        >>> combined = combine_results([specialization_test(r) for r in runs])  # doctest: +SKIP
+    """
+    if not results:
+        raise ValueError("combine_results needs at least one result")
+    settings = results[0].settings
+    stacked = {
+        name: pd.concat([getattr(r, name) for r in results], ignore_index=True)
+        for name in (*SpecializationResult.TABLES, *SpecializationResult.OPTIONAL_TABLES)
+        if name != "consistency"
+    }
+    run_verdicts = [v for r in results for v in r.verdict.runs]
+    tables, summaries = [], {}
+    for key, group in stacked["runs"].groupby(["task", "n_heads", "n_layers"], sort=False):
+        if len(group) < 2:
+            continue
+        runs = list(group["run"])
+        roles = {run: stacked["roles"][stacked["roles"]["run"] == run] for run in runs}
+        heads = stacked["heads"]
+        labels = {
+            run: dict(zip(h["head_label"], h["label"], strict=True))
+            for run, h in heads[heads["run"].isin(runs)].groupby("run", sort=False)
+        }
+        pairs, summary = cross_seed_consistency(
+            roles, labels, n_shuffles=settings.n_shuffles, seed=settings.seed
+        )
+        pairs.insert(0, "task", key[0])
+        tables.append(pairs)
+        summaries[group_key(key[0], int(key[1]))] = summary
+    consistency = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    return SpecializationResult(
+        **stacked,
+        consistency=consistency,
+        verdict=Verdict(run_verdicts, summaries),
+        settings=settings,
+    )

@@ -1,0 +1,241 @@
+"""What :func:`~mhainterp.specialization.core.specialization_test` returns: the columns of its
+tables and :class:`SpecializationResult` with its save and load.
+
+Example:
+    >>> folder = "runs/quickstart/reverse/runs/h4_seed0/analysis"
+    >>> result = SpecializationResult.load(folder)  # doctest: +SKIP
+    >>> result.heads[["head_label", "label"]]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from mhainterp.io import read_json, write_csv, write_json, write_text
+from mhainterp.specialization.settings import SpecializationSettings
+from mhainterp.specialization.verdict import Verdict
+
+__all__ = [
+    "DIVISION_COLUMNS",
+    "HEAD_COLUMNS",
+    "HEAD_KEYS",
+    "RUN_COLUMNS",
+    "SpecializationResult",
+]
+
+HEAD_KEYS = ["head_label", "layer", "head"]
+"""The columns a per-head table leads with (DESIGN: Results and files)."""
+
+HEAD_COLUMNS = [
+    *HEAD_KEYS,
+    "run",
+    "task",
+    "n_heads",
+    "seed",
+    "label",
+    "role",
+    "role_effect",
+    "role_p_adj",
+    "role_evenness",
+    "roles",
+    "mixed_roles",
+    "top_role",
+    "top_score",
+    "top_effect",
+    "top_p_adj",
+    "explained",
+    "unexplained",
+    "explained_chance",
+    "output_ratio",
+    "holds",
+    "needed",
+    "backed_up",
+    "dead",
+    "redundant_with",
+    "total_damage",
+    "loss_increase",
+    "causal_target",
+    "causal_selectivity",
+    "causal_p_adj",
+    "causal_specialized",
+    "causal_support",
+]
+"""Columns of :attr:`SpecializationResult.heads` (see :func:`label_heads`)."""
+
+_TEXT_COLUMNS = (
+    "role", "holds", "roles", "mixed_roles", "top_role", "redundant_with", "causal_target",
+    "changed",
+)  # fmt: skip
+"""String columns whose empty values CSV reads back as NaN."""
+
+RUN_COLUMNS = [
+    "run",
+    "task",
+    "n_heads",
+    "n_layers",
+    "seed",
+    "accuracy",
+    "n_role",
+    "n_redundant",
+    "n_dead",
+    "n_unspecialized",
+    "n_weak",
+    "n_relations",
+    "heads_per_relation",
+    "n_needed",
+    "n_backed_up",
+    "frac_role",
+    "frac_redundant",
+    "frac_dead",
+    "frac_needed",
+    "frac_backed_up",
+    "n_label_flips",
+    "frac_label_flips",
+    "specialized_along",
+    "roles_found",
+    "mean_top_effect",
+    "causal_selectivity",
+    "causal_null",
+    "causal_p",
+    "verdict",
+]
+"""Columns of :attr:`SpecializationResult.runs`: one row per run, counts of each label
+(``n_*``, counts) and shares (``frac_*`` = count / all heads), ``n_relations`` (relations some
+live head holds, a count), ``heads_per_relation`` (a count), ``n_label_flips`` (heads whose
+label changes with a threshold x 0.8 or x 1.25), ``specialized_along`` (axes whose division
+index beats its null, ``,``-joined; empty when none or not measured), ``mean_top_effect``
+(mean over heads of their best effect)."""
+
+DIVISION_COLUMNS = ["run", "by", "index", "null_index", "p"]
+"""Columns of :attr:`SpecializationResult.division` (one row per run and axis)."""
+
+
+def lead_with_head(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with :data:`HEAD_KEYS` moved to the front when it has all three (a per-head
+    table); the other columns keep their order. Tables saved before this order load the same.
+
+    Example:
+        >>> lead_with_head(pd.DataFrame(columns=["run", "layer", "head", "head_label", "x"]))
+        Empty DataFrame
+        Columns: [head_label, layer, head, run, x]
+        Index: []
+    """
+    if not set(HEAD_KEYS) <= set(frame.columns):
+        return frame
+    return frame[[*HEAD_KEYS, *(c for c in frame.columns if c not in HEAD_KEYS)]]
+
+
+# ----------------------------------------------------------------------------- result
+
+
+@dataclass
+class SpecializationResult:
+    """Everything :func:`specialization_test` found, as tidy tables plus the verdict.
+
+    Attributes:
+        heads: One row per (run, head), columns :data:`HEAD_COLUMNS`.
+        roles: One row per (run, head, role), leading with ``head_label, layer, head, run,
+            task, n_heads, seed``: role scores with both nulls (``score, chance,
+            effect, perm_std, z_perm, p_perm, init_mean, init_std, init_n, z_init, p_init, p,
+            p_adj, significant``; see :mod:`.roles` and :mod:`.nulls`).
+        causal: Head x target damage matrix (``head_label, layer, head, run, task, n_heads,
+            seed, target, baseline_accuracy, ablated_accuracy, damage``).
+        redundancy: Head pairs (``run`` + :data:`.redundancy.REDUNDANCY_COLUMNS`).
+        redundancy_groups: Groups of three or more similar heads, tested as a whole
+            (``run`` + :data:`.redundancy.GROUP_COLUMNS`).
+        consistency: Run pairs of the same task and head count
+            (:data:`.consistency.CONSISTENCY_COLUMNS` + ``task``); empty for one run.
+        init_null: The null models' role scores (``head_label, layer, head, run, task,
+            n_heads, seed, init_seed, role, ...``).
+        runs: One row per run, columns :data:`RUN_COLUMNS`.
+        nested: Role pairs whose templates nest on the data (``run, inner, outer``): saved so
+            labels can be re-decided without the data.
+        stability: The labels re-decided with each threshold x 0.8 / x 1.25 (``run`` +
+            :data:`.stability.STABILITY_COLUMNS`).
+        verdict: The :class:`~.verdict.Verdict`.
+        settings: The settings used.
+        division: Optional division indices per run and axis (``run, by, index,
+            null_index, p``; empty when the division test was not run).
+    """
+
+    heads: pd.DataFrame
+    roles: pd.DataFrame
+    causal: pd.DataFrame
+    redundancy: pd.DataFrame
+    redundancy_groups: pd.DataFrame
+    consistency: pd.DataFrame
+    init_null: pd.DataFrame
+    runs: pd.DataFrame
+    nested: pd.DataFrame
+    stability: pd.DataFrame
+    verdict: Verdict
+    settings: SpecializationSettings
+    division: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+
+    TABLES = (
+        "heads", "roles", "causal", "redundancy", "redundancy_groups", "consistency",
+        "init_null", "runs", "nested", "stability",
+    )  # fmt: skip
+    OPTIONAL_TABLES = ("division",)
+
+    def to_markdown(self) -> str:
+        """The verdict, its caveats and the per-head table as Markdown."""
+        from mhainterp.render import markdown_table
+
+        columns = ["run", "head_label", "label", "holds", "needed", "backed_up", "dead"]
+        columns += ["top_role", "top_effect", "top_p_adj", "explained", "unexplained"]
+        columns += ["total_damage", "causal_target", "causal_selectivity"]
+        lines = ["**Verdict.** " + line for line in self.verdict.lines]
+        lines += ["", *[f"- {c}" for c in self.verdict.caveats], ""]
+        lines.append(markdown_table(self.heads[columns]))
+        return "\n".join(lines) + "\n"
+
+    def save(self, out_dir: str | os.PathLike[str], prefix: str = "specialization") -> list[Path]:
+        """Write every table as ``{prefix}_{name}.csv``, ``{prefix}.json`` (settings and
+        verdict) and ``{prefix}.md``; return the paths."""
+        out_dir = Path(out_dir)
+        paths = [
+            write_csv(out_dir / f"{prefix}_{name}.csv", getattr(self, name)) for name in self.TABLES
+        ]
+        for name in self.OPTIONAL_TABLES:
+            if len(getattr(self, name)):
+                paths.append(write_csv(out_dir / f"{prefix}_{name}.csv", getattr(self, name)))
+        meta = {"settings": self.settings.to_dict(), "verdict": self.verdict.to_dict()}
+        paths.append(write_json(out_dir / f"{prefix}.json", meta))
+        paths.append(write_text(out_dir / f"{prefix}.md", self.to_markdown()))
+        return paths
+
+    @classmethod
+    def load(
+        cls, out_dir: str | os.PathLike[str], prefix: str = "specialization"
+    ) -> SpecializationResult:
+        """Read back what :meth:`save` wrote."""
+        out_dir = Path(out_dir)
+        meta = read_json(out_dir / f"{prefix}.json")
+        tables = {}
+        for name in cls.TABLES:
+            path = out_dir / f"{prefix}_{name}.csv"
+            if not path.is_file():
+                raise FileNotFoundError(
+                    f"{path} is missing: {out_dir} was written by an older mhainterp or only in "
+                    "part; run the specialization test again to rewrite it"
+                )
+            try:
+                tables[name] = pd.read_csv(path, keep_default_na=True)
+            except pd.errors.EmptyDataError:
+                tables[name] = pd.DataFrame()
+            text = [c for c in _TEXT_COLUMNS if c in tables[name].columns]
+            tables[name] = lead_with_head(tables[name].fillna(dict.fromkeys(text, "")))
+        for name in cls.OPTIONAL_TABLES:
+            path = out_dir / f"{prefix}_{name}.csv"
+            tables[name] = pd.read_csv(path) if path.is_file() else pd.DataFrame()
+        return cls(
+            **tables,
+            verdict=Verdict.from_dict(meta["verdict"]),
+            settings=SpecializationSettings.from_dict(meta["settings"]),
+        )
