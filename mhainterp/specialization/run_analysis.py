@@ -98,6 +98,7 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
             damage,
             min_damage=settings.min_damage,
             n_permutations=settings.n_permutations,
+            alpha=settings.alpha,  # the draws are raised so Holm over the heads can pass
             generator=generator,
         )
         causal_heads, causal_matrix = selectivity.heads, selectivity.matrix

@@ -32,7 +32,7 @@ from mhainterp.specialization.labels import HeadDecision, decide_labels
 from mhainterp.specialization.redundancy import GROUP_COLUMNS, redundant_under
 from mhainterp.specialization.settings import THRESHOLDS, SpecializationSettings
 
-if TYPE_CHECKING:  # core imports this module
+if TYPE_CHECKING:  # run_analysis imports this module
     from mhainterp.specialization.core import SpecializationResult
 
 __all__ = [
