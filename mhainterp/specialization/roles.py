@@ -133,9 +133,9 @@ def base_relation(role: str) -> str:
 
 
 ROLE_COLUMNS = [
+    "head_label",
     "layer",
     "head",
-    "head_label",
     "role",
     "task_relation",
     "score",
