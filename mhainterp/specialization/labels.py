@@ -247,7 +247,7 @@ def label_heads(
             (``damage_all >= min_joint_damage``): backed up when not needed alone.
 
     Returns:
-        One row per head with ``layer, head, head_label, label, role, role_effect,
+        One row per head with ``head_label, layer, head, label, role, role_effect,
         role_p_adj, role_evenness, roles, mixed_roles, top_role, top_score, top_effect,
         top_p_adj, explained, unexplained, explained_chance, output_ratio, holds, needed,
         backed_up, dead, redundant_with, total_damage, loss_increase, causal_target,
@@ -281,9 +281,9 @@ def label_heads(
         share = min(max(share, 0.0), 1.0) if not math.isnan(share) else share  # float dust
         records.append(
             {
+                "head_label": label,
                 "layer": layer,
                 "head": head,
-                "head_label": label,
                 "label": name,
                 "role": role,
                 "role_effect": float(best_row["effect"]) if best_row is not None else math.nan,
