@@ -52,7 +52,7 @@ from mhainterp.specialization import (
     Verdict,
     saved_specialization,
 )
-from mhainterp.specialization.over_sweep import (
+from mhainterp.specialization.seeds.over_sweep import (
     SweepSpecialization,
     report_kind,
     resolve_run_dirs,
@@ -133,7 +133,7 @@ _HEAD_CAPTION = (
 
 def _stability_table(result: SpecializationResult) -> pd.DataFrame | None:
     """Share of the head labels that change with each threshold x 0.8 / x 1.25."""
-    from mhainterp.specialization.stability import stability_summary
+    from mhainterp.specialization.verdict.stability import stability_summary
 
     table = getattr(result, "stability", None)
     if table is None or not len(table):
@@ -390,7 +390,7 @@ def _sweep_figures(sweep_dir: Path, results: pd.DataFrame) -> list[tuple[Path, s
 
 def _sweep_stability_blocks(result: SpecializationResult) -> list[Block]:
     """Per head count: the share of head labels each threshold x 0.8 / x 1.25 changes."""
-    from mhainterp.specialization.stability import stability_summary
+    from mhainterp.specialization.verdict.stability import stability_summary
 
     table = getattr(result, "stability", None)
     if table is None or not len(table) or "run" not in result.heads.columns:
@@ -414,7 +414,7 @@ def _sweep_specialization_blocks(
         role_heatmap,
         specialization_vs_heads,
     )
-    from mhainterp.specialization.over_sweep import display_summary
+    from mhainterp.specialization.seeds.over_sweep import display_summary
 
     result = spec.result
     blocks: list[Block] = [

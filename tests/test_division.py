@@ -12,8 +12,8 @@ import torch
 from mhainterp import division_of_labour
 from mhainterp.handbuilt_split import split_batch, split_heads_model
 from mhainterp.specialization import DivisionResult, target_damage
-from mhainterp.specialization.damage import _small_unique
-from mhainterp.specialization.division import (
+from mhainterp.specialization.whom.damage import _small_unique
+from mhainterp.specialization.whom.division import (
     HEADS_COLUMNS,
     INDEX_COLUMNS,
     PROFILE_COLUMNS,
@@ -345,8 +345,8 @@ def test_causal_selectivity_draws_enough_for_holm_over_many_heads():
     # With M = 1000 Holm's smallest adjusted p would be 60/1001 > 0.05; the draws are raised
     # to 2 * 60 / 0.05 = 2400, so all 60 pass.
     from mhainterp.specialization import causal_selectivity
-    from mhainterp.specialization.causal import TargetDamage
     from mhainterp.specialization.corrections import adjust_pvalues
+    from mhainterp.specialization.whom.causal import TargetDamage
 
     H, n = 60, 40
     damage = torch.zeros(H, n, 2, dtype=torch.float64)

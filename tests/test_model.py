@@ -21,13 +21,12 @@ from transformer_lens.patching import get_act_patch_attn_head_out_all_pos
 
 from mhainterp.config import ModelConfig
 from mhainterp.handbuilt import handbuilt_model
+from mhainterp.heads import head_label, parse_head_label
 from mhainterp.model import (
     HookedMHATransformer,
     LayerNorm,
     MultiHeadAttention,
-    head_label,
     merge_heads,
-    parse_head_label,
     split_heads,
 )
 

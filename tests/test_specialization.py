@@ -60,9 +60,9 @@ from mhainterp.specialization import (
     stability_summary,
     target_damage,
 )
-from mhainterp.specialization.over_sweep import display_summary
-from mhainterp.specialization.roles import RoleSums, role_frame
-from mhainterp.specialization.stability import RunEvidence, relabel, run_stability
+from mhainterp.specialization.seeds.over_sweep import display_summary
+from mhainterp.specialization.verdict.stability import RunEvidence, relabel, run_stability
+from mhainterp.specialization.where.roles import RoleSums, role_frame
 from mhainterp.tasks import get_task
 from mhainterp.tasks.builtin import CountPreviousTask
 from mhainterp.training import build_model, evaluate

@@ -23,7 +23,8 @@ from mhainterp.capture.core import (
     iter_patterns,
     resolve_inputs,
 )
-from mhainterp.model import HookedMHATransformer, head_label
+from mhainterp.heads import head_label
+from mhainterp.model import HookedMHATransformer
 from mhainterp.tasks import Task
 
 __all__ = [

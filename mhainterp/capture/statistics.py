@@ -3,7 +3,7 @@
 :func:`head_statistics` (entropy, confidence, self/first/offset mass, relation mass) averages over
 the queries of :func:`~mhainterp.capture.core.statistic_queries`; :class:`TemplateMass` is the one
 accumulator of attention on relation templates, also used by
-:mod:`mhainterp.specialization.roles`.
+:mod:`mhainterp.specialization.where.roles`.
 
 Shapes: n sequences, B a batch of them, T positions (q query, k key), L layers, h heads.
 """
@@ -75,7 +75,7 @@ class TemplateMass:
     """Running per-head sums of the attention that lands on relation templates (float64).
 
     The one template-mass accumulator: :func:`head_statistics`' ``relation_mass`` and the role
-    scores of :mod:`mhainterp.specialization.roles` both read it. For each template ``name``
+    scores of :mod:`mhainterp.specialization.where.roles` both read it. For each template ``name``
     it keeps, per head, ``sums[name]`` = the sum over counted queries of
     ``sum_k pattern[q, k] * template[q, k]`` and ``counts[name]`` = the number of counted
     queries, so :meth:`mean` is the share of attention on the template (TransformerLens's

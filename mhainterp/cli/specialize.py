@@ -95,7 +95,7 @@ def _cmd_specialize(args: argparse.Namespace) -> int:
         print("\n".join(result.result.verdict.lines))
         print(f"\ntables saved in {folder}\n")
     if by:
-        from mhainterp.specialization.over_sweep import division_folder
+        from mhainterp.specialization.seeds.over_sweep import division_folder
 
         print("Division of labour (index per axis vs its label-permutation null):")
         for run_dir, division in division_folder(path, settings, by=by, progress=False):

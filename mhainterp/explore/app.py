@@ -27,7 +27,7 @@ import torch
 from mhainterp.explore.results import SavedResults
 from mhainterp.explore.runs import RunEntry, explorable_runs
 from mhainterp.explore.session import METHODS, ExploreSession
-from mhainterp.model import head_label
+from mhainterp.heads import head_label
 
 __all__ = ["ACTIONS", "BadRequestError", "Explorer", "answer_message"]
 

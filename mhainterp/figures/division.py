@@ -1,4 +1,4 @@
-"""Figures of the division of labour (:mod:`mhainterp.specialization.division`).
+"""Figures of the division of labour (:mod:`mhainterp.specialization.whom.division`).
 
 - :func:`division_heatmap`: heads x values, the accuracy lost on each value when the head is
   removed, one panel per axis; a served value is marked ``*``;

@@ -15,7 +15,8 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mhainterp.capture import Data, pattern_hook_names, statistic_queries, visible_keys
-from mhainterp.model import HookedMHATransformer, head_label
+from mhainterp.heads import head_label
+from mhainterp.model import HookedMHATransformer
 from mhainterp.similarity.measures import (
     _check_model,
     _check_same_masking,

@@ -39,20 +39,7 @@ Example:
     ['previous', 'unspecialized', 'dead']
 """
 
-from mhainterp.specialization.causal import (
-    CausalSelectivity,
-    TargetDamage,
-    causal_selectivity,
-    model_selectivity,
-    selectivity_index,
-    target_damage,
-)
-from mhainterp.specialization.consistency import (
-    cross_seed_consistency,
-    profile_similarity,
-    role_profiles,
-)
-from mhainterp.specialization.core import (
+from mhainterp.specialization.battery import (
     HEAD_COLUMNS,
     RUN_COLUMNS,
     SpecializationResult,
@@ -66,23 +53,19 @@ from mhainterp.specialization.corrections import (
     benjamini_hochberg,
     holm,
 )
-from mhainterp.specialization.division import DivisionResult, division_of_labour, saved_division
-from mhainterp.specialization.labels import (
-    LABELS_OTHER,
-    decide_labels,
-    label_heads,
-    mixed_roles,
-    role_targets,
+from mhainterp.specialization.needed.redundancy import (
+    redundancy_groups,
+    redundancy_pairs,
+    redundant_partners,
+    redundant_under,
+    similar_groups,
 )
-from mhainterp.specialization.nulls import (
-    combine_nulls,
-    init_models,
-    init_null_scores,
-    init_null_summary,
-    init_p_values,
-    matched_seeds,
+from mhainterp.specialization.seeds.consistency import (
+    cross_seed_consistency,
+    profile_similarity,
+    role_profiles,
 )
-from mhainterp.specialization.over_sweep import (
+from mhainterp.specialization.seeds.over_sweep import (
     SUMMARY_COLUMNS,
     SweepSpecialization,
     cached_specialization,
@@ -91,14 +74,25 @@ from mhainterp.specialization.over_sweep import (
     specialize_folder,
     sweep_specialization,
 )
-from mhainterp.specialization.redundancy import (
-    redundancy_groups,
-    redundancy_pairs,
-    redundant_partners,
-    redundant_under,
-    similar_groups,
+from mhainterp.specialization.verdict.labels import (
+    LABELS_OTHER,
+    decide_labels,
+    label_heads,
+    mixed_roles,
+    role_targets,
 )
-from mhainterp.specialization.roles import (
+from mhainterp.specialization.verdict.sentences import RunVerdict, Verdict, format_p
+from mhainterp.specialization.verdict.settings import THRESHOLDS, SpecializationSettings
+from mhainterp.specialization.verdict.stability import label_stability, stability_summary
+from mhainterp.specialization.where.nulls import (
+    combine_nulls,
+    init_models,
+    init_null_scores,
+    init_null_summary,
+    init_p_values,
+    matched_seeds,
+)
+from mhainterp.specialization.where.roles import (
     DESCRIPTIVE_ROLES,
     GENERIC_ROLES,
     base_relation,
@@ -108,9 +102,19 @@ from mhainterp.specialization.roles import (
     role_scores,
     role_templates,
 )
-from mhainterp.specialization.settings import THRESHOLDS, SpecializationSettings
-from mhainterp.specialization.stability import label_stability, stability_summary
-from mhainterp.specialization.verdict import RunVerdict, Verdict, format_p
+from mhainterp.specialization.whom.causal import (
+    CausalSelectivity,
+    TargetDamage,
+    causal_selectivity,
+    model_selectivity,
+    selectivity_index,
+    target_damage,
+)
+from mhainterp.specialization.whom.division import (
+    DivisionResult,
+    division_of_labour,
+    saved_division,
+)
 
 __all__ = [
     "CORRECTIONS",

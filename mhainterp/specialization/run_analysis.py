@@ -1,9 +1,9 @@
 """The analysis of one run: every table that
-:func:`~mhainterp.specialization.core.specialization_test` makes for one model and its task,
-and the run's :class:`~mhainterp.specialization.verdict.RunVerdict`.
+:func:`~mhainterp.specialization.battery.specialization_test` makes for one model and its task,
+and the run's :class:`~mhainterp.specialization.verdict.sentences.RunVerdict`.
 
 The steps (roles and nulls, dead test, ablations, redundancy, labels, stability) are listed in
-:mod:`mhainterp.specialization.core`; this module runs them in that order on one run.
+:mod:`mhainterp.specialization.battery`; this module runs them in that order on one run.
 """
 
 from __future__ import annotations
@@ -18,40 +18,49 @@ import torch
 from mhainterp.capture import visible_keys
 from mhainterp.model import HookedMHATransformer
 from mhainterp.similarity import head_similarity
-from mhainterp.specialization.causal import causal_selectivity, head_damage_table, target_damage
-from mhainterp.specialization.labels import LABELS_OTHER, decide_labels, label_heads, role_targets
-from mhainterp.specialization.nulls import (
+from mhainterp.specialization.needed.redundancy import (
+    redundancy_groups,
+    redundancy_pairs,
+    similar_groups,
+)
+from mhainterp.specialization.verdict.labels import (
+    LABELS_OTHER,
+    decide_labels,
+    label_heads,
+    role_targets,
+)
+from mhainterp.specialization.verdict.result import HEAD_COLUMNS, HEAD_KEYS, lead_with_head
+from mhainterp.specialization.verdict.sentences import RunVerdict
+from mhainterp.specialization.verdict.settings import SpecializationSettings
+from mhainterp.specialization.verdict.stability import (
+    RunEvidence,
+    relabel,
+    run_stability,
+    variant_settings,
+)
+from mhainterp.specialization.where.nulls import (
     combine_nulls,
     init_null_scores,
     init_null_summary,
     init_p_values,
     matched_seeds,
 )
-from mhainterp.specialization.redundancy import (
-    redundancy_groups,
-    redundancy_pairs,
-    similar_groups,
-)
-from mhainterp.specialization.result import HEAD_COLUMNS, HEAD_KEYS, lead_with_head
-from mhainterp.specialization.roles import (
+from mhainterp.specialization.where.roles import (
     base_relation,
     capture_role_sums,
     nested_roles,
     role_frame,
     role_templates,
 )
-from mhainterp.specialization.settings import SpecializationSettings
-from mhainterp.specialization.stability import (
-    RunEvidence,
-    relabel,
-    run_stability,
-    variant_settings,
+from mhainterp.specialization.whom.causal import (
+    causal_selectivity,
+    head_damage_table,
+    target_damage,
 )
-from mhainterp.specialization.verdict import RunVerdict
 from mhainterp.tasks import Task
 from mhainterp.training import evaluate
 
-__all__: list[str] = []  # internal to specialization_test; use mhainterp.specialization.core
+__all__: list[str] = []  # internal to specialization_test; use mhainterp.specialization.battery
 
 
 @dataclass

@@ -39,7 +39,7 @@ from mhainterp.ablation import ablate_sets, pairwise_ablation
 from mhainterp.heads import HEAD_SET_SEPARATOR
 from mhainterp.model import HookedMHATransformer
 from mhainterp.similarity import head_similarity
-from mhainterp.specialization.settings import SpecializationSettings
+from mhainterp.specialization.verdict.settings import SpecializationSettings
 from mhainterp.tasks import Batch
 
 __all__ = [

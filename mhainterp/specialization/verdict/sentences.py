@@ -70,7 +70,7 @@ def division_axes(division: list[dict[str, Any]], alpha: float) -> list[str]:
         ...                {"by": "position", "index": 0.1, "null_index": 0.1, "p": 0.5}], 0.05)
         ['token']
     """
-    from mhainterp.specialization.division import DIVISION_DEFAULTS
+    from mhainterp.specialization.whom.division import DIVISION_DEFAULTS
 
     gain = DIVISION_DEFAULTS["min_gain"]
     axes = []
@@ -349,7 +349,7 @@ class Verdict:
     Attributes:
         runs: One :class:`RunVerdict` per run.
         consistency: ``"task/h"`` -> the cross-seed consistency summary of that group (see
-            :func:`~mhainterp.specialization.consistency.cross_seed_consistency`).
+            :func:`~mhainterp.specialization.seeds.consistency.cross_seed_consistency`).
     """
 
     runs: list[RunVerdict]

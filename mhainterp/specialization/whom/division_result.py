@@ -1,4 +1,4 @@
-"""What :func:`~mhainterp.specialization.division.division_of_labour` returns: its tables'
+"""What :func:`~mhainterp.specialization.whom.division.division_of_labour` returns: its tables'
 columns, the result with its save and load, and the lookup of a run's saved result.
 
 Shapes: H heads, K values of an axis.

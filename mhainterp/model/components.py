@@ -2,20 +2,13 @@
 
 The layers of :class:`~mhainterp.model.HookedMHATransformer`, each an ``nn.Module`` with
 TransformerLens's hook points and a forward with shape comments; the model
-(:mod:`mhainterp.model`) embeds the tokens, runs the blocks and unembeds. Their attribute names
-are the state_dict keys of saved runs (``blocks.0.attn.q_proj.weight``, ...) and the fast paths
-read them by name, so they do not change.
+(:mod:`mhainterp.model.transformer`) embeds the tokens, runs the blocks and unembeds. Their
+attribute names are the state_dict keys of saved runs (``blocks.0.attn.q_proj.weight``, ...)
+and the fast paths read them by name, so they do not change.
 
-These forwards are part of THE reference forward (see :mod:`mhainterp.model`); the same fenced
-copies follow them: ``mhainterp.fast.stacked`` and ``mhainterp.fast.linear_readout`` (after
-``hook_z``). A commit that changes a forward here names them.
-
-Shapes: B batch, T positions, h heads, d_head = d_model / h.
-
-Example:
-    >>> block = TransformerBlock(ModelConfig(d_model=8, n_heads=2, n_ctx=4, d_vocab=5))
-    >>> block(torch.zeros(1, 4, 8)).shape
-    torch.Size([1, 4, 8])
+These forwards are part of THE reference forward (see :mod:`mhainterp.model.transformer`); the
+same fenced copies follow them: ``mhainterp.fast.stacked`` and ``mhainterp.fast.linear_readout``
+(after ``hook_z``). A commit that changes a forward here names them.
 """
 
 from __future__ import annotations
@@ -28,7 +21,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from mhainterp.config import ModelConfig
-from mhainterp.weight_views import AttentionWeightViews
+from mhainterp.model.weight_views import AttentionWeightViews
 
 __all__ = [
     "LayerNorm",
@@ -73,7 +66,7 @@ class MultiHeadAttention(AttentionWeightViews, nn.Module):
 
     Per-head views in TransformerLens layout (``W_Q, W_K, W_V: [h, d_model, d_head]``,
     ``W_O: [h, d_head, d_model]``, ``b_Q, b_K, b_V: [h, d_head]``, ``b_O: [d_model]``) are
-    computed from the fused weights (:class:`~mhainterp.weight_views.AttentionWeightViews`).
+    computed from the fused weights (:class:`~mhainterp.model.weight_views.AttentionWeightViews`).
     Assigning to them (``attn.W_Q = w``) writes through into the fused weights, which is how
     tests build models with hand-set heads.
     """

@@ -11,10 +11,14 @@ from typing import Any
 
 import pandas as pd
 
-from mhainterp.specialization.consistency import cross_seed_consistency
-from mhainterp.specialization.result import DIVISION_COLUMNS, RUN_COLUMNS, SpecializationResult
-from mhainterp.specialization.settings import SpecializationSettings
-from mhainterp.specialization.verdict import RunVerdict, Verdict, group_key
+from mhainterp.specialization.seeds.consistency import cross_seed_consistency
+from mhainterp.specialization.verdict.result import (
+    DIVISION_COLUMNS,
+    RUN_COLUMNS,
+    SpecializationResult,
+)
+from mhainterp.specialization.verdict.sentences import RunVerdict, Verdict, group_key
+from mhainterp.specialization.verdict.settings import SpecializationSettings
 
 __all__ = ["attach_division", "combine_results"]
 

@@ -1,7 +1,7 @@
 """Specialization across a head-count sweep: how the relations covered, the division of
 labour, redundancy and accuracy change with ``h``, over seeds.
 
-:func:`sweep_specialization` runs :func:`~mhainterp.specialization.core.specialization_test`
+:func:`sweep_specialization` runs :func:`~mhainterp.specialization.battery.specialization_test`
 on every run of one or more sweep folders (:mod:`mhainterp.sweep` layout), reusing a run's saved
 result (``runs/h{h}_seed{s}/analysis/specialization.json``) when it was made with the same
 settings, and saving new ones there. It then stacks the runs, adds cross-seed consistency per
@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 
 from mhainterp.io import read_json, write_csv, write_json, write_text
 from mhainterp.render import markdown_table
-from mhainterp.specialization.core import (
+from mhainterp.specialization.battery import (
     RUN_COLUMNS,
     SpecializationResult,
     SpecializationSettings,
@@ -34,14 +34,14 @@ from mhainterp.specialization.core import (
     combine_results,
     specialization_test,
 )
-from mhainterp.specialization.division import (
+from mhainterp.specialization.verdict.sentences import group_key
+from mhainterp.specialization.whom.division import (
     AXES,
     DivisionResult,
     division_of_labour,
     division_request,
     saved_division,
 )
-from mhainterp.specialization.verdict import group_key
 from mhainterp.stats import describe, exceeds_seed_spread
 from mhainterp.training import is_finished_run, load_run
 
@@ -108,10 +108,10 @@ class SweepSpecialization:
     """What :func:`sweep_specialization` returns.
 
     Attributes:
-        runs: One row per run (:data:`~mhainterp.specialization.core.RUN_COLUMNS` plus
+        runs: One row per run (:data:`~mhainterp.specialization.battery.RUN_COLUMNS` plus
             ``run_dir`` and ``val_accuracy``).
         summary: One row per (task, n_heads), columns :data:`SUMMARY_COLUMNS`.
-        result: The stacked :class:`~mhainterp.specialization.core.SpecializationResult`.
+        result: The stacked :class:`~mhainterp.specialization.battery.SpecializationResult`.
         notes: Findings generated from the numbers, one per task (+ caveats).
     """
 
@@ -468,7 +468,7 @@ def division_folder(
     reuse: bool = True,
     progress: bool = True,
 ) -> list[tuple[Path, DivisionResult]]:
-    """:func:`~mhainterp.specialization.division.division_of_labour` of every run of a run,
+    """:func:`~mhainterp.specialization.whom.division.division_of_labour` of every run of a run,
     sweep or sweeps folder, saved as ``analysis/division_*`` per run (reused when made with
     the same thresholds and axes), and per sweep the runs' index tables stacked into
     ``division_sweep.csv`` (``task, n_heads, seed, run`` + the index columns).
@@ -534,7 +534,7 @@ def specialization_summary(
     """Per (task, n_heads): the verdict's graded numbers over seeds (:data:`SUMMARY_COLUMNS`).
 
     Args:
-        runs: The per-run table (:data:`~mhainterp.specialization.core.RUN_COLUMNS`; with
+        runs: The per-run table (:data:`~mhainterp.specialization.battery.RUN_COLUMNS`; with
             ``val_accuracy`` or ``accuracy``). Columns it lacks are NaN in the summary.
         consistency: ``"task/h"`` -> consistency summary (from the combined verdict).
         division: The division indices per run and axis (``run, by, index, null_index``, as

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from mhainterp.ablation import Method
 from mhainterp.model import HookedMHATransformer
-from mhainterp.specialization.damage import triple_damage
+from mhainterp.specialization.whom.damage import triple_damage
 from mhainterp.tasks import Batch
 
 __all__ = [
@@ -113,7 +113,7 @@ def target_damage(
 
     One pass of the ablation engine with per-position outputs (the clean model and every
     single-head ablation), shared with the division of labour:
-    :func:`~mhainterp.specialization.division.triple_damage`, summed per sequence and target.
+    :func:`~mhainterp.specialization.whom.division.triple_damage`, summed per sequence and target.
 
     Args:
         model: The model.

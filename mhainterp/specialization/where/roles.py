@@ -80,7 +80,8 @@ from mhainterp.capture import (
     statistic_queries,
     visible_keys,
 )
-from mhainterp.model import HookedMHATransformer, head_label
+from mhainterp.heads import head_label
+from mhainterp.model import HookedMHATransformer
 from mhainterp.tasks import (
     Task,
     first_position_template,

@@ -9,13 +9,13 @@ TransformerLens (checked against TL 4.x's own model in ``tests/test_tl_parity.py
 work on it unchanged. The intentional differences are listed in the README ("Coming from
 TransformerLens").
 
-The layers (attention, MLP, LayerNorm, block, unembedding) are in :mod:`mhainterp.components`,
+The layers (attention, MLP, LayerNorm, block, unembedding) are in :mod:`mhainterp.model.components`,
 the TransformerLens-layout weight views (``W_E``, ``W_Q``, ``QK``, ...) in
-:mod:`mhainterp.weight_views`; both are re-exported here.
+:mod:`mhainterp.model.weight_views`; the package re-exports them.
 
 Shapes: B batch, T positions, h heads, d_head = d_model / h, V classes.
 
-This is THE reference forward (with its layers in :mod:`mhainterp.components`). Derived copies
+This is THE reference forward (with its layers in :mod:`mhainterp.model.components`). Derived copies
 that must follow any change to it (each tested equal to it; a commit that changes the forward
 names them): ``mhainterp.fast.stacked`` (many models trained in one batched step) and
 ``mhainterp.fast.linear_readout`` (ablated copies scored through ``W_O[h] @ W_U`` after the last
@@ -33,32 +33,18 @@ from torch import Tensor, nn
 from transformer_lens import ActivationCache, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from mhainterp.components import (
-    MLP,  # noqa: F401  (re-exported: importable from here as before the split)
+from mhainterp.config import ModelConfig
+from mhainterp.model.components import (
     LayerNorm,
-    MultiHeadAttention,
     TransformerBlock,
     Unembed,
     _init_linear,
     _norm,
-    merge_heads,
-    split_heads,
 )
-from mhainterp.config import ModelConfig
-from mhainterp.heads import head_label, parse_head_label
+from mhainterp.model.weight_views import ModelWeightViews
 from mhainterp.scoring import mean_loss
-from mhainterp.weight_views import ModelWeightViews
 
-__all__ = [
-    "LayerNorm",
-    "MultiHeadAttention",
-    "TransformerBlock",
-    "HookedMHATransformer",
-    "split_heads",
-    "merge_heads",
-    "head_label",
-    "parse_head_label",
-]
+__all__ = ["HookedMHATransformer"]
 
 ReturnType = Literal["logits", "loss", "both"] | None
 
@@ -75,8 +61,8 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
     ``use_hook_mlp_in``; set them in the config or with ``set_use_attn_result(True)`` etc.
 
     The TransformerLens-layout weight views (``W_E``, ``W_Q`` ... ``W_U``, ``QK``/``OV``,
-    ``all_head_labels``) come from :class:`~mhainterp.weight_views.ModelWeightViews`; the
-    layers are in :mod:`mhainterp.components`.
+    ``all_head_labels``) come from :class:`~mhainterp.model.weight_views.ModelWeightViews`; the
+    layers are in :mod:`mhainterp.model.components`.
 
     Example:
         >>> cfg = ModelConfig(d_model=64, n_heads=4, n_ctx=16, d_vocab=10, d_vocab_out=16)

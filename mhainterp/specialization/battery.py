@@ -37,15 +37,15 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from mhainterp.model import HookedMHATransformer
-from mhainterp.specialization.combine import _single_result, attach_division, combine_results
-from mhainterp.specialization.result import (
+from mhainterp.specialization.run_analysis import _analyse, _RunInput
+from mhainterp.specialization.seeds.combine import _single_result, attach_division, combine_results
+from mhainterp.specialization.verdict.result import (
     DIVISION_COLUMNS,
     HEAD_COLUMNS,
     RUN_COLUMNS,
     SpecializationResult,
 )
-from mhainterp.specialization.run_analysis import _analyse, _RunInput
-from mhainterp.specialization.settings import SpecializationSettings
+from mhainterp.specialization.verdict.settings import SpecializationSettings
 from mhainterp.tasks import Task
 from mhainterp.training import Run, load_run
 

@@ -3,7 +3,7 @@
 For each head, axis value (the query's token or position) and relation template of the task:
 the share of the head's attention on the template at the scored queries with that value, over
 the first ``n_attention`` sequences (patterns from :func:`mhainterp.capture.iter_patterns`).
-It describes; the damage profiles of :mod:`~mhainterp.specialization.division` decide.
+It describes; the damage profiles of :mod:`~mhainterp.specialization.whom.division` decide.
 
 Shapes: R relations, n sequences, T positions, L layers, h heads per layer, K values.
 """
@@ -18,8 +18,8 @@ import pandas as pd
 import torch
 
 from mhainterp.capture import iter_patterns
-from mhainterp.specialization.damage import TripleDamage
-from mhainterp.specialization.division_result import ATTENTION_COLUMNS, join_columns
+from mhainterp.specialization.whom.damage import TripleDamage
+from mhainterp.specialization.whom.division_result import ATTENTION_COLUMNS, join_columns
 from mhainterp.tasks import Batch, Task
 
 __all__ = ["ATTENTION_AXES", "attention_view"]
@@ -42,7 +42,7 @@ def attention_view(
         td: The division's per-triple damage (for the heads and each axis's values).
 
     Returns:
-        Columns :data:`~mhainterp.specialization.division_result.ATTENTION_COLUMNS`, sorted by
+        Columns :data:`~mhainterp.specialization.whom.division_result.ATTENTION_COLUMNS`, sorted by
         ``by, head_label, relation`` then value.
     """
     axes = [a for a in axes if a in ATTENTION_AXES]

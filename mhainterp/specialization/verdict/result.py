@@ -1,4 +1,4 @@
-"""What :func:`~mhainterp.specialization.core.specialization_test` returns: the columns of its
+"""What :func:`~mhainterp.specialization.battery.specialization_test` returns: the columns of its
 tables and :class:`SpecializationResult` with its save and load.
 
 Example:
@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from mhainterp.io import read_json, write_csv, write_json, write_text
-from mhainterp.specialization.settings import SpecializationSettings
-from mhainterp.specialization.verdict import Verdict
+from mhainterp.specialization.verdict.sentences import Verdict
+from mhainterp.specialization.verdict.settings import SpecializationSettings
 
 __all__ = [
     "DIVISION_COLUMNS",

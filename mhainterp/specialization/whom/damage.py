@@ -4,8 +4,8 @@ One pass of the ablation engine (:func:`mhainterp.ablation.evaluate_head_sets`, 
 plus every single head, per-position outputs) gives, for every head and scored (sequence,
 position, target) triple, the accuracy and loss it loses there, with each triple's value on
 every axis of the division of labour (query token, position, target class, target).
-:mod:`~mhainterp.specialization.division` builds its profiles from this, and
-:func:`mhainterp.specialization.causal.target_damage` sums it per target.
+:mod:`~mhainterp.specialization.whom.division` builds its profiles from this, and
+:func:`mhainterp.specialization.whom.causal.target_damage` sums it per target.
 
 Shapes: H heads, N scored triples, K values of an axis.
 """

@@ -3,7 +3,7 @@
 The weights live in fused ``nn.Linear`` / ``nn.Embedding`` modules (their names are the
 state_dict keys of saved runs); these mixins only add TransformerLens's names and layouts on top:
 
-- :class:`AttentionWeightViews` (mixed into :class:`~mhainterp.components.MultiHeadAttention`):
+- :class:`AttentionWeightViews` (mixed into :class:`~mhainterp.model.MultiHeadAttention`):
   per-head ``W_Q, W_K, W_V: [h, d_model, d_head]``, ``W_O: [h, d_head, d_model]``,
   ``b_Q, b_K, b_V: [h, d_head]``, ``b_O: [d_model]``, and the ``QK`` / ``OV`` circuits.
   Assigning to a view (``attn.W_Q = w``) writes through into the fused weight, which is how
@@ -18,7 +18,7 @@ nor the order in which parameters are created and initialised.
 
 Example:
     >>> from mhainterp.config import ModelConfig
-    >>> from mhainterp.model import HookedMHATransformer
+    >>> from mhainterp.model.transformer import HookedMHATransformer
     >>> model = HookedMHATransformer(ModelConfig(d_model=8, n_heads=2, n_ctx=4, d_vocab=5))
     >>> model.W_Q.shape, model.blocks[0].attn.OV.shape
     (torch.Size([1, 2, 8, 4]), torch.Size([2, 8, 8]))

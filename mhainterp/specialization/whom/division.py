@@ -9,7 +9,7 @@ axis of "specialize" (DESIGN.md, "The question the toolkit answers") along four 
 ``position``       the query position
 ``target_class``   the class the model must output there
 ``target``         which target (multi-target models only; generalises
-                   :mod:`mhainterp.specialization.causal`)
+                   :mod:`mhainterp.specialization.whom.causal`)
 =================  ===================================================================
 
 **One pass.** The ablation engine runs the clean model and every single-head ablation in one
@@ -44,7 +44,7 @@ concentrated, hence "selective", but meaningless.) ``settings["damage_gate"]`` i
 
 0 when the damage is spread evenly, 1 when it falls on a single value, and
 ``1 - log m / log K`` when it falls evenly on ``m`` of the ``K`` values. Chosen over the
-max-based index of :mod:`~mhainterp.specialization.causal`, ``(K max(d) / D - 1) / (K - 1)``,
+max-based index of :mod:`~mhainterp.specialization.whom.causal`, ``(K max(d) / D - 1) / (K - 1)``,
 because that one only sees the largest value: a head serving half of ten tokens scores 0.11 on
 it and 0.30 here, so "serves a subset" is not drowned by the number of values.
 
@@ -63,7 +63,7 @@ work, so M = 1000 costs milliseconds.
 ``null="exact"`` draws M real permutations of the triples as tensor ops on the ``[H, N]`` table
 (O(M H N); about 1 s for 8 heads x 16k triples) and is what the tests check the default
 against. (b) *Untrained matched-seed models*
-(:func:`~mhainterp.specialization.nulls.matched_seeds`: the run's seed, +1, ...) run through the
+(:func:`~.where.nulls.matched_seeds`: the run's seed, +1, ...) run through the
 same statistic on the first ``n_init_eval`` (128) sequences: one engine pass per seed, so
 ``n_init`` is small by default (2). Their heads almost never do damage, so their index is
 usually NaN; where defined, its mean is reported (``null_init_mean``) and raises the effect
@@ -103,10 +103,10 @@ scored queries with that value, over the first ``n_attention`` (256) sequences (
 capture's :func:`~mhainterp.capture.iter_patterns`): where a head looks for each token.
 
 Modules: this one computes (settings, the engine pass, the nulls, the tables);
-:mod:`~mhainterp.specialization.division_result` holds the result, its columns and its files;
-:mod:`~mhainterp.specialization.division_attention` the attention-side view;
-:mod:`~mhainterp.specialization.selectivity` the indices and nulls; and
-:mod:`~mhainterp.specialization.damage` the per-triple damage.
+:mod:`~mhainterp.specialization.whom.division_result` holds the result, its columns and its files;
+:mod:`~mhainterp.specialization.whom.division_attention` the attention-side view;
+:mod:`~mhainterp.specialization.whom.selectivity` the indices and nulls; and
+:mod:`~mhainterp.specialization.whom.damage` the per-triple damage.
 
 Shapes: H heads (all layers), N scored triples, K values of an axis, M permutations, C = 1 + H
 configurations, n sequences, T positions, k targets.
@@ -138,9 +138,10 @@ from tqdm.auto import tqdm
 from mhainterp.ablation import Method, check_method
 from mhainterp.data import Data, as_batch, batch_for_model, target_names
 from mhainterp.specialization.corrections import CORRECTIONS, adjust_pvalues
-from mhainterp.specialization.damage import TripleDamage, triple_damage
-from mhainterp.specialization.division_attention import ATTENTION_AXES, attention_view
-from mhainterp.specialization.division_result import (
+from mhainterp.specialization.where.nulls import init_models, matched_seeds
+from mhainterp.specialization.whom.damage import TripleDamage, triple_damage
+from mhainterp.specialization.whom.division_attention import ATTENTION_AXES, attention_view
+from mhainterp.specialization.whom.division_result import (
     ATTENTION_COLUMNS,
     HEADS_COLUMNS,
     INDEX_COLUMNS,
@@ -149,8 +150,7 @@ from mhainterp.specialization.division_result import (
     join_columns,
     saved_division,
 )
-from mhainterp.specialization.nulls import init_models, matched_seeds
-from mhainterp.specialization.selectivity import (
+from mhainterp.specialization.whom.selectivity import (
     division_index,
     entropy_selectivity,
     exact_null_means,

@@ -1,6 +1,6 @@
 """Selectivity and division indices, and their label-permutation nulls.
 
-The statistics of :func:`mhainterp.specialization.division.division_of_labour`, kept apart from
+The statistics of :func:`mhainterp.specialization.whom.division.division_of_labour`, kept apart from
 the engine pass and the tables: pure functions of damage profiles.
 
 - ``entropy_selectivity``: ``1 - H(p) / log K`` of a head's clipped, normalised damage profile

@@ -32,7 +32,7 @@ from tqdm.auto import tqdm
 from mhainterp.config import ModelConfig
 from mhainterp.model import HookedMHATransformer
 from mhainterp.specialization.corrections import adjust_pvalues
-from mhainterp.specialization.roles import DESCRIPTIVE_ROLES, capture_role_sums, role_frame
+from mhainterp.specialization.where.roles import DESCRIPTIVE_ROLES, capture_role_sums, role_frame
 
 __all__ = [
     "combine_nulls",
@@ -81,7 +81,7 @@ def init_null_scores(
     """Role scores of the untrained null models on the same data and templates.
 
     Returns:
-        :func:`~mhainterp.specialization.roles.role_frame` columns plus ``init_seed`` (first),
+        :func:`~mhainterp.specialization.where.roles.role_frame` columns plus ``init_seed`` (first),
         one block per seed.
 
     Example:

@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from mhainterp.heads import HEAD_SET_SEPARATOR
-from mhainterp.specialization.labels import HeadDecision, decide_labels
-from mhainterp.specialization.redundancy import GROUP_COLUMNS, redundant_under
-from mhainterp.specialization.settings import THRESHOLDS, SpecializationSettings
+from mhainterp.specialization.needed.redundancy import GROUP_COLUMNS, redundant_under
+from mhainterp.specialization.verdict.labels import HeadDecision, decide_labels
+from mhainterp.specialization.verdict.settings import THRESHOLDS, SpecializationSettings
 
 if TYPE_CHECKING:  # run_analysis imports this module
-    from mhainterp.specialization.core import SpecializationResult
+    from mhainterp.specialization.battery import SpecializationResult
 
 __all__ = [
     "FACTORS",

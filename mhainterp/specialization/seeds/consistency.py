@@ -31,7 +31,7 @@ import pandas as pd
 from scipy.optimize import linear_sum_assignment
 
 from mhainterp.similarity import match_heads
-from mhainterp.specialization.roles import DESCRIPTIVE_ROLES
+from mhainterp.specialization.where.roles import DESCRIPTIVE_ROLES
 
 __all__ = [
     "CONSISTENCY_COLUMNS",

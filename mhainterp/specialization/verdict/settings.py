@@ -29,7 +29,7 @@ THRESHOLDS = (
     "min_damage",
 )
 """The thresholds a label rests on, each perturbed x 0.8 and x 1.25 by the stability test
-(:func:`~mhainterp.specialization.stability.label_stability`). ``alpha`` is a significance
+(:func:`~mhainterp.specialization.verdict.stability.label_stability`). ``alpha`` is a significance
 level, not an effect threshold, and is left out; so are the null sizes."""
 
 
