@@ -133,21 +133,22 @@ TARGET_CASES = [
         [0, 5, 9, X, X],
         [1, 1, 1, 0, 0],
     ),
-    # induction: next token, scored inside the repeat only
+    # induction: next token, scored inside the second copy only; B read from the tokens
     ("induction", dict(seq_len=6), [5, 6, 7, 5, 6, 7], [X, X, X, 6, 7, X], [0, 0, 0, 1, 1, 0]),
+    ("induction", dict(seq_len=6), [9, 8, 5, 6, 5, 6], [X, X, X, X, 6, X], [0, 0, 0, 0, 1, 0]),
     (
         "induction",
-        dict(seq_len=7),
-        [9, 5, 6, 7, 5, 6, 7],
-        [X, X, X, X, 6, 7, X],
+        dict(seq_len=7, d_vocab=5),
+        [4, 1, 2, 3, 1, 2, 3],
+        [X, X, X, X, 2, 3, X],
         [0, 0, 0, 0, 1, 1, 0],
     ),
-    (
+    (  # no block length fits: nothing is scored
         "induction",
-        dict(seq_len=8, d_vocab=3),
-        [1, 2, 1, 0, 1, 2, 1, 0],
-        [X, X, X, X, 2, 1, 0, X],
-        [0, 0, 0, 0, 1, 1, 1, 0],
+        dict(seq_len=8, d_vocab=5),
+        [1, 2, 3, 4, 0, 1, 2, 3],
+        [X] * 8,
+        [0] * 8,
     ),
     # multi_relation: (previous, mirror, count_previous) at each position
     (
@@ -347,11 +348,23 @@ RELATION_CASES = [
     ),
     (
         "induction",
-        dict(seq_len=4, d_vocab=10),
-        [5, 6, 5, 6],
+        dict(seq_len=5, d_vocab=10),
+        [9, 5, 6, 5, 6],
         {
-            "induction": [[0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]],
-            "previous": [[0, 0, 0, 0], [1, 0, 0, 0], [0, 1, 0, 0], [0, 0, 1, 0]],
+            "induction": [
+                [0, 0, 0, 0, 0],
+                [0, 0, 0, 0, 0],
+                [0, 0, 0, 0, 0],
+                [0, 0, 1, 0, 0],
+                [0, 0, 0, 1, 0],
+            ],
+            "previous": [
+                [0, 0, 0, 0, 0],
+                [1, 0, 0, 0, 0],
+                [0, 1, 0, 0, 0],
+                [0, 0, 1, 0, 0],
+                [0, 0, 0, 1, 0],
+            ],
         },
     ),
     (
@@ -441,12 +454,11 @@ def test_templates_consistent_with_targets(name: str, min_len: int | None) -> No
         check_pointer(rel["previous"], tokens, targets, mask & ~first)
         assert (targets[:, 0] == task.d_vocab).all()
         assert (rel["previous"][:, 0].sum(-1) == 0).all()
-    elif name == "induction":  # d_vocab=6 >= B=5: the block is unambiguous
+    elif name == "induction":  # distinct blocks, prefix apart: the source is unambiguous
         check_pointer(rel["induction"], tokens, targets, mask)
-        q = torch.arange(10)
-        B = task.block_len
-        scored_q = q[mask[0]]
-        assert (rel["induction"][:, scored_q, scored_q - B + 1] == 1).all()
+        B = task.block_length_of(tokens)  # (n,)
+        n_idx, q_idx = mask.nonzero(as_tuple=True)
+        assert (rel["induction"][n_idx, q_idx, q_idx - B[n_idx] + 1] == 1).all()
     elif name == "multi_relation":
         first = torch.zeros_like(mask)
         first[:, 0] = True
@@ -456,19 +468,6 @@ def test_templates_consistent_with_targets(name: str, min_len: int | None) -> No
         check_count(rel["same_token_upto"], targets[..., 2] + 1, mask)
     else:  # pragma: no cover - a new built-in needs a case here
         raise AssertionError(f"no consistency check for {name}")
-
-
-def test_induction_with_replacement_template_contains_true_source() -> None:
-    task = get_task("induction", seq_len=12, d_vocab=3)  # B = 6 > d_vocab: tokens repeat
-    batch = task.sample(200, gen(2))
-    rel = task.relations(batch.tokens)["induction"]
-    q = torch.arange(12)[batch.mask[0]]
-    assert (rel[:, q, q - 6 + 1] == 1).all()
-    assert (rel.sum(-1)[batch.mask] > 1).any()  # some queries are ambiguous
-    # every marked key follows an earlier copy of the query token
-    n_idx, q_idx, k_idx = rel.nonzero(as_tuple=True)
-    assert (batch.tokens[n_idx, k_idx - 1] == batch.tokens[n_idx, q_idx]).all()
-    assert (k_idx <= q_idx).all()
 
 
 # --------------------------------------------------------------------------- sampling
@@ -507,21 +506,29 @@ def test_sample_with_global_generator_follows_manual_seed() -> None:
 
 
 def test_induction_sample_structure() -> None:
-    even = get_task("induction", seq_len=16, d_vocab=10).sample(300, gen(5))
-    assert torch.equal(even.tokens[:, :8], even.tokens[:, 8:])
-    sorted_block = even.tokens[:, :8].sort(-1).values
-    assert (sorted_block[:, 1:] != sorted_block[:, :-1]).all()  # without replacement
-    assert even.mask[0].tolist() == [False] * 8 + [True] * 7 + [False]
-    assert torch.equal(even.targets[:, 8:15], even.tokens[:, 9:16])
+    task = get_task("induction", seq_len=16, d_vocab=10)
+    assert list(task.block_lengths) == [4, 5, 6, 7, 8]
+    batch = task.sample(500, gen(5))
+    B = task.block_length_of(batch.tokens)
+    assert set(B.tolist()) == {4, 5, 6, 7, 8}  # the offset to the answer varies
+    for n in range(500):
+        b, tokens = int(B[n]), batch.tokens[n]
+        first, second, prefix = tokens[16 - 2 * b : 16 - b], tokens[16 - b :], tokens[: 16 - 2 * b]
+        assert torch.equal(first, second) and len(set(first.tolist())) == b  # distinct block
+        assert not set(prefix.tolist()) & set(first.tolist())  # the prefix differs from it
+        expected = [False] * (16 - b) + [True] * (b - 1) + [False]
+        assert batch.mask[n].tolist() == expected
+    odd = get_task("induction", seq_len=9, d_vocab=5)  # B in [2, 4]; B = 4 leaves 1 prefix token
+    assert set(odd.block_length_of(odd.sample(300, gen(6)).tokens).tolist()) == {2, 3, 4}
+    fixed = get_task("induction", seq_len=16, d_vocab=10, min_block=8)
+    assert set(fixed.block_length_of(fixed.sample(50, gen(7)).tokens).tolist()) == {8}
 
-    odd = get_task("induction", seq_len=9, d_vocab=10).sample(300, gen(6))  # B=4, prefix 1
-    assert torch.equal(odd.tokens[:, 1:5], odd.tokens[:, 5:])
-    assert (odd.tokens[:, :1] != odd.tokens[:, 1:5]).all()  # the prefix differs from the block
-    assert odd.mask[0].tolist() == [False] * 5 + [True] * 3 + [False]
 
-    small = get_task("induction", seq_len=12, d_vocab=3).sample(300, gen(7))
-    assert torch.equal(small.tokens[:, :6], small.tokens[:, 6:])
-    assert small.tokens.max() < 3
+def test_induction_rejects_a_vocabulary_too_small_for_distinct_blocks() -> None:
+    with pytest.raises(ValueError, match=r"d_vocab=3 is invalid: an integer >= 6 for induction"):
+        get_task("induction", seq_len=12, d_vocab=3)
+    with pytest.raises(ValueError, match=r"min_block=9 is invalid"):
+        get_task("induction", seq_len=16, min_block=9)
 
 
 # --------------------------------------------------------------------------- variable length
@@ -638,7 +645,8 @@ def test_params_rebuild_equal_task(name: str) -> None:
     if name != "induction":
         params["min_len"] = 4
     task = get_task(name, **params)
-    assert task.params == {**params, "min_len": params.get("min_len", 9)}
+    extra = {"min_block": 2} if name == "induction" else {}
+    assert task.params == {**params, "min_len": params.get("min_len", 9), **extra}
     assert json.loads(json.dumps(task.params)) == task.params
     rebuilt = get_task(task.name, **task.params)
     assert rebuilt == task and hash(rebuilt) == hash(task)
@@ -742,8 +750,8 @@ def test_bad_values(params, error, pattern) -> None:
 
 
 def test_induction_too_short() -> None:
-    with pytest.raises(ValueError, match=r"seq_len=3 is invalid for induction: must be >= 4"):
-        get_task("induction", seq_len=3)
+    with pytest.raises(ValueError, match=r"seq_len=4 is invalid: an integer >= 5 for induction"):
+        get_task("induction", seq_len=4)
 
 
 def test_bad_inputs_to_targets_and_relations() -> None:
@@ -866,7 +874,7 @@ def test_custom_task_with_bad_targets_is_caught() -> None:
 
 def test_direct_construction_equals_registry() -> None:
     assert InductionTask(seq_len=8) == get_task("induction", seq_len=8)
-    assert get_task("induction", seq_len=8).block_len == 4
+    assert list(get_task("induction", seq_len=8).block_lengths) == [2, 3, 4]
 
 
 # ----- tasks defined outside mhainterp: files, modules, entry points, run folders -------------

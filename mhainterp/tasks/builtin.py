@@ -17,6 +17,7 @@ from mhainterp.tasks.templates import (
     same_token_template,
     sort_source_template,
 )
+from mhainterp.validation import check_int, invalid
 
 __all__ = [
     "CountPreviousTask",
@@ -186,72 +187,105 @@ class SortTask(Task):
 
 
 class InductionTask(Task):
-    """Induction: a random block of ``B = seq_len // 2`` tokens followed by the same block again
-    (after one random prefix token when ``seq_len`` is odd). At each position ``t`` of the second
-    copy whose next token is still inside it, the target is that next token ``tokens[t + 1]``;
-    other positions are not scored (``d_vocab_out = d_vocab``). Solved by a two-layer circuit:
-    a ``previous``-token head, then an ``induction`` head attending to the token after the
-    earlier copy of the current token (``k = t - B + 1``). The block is drawn without
-    replacement when ``d_vocab >= B`` and the prefix token then differs from the block when
-    ``d_vocab > B``, so that key is the only one; otherwise tokens repeat and the ``induction``
-    template marks every token that follows an earlier copy. Causal; fixed length only.
+    """Induction: a block of ``B`` distinct tokens, then the same block again, at the end of the
+    sequence after ``seq_len - 2B`` prefix tokens that differ from the block. ``B`` is drawn per
+    sequence from ``[min_block, seq_len // 2]`` (default ``min_block = max(2, seq_len // 4)``),
+    so the distance back to the answer varies: no attention head at a fixed offset, and no
+    one-layer model, can solve it. At each position ``t`` of the second copy whose next token is
+    still inside it, the target is that next token ``tokens[t + 1]``; other positions are not
+    scored (``d_vocab_out = d_vocab``). Solved by a two-layer circuit: a ``previous``-token head
+    in layer 0, then an ``induction`` head in layer 1 that attends to the key whose previous token
+    is the query's token (``k = t - B + 1``, the only such key). ``B`` is read back from the
+    tokens (the one length whose last two blocks are equal), so targets follow from tokens
+    alone. Causal; fixed length; ``d_vocab >= (seq_len + 1) // 2`` so the blocks can be distinct.
+    With ``min_block = seq_len // 2`` the offset is fixed (one positional head solves it).
 
     Example:
-        >>> InductionTask(seq_len=6).targets_for(torch.tensor([[5, 6, 7, 5, 6, 7]]))[0].tolist()
-        [[-100, -100, -100, 6, 7, -100]]
+        >>> task = InductionTask(seq_len=7, d_vocab=5)
+        >>> task.targets_for(torch.tensor([[4, 1, 2, 3, 1, 2, 3]]))[0].tolist()
+        [[-100, -100, -100, -100, 2, 3, -100]]
+        >>> task.targets_for(torch.tensor([[4, 3, 0, 1, 2, 1, 2]]))[0].tolist()  # B = 2
+        [[-100, -100, -100, -100, -100, 2, -100]]
     """
 
     name = "induction"
     causal = True
     min_layers = 2
 
-    def __init__(self, seq_len: int = 16, d_vocab: int = 10, min_len: int | None = None) -> None:
+    def __init__(
+        self,
+        seq_len: int = 16,
+        d_vocab: int = 10,
+        min_len: int | None = None,
+        min_block: int | None = None,
+    ) -> None:
         super().__init__(seq_len=seq_len, d_vocab=d_vocab, min_len=min_len)
-        if self.seq_len < 4:
-            raise ValueError(
-                f"seq_len={seq_len!r} is invalid for induction: must be >= 4 (a block of at "
-                f"least 2 tokens, repeated, so at least one position is scored)."
+        if self.seq_len < 5:
+            raise invalid(
+                "seq_len",
+                seq_len,
+                "an integer >= 5 for induction (two block lengths, so the "
+                "offset to the answer varies)",
             )
         if self.min_len != self.seq_len:
-            raise ValueError(
-                f"min_len={min_len!r} is invalid for induction: variable length does not apply "
-                f"(the block and its repeat fill the sequence); leave min_len unset or equal to "
-                f"seq_len={self.seq_len}."
+            raise invalid(
+                "min_len",
+                min_len,
+                f"unset or equal to seq_len={self.seq_len} for induction "
+                "(the blocks fill the sequence: variable length does not apply)",
             )
+        if self.d_vocab < (self.seq_len + 1) // 2:
+            raise invalid(
+                "d_vocab",
+                d_vocab,
+                f"an integer >= {(self.seq_len + 1) // 2} for induction "
+                f"with seq_len={self.seq_len} (a block of seq_len // 2 distinct tokens, and "
+                "prefix tokens that differ from it)",
+            )
+        default = max(2, self.seq_len // 4)
+        chosen = default if min_block is None else min_block
+        self.min_block = check_int("min_block", chosen, minimum=2, maximum=self.seq_len // 2)
 
     @property
-    def block_len(self) -> int:
-        """``B``, the length of the repeated block."""
-        return self.seq_len // 2
-
-    @property
-    def prefix_len(self) -> int:
-        """1 when ``seq_len`` is odd (one random token before the block), else 0."""
-        return self.seq_len % 2
+    def block_lengths(self) -> range:
+        """The block lengths ``B`` a sequence can have."""
+        return range(self.min_block, self.seq_len // 2 + 1)
 
     @property
     def d_vocab_out(self) -> int:
         return self.d_vocab
 
     def sample_tokens(self, n: int, lengths: Tensor, generator: torch.Generator | None) -> Tensor:
-        B, s, V = self.block_len, self.prefix_len, self.d_vocab
-        prefix = torch.zeros(n, 0, dtype=torch.int64)
-        if V >= B:  # without replacement: the first B (+ 1) values of a random permutation
-            perm = torch.rand(n, V, generator=generator).argsort(dim=-1)  # (n, V)
-            block = perm[:, :B]
-            prefix = perm[:, B : B + s]  # differs from the block; empty when V == B
-        else:
-            block = torch.randint(0, V, (n, B), generator=generator)
-        if prefix.shape[1] < s:
-            prefix = torch.randint(0, V, (n, 1), generator=generator)
-        return torch.cat([prefix, block, block], dim=-1)  # (n, s + 2B)
+        T, V = self.seq_len, self.d_vocab
+        sizes = torch.tensor(list(self.block_lengths))
+        B = sizes[torch.randint(0, len(sizes), (n,), generator=generator)]  # (n,)
+        perm = torch.rand(n, V, generator=generator).argsort(dim=-1)  # (n, V) distinct values
+        pos = torch.arange(T)[None, :]  # (1, T)
+        start = T - 2 * B[:, None]  # (n, 1): first position of the first copy
+        in_blocks = pos >= start
+        index_in_block = (pos - start) % B[:, None]  # (n, T), meaningful inside the blocks
+        block_tokens = perm.gather(1, index_in_block.clamp(max=V - 1))
+        # Prefix tokens: drawn with replacement from the values the block does not use.
+        spare = torch.randint(0, V, (n, T), generator=generator) % (V - B[:, None]).clamp(min=1)
+        prefix_tokens = perm.gather(1, (B[:, None] + spare).clamp(max=V - 1))
+        return torch.where(in_blocks, block_tokens, prefix_tokens)  # (n, T)
+
+    def block_length_of(self, tokens: Int[Tensor, "n pos"]) -> Int[Tensor, " n"]:
+        """Each sequence's ``B`` read from its tokens (0 where no block length fits)."""
+        T = tokens.shape[-1]
+        found = torch.zeros(tokens.shape[0], dtype=torch.int64, device=tokens.device)
+        for B in self.block_lengths:  # the largest fitting B wins (unique for sampled tokens)
+            equal = (tokens[:, T - B :] == tokens[:, T - 2 * B : T - B]).all(dim=-1)
+            found = torch.where(equal, torch.full_like(found, B), found)
+        return found
 
     def compute_targets(self, tokens: Tensor, padding_mask: Tensor) -> Targets:
-        first_repeat = self.prefix_len + self.block_len  # first position of the second copy
-        pos = torch.arange(self.seq_len, device=tokens.device)
-        mask = (pos >= first_repeat) & (pos <= self.seq_len - 2)  # next token inside the repeat
+        T = self.seq_len
+        B = self.block_length_of(tokens)[:, None]  # (n, 1)
+        pos = torch.arange(T, device=tokens.device)[None, :]
+        mask = (B > 0) & (pos >= T - B) & (pos <= T - 2)  # the second copy, next token inside it
         next_token = torch.roll(tokens, -1, dims=-1)  # (n, pos): tokens[t + 1] (wraps at end)
-        return next_token, mask[None, :] & padding_mask
+        return next_token, mask & padding_mask
 
     def compute_relations(self, tokens: Tensor, padding_mask: Tensor) -> Relations:
         return {
