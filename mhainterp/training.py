@@ -117,6 +117,7 @@ def build_model(task: Task, **model_overrides: Any) -> HookedMHATransformer:
     """A model shaped for ``task`` (context, vocabularies, targets, causality, min layers).
 
     Example:
+        >>> from mhainterp.tasks import get_task
         >>> task = get_task("reverse", seq_len=16, d_vocab=10)
         >>> build_model(task, d_model=64, n_heads=8, seed=0).cfg.d_head
         8
@@ -222,9 +223,12 @@ def train(
             weights, and, with ``run_dir``, those are saved with ``eval.json`` status "diverged".
 
     Example:
+        >>> from mhainterp.config import TrainConfig
+        >>> from mhainterp.tasks import get_task
         >>> task = get_task("reverse")
-        >>> run = train(build_model(task), task, TrainConfig(steps=500), progress=False)
-        >>> run.eval["accuracy"]  # doctest: +SKIP
+        >>> run = train(build_model(task), task, TrainConfig(steps=20), progress=False)
+        >>> sorted(run.eval)[:3]
+        ['accuracy', 'final_train_loss', 'loss']
     """
     config = config or TrainConfig()
     _check_compatible(model, task)

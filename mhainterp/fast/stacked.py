@@ -331,9 +331,12 @@ def train_many(
             saves, its last good weights, with the message :func:`train` would have raised.
 
     Example:
+        >>> from mhainterp.config import TrainConfig
+        >>> from mhainterp.tasks import get_task
+        >>> from mhainterp.training import build_model
         >>> task = get_task("count_previous")
         >>> models = [build_model(task, n_heads=h, seed=s) for h in (1, 4) for s in (0, 1)]
-        >>> configs = [TrainConfig(steps=100, seed=m.cfg.seed) for m in models]
+        >>> configs = [TrainConfig(steps=20, seed=m.cfg.seed) for m in models]
         >>> results = train_many(models, task, configs, progress=False)
         >>> len(results)
         4

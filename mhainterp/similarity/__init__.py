@@ -112,6 +112,7 @@ def head_similarity(
         ValueError: For an unknown method, missing tokens, or ``reference`` with another method.
 
     Example:
+        >>> import torch
         >>> from mhainterp.handbuilt import handbuilt_model
         >>> model = handbuilt_model(["previous", "uniform", "previous"])
         >>> sim = head_similarity(model, torch.randint(0, 10, (16, 16)), method="js")
