@@ -45,7 +45,6 @@ from mhainterp.capture.core import (
     iter_patterns,
     pattern_hook_names,
     resolve_inputs,
-    run_patterns,
     statistic_queries,
     visible_keys,
 )
@@ -78,7 +77,6 @@ __all__ = [
     "patterns_frame",
     "relations_frame",
     "resolve_inputs",
-    "run_patterns",
     "statistic_queries",
     "visible_keys",
 ]

@@ -38,7 +38,6 @@ __all__ = [
     "iter_patterns",
     "pattern_hook_names",
     "resolve_inputs",
-    "run_patterns",
     "statistic_queries",
     "visible_keys",
 ]
@@ -207,15 +206,6 @@ def capture_activations(
 
 class _CapturedAllError(Exception):
     """Raised by :func:`capture_activations`' hook once every named activation is stored."""
-
-
-def run_patterns(
-    model: HookedMHATransformer, tokens: Tensor, padding_mask: Tensor | None
-) -> Float[Tensor, "B L h T T"]:
-    """One forward pass keeping only the attention patterns of every layer, ``[B, L, h, T, T]``."""
-    names = pattern_hook_names(model)
-    store = capture_activations(model, tokens, padding_mask, names)
-    return torch.stack([store[name] for name in names], dim=1)  # (B, L, h, T, T)
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ __all__ = [
 
 def head_similarity(
     model: HookedMHATransformer,
-    tokens: Data | None = None,
+    data: Data | None = None,
     method: str = "js",
     padding_mask: Tensor | None = None,
     reference: HookedMHATransformer | None = None,
@@ -93,7 +93,7 @@ def head_similarity(
 
     Args:
         model: The model.
-        tokens: A Task (its evaluation set), a Batch or ``[n, pos]`` tokens; not needed for
+        data: A Task (its evaluation set), a Batch or ``[n, pos]`` tokens; not needed for
             ``"ov"`` and ``"qk"``.
         method: One of :data:`SIMILARITY_METHODS` (see the module docstring for each one's
             definition and range).
@@ -109,7 +109,7 @@ def head_similarity(
         ``"L0H0" .. "L1H3"``; larger = more similar. Symmetric.
 
     Raises:
-        ValueError: For an unknown method, missing tokens, or ``reference`` with another method.
+        ValueError: For an unknown method, missing data, or ``reference`` with another method.
 
     Example:
         >>> import torch
@@ -126,12 +126,12 @@ def head_similarity(
     labels = _labels(model)
     if method in ("ov", "qk"):
         return _head_frame(_circuit_similarity(model, method), labels, labels)
-    if tokens is None:
+    if data is None:
         raise ValueError(f"method={method!r} needs tokens (a Task, a Batch or [n, pos] tokens)")
     run = dict(batch_size=batch_size, n_eval=n_eval, progress=progress)
     if method == "separation":
-        table = head_separation(model, tokens, padding_mask, reference=reference, **run)
+        table = head_separation(model, data, padding_mask, reference=reference, **run)
         order = list(dict.fromkeys(table["head_a"]))
         square = table.pivot(index="head_a", columns="head_b", values="similarity")
         return _head_frame(square.loc[order, order].to_numpy(), order, order)
-    return cross_model_similarity(model, model, tokens, method, padding_mask, **run)
+    return cross_model_similarity(model, model, data, method, padding_mask, **run)
