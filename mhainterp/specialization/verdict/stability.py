@@ -33,7 +33,7 @@ from mhainterp.specialization.verdict.labels import HeadDecision, decide_labels
 from mhainterp.specialization.verdict.settings import THRESHOLDS, SpecializationSettings
 
 if TYPE_CHECKING:  # run_analysis imports this module
-    from mhainterp.specialization.battery import SpecializationResult
+    from mhainterp.specialization.verdict.result import SpecializationResult
 
 __all__ = [
     "FACTORS",

@@ -1,0 +1,169 @@
+"""The package's architecture, as DESIGN.md draws it: dependencies flow one way.
+
+validation/config -> model -> tasks/data/scoring/runs -> training -> capture ->
+similarity/ablation/attribution -> specialization -> figures -> render/report -> explore -> cli.
+
+The import graph is read from the source (``ast``, top-level and function-level imports alike,
+so an import moved into a function to dodge a cycle still counts). Known exceptions are listed
+below with the reason; the tests fail on a new violation AND on a listed one that is gone, so
+the list only shrinks.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "mhainterp"
+
+# Layer of each top-level module or sub-package (lower = more basic). A module may import
+# modules of its own layer or below.
+LAYERS: dict[str, int] = {
+    "validation": 0,
+    "config": 0,
+    "heads": 0,
+    "io": 0,
+    "stats": 0,
+    "eval_mode": 0,
+    "model": 1,
+    "protocol": 1,
+    "tasks": 2,
+    "scoring": 2,
+    "data": 2,
+    "runs": 2,
+    "handbuilt": 2,
+    "handbuilt_split": 2,
+    "handbuilt_induction": 2,
+    "pretrained": 2,
+    "training": 3,
+    "fast": 3,
+    "sweep": 3,
+    "demo": 9,
+    "capture": 4,
+    "similarity": 5,
+    "ablation": 5,
+    "attribution": 5,
+    "specialization": 6,
+    "figures": 7,
+    "render": 8,
+    "report": 8,
+    "analyze": 8,
+    "explore": 9,
+    "cli": 10,
+}
+
+# (importer, imported) pairs that break the order today, with why they are tolerated.
+KNOWN_BACK_ARROWS: dict[tuple[str, str], str] = {
+    # The model's return_type="loss" (TransformerLens's API) computes the loss in scoring.
+    ("mhainterp.model.transformer", "mhainterp.scoring"): "TL's return_type='loss'",
+    # The sweep summary renders its own Markdown (render sits above it).
+    ("mhainterp.sweep.summary", "mhainterp.render"): "to move: render below the summaries",
+    ("mhainterp.specialization.verdict.result", "mhainterp.render"): "to move",
+    ("mhainterp.specialization.seeds.over_sweep", "mhainterp.render"): "to move",
+}
+
+# Module cycles tolerated today (the list only shrinks).
+KNOWN_CYCLES: list[list[str]] = [
+    # run.py starts the executors on use, and they import its RunSpec / execute_run.
+    ["mhainterp.sweep.executors", "mhainterp.sweep.run"],
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every ``mhainterp.*`` module ``path`` imports, at any depth of the file."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name.startswith("mhainterp")}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("mhainterp"):
+            found.add(node.module)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    return {
+        _module_name(path): _imports(path)
+        for path in PACKAGE.rglob("*.py")
+        if "assets" not in path.parts
+    }
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    return LAYERS.get(parts[1]) if len(parts) > 1 else None
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = sorted({m.split(".")[1] for m in _graph() if "." in m and _layer(m) is None})
+    assert missing == [], f"add these to LAYERS (DESIGN.md's order): {missing}"
+
+
+def test_dependencies_flow_one_way() -> None:
+    arrows = set()
+    for importer, imported in _graph().items():
+        for target in imported:
+            low, high = _layer(importer), _layer(target)
+            if low is not None and high is not None and high > low:
+                arrows.add((importer, target))
+    new = sorted(arrows - set(KNOWN_BACK_ARROWS))
+    gone = sorted(set(KNOWN_BACK_ARROWS) - arrows)
+    assert new == [], f"imports against DESIGN.md's order: {new}"
+    assert gone == [], f"fixed: remove from KNOWN_BACK_ARROWS: {gone}"
+
+
+def test_no_import_cycles_between_modules() -> None:
+    """No module reaches itself through the imports of other modules (package ``__init__``
+    re-exports excluded: importing ``a.b`` runs ``a/__init__`` but does not depend on it)."""
+    graph = {m: {t for t in ts if t in _graph_nodes()} for m, ts in _graph().items()}
+    exporters = {
+        m for m in graph if (PACKAGE.parent / m.replace(".", "/") / "__init__.py").exists()
+    }
+    edges = {m: ts - exporters for m, ts in graph.items() if m not in exporters}
+    cycles = _cycles(edges)
+    assert [c for c in cycles if c not in KNOWN_CYCLES] == [], f"import cycles: {cycles}"
+    assert [c for c in KNOWN_CYCLES if c not in cycles] == [], "fixed: remove from KNOWN_CYCLES"
+
+
+def _graph_nodes() -> set[str]:
+    return {_module_name(path) for path in PACKAGE.rglob("*.py") if "assets" not in path.parts}
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for succ in edges.get(node, ()):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in on_stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                item = stack.pop()
+                on_stack.discard(item)
+                component.append(item)
+                if item == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return sorted(components)
