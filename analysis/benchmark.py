@@ -272,7 +272,8 @@ def _time_vmap(n_heads: int, seeds: int, steps: int) -> float:
     ``torch.func.stack_module_state`` + ``vmap(functional_call)`` over the model's logits."""
     from torch.func import functional_call, stack_module_state, vmap
 
-    from mhainterp.fast.stacked import batched_loss, sample_many
+    from mhainterp.fast.stacked import sample_many
+    from mhainterp.fast.stacked_forward import batched_loss
 
     task = _task()
     wrappers = [_LogitsOnly(m) for m in _models([n_heads], seeds)]
@@ -370,7 +371,9 @@ def batched_flops_per_model_step(n_heads: int = 8, n_models: int = 3) -> float:
     runs on the (token, position) table instead of on every token."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from mhainterp.fast.stacked import StackedModels, batched_logits, batched_loss, sample_many
+    from mhainterp.fast.stacked import sample_many
+    from mhainterp.fast.stacked_forward import batched_logits, batched_loss
+    from mhainterp.fast.stacked_params import StackedModels
 
     stack = StackedModels.from_models(_models([n_heads], n_models))
     gens = [torch.Generator().manual_seed(s) for s in range(n_models)]

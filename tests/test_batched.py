@@ -10,16 +10,9 @@ import pytest
 import torch
 
 from mhainterp.config import TrainConfig
-from mhainterp.fast.stacked import (
-    BatchDivergedError,
-    StackedModels,
-    _adamw_step,
-    batched_logits,
-    batched_loss,
-    check_batchable,
-    sample_many,
-    train_many,
-)
+from mhainterp.fast.stacked import BatchDivergedError, _adamw_step, sample_many, train_many
+from mhainterp.fast.stacked_forward import batched_logits, batched_loss
+from mhainterp.fast.stacked_params import StackedModels, check_batchable
 from mhainterp.tasks import get_task
 from mhainterp.training import TrainingDivergedError, build_model, load_run, train
 

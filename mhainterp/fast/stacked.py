@@ -51,18 +51,7 @@ from mhainterp.training import (
     save_run,
 )
 
-# The parameter buffer (stacked_params) and the forward pass (stacked_forward) live in their own
-# modules; their public names are re-exported here, where they have always been importable from.
-__all__ = [
-    "BatchDivergedError",
-    "ManyBatch",
-    "StackedModels",
-    "batched_logits",
-    "batched_loss",
-    "check_batchable",
-    "sample_many",
-    "train_many",
-]
+__all__ = ["BatchDivergedError", "ManyBatch", "sample_many", "train_many"]
 
 _FREE_TRAIN_FIELDS = ("seed",)
 _ADAM_EPS = 1e-8  # torch.optim.AdamW's default, which training.train uses
