@@ -59,12 +59,13 @@ def as_batch(
     Raises:
         TypeError: ``data`` is none of the three kinds, or tokens where targets are needed.
     """
+    if padding_mask is not None and isinstance(data, (Task, Batch)):
+        raise ParameterError(
+            f"padding_mask is only used with a tokens tensor; a {type(data).__name__} carries "
+            "its own padding mask: pass padding_mask=None"
+        )
     if isinstance(data, Task):
         return data.eval_batch(check_int("n_eval", n_eval, minimum=1))
-    if padding_mask is not None and not isinstance(data, Tensor):
-        raise ParameterError(
-            f"padding_mask= is only for a tokens tensor; a {type(data).__name__} carries its own"
-        )
     if isinstance(data, Batch):
         return data
     if isinstance(data, Tensor):
@@ -82,13 +83,22 @@ def as_batch(
 def _tokens_batch(tokens: Tensor, padding_mask: Tensor | None, name: str) -> Batch:
     if tokens.is_floating_point() or tokens.dtype == torch.bool:
         raise ParameterError(f"{name} is invalid: integer token ids, got dtype {tokens.dtype}")
-    if tokens.ndim == 1:
+    if tokens.ndim == 1:  # one sequence
         tokens = tokens[None]
         padding_mask = None if padding_mask is None else padding_mask.reshape(1, -1)
+    if tokens.ndim != 2 or tokens.shape[0] == 0:
+        raise ParameterError(
+            f"{name} is invalid: tokens [n, pos] with n >= 1, got shape {tuple(tokens.shape)}"
+        )
     if padding_mask is None:
         padding_mask = torch.ones(tokens.shape, dtype=torch.bool, device=tokens.device)
     if not isinstance(padding_mask, Tensor) or padding_mask.dtype != torch.bool:
         raise ParameterError("padding_mask is invalid: a bool tensor, True for real tokens")
+    if padding_mask.shape != tokens.shape:
+        raise ParameterError(
+            f"padding_mask is invalid: the tokens' shape {tuple(tokens.shape)}, "
+            f"got {tuple(padding_mask.shape)}"
+        )
     return Batch(
         tokens=tokens.long(),
         targets=torch.full(tokens.shape, IGNORE_INDEX, dtype=torch.long, device=tokens.device),

@@ -21,10 +21,10 @@ from mhainterp.capture import (
     offset_profile,
     patterns_frame,
     relations_frame,
-    resolve_inputs,
     visible_keys,
 )
 from mhainterp.config import ModelConfig
+from mhainterp.data import as_batch
 from mhainterp.figures.patterns import plot_average_patterns, plot_example_patterns
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.model import HookedMHATransformer
@@ -243,8 +243,8 @@ def test_example_patterns_rows(model):
 def test_visible_keys_and_inputs():
     mask = torch.tensor([[True, True, False]])
     assert visible_keys(mask, causal=False)[0].int().tolist() == [[1, 1, 0], [1, 1, 0], [0, 0, 0]]
-    tokens, full, task = resolve_inputs(torch.tensor([1, 2, 3]))
-    assert tokens.shape == (1, 3) and bool(full.all()) and task is None
+    batch = as_batch(torch.tensor([1, 2, 3]))  # one sequence
+    assert batch.tokens.shape == (1, 3) and bool(batch.padding_mask.all())
 
 
 def test_bad_inputs(model, task):

@@ -23,7 +23,7 @@ Shapes: n sequences, B a batch of them, T positions (q query, k key), L layers, 
 
 The modules, each with one job (every name is re-exported here):
 
-- :mod:`~mhainterp.capture.core`: inputs (:func:`resolve_inputs`, :func:`visible_keys`) and the
+- :mod:`~mhainterp.capture.core`: which queries count (:func:`visible_keys`) and the
   streaming capture (:func:`capture_activations`, :func:`iter_activations`,
   :func:`iter_patterns`, :func:`attention_patterns`);
 - :mod:`~mhainterp.capture.patterns`: dataset-average patterns and relation templates, and their
@@ -38,13 +38,12 @@ from mhainterp.capture.core import (
     ActivationBatch,
     Data,
     PatternBatch,
-    Relations,
+    RelationSource,
     attention_patterns,
     capture_activations,
     iter_activations,
     iter_patterns,
     pattern_hook_names,
-    resolve_inputs,
     statistic_queries,
     visible_keys,
 )
@@ -62,7 +61,7 @@ __all__ = [
     "Data",
     "PatternBatch",
     "ActivationBatch",
-    "Relations",
+    "RelationSource",
     "TemplateMass",
     "attention_patterns",
     "average_patterns",
@@ -76,7 +75,6 @@ __all__ = [
     "pattern_hook_names",
     "patterns_frame",
     "relations_frame",
-    "resolve_inputs",
     "statistic_queries",
     "visible_keys",
 ]

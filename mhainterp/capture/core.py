@@ -1,4 +1,4 @@
-"""The capture primitives: inputs, and one forward pass per batch that keeps only named hooks.
+"""Capture primitives: which queries count, and a forward per batch that keeps only named hooks.
 
 Every statistic of :mod:`mhainterp.capture` (and of :mod:`mhainterp.similarity` and the role
 scores) reads its activations from :func:`iter_activations`: ``run_with_hooks`` with hooks that
@@ -22,22 +22,21 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch
 from mhainterp.model import HookedMHATransformer
-from mhainterp.tasks import Batch, Task
+from mhainterp.tasks import Task
 from mhainterp.validation import check_int
 
 __all__ = [
     "MIN_VISIBLE_KEYS",
-    "Data",
     "PatternBatch",
     "ActivationBatch",
-    "Relations",
+    "RelationSource",
     "attention_patterns",
     "capture_activations",
     "iter_activations",
     "iter_patterns",
     "pattern_hook_names",
-    "resolve_inputs",
     "statistic_queries",
     "visible_keys",
 ]
@@ -45,69 +44,12 @@ __all__ = [
 MIN_VISIBLE_KEYS = 2
 """A query must see at least this many keys to count in the pattern statistics."""
 
-Data = Task | Batch | Tensor
-Relations = Task | Mapping[str, Tensor] | Callable[[Tensor, Tensor], Mapping[str, Tensor]]
+RelationSource = Task | Mapping[str, Tensor] | Callable[[Tensor, Tensor], Mapping[str, Tensor]]
 """Where relation templates come from: a Task (``task.relations``), a dict of ``[n, q, k]``
 templates aligned with the data's sequences, or a callable ``f(tokens, padding_mask) -> dict``."""
 
 
 # ----------------------------------------------------------------------------- inputs
-
-
-def resolve_inputs(
-    data: Data, padding_mask: Tensor | None = None, *, n_eval: int = 1024
-) -> tuple[Int[Tensor, "n T"], Bool[Tensor, "n T"], Task | None]:
-    """Turn a Task, Batch or token tensor into ``(tokens, padding_mask, task_or_None)``.
-
-    Args:
-        data: A Task (uses ``task.eval_batch(n_eval)``), a Batch, or ``[n, pos]`` integer tokens
-            (``[pos]`` is one sequence).
-        padding_mask: Only with a token tensor: ``[n, pos]`` bool, True for real tokens.
-            None means every token is real.
-        n_eval: Size of a task's fixed evaluation set.
-
-    Returns:
-        int64 tokens ``[n, T]``, a full bool padding mask ``[n, T]`` and the task (or None).
-
-    Raises:
-        TypeError: If ``data`` is none of the above, or ``padding_mask`` is not bool.
-        ValueError: If shapes disagree or ``padding_mask`` is given with a Task/Batch.
-
-    Example:
-        >>> tokens, mask, task = resolve_inputs(torch.tensor([[1, 2, 3]]))
-        >>> mask.tolist(), task is None
-        ([[True, True, True]], True)
-    """
-    if isinstance(data, (Task, Batch)) and padding_mask is not None:
-        raise ValueError(
-            f"padding_mask is only used with a token tensor; a {type(data).__name__} carries "
-            "its own padding mask. Pass padding_mask=None."
-        )
-    if isinstance(data, Task):
-        batch = data.eval_batch(n_eval)
-        return batch.tokens, batch.padding_mask, data
-    if isinstance(data, Batch):
-        return data.tokens, data.padding_mask, None
-    if not isinstance(data, Tensor):
-        raise TypeError(
-            f"data must be a Task, a Batch or a [n, pos] token tensor, got {type(data).__name__}"
-        )
-    if data.is_floating_point() or data.dtype == torch.bool:
-        raise TypeError(f"tokens must be integer ids, got dtype {data.dtype}; use .long()")
-    tokens = data[None] if data.ndim == 1 else data
-    if tokens.ndim != 2 or tokens.shape[0] == 0:
-        raise ValueError(f"tokens must be [n, pos] with n >= 1, got shape {tuple(data.shape)}")
-    if padding_mask is None:
-        return tokens.long(), torch.ones_like(tokens, dtype=torch.bool), None
-    if not isinstance(padding_mask, Tensor) or padding_mask.dtype != torch.bool:
-        raise TypeError("padding_mask must be a bool tensor [n, pos], True for real tokens")
-    padding_mask = padding_mask[None] if padding_mask.ndim == 1 else padding_mask
-    if padding_mask.shape != tokens.shape:
-        raise ValueError(
-            f"padding_mask must have the tokens' shape {tuple(tokens.shape)}, "
-            f"got {tuple(padding_mask.shape)}"
-        )
-    return tokens.long(), padding_mask, None
 
 
 def visible_keys(padding_mask: Bool[Tensor, "B T"], causal: bool) -> Bool[Tensor, "B T T"]:
@@ -233,7 +175,7 @@ def iter_activations(
     padding_mask: Tensor | None = None,
     *,
     batch_size: int = 256,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     progress: bool = False,
     desc: str = "capture",
 ) -> Iterator[ActivationBatch]:
@@ -245,7 +187,7 @@ def iter_activations(
 
     Args:
         models: The models (they must all accept the tokens).
-        data: Task, Batch or ``[n, pos]`` tokens (see :func:`resolve_inputs`).
+        data: Task, Batch or ``[n, pos]`` tokens (see :func:`mhainterp.data.as_batch`).
         names: Per model, the hook names to keep.
         padding_mask: With a token tensor only: True for real tokens.
         batch_size: Sequences per forward pass.
@@ -267,7 +209,8 @@ def iter_activations(
     for model in models:
         _check_model(model)
     _check_batch_size(batch_size)
-    tokens, mask, _ = resolve_inputs(data, padding_mask, n_eval=n_eval)
+    batch = as_batch(data, n_eval=n_eval, padding_mask=padding_mask)
+    tokens, mask = batch.tokens, batch.padding_mask
     for model in models:
         model.validate_inputs(tokens, mask)
     has_padding = not bool(mask.all())
@@ -291,14 +234,14 @@ def iter_patterns(
     padding_mask: Tensor | None = None,
     *,
     batch_size: int = 256,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     progress: bool = False,
 ) -> Iterator[PatternBatch]:
     """Yield the attention patterns of every head, one batch of sequences at a time.
 
     Args:
         model: The model.
-        data: Task, Batch or ``[n, pos]`` tokens (see :func:`resolve_inputs`).
+        data: Task, Batch or ``[n, pos]`` tokens (see :func:`mhainterp.data.as_batch`).
         padding_mask: With a token tensor only: True for real tokens.
         batch_size: Sequences per forward pass (memory ~ ``batch_size * L * h * T * T`` floats).
         n_eval: Size of a task's evaluation set.

@@ -17,12 +17,11 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mhainterp.capture.core import (
-    Data,
-    Relations,
+    RelationSource,
     attention_patterns,
     iter_patterns,
-    resolve_inputs,
 )
+from mhainterp.data import Data, as_batch
 from mhainterp.heads import head_label
 from mhainterp.model import HookedMHATransformer
 from mhainterp.tasks import Task
@@ -65,7 +64,8 @@ def example_patterns(
         >>> list(df.columns)
         ['head_label', 'layer', 'head', 'query', 'key', 'query_token', 'key_token', 'weight']
     """
-    tokens, mask, _ = resolve_inputs(data, padding_mask, n_eval=n_eval)
+    batch = as_batch(data, n_eval=n_eval, padding_mask=padding_mask)
+    tokens, mask = batch.tokens, batch.padding_mask
     n = tokens.shape[0]
     if not isinstance(index, int) or not -n <= index < n:
         raise ValueError(f"index={index!r} is invalid: the data has {n} sequences (0..{n - 1})")
@@ -113,7 +113,7 @@ def average_patterns(
 
     Args:
         model: The model.
-        data: Task, Batch or tokens (see :func:`resolve_inputs`).
+        data: Task, Batch or tokens (see :func:`mhainterp.data.as_batch`).
         padding_mask: With a token tensor only.
         batch_size: Sequences per forward pass.
         n_eval: Size of a task's evaluation set.
@@ -139,12 +139,12 @@ def average_patterns(
         batch_count = part.padding_mask.double().sum(0)  # (T,)
         total = batch_sum if total is None else total + batch_sum
         count = batch_count if count is None else count + batch_count
-    assert total is not None and count is not None  # resolve_inputs guarantees n >= 1
+    assert total is not None and count is not None  # as_batch guarantees n >= 1
     return (total / count.clamp(min=1)[:, None]).float().cpu()
 
 
 def _relation_templates(
-    relations: Relations, tokens: Tensor, padding_mask: Tensor, start: int
+    relations: RelationSource, tokens: Tensor, padding_mask: Tensor, start: int
 ) -> dict[str, Tensor]:
     """The ``[B, q, k]`` templates of one batch of sequences starting at ``start``."""
     if isinstance(relations, Task):
@@ -178,7 +178,7 @@ def _check_template(name: str, template: Tensor, shape: tuple[int, ...]) -> Tens
 
 
 def average_relations(
-    relations: Relations,
+    relations: RelationSource,
     data: Data,
     padding_mask: Tensor | None = None,
     *,
@@ -188,7 +188,8 @@ def average_relations(
     """Dataset-average relation templates, averaged like :func:`average_patterns`.
 
     Args:
-        relations: A Task, a dict of ``[n, q, k]`` templates, or a callable (see ``Relations``).
+        relations: A Task, a dict of ``[n, q, k]`` templates, or a callable
+            (see ``RelationSource``).
         data: Task, Batch or tokens.
         padding_mask: With a token tensor only.
         batch_size: Sequences per chunk.
@@ -204,7 +205,8 @@ def average_relations(
         >>> average_relations(task, task)["previous"][1].tolist()
         [1.0, 0.0, 0.0, 0.0]
     """
-    tokens, mask, _ = resolve_inputs(data, padding_mask, n_eval=n_eval)
+    batch = as_batch(data, n_eval=n_eval, padding_mask=padding_mask)
+    tokens, mask = batch.tokens, batch.padding_mask
     n, T = tokens.shape
     totals: dict[str, Tensor] = {}
     for start in range(0, n, batch_size):

@@ -19,8 +19,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from mhainterp.capture.core import (
-    Data,
-    Relations,
+    RelationSource,
     iter_patterns,
     statistic_queries,
     visible_keys,
@@ -31,6 +30,7 @@ from mhainterp.capture.patterns import (
     _tensor_frame,
     _with_head_labels,
 )
+from mhainterp.data import Data
 from mhainterp.model import HookedMHATransformer
 from mhainterp.tasks import Task
 
@@ -139,7 +139,7 @@ def head_statistics(
     data: Data,
     padding_mask: Tensor | None = None,
     *,
-    relations: Relations | None = None,
+    relations: RelationSource | None = None,
     batch_size: int = 256,
     n_eval: int = 1024,
     progress: bool = False,
@@ -169,7 +169,7 @@ def head_statistics(
 
     Args:
         model: The model.
-        data: Task, Batch or tokens (see :func:`resolve_inputs`).
+        data: Task, Batch or tokens (see :func:`mhainterp.data.as_batch`).
         padding_mask: With a token tensor only.
         relations: Templates to score against; defaults to the task's when ``data`` is a Task,
             else none. A Task, a dict of ``[n, q, k]`` tensors aligned with the data, or a
