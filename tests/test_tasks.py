@@ -970,3 +970,14 @@ def test_a_broken_entry_point_is_skipped_with_a_warning(tmp_path, monkeypatch, u
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.warns(UserWarning, match=r"skipped task entry point 'gone'.*package 'mylab'"):
         assert load_entry_point_tasks() == []
+
+
+def test_the_evaluation_set_is_built_once_per_size_and_shared() -> None:
+    task = get_task("reverse")
+    first = task.eval_batch(64)
+    assert task.eval_batch(64) is first  # an analysis asks for it many times: built once
+    assert get_task("reverse").eval_batch(64).tokens.equal(first.tokens)  # same in any instance
+    assert len(task.eval_batch(32)) == 32
+    for n in range(1, 8):
+        task.eval_batch(n)
+    assert len(task.__dict__["_eval_batches"]) <= 4  # bounded

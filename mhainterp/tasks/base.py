@@ -280,7 +280,9 @@ class Task(abc.ABC):
     def eval_batch(self, n: int = 1024) -> Batch:
         """The fixed evaluation set: ``sample(n)`` from a generator seeded with ``eval_seed``.
 
-        The same (name, params) gives the same sequences in every process and every run.
+        The same (name, params) gives the same sequences in every process and every run. It is
+        built once per task and size and then shared (an analysis asks for it from many
+        functions), so treat its tensors as read-only.
 
         Example:
             >>> from mhainterp.tasks import get_task
@@ -288,7 +290,12 @@ class Task(abc.ABC):
             >>> bool((a.tokens == b.tokens).all())
             True
         """
-        return self.sample(n, torch.Generator().manual_seed(self.eval_seed))
+        cache = self.__dict__.setdefault("_eval_batches", {})
+        if n not in cache:
+            if len(cache) >= 4:  # a few sizes at most (the analysis's, a null's, a preview)
+                cache.pop(next(iter(cache)))
+            cache[n] = self.sample(n, torch.Generator().manual_seed(self.eval_seed))
+        return cache[n]
 
     def targets_for(
         self, tokens: Tensor, padding_mask: Tensor | None = None
