@@ -336,9 +336,9 @@ def test_notebook_widget_runs_the_page_module(backed_up, task):
 # ----------------------------------------------------------------------------- server
 
 
-def _get(port, path, method="GET", body=None):
+def _get(port, path, method="GET", body=None, headers=None):
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    connection.request(method, path, body=body)
+    connection.request(method, path, body=body, headers=headers or {})
     response = connection.getresponse()
     return response.status, response.read()
 
@@ -482,3 +482,113 @@ def test_cli_serves_a_run_and_stops_on_ctrl_c(sweep_dir):
         _, err = process.communicate(timeout=30)
     assert process.returncode == 130
     assert err.strip().splitlines() == ["mhainterp explore: stopped"]
+
+
+# ----------------------------------------------------------------------------- server hardening
+
+
+@pytest.mark.parametrize(
+    "host", ["localhost", "LOCALHOST:8765", "127.0.0.1", "127.0.0.1:1", "[::1]", "[::1]:8765"]
+)
+def test_server_accepts_loopback_host_names_with_any_port(server, host):
+    status, body = _get(server.port, "/api/state", headers={"Host": host})
+    assert status == 200 and json.loads(body)["n_heads"] == 3
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["attacker.example", "attacker.example:8765", "localhost.attacker.example", "127.0.0.2", ""],
+)
+def test_server_refuses_other_host_names_dns_rebinding(server, host):
+    for method, path, body in [("GET", "/api/state", None), ("GET", "/", None),
+                               ("POST", "/api/toggle", '{"head": "L0H1"}')]:  # fmt: skip
+        status, answer = _get(server.port, path, method, body, headers={"Host": host})
+        assert status == 400 and "is not this machine" in json.loads(answer)["error"]
+    assert json.loads(_get(server.port, "/api/state")[1])["view"]["ablated"] == []
+
+
+def test_server_post_from_another_origin_is_403_and_changes_nothing(server):
+    own = {"Host": f"127.0.0.1:{server.port}", "Origin": f"http://127.0.0.1:{server.port}"}
+    foreign = [
+        "http://attacker.example",
+        f"http://localhost:{server.port}",  # another origin than the Host the page came from
+        f"https://127.0.0.1:{server.port}",
+        "null",  # sandboxed frames, file:// pages
+    ]
+    for origin in foreign:
+        status, body = _get(
+            server.port, "/api/toggle", "POST", '{"head": "L0H1"}', {**own, "Origin": origin}
+        )
+        assert status == 403 and "refused" in json.loads(body)["error"]
+    assert json.loads(_get(server.port, "/api/state")[1])["view"]["ablated"] == []
+    status, body = _get(server.port, "/api/toggle", "POST", '{"head": "L0H1"}', own)
+    assert status == 200 and json.loads(body)["ablated"] == ["L0H1"]
+    status, _ = _get(server.port, "/api/reset", "POST", "{}")  # no Origin: not a web page
+    assert status == 200
+
+
+def test_server_refuses_a_huge_declared_body_without_reading_it(server):
+    """Content-Length of 200 MiB and no byte of it sent: a server that buffered the body
+    would wait for it (the socket timeout fails the test); this one answers 413 at once."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /api/toggle HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 209715200\r\n\r\n"
+        )
+        status_line = sock.makefile("rb").readline()
+    assert status_line.split()[1] == b"413"
+
+
+def test_server_refuses_a_chunked_body_once_it_passes_the_limit(server):
+    """A chunked body is counted while it streams: 128 KiB sent, no final chunk; the server
+    answers 413 without waiting for the end (a buffering server would hang here)."""
+    from mhainterp.explore.server import MAX_BODY_BYTES
+
+    chunk = b"[" * 8192
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /api/toggle HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        for _ in range(2 * MAX_BODY_BYTES // len(chunk)):
+            try:
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            except OSError:  # the server answered and closed: it stopped reading
+                break
+        status_line = sock.makefile("rb").readline()
+    assert status_line.split()[1] == b"413"
+    assert _get(server.port, "/api/state")[0] == 200  # and it keeps serving
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[" * 50_000,  # nested too deeply for json.loads (RecursionError)
+        '{"head": ' * 5_000 + "1" + "}" * 5_000,
+        b"\xff\xfe\x00 not utf-8",
+        '{"head": "L0H1"',
+        "[1, 2]",
+        '"L0H1"',
+        "NaN",
+        "1" * 5000,  # an int with too many digits
+    ],
+)
+def test_server_any_bad_json_is_400_never_500(server, body):
+    status, answer = _get(server.port, "/api/toggle", "POST", body)
+    assert status == 400 and "JSON" in json.loads(answer)["error"]
+
+
+def test_state_with_a_nan_in_a_saved_table_is_valid_json(tmp_path, task):
+    from mhainterp.explore.server import ServerThread, build_app
+
+    run = make_run(tmp_path / "h3_seed0", handbuilt_model(["previous", "uniform", "dead"]), task)
+    (run / "analysis").mkdir(exist_ok=True)
+    pd.DataFrame(
+        {"head_label": ["L0H0", "L0H1", "L0H2"], "method": "zero",
+         "delta_accuracy": [-0.5, float("nan"), 0.0]}
+    ).to_csv(run / "analysis" / "ablation_importance.csv", index=False)  # fmt: skip
+    explorer = Explorer.from_path(run, n_eval=N_EVAL)
+    with ServerThread(build_app(explorer)) as running:
+        status, body = _get(running.port, "/api/state")
+    assert status == 200
+    state = json.loads(body, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+    assert state["view"]["importance"] == {"L0H0": -0.5, "L0H1": None, "L0H2": 0.0}
