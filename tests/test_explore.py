@@ -57,7 +57,7 @@ def test_clean_metrics_equal_training_evaluate(session, backed_up, task):
     assert overall["accuracy"] == {"clean": 1.0, "ablated": 1.0}
     assert overall["loss"]["clean"] == pytest.approx(expected["loss"], abs=1e-9)
     assert overall["n_scored"] == expected["n_scored"] == N_EVAL * 16
-    assert [row["key"] for row in session.metrics()["per_target"]] == ["previous_token"]
+    assert [row["key"] for row in session.metrics()["by"]["target"]] == ["previous_token"]
 
 
 def test_backup_head_then_both_heads_then_back_to_clean(session, task):
@@ -66,7 +66,7 @@ def test_backup_head_then_both_heads_then_back_to_clean(session, task):
     # Both zeroed = a model whose two previous heads are dead (zero z writes nothing).
     both = session.toggle("L0H2").metrics()
     dead = evaluate(handbuilt_model(["dead", "uniform", "dead"]), task, n_eval=N_EVAL)
-    assert session.ablated == ["L0H0", "L0H2"]
+    assert session.heads == ["L0H0", "L0H2"]
     assert both["overall"]["accuracy"]["ablated"] == pytest.approx(dead["accuracy"], abs=1e-12)
     assert both["overall"]["loss"]["ablated"] == pytest.approx(dead["loss"], rel=1e-6)
     assert dead["accuracy"] < 0.5
@@ -82,7 +82,7 @@ def test_two_layers_equal_a_plain_ablate_forward(method):
     model = build_model(task, n_heads=4, n_layers=2, seed=3)
     session = ExploreSession(model, task, n_eval=N_EVAL, method=method)
     heads = ["L0H1", "L1H2", "L1H0"]
-    got = session.set_heads(heads).metrics()["overall"]
+    got = session.set(heads).metrics()["overall"]
     batch = session.batch
     reference = None if method == "zero" else batch
     with ablate(model, heads, method, reference=reference) as ablated:
@@ -100,7 +100,7 @@ def test_padded_sequences_are_not_scored_and_match_evaluate():
     task = get_task("reverse", min_len=6)
     model = build_model(task, n_heads=4, seed=2)
     session = ExploreSession(model, task, n_eval=N_EVAL, method="mean")
-    got = session.set_heads("L0H0,L0H3").metrics()["overall"]
+    got = session.set("L0H0,L0H3").metrics()["overall"]
     batch = session.batch
     with ablate(model, ["L0H0", "L0H3"], "mean", reference=batch) as ablated:
         expected = evaluate(ablated, batch)
@@ -117,7 +117,7 @@ def test_per_target_rows_equal_evaluate_on_a_multi_target_task():
     task = get_task("multi_relation")
     model = build_model(task, n_heads=4, seed=1)
     session = ExploreSession(model, task, n_eval=N_EVAL)
-    rows = session.toggle("L0H2").metrics()["per_target"]
+    rows = session.toggle("L0H2").metrics()["by"]["target"]
     with ablate(model, ["L0H2"]) as ablated:
         expected = evaluate(ablated, session.batch)
     names = list(task.target_names)
@@ -127,26 +127,44 @@ def test_per_target_rows_equal_evaluate_on_a_multi_target_task():
         assert row["accuracy"]["ablated"] == pytest.approx(expected[f"accuracy/target{i}"])
 
 
-def test_groups_by_class_and_by_query_token(session, task):
-    metrics = session.set_heads("L0H0,L0H2").metrics()
+def test_groups_along_the_division_of_labours_axes(session, task):
+    metrics = session.set("L0H0,L0H2").metrics()
     batch = session.batch
-    by_class = {row["key"]: row for row in metrics["by_target_class"]}
+    assert list(metrics["by"]) == ["token", "position", "target_class", "target"]
+    by_class = {row["key"]: row for row in metrics["by"]["target_class"]}
     # Class V (= 10, "no previous token" at position 0) is read from the position embedding,
     # so it stays right with both copying heads gone; every sequence has one such position.
-    assert by_class[10]["n"] == N_EVAL
-    assert by_class[10]["accuracy"] == {"clean": 1.0, "ablated": 1.0}
+    assert by_class["10"]["n"] == N_EVAL
+    assert by_class["10"]["accuracy"] == {"clean": 1.0, "ablated": 1.0}
     counts = torch.bincount(batch.targets[batch.mask])
     assert {k: r["n"] for k, r in by_class.items()} == {
-        k: int(c) for k, c in enumerate(counts) if c > 0
+        str(k): int(c) for k, c in enumerate(counts) if c > 0
     }
     tokens = torch.bincount(batch.tokens[batch.mask])
-    assert [r["n"] for r in metrics["by_query_token"]] == [int(c) for c in tokens if c > 0]
-    assert sum(r["n"] for r in metrics["by_query_token"]) == metrics["overall"]["n_scored"]
+    assert [r["n"] for r in metrics["by"]["token"]] == [int(c) for c in tokens if c > 0]
+    assert sum(r["n"] for r in metrics["by"]["token"]) == metrics["overall"]["n_scored"]
+    by_position = metrics["by"]["position"]
+    assert [r["key"] for r in by_position] == [str(t) for t in range(16)]
+    assert by_position[0]["accuracy"]["ablated"] == 1.0  # class V at position 0
+    assert by_position[5]["accuracy"]["ablated"] < 0.5  # a copy the dead heads cannot make
+
+
+def test_groups_are_damage_py_axes(backed_up, task):
+    """The explorer's groups are the division of labour's: same value names, same counts."""
+    from mhainterp.specialization.damage import triple_damage
+
+    session = ExploreSession(backed_up, task, n_eval=N_EVAL)
+    damage = triple_damage(backed_up, session.batch, method="zero", names=["previous_token"])
+    rows = session.toggle("L0H0", "L0H2").metrics()["by"]
+    for axis, names in damage.value_names.items():
+        assert [row["key"] for row in rows[axis]] == names
+        per_value = torch.bincount(damage.values[axis]).tolist()
+        assert [row["n"] for row in rows[axis]] == per_value
 
 
 def test_example_tokens_predictions_and_attention(session):
     batch = session.batch
-    example = session.set_heads("L0H0,L0H2").example(3)
+    example = session.set("L0H0,L0H2").example(3)
     assert example["tokens"] == batch.tokens[3].tolist()
     assert example["targets"] == batch.targets[3][:, None].tolist()
     for t in range(16):
@@ -163,10 +181,10 @@ def test_bad_input_raises_and_changes_nothing(session):
     with pytest.raises(ValueError, match="L0H9"):
         session.toggle("L0H9")
     with pytest.raises(ValueError, match="method"):
-        session.set_method("noise")
+        session.method = "noise"
     with pytest.raises(ValueError, match="index"):
         session.example(N_EVAL)
-    assert session.ablated == ["L0H1"]
+    assert session.heads == ["L0H1"]
     assert session.method == "zero"
 
 
@@ -592,3 +610,71 @@ def test_state_with_a_nan_in_a_saved_table_is_valid_json(tmp_path, task):
     assert status == 200
     state = json.loads(body, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
     assert state["view"]["importance"] == {"L0H0": -0.5, "L0H1": None, "L0H2": 0.0}
+
+
+# ----------------------------------------------------------------------------- over the Ablator
+
+
+def test_the_session_is_the_ablators_one_state_and_reading_changes_nothing(backed_up, task):
+    from mhainterp.ablation import Ablator
+
+    session = ExploreSession(backed_up, task, n_eval=N_EVAL, method="mean")
+    assert isinstance(session, Ablator)
+    session.toggle("L0H0")
+    before = session.evaluate()
+    session.importance("resample")  # every single head, another method
+    session.metrics(), session.example(3), session.patterns(3, "L0H1,L0H2", method="zero")
+    session.evaluate("L0H1", method="zero"), session.position_scores([])
+    assert (session.method, session.heads) == ("mean", ["L0H0"])
+    assert session.evaluate() == before
+    assert not {"_ablated", "_method_shadow"} & set(vars(session))  # no second copy of it
+
+
+def test_one_click_resolves_the_head_label_once(backed_up, task, monkeypatch):
+    import mhainterp.ablation.interactive as interactive
+
+    explorer = Explorer.from_model(backed_up, task, n_eval=N_EVAL)
+    explorer.handle("state")
+    calls = []
+    real = interactive.resolve_heads
+    monkeypatch.setattr(interactive, "resolve_heads", lambda *a: calls.append(a) or real(*a))
+    explorer.handle("toggle", {"head": "L0H0"})
+    explorer.handle("toggle", {"head": "L0H2"})
+    assert [args[1] for args in calls] == ["L0H0", "L0H2"]
+
+
+def test_ablator_cache_is_a_bounded_lru(task):
+    from mhainterp.ablation import Ablator
+
+    model = build_model(task, n_heads=8, n_layers=2, seed=4)
+    ablator = Ablator(model, task, n_eval=64, cache_size=6)
+    labels = ablator.valid_heads
+    seen = []
+    for i in range(30):  # 30 distinct sets (Gray code over 16 heads)
+        ablator.toggle(labels[((i + 1) & -(i + 1)).bit_length() - 1])
+        seen.append((ablator.heads, ablator.position_scores()))
+        assert ablator.cache_info()["entries"] <= 6
+    recent_heads, recent = seen[-1]
+    assert ablator.position_scores(recent_heads) is recent  # a recent set: a cache hit
+    old_heads, old = seen[0]
+    again = ablator.position_scores(old_heads)  # dropped long ago: computed again, same numbers
+    assert again is not old and torch.equal(again.nll, old.nll)
+    assert torch.equal(again.predictions, old.predictions)
+    with pytest.raises(ValueError, match="cache_size=0"):
+        Ablator(model, task, n_eval=64, cache_size=0)
+
+
+@pytest.mark.parametrize("method", ["zero", "resample"])
+def test_kept_clean_prefixes_give_the_engines_numbers(method):
+    """Clicks reuse the clean prefix of each first ablated layer; every number still equals a
+    fresh engine pass (evaluate_head_sets) of the same sets."""
+    from mhainterp.ablation import Ablator, evaluate_head_sets
+
+    task = get_task("reverse")
+    model = build_model(task, n_heads=4, n_layers=3, seed=5)
+    sets = [["L1H0"], ["L1H0", "L0H2"], ["L2H3"], ["L0H2"], ["L1H0", "L2H3"]]
+    ablator = Ablator(model, task, n_eval=N_EVAL, method=method)
+    clicked = [ablator.set(heads).evaluate()["accuracy"] for heads in sets]
+    assert len(ablator._prefixes) == 3  # one clean prefix per first layer (0, 1, 2), kept
+    fresh = evaluate_head_sets(model, ablator.batch_, sets, method, reference=ablator.batch_)
+    assert clicked == [m["accuracy"] for m in fresh.metrics()]

@@ -126,7 +126,7 @@ class Explorer:
             raise BadRequestError(f"run={run_id!r} is invalid: one of {', '.join(self.runs)}")
         if run_id in self._opened:
             self._current = self._opened[run_id]
-            self._current.session.set_method(self._method)
+            self._current.session.method = self._method
             self._example = 0
             return
         entry = self.runs[run_id]
@@ -172,7 +172,7 @@ class Explorer:
                     raise BadRequestError(
                         f"method={method!r} is invalid: one of {', '.join(METHODS)}"
                     )
-                self.session.set_method(method)
+                self.session.method = method
                 self._method = method
             elif action == "reset":
                 self.session.reset()
@@ -221,7 +221,7 @@ class Explorer:
         session = self.session
         return {
             "method": session.method,
-            "ablated": session.ablated,
+            "ablated": session.heads,
             "metrics": session.metrics(),
             "example": session.example(self._example),
             "importance": self.importance(),
@@ -231,7 +231,7 @@ class Explorer:
         """Single-head change in accuracy for the current method: saved, else computed once."""
         assert self._current is not None
         saved = self._current.saved.importance.get(self.session.method)
-        if saved and set(saved) == set(self.session.head_labels):
+        if saved and set(saved) == set(self.session.valid_heads):
             return saved
         return self.session.importance()
 

@@ -62,7 +62,7 @@ const fmt = (x, digits = 3) => (Number.isFinite(x) ? x.toFixed(digits) : "–");
 const signed = (x, digits = 3) => (Number.isFinite(x) ? (x > 0 ? "+" : "") + x.toFixed(digits) : "–");
 
 export function mount(root, call) {
-  const ui = { state: null, view: null, lockedQuery: null, hoverQuery: null, groupBy: "by_target_class" };
+  const ui = { state: null, view: null, lockedQuery: null, hoverQuery: null, groupBy: "target_class" };
   root.classList.add("mhx");
   root.replaceChildren(h("div", { class: "mhx-loading" }, "loading…"));
 
@@ -237,7 +237,8 @@ export function mount(root, call) {
         h("div", { class: "mhx-big-clean", "data-metric-clean": name }, `clean ${fmt(pair.clean, 4)} · Δ ${signed(pair.ablated - pair.clean, 4)}`),
         h("div", { class: `mhx-bar-outer` }, bar(pair, better)),
       );
-    const groups = { by_target_class: "target class", by_query_token: "query token" };
+    // The division of labour's axes (ExploreSession.metrics()["by"]).
+    const groups = { target_class: "target class", token: "query token", position: "position" };
     const switcher = h(
       "span",
       { class: "mhx-groups" },
@@ -252,9 +253,9 @@ export function mount(root, call) {
       box,
       h("h3", {}, `Metrics vs clean (${o.n_scored} scored pairs)`),
       h("div", { class: "mhx-bigs" }, metric("accuracy", o.accuracy, "high"), metric("loss", o.loss, "low")),
-      m.per_target.length > 1 ? h("div", {}, h("h4", {}, "per target"), table(head, rows(m.per_target), "target")) : null,
+      m.by.target.length > 1 ? h("div", {}, h("h4", {}, "per target"), table(head, rows(m.by.target), "target")) : null,
       h("h4", {}, "by ", switcher),
-      table(head, rows(m[ui.groupBy]), ui.groupBy),
+      table(head, rows(m.by[ui.groupBy]), ui.groupBy),
     );
   }
 
