@@ -264,17 +264,16 @@ def test_state_grid_thumbnails_and_saved_labels(sweep_dir):
     ).to_csv(analysis / "ablation_importance.csv", index=False)
     explorer = Explorer.from_path(sweep_dir, n_eval=N_EVAL)
     state = explorer.handle("state")
-    assert state["run"] == "h2_seed0" and [r["id"] for r in state["runs"]] == [
-        "h2_seed0",
-        "h3_seed1",
-    ]
+    assert state["run"] == "h3_seed1"  # the largest head count opens first
+    assert [r["id"] for r in state["runs"]] == ["h2_seed0", "h3_seed1"]
+    state = explorer.handle("run", {"run": "h2_seed0"})
     assert [(h["label"], h["role"]) for h in state["heads"]] == [
         ("L0H0", "previous"),
         ("L0H1", "dead"),
     ]
     assert state["thumbnails"]["L0H0"][3][2] > 0.99  # average pattern: previous token
     assert state["view"]["importance"] == {"L0H0": -0.25, "L0H1": 0.0}  # the saved table
-    other = explorer.handle("run", {"run": "h3_seed1"})
+    other = explorer.handle("run", {"run": "h3_seed1"})  # opened before: kept
     assert other["n_heads"] == 3 and other["heads"][1]["role"] is None
     assert other["view"]["importance"]["L0H0"] == 0.0  # computed: the other head backs it up
 
@@ -284,11 +283,11 @@ def test_a_damaged_run_is_one_line_and_the_others_stay_usable(tmp_path, task, ca
     write_json(sweep / "sweep.json", {"task": task.name})
     make_run(sweep / "runs" / "h1_seed0", handbuilt_model(["previous"], d_head=48), task)
     make_run(sweep / "runs" / "h3_seed0", handbuilt_model(["previous", "uniform", "dead"]), task)
-    (sweep / "runs" / "h3_seed0" / "model.safetensors").write_bytes(b"not safetensors")
+    (sweep / "runs" / "h1_seed0" / "model.safetensors").write_bytes(b"not safetensors")
     explorer = Explorer.from_path(sweep, n_eval=N_EVAL)
-    with pytest.raises(BadRequestError, match="cannot load the run .*h3_seed0"):
-        explorer.handle("run", {"run": "h3_seed0"})
-    assert explorer.handle("state")["run"] == "h1_seed0"
+    with pytest.raises(BadRequestError, match="cannot load the run .*h1_seed0"):
+        explorer.handle("run", {"run": "h1_seed0"})
+    assert explorer.handle("state")["run"] == "h3_seed0"
     bad = tmp_path / "bad"
     make_run(bad, handbuilt_model(["previous"], d_head=48), task)
     (bad / "model.safetensors").write_bytes(b"not safetensors")
@@ -459,13 +458,70 @@ def test_cli_bad_method_is_exit_2(explore_command, sweep_dir, capsys):
     assert "method='noise'" in capsys.readouterr().err
 
 
+def _wait_for_state(port, timeout=120):
+    """``GET /api/state`` until it answers with the explorer (503 means: still loading)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            status, body = _get(port, "/api/state")
+        except ConnectionError:
+            status, body = None, b""
+        if status is not None and status != 503:
+            return status, body
+        if status == 503:
+            assert "loading" in json.loads(body)
+        time.sleep(0.1)
+    pytest.fail("the server did not answer")
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_cli_explores_a_run_of_a_users_task_with_task_module(user_task_file, tmp_path):
+    """The real command in fresh processes: without --task-module one line says to pass it;
+    with it, the user's task is served and clicks answer."""
+    import signal
+    import subprocess
+    import sys
+
+    from mhainterp.tasks import load_task_module
+
+    load_task_module(user_task_file)
+    task = get_task("two_back", seq_len=8, d_vocab=6)
+    run = make_run(tmp_path / "h2_seed0", build_model(task, n_heads=2, seed=0), task)
+    base = [sys.executable, "-m", "mhainterp.cli", "explore", str(run), "--no-browser"]
+    base += ["--n-eval", "64"]
+    refused = subprocess.run(
+        [*base, "--port", str(_free_port())], capture_output=True, text=True, timeout=300
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1 and "--task-module" in refused.stderr
+    port = _free_port()
+    command = [*base, "--port", str(port), "--task-module", str(user_task_file)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        status, body = _wait_for_state(port)
+        assert status == 200 and json.loads(body)["task"] == "two_back"
+        status, body = _get(port, "/api/toggle", "POST", json.dumps({"head": "L0H1"}))
+        assert status == 200 and json.loads(body)["ablated"] == ["L0H1"]
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=30)
+    assert process.returncode == 130
+
+
 @pytest.mark.slow
 def test_cli_serves_a_run_and_stops_on_ctrl_c(sweep_dir):
     """The real command in a subprocess: it serves, answers clicks, and Ctrl-C ends it (130)."""
     import signal
     import subprocess
     import sys
-    import time
 
     pytest.importorskip("uvicorn")
     with socket.socket() as probe:
@@ -477,19 +533,14 @@ def test_cli_serves_a_run_and_stops_on_ctrl_c(sweep_dir):
     try:
         line = process.stdout.readline()
         assert f"at http://127.0.0.1:{port}/" in line and "2 run(s)" in line
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                status, body = _get(port, "/api/state")
-                break
-            except ConnectionError:
-                assert time.monotonic() < deadline, "the server did not answer"
-                time.sleep(0.1)
+        assert "showing h3_seed1" in line  # the largest head count
+        status, body = _wait_for_state(port)
         assert status == 200 and [r["id"] for r in json.loads(body)["runs"]] == [
             "h2_seed0",
             "h3_seed1",
         ]
-        status, body = _get(port, "/api/run", "POST", json.dumps({"run": "h3_seed1"}))
+        assert json.loads(body)["run"] == "h3_seed1"
+        status, body = _get(port, "/api/run", "POST", json.dumps({"run": "h2_seed0"}))
         assert status == 200
         status, body = _get(port, "/api/toggle", "POST", json.dumps({"head": "L0H1"}))
         assert status == 200 and json.loads(body)["ablated"] == ["L0H1"]
@@ -678,3 +729,32 @@ def test_kept_clean_prefixes_give_the_engines_numbers(method):
     assert len(ablator._prefixes) == 3  # one clean prefix per first layer (0, 1, 2), kept
     fresh = evaluate_head_sets(model, ablator.batch_, sets, method, reference=ablator.batch_)
     assert clicked == [m["accuracy"] for m in fresh.metrics()]
+
+
+def test_the_page_is_served_while_the_model_loads(backed_up, task):
+    import threading
+
+    from mhainterp.explore.server import ExplorerLoader, ServerThread, build_app
+
+    gate = threading.Event()
+
+    def build():
+        assert gate.wait(60)
+        return Explorer.from_model(backed_up, task, n_eval=N_EVAL)
+
+    loader = ExplorerLoader(build, what="h3_seed0").start()
+    with ServerThread(build_app(loader)) as running:
+        assert _get(running.port, "/")[0] == 200
+        assert _get(running.port, "/assets/explorer.js")[0] == 200
+        for method, path in [("GET", "/api/state"), ("POST", "/api/reset")]:
+            status, body = _get(running.port, path, method)
+            assert (status, json.loads(body)) == (503, {"loading": "loading h3_seed0…"})
+        gate.set()
+        assert loader.wait(60) and loader.error is None
+        status, body = _get(running.port, "/api/state")
+        assert status == 200 and json.loads(body)["n_heads"] == 3
+    failed = ExplorerLoader(lambda: 1 / 0, what="h9_seed0").start()
+    assert failed.wait(60) and isinstance(failed.error, ZeroDivisionError)
+    with ServerThread(build_app(failed)) as running:
+        status, body = _get(running.port, "/api/state")
+        assert status == 500 and "cannot load h9_seed0" in json.loads(body)["error"]

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from mhainterp.explore.results import SavedResults
-from mhainterp.explore.runs import RunEntry, explorable_runs
+from mhainterp.explore.runs import RunEntry, default_run, explorable_runs
 from mhainterp.explore.session import METHODS, ExploreSession
 from mhainterp.model import head_label
 
@@ -85,9 +85,11 @@ class Explorer:
 
     @classmethod
     def from_path(cls, path: str | os.PathLike[str], **options: Any) -> Explorer:
-        """The explorer of a run folder or a sweep folder; opens the first run."""
-        explorer = cls(explorable_runs(path), **options)
-        explorer.open(next(iter(explorer.runs)))
+        """The explorer of a run folder or a sweep folder; opens :func:`default_run` (the largest
+        head count of the first task)."""
+        runs = explorable_runs(path)
+        explorer = cls(runs, **options)
+        explorer.open(default_run(runs).id)
         return explorer
 
     @classmethod
