@@ -212,6 +212,7 @@ class Explorer:
             "n_layers": model.cfg.n_layers,
             "n_heads": model.cfg.n_heads,
             "n_eval": len(opened.session.batch),
+            "causal": bool(getattr(model.cfg, "causal", False)),
             "methods": list(METHODS),
             "heads": heads,
             "thumbnails": opened.thumbnails,
