@@ -56,7 +56,7 @@ class ExploreSession(Ablator):
 
     Example:
         >>> session = ExploreSession(model, task)  # doctest: +SKIP
-        >>> session.method = "mean"
+        >>> session.method = "mean"  # doctest: +SKIP
         >>> session.toggle("L0H1").metrics()["overall"]  # doctest: +SKIP
     """
 
