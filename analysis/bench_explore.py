@@ -2,6 +2,7 @@
 
     python analysis/bench_explore.py                     # an 8-head model, 1,024 sequences
     python analysis/bench_explore.py --run RUN --clicks 60 --out bench_explore.csv
+    python analysis/bench_explore.py --baseline /tmp/old_checkout --load 2   # before / after
 
 Measures, on one 8-head model (a saved run, or by default a freshly built 8-head ``reverse``
 model saved to a temporary run folder; the speed does not depend on the weights):
@@ -16,6 +17,11 @@ model saved to a temporary run folder; the speed does not depend on the weights)
              it ``mhainterp --help``, the floor every command pays (Python, torch and
              TransformerLens imports), measured just before
 ``weight``   bytes the browser loads for the page (HTML, JS, CSS and the state JSON)
+``compare``  with ``--baseline OLD_CHECKOUT``: the session click on a 16-head run, this code
+             and the old one side by side (median, p90 and their ratio), idle and with
+             ``--load`` busy processes beside it; and the memory a 16-head run's explorer
+             gains over ``--memory-clicks`` clicks on distinct sets (RSS growth, each code in a
+             fresh process)
 
 Each click toggles a head so that the set of ablated heads is new (no cache hit): it walks
 through the heads in a fixed order that visits each subset once before any repeats. Timings
@@ -89,10 +95,10 @@ def bench_session(run: Path, clicks: int) -> list[dict[str, object]]:
     for method in ("zero", "mean", "resample"):
         explorer = Explorer.from_path(run, method=method)
         json.dumps(explorer.state())
-        explorer.handle("toggle", {"head": explorer.session.head_labels[0]})  # the replacement
+        explorer.handle("toggle", {"head": explorer.session.valid_heads[0]})  # the replacement
         explorer.handle("reset")
         times = []
-        for head in gray_code_heads(explorer.session.head_labels, clicks):
+        for head in gray_code_heads(explorer.session.valid_heads, clicks):
             start = time.perf_counter()
             json.dumps(explorer.handle("toggle", {"head": head}))
             times.append(time.perf_counter() - start)
@@ -109,7 +115,7 @@ def bench_http(run: Path, clicks: int) -> list[dict[str, object]]:
     with ServerThread(build_app(explorer)) as server:
         connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
         times = []
-        for head in gray_code_heads(explorer.session.head_labels, clicks):
+        for head in gray_code_heads(explorer.session.valid_heads, clicks):
             start = time.perf_counter()
             connection.request("POST", "/api/toggle", body=json.dumps({"head": head}))
             connection.getresponse().read()
@@ -203,6 +209,115 @@ def bench_cli_and_browser(run: Path, clicks: int, browser: bool) -> tuple[list, 
         process.wait(timeout=30)
 
 
+def make_wide_run(folder: Path, n_heads: int = 16) -> Path:
+    """A saved 1-layer ``reverse`` run with ``n_heads`` heads (the weights do not matter)."""
+    from mhainterp.config import TrainConfig
+    from mhainterp.tasks import get_task
+    from mhainterp.training import build_model, evaluate, save_run
+
+    task = get_task("reverse")
+    model = build_model(task, n_heads=n_heads, seed=0)
+    run = folder / f"h{n_heads}_seed0"
+    metrics = pd.DataFrame({"step": [0], "loss": [float("nan")]})
+    save_run(
+        run, model, task, TrainConfig(), metrics, {**evaluate(model, task), "status": "finished"}
+    )
+    return run
+
+
+def _rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def click_worker(run: Path, clicks: int, memory_clicks: int) -> dict[str, float]:
+    """In this process (whichever mhainterp is on the path): click timings and memory growth.
+
+    Uses only what every version of the explorer has: ``Explorer.from_path``, ``handle``.
+    """
+    import gc
+
+    import torch
+
+    from mhainterp.explore import Explorer
+
+    torch.set_num_threads(1)
+    explorer = Explorer.from_path(run)
+    labels = explorer.session.model.head_labels
+    json.dumps(explorer.handle("state"))
+    times = []
+    for head in gray_code_heads(labels, clicks):
+        start = time.perf_counter()
+        json.dumps(explorer.handle("toggle", {"head": head}))
+        times.append(time.perf_counter() - start)
+    out = summary("click", times)
+    if memory_clicks:
+        explorer.handle("reset")
+        gc.collect()
+        before = _rss_mib()
+        for head in gray_code_heads(labels, memory_clicks):
+            explorer.handle("toggle", {"head": head})
+        gc.collect()
+        out["rss_growth_mib"] = round(_rss_mib() - before, 1)
+    return out
+
+
+class BusyLoad:
+    """``n`` processes spinning on the CPU while the block runs (each ended by its pid)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.processes = n, []
+
+    def __enter__(self) -> BusyLoad:
+        spin = [sys.executable, "-c", "while True: pass"]
+        self.processes = [subprocess.Popen(spin) for _ in range(self.n)]
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for process in self.processes:
+            process.kill()
+            process.wait()
+
+
+def _worker(code: Path | None, run: Path, clicks: int, memory_clicks: int) -> dict:
+    """Run :func:`click_worker` in a fresh process, importing mhainterp from ``code``."""
+    import os
+
+    env = dict(os.environ)
+    if code is not None:
+        env["PYTHONPATH"] = str(code)
+    command = [sys.executable, __file__, "--worker", str(run), "--clicks", str(clicks),
+               "--memory-clicks", str(memory_clicks)]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def bench_compare(baseline: Path, clicks: int, load: int, memory_clicks: int) -> pd.DataFrame:
+    """This code against ``baseline``, side by side (see the module docstring)."""
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        run = make_wide_run(Path(folder))
+        for label, busy in [("idle", 0), (f"load {load}", load)]:
+            with BusyLoad(busy):
+                new = _worker(None, run, clicks, 0)
+                old = _worker(baseline, run, clicks, 0)
+            rows.append({"measure": f"16-head click, {label}", "old_median_ms": old["median_ms"],
+                         "new_median_ms": new["median_ms"], "old_p90_ms": old["p90_ms"],
+                         "new_p90_ms": new["p90_ms"],
+                         "speedup_median": round(old["median_ms"] / new["median_ms"], 2),
+                         "speedup_p90": round(old["p90_ms"] / new["p90_ms"], 2)})  # fmt: skip
+        if memory_clicks:
+            new = _worker(None, run, 2, memory_clicks)
+            old = _worker(baseline, run, 2, memory_clicks)
+            rows.append({"measure": f"RSS growth MiB, {memory_clicks} distinct sets",
+                         "old_median_ms": old["rss_growth_mib"],
+                         "new_median_ms": new["rss_growth_mib"]})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, default=None, help="a run folder (default: built)")
@@ -211,7 +326,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads (default: torch's)"
     )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="a checkout of older code (its folder holding mhainterp/): compare clicks and memory",
+    )
+    parser.add_argument("--load", type=int, default=2, help="busy processes for --baseline (2)")
+    parser.add_argument(
+        "--memory-clicks", type=int, default=1500, help="distinct-set clicks for the memory row"
+    )
+    parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.worker is not None:
+        print(json.dumps(click_worker(args.worker, args.clicks, args.memory_clicks)))
+        return 0
+    if args.baseline is not None:
+        table = bench_compare(args.baseline, args.clicks, args.load, args.memory_clicks)
+        print(f"this code vs {args.baseline}; 16-head reverse run, 1,024 sequences, 1 thread")
+        print(table.to_string(index=False))
+        if args.out:
+            table.to_csv(args.out, index=False)
+        return 0
     browser = Path(CHROMIUM).exists() and Path(CHROMEDRIVER).exists()
     with tempfile.TemporaryDirectory() as folder:
         run = args.run or make_run(Path(folder))

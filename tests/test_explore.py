@@ -57,7 +57,7 @@ def test_clean_metrics_equal_training_evaluate(session, backed_up, task):
     assert overall["accuracy"] == {"clean": 1.0, "ablated": 1.0}
     assert overall["loss"]["clean"] == pytest.approx(expected["loss"], abs=1e-9)
     assert overall["n_scored"] == expected["n_scored"] == N_EVAL * 16
-    assert [row["key"] for row in session.metrics()["per_target"]] == ["previous_token"]
+    assert [row["key"] for row in session.metrics()["by"]["target"]] == ["previous_token"]
 
 
 def test_backup_head_then_both_heads_then_back_to_clean(session, task):
@@ -66,7 +66,7 @@ def test_backup_head_then_both_heads_then_back_to_clean(session, task):
     # Both zeroed = a model whose two previous heads are dead (zero z writes nothing).
     both = session.toggle("L0H2").metrics()
     dead = evaluate(handbuilt_model(["dead", "uniform", "dead"]), task, n_eval=N_EVAL)
-    assert session.ablated == ["L0H0", "L0H2"]
+    assert session.heads == ["L0H0", "L0H2"]
     assert both["overall"]["accuracy"]["ablated"] == pytest.approx(dead["accuracy"], abs=1e-12)
     assert both["overall"]["loss"]["ablated"] == pytest.approx(dead["loss"], rel=1e-6)
     assert dead["accuracy"] < 0.5
@@ -82,7 +82,7 @@ def test_two_layers_equal_a_plain_ablate_forward(method):
     model = build_model(task, n_heads=4, n_layers=2, seed=3)
     session = ExploreSession(model, task, n_eval=N_EVAL, method=method)
     heads = ["L0H1", "L1H2", "L1H0"]
-    got = session.set_heads(heads).metrics()["overall"]
+    got = session.set(heads).metrics()["overall"]
     batch = session.batch
     reference = None if method == "zero" else batch
     with ablate(model, heads, method, reference=reference) as ablated:
@@ -100,7 +100,7 @@ def test_padded_sequences_are_not_scored_and_match_evaluate():
     task = get_task("reverse", min_len=6)
     model = build_model(task, n_heads=4, seed=2)
     session = ExploreSession(model, task, n_eval=N_EVAL, method="mean")
-    got = session.set_heads("L0H0,L0H3").metrics()["overall"]
+    got = session.set("L0H0,L0H3").metrics()["overall"]
     batch = session.batch
     with ablate(model, ["L0H0", "L0H3"], "mean", reference=batch) as ablated:
         expected = evaluate(ablated, batch)
@@ -117,7 +117,7 @@ def test_per_target_rows_equal_evaluate_on_a_multi_target_task():
     task = get_task("multi_relation")
     model = build_model(task, n_heads=4, seed=1)
     session = ExploreSession(model, task, n_eval=N_EVAL)
-    rows = session.toggle("L0H2").metrics()["per_target"]
+    rows = session.toggle("L0H2").metrics()["by"]["target"]
     with ablate(model, ["L0H2"]) as ablated:
         expected = evaluate(ablated, session.batch)
     names = list(task.target_names)
@@ -127,26 +127,44 @@ def test_per_target_rows_equal_evaluate_on_a_multi_target_task():
         assert row["accuracy"]["ablated"] == pytest.approx(expected[f"accuracy/target{i}"])
 
 
-def test_groups_by_class_and_by_query_token(session, task):
-    metrics = session.set_heads("L0H0,L0H2").metrics()
+def test_groups_along_the_division_of_labours_axes(session, task):
+    metrics = session.set("L0H0,L0H2").metrics()
     batch = session.batch
-    by_class = {row["key"]: row for row in metrics["by_target_class"]}
+    assert list(metrics["by"]) == ["token", "position", "target_class", "target"]
+    by_class = {row["key"]: row for row in metrics["by"]["target_class"]}
     # Class V (= 10, "no previous token" at position 0) is read from the position embedding,
     # so it stays right with both copying heads gone; every sequence has one such position.
-    assert by_class[10]["n"] == N_EVAL
-    assert by_class[10]["accuracy"] == {"clean": 1.0, "ablated": 1.0}
+    assert by_class["10"]["n"] == N_EVAL
+    assert by_class["10"]["accuracy"] == {"clean": 1.0, "ablated": 1.0}
     counts = torch.bincount(batch.targets[batch.mask])
     assert {k: r["n"] for k, r in by_class.items()} == {
-        k: int(c) for k, c in enumerate(counts) if c > 0
+        str(k): int(c) for k, c in enumerate(counts) if c > 0
     }
     tokens = torch.bincount(batch.tokens[batch.mask])
-    assert [r["n"] for r in metrics["by_query_token"]] == [int(c) for c in tokens if c > 0]
-    assert sum(r["n"] for r in metrics["by_query_token"]) == metrics["overall"]["n_scored"]
+    assert [r["n"] for r in metrics["by"]["token"]] == [int(c) for c in tokens if c > 0]
+    assert sum(r["n"] for r in metrics["by"]["token"]) == metrics["overall"]["n_scored"]
+    by_position = metrics["by"]["position"]
+    assert [r["key"] for r in by_position] == [str(t) for t in range(16)]
+    assert by_position[0]["accuracy"]["ablated"] == 1.0  # class V at position 0
+    assert by_position[5]["accuracy"]["ablated"] < 0.5  # a copy the dead heads cannot make
+
+
+def test_groups_are_damage_py_axes(backed_up, task):
+    """The explorer's groups are the division of labour's: same value names, same counts."""
+    from mhainterp.specialization.damage import triple_damage
+
+    session = ExploreSession(backed_up, task, n_eval=N_EVAL)
+    damage = triple_damage(backed_up, session.batch, method="zero", names=["previous_token"])
+    rows = session.toggle("L0H0", "L0H2").metrics()["by"]
+    for axis, names in damage.value_names.items():
+        assert [row["key"] for row in rows[axis]] == names
+        per_value = torch.bincount(damage.values[axis]).tolist()
+        assert [row["n"] for row in rows[axis]] == per_value
 
 
 def test_example_tokens_predictions_and_attention(session):
     batch = session.batch
-    example = session.set_heads("L0H0,L0H2").example(3)
+    example = session.set("L0H0,L0H2").example(3)
     assert example["tokens"] == batch.tokens[3].tolist()
     assert example["targets"] == batch.targets[3][:, None].tolist()
     for t in range(16):
@@ -163,10 +181,10 @@ def test_bad_input_raises_and_changes_nothing(session):
     with pytest.raises(ValueError, match="L0H9"):
         session.toggle("L0H9")
     with pytest.raises(ValueError, match="method"):
-        session.set_method("noise")
+        session.method = "noise"
     with pytest.raises(ValueError, match="index"):
         session.example(N_EVAL)
-    assert session.ablated == ["L0H1"]
+    assert session.heads == ["L0H1"]
     assert session.method == "zero"
 
 
@@ -246,17 +264,16 @@ def test_state_grid_thumbnails_and_saved_labels(sweep_dir):
     ).to_csv(analysis / "ablation_importance.csv", index=False)
     explorer = Explorer.from_path(sweep_dir, n_eval=N_EVAL)
     state = explorer.handle("state")
-    assert state["run"] == "h2_seed0" and [r["id"] for r in state["runs"]] == [
-        "h2_seed0",
-        "h3_seed1",
-    ]
+    assert state["run"] == "h3_seed1"  # the largest head count opens first
+    assert [r["id"] for r in state["runs"]] == ["h2_seed0", "h3_seed1"]
+    state = explorer.handle("run", {"run": "h2_seed0"})
     assert [(h["label"], h["role"]) for h in state["heads"]] == [
         ("L0H0", "previous"),
         ("L0H1", "dead"),
     ]
     assert state["thumbnails"]["L0H0"][3][2] > 0.99  # average pattern: previous token
     assert state["view"]["importance"] == {"L0H0": -0.25, "L0H1": 0.0}  # the saved table
-    other = explorer.handle("run", {"run": "h3_seed1"})
+    other = explorer.handle("run", {"run": "h3_seed1"})  # opened before: kept
     assert other["n_heads"] == 3 and other["heads"][1]["role"] is None
     assert other["view"]["importance"]["L0H0"] == 0.0  # computed: the other head backs it up
 
@@ -266,11 +283,11 @@ def test_a_damaged_run_is_one_line_and_the_others_stay_usable(tmp_path, task, ca
     write_json(sweep / "sweep.json", {"task": task.name})
     make_run(sweep / "runs" / "h1_seed0", handbuilt_model(["previous"], d_head=48), task)
     make_run(sweep / "runs" / "h3_seed0", handbuilt_model(["previous", "uniform", "dead"]), task)
-    (sweep / "runs" / "h3_seed0" / "model.safetensors").write_bytes(b"not safetensors")
+    (sweep / "runs" / "h1_seed0" / "model.safetensors").write_bytes(b"not safetensors")
     explorer = Explorer.from_path(sweep, n_eval=N_EVAL)
-    with pytest.raises(BadRequestError, match="cannot load the run .*h3_seed0"):
-        explorer.handle("run", {"run": "h3_seed0"})
-    assert explorer.handle("state")["run"] == "h1_seed0"
+    with pytest.raises(BadRequestError, match="cannot load the run .*h1_seed0"):
+        explorer.handle("run", {"run": "h1_seed0"})
+    assert explorer.handle("state")["run"] == "h3_seed0"
     bad = tmp_path / "bad"
     make_run(bad, handbuilt_model(["previous"], d_head=48), task)
     (bad / "model.safetensors").write_bytes(b"not safetensors")
@@ -336,9 +353,9 @@ def test_notebook_widget_runs_the_page_module(backed_up, task):
 # ----------------------------------------------------------------------------- server
 
 
-def _get(port, path, method="GET", body=None):
+def _get(port, path, method="GET", body=None, headers=None):
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    connection.request(method, path, body=body)
+    connection.request(method, path, body=body, headers=headers or {})
     response = connection.getresponse()
     return response.status, response.read()
 
@@ -441,13 +458,70 @@ def test_cli_bad_method_is_exit_2(explore_command, sweep_dir, capsys):
     assert "method='noise'" in capsys.readouterr().err
 
 
+def _wait_for_state(port, timeout=120):
+    """``GET /api/state`` until it answers with the explorer (503 means: still loading)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            status, body = _get(port, "/api/state")
+        except ConnectionError:
+            status, body = None, b""
+        if status is not None and status != 503:
+            return status, body
+        if status == 503:
+            assert "loading" in json.loads(body)
+        time.sleep(0.1)
+    pytest.fail("the server did not answer")
+
+
+def _free_port():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_cli_explores_a_run_of_a_users_task_with_task_module(user_task_file, tmp_path):
+    """The real command in fresh processes: without --task-module one line says to pass it;
+    with it, the user's task is served and clicks answer."""
+    import signal
+    import subprocess
+    import sys
+
+    from mhainterp.tasks import load_task_module
+
+    load_task_module(user_task_file)
+    task = get_task("two_back", seq_len=8, d_vocab=6)
+    run = make_run(tmp_path / "h2_seed0", build_model(task, n_heads=2, seed=0), task)
+    base = [sys.executable, "-m", "mhainterp.cli", "explore", str(run), "--no-browser"]
+    base += ["--n-eval", "64"]
+    refused = subprocess.run(
+        [*base, "--port", str(_free_port())], capture_output=True, text=True, timeout=300
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.count("\n") == 1 and "--task-module" in refused.stderr
+    port = _free_port()
+    command = [*base, "--port", str(port), "--task-module", str(user_task_file)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        status, body = _wait_for_state(port)
+        assert status == 200 and json.loads(body)["task"] == "two_back"
+        status, body = _get(port, "/api/toggle", "POST", json.dumps({"head": "L0H1"}))
+        assert status == 200 and json.loads(body)["ablated"] == ["L0H1"]
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=30)
+    assert process.returncode == 130
+
+
 @pytest.mark.slow
 def test_cli_serves_a_run_and_stops_on_ctrl_c(sweep_dir):
     """The real command in a subprocess: it serves, answers clicks, and Ctrl-C ends it (130)."""
     import signal
     import subprocess
     import sys
-    import time
 
     pytest.importorskip("uvicorn")
     with socket.socket() as probe:
@@ -459,19 +533,14 @@ def test_cli_serves_a_run_and_stops_on_ctrl_c(sweep_dir):
     try:
         line = process.stdout.readline()
         assert f"at http://127.0.0.1:{port}/" in line and "2 run(s)" in line
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                status, body = _get(port, "/api/state")
-                break
-            except ConnectionError:
-                assert time.monotonic() < deadline, "the server did not answer"
-                time.sleep(0.1)
+        assert "showing h3_seed1" in line  # the largest head count
+        status, body = _wait_for_state(port)
         assert status == 200 and [r["id"] for r in json.loads(body)["runs"]] == [
             "h2_seed0",
             "h3_seed1",
         ]
-        status, body = _get(port, "/api/run", "POST", json.dumps({"run": "h3_seed1"}))
+        assert json.loads(body)["run"] == "h3_seed1"
+        status, body = _get(port, "/api/run", "POST", json.dumps({"run": "h2_seed0"}))
         assert status == 200
         status, body = _get(port, "/api/toggle", "POST", json.dumps({"head": "L0H1"}))
         assert status == 200 and json.loads(body)["ablated"] == ["L0H1"]
@@ -482,3 +551,210 @@ def test_cli_serves_a_run_and_stops_on_ctrl_c(sweep_dir):
         _, err = process.communicate(timeout=30)
     assert process.returncode == 130
     assert err.strip().splitlines() == ["mhainterp explore: stopped"]
+
+
+# ----------------------------------------------------------------------------- server hardening
+
+
+@pytest.mark.parametrize(
+    "host", ["localhost", "LOCALHOST:8765", "127.0.0.1", "127.0.0.1:1", "[::1]", "[::1]:8765"]
+)
+def test_server_accepts_loopback_host_names_with_any_port(server, host):
+    status, body = _get(server.port, "/api/state", headers={"Host": host})
+    assert status == 200 and json.loads(body)["n_heads"] == 3
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["attacker.example", "attacker.example:8765", "localhost.attacker.example", "127.0.0.2", ""],
+)
+def test_server_refuses_other_host_names_dns_rebinding(server, host):
+    for method, path, body in [("GET", "/api/state", None), ("GET", "/", None),
+                               ("POST", "/api/toggle", '{"head": "L0H1"}')]:  # fmt: skip
+        status, answer = _get(server.port, path, method, body, headers={"Host": host})
+        assert status == 400 and "is not this machine" in json.loads(answer)["error"]
+    assert json.loads(_get(server.port, "/api/state")[1])["view"]["ablated"] == []
+
+
+def test_server_post_from_another_origin_is_403_and_changes_nothing(server):
+    own = {"Host": f"127.0.0.1:{server.port}", "Origin": f"http://127.0.0.1:{server.port}"}
+    foreign = [
+        "http://attacker.example",
+        f"http://localhost:{server.port}",  # another origin than the Host the page came from
+        f"https://127.0.0.1:{server.port}",
+        "null",  # sandboxed frames, file:// pages
+    ]
+    for origin in foreign:
+        status, body = _get(
+            server.port, "/api/toggle", "POST", '{"head": "L0H1"}', {**own, "Origin": origin}
+        )
+        assert status == 403 and "refused" in json.loads(body)["error"]
+    assert json.loads(_get(server.port, "/api/state")[1])["view"]["ablated"] == []
+    status, body = _get(server.port, "/api/toggle", "POST", '{"head": "L0H1"}', own)
+    assert status == 200 and json.loads(body)["ablated"] == ["L0H1"]
+    status, _ = _get(server.port, "/api/reset", "POST", "{}")  # no Origin: not a web page
+    assert status == 200
+
+
+def test_server_refuses_a_huge_declared_body_without_reading_it(server):
+    """Content-Length of 200 MiB and no byte of it sent: a server that buffered the body
+    would wait for it (the socket timeout fails the test); this one answers 413 at once."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /api/toggle HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 209715200\r\n\r\n"
+        )
+        status_line = sock.makefile("rb").readline()
+    assert status_line.split()[1] == b"413"
+
+
+def test_server_refuses_a_chunked_body_once_it_passes_the_limit(server):
+    """A chunked body is counted while it streams: 128 KiB sent, no final chunk; the server
+    answers 413 without waiting for the end (a buffering server would hang here)."""
+    from mhainterp.explore.server import MAX_BODY_BYTES
+
+    chunk = b"[" * 8192
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(
+            b"POST /api/toggle HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        )
+        for _ in range(2 * MAX_BODY_BYTES // len(chunk)):
+            try:
+                sock.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            except OSError:  # the server answered and closed: it stopped reading
+                break
+        status_line = sock.makefile("rb").readline()
+    assert status_line.split()[1] == b"413"
+    assert _get(server.port, "/api/state")[0] == 200  # and it keeps serving
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        "[" * 50_000,  # nested too deeply for json.loads (RecursionError)
+        '{"head": ' * 5_000 + "1" + "}" * 5_000,
+        b"\xff\xfe\x00 not utf-8",
+        '{"head": "L0H1"',
+        "[1, 2]",
+        '"L0H1"',
+        "NaN",
+        "1" * 5000,  # an int with too many digits
+    ],
+)
+def test_server_any_bad_json_is_400_never_500(server, body):
+    status, answer = _get(server.port, "/api/toggle", "POST", body)
+    assert status == 400 and "JSON" in json.loads(answer)["error"]
+
+
+def test_state_with_a_nan_in_a_saved_table_is_valid_json(tmp_path, task):
+    from mhainterp.explore.server import ServerThread, build_app
+
+    run = make_run(tmp_path / "h3_seed0", handbuilt_model(["previous", "uniform", "dead"]), task)
+    (run / "analysis").mkdir(exist_ok=True)
+    pd.DataFrame(
+        {"head_label": ["L0H0", "L0H1", "L0H2"], "method": "zero",
+         "delta_accuracy": [-0.5, float("nan"), 0.0]}
+    ).to_csv(run / "analysis" / "ablation_importance.csv", index=False)  # fmt: skip
+    explorer = Explorer.from_path(run, n_eval=N_EVAL)
+    with ServerThread(build_app(explorer)) as running:
+        status, body = _get(running.port, "/api/state")
+    assert status == 200
+    state = json.loads(body, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+    assert state["view"]["importance"] == {"L0H0": -0.5, "L0H1": None, "L0H2": 0.0}
+
+
+# ----------------------------------------------------------------------------- over the Ablator
+
+
+def test_the_session_is_the_ablators_one_state_and_reading_changes_nothing(backed_up, task):
+    from mhainterp.ablation import Ablator
+
+    session = ExploreSession(backed_up, task, n_eval=N_EVAL, method="mean")
+    assert isinstance(session, Ablator)
+    session.toggle("L0H0")
+    before = session.evaluate()
+    session.importance("resample")  # every single head, another method
+    session.metrics(), session.example(3), session.patterns(3, "L0H1,L0H2", method="zero")
+    session.evaluate("L0H1", method="zero"), session.position_scores([])
+    assert (session.method, session.heads) == ("mean", ["L0H0"])
+    assert session.evaluate() == before
+    assert not {"_ablated", "_method_shadow"} & set(vars(session))  # no second copy of it
+
+
+def test_one_click_resolves_the_head_label_once(backed_up, task, monkeypatch):
+    import mhainterp.ablation.interactive as interactive
+
+    explorer = Explorer.from_model(backed_up, task, n_eval=N_EVAL)
+    explorer.handle("state")
+    calls = []
+    real = interactive.resolve_heads
+    monkeypatch.setattr(interactive, "resolve_heads", lambda *a: calls.append(a) or real(*a))
+    explorer.handle("toggle", {"head": "L0H0"})
+    explorer.handle("toggle", {"head": "L0H2"})
+    assert [args[1] for args in calls] == ["L0H0", "L0H2"]
+
+
+def test_ablator_cache_is_a_bounded_lru(task):
+    from mhainterp.ablation import Ablator
+
+    model = build_model(task, n_heads=8, n_layers=2, seed=4)
+    ablator = Ablator(model, task, n_eval=64, cache_size=6)
+    labels = ablator.valid_heads
+    seen = []
+    for i in range(30):  # 30 distinct sets (Gray code over 16 heads)
+        ablator.toggle(labels[((i + 1) & -(i + 1)).bit_length() - 1])
+        seen.append((ablator.heads, ablator.position_scores()))
+        assert ablator.cache_info()["entries"] <= 6
+    recent_heads, recent = seen[-1]
+    assert ablator.position_scores(recent_heads) is recent  # a recent set: a cache hit
+    old_heads, old = seen[0]
+    again = ablator.position_scores(old_heads)  # dropped long ago: computed again, same numbers
+    assert again is not old and torch.equal(again.nll, old.nll)
+    assert torch.equal(again.predictions, old.predictions)
+    with pytest.raises(ValueError, match="cache_size=0"):
+        Ablator(model, task, n_eval=64, cache_size=0)
+
+
+@pytest.mark.parametrize("method", ["zero", "resample"])
+def test_kept_clean_prefixes_give_the_engines_numbers(method):
+    """Clicks reuse the clean prefix of each first ablated layer; every number still equals a
+    fresh engine pass (evaluate_head_sets) of the same sets."""
+    from mhainterp.ablation import Ablator, evaluate_head_sets
+
+    task = get_task("reverse")
+    model = build_model(task, n_heads=4, n_layers=3, seed=5)
+    sets = [["L1H0"], ["L1H0", "L0H2"], ["L2H3"], ["L0H2"], ["L1H0", "L2H3"]]
+    ablator = Ablator(model, task, n_eval=N_EVAL, method=method)
+    clicked = [ablator.set(heads).evaluate()["accuracy"] for heads in sets]
+    assert len(ablator._prefixes) == 3  # one clean prefix per first layer (0, 1, 2), kept
+    fresh = evaluate_head_sets(model, ablator.batch_, sets, method, reference=ablator.batch_)
+    assert clicked == [m["accuracy"] for m in fresh.metrics()]
+
+
+def test_the_page_is_served_while_the_model_loads(backed_up, task):
+    import threading
+
+    from mhainterp.explore.server import ExplorerLoader, ServerThread, build_app
+
+    gate = threading.Event()
+
+    def build():
+        assert gate.wait(60)
+        return Explorer.from_model(backed_up, task, n_eval=N_EVAL)
+
+    loader = ExplorerLoader(build, what="h3_seed0").start()
+    with ServerThread(build_app(loader)) as running:
+        assert _get(running.port, "/")[0] == 200
+        assert _get(running.port, "/assets/explorer.js")[0] == 200
+        for method, path in [("GET", "/api/state"), ("POST", "/api/reset")]:
+            status, body = _get(running.port, path, method)
+            assert (status, json.loads(body)) == (503, {"loading": "loading h3_seed0…"})
+        gate.set()
+        assert loader.wait(60) and loader.error is None
+        status, body = _get(running.port, "/api/state")
+        assert status == 200 and json.loads(body)["n_heads"] == 3
+    failed = ExplorerLoader(lambda: 1 / 0, what="h9_seed0").start()
+    assert failed.wait(60) and isinstance(failed.error, ZeroDivisionError)
+    with ServerThread(build_app(failed)) as running:
+        status, body = _get(running.port, "/api/state")
+        assert status == 500 and "cannot load h9_seed0" in json.loads(body)["error"]

@@ -3,13 +3,15 @@
 A hand-built model whose answers are known: two identical previous-token heads (L0H0, L0H2),
 each enough alone, and a uniform head. Clicking one copying head changes nothing (the other backs
 it up); clicking both gives the accuracy of a model whose copying heads are dead; clicking them
-again restores the clean accuracy. The test saves the README's screenshot (docs/explorer.png).
+again restores the clean accuracy. The screenshot it takes goes to pytest's tmp folder only
+(``MHAINTERP_SCREENSHOT=path`` saves a copy there, e.g. to refresh the README's figure).
 
 Skipped where chromium or chromedriver is not installed; .ci/run installs both.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,7 +29,6 @@ from mhainterp.tasks import get_task
 from mhainterp.training import evaluate, save_run
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-SCREENSHOT = Path(__file__).resolve().parents[1] / "docs" / "explorer.png"
 N_EVAL = 1024
 
 pytestmark = [
@@ -148,7 +149,7 @@ def _click_head(driver, label: str, ablated: bool) -> None:
     )
 
 
-def test_clicking_heads_changes_accuracy_predictions_and_returns(page, task):
+def test_clicking_heads_changes_accuracy_predictions_and_returns(page, task, tmp_path):
     from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
 
@@ -205,8 +206,8 @@ def test_clicking_heads_changes_accuracy_predictions_and_returns(page, task):
         driver.find_element(By.CSS_SELECTOR, '[data-head="L0H0"]')
     ).perform()
     _wait(driver, lambda d: "position 3" in (_text(d, ".mhx-detail") or ""))
-    SCREENSHOT.parent.mkdir(exist_ok=True)
-    assert driver.save_screenshot(str(SCREENSHOT))
+    screenshot = Path(os.environ.get("MHAINTERP_SCREENSHOT") or tmp_path / "explorer.png")
+    assert driver.save_screenshot(str(screenshot))
 
     # Mean ablation of the same two heads: the batched engine's number.
     driver.find_element(By.CSS_SELECTOR, '[data-method="mean"]').click()
@@ -309,8 +310,139 @@ def test_sweep_picker_switches_runs(tmp_path, task, page):
         _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-control="run"]'))
         picker = Select(driver.find_element(By.CSS_SELECTOR, '[data-control="run"]'))
         assert [o.text for o in picker.options] == ["h1_seed0", "h3_seed0"]
-        assert len(driver.find_elements(By.CSS_SELECTOR, "[data-head]")) == 1
-        picker.select_by_visible_text("h3_seed0")
-        _wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "[data-head]")) == 3)
+        assert picker.first_selected_option.text == "h3_seed0"  # the largest head count
+        assert "pick another run" in _text(driver, '[data-hint="run"]')
+        assert len(driver.find_elements(By.CSS_SELECTOR, "[data-head]")) == 3
         _click_head(driver, "L0H0", ablated=True)  # the only copying head of this run
         assert _accuracy(driver)[0] < 0.5
+        Select(driver.find_element(By.CSS_SELECTOR, '[data-control="run"]')).select_by_visible_text(
+            "h1_seed0"
+        )
+        _wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "[data-head]")) == 1)
+
+
+def _signed(x: float, digits: int) -> str:
+    """The page's signed(): a "+" before positive numbers only."""
+    return ("+" if x > 0 else "") + f"{x:.{digits}f}"
+
+
+def _js(driver, script, *args):
+    return driver.execute_script(script, *args)
+
+
+def test_thumbnails_have_axes_a_colour_scale_and_a_hatched_causal_mask(page):
+    from selenium.webdriver.common.by import By
+
+    driver, _ = page
+    driver.get(page[1].url)
+    _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
+    for label in ["L0H0", "L0H1", "L0H2"]:
+        cell = f'[data-head="{label}"]'
+        assert _text(driver, f"{cell} .mhx-axis-q") == "query ↓"
+        assert _text(driver, f"{cell} .mhx-axis-k") == "key →"
+    weights = _js(driver, "return [...document.querySelectorAll('.mhx-scale-cell')]"
+                          ".map(e => e.dataset.weight)")  # fmt: skip
+    assert weights == ["0", "0.25", "0.5", "0.75", "1", "masked"]
+    # L0H0 (previous token), 64 px for 16 positions: 4 px a cell. (q=5, k=0) has weight 0,
+    # (q=0, k=5) is after the query (masked): white against hatched grey.
+    pixels = _js(
+        driver,
+        "const c = document.querySelector('[data-head=\"L0H0\"] canvas').getContext('2d');"
+        "return [[2 + 4 * 0, 2 + 4 * 5], [2 + 4 * 5, 2 + 4 * 0], [2 + 4 * 4, 2 + 4 * 5]]"
+        ".map(([x, y]) => [...c.getImageData(x, y, 1, 1).data])",
+    )
+    zero, masked, previous = pixels
+    assert zero == [255, 255, 255, 255]
+    assert masked != zero and masked[0] == masked[1] == masked[2]  # grey: hatched, not blue
+    assert previous[2] > previous[0]  # weight 1 on the previous token: blue
+
+
+def test_importance_says_alone_follows_the_method_and_the_detail_refreshes(page, task):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    from mhainterp.explore import ExploreSession
+
+    driver, server = page
+    driver.get(server.url)
+    _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
+    driver.execute_script("document.querySelector('[data-method=\"zero\"]').click()")
+    _wait(driver, lambda d: "(zero)" in (_text(d, '[data-importance="L0H1"]') or ""))
+    session = ExploreSession(handbuilt_model(["previous", "uniform", "previous"]), task)
+    expected = {m: session.importance(m)["L0H1"] for m in ("zero", "mean")}
+    assert (
+        _text(driver, '[data-importance="L0H1"]')
+        == f"Δacc alone (zero) {_signed(expected['zero'], 2)}"
+    )
+    ActionChains(driver).move_to_element(
+        driver.find_element(By.CSS_SELECTOR, '[data-head="L0H1"]')
+    ).perform()
+    _wait(driver, lambda d: "(zero)" in (_text(d, '[data-detail="L0H1"]') or ""))
+    assert "alone is ablated (zero)" in _text(driver, '[data-detail="L0H1"]')
+    driver.execute_script("document.querySelector('[data-method=\"mean\"]').click()")
+    _wait(driver, lambda d: "(mean)" in (_text(d, '[data-detail="L0H1"]') or ""))
+    detail = _text(driver, '[data-detail="L0H1"]')
+    assert f"alone is ablated (mean): {_signed(expected['mean'], 3)}" in detail
+    assert (
+        _text(driver, '[data-importance="L0H1"]')
+        == f"Δacc alone (mean) {_signed(expected['mean'], 2)}"
+    )
+    driver.execute_script("document.querySelector('[data-method=\"zero\"]').click()")
+    _wait(driver, lambda d: "(zero)" in (_text(d, '[data-detail="L0H1"]') or ""))
+
+
+def test_attention_view_numbers_positions_greys_ablated_rows_and_hatches_the_mask(page):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    driver, server = page
+    driver.get(server.url)
+    _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
+    numbers = _js(driver, "return [...document.querySelectorAll('.mhx-token .mhx-posnum')]"
+                          ".map(e => e.textContent)")  # fmt: skip
+    assert numbers == [str(t) for t in range(16)]
+    _click_head(driver, "L0H0", ablated=True)
+    token = driver.find_element(By.CSS_SELECTOR, '.mhx-token[data-pos="5"]')
+    ActionChains(driver).move_to_element(token).perform()
+    _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-attn="L0H0"]'))
+    rows = _js(driver, "return Object.fromEntries([...document.querySelectorAll('[data-attn]')]"
+                       ".map(r => [r.dataset.attn, r.classList.contains('ablated')]))")  # fmt: skip
+    assert rows == {"L0H0": True, "L0H1": False, "L0H2": False}
+    opacity = _js(driver, "return getComputedStyle(document.querySelector("
+                          "'[data-attn=\"L0H0\"]')).opacity")  # fmt: skip
+    assert float(opacity) < 1
+    masked = _js(driver, "return [...document.querySelectorAll('[data-attn=\"L0H1\"] "
+                         ".mhx-attn-cell')].map(c => c.classList.contains('masked'))")  # fmt: skip
+    assert masked == [k > 5 for k in range(16)]  # keys after the query: masked, not 0 weight
+    header = _js(driver, "return [...document.querySelectorAll('[data-key-pos]')]"
+                         ".map(e => e.textContent)")  # fmt: skip
+    assert header == [str(k) for k in range(16)]
+    _click_head(driver, "L0H0", ablated=False)
+
+
+def test_the_page_says_loading_then_shows_the_explorer(page, task):
+    import threading
+
+    from selenium.webdriver.common.by import By
+
+    from mhainterp.explore.server import ExplorerLoader, ServerThread, build_app
+
+    driver, _ = page
+    gate = threading.Event()
+
+    def build():
+        assert gate.wait(60)
+        return Explorer.from_model(
+            handbuilt_model(["previous", "dead"], d_head=24), task, n_eval=256
+        )
+
+    loader = ExplorerLoader(build, what="h2_seed0").start()
+    with ServerThread(build_app(loader)) as server:
+        driver.get(server.url)
+        _wait(driver, lambda d: "loading h2_seed0" in (_text(d, ".mhx-loading") or ""))
+        assert _js(driver, "return document.querySelector('#app').dataset.loading") == "1"
+        gate.set()
+        _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
+        assert len(driver.find_elements(By.CSS_SELECTOR, "[data-head]")) == 2
+        hint = _text(driver, '[data-hint="run"]')
+        assert hint == "another run: mhainterp explore RUN_OR_SWEEP_FOLDER"

@@ -390,8 +390,14 @@ def run_masks(
     max_rows: int | None = DEFAULT_MAX_ROWS,
     progress: bool = False,
     desc: str = "ablate",
+    prefix_cache: dict[tuple[int, int, int], tuple[Tensor, Tensor]] | None = None,
 ) -> tuple[Totals, PositionScores | None]:
     """Score ``C`` ablation configurations of ``batch`` (copy c ablates ``masks[c]``).
+
+    ``prefix_cache``: a dict the caller keeps across calls on the same model, batch and
+    ``max_rows``; the clean prefixes are kept in it (by first layer and sequence range) and
+    reused, so a later call skips the clean forward (the :class:`Ablator` keeps one). Without
+    it, one prefix is held at a time.
 
     Returns:
         The :class:`~mhainterp.scoring.Totals` of every configuration and, with
@@ -419,16 +425,18 @@ def run_masks(
     loss_sum = torch.zeros(C, dtype=torch.float64)
     correct = torch.zeros(C, k, dtype=torch.float64)
     pieces: dict[tuple[int, int], PositionScores] = {}
-    prefixes: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}  # (first, s0) -> clean prefix
+    prefixes = {} if prefix_cache is None else prefix_cache  # (first, s0, s1) -> clean prefix
     with eval_mode(model), torch.no_grad():
         for first, members, s0, s1 in tqdm(jobs, desc=desc, disable=not progress, leave=False):
             part = batch[s0:s1]
             rows = torch.arange(s0, s1, device=masks.device)
             index = torch.tensor(members, device=masks.device)
-            if (first, s0) not in prefixes:  # shared by every copy chunk of this group
-                prefixes = {(first, s0): _clean_resid_and_z(model, part, first)}
+            if (first, s0, s1) not in prefixes:  # shared by every copy chunk of this group
+                if prefix_cache is None:
+                    prefixes.clear()
+                prefixes[(first, s0, s1)] = _clean_resid_and_z(model, part, first)
             logits = _forward_copies(
-                model, part, masks[index], rows, replacement, first, prefixes[(first, s0)]
+                model, part, masks[index], rows, replacement, first, prefixes[(first, s0, s1)]
             )
             scores = position_scores(logits, part.targets, part.mask)  # (c, s, T, k)
             part_totals = totals(scores)

@@ -7,11 +7,16 @@ Example:
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import pandas as pd
 import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
 
 from mhainterp.ablation.engine import (
     Method,
@@ -23,20 +28,43 @@ from mhainterp.ablation.engine import (
 )
 from mhainterp.ablation.tables import with_deltas
 from mhainterp.data import Data, as_batch, batch_for_model, target_names
-from mhainterp.heads import HeadSpec, format_heads, head_label, resolve_heads
+from mhainterp.eval_mode import eval_mode
+from mhainterp.heads import HeadSpec, head_label, resolve_heads
 from mhainterp.scoring import PositionScores, Totals, metric_names
+from mhainterp.validation import check_int
 
-__all__ = ["Ablator"]
+__all__ = ["DEFAULT_CACHE_SIZE", "Ablator"]
 
 _RESAMPLE_SEED = 0
+
+DEFAULT_CACHE_SIZE = 128
+"""Configurations (method, heads) whose results an :class:`Ablator` keeps, least recently used
+dropped first. An entry with per-position scores holds ``n x T x k`` losses, correctness and
+predictions: about 0.2 MB at 1,024 sequences x 16 positions x 1 target, so at most ~27 MB."""
+
+_Key = tuple[str, tuple[tuple[int, int], ...]]
+
+
+@dataclass
+class _Entry:
+    """What the Ablator keeps of one configuration."""
+
+    totals: Totals
+    scores: PositionScores | None = None
 
 
 class Ablator:
     """Interactive ablation for notebooks and the terminal: toggle heads, see the metrics.
 
-    The evaluation batch, the unablated baseline and each method's reference activations are
-    computed once and cached, so an update costs one forward pass over the evaluation batch
-    (a few milliseconds on a d_model=64, 8-head model with 1024 sequences).
+    The evaluation batch, the unablated baseline, each method's reference activations and the
+    clean activations up to each layer (the engine's clean prefix) are computed once, so an
+    update costs the forward from the first ablated layer on (a few milliseconds on a
+    d_model=64, 8-head model with 1024 sequences). Results are kept per configuration in a
+    bounded LRU cache (:data:`DEFAULT_CACHE_SIZE`), so going back to a recent set is free.
+
+    The state is the method and the set of ablated heads; only ``toggle``, ``set``, ``reset``
+    and assigning ``method`` change it. Reading (``evaluate``, ``position_scores``,
+    ``patterns``) never does; each takes ``heads=``/``method=`` to read another configuration.
 
     Args:
         model: The model.
@@ -46,6 +74,7 @@ class Ablator:
             batch.
         generator: Resample permutation (seed 0 when None).
         n_eval: Size of a Task's evaluation set.
+        cache_size: Configurations kept (least recently used dropped first).
 
     Attributes:
         batch_: The cached evaluation batch.
@@ -68,9 +97,11 @@ class Ablator:
         reference: Data | None = None,
         generator: torch.Generator | None = None,
         n_eval: int = 1024,
+        cache_size: int = DEFAULT_CACHE_SIZE,
     ) -> None:
         self.model = model
         self._method = check_method(method)
+        self.cache_size = check_int("cache_size", cache_size, minimum=1)
         self.batch_ = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
         self.target_names_ = target_names(data, model.cfg.n_targets)
         self._reference = (
@@ -82,10 +113,12 @@ class Ablator:
             generator = torch.Generator().manual_seed(_RESAMPLE_SEED)
         self._seed_state = generator.get_state()
         self._replacements: dict[str, Replacement] = {}
-        self._results: dict[tuple[str, tuple[tuple[int, int], ...]], Totals] = {}
-        self._scores: dict[tuple[str, tuple[tuple[int, int], ...]], PositionScores] = {}
+        self._cache: OrderedDict[_Key, _Entry] = OrderedDict()
+        self._prefixes: dict[tuple[int, int, int], tuple[Tensor, Tensor]] = {}
         self._heads: list[tuple[int, int]] = []
-        self.baseline_ = self._metrics_for("zero", ())
+        self.baseline_ = self._entry(self._key("zero", ()), per_position=False).totals.metrics(
+            self.target_names_
+        )[0]
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -103,14 +136,14 @@ class Ablator:
         return [head_label(*pair) for pair in self._heads]
 
     @property
+    def head_pairs(self) -> list[tuple[int, int]]:
+        """The heads currently ablated as ``(layer, head)`` pairs, layer-major."""
+        return list(self._heads)
+
+    @property
     def valid_heads(self) -> list[str]:
         """Every head label of the model."""
         return self.model.head_labels
-
-    @property
-    def head_set(self) -> str:
-        """The ablated heads as one set, ``"L0H1,L0H3"`` (the format every function accepts)."""
-        return format_heads(self._heads)
 
     def toggle(self, *heads: str | Sequence[HeadSpec]) -> Ablator:
         """Flip each given head between ablated and not; returns self for chaining."""
@@ -132,30 +165,91 @@ class Ablator:
         return self
 
     # -- results -------------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(
+        self, heads: str | Sequence[HeadSpec] | None = None, *, method: str | None = None
+    ) -> dict[str, float]:
         """Metrics with the current heads ablated, and ``delta_<metric>`` from the baseline.
+
+        Args:
+            heads: Read this set instead of the current one (the state is not changed).
+            method: Read this method instead of the current one.
 
         Returns:
             ``{"loss", "accuracy", ["accuracy/<target>"...], "delta_loss", "delta_accuracy",
             ...}``. With no heads ablated the metrics equal ``baseline_`` exactly and the
             deltas are 0.
         """
-        metrics = self._metrics_for(self._method, tuple(self._heads))
+        entry = self._entry(self._config(heads, method), per_position=False)
+        metrics = entry.totals.metrics(self.target_names_)[0]
         names = metric_names(self.target_names_)
         result = with_deltas(metrics, self.baseline_, names)
         return {key: value for key, value in result.items() if not key.startswith("baseline_")}
 
-    def position_scores(self) -> PositionScores:
+    def position_scores(
+        self, heads: str | Sequence[HeadSpec] | None = None, *, method: str | None = None
+    ) -> PositionScores:
         """Per-(sequence, position, target) scores with the current heads ablated.
+
+        Args:
+            heads: Read this set instead of the current one (``[]``: the clean model).
+            method: Read this method instead of the current one.
 
         Returns:
             :class:`~mhainterp.scoring.PositionScores` of shape ``[n, T, k]`` (predictions,
             correctness and cross-entropy at every position), cached per (method, heads).
         """
-        key = self._key(self._method, tuple(self._heads))
-        if key not in self._scores:
-            self._run(key, per_position=True)
-        return self._scores[key]
+        scores = self._entry(self._config(heads, method), per_position=True).scores
+        assert scores is not None
+        return scores
+
+    def precompute(
+        self, head_sets: Sequence[str | Sequence[HeadSpec]], *, method: str | None = None
+    ) -> Ablator:
+        """Score ``head_sets`` in one batched engine pass (per position) into the cache.
+
+        The explorer precomputes every single head this way, so the first click on any head
+        is a cache hit. Sets beyond ``cache_size`` push older entries out. Returns self.
+        """
+        keys = [self._config(heads, method) for heads in head_sets]
+        todo = list(dict.fromkeys(k for k in keys if not self._cached(k, per_position=True)))
+        for start in range(0, len(todo), self.cache_size):
+            self._run(todo[start : start + self.cache_size], per_position=True)
+        return self
+
+    @torch.no_grad()
+    def patterns(
+        self, index: int, heads: str | Sequence[HeadSpec] | None = None, *,
+        method: str | None = None,
+    ) -> Float[Tensor, "L h T T"]:  # fmt: skip
+        """Attention patterns of evaluation sequence ``index`` with the current heads ablated.
+
+        One forward of that one sequence; an ablated head's z is replaced exactly as in the
+        engine (resample: this row's donor), so the patterns equal the batched pass's row.
+        Only layers after the first ablated one can change.
+        """
+        method, pairs = self._config(heads, method)
+        row = self.batch_[index : index + 1]
+        device = row.tokens.device
+        mask = head_masks(self.model, [pairs])[0].to(device)  # (L, h)
+        kept: dict[int, Tensor] = {}
+
+        def keep(pattern: Tensor, hook: Any, layer: int) -> None:
+            kept[layer] = pattern[0].float().cpu()  # (h, T, T)
+
+        n_layers = self.model.cfg.n_layers
+        hooks = [(f"blocks.{i}.attn.hook_pattern", partial(keep, layer=i)) for i in range(n_layers)]
+        if pairs:
+            replacement = self._replacement(method)
+            rows = torch.tensor([index], device=device)
+            hooks += [
+                (f"blocks.{i}.attn.hook_z", partial(_replace_z, head_mask=mask[i], layer=i,
+                                                    rows=rows, replacement=replacement))
+                for i in range(n_layers)
+                if bool(mask[i].any())
+            ]  # fmt: skip
+        with eval_mode(self.model), self.model.hooks(fwd_hooks=hooks):
+            self.model.logits(row.tokens, row.padding_mask)
+        return torch.stack([kept[i] for i in range(n_layers)])
 
     def table(self) -> pd.DataFrame:
         """The current result as a table: columns ``metric, baseline, ablated, delta``."""
@@ -172,35 +266,63 @@ class Ablator:
             ]
         )
 
+    def cache_info(self) -> dict[str, int]:
+        """``{"entries", "with_scores", "cache_size"}``: what the LRU cache holds now."""
+        with_scores = sum(entry.scores is not None for entry in self._cache.values())
+        return {"entries": len(self._cache), "with_scores": with_scores,
+                "cache_size": self.cache_size}  # fmt: skip
+
     def __repr__(self) -> str:
         heads = ", ".join(self.heads) or "none"
         return f"Ablator(method={self._method!r}, heads=[{heads}])"
 
+    # -- cache and engine ----------------------------------------------------------------------
     @staticmethod
-    def _key(method: str, heads: tuple[tuple[int, int], ...]) -> tuple[str, tuple]:
+    def _key(method: str, heads: tuple[tuple[int, int], ...]) -> _Key:
+        """With no head ablated every method is the clean model: one entry, ``"none"``."""
         return (method if heads else "none", heads)
 
-    def _run(self, key: tuple[str, tuple], *, per_position: bool) -> None:
-        method, heads = key
-        replacement = self._replacement("zero" if method == "none" else method)
-        sums, scores = run_masks(
-            self.model, self.batch_, head_masks(self.model, [heads]), replacement,
-            per_position=per_position,
-        )  # fmt: skip
-        self._results[key] = sums
-        if scores is not None:
-            self._scores[key] = PositionScores(
-                nll=scores.nll[0], correct=scores.correct[0],
-                predictions=scores.predictions[0], scored=scores.scored,
-            )  # fmt: skip
+    def _config(self, heads: str | Sequence[HeadSpec] | None, method: str | None) -> _Key:
+        if heads is None:
+            pairs = self._heads
+        else:  # an empty set (the clean model) needs no resolving
+            pairs = resolve_heads(self.model, heads) if len(heads) else []
+        return self._key(self._method if method is None else check_method(method), tuple(pairs))
 
-    def _metrics_for(self, method: str, heads: tuple[tuple[int, int], ...]) -> dict[str, float]:
-        key = self._key(method, heads)
-        if key not in self._results:
-            self._run(key, per_position=False)
-        return self._results[key].metrics(self.target_names_)[0]
+    def _cached(self, key: _Key, *, per_position: bool) -> bool:
+        entry = self._cache.get(key)
+        return entry is not None and (entry.scores is not None or not per_position)
+
+    def _entry(self, key: _Key, *, per_position: bool) -> _Entry:
+        if not self._cached(key, per_position=per_position):
+            self._run([key], per_position=per_position)
+        self._cache.move_to_end(key)
+        return self._cache[key]
+
+    def _run(self, keys: list[_Key], *, per_position: bool) -> None:
+        """One engine pass over ``keys`` (all of one method), results into the LRU cache."""
+        method = next((m for m, _ in keys if m != "none"), "zero")
+        masks = head_masks(self.model, [heads for _, heads in keys])
+        sums, scores = run_masks(
+            self.model, self.batch_, masks, self._replacement(method),
+            per_position=per_position, prefix_cache=self._prefixes,
+        )  # fmt: skip
+        for c, key in enumerate(keys):
+            totals = Totals(sums.loss_sum[c : c + 1], sums.correct[c : c + 1], sums.scored)
+            entry = _Entry(totals)
+            if scores is not None:
+                entry.scores = PositionScores(
+                    nll=scores.nll[c], correct=scores.correct[c],
+                    predictions=scores.predictions[c], scored=scores.scored,
+                )  # fmt: skip
+            self._cache[key] = entry
+            self._cache.move_to_end(key)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
 
     def _replacement(self, method: str) -> Replacement:
+        if method == "none":
+            method = "zero"
         if method not in self._replacements:
             generator = torch.Generator()
             generator.set_state(self._seed_state)
@@ -208,3 +330,17 @@ class Ablator:
                 self.model, method, self._reference, generator
             )
         return self._replacements[method]
+
+
+def _replace_z(
+    z: Float[Tensor, "1 T h d_head"],
+    hook: Any,
+    *,
+    layer: int,
+    head_mask: Bool[Tensor, " h"],
+    rows: Tensor,
+    replacement: Replacement,
+) -> Tensor:
+    """``hook_z`` of one evaluation row with the masked heads' z replaced."""
+    values = replacement.values(layer, rows, z)
+    return torch.where(head_mask[None, None, :, None], values, z)

@@ -3,7 +3,9 @@
     mhainterp explore runs/quickstart/reverse/runs/h4_seed0
     mhainterp explore runs/quickstart/reverse --port 8800 --no-browser
 
-Serves a local page (127.0.0.1 unless --host says otherwise) and opens it in the browser.
+Serves a local page (127.0.0.1 unless --host says otherwise) and opens it in the browser. The
+page is up at once and shows "loading" until the model has loaded; it opens on the largest head
+count of the first task, and its picker (or a run folder as RUN_OR_SWEEP) shows the others.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import argparse
 import sys
 import threading
 import webbrowser
+
+from mhainterp.cli.task_modules import add_task_module_argument
 
 __all__ = ["register", "run_explore"]
 
@@ -26,9 +30,13 @@ resample); loss and accuracy against the clean model overall, per target, by tar
 by query token; one example sequence with its predictions, hover a token to see where each
 head attends from it. Everything is served from this machine: no internet needed.
 
+A sweep opens on its largest head count (of the first task); pick another run in the page,
+or give its run folder. A run of your own task needs the module that registers it.
+
 examples:
   mhainterp explore runs/quickstart/reverse/runs/h4_seed0
   mhainterp explore runs/quickstart/reverse --port 8800 --no-browser
+  mhainterp explore runs/my_sweep --task-module my_tasks.py
 """
 
 
@@ -56,17 +64,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--method", default="zero", help="initial method: zero, mean or resample (default zero)"
     )
+    add_task_module_argument(parser)
     parser.set_defaults(func=run_explore)
 
 
 def run_explore(args: argparse.Namespace) -> int:
-    """Handler of ``mhainterp explore``; returns the exit code."""
-    try:
-        import uvicorn
+    """Handler of ``mhainterp explore``; returns the exit code.
 
-        from mhainterp.explore.app import Explorer
-        from mhainterp.explore.runs import explorable_runs
-        from mhainterp.explore.server import PortInUseError, bind, build_app
+    The server starts before the model loads (:class:`ExplorerLoader`): the page shows at once
+    and says "loading" until the explorer is ready. A run that cannot be loaded ends the
+    command with one line (exit 2), like any other bad input.
+    """
+    try:
+        import uvicorn  # noqa: F401  (the explore extra: checked before anything starts)
+
+        from mhainterp.explore.runs import default_run, explorable_runs
+        from mhainterp.explore.server import (
+            ExplorerLoader,
+            PortInUseError,
+            ServerThread,
+            bind,
+            build_app,
+        )
     except ImportError as error:
         return _fail(f'{error}; install the explorer with: pip install "mhainterp[explore]"')
     from mhainterp.ablation import check_method
@@ -75,6 +94,7 @@ def run_explore(args: argparse.Namespace) -> int:
     if args.n_eval < 1:
         raise ValueError(f"--n-eval={args.n_eval} is invalid: a positive integer")
     runs = explorable_runs(args.path)  # a folder that is neither: one line, exit 2
+    first = default_run(runs)
     if args.host not in LOCAL_HOSTS:
         print(
             f"mhainterp explore: warning: --host {args.host} lets anyone who can reach this "
@@ -85,24 +105,34 @@ def run_explore(args: argparse.Namespace) -> int:
         sock = bind(args.host, args.port)
     except PortInUseError as error:
         return _fail(str(error))
+    loader = ExplorerLoader(lambda: _build(runs, first.id, args), what=first.id)
     try:
-        explorer = Explorer(runs, n_eval=args.n_eval, method=args.method)
-        explorer.open(runs[0].id)
-        explorer.state()  # the clean forward, patterns and importance, before serving
-        host = f"[{args.host}]" if ":" in args.host else args.host
-        url = f"http://{host}:{sock.getsockname()[1]}/"
-        server = uvicorn.Server(uvicorn.Config(build_app(explorer), log_level="warning"))
-        print(f"mhainterp explore: {len(runs)} run(s) from {args.path} at {url}  (Ctrl-C stops)")
-        sys.stdout.flush()
-        if not args.no_browser:
-            threading.Timer(0.5, webbrowser.open, args=(url,)).start()
-        server.run(sockets=[sock])
+        with ServerThread(build_app(loader, host=args.host), host=args.host, sock=sock) as server:
+            loader.start()
+            print(f"mhainterp explore: {len(runs)} run(s) from {args.path} at {server.url}  "
+                  f"(showing {first.id}; Ctrl-C stops)")  # fmt: skip
+            sys.stdout.flush()
+            if not args.no_browser:
+                threading.Timer(0.5, webbrowser.open, args=(server.url,)).start()
+            loader.wait()
+            if loader.error is not None:
+                raise loader.error
+            server.thread.join()
     except KeyboardInterrupt:
         print("mhainterp explore: stopped", file=sys.stderr)
         return 130
-    finally:
-        sock.close()
     return 0
+
+
+def _build(runs: list, run_id: str, args: argparse.Namespace) -> object:
+    """The explorer with ``run_id`` open and its first answer computed (clean forward,
+    patterns, single-head importance), so the page's first request is fast."""
+    from mhainterp.explore.app import Explorer
+
+    explorer = Explorer(runs, n_eval=args.n_eval, method=args.method)
+    explorer.open(run_id)
+    explorer.state()
+    return explorer
 
 
 def _fail(message: str) -> int:

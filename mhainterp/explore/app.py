@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from mhainterp.explore.results import SavedResults
-from mhainterp.explore.runs import RunEntry, explorable_runs
+from mhainterp.explore.runs import RunEntry, default_run, explorable_runs
 from mhainterp.explore.session import METHODS, ExploreSession
 from mhainterp.heads import head_label
 
@@ -85,9 +85,11 @@ class Explorer:
 
     @classmethod
     def from_path(cls, path: str | os.PathLike[str], **options: Any) -> Explorer:
-        """The explorer of a run folder or a sweep folder; opens the first run."""
-        explorer = cls(explorable_runs(path), **options)
-        explorer.open(next(iter(explorer.runs)))
+        """The explorer of a run folder or a sweep folder; opens :func:`default_run` (the largest
+        head count of the first task)."""
+        runs = explorable_runs(path)
+        explorer = cls(runs, **options)
+        explorer.open(default_run(runs).id)
         return explorer
 
     @classmethod
@@ -126,7 +128,7 @@ class Explorer:
             raise BadRequestError(f"run={run_id!r} is invalid: one of {', '.join(self.runs)}")
         if run_id in self._opened:
             self._current = self._opened[run_id]
-            self._current.session.set_method(self._method)
+            self._current.session.method = self._method
             self._example = 0
             return
         entry = self.runs[run_id]
@@ -172,7 +174,7 @@ class Explorer:
                     raise BadRequestError(
                         f"method={method!r} is invalid: one of {', '.join(METHODS)}"
                     )
-                self.session.set_method(method)
+                self.session.method = method
                 self._method = method
             elif action == "reset":
                 self.session.reset()
@@ -210,6 +212,7 @@ class Explorer:
             "n_layers": model.cfg.n_layers,
             "n_heads": model.cfg.n_heads,
             "n_eval": len(opened.session.batch),
+            "causal": bool(getattr(model.cfg, "causal", False)),
             "methods": list(METHODS),
             "heads": heads,
             "thumbnails": opened.thumbnails,
@@ -221,7 +224,7 @@ class Explorer:
         session = self.session
         return {
             "method": session.method,
-            "ablated": session.ablated,
+            "ablated": session.heads,
             "metrics": session.metrics(),
             "example": session.example(self._example),
             "importance": self.importance(),
@@ -231,7 +234,7 @@ class Explorer:
         """Single-head change in accuracy for the current method: saved, else computed once."""
         assert self._current is not None
         saved = self._current.saved.importance.get(self.session.method)
-        if saved and set(saved) == set(self.session.head_labels):
+        if saved and set(saved) == set(self.session.valid_heads):
             return saved
         return self.session.importance()
 

@@ -58,3 +58,18 @@ def _entry(root: Path, run_dir: Path) -> RunEntry:
     except (OSError, ValueError, KeyError, TypeError):
         n_heads = seed = None
     return RunEntry(id=run_id, path=run_dir, n_heads=n_heads, seed=seed)
+
+
+def default_run(runs: list[RunEntry]) -> RunEntry:
+    """The run the explorer opens first: the largest head count of the first sweep (task),
+    lowest seed among those; a run without a config counts as 0 heads.
+
+    Example:
+        >>> runs = [RunEntry(f"{sweep}/h{h}_seed0", Path("."), h, 0)
+        ...         for sweep, h in [("a", 1), ("a", 8), ("b", 16)]]
+        >>> default_run(runs).id
+        'a/h8_seed0'
+    """
+    first = str(Path(runs[0].id).parent)
+    same_sweep = [entry for entry in runs if str(Path(entry.id).parent) == first]
+    return max(same_sweep, key=lambda e: (e.n_heads or 0, -(e.seed or 0)))

@@ -1,14 +1,13 @@
 """The explorer's one link to the ablation and scoring code: an :class:`ExploreSession`.
 
-Every call into ``mhainterp.ablation`` (and every loss/accuracy computation) made by the explorer
-lives in this module, so the ablation engine can be swapped in here without touching the server,
-the page or the notebook view.
-
-A session holds a model, its evaluation batch (``n_eval`` sequences, default 1,024), the set of
-ablated heads and the method. Metrics and predictions come from the ablation engine through an
-:class:`mhainterp.ablation.Ablator`: each configuration (method, heads) is one engine pass with
-per-position outputs, starting at the first ablated layer from the cached clean prefix, and its
-outcome is cached, so toggling a head back costs nothing. Scoring is :mod:`mhainterp.scoring`'s.
+A session *is* an :class:`mhainterp.ablation.Ablator` (one state: the method and the ablated
+heads, changed only by ``toggle``, ``set``, ``reset`` and ``method =``), plus the views the
+page draws: loss and accuracy against the clean model grouped along the division of
+labour's axes (the grouping of :func:`mhainterp.specialization.damage.axis_values`), one
+example sequence with its predictions and attention, the average patterns and single-head
+importance. Reading a view never changes the state. Every configuration is one engine pass
+from the first ablated layer on (the clean prefix is kept), cached by the Ablator's LRU;
+the single heads of a method are precomputed in one batched pass.
 
 Example:
     >>> from mhainterp.handbuilt import handbuilt_model
@@ -22,25 +21,29 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Float, Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
-from mhainterp.ablation import METHODS, Ablator, ablate, check_method, head_importance
+from mhainterp.ablation import METHODS, Ablator, check_method
+from mhainterp.ablation.interactive import DEFAULT_CACHE_SIZE
 from mhainterp.capture import average_patterns
-from mhainterp.heads import head_label, resolve_heads
+from mhainterp.heads import all_heads, head_label
 from mhainterp.model import HookedMHATransformer
 from mhainterp.scoring import PositionScores
+from mhainterp.specialization.damage import axis_values
 from mhainterp.tasks import Batch, Task
 
-__all__ = ["METHODS", "ExploreSession"]
+__all__ = ["AXES", "METHODS", "ExploreSession"]
+
+AXES = ("token", "position", "target_class", "target")
+"""The axes the metrics are grouped by: the division of labour's ``by`` values."""
 
 
-class ExploreSession:
-    """Toggle heads, switch the method, read the metrics and one example, all against clean.
+class ExploreSession(Ablator):
+    """An Ablator with the explorer's views: grouped metrics, an example, patterns, importance.
 
     Args:
         model: The model to explore.
@@ -49,10 +52,12 @@ class ExploreSession:
         method: Initial ablation method: ``"zero"``, ``"mean"`` or ``"resample"``. Mean and
             resample take their reference activations from the evaluation batch itself.
         target_names: Names of the targets (default: the task's, or ``target0..``).
+        cache_size: Configurations the Ablator keeps (LRU; see ``DEFAULT_CACHE_SIZE``).
 
     Example:
         >>> session = ExploreSession(model, task)  # doctest: +SKIP
-        >>> session.set_method("mean").toggle("L0H1").metrics()["overall"]  # doctest: +SKIP
+        >>> session.method = "mean"  # doctest: +SKIP
+        >>> session.toggle("L0H1").metrics()["overall"]  # doctest: +SKIP
     """
 
     def __init__(
@@ -63,108 +68,56 @@ class ExploreSession:
         n_eval: int = 1024,
         method: str = "zero",
         target_names: Sequence[str] | None = None,
+        cache_size: int = DEFAULT_CACHE_SIZE,
     ) -> None:
         if not isinstance(data, (Task, Batch)):
             raise TypeError(f"data must be a Task or a Batch, got {type(data).__name__}")
-        self.model = model.eval()
-        self._ablator = Ablator(model, data, method=check_method(method), n_eval=n_eval)
-        self.batch = self._ablator.batch_
-        k = self.batch.n_targets
+        super().__init__(
+            model.eval(), data, method=check_method(method), n_eval=n_eval, cache_size=cache_size
+        )
+        k = self.batch_.n_targets
         names = data.target_names if isinstance(data, Task) else [f"target{i}" for i in range(k)]
         self.target_names = list(target_names) if target_names is not None else list(names)
-        self._targets = self.batch.targets.reshape(len(self.batch), -1, k)  # (n, T, k)
-        self._scored = self.batch.scored  # (n, T, k)
-        self._method = check_method(method)
-        self._ablated: list[tuple[int, int]] = []
-        self._pattern_cache: dict[tuple[Any, int], Tensor] = {}
-        self._clean_pattern_cache: dict[int, Tensor] = {}
-        self._importance: dict[str, dict[str, float]] = {}
-        self._metrics_cache: dict[Any, dict[str, Any]] = {}
-        self.clean_ = self._outcome("zero", ())
-        scored, targets = self._scored, self._targets
-        self._groups = {
-            "per_target": _Groups(
-                torch.arange(k, device=scored.device).expand_as(scored),
-                scored,
-                self.clean_,
-                self.target_names,
-            ),
-            "by_target_class": _Groups(targets.clamp(min=0), scored, self.clean_),
-            "by_query_token": _Groups(
-                self.batch.tokens[..., None].expand_as(scored), scored, self.clean_
-            ),
+        self._scored = self.batch_.scored  # (n, T, k)
+        self._targets = self.batch_.targets.reshape(self._scored.shape)  # (n, T, k)
+        self._values, self._value_names = axis_values(self.batch_, self._scored, self.target_names)
+        self._counts = {
+            axis: torch.bincount(ids, minlength=len(self._value_names[axis]))
+            for axis, ids in self._values.items()
         }
-
-    # -- state ---------------------------------------------------------------------------------
-    @property
-    def method(self) -> str:
-        """The current ablation method."""
-        return self._method
+        clean = self.position_scores(heads=[])
+        self._clean_sums = self._sums(clean)
+        self._importance: dict[str, dict[str, float]] = {}
 
     @property
-    def ablated(self) -> list[str]:
-        """Labels of the ablated heads, layer-major."""
-        return [head_label(*pair) for pair in self._ablated]
+    def batch(self) -> Batch:
+        """The evaluation batch (``n_eval`` sequences)."""
+        return self.batch_
 
-    @property
-    def head_labels(self) -> list[str]:
-        """Every head of the model, layer-major."""
-        return self.model.head_labels
-
-    def toggle(self, head: str) -> ExploreSession:
-        """Ablate ``head`` (``"L0H2"``) if it is not ablated, else restore it; returns self.
-
-        Raises:
-            ValueError: for a head the model does not have (the message lists the valid ones).
-        """
-        pairs = resolve_heads(self.model, [head])
-        self._ablated = sorted(set(self._ablated) ^ set(pairs))
-        return self
-
-    def set_heads(self, heads: str | Sequence[str]) -> ExploreSession:
-        """Ablate exactly ``heads`` (``"L0H1,L0H3"`` or a list; empty for none); returns self."""
-        self._ablated = resolve_heads(self.model, heads)
-        return self
-
-    def set_method(self, method: str) -> ExploreSession:
-        """Switch to ``"zero"``, ``"mean"`` or ``"resample"``; the ablated heads are kept."""
-        self._method = check_method(method)
-        return self
-
-    def reset(self) -> ExploreSession:
-        """Restore every head (the method is kept); returns self."""
-        self._ablated = []
-        return self
-
-    # -- results -------------------------------------------------------------------------------
+    # -- views ---------------------------------------------------------------------------------
     def metrics(self) -> dict[str, Any]:
         """Loss and accuracy of the current configuration, each next to the clean model's.
 
         Returns:
-            ``{"method", "ablated", "overall", "per_target", "by_target_class",
-            "by_query_token"}``. ``overall`` is ``{"loss": {"clean", "ablated"}, "accuracy":
-            {...}, "n_scored"}``; each of the other three is a list of rows ``{"key", "n",
-            "loss": {"clean", "ablated"}, "accuracy": {...}}`` (key: the target name, the
-            target class id, or the token id at the query position). With no head ablated,
-            ``ablated`` equals ``clean`` exactly.
+            ``{"method", "ablated", "overall", "by"}``. ``overall`` is ``{"loss": {"clean",
+            "ablated"}, "accuracy": {...}, "n_scored"}``; ``by[axis]`` (axis one of
+            :data:`AXES`) is a list of rows ``{"key", "n", "loss": {"clean", "ablated"},
+            "accuracy": {...}}``, one per value of the axis that has scored pairs (key: the
+            value's name as the division of labour writes it, a string). With no head
+            ablated, ``ablated`` equals ``clean`` exactly.
         """
-        key = _key(self._method, tuple(self._ablated))
-        if key not in self._metrics_cache:
-            self._metrics_cache[key] = self._compute_metrics(self._current())
-        return {"method": self._method, "ablated": self.ablated, **self._metrics_cache[key]}
-
-    def _compute_metrics(self, current: PositionScores) -> dict[str, Any]:
+        current = self.position_scores()
+        clean = self.position_scores(heads=[])
         n = int(self._scored.sum())
-        clean = self.clean_
         overall = {
             "loss": _pair(clean.nll.sum() / n, current.nll.sum() / n),
             "accuracy": _pair(clean.correct.sum().double() / n, current.correct.sum().double() / n),
             "n_scored": n,
         }
-        out: dict[str, Any] = {"overall": overall}
-        for name, groups in self._groups.items():
-            out[name] = groups.rows(clean, current)
-        return out
+        return {
+            "method": self.method, "ablated": self.heads, "overall": overall,
+            "by": self._rows(current),
+        }  # fmt: skip
 
     def example(self, index: int) -> dict[str, Any]:
         """Sequence ``index`` of the batch: tokens, targets, predictions and attention.
@@ -174,167 +127,95 @@ class ExploreSession:
             "clean_predictions", "correct", "attention"}``. ``real`` is False at padding.
             ``targets``, ``scored``, ``predictions`` and ``correct`` are lists per position of
             lists per target; a pair that is not scored has target -1 and ``correct`` False.
-            ``attention[label][q]`` is where head ``label`` attends from
-            query ``q`` (a list over keys), under the current ablation (only heads after an
-            ablated layer can change).
+            ``attention[label][q]`` is where head ``label`` attends from query ``q`` (a list
+            over keys), under the current ablation (only heads after an ablated layer can
+            change).
 
         Raises:
             ValueError: for an index outside ``[0, n_eval)``.
         """
-        n = len(self.batch)
+        n = len(self.batch_)
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
             raise ValueError(f"index={index!r} is invalid: an integer in [0, {n})")
-        current = self._current()
+        current = self.position_scores()
         scored = self._scored[index]  # (T, k)
         targets = self._targets[index]
-        patterns = self._patterns(index)  # (L, h, T, T)
-        attention = {
-            head_label(layer, h): _rounded(patterns[layer, h])
-            for layer in range(patterns.shape[0])
-            for h in range(patterns.shape[1])
-        }
         return {
             "index": index,
-            "tokens": self.batch.tokens[index].tolist(),
-            "real": self.batch.padding_mask[index].tolist(),
+            "tokens": self.batch_.tokens[index].tolist(),
+            "real": self.batch_.padding_mask[index].tolist(),
             "targets": torch.where(scored, targets, -1).tolist(),
             "scored": scored.tolist(),
             "predictions": current.predictions[index].tolist(),
-            "clean_predictions": self.clean_.predictions[index].tolist(),
+            "clean_predictions": self.position_scores(heads=[]).predictions[index].tolist(),
             "correct": current.correct[index].tolist(),
-            "attention": attention,
+            "attention": _per_head(self.patterns(index)),
         }
 
     def average_patterns(self) -> dict[str, list[list[float]]]:
         """Each head's dataset-average pattern ``[q][k]`` on the batch (clean model)."""
-        average = average_patterns(self.model, self.batch)  # (L, h, T, T)
-        return {
-            head_label(layer, h): _rounded(average[layer, h])
-            for layer in range(average.shape[0])
-            for h in range(average.shape[1])
-        }
+        return _per_head(average_patterns(self.model, self.batch_))
 
     def importance(self, method: str | None = None) -> dict[str, float]:
         """Change in accuracy when each head alone is ablated (``method``: default current).
 
-        Computed once per method in one batched pass and cached.
+        The single heads are scored once per method in one batched pass, per position, into
+        the Ablator's cache: the first click on any head is then a cache hit.
         """
-        method = check_method(method or self._method)
+        method = check_method(method or self.method)
         if method not in self._importance:
-            table = head_importance(self.model, self.batch, method, reference=self.batch)
-            self._importance[method] = dict(
-                zip(table["head_label"], table["delta_accuracy"].astype(float))
-            )
+            singles = [
+                [pair] for pair in all_heads(self.model.cfg.n_layers, self.model.cfg.n_heads)
+            ]
+            self.precompute(singles, method=method)
+            self._importance[method] = {
+                head_label(*pair): self.evaluate(heads, method=method)["delta_accuracy"]
+                for heads in singles
+                for pair in heads
+            }
         return self._importance[method]
 
-    # -- forward -------------------------------------------------------------------------------
-    def _current(self) -> PositionScores:
-        return self._outcome(self._method, tuple(self._ablated))
+    # -- grouping ------------------------------------------------------------------------------
+    def _sums(self, scores: PositionScores) -> dict[str, tuple[Tensor, Tensor]]:
+        """Per axis, summed loss and correct per value over the scored pairs (``[K]`` each)."""
+        loss = scores.nll[self._scored].double().cpu()  # (N,), row-major like the axis ids
+        right = scores.correct[self._scored].double().cpu()
+        return {
+            axis: (
+                torch.bincount(ids, weights=loss, minlength=len(self._value_names[axis])),
+                torch.bincount(ids, weights=right, minlength=len(self._value_names[axis])),
+            )
+            for axis, ids in self._values.items()
+        }
 
-    def _outcome(self, method: str, heads: tuple[tuple[int, int], ...]) -> PositionScores:
-        """Per-position scores of one configuration (the engine's, cached by the Ablator)."""
-        self._ablator.method = method
-        return self._ablator.set(list(heads)).position_scores()
-
-    def _clean_patterns(self, index: int) -> Float[Tensor, "L h T T"]:
-        """Row ``index``'s clean patterns (a one-sequence forward, cached)."""
-        if index not in self._clean_pattern_cache:
-            row = self.batch[index]
-            names = [f"blocks.{i}.attn.hook_pattern" for i in range(self.model.cfg.n_layers)]
-            with torch.no_grad():
-                _, cache = self.model.run_with_cache(
-                    row.tokens, padding_mask=row.padding_mask, names_filter=names
-                )
-            stacked = torch.stack([cache[name][0] for name in names])  # (L, h, T, T)
-            self._clean_pattern_cache[index] = stacked.float().cpu()
-        return self._clean_pattern_cache[index]
-
-    def _patterns(self, index: int) -> Float[Tensor, "L h T T"]:
-        """Row ``index``'s patterns under the current ablation."""
-        heads = tuple(self._ablated)
-        # Ablating z in layer l changes the patterns of later layers only.
-        if not heads or heads[0][0] == self.model.cfg.n_layers - 1:
-            return self._clean_patterns(index)
-        key = (_key(self._method, heads), index)
-        if key not in self._pattern_cache:
-            if len(self._pattern_cache) > 4096:
-                self._pattern_cache.clear()
-            self._pattern_cache[key] = self._ablated_patterns(heads, index)
-        return self._pattern_cache[key]
-
-    def _ablated_patterns(
-        self, heads: tuple[tuple[int, int], ...], index: int
-    ) -> Float[Tensor, "L h T T"]:
-        """Row ``index``'s patterns with ``heads`` ablated: the batch runs under
-        :func:`~mhainterp.ablation.ablate` (resample donors depend on the row), row kept."""
-        kept: dict[int, Tensor] = {}
-
-        def keep(pattern: Tensor, hook: Any, layer: int) -> None:
-            kept[layer] = pattern[index].detach().float().cpu()  # (h, T, T)
-
-        n_layers = self.model.cfg.n_layers
-        hooks = [(f"blocks.{i}.attn.hook_pattern", partial(keep, layer=i)) for i in range(n_layers)]
-        reference = None if self._method == "zero" else self.batch
-        ablated = ablate(self.model, list(heads), self._method, reference)
-        with torch.no_grad(), ablated as model, model.hooks(fwd_hooks=hooks):
-            model.logits(self.batch.tokens, self.batch.padding_mask)
-        return torch.stack([kept[i] for i in range(n_layers)])
-
-
-def _key(method: str, heads: tuple[tuple[int, int], ...]) -> tuple[str, tuple]:
-    """Cache key of a configuration: with no head ablated, every method is the clean model."""
-    return (method if heads else "none", heads)
+    def _rows(self, current: PositionScores) -> dict[str, list[dict[str, Any]]]:
+        """Per axis, one row ``{key, n, loss, accuracy}`` per value (clean and current)."""
+        sums = self._sums(current)
+        out = {}
+        for axis in AXES:
+            (clean_loss, clean_right), (loss, right) = self._clean_sums[axis], sums[axis]
+            counts: Int[Tensor, " K"] = self._counts[axis]
+            out[axis] = [
+                {
+                    "key": name,
+                    "n": int(count),
+                    "loss": _pair(clean_loss[i] / count, loss[i] / count),
+                    "accuracy": _pair(clean_right[i] / count, right[i] / count),
+                }
+                for i, (name, count) in enumerate(zip(self._value_names[axis], counts.tolist()))
+            ]
+        return out
 
 
 def _pair(clean: Tensor, ablated: Tensor) -> dict[str, float]:
     return {"clean": float(clean), "ablated": float(ablated)}
 
 
-class _Groups:
-    """Loss and accuracy per value of a key (target, target class, query token).
-
-    ``keys`` gives each (sequence, position, target) pair its group; unscored pairs go to an
-    extra last group that is never shown. Sums are ``bincount``s over the flat tensors, and the
-    clean model's are computed once.
-    """
-
-    def __init__(
-        self,
-        keys: Int[Tensor, "n T k"],
-        scored: Bool[Tensor, "n T k"],
-        clean: PositionScores,
-        names: Sequence[Any] | None = None,
-    ) -> None:
-        self.n_keys = int(keys[scored].max()) + 1 if bool(scored.any()) else 0
-        self.keys = torch.where(scored, keys, self.n_keys).flatten()
-        self.counts = self._sums(None)
-        self.names = names
-        self.clean = (self._sums(clean.nll), self._sums(clean.correct))
-
-    def _sums(self, values: Tensor | None) -> Tensor:
-        weights = None if values is None else values.flatten().double()
-        return torch.bincount(self.keys, weights=weights, minlength=self.n_keys + 1)
-
-    def rows(self, clean: PositionScores, current: PositionScores) -> list[dict[str, Any]]:
-        """One row per key value that has scored pairs: ``{key, n, loss, accuracy}``."""
-        clean_loss, clean_acc = self.clean
-        loss, acc = self._sums(current.nll), self._sums(current.correct)
-        rows = []
-        for key in range(self.n_keys):
-            count = int(self.counts[key])
-            if count == 0:
-                continue
-            rows.append(
-                {
-                    "key": self.names[key] if self.names is not None else key,
-                    "n": count,
-                    "loss": _pair(clean_loss[key] / count, loss[key] / count),
-                    "accuracy": _pair(clean_acc[key] / count, acc[key] / count),
-                }
-            )
-        return rows
-
-
-def _rounded(matrix: Tensor) -> list[list[float]]:
-    """A pattern as nested lists with 3 decimals (what the page can show), to keep JSON small."""
-    return [[round(float(v), 3) for v in row] for row in matrix.tolist()]
+def _per_head(patterns: Float[Tensor, "L h T T"]) -> dict[str, list[list[float]]]:
+    """Patterns by head label, as nested lists with 3 decimals (what the page can show)."""
+    rounded = (torch.round(patterns.double() * 1000) / 1000).tolist()  # 0.123, not 0.12300001
+    return {
+        head_label(layer, head): rounded[layer][head]
+        for layer in range(patterns.shape[0])
+        for head in range(patterns.shape[1])
+    }

@@ -5,7 +5,7 @@
 // `call` is an HTTP POST (httpCall); in a notebook it is a widget message (widgetCall).
 // Automation hooks: every head cell has data-head="L0H2"; the overall accuracy has
 // data-metric="accuracy" (its exact value in data-value); the page sets data-busy while a
-// request is in flight.
+// request is in flight, and data-loading while the server is still loading the model.
 
 export function httpCall(action, body = {}) {
   return fetch(`api/${action}`, {
@@ -14,6 +14,10 @@ export function httpCall(action, body = {}) {
     body: JSON.stringify(body),
   }).then(async (response) => {
     const answer = await response.json();
+    if (response.status === 503 && answer.loading) {
+      // The server is up but the model is still loading (mount() shows it and asks again).
+      throw Object.assign(new Error(answer.loading), { loading: answer.loading });
+    }
     if (!response.ok) throw new Error(answer.error || `HTTP ${response.status}`);
     return answer;
   });
@@ -62,7 +66,7 @@ const fmt = (x, digits = 3) => (Number.isFinite(x) ? x.toFixed(digits) : "–");
 const signed = (x, digits = 3) => (Number.isFinite(x) ? (x > 0 ? "+" : "") + x.toFixed(digits) : "–");
 
 export function mount(root, call) {
-  const ui = { state: null, view: null, lockedQuery: null, hoverQuery: null, groupBy: "by_target_class" };
+  const ui = { state: null, view: null, lockedQuery: null, hoverQuery: null, groupBy: "target_class", detail: null };
   root.classList.add("mhx");
   root.replaceChildren(h("div", { class: "mhx-loading" }, "loading…"));
 
@@ -87,9 +91,22 @@ export function mount(root, call) {
   };
 
   const load = async (action = "state", body = {}) => {
-    ui.state = await request(action, body);
+    try {
+      ui.state = await request(action, body);
+    } catch (error) {
+      if (!error.loading) {
+        if (!ui.state) root.replaceChildren(h("div", { class: "mhx-error" }, error.message));
+        throw error;
+      }
+      root.setAttribute("data-loading", "1");
+      root.replaceChildren(h("div", { class: "mhx-loading" }, `${error.loading} (the page updates by itself)`));
+      await new Promise((resolve) => setTimeout(resolve, 500));
+      return load(action, body);
+    }
+    root.removeAttribute("data-loading");
     ui.view = ui.state.view;
     ui.lockedQuery = null;
+    ui.detail = null;
     renderAll();
   };
 
@@ -107,11 +124,20 @@ export function mount(root, call) {
     const runPicker =
       s.runs.length > 1
         ? h(
-            "select",
-            { class: "mhx-runs", "data-control": "run", onchange: (e) => load("run", { run: e.target.value }) },
-            s.runs.map((r) => h("option", r.id === s.run ? { value: r.id, selected: "" } : { value: r.id }, r.id)),
+            "label",
+            { class: "mhx-pick" },
+            "run: ",
+            h(
+              "select",
+              { class: "mhx-runs", "data-control": "run", onchange: (e) => load("run", { run: e.target.value }) },
+              s.runs.map((r) => h("option", r.id === s.run ? { value: r.id, selected: "" } : { value: r.id }, r.id)),
+            ),
           )
         : null;
+    const hint =
+      s.runs.length > 1
+        ? "opens on the largest head count; pick another run here"
+        : "another run: mhainterp explore RUN_OR_SWEEP_FOLDER";
     const methods = h(
       "span",
       { class: "mhx-methods" },
@@ -126,6 +152,7 @@ export function mount(root, call) {
         h("strong", {}, "mhainterp explore"),
         h("span", { class: "mhx-run" }, `${s.run} · ${s.task} · ${s.n_layers}×${s.n_heads} heads · ${s.n_eval} sequences`),
         runPicker,
+        h("span", { class: "mhx-hint", "data-hint": "run" }, hint),
         methods,
         h("button", { "data-action": "reset", onclick: () => update("reset", {}) }, "reset"),
         h("span", { class: "mhx-status" }),
@@ -134,7 +161,14 @@ export function mount(root, call) {
       h(
         "div",
         { class: "mhx-main" },
-        h("section", { class: "mhx-grid-box" }, h("h3", {}, "Heads: click to ablate / restore"), headGrid(s), h("div", { class: "mhx-detail" })),
+        h(
+          "section",
+          { class: "mhx-grid-box" },
+          h("h3", {}, "Heads: click to ablate / restore"),
+          headGrid(s),
+          colourScale(s.causal),
+          h("div", { class: "mhx-detail" }),
+        ),
         h("section", { class: "mhx-metrics" }),
       ),
       h("section", { class: "mhx-example" }),
@@ -147,8 +181,14 @@ export function mount(root, call) {
     for (let layer = 0; layer < s.n_layers; layer++) {
       grid.append(h("div", { class: "mhx-layer" }, `L${layer}`));
       for (const head of s.heads.filter((x) => x.layer === layer)) {
-        const canvas = h("canvas", { width: 64, height: 64, class: "mhx-thumb" });
-        drawPattern(canvas, s.thumbnails[head.label]);
+        const canvas = h("canvas", { width: 64, height: 64, class: "mhx-thumb", "data-masked": s.causal ? "causal" : "none" });
+        drawPattern(canvas, s.thumbnails[head.label], s.causal);
+        const thumb = h(
+          "div",
+          { class: "mhx-thumb-box" },
+          h("span", { class: "mhx-axis-k" }, "key →"),
+          h("div", { class: "mhx-thumb-row" }, h("span", { class: "mhx-axis-q" }, "query ↓"), canvas),
+        );
         grid.append(
           h(
             "div",
@@ -157,9 +197,9 @@ export function mount(root, call) {
               "data-head": head.label,
               title: `${head.label}: click to ablate or restore`,
               onclick: () => update("toggle", { head: head.label }),
-              onmouseenter: () => showDetail(head),
+              onmouseenter: () => { ui.detail = head; showDetail(head); },
             },
-            canvas,
+            thumb,
             h("div", { class: "mhx-head-name" }, head.label),
             h("div", { class: "mhx-head-label" }, head.role || ""),
             h("div", { class: "mhx-head-imp", "data-importance": head.label }),
@@ -170,7 +210,9 @@ export function mount(root, call) {
     return grid;
   }
 
-  function drawPattern(canvas, matrix) {
+  // Weight w is drawn with opacity sqrt(w) (the colour scale shows it); keys a causal model
+  // cannot see (k > q) are hatched grey, so "masked" never looks like "zero weight" (white).
+  function drawPattern(canvas, matrix, causal) {
     const ctx = canvas.getContext("2d");
     const T = matrix.length;
     const cell = canvas.width / T;
@@ -178,19 +220,58 @@ export function mount(root, call) {
     ctx.fillRect(0, 0, canvas.width, canvas.height);
     for (let q = 0; q < T; q++) {
       for (let k = 0; k < T; k++) {
+        const [x, y, size] = [k * cell, q * cell, Math.ceil(cell)];
+        if (causal && k > q) {
+          ctx.fillStyle = hatch(ctx);
+          ctx.fillRect(x, y, size, size);
+          continue;
+        }
         const v = Math.min(1, Math.max(0, matrix[q][k]));
         if (v <= 0) continue;
         ctx.fillStyle = `rgba(38, 84, 166, ${Math.sqrt(v)})`;
-        ctx.fillRect(k * cell, q * cell, Math.ceil(cell), Math.ceil(cell));
+        ctx.fillRect(x, y, size, size);
       }
     }
+  }
+
+  function hatch(ctx) {
+    const tile = document.createElement("canvas");
+    tile.width = tile.height = 4;
+    const t = tile.getContext("2d");
+    t.fillStyle = "#d0d0d0";
+    t.fillRect(0, 0, 4, 4);
+    t.strokeStyle = "#8a8a8a";
+    t.beginPath();
+    t.moveTo(0, 4);
+    t.lineTo(4, 0);
+    t.stroke();
+    return ctx.createPattern(tile, "repeat");
+  }
+
+  function colourScale(causal) {
+    const stops = [0, 0.25, 0.5, 0.75, 1];
+    return h(
+      "div",
+      { class: "mhx-scale", "data-scale": "attention" },
+      h("span", {}, "attention weight "),
+      stops.map((w) => h("span", { class: "mhx-scale-cell", "data-weight": w, style: `background: rgba(38,84,166,${Math.sqrt(w)}); color: ${w > 0.4 ? "#fff" : "inherit"}` }, String(w))),
+      causal ? h("span", { class: "mhx-scale-cell masked", "data-weight": "masked" }, "masked") : null,
+      h("span", { class: "mhx-sub" }, " · rows: query ↓, columns: key →"),
+    );
   }
 
   function showDetail(head) {
     const box = root.querySelector(".mhx-detail");
     const imp = ui.view.importance[head.label];
     const rows = [
-      h("div", {}, h("strong", {}, head.label), head.role ? ` · ${head.role}` : "", ` · Δaccuracy alone (${ui.view.method}): ${signed(imp)}`),
+      h(
+        "div",
+        { "data-detail": head.label },
+        h("strong", {}, head.label),
+        head.role ? ` · ${head.role}` : "",
+        ` · Δaccuracy when this head alone is ablated (${ui.view.method}): ${signed(imp)}`,
+        ui.view.ablated.includes(head.label) ? " · ablated now" : "",
+      ),
     ];
     if (head.division && head.division.length) {
       rows.push(h("div", { class: "mhx-sub" }, "Whom it serves (division of labour, saved):"));
@@ -212,8 +293,10 @@ export function mount(root, call) {
       cell.classList.toggle("ablated", ablated.has(cell.dataset.head));
     }
     for (const node of root.querySelectorAll("[data-importance]")) {
-      node.textContent = `Δacc ${signed(v.importance[node.dataset.importance], 2)}`;
+      node.textContent = `Δacc alone (${v.method}) ${signed(v.importance[node.dataset.importance], 2)}`;
+      node.title = `change in accuracy when ${node.dataset.importance} alone is ablated (${v.method})`;
     }
+    if (ui.detail) showDetail(ui.detail); // the method or the ablated set changed: not stale
     for (const button of root.querySelectorAll("[data-method]")) {
       button.classList.toggle("on", button.dataset.method === v.method);
     }
@@ -237,7 +320,8 @@ export function mount(root, call) {
         h("div", { class: "mhx-big-clean", "data-metric-clean": name }, `clean ${fmt(pair.clean, 4)} · Δ ${signed(pair.ablated - pair.clean, 4)}`),
         h("div", { class: `mhx-bar-outer` }, bar(pair, better)),
       );
-    const groups = { by_target_class: "target class", by_query_token: "query token" };
+    // The division of labour's axes (ExploreSession.metrics()["by"]).
+    const groups = { target_class: "target class", token: "query token", position: "position" };
     const switcher = h(
       "span",
       { class: "mhx-groups" },
@@ -252,9 +336,9 @@ export function mount(root, call) {
       box,
       h("h3", {}, `Metrics vs clean (${o.n_scored} scored pairs)`),
       h("div", { class: "mhx-bigs" }, metric("accuracy", o.accuracy, "high"), metric("loss", o.loss, "low")),
-      m.per_target.length > 1 ? h("div", {}, h("h4", {}, "per target"), table(head, rows(m.per_target), "target")) : null,
+      m.by.target.length > 1 ? h("div", {}, h("h4", {}, "per target"), table(head, rows(m.by.target), "target")) : null,
       h("h4", {}, "by ", switcher),
-      table(head, rows(m[ui.groupBy]), ui.groupBy),
+      table(head, rows(m.by[ui.groupBy]), ui.groupBy),
     );
   }
 
@@ -305,6 +389,7 @@ export function mount(root, call) {
             onmouseleave: () => { ui.hoverQuery = null; renderAttention(ex); },
             onclick: () => { ui.lockedQuery = ui.lockedQuery === t ? null : t; renderAttention(ex); },
           },
+          h("div", { class: "mhx-posnum", title: `position ${t}` }, t),
           h("div", { class: "mhx-tok" }, ex.tokens[t]),
           h("div", { class: "mhx-tgt" }, ex.targets[t].map((x) => (x < 0 ? "·" : x)).join(",")),
           marks,
@@ -315,7 +400,7 @@ export function mount(root, call) {
     const scored = ex.scored.flat().filter(Boolean).length;
     box.replaceChildren(
       h("h3", {}, `Example sequence #${ex.index} · ${right}/${scored} right `, h("button", { "data-action": "draw", onclick: () => update("example", { draw: true }) }, "draw another")),
-      h("div", { class: "mhx-sub" }, `tokens, targets, and the prediction at each of ${T} positions (✓ right, ✗ wrong; outlined = differs from the clean model)`),
+      h("div", { class: "mhx-sub" }, `position, token, target and the prediction at each of ${T} positions (✓ right, ✗ wrong; outlined = differs from the clean model)`),
       tokenRow,
       h("div", { class: "mhx-attn" }),
     );
@@ -336,16 +421,35 @@ export function mount(root, call) {
       return;
     }
     const locked = ui.lockedQuery !== null ? " · locked, click the token again to unlock" : "";
+    const ablated = new Set(ui.view.ablated);
+    const causal = ui.state.causal;
+    const positions = h("div", { class: "mhx-attn-row mhx-attn-positions" }, h("span", { class: "mhx-attn-name" }, "pos"));
+    ex.tokens.forEach((_, k) => {
+      if (ex.real[k]) positions.append(h("span", { class: "mhx-attn-cell mhx-posnum", "data-key-pos": k }, k));
+    });
     const rows = Object.entries(ex.attention).map(([label, pattern]) => {
-      const row = h("div", { class: "mhx-attn-row", "data-attn": label }, h("span", { class: "mhx-attn-name" }, label));
+      const off = ablated.has(label);
+      const row = h(
+        "div",
+        { class: `mhx-attn-row${off ? " ablated" : ""}`, "data-attn": label, title: off ? `${label} is ablated: its output is replaced, the pattern is what it would compute` : null },
+        h("span", { class: "mhx-attn-name" }, label),
+      );
       pattern[query].forEach((w, k) => {
         if (!ex.real[k]) return;
+        if (causal && k > query) {
+          row.append(h("span", { class: "mhx-attn-cell masked", title: `${label}: position ${k} is masked (after the query)` }, ex.tokens[k]));
+          return;
+        }
         const style = `background: rgba(38,84,166,${Math.sqrt(Math.max(0, w))}); color: ${w > 0.4 ? "#fff" : "inherit"}`;
         row.append(h("span", { class: "mhx-attn-cell", title: `${label}: ${fmt(w)} on position ${k}`, style }, ex.tokens[k]));
       });
       return row;
     });
-    box.replaceChildren(h("div", { class: "mhx-sub" }, `where each head attends from position ${query} (token ${ex.tokens[query]})${locked}`), ...rows);
+    box.replaceChildren(
+      h("div", { class: "mhx-sub" }, `where each head attends from position ${query} (token ${ex.tokens[query]})${locked}; hatched = masked, greyed row = ablated head`),
+      positions,
+      ...rows,
+    );
   }
 
   load().catch(() => {});

@@ -24,7 +24,7 @@ from mhainterp.ablation import Method, evaluate_head_sets
 from mhainterp.heads import all_heads, head_label
 from mhainterp.tasks import Batch
 
-__all__ = ["TripleDamage", "triple_damage"]
+__all__ = ["TripleDamage", "axis_values", "triple_damage"]
 
 
 @dataclass
@@ -79,10 +79,14 @@ def _small_unique(column: Int[Tensor, " N"]) -> tuple[Int[Tensor, " K"], Int[Ten
     return unique, rank[column]
 
 
-def _axis_values(
+def axis_values(
     batch: Batch, scored: Bool[Tensor, "n T k"], names: Sequence[str]
 ) -> tuple[dict[str, Tensor], dict[str, list[str]]]:
-    """Value ids and names of every axis at the scored triples (row-major order)."""
+    """Value ids and names of every axis at the scored triples (row-major order).
+
+    The axes (``token``, ``position``, ``target_class``, ``target``) and their value names are
+    the division of labour's; the explorer groups its loss and accuracy by the same ones.
+    """
     i, t, j = scored.nonzero(as_tuple=True)
     n, T, k = scored.shape
     raw = {
@@ -138,7 +142,7 @@ def triple_damage(
     scored = scores.scored  # (n, T, k)
     correct = scores.correct[:, scored].float().cpu()  # (1 + H, N), row-major triples
     nll = scores.nll[:, scored].float().cpu()
-    values, value_names = _axis_values(result.batch, scored, list(names))
+    values, value_names = axis_values(result.batch, scored, list(names))
     return TripleDamage(
         pairs=pairs,
         damage=correct[:1] - correct[1:],
