@@ -151,7 +151,7 @@ def test_groups_along_the_division_of_labours_axes(session, task):
 
 def test_groups_are_damage_py_axes(backed_up, task):
     """The explorer's groups are the division of labour's: same value names, same counts."""
-    from mhainterp.specialization.damage import triple_damage
+    from mhainterp.specialization.whom.damage import triple_damage
 
     session = ExploreSession(backed_up, task, n_eval=N_EVAL)
     damage = triple_damage(backed_up, session.batch, method="zero", names=["previous_token"])

@@ -33,7 +33,7 @@ from mhainterp.capture import average_patterns
 from mhainterp.heads import all_heads, head_label
 from mhainterp.model import HookedMHATransformer
 from mhainterp.scoring import PositionScores
-from mhainterp.specialization.damage import axis_values
+from mhainterp.specialization.whom.damage import axis_values
 from mhainterp.tasks import Batch, Task
 
 __all__ = ["AXES", "METHODS", "ExploreSession"]
