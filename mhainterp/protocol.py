@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from contextlib import suppress
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from jaxtyping import Bool, Float
@@ -35,7 +36,7 @@ from torch import Tensor, nn
 
 from mhainterp.heads import head_label
 from mhainterp.model import HookedMHATransformer
-from mhainterp.validation import check_option, invalid
+from mhainterp.validation import ParameterError, check_option, invalid
 
 __all__ = [
     "OBJECTIVES",
@@ -229,8 +230,23 @@ class BridgedModel(nn.Module):
         return self.bridge.tokenizer
 
     def hooks(self, fwd_hooks: list = (), bwd_hooks: list = (), **kwargs: Any) -> Any:
-        """Context manager adding hooks for its block (the bridge's ``hooks``)."""
-        return self.bridge.hooks(fwd_hooks=list(fwd_hooks), bwd_hooks=list(bwd_hooks), **kwargs)
+        """Context manager adding hooks for its block (the bridge's ``hooks``).
+
+        The bridge serves some TransformerLens names as aliases (``blocks.0.hook_resid_pre``
+        is ``blocks.0.hook_in``); a hook added under an alias sees ``hook.name`` as the alias,
+        as on our own model, so code that files activations by ``hook.name`` works on both.
+        """
+        return self.bridge.hooks(
+            fwd_hooks=[self._named(name, fn) for name, fn in fwd_hooks],
+            bwd_hooks=[self._named(name, fn) for name, fn in bwd_hooks],
+            **kwargs,
+        )
+
+    def _named(self, name: Any, fn: Any) -> tuple[Any, Any]:
+        point = self.hook_dict.get(name) if isinstance(name, str) else None
+        if point is None or point.name == name:
+            return name, fn
+        return name, partial(_call_as, fn=fn, name=name)
 
     def run_with_hooks(
         self,
@@ -287,10 +303,11 @@ class BridgedModel(nn.Module):
         """
         unknown = sorted(set(kwargs) - set(_FORWARD_KEYWORDS))
         if unknown:
-            raise invalid(
-                unknown[0], kwargs[unknown[0]], f"not a keyword of forward(); allowed: "
-                f"{', '.join(_FORWARD_KEYWORDS)} (use padding_mask=, not attention_mask=)"
-            )  # fmt: skip
+            key = unknown[0]
+            raise ParameterError(
+                f"{key}=<{type(kwargs[key]).__name__}> is invalid: not a keyword of forward(); "
+                f"allowed: {', '.join(_FORWARD_KEYWORDS)} (use padding_mask=, not attention_mask=)"
+            )
         return_type = check_option("return_type", kwargs.get("return_type", "logits"),
                                    ("logits", None))  # fmt: skip
         tokens, padding_mask = self.validate_inputs(tokens, padding_mask)
@@ -373,6 +390,20 @@ class BridgedModel(nn.Module):
     def W_O(self) -> Float[Tensor, "L h d_head d_model"]:
         """Output weights per query head."""
         return self.bridge.W_O
+
+
+class _AliasedHook:
+    """A hook point seen under the alias it was asked for (``.name``); all else delegated."""
+
+    def __init__(self, point: Any, name: str):
+        self._point, self.name = point, name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._point, attr)
+
+
+def _call_as(value: Tensor, hook: Any, *, fn: Any, name: str) -> Any:
+    return fn(value, hook=_AliasedHook(hook, name))
 
 
 def _default_objective(causal: bool) -> Objective:
