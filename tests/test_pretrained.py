@@ -29,6 +29,7 @@ from mhainterp.pretrained import load_pretrained  # noqa: E402
 from mhainterp.protocol import BridgedModel, check_model, expand_kv_heads  # noqa: E402
 from mhainterp.scoring import IGNORE_INDEX  # noqa: E402
 from mhainterp.tasks import Batch  # noqa: E402
+from mhainterp.tasks.text import stdlib_sentences, text_axes, text_batch, text_relations  # noqa: E402
 from mhainterp.validation import ParameterError  # noqa: E402
 
 V = 40  # tiny vocabulary
@@ -375,3 +376,51 @@ def test_minilm_offline_gives_the_sentence_transformers_embedding():
     pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
     pooled = torch.nn.functional.normalize(pooled, dim=-1)
     torch.testing.assert_close(pooled, expected, atol=1e-5, rtol=0)
+
+
+# ----------------------------------------------------------------------------- text
+
+
+def test_stdlib_sentences_are_a_few_hundred_clean_english_sentences():
+    sentences = stdlib_sentences()
+    assert len(sentences) >= 200
+    assert len(set(sentences)) == len(sentences)
+    assert all(s[0].isupper() and s[-1] in ".!?" and ">>>" not in s for s in sentences)
+    assert stdlib_sentences(5) == sentences[:5]
+
+
+def test_text_relation_templates_known_values():
+    tokens = torch.tensor([[2, 7, 9, 7, 3, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0]]).bool()
+    rel = text_relations(tokens, mask, punctuation_ids=[9], causal=False)
+    assert rel["next"][0, 1].tolist() == [0, 0, 1, 0, 0, 0]
+    assert rel["last"][0, 0].tolist() == [0, 0, 0, 0, 1, 0]  # the last real token ([SEP])
+    assert rel["punctuation"][0, 3].tolist() == [0, 0, 1, 0, 0, 0]
+    assert rel["same_token"][0, 1].tolist() == [0, 0, 0, 1, 0, 0]  # not itself
+    assert rel["first"][0, :, 0].tolist() == [1, 1, 1, 1, 1, 0]
+    causal = text_relations(tokens, mask, punctuation_ids=[9], causal=True)
+    assert "next" not in causal and causal["same_token"][0, 1].sum() == 0  # 7 at k=3 is later
+    assert causal["last"][0].sum() == 1  # only the last query may see the last token
+
+
+def test_text_batch_and_axes(llama, bert):
+    sentences = ["w5 w6 w7 w8", "w9 w5"]
+    batch = text_batch(llama[0], sentences)
+    assert batch.tokens.tolist() == [[0, 5, 6, 7, 8], [0, 9, 5, 2, 2]]  # BOS w0, pad w2
+    assert batch.targets[1].tolist() == [9, 5, -100, -100, -100]
+    encoder = text_batch(bert[0], sentences)
+    assert encoder.mask.tolist() == encoder.padding_mask.tolist()  # the embedding pools these
+    axes = text_axes(encoder, bert[0].tokenizer)
+    assert axes["token_class"][1].tolist() == [3, 2, 2, 3, -1, -1]  # [CLS] w9 w5 [SEP] pad
+    assert axes["position"][0].tolist() == [0, 1, 1, 1, 2, 2]
+    axes = text_axes(batch, llama[0].tokenizer, n_frequency_buckets=2)
+    # targets 5 (twice) and 6, 7, 8, 9 (once each): 5 is the common bucket
+    assert axes["target_frequency"][0].tolist() == [1, 0, 0, 0, -1]
+
+
+def test_the_licence_notice_ships_inside_the_package():
+    from importlib.resources import files
+
+    notice = files("mhainterp").joinpath("pretrained_NOTICE.txt").read_text()
+    assert "HuggingFaceTB/SmolLM2-135M-Instruct" in notice and "all-MiniLM-L6-v2" in notice
+    assert notice.count("Apache License 2.0") >= 3
