@@ -33,6 +33,7 @@ from mhainterp.ablation.engine import (
 )
 from mhainterp.data import Data
 from mhainterp.heads import HeadSpec, all_heads, format_heads, head_label, resolve_heads
+from mhainterp.protocol import HookedModel
 from mhainterp.scoring import metric_names
 
 __all__ = [
@@ -323,16 +324,15 @@ def _most_damaging(importance: pd.DataFrame, method: str, n: int | None) -> list
 
 def unpack_run(run_or_model: Any, data: Data | None) -> tuple[Any, Data]:
     """``(model, data)`` from a Run (its task unless ``data`` is given) or a model + data."""
-    from mhainterp.model import HookedMHATransformer
-
-    if isinstance(run_or_model, HookedMHATransformer):
+    if isinstance(run_or_model, HookedModel):
         if data is None:
             raise TypeError("data= is required when a model (not a Run) is given")
         return run_or_model, data
     model, run_task = getattr(run_or_model, "model", None), getattr(run_or_model, "task", None)
-    if not isinstance(model, HookedMHATransformer):
+    if not isinstance(model, HookedModel):
         raise TypeError(
-            f"run_or_model must be a training.Run or a HookedMHATransformer, got "
+            "run_or_model must be a training.Run or a model (HookedMHATransformer, BridgedModel), "
+            f"got "
             f"{type(run_or_model).__name__}"
         )
     return model, data if data is not None else run_task

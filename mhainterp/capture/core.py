@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch
 from mhainterp.model import HookedMHATransformer
+from mhainterp.protocol import HookedModel, check_model
 from mhainterp.tasks import Task
 from mhainterp.validation import check_int
 
@@ -100,8 +101,7 @@ def pattern_hook_names(model: HookedMHATransformer) -> list[str]:
 
 
 def _check_model(model: Any) -> None:
-    if not isinstance(model, HookedMHATransformer):
-        raise TypeError(f"model must be a HookedMHATransformer, got {type(model).__name__}")
+    check_model(model)
 
 
 def _check_batch_size(batch_size: int) -> None:
@@ -258,7 +258,7 @@ def iter_patterns(
         [torch.Size([2, 1, 2, 16, 16]), torch.Size([1, 1, 2, 16, 16])]
     """
     # A non-model gets no hook names here; iter_activations refuses it with a clear TypeError.
-    names = pattern_hook_names(model) if isinstance(model, HookedMHATransformer) else []
+    names = pattern_hook_names(model) if isinstance(model, HookedModel) else []
     run = dict(batch_size=batch_size, n_eval=n_eval, progress=progress, desc="capture patterns")
     for part in iter_activations([model], data, [names], padding_mask, **run):
         device = model.cfg.device

@@ -26,6 +26,7 @@ from mhainterp.capture import (
     visible_keys,
 )
 from mhainterp.model import HookedMHATransformer
+from mhainterp.protocol import check_model
 from mhainterp.validation import check_option
 
 __all__ = ["CROSS_MODEL_METHODS", "SIMILARITY_METHODS", "cross_model_similarity"]
@@ -42,8 +43,7 @@ _LN2 = math.log(2.0)
 
 
 def _check_model(model: Any, name: str = "model") -> None:
-    if not isinstance(model, HookedMHATransformer):
-        raise TypeError(f"{name} must be a HookedMHATransformer, got {type(model).__name__}")
+    check_model(model, name)
 
 
 def _check_method(method: Any, allowed: tuple[str, ...]) -> None:

@@ -1,0 +1,325 @@
+"""Real text for pretrained models: sentences -> the toolkit's ``Batch``, relations and axes.
+
+- Sentences come from the standard library (``pydoc_data.topics``, the help texts of Python's
+  ``help()``: a few hundred real English sentences after :func:`stdlib_sentences` filters out
+  code, tables and fragments) or from a user's text file (:func:`read_sentences`).
+- :func:`text_batch` tokenizes them with the model's tokenizer into the same
+  :class:`~mhainterp.tasks.Batch` the synthetic tasks produce: next-token targets for causal
+  models (position t is scored against token t+1), and for encoders (the embedding objective)
+  every real position marked, with the tokens themselves as placeholder targets that the
+  embedding metric does not read.
+- :func:`text_relations`: 0/1 ``[n, q, k]`` templates as in :mod:`mhainterp.tasks.templates`:
+  ``previous``, ``next``, ``self``, ``first`` (BOS / [CLS]), ``last`` (the last real token:
+  [SEP] or the final word), ``punctuation`` (keys that are punctuation), ``same_token``.
+  These are the categories of Clark et al. (2019), so role scores and their nulls run unchanged.
+- :func:`text_axes`: per ``[n, T]`` position, the values of the "whom a head serves" axes:
+  ``token_class`` (punctuation / function word / content word / special), ``position``
+  (bucket) and ``target_frequency`` (bucket of how common the next token is in the data).
+
+Shapes: n sentences, T positions (q query, k key).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+
+from mhainterp.scoring import IGNORE_INDEX
+from mhainterp.tasks.batch import Batch
+from mhainterp.tasks.templates import (
+    _finish,
+    _positions,
+    check_tokens,
+    first_position_template,
+    previous_token_template,
+    same_token_template,
+    self_template,
+)
+from mhainterp.validation import check_int, invalid
+
+__all__ = [
+    "FUNCTION_WORDS",
+    "POSITION_BUCKETS",
+    "TEXT_RELATIONS",
+    "TOKEN_CLASSES",
+    "last_real_template",
+    "next_token_batch",
+    "next_token_template",
+    "punctuation_ids",
+    "punctuation_template",
+    "read_sentences",
+    "stdlib_sentences",
+    "text_axes",
+    "text_batch",
+    "text_relations",
+]
+
+TEXT_RELATIONS = ("previous", "next", "self", "first", "last", "punctuation", "same_token")
+TOKEN_CLASSES = ("punctuation", "function", "content", "special")
+POSITION_BUCKETS = (0, 1, 4, 8, 16)
+"""Lower bounds of the position buckets: position 0, 1-3, 4-7, 8-15, 16 and later."""
+_FUNCTION_WORD_TEXT = (
+    "a an the and or but nor so yet if then else of in on at to for from by with without into "
+    "onto over under about as than that this these those it its is are was were be been being "
+    "has have had do does did not no can could may might must shall should will would which "
+    "who whom whose what when where why how there here all any each every some such only also "
+    "very i you he she we they me him her us them my your his our their"
+)
+FUNCTION_WORDS = frozenset(_FUNCTION_WORD_TEXT.split())
+"""English function words (articles, prepositions, pronouns, auxiliaries, conjunctions)."""
+_SENTENCE_END = re.compile(r"(?<=[a-z][.!?])\s+(?=[A-Z])")
+_CLEAN = re.compile(r"^[A-Z][A-Za-z ,;:'\-]+[a-z][.!?]$")
+
+
+# ----------------------------------------------------------------------------- sentences
+
+
+def stdlib_sentences(n: int | None = None, *, min_words: int = 6, max_words: int = 30) -> list[str]:
+    """Real English sentences from the standard library's ``pydoc_data.topics``.
+
+    Kept: sentences that start with a capital, end with ``.``, ``!`` or ``?`` after a word,
+    hold only letters, spaces and ``, ; : ' -``, and have ``min_words`` to ``max_words`` words;
+    duplicates removed, in the order of the topics (deterministic for a Python version).
+
+    Args:
+        n: Keep the first ``n`` (None: all, a few hundred).
+        min_words, max_words: Sentence length bounds in words.
+
+    Example:
+        >>> sentences = stdlib_sentences(3)
+        >>> len(sentences), all(s[0].isupper() and s[-1] in ".!?" for s in sentences)
+        (3, True)
+    """
+    from pydoc_data.topics import topics
+
+    min_words = check_int("min_words", min_words, minimum=1)
+    max_words = check_int("max_words", max_words, minimum=min_words)
+    seen: dict[str, None] = {}
+    for key in sorted(topics):
+        for paragraph in re.split(r"\n\s*\n", topics[key]):
+            if paragraph.startswith((" ", "\t")):  # indented: code or a grammar rule
+                continue
+            text = " ".join(paragraph.split())
+            for sentence in _SENTENCE_END.split(text):
+                if _CLEAN.match(sentence) and min_words <= len(sentence.split()) <= max_words:
+                    seen.setdefault(sentence, None)
+    sentences = list(seen)
+    if n is not None:
+        n = check_int("n", n, minimum=1, maximum=len(sentences))
+        sentences = sentences[:n]
+    return sentences
+
+
+def read_sentences(path: str | Path, n: int | None = None) -> list[str]:
+    """Sentences of a user's UTF-8 text file: one per non-empty line (or split at ``. ``).
+
+    Raises:
+        ParameterError: The file cannot be read or holds no text (the message names it).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
+        raise invalid("text", str(path), f"a readable UTF-8 text file ({error})") from None
+    sentences = [
+        s.strip()
+        for line in text.splitlines()
+        for s in _SENTENCE_END.split(" ".join(line.split()))
+        if s.strip()
+    ]
+    if not sentences:
+        raise invalid("text", str(path), "a text file with at least one non-empty line")
+    return sentences if n is None else sentences[: check_int("n", n, minimum=1)]
+
+
+# ----------------------------------------------------------------------------- batch
+
+
+def text_batch(model: Any, sentences: Sequence[str], *, max_len: int = 48) -> Batch:
+    """Tokenize ``sentences`` with ``model.tokenizer`` into a right-padded ``Batch``.
+
+    Args:
+        model: A :class:`~mhainterp.protocol.BridgedModel` (its tokenizer and objective).
+        sentences: The texts.
+        max_len: Longest tokenized sentence (longer ones are cut).
+
+    Returns:
+        A Batch. Next-token objective: ``targets[i, t] = tokens[i, t + 1]``, scored where both
+        are real. Embedding objective: every real position scored, targets = the tokens.
+    """
+    if not sentences:
+        raise invalid("sentences", sentences, "at least one sentence")
+    max_len = check_int("max_len", max_len, minimum=2)
+    encoded = model.tokenizer(
+        list(sentences), return_tensors="pt", padding=True, truncation=True, max_length=max_len
+    )
+    tokens = encoded["input_ids"].long()
+    padding_mask = encoded["attention_mask"].bool()
+    _check_right_padded(padding_mask)
+    if model.cfg.objective == "embedding":
+        targets = tokens.masked_fill(~padding_mask, IGNORE_INDEX)
+        return Batch(tokens=tokens, targets=targets, mask=padding_mask, padding_mask=padding_mask)
+    return next_token_batch(tokens, padding_mask)
+
+
+def next_token_batch(tokens: Int[Tensor, "n T"], padding_mask: Bool[Tensor, "n T"]) -> Batch:
+    """Position t scored against token t+1 where both are real.
+
+    Example:
+        >>> b = next_token_batch(torch.tensor([[5, 6, 7]]), torch.tensor([[True, True, False]]))
+        >>> b.targets.tolist(), b.mask.tolist()
+        ([[6, -100, -100]], [[True, False, False]])
+    """
+    scored = torch.zeros_like(padding_mask)
+    scored[:, :-1] = padding_mask[:, :-1] & padding_mask[:, 1:]
+    targets = torch.full_like(tokens, IGNORE_INDEX)
+    targets[:, :-1] = tokens[:, 1:]
+    targets = targets.masked_fill(~scored, IGNORE_INDEX)
+    return Batch(tokens=tokens, targets=targets, mask=scored, padding_mask=padding_mask)
+
+
+def _check_right_padded(padding_mask: Tensor) -> None:
+    if bool((padding_mask[:, 1:] & ~padding_mask[:, :-1]).any()):
+        raise invalid("tokenizer.padding_side", "left", "'right' (padding at the end)")
+
+
+# ----------------------------------------------------------------------------- relations
+
+
+def next_token_template(
+    tokens: Tensor, padding_mask: Tensor | None = None
+) -> Float[Tensor, "n q k"]:
+    """The next position: ``1`` at ``k = q + 1`` (the last real row is empty).
+
+    Example:
+        >>> next_token_template(torch.tensor([[7, 8, 9]]))[0].tolist()
+        [[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]
+    """
+    tokens, padding_mask = check_tokens(tokens, padding_mask)
+    q, k = _positions(tokens)
+    return _finish((k == q + 1).expand(tokens.shape[0], -1, -1), padding_mask)
+
+
+def last_real_template(
+    tokens: Tensor, padding_mask: Tensor | None = None
+) -> Float[Tensor, "n q k"]:
+    """The last real token of each sequence ([SEP] for BERT): ``1`` at ``k = L - 1``.
+
+    Example:
+        >>> last_real_template(torch.tensor([[7, 8, 0]]), torch.tensor([[1, 1, 0]]).bool())[0]
+        tensor([[0., 1., 0.],
+                [0., 1., 0.],
+                [0., 0., 0.]])
+    """
+    tokens, padding_mask = check_tokens(tokens, padding_mask)
+    _, k = _positions(tokens)
+    last = padding_mask.sum(-1)[:, None, None] - 1  # (n, 1, 1)
+    return _finish((k[None] == last).expand(-1, tokens.shape[1], -1), padding_mask)
+
+
+def punctuation_template(
+    tokens: Tensor, padding_mask: Tensor | None, punctuation_ids: Sequence[int]
+) -> Float[Tensor, "n q k"]:
+    """Every key that holds a punctuation token (``punctuation_ids``), for every query."""
+    tokens, padding_mask = check_tokens(tokens, padding_mask)
+    ids = torch.as_tensor(list(punctuation_ids), dtype=torch.int64, device=tokens.device)
+    is_punct = torch.isin(tokens, ids)  # (n, k)
+    return _finish(is_punct[:, None, :].expand(-1, tokens.shape[1], -1), padding_mask)
+
+
+def text_relations(
+    tokens: Tensor,
+    padding_mask: Tensor | None,
+    *,
+    punctuation_ids: Sequence[int],
+    causal: bool,
+) -> dict[str, Float[Tensor, "n q k"]]:
+    """The :data:`TEXT_RELATIONS` templates; for causal models keys after the query are cut
+    (``next`` is then empty and dropped, ``last`` keeps only the last query)."""
+    tokens, padding_mask = check_tokens(tokens, padding_mask)
+    same = same_token_template(tokens, padding_mask) - self_template(tokens, padding_mask)
+    relations = {
+        "previous": previous_token_template(tokens, padding_mask),
+        "next": next_token_template(tokens, padding_mask),
+        "self": self_template(tokens, padding_mask),
+        "first": first_position_template(tokens, padding_mask),
+        "last": last_real_template(tokens, padding_mask),
+        "punctuation": punctuation_template(tokens, padding_mask, punctuation_ids),
+        "same_token": same,
+    }
+    if causal:
+        visible = torch.ones(tokens.shape[1], tokens.shape[1], device=tokens.device).tril()
+        relations = {name: t * visible for name, t in relations.items() if name != "next"}
+    return relations
+
+
+def punctuation_ids(tokenizer: Any) -> list[int]:
+    """Ids of the tokenizer's tokens that are punctuation only (``.``, ``,``, ``Ġ.``, ...)."""
+    return sorted(
+        index
+        for token, index in tokenizer.get_vocab().items()
+        if (text := _surface(token)) and all(not c.isalnum() and not c.isspace() for c in text)
+    )
+
+
+def _surface(token: str) -> str:
+    return token.replace("Ġ", "").replace("▁", "").replace("##", "").strip()
+
+
+# ----------------------------------------------------------------------------- axes
+
+
+def text_axes(
+    batch: Batch, tokenizer: Any, *, n_frequency_buckets: int = 3
+) -> dict[str, Int[Tensor, "n T"]]:
+    """Per position, the value of each "whom a head serves" axis (-1 at padding).
+
+    - ``token_class``: index into :data:`TOKEN_CLASSES` of the query token.
+    - ``position``: bucket of the position (:data:`POSITION_BUCKETS`).
+    - ``target_frequency``: how often the scored target occurs in this batch, cut at the
+      count's quantiles into ``n_frequency_buckets`` buckets (0 = rarest; equal counts share a
+      bucket); -1 where nothing is scored.
+    """
+    tokens, real = batch.tokens, batch.padding_mask
+    special = set(getattr(tokenizer, "all_special_ids", []))
+    punct = set(punctuation_ids(tokenizer))
+    classes = torch.full_like(tokens, -1)
+    for index, token_id in enumerate(tokens.flatten().tolist()):
+        if token_id in special:
+            value = 3
+        elif token_id in punct:
+            value = 0
+        else:
+            word = _surface(tokenizer.convert_ids_to_tokens(token_id)).lower()
+            value = 1 if word in FUNCTION_WORDS else 2
+        classes.view(-1)[index] = value
+    positions = torch.arange(tokens.shape[1]).expand_as(tokens).contiguous()
+    buckets = torch.bucketize(positions, torch.tensor(POSITION_BUCKETS[1:]), right=True)
+    return {
+        "token_class": classes.masked_fill(~real, -1),
+        "position": buckets.masked_fill(~real, -1),
+        "target_frequency": _frequency_buckets(batch, n_frequency_buckets),
+    }
+
+
+def _frequency_buckets(batch: Batch, n_buckets: int) -> Int[Tensor, "n T"]:
+    """Quantile buckets of each scored target's count in the batch (0 = rarest)."""
+    n_buckets = check_int("n_frequency_buckets", n_buckets, minimum=1)
+    scored = batch.mask
+    targets = batch.targets[scored]
+    counts = Counter(targets.tolist())
+    per_target = torch.tensor([counts[t] for t in targets.tolist()], dtype=torch.float64)
+    out = torch.full(batch.tokens.shape, -1, dtype=torch.int64)
+    if per_target.numel():
+        edges = torch.quantile(
+            per_target, torch.arange(1, n_buckets, dtype=torch.float64) / n_buckets
+        )
+        out[scored] = torch.bucketize(per_target, edges)  # a count at an edge goes below it
+    return out
