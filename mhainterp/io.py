@@ -28,6 +28,7 @@ import resource
 import secrets
 import signal
 import stat
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -68,13 +69,25 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     ``path``. On any error (a full disk, Ctrl-C) the temp file is removed and ``path`` is left
     as it was.
 
+    A folder that cannot be written (read-only, permissions) fails only when the content
+    differs: the temp file then lives in the system's temp folder, and a ``path`` that already
+    holds exactly what was written is left as it is (a read-only sweep whose results are all
+    saved can be reported elsewhere).
+
     Example:
         >>> with atomic_path(tmp / "fig.png") as tmp_file:  # doctest: +SKIP
         ...     fig.savefig(tmp_file)
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _create_temp(path)
+    try:
+        tmp = _create_temp(path)
+    except OSError as error:
+        if error.errno not in _READ_ONLY or not path.is_file():
+            raise
+        with _unchanged_or(error, path) as elsewhere:
+            yield elsewhere
+        return
     mode = stat.S_IMODE(tmp.stat().st_mode)  # what the umask allows
     try:
         yield tmp
@@ -86,6 +99,31 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+_READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+@contextmanager
+def _unchanged_or(error: OSError, path: Path) -> Iterator[Path]:
+    """A temp path outside ``path``'s folder; afterwards, ``error`` unless what was written
+    there equals ``path``'s content."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    elsewhere = Path(name)
+    try:
+        yield elsewhere
+        if not _same_bytes(elsewhere.read_bytes(), path):
+            raise error
+    finally:
+        elsewhere.unlink(missing_ok=True)
+
+
+def _same_bytes(data: bytes, path: Path) -> bool:
+    try:
+        return path.stat().st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        return False
 
 
 def _create_temp(path: Path) -> Path:
@@ -171,8 +209,12 @@ def _write_with(path: str | os.PathLike[str], writer: Callable[[Path], None]) ->
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Atomically write ``text`` (UTF-8)."""
-    return _write_with(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    """Atomically write ``text`` (UTF-8); a file that already holds exactly it is left
+    untouched (nothing is written, so this works in a read-only folder)."""
+    data = text.encode("utf-8")
+    if _same_bytes(data, Path(path)):
+        return Path(path)
+    return _write_with(path, lambda tmp: tmp.write_bytes(data))
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
@@ -206,8 +248,8 @@ def read_json(path: str | os.PathLike[str]) -> Any:
 
 
 def write_csv(path: str | os.PathLike[str], df: pd.DataFrame) -> Path:
-    """Atomically write a DataFrame as CSV without its index."""
-    return _write_with(path, lambda tmp: df.to_csv(tmp, index=False))
+    """Atomically write a DataFrame as CSV without its index (see :func:`write_text`)."""
+    return write_text(path, df.to_csv(index=False))
 
 
 def _json_default(obj: Any) -> Any:

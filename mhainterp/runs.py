@@ -16,7 +16,8 @@ Rules every reader follows through this module:
   a missing one raises ``FileNotFoundError``. A killed write never leaves a damaged file (the
   writes are atomic, :mod:`mhainterp.io`), so a damaged file is refused rather than redone.
 - A saved analysis belongs to the weights it was computed from: ``analysis/source.json``
-  records their SHA-256 (:func:`claim_analysis`, :func:`analysis_is_current`).
+  records their SHA-256 (:func:`record_analysis_source`); results of other weights are not
+  reused (:func:`analysis_is_current`) but set aside (:func:`set_aside_stale_analysis`).
 
 Old run folders load through one function, :func:`migrate_config`, and are rewritten in the
 current format on disk by :func:`migrate_folder`.
@@ -30,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import math
 import os
@@ -56,12 +58,17 @@ __all__ = [
     "check_metrics",
     "check_tensors",
     "analysis_is_current",
-    "claim_analysis",
+    "read_saved_meta",
+    "read_table",
+    "record_analysis_source",
+    "set_aside_stale_analysis",
     "find_runs",
     "folder_kind",
     "is_finished_run",
     "migrate_config",
     "migrate_folder",
+    "migrate_results",
+    "migrate_settings",
     "read_eval",
     "read_results",
     "relative_run_dir",
@@ -89,10 +96,11 @@ class RunFolderError(ValueError):
 _FINISHED_NUMBERS = ("loss", "accuracy", "final_train_loss")
 
 
-def read_eval(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
+def read_eval(run_dir: str | os.PathLike[str], require: tuple[str, ...] = ()) -> dict[str, Any]:
     """``run_dir/eval.json``, checked: a JSON object; its ``status`` (when there) a string; a
-    finished run's ``loss``, ``accuracy`` and ``final_train_loss`` numbers (accuracy in
-    [0, 1]).
+    finished run's ``loss`` and ``accuracy`` numbers (accuracy in [0, 1]), and
+    ``final_train_loss`` too where the run recorded it or ``require`` names it (a run that
+    :func:`~mhainterp.training.train` wrote always has it; one saved by hand may not).
 
     Raises:
         FileNotFoundError: there is no eval.json.
@@ -116,7 +124,8 @@ def read_eval(run_dir: str | os.PathLike[str]) -> dict[str, Any]:
         raise RunFolderError(f"{path}: status={saved['status']!r} is not a word; {_RETRAIN}")
     if saved.get("status") == "finished":
         for key in _FINISHED_NUMBERS:
-            _check_number(path, saved, key)
+            if key in saved or key in require or key != "final_train_loss":
+                _check_number(path, saved, key)
         if not 0.0 <= saved["accuracy"] <= 1.0:
             raise RunFolderError(f"{path}: accuracy={saved['accuracy']!r} is not in [0, 1]")
     return saved
@@ -288,18 +297,33 @@ def find_runs(path: str | os.PathLike[str]) -> list[Path]:
     return runs
 
 
-def _folders(root: Path) -> Iterator[Path]:
-    """Every folder below ``root`` holding an eval.json, links followed, each real folder once."""
-    seen: set[str] = set()
-    for folder, names, files in os.walk(root, followlinks=True):
+def _folders(root: Path) -> list[Path]:
+    """Every folder below ``root`` holding an eval.json, links followed (a cycle is cut); a
+    folder reached both directly and through a link is listed once, by its direct path."""
+    found: dict[str, Path] = {}
+    for folder in _walk(root, frozenset()):
         real = os.path.realpath(folder)
-        if real in seen:  # a link back up the tree, or two links to one folder
-            names[:] = []
+        direct = real == os.path.abspath(folder)
+        if real not in found or direct:
+            found[real] = folder
+    return list(found.values())
+
+
+def _walk(folder: Path, ancestors: frozenset[str]) -> Iterator[Path]:
+    real = os.path.realpath(folder)
+    if real in ancestors:  # a link back up the tree
+        return
+    try:
+        entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+    except OSError:
+        return
+    if any(entry.name == "eval.json" for entry in entries):
+        yield folder
+    for entry in entries:
+        if entry.name == ANALYSIS_DIR or entry.name.startswith("."):
             continue
-        seen.add(real)
-        names[:] = [n for n in names if n != ANALYSIS_DIR and not n.startswith(".")]
-        if "eval.json" in files:
-            yield Path(folder)
+        if entry.is_dir():  # follows links
+            yield from _walk(folder / entry.name, ancestors | {real})
 
 
 # ----- results.csv ------------------------------------------------------------------------------
@@ -351,7 +375,7 @@ def read_results(sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
     path = Path(sweep_dir) / RESULTS_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (run mhainterp sweep first)")
-    table = _read_table(path)
+    table = _read_results_table(path)
     table = migrate_results(table, sweep_dir)
     if "run_dir" not in table.columns:
         raise RunFolderError(
@@ -375,9 +399,9 @@ def read_results(sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
     return table
 
 
-def _read_table(path: Path) -> pd.DataFrame:
+def _read_results_table(path: Path) -> pd.DataFrame:
     if path.stat().st_size == 0:
-        raise RunFolderError(f"{path} is empty (0 bytes); rerun the command that wrote it")
+        raise RunFolderError(f"{path} is empty (0 bytes); rerun the same mhainterp sweep")
     try:
         return pd.read_csv(path)
     except (ValueError, UnicodeDecodeError) as error:  # EmptyDataError, ParserError
@@ -464,7 +488,7 @@ def migrate_folder(path: str | os.PathLike[str]) -> list[Path]:
     path = Path(path)
     changed: list[Path] = []
     for results in sorted(path.rglob(RESULTS_FILE)):
-        table = _read_table(results)
+        table = _read_results_table(results)
         if "run_dir" in table.columns:
             fixed = table.assign(
                 run_dir=[
@@ -527,44 +551,103 @@ def _recorded_digest(run_dir: Path) -> str | None:
     return source.get("weights_sha256", "") if isinstance(source, dict) else ""
 
 
-def analysis_is_current(run_dir: str | os.PathLike[str]) -> bool:
+def analysis_is_current(
+    run_dir: str | os.PathLike[str], meta: dict[str, Any] | None = None
+) -> bool:
     """Whether the analyses saved in ``run_dir/analysis`` were computed from the weights now
-    in ``run_dir``. A folder saved before analyses recorded their weights counts as current
-    (nothing tells otherwise); a damaged ``source.json`` does not."""
+    in ``run_dir``: ``analysis/source.json`` and, when given, a saved result's own metadata
+    (``meta["weights_sha256"]``) name their digest. Results saved before analyses recorded
+    their weights count as current (nothing tells otherwise); a damaged record does not."""
     run_dir = Path(run_dir)
-    recorded = _recorded_digest(run_dir)
-    return recorded is None or recorded == weights_digest(run_dir)
+    current = weights_digest(run_dir)
+    recorded = [_recorded_digest(run_dir)]
+    if isinstance(meta, dict) and "weights_sha256" in meta:
+        recorded.append(str(meta["weights_sha256"]))
+    return all(r is None or r == current for r in recorded)
 
 
 _DERIVED = (".csv", ".json", ".md", ".png", ".pdf", ".svg", ".html")
 
 
-def claim_analysis(run_dir: str | os.PathLike[str]) -> Path:
-    """``run_dir/analysis``, ready for results of the current weights: saved results of other
-    weights are removed (with a warning), and ``source.json`` records the current digest.
-
-    Call it before computing anything that is saved there. Nothing is written when the folder
-    is already current.
-
-    Example:
-        >>> out = claim_analysis("runs/rev_h4")  # doctest: +SKIP
-    """
+def set_aside_stale_analysis(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Move the results in ``run_dir/analysis`` that ``source.json`` says were computed from
+    other weights into ``analysis/stale-<their digest>/`` (with a warning), so that nothing
+    reuses them and nothing is lost; return the files moved. Call it before computing
+    anything saved there; a current folder is not touched."""
     run_dir = Path(run_dir)
     folder = run_dir / ANALYSIS_DIR
-    digest = weights_digest(run_dir)
-    if digest is None:
-        return folder
     recorded = _recorded_digest(run_dir)
-    if recorded == digest:
-        return folder
-    if recorded is not None:
-        stale = [p for p in folder.iterdir() if p.is_file() and p.suffix in _DERIVED]
-        for path in stale:
-            path.unlink()
-        warnings.warn(
-            f"{folder} held results of other weights ({len(stale)} files, removed): "
-            f"{run_dir / 'model.safetensors'} changed since they were saved",
-            stacklevel=2,
+    if recorded is None or recorded == weights_digest(run_dir):
+        return []
+    aside = folder / f"stale-{(recorded or 'unknown')[:12]}"
+    aside.mkdir(exist_ok=True)
+    moved = []
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.suffix in _DERIVED:
+            moved.append(path.replace(aside / path.name))
+    warnings.warn(
+        f"{folder}: its {len(moved)} saved results were computed from other weights than "
+        f"{run_dir / 'model.safetensors'} holds now; moved to {aside}, computing them again",
+        stacklevel=2,
+    )
+    return moved
+
+
+def record_analysis_source(run_dir: str | os.PathLike[str]) -> None:
+    """Write ``run_dir/analysis/source.json``: the digest of the weights the results saved
+    there were computed from (call it after saving them). A folder that cannot be written
+    keeps what it has (the results in it were then saved by someone else)."""
+    run_dir = Path(run_dir)
+    digest = weights_digest(run_dir)
+    if digest is None or _recorded_digest(run_dir) == digest:
+        return
+    record = {"weights_sha256": digest, "weights": "../model.safetensors"}
+    try:
+        write_json(run_dir / ANALYSIS_DIR / SOURCE_FILE, record)
+    except OSError as error:
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+
+
+def read_saved_meta(path: str | os.PathLike[str], keys: tuple[str, ...]) -> dict[str, Any]:
+    """A saved result's JSON metadata, checked: an object with ``keys``.
+
+    Raises:
+        FileNotFoundError: it does not exist.
+        RunFolderError: it is damaged (the message names it and says how to rewrite it).
+    """
+    path = Path(path)
+    try:
+        meta = read_json(path)
+    except ValueError as error:
+        raise RunFolderError(f"{error}; {_RECOMPUTE}") from None
+    if not isinstance(meta, dict):
+        raise RunFolderError(
+            f"{path} is not a JSON object (it holds a {type(meta).__name__}); {_RECOMPUTE}"
         )
-    write_json(folder / SOURCE_FILE, {"weights_sha256": digest, "weights": "../model.safetensors"})
-    return folder
+    missing = [key for key in keys if key not in meta]
+    if missing:
+        raise RunFolderError(f"{path} lacks {', '.join(map(repr, missing))}; {_RECOMPUTE}")
+    return meta
+
+
+_RECOMPUTE = "delete it and run mhainterp specialize (or analyze) again to rewrite it"
+
+
+def read_table(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """A saved CSV table. A table saved empty reads as an empty DataFrame.
+
+    Raises:
+        RunFolderError: the file has 0 bytes (no writer here leaves that: damaged) or does
+            not parse; the message names it.
+    """
+    path = Path(path)
+    if path.stat().st_size == 0:
+        raise RunFolderError(f"{path} is empty (0 bytes); {_RECOMPUTE}")
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
+    except (ValueError, UnicodeDecodeError) as error:  # ParserError
+        reason = " ".join(str(error).split())
+        raise RunFolderError(f"{path} is not a readable CSV table ({reason})") from None

@@ -41,6 +41,7 @@ from mhainterp.io import (
 from mhainterp.runs import (  # noqa: F401  (read_results, resolve_run_dir: importable from here)
     RunFolderError,
     is_finished_run,
+    read_eval,
     read_results,
     relative_run_dir,
     resolve_run_dir,
@@ -338,7 +339,7 @@ def collect_results(specs: Sequence[RunSpec]) -> pd.DataFrame:
         if not is_finished_run(spec.run_dir):
             raise FileNotFoundError(f"run {spec.run_dir} did not finish; rerun the sweep")
         run = load_run(spec.run_dir, verify=False)
-        saved, cfg = run.eval, spec.model_config
+        saved, cfg = read_eval(spec.run_dir, require=("final_train_loss",)), spec.model_config
         row = {
             "task": spec.task_name,
             "n_heads": cfg.n_heads,
