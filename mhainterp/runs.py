@@ -463,7 +463,8 @@ def _migrate_head_sets(table: pd.DataFrame) -> pd.DataFrame:
     table = table.copy()
     for column in table.columns:
         values = table[column]
-        if values.dtype == object and values.astype(str).str.match(_HEAD_SET).any():
+        textual = values.dtype == object or pd.api.types.is_string_dtype(values)
+        if textual and values.astype(str).str.match(_HEAD_SET).any():
             table[column] = [
                 v.replace(_OLD_SEPARATOR, ",") if isinstance(v, str) and _HEAD_SET.match(v) else v
                 for v in values

@@ -461,6 +461,7 @@ def run_folder_state(
     if not saved_config_matches(run_dir, model, task, train_config):
         return "different"
     if status == "finished":
+        read_eval(run_dir, require=("final_train_loss",))  # train() records it
         load_run(run_dir, verify=False)  # "nothing to do" only over whole, readable files
         return "same finished"
     return "same unfinished"
