@@ -373,7 +373,7 @@ def _run_in_pool(
         ProcessPoolExecutor(workers, mp_context=context, initializer=_pin_worker,
                             initargs=(cpu_queue, steps, os.getpid())) as pool,
         tqdm(total=total, desc=f"sweep (batched, {workers} workers)", unit="model-step",
-             disable=not progress) as bar,
+             disable=not progress, leave=False) as bar,
     ):  # fmt: skip
         try:
             pending = {pool.submit(worker_fn, chunk) for chunk in chunks}

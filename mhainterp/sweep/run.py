@@ -123,7 +123,8 @@ def execute_run(spec: RunSpec, *, progress: bool = False) -> Path:
 
 def _run_local(specs: Sequence[RunSpec], progress: bool) -> None:
     """The default executor: one run after another in this process."""
-    for spec in tqdm(specs, desc="sweep", disable=not progress):
+    # leave=False: an interrupted sweep leaves no bar fragment above its one-line message
+    for spec in tqdm(specs, desc="sweep", disable=not progress, leave=False):
         execute_run(spec, progress=progress)
 
 
