@@ -16,13 +16,20 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tqdm.auto import tqdm
 
-from mhainterp.io import write_csv
-from mhainterp.training import Run, is_finished_run, load_run
+from mhainterp.io import allocation_failures, remove_stale_temps, require_memory, write_csv
+from mhainterp.runs import (
+    find_runs,
+    is_finished_run,
+    record_analysis_source,
+    set_aside_stale_analysis,
+)
+from mhainterp.training import Run, load_run
 
-__all__ = ["analyze_run", "analyze_path", "find_runs"]
+__all__ = ["analyze_run", "analyze_path", "analysis_memory"]
 
 DEFAULT_METHODS = ("js", "pattern_corr", "cka", "ov", "qk", "separation")
 
@@ -53,6 +60,40 @@ def analyze_run(
     Example:
         >>> written = analyze_run("runs/quickstart/reverse/runs/h8_seed0")  # doctest: +SKIP
     """
+    run = run if isinstance(run, Run) else load_run(run)
+    out = run.path / "analysis"
+    what = f"analysing {run.path} with n_eval={n_eval}"
+    require_memory(analysis_memory(run.model.cfg, n_eval), what)
+    set_aside_stale_analysis(run.path)  # results of other weights: not mixed with these
+    remove_stale_temps(out)  # of an analyze that was killed mid-write
+    with allocation_failures(what):
+        written = _write_analysis(run, reference, methods, n_eval, ablation, progress, out)
+    record_analysis_source(run.path)
+    return written
+
+
+def analysis_memory(config: Any, n_eval: int) -> int:
+    """A lower bound on the bytes :func:`analyze_run` allocates: the evaluation set (tokens,
+    targets, mask: int64) and one layer's attention patterns of it (float32).
+
+    Example:
+        >>> from types import SimpleNamespace as cfg
+        >>> analysis_memory(cfg(n_ctx=4, n_heads=2), 10)
+        2240
+    """
+    return n_eval * config.n_ctx * (3 * 8 + 4 * config.n_heads * config.n_ctx)
+
+
+def _write_analysis(
+    run: Run,
+    reference: Run | str | os.PathLike[str] | None,
+    methods: Sequence[str],
+    n_eval: int,
+    ablation: bool,
+    progress: bool,
+    out: Path,
+) -> list[Path]:
+    """Every table and figure of :func:`analyze_run`, written under ``out``."""
     from mhainterp.capture import (
         average_patterns,
         average_relations,
@@ -63,8 +104,7 @@ def analyze_run(
     )
     from mhainterp.figures.patterns import plot_average_patterns, plot_example_patterns
 
-    run = run if isinstance(run, Run) else load_run(run)
-    model, task, out = run.model, run.task, run.path / "analysis"
+    model, task = run.model, run.task
     n_heads_total = model.cfg.n_heads * model.cfg.n_layers
     steps = ["statistics", "patterns", "similarity", "ablation" if ablation else None]
     bar = tqdm([s for s in steps if s], desc=f"analyze {run.path.name}", disable=not progress)
@@ -136,19 +176,6 @@ def _ablation(run: Run, n_eval: int, out: Path) -> list[Path]:
     for png in save_ablation_figures(tables, out).values():
         written += [png.with_suffix(".csv"), png]
     return written
-
-
-def find_runs(path: str | os.PathLike[str]) -> list[Path]:
-    """Finished run folders at ``path``: the folder itself, or every run below it (sorted)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
-    if is_finished_run(path):
-        return [path]
-    runs = sorted(p.parent for p in path.rglob("eval.json") if is_finished_run(p.parent))
-    if not runs:
-        raise FileNotFoundError(f"no finished run folder (with eval.json) under {path}")
-    return runs
 
 
 def analyze_path(

@@ -1,10 +1,16 @@
-"""Atomic file writes, file-naming read errors and per-run locks.
+"""Atomic file writes, file-naming read errors, per-run locks and the memory a command may use.
 
 Every file the toolkit writes goes through :func:`atomic_path`: a temp file in the same folder,
 created with the mode the umask allows (0666 & ~umask, as ``open()`` would), written, flushed to
 disk (``fsync``), renamed onto the target, and the folder's entry flushed too. A run killed
 mid-write, or a power cut, leaves either the old file or the new one, never half of one, so a
-resumed sweep can trust every file it finds.
+resumed sweep can trust every file it finds. The temp file is named ``.<name>.<pid>.<hex>.tmp``;
+one left by a process that was killed (its pid no longer runs) is removed by
+:func:`remove_stale_temps`, which every writer of a folder calls before it writes there.
+
+:func:`require_memory` refuses, before allocating, work that cannot fit in the memory this
+process may still use (RAM available, the cgroup's limit, ``RLIMIT_AS``);
+:func:`allocation_failures` turns an allocation that fails anyway into the same one-line error.
 
 :func:`run_lock` is an OS-level lock (POSIX ``fcntl.lockf``) on a small file beside a run folder:
 the kernel releases it when its process dies, even by SIGKILL, so a stale lock never blocks a
@@ -17,8 +23,12 @@ import contextlib
 import errno
 import json
 import os
+import re
+import resource
 import secrets
+import signal
 import stat
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,6 +53,13 @@ __all__ = [
     "RunLock",
     "run_lock",
     "RunLockedError",
+    "NotEnoughMemoryError",
+    "available_memory",
+    "allocation_failures",
+    "format_bytes",
+    "remove_stale_temps",
+    "require_memory",
+    "terminate_as_interrupt",
 ]
 
 
@@ -52,13 +69,25 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     ``path``. On any error (a full disk, Ctrl-C) the temp file is removed and ``path`` is left
     as it was.
 
+    A folder that cannot be written (read-only, permissions) fails only when the content
+    differs: the temp file then lives in the system's temp folder, and a ``path`` that already
+    holds exactly what was written is left as it is (a read-only sweep whose results are all
+    saved can be reported elsewhere).
+
     Example:
         >>> with atomic_path(tmp / "fig.png") as tmp_file:  # doctest: +SKIP
         ...     fig.savefig(tmp_file)
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _create_temp(path)
+    try:
+        tmp = _create_temp(path)
+    except OSError as error:
+        if error.errno not in _READ_ONLY or not path.is_file():
+            raise
+        with _unchanged_or(error, path) as elsewhere:
+            yield elsewhere
+        return
     mode = stat.S_IMODE(tmp.stat().st_mode)  # what the umask allows
     try:
         yield tmp
@@ -72,10 +101,35 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
             tmp.unlink()
 
 
+_READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+@contextmanager
+def _unchanged_or(error: OSError, path: Path) -> Iterator[Path]:
+    """A temp path outside ``path``'s folder; afterwards, ``error`` unless what was written
+    there equals ``path``'s content."""
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    elsewhere = Path(name)
+    try:
+        yield elsewhere
+        if not _same_bytes(elsewhere.read_bytes(), path):
+            raise error
+    finally:
+        elsewhere.unlink(missing_ok=True)
+
+
+def _same_bytes(data: bytes, path: Path) -> bool:
+    try:
+        return path.stat().st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        return False
+
+
 def _create_temp(path: Path) -> Path:
     """An empty new file beside ``path``, mode 0666 & ~umask (``mkstemp`` would force 0600)."""
     for _ in range(100):
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except FileExistsError:
@@ -83,6 +137,47 @@ def _create_temp(path: Path) -> Path:
         os.close(fd)
         return tmp
     raise FileExistsError(f"could not create a temp file beside {path}")  # pragma: no cover
+
+
+_TEMP_NAME = re.compile(r"^\..+?(?:\.(?P<pid>\d+))?\.[0-9a-f]{8}\.tmp$")
+
+
+def remove_stale_temps(folder: str | os.PathLike[str]) -> list[Path]:
+    """Remove the temp files of :func:`atomic_path` in ``folder`` whose writer is gone (a
+    killed process: its pid no longer runs), and those of older versions (no pid in the
+    name); return them. Temp files of live processes, and other files, are left alone.
+
+    Example:
+        >>> remove_stale_temps("runs/rev_h4/analysis")  # doctest: +SKIP
+        [PosixPath('runs/rev_h4/analysis/.average_patterns.png.4242.9f0c1a2b.tmp')]
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    removed = []
+    for path in folder.iterdir():
+        match = _TEMP_NAME.match(path.name)
+        if not match or not path.is_file():
+            continue
+        pid = match.group("pid")
+        if pid is not None and _pid_runs(int(pid)):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+def _pid_runs(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _fsync_file(path: Path) -> None:
@@ -114,8 +209,12 @@ def _write_with(path: str | os.PathLike[str], writer: Callable[[Path], None]) ->
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Atomically write ``text`` (UTF-8)."""
-    return _write_with(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    """Atomically write ``text`` (UTF-8); a file that already holds exactly it is left
+    untouched (nothing is written, so this works in a read-only folder)."""
+    data = text.encode("utf-8")
+    if _same_bytes(data, Path(path)):
+        return Path(path)
+    return _write_with(path, lambda tmp: tmp.write_bytes(data))
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
@@ -149,8 +248,8 @@ def read_json(path: str | os.PathLike[str]) -> Any:
 
 
 def write_csv(path: str | os.PathLike[str], df: pd.DataFrame) -> Path:
-    """Atomically write a DataFrame as CSV without its index."""
-    return _write_with(path, lambda tmp: df.to_csv(tmp, index=False))
+    """Atomically write a DataFrame as CSV without its index (see :func:`write_text`)."""
+    return write_text(path, df.to_csv(index=False))
 
 
 def _json_default(obj: Any) -> Any:
@@ -212,6 +311,139 @@ def describe_os_error(error: OSError) -> str:
     if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return f"permission denied:{where} ({reason}); choose a folder you can write"
     return f"{reason}:{where}" if where else reason
+
+
+# ----- memory ------------------------------------------------------------------------------------
+class NotEnoughMemoryError(MemoryError, ValueError):
+    """The work asked for needs more memory than this process may use (a ``ValueError`` too:
+    the sizes asked for are what must change)."""
+
+
+def format_bytes(n: float) -> str:
+    """``1.5 GiB``-style sizes for messages.
+
+    Example:
+        >>> format_bytes(3 * 2**30)
+        '3.0 GiB'
+    """
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # pragma: no cover
+
+
+def available_memory() -> int:
+    """Bytes this process may still allocate: the least of the RAM available
+    (``MemAvailable``), what the cgroup's ``memory.max`` leaves, and what ``RLIMIT_AS``
+    leaves of the address space (Linux; elsewhere the limits that can be read)."""
+    limits = [_meminfo_available(), _cgroup_left(), _address_space_left()]
+    known = [limit for limit in limits if limit is not None]
+    return max(0, min(known)) if known else 2**63 - 1
+
+
+def _meminfo_available() -> int | None:
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            line = next(line for line in handle if line.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    return None
+
+
+def _cgroup_left() -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            return int(limit) - used
+    return None
+
+
+def _address_space_left() -> int | None:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/self/status", encoding="ascii") as handle:
+            line = next(line for line in handle if line.startswith("VmSize:"))
+        return soft - int(line.split()[1]) * 1024
+    return soft
+
+
+def require_memory(needed: int, what: str) -> None:
+    """Refuse ``what`` (e.g. ``"training with --batch-size 100000"``) when it needs more than
+    :func:`available_memory`.
+
+    Raises:
+        NotEnoughMemoryError: one line with both amounts and the sizes to lower.
+
+    Example:
+        >>> require_memory(2**50, "this")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        mhainterp.io.NotEnoughMemoryError: this needs about 1024.0 TiB of memory, but ...
+    """
+    available = available_memory()
+    if needed > available:
+        raise NotEnoughMemoryError(
+            f"{what} needs about {format_bytes(needed)} of memory, but {format_bytes(available)} "
+            "are available; lower the sizes asked for"
+        )
+
+
+@contextmanager
+def allocation_failures(what: str) -> Iterator[None]:
+    """Inside, an allocation that fails (torch's "can't allocate memory", ``MemoryError``)
+    raises :class:`NotEnoughMemoryError` naming ``what``: the estimate of
+    :func:`require_memory` is a lower bound, this is the backstop."""
+    try:
+        yield
+    except NotEnoughMemoryError:
+        raise
+    except MemoryError:
+        raise NotEnoughMemoryError(_failed(what, None)) from None
+    except RuntimeError as error:
+        text = str(error)
+        if "can't allocate memory" not in text and "out of memory" not in text:
+            raise
+        asked = re.search(r"allocate (\d+) bytes", text)
+        raise NotEnoughMemoryError(_failed(what, int(asked.group(1)) if asked else None)) from None
+
+
+def _failed(what: str, asked: int | None) -> str:
+    size = f" ({format_bytes(asked)} at once)" if asked else ""
+    return (
+        f"{what} ran out of memory{size}; {format_bytes(available_memory())} are available; "
+        "lower the sizes asked for"
+    )
+
+
+# ----- signals -----------------------------------------------------------------------------------
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Inside, SIGTERM (what ``kill``, ``timeout``, ``docker stop`` and Slurm send) raises
+    ``KeyboardInterrupt``: the work ends as on Ctrl-C (temp files removed, no half-written
+    file, one line from the CLI, exit 130). Only in the main thread, and only where SIGTERM
+    has its default action (a handler of the caller's is kept).
+
+    Example:
+        >>> with terminate_as_interrupt():  # doctest: +SKIP
+        ...     train(model, task, config, run_dir="runs/rev_h4")
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 # ----- per-run locks ------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from mhainterp.render import (
     render_html,
     render_markdown,
 )
+from mhainterp.runs import analysis_is_current, read_results, sweep_folders
 from mhainterp.specialization import (
     SpecializationResult,
     SpecializationSettings,
@@ -55,8 +56,6 @@ from mhainterp.specialization import (
 from mhainterp.specialization.seeds.over_sweep import (
     SweepSpecialization,
     report_kind,
-    resolve_run_dirs,
-    sweep_folders,
 )
 
 __all__ = ["report_kind", "sweep_folders", "write_report"]
@@ -246,7 +245,9 @@ def _division_blocks(run_dirs: list[Path], sweep_dir: Path | None, level: int) -
     from mhainterp.figures.division import division_vs_heads, save_division_figures
     from mhainterp.specialization import saved_division
 
-    saved = [(d, r) for d in run_dirs if (r := saved_division(d)) is not None]
+    saved = [
+        (d, r) for d in run_dirs if analysis_is_current(d) and (r := saved_division(d)) is not None
+    ]
     if not saved:
         return []
     blocks: list[Block] = [
@@ -328,7 +329,7 @@ def _sweep_blocks(
     from mhainterp.sweep import summarize
 
     config = read_json(sweep_dir / "sweep.json")
-    results = resolve_run_dirs(pd.read_csv(sweep_dir / "results.csv"), sweep_dir)
+    results = read_results(sweep_dir)
     summary = summarize(results)
     write_csv(sweep_dir / "summary_table.csv", summary.table)
     write_csv(sweep_dir / "summary_comparisons.csv", summary.comparisons)

@@ -12,10 +12,12 @@ A run folder (DESIGN.md, "Results and files")::
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,15 +31,35 @@ from tqdm.auto import tqdm
 from mhainterp.config import ModelConfig, TrainConfig
 from mhainterp.data import DEFAULT_N_EVAL, as_batch, target_names
 from mhainterp.eval_mode import eval_mode
-from mhainterp.io import atomic_path, ensure_writable_dir, read_json, write_csv, write_json
+from mhainterp.io import (
+    allocation_failures,
+    atomic_path,
+    ensure_writable_dir,
+    read_json,
+    require_memory,
+    terminate_as_interrupt,
+    write_csv,
+    write_json,
+)
 from mhainterp.model import HookedMHATransformer
+from mhainterp.runs import (  # noqa: F401  (is_finished_run: importable from here before runs.py)
+    METRIC_COLUMNS,
+    RUN_FILES,
+    RunFolderError,
+    check_dtype_name,
+    check_metrics,
+    check_tensors,
+    is_finished_run,
+    migrate_config,
+    read_eval,
+    run_status,
+)
 from mhainterp.scoring import Totals, position_scores, totals
 from mhainterp.tasks import Batch, Task, task_from_record, task_record
 from mhainterp.validation import check_int
 
 __all__ = [
     "ARCHITECTURE_FIELDS",
-    "RunFolderError",
     "TrainingDivergedError",
     "Run",
     "build_model",
@@ -45,13 +67,12 @@ __all__ = [
     "evaluate",
     "save_run",
     "load_run",
-    "is_finished_run",
     "run_folder_state",
     "run_config_differences",
+    "saved_config_matches",
     "lr_at",
+    "training_memory",
 ]
-
-RUN_FILES = ("config.json", "model.safetensors", "metrics.csv", "eval.json")
 
 METADATA_KEY = "mhainterp.model"
 """The one safetensors metadata key (one key: safetensors writes several in random order, and
@@ -77,10 +98,6 @@ ARCHITECTURE_FIELDS = (
 """ModelConfig fields that ``model.safetensors`` repeats in its metadata and :func:`load_run`
 checks against ``config.json``: the fused weights ``[d_model, d_model]`` do not reveal
 ``n_heads``, and no shape reveals ``causal``."""
-
-
-class RunFolderError(ValueError):
-    """A run folder's file is damaged, or two of its files disagree (the message names them)."""
 
 
 class TrainingDivergedError(RuntimeError):
@@ -128,7 +145,43 @@ def build_model(task: Task, **model_overrides: Any) -> HookedMHATransformer:
             f"n_layers={kwargs['n_layers']} is too few for task {task.name!r}: "
             f"it needs at least {task.min_layers}"
         )
-    return HookedMHATransformer(ModelConfig(**kwargs))
+    config = ModelConfig(**kwargs)
+    n_params = _count_parameters(config)
+    require_memory(n_params * _itemsize(config), f"a model of {n_params:,} parameters")
+    with allocation_failures(f"building a model of {n_params:,} parameters"):
+        return HookedMHATransformer(config)
+
+
+def _count_parameters(config: ModelConfig) -> int:
+    """Parameters of a model of ``config``, counted on torch's meta device (nothing allocated)."""
+    meta = ModelConfig.from_dict({**config.to_dict(), "device": "meta"})
+    with torch.device("meta"):
+        return sum(p.numel() for p in HookedMHATransformer(meta).parameters())
+
+
+def _itemsize(config: ModelConfig) -> int:
+    return torch.empty((), dtype=getattr(torch, config.to_dict()["dtype"])).element_size()
+
+
+def training_memory(config: ModelConfig, train_config: TrainConfig) -> int:
+    """A lower bound on the bytes :func:`train` allocates: weights, gradients, two AdamW
+    moments and the last good copy (5 x parameters); one step's activations, kept for the
+    backward pass; the fixed evaluation set (tokens, targets, mask: int64)."""
+    n = config.n_ctx
+    per_token = config.n_layers * (8 * config.d_model + 3 * config.n_heads * n)
+    if not config.attn_only:
+        per_token += config.n_layers * 2 * config.d_mlp
+    per_token += 2 * config.d_vocab_out * config.n_targets
+    activations = 2 * train_config.batch_size * n * per_token * _itemsize(config)
+    batch_tokens = 3 * 8 * n * (train_config.batch_size + train_config.n_eval)
+    return 5 * _count_parameters(config) * _itemsize(config) + activations + batch_tokens
+
+
+def _training_what(config: ModelConfig, train_config: TrainConfig) -> str:
+    return (
+        f"training (d_model={config.d_model}, batch_size={train_config.batch_size}, "
+        f"n_eval={train_config.n_eval})"
+    )
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
@@ -198,6 +251,19 @@ def evaluate(
     return out
 
 
+def _signals_and_memory(function: Callable[..., Run]) -> Callable[..., Run]:
+    """Around :func:`train`: SIGTERM ends it as Ctrl-C does (:func:`terminate_as_interrupt`),
+    and a failed allocation is one line (:func:`mhainterp.io.allocation_failures`)."""
+
+    @functools.wraps(function)
+    def guarded(*args: Any, **kwargs: Any) -> Run:
+        with terminate_as_interrupt(), allocation_failures("training"):
+            return function(*args, **kwargs)
+
+    return guarded
+
+
+@_signals_and_memory
 def train(
     model: HookedMHATransformer,
     task: Task,
@@ -234,6 +300,7 @@ def train(
     _check_compatible(model, task)
     if run_dir is not None:  # fail before training, not after it
         ensure_writable_dir(run_dir, "run folder")
+    require_memory(training_memory(model.cfg, config), _training_what(model.cfg, config))
     generator = torch.Generator().manual_seed(config.seed)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
@@ -348,11 +415,12 @@ def save_run(
 
 
 def run_config(
-    model: HookedMHATransformer, task: Task, train_config: TrainConfig
+    model: HookedMHATransformer | ModelConfig, task: Task, train_config: TrainConfig
 ) -> dict[str, Any]:
-    """The content of a run's ``config.json``."""
+    """The content of a run's ``config.json`` (``model``: the model, or its config)."""
+    cfg = model.cfg if isinstance(model, HookedMHATransformer) else model
     return {
-        "model": model.cfg.to_dict(),
+        "model": cfg.to_dict(),
         "train": train_config.to_dict(),
         "task": task_record(task),  # name, params and defining module; never code
         "versions": {"torch": torch.__version__},
@@ -369,38 +437,60 @@ def _weights_metadata(cfg: ModelConfig) -> dict[str, str]:
 
 def run_folder_state(
     run_dir: str | os.PathLike[str],
-    model: HookedMHATransformer,
+    model: HookedMHATransformer | ModelConfig,
     task: Task,
     train_config: TrainConfig,
 ) -> str:
-    """What ``run_dir`` holds, compared with the run that ``train`` would write there.
+    """What ``run_dir`` holds, compared with the run that ``train`` would write there
+    (``model``: the model, or its config).
 
     Returns:
-        ``"empty"`` (no run files), ``"same finished"`` (this very run, finished),
-        ``"same unfinished"`` (this run, killed or diverged: redoing it loses nothing) or
-        ``"different"`` (another run, or files that cannot be read: overwriting loses it).
+        ``"empty"`` (no run files), ``"same finished"`` (this very run, finished, every file
+        whole), ``"same unfinished"`` (this run, killed or diverged: redoing it loses nothing),
+        or ``"different"`` (another run, or a config.json that cannot be read: overwriting
+        loses it).
+
+    Raises:
+        RunFolderError: a file of this very run, finished, is damaged (:func:`load_run`), or
+            eval.json is (:func:`mhainterp.runs.run_status`).
 
     Example:
         >>> run_folder_state("runs/rev_h4", model, task, TrainConfig())  # doctest: +SKIP
         'same finished'
     """
     run_dir = Path(run_dir)
-    if not any((run_dir / name).exists() for name in RUN_FILES):
+    status = run_status(run_dir)
+    if status == "empty":
         return "empty"
-    try:
-        saved = read_json(run_dir / "config.json")
-    except (OSError, ValueError):
+    if not saved_config_matches(run_dir, model, task, train_config):
         return "different"
+    if status == "finished":
+        read_eval(run_dir, require=("final_train_loss",))  # train() records it
+        load_run(run_dir, verify=False)  # "nothing to do" only over whole, readable files
+        return "same finished"
+    return "same unfinished"
+
+
+def saved_config_matches(
+    run_dir: str | os.PathLike[str],
+    model: HookedMHATransformer | ModelConfig,
+    task: Task,
+    train_config: TrainConfig,
+) -> bool:
+    """Whether ``run_dir/config.json`` records this run (its model, train and task sections;
+    False when it cannot be read)."""
+    try:
+        saved = read_json(Path(run_dir) / "config.json")
+    except (OSError, ValueError):
+        return False
     wanted = json.loads(json.dumps(run_config(model, task, train_config), default=list))
     keys = ("model", "train", "task")
-    if not isinstance(saved, dict) or any(saved.get(k) != wanted[k] for k in keys):
-        return "different"
-    return "same finished" if is_finished_run(run_dir) else "same unfinished"
+    return isinstance(saved, dict) and all(saved.get(k) == wanted[k] for k in keys)
 
 
 def run_config_differences(
     run_dir: str | os.PathLike[str],
-    model: HookedMHATransformer,
+    model: HookedMHATransformer | ModelConfig,
     task: Task,
     train_config: TrainConfig,
 ) -> str:
@@ -428,17 +518,6 @@ def run_config_differences(
     if not diffs:
         return "the same settings, unfinished"
     return "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
-
-
-def is_finished_run(run_dir: str | os.PathLike[str]) -> bool:
-    """True when every run file exists and ``eval.json`` says the run finished."""
-    run_dir = Path(run_dir)
-    if not all((run_dir / name).is_file() for name in RUN_FILES):
-        return False
-    try:
-        return read_json(run_dir / "eval.json").get("status") == "finished"
-    except ValueError:  # a corrupt eval.json means: not finished
-        return False
 
 
 def load_run(path: str | os.PathLike[str], *, device: str = "cpu", verify: bool = True) -> Run:
@@ -472,22 +551,17 @@ def load_run(path: str | os.PathLike[str], *, device: str = "cpu", verify: bool 
     if metadata is not None:
         _check_architecture(config_path, weights_path, model_config, metadata)
     model = HookedMHATransformer(model_config)
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as error:
-        detail = " ".join(str(error).split("\n", 1)[-1].split())
-        raise RunFolderError(f"{weights_path} does not fit {config_path}: {detail[:300]}") from None
+    check_tensors(weights_path, config_path, state, model)
+    model.load_state_dict(state)
     model.eval()
-    eval_path = path / "eval.json"
-    saved_eval = read_json(eval_path)
-    if not isinstance(saved_eval, dict):
-        raise RunFolderError(f"{eval_path} is not a JSON object of metrics")
+    saved_eval = read_eval(path)
     metrics_path = path / "metrics.csv"
     try:
         metrics = pd.read_csv(metrics_path)
     except (ValueError, UnicodeDecodeError) as error:  # EmptyDataError, ParserError
-        raise RunFolderError(f"{metrics_path} is not a readable CSV table ({error})") from None
-    _check_metrics(metrics_path, metrics, train_config, saved_eval)
+        reason = " ".join(str(error).split())
+        raise RunFolderError(f"{metrics_path} is not a readable CSV table ({reason})") from None
+    check_metrics(metrics_path, metrics, train_config, saved_eval)
     if metadata is None and verify:
         _verify_legacy(path, model, task, train_config, saved_eval)
     return Run(
@@ -501,40 +575,14 @@ def load_run(path: str | os.PathLike[str], *, device: str = "cpu", verify: bool 
     )
 
 
-METRIC_COLUMNS = ("step", "loss", "lr", "grad_norm")
-
-
-def _check_metrics(
-    metrics_path: Path, metrics: pd.DataFrame, train_config: TrainConfig, saved_eval: dict
-) -> None:
-    """The curve that :func:`train` wrote for a finished run ends, complete, at its last step
-    with the ``final_train_loss`` of ``eval.json`` (runs saved by hand are not checked)."""
-    if saved_eval.get("status") != "finished" or "final_train_loss" not in saved_eval:
-        return
-    missing = [c for c in METRIC_COLUMNS if c not in metrics.columns]
-    if missing:
-        raise RunFolderError(f"{metrics_path} lacks the columns {missing}")
-    last = metrics[list(METRIC_COLUMNS)].tail(1)
-    complete = (
-        not last.empty
-        and not last.isna().any(axis=None)
-        and int(last["step"].iloc[0]) == train_config.steps
-        and math.isclose(float(last["loss"].iloc[0]), float(saved_eval["final_train_loss"]))
-    )
-    if not complete:
-        end = "is empty" if last.empty else f"ends at step {last['step'].iloc[0]}"
-        raise RunFolderError(
-            f"{metrics_path} is cut short: it {end} (or its last row is incomplete), but the run "
-            f"trained {train_config.steps} steps"
-        )
-
-
 def _read_config(config_path: Path, device: str) -> tuple[ModelConfig, TrainConfig, Task]:
     config = read_json(config_path)
     keys = ("model", "train", "task")
     if not isinstance(config, dict) or not all(isinstance(config.get(k), dict) for k in keys):
         raise RunFolderError(f"{config_path} is not a run config: it needs objects {list(keys)}")
     try:
+        config = migrate_config(config)  # old run folders (mhainterp.runs)
+        check_dtype_name(config["model"].get("dtype", "float32"))
         model_config = ModelConfig.from_dict({**config["model"], "device": device})
         train_config = TrainConfig.from_dict(config["train"])
         task = task_from_record(config["task"], config_path)  # imports nothing
@@ -561,7 +609,13 @@ def _read_weights(
     try:
         architecture = json.loads(metadata[METADATA_KEY])
     except json.JSONDecodeError:
-        raise RunFolderError(f"{weights_path} has damaged metadata ({METADATA_KEY!r})") from None
+        architecture = None
+    if not isinstance(architecture, dict):
+        raise RunFolderError(
+            f"{weights_path} has damaged metadata ({METADATA_KEY!r} is "
+            f"{metadata[METADATA_KEY][:40]!r}, not an object of architecture fields); retrain "
+            "this run (rerun the sweep, or train with --overwrite)"
+        )
     return state, architecture
 
 

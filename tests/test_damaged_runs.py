@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from mhainterp.cli import main
@@ -79,6 +80,48 @@ def _narrow_weights(run: Path) -> None:
     save_file(state, path, metadata=metadata)
 
 
+def _weights(change: Callable[[dict], dict], metadata: dict | None = None):
+    """Rewrite model.safetensors with its tensors changed (metadata kept unless given)."""
+
+    def edit(run: Path) -> None:
+        from safetensors import safe_open
+
+        path = run / "model.safetensors"
+        with safe_open(str(path), "pt") as f:
+            kept = f.metadata()
+        save_file(change(load_file(path)), path, metadata=kept if metadata is None else metadata)
+
+    return edit
+
+
+def _cast(dtype):
+    return _weights(lambda state: {k: v.to(dtype) for k, v in state.items()})
+
+
+def _fill(value: float):
+    return _weights(lambda state: {k: torch.full_like(v, value) for k, v in state.items()})
+
+
+def _edit_eval(change: Callable[[dict], object]) -> Callable[[Path], None]:
+    def edit(run: Path) -> None:
+        saved = json.loads((run / "eval.json").read_text())
+        (run / "eval.json").write_text(json.dumps(change(saved)))
+
+    return edit
+
+
+def _step_abc(run: Path) -> None:
+    lines = (run / "metrics.csv").read_text().splitlines()
+    lines[1] = "abc" + lines[1][lines[1].index(",") :]
+    (run / "metrics.csv").write_text("\n".join(lines) + "\n")
+
+
+def _no_metadata_other_shapes(run: Path) -> None:
+    """Metadata ``{}`` (nothing to compare) and a config that claims a wider model."""
+    _weights(lambda state: state, metadata={})(run)
+    _edit_config(d_model=16, d_head=8, d_mlp=64)(run)
+
+
 # case id -> (damage, file the message must name)
 CASES: dict[str, tuple[Callable[[Path], None], str]] = {}
 for _name in ("config.json", "model.safetensors", "metrics.csv", "eval.json"):
@@ -110,8 +153,39 @@ CASES.update(
             "config.json",
         ),
         "weights-of-another-shape": (_narrow_weights, "model.safetensors"),
+        # issue 19 items 5-6: silent wrong results and tracebacks before
+        "weights-int64": (_cast(torch.int64), "model.safetensors"),
+        "weights-float16": (_cast(torch.float16), "model.safetensors"),
+        "weights-all-nan": (_fill(float("nan")), "model.safetensors"),
+        "weights-all-inf": (_fill(float("inf")), "model.safetensors"),
+        "metadata-5": (_weights(lambda s: s, {"mhainterp.model": "5"}), "model.safetensors"),
+        "metadata-empty-config-wider": (_no_metadata_other_shapes, "model.safetensors"),
+        "eval.json-list": (_write("eval.json", b"[]"), "eval.json"),
+        "eval.json-loss-abc": (_edit_eval(lambda e: {**e, "loss": "abc"}), "eval.json"),
+        "metrics.csv-step-abc": (_step_abc, "metrics.csv"),
+        "config.json-dtype-bogus": (_edit_config(dtype="bogus"), "config.json"),
     }
 )
+# the cases of issue 19 items 5-6, also tried on resume and in the explorer
+RESUME_CASES = [
+    "weights-int64",
+    "weights-float16",
+    "weights-all-nan",
+    "metadata-5",
+    "metadata-empty-config-wider",
+    "eval.json-list",
+    "eval.json-loss-abc",
+    "eval.json-no-final_train_loss",
+    "metrics.csv-step-abc",
+    "config.json-dtype-bogus",
+]
+CONFIG_EDITS = {"metadata-empty-config-wider", "config.json-dtype-bogus"}
+RESUME_ONLY = {
+    "eval.json-no-final_train_loss": (
+        _edit_eval(lambda e: {k: v for k, v in e.items() if k != "final_train_loss"}),
+        "eval.json",
+    )
+}
 
 COMMANDS = {
     "analyze": ["analyze", "{run}", "--n-eval", "16", "--no-ablation", "--quiet"],
@@ -156,3 +230,60 @@ def test_old_run_without_metadata_still_loads_and_is_checked_by_its_loss(good_ru
     assert evaluate(loaded.model, loaded.task, n_eval=32)["loss"] == pytest.approx(
         saved["loss"], rel=1e-6
     )
+
+
+MODEL_ARGS = ["--task", "reverse", "--task-param", "seq_len=6", "--task-param", "d_vocab=4",
+              "--d-model", "8", "--n-heads", "2", "--steps", "10", "--batch-size", "8",
+              "--warmup-steps", "2", "--n-eval", "32", "--quiet"]  # fmt: skip
+
+
+def _one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def made_by_commands(tmp_path_factory) -> tuple[Path, Path]:
+    """A run made by ``mhainterp train`` and a sweep by ``mhainterp sweep``, same settings."""
+    base = tmp_path_factory.mktemp("commands")
+    assert main(["train", *MODEL_ARGS, "--seed", "0", "--out", str(base / "run")]) == 0
+    sweep = ["sweep", *MODEL_ARGS, "--seeds", "0", "--executor", "local", "--out"]
+    assert main([*sweep, str(base / "sweep")]) == 0
+    return base / "run", base / "sweep"
+
+
+@pytest.mark.parametrize("case", RESUME_CASES)
+def test_damaged_run_is_refused_on_train_resume_sweep_resume_and_in_the_explorer(
+    case, made_by_commands, tmp_path, capsys
+):
+    from mhainterp.explore.app import Explorer
+
+    damage, named = {**CASES, **RESUME_ONLY}[case]
+    made_run, made_sweep = made_by_commands
+    capsys.readouterr()
+    # train resume: the same command into the damaged run
+    run = tmp_path / "run"
+    shutil.copytree(made_run, run)
+    damage(run)
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    code = main(["train", *MODEL_ARGS, "--seed", "0", "--out", str(run)])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and line.startswith("mhainterp train: error: "), line
+    # a damage that edits config.json makes it another run, refused as such
+    assert named in line or (case in CONFIG_EDITS and "already holds another run" in line), line
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before  # not trained over
+    # sweep resume: the damaged run inside the sweep
+    sweep = tmp_path / "sweep"
+    shutil.copytree(made_sweep, sweep)
+    damage(sweep / "runs" / "h2_seed0")
+    code = main(["sweep", *MODEL_ARGS, "--seeds", "0", "--executor", "local", "--out", str(sweep)])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and line.startswith("mhainterp sweep: error: "), line
+    assert named in line or (case in CONFIG_EDITS and "holds another run" in line), line
+    if case in RESUME_ONLY:
+        return  # analyses need no final_train_loss: only the resumes refuse it
+    # the explorer's loading
+    with pytest.raises(ValueError) as error:
+        Explorer.from_path(run)
+    assert named in str(error.value) and "\n" not in str(error.value)

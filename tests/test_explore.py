@@ -229,7 +229,8 @@ def test_saved_results_read_and_tolerate_missing_or_broken_files(tmp_path):
 
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory, task):
-    root = tmp_path_factory.mktemp("sweep")
+    # a folder of its own: the session's temp folder holds other tests' damaged runs
+    root = tmp_path_factory.mktemp("sweeps") / "sweep0"
     write_json(root / "sweep.json", {"task": task.name})
     make_run(root / "runs" / "h3_seed1", handbuilt_model(["previous", "uniform", "previous"]), task)
     make_run(root / "runs" / "h2_seed0", handbuilt_model(["previous", "dead"], d_head=24), task)

@@ -7,6 +7,7 @@ disk that fills up. The fast in-process versions are in ``test_reliability.py``.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -16,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -202,3 +204,120 @@ def test_a_full_disk_is_one_line_and_the_sweep_resumes_when_space_is_freed(refer
     finally:
         subprocess.run(["umount", str(disk)], check=False)
     shutil.rmtree(disk, ignore_errors=True)
+
+
+# ----- issue 21: analyze killed, SIGTERM, sizes that cannot fit, stale results -------------------
+def _cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([MHAINTERP, *args], capture_output=True, text=True, env=ENV, timeout=300,
+                          **kwargs)  # fmt: skip
+
+
+def _analysis_files(run: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((run / "analysis").iterdir()) if p.is_file()}
+
+
+def test_analyze_killed_while_writing_then_rerun_equals_an_uninterrupted_analyze(
+    reference, tmp_path
+):
+    ref, _ = reference
+    clean, killed = tmp_path / "clean", tmp_path / "killed"
+    for folder in (clean, killed):
+        shutil.copytree(ref / "runs" / "h4_seed0", folder)
+    args = ["--n-eval", "32", "--quiet"]
+    start = time.monotonic()
+    assert _cli("analyze", str(clean), *args).returncode == 0
+    seconds = time.monotonic() - start
+    rng = random.Random(21)
+    delays = []
+    for _ in range(3):  # from start-up to the last figures
+        delays.append(round(rng.uniform(0.5 * seconds, seconds), 2))
+        argv = [MHAINTERP, "analyze", str(killed), *args]
+        process = subprocess.Popen(argv, env=ENV, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)  # fmt: skip
+        time.sleep(delays[-1])
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    assert _cli("analyze", str(killed), *args).returncode == 0
+    assert _analysis_files(killed) == _analysis_files(clean), delays
+    assert list(killed.rglob("*.tmp")) == [], delays
+
+
+def _wait_for(process: subprocess.Popen, text: bytes) -> bytes:
+    """Read stderr until ``text`` shows (a progress bar: training runs)."""
+    seen = b""
+    while text not in seen:
+        char = process.stderr.read(1)
+        assert char, seen
+        seen += char
+    return seen
+
+
+@pytest.mark.parametrize("command", ["train", "sweep"])
+def test_sigterm_ends_train_and_sweep_as_ctrl_c_does(tmp_path, command):
+    out = tmp_path / "out"
+    args = [a if a != "150" else "100000" for a in SWEEP_ARGS if a != "--quiet"]
+    if command == "train":
+        args = [a for a in args if a not in ("--n-heads", "1,2,4", "--seeds", "0,1")]
+    else:
+        args += ["--executor", "local"]
+    argv = [MHAINTERP, command, *args, "--out", str(out)]
+    # bytes, not text: text mode would turn the bar's carriage returns into newlines
+    process = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    before = _wait_for(process, b"train reverse").decode()  # the training bar is on
+    process.send_signal(signal.SIGTERM)
+    err = process.communicate(timeout=60)[1].decode()
+    assert process.returncode == 130, err
+    message = f"mhainterp {command}: interrupted; run the same command again to resume"
+    # a terminal shows what follows the last carriage return: the message alone, on its line
+    assert (before + err).rsplit("\r", 1)[-1].strip() == message, before + err
+    assert "Traceback" not in err and err.count("mhainterp") == 1
+    assert list(out.rglob("eval.json")) == [] and list(out.rglob("*.tmp")) == []
+
+
+def _limit_memory() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))
+
+
+@pytest.mark.parametrize(
+    ("command", "size"),
+    [
+        ("train", ["--d-model", "200000", "--n-heads", "4"]),
+        ("train", ["--batch-size", "1000000000"]),
+        ("train", ["--n-eval", "1000000000"]),
+        ("analyze", ["--n-eval", "1000000000"]),
+    ],
+)
+def test_sizes_that_cannot_fit_are_one_line_saying_how_much(reference, tmp_path, command, size):
+    ref, _ = reference
+    if command == "train":
+        argv = [*[a for a in SWEEP_ARGS if a not in ("--n-heads", "1,2,4", "--seeds", "0,1")],
+                *size, "--out", str(tmp_path / "run")]  # fmt: skip
+    else:
+        argv = [str(ref / "runs" / "h2_seed0"), *size, "--quiet", "--no-ablation"]
+    result = _cli(command, *argv, preexec_fn=_limit_memory)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"mhainterp {command}: error: "), lines[0]
+    assert "needs about" in lines[0] and "are available" in lines[0], lines[0]
+
+
+def test_specialize_after_train_overwrite_does_not_reuse_the_old_result(tmp_path):
+    run = tmp_path / "run"
+    train = [a for a in SWEEP_ARGS if a not in ("--n-heads", "1,2,4", "--seeds", "0,1")]
+    train = [*train, "--warmup-steps", "1"]
+    assert _cli("train", *train, "--steps", "5", "--out", str(run)).returncode == 0
+    assert _cli("specialize", str(run), "--n-eval", "16", "--quiet").returncode == 0
+    first = json.loads((run / "analysis" / "specialization.json").read_text())
+    result = _cli("train", *train, "--steps", "300", "--overwrite", "--out", str(run))
+    assert result.returncode == 0, result.stderr
+    specialized = _cli("specialize", str(run), "--n-eval", "16", "--quiet")
+    assert specialized.returncode == 0, specialized.stderr
+    second = json.loads((run / "analysis" / "specialization.json").read_text())
+    from mhainterp.runs import weights_digest
+
+    assert first["weights_sha256"] != second["weights_sha256"] == weights_digest(run)
+    runs = pd.read_csv(run / "analysis" / "specialization_runs.csv")
+    accuracy = json.loads((run / "eval.json").read_text())["accuracy"]
+    assert runs["accuracy"].iloc[0] == pytest.approx(accuracy, abs=0.1)  # of the new weights

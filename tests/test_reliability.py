@@ -151,9 +151,10 @@ def test_old_tables_with_absolute_or_start_relative_paths_still_resolve(serial, 
     table["run_dir"] = [str(sweep / r) for r in table["run_dir"]]  # absolute, as before
     table.to_csv(sweep / "results.csv", index=False)
     assert read_results(sweep)["run_dir"].tolist() == table["run_dir"].tolist()
-    table["run_dir"] = [f"runs/quickstart/old/{r}" for r in ["runs/h1_seed0"] * 4]  # old cwd-based
+    names = ["h1_seed0", "h1_seed1", "h2_seed0", "h2_seed1"]
+    table["run_dir"] = [f"runs/quickstart/old/runs/{n}" for n in names]  # old cwd-based
     table.to_csv(sweep / "results.csv", index=False)
-    assert read_results(sweep)["run_dir"].tolist() == [str(sweep / "runs" / "h1_seed0")] * 4
+    assert read_results(sweep)["run_dir"].tolist() == [str(sweep / "runs" / n) for n in names]
     assert resolve_run_dir("/gone/runs/h2_seed1", sweep) == sweep / "runs" / "h2_seed1"
 
 
@@ -183,8 +184,8 @@ def test_old_weights_without_metadata_load_and_warn_when_nothing_can_be_checked(
     shutil.copytree(serial / "runs" / "h2_seed0", run)
     save_file(load_file(run / "model.safetensors"), run / "model.safetensors")  # no metadata
     assert load_run(run).model.cfg.n_heads == 2  # checked by eval.json's loss: no warning
-    saved = json.loads((run / "eval.json").read_text())
-    (run / "eval.json").write_text(json.dumps({**saved, "loss": None}))
+    # a run saved by hand (save_run with metrics of one's own): no status, no loss
+    (run / "eval.json").write_text(json.dumps({"note": "saved by hand"}))
     with pytest.warns(UserWarning, match="cannot be checked"):
         load_run(run)
 
@@ -496,3 +497,54 @@ def test_train_into_a_run_another_process_is_writing_is_refused(tmp_path, capsys
     assert not (out / "eval.json").exists()
     for fd in (ready_r, ready_w, go_r, go_w):
         os.close(fd)
+
+
+# ----- issue 21: foreign runs, read-only sweeps --------------------------------------------------
+def test_a_copied_run_of_another_seed_is_refused_not_adopted(serial, tmp_path, capsys):
+    out = tmp_path / "sweep"
+    shutil.copytree(serial, out)
+    shutil.rmtree(out / "runs" / "h2_seed1")
+    shutil.copytree(serial / "runs" / "h2_seed0", out / "runs" / "h2_seed1")  # says seed 0
+    before = _files(out)
+    with pytest.raises(training.RunFolderError) as error:
+        run_sweep(TINY, out, executor="local", progress=False)
+    message = str(error.value)
+    assert str(out / "runs" / "h2_seed1") in message and "holds another run" in message
+    assert "model.seed: 0 there, 1 here" in message, message
+    assert _files(out) == before  # nothing trained over it, results.csv not rewritten
+
+
+def test_a_read_only_sweep_with_every_result_saved_reports_elsewhere_untouched(
+    serial, tmp_path, capsys
+):
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="mhainterp-ro-"))  # in /tmp: every user can reach it
+    base.chmod(0o755)
+    sweep, out = base / "sweep", base / "report"
+    shutil.copytree(serial, sweep)
+    args = ["--n-eval", "16", "--quiet"]
+    assert main(["report", str(sweep), *args, "--out", str(out)]) == 0  # every result saved
+    shutil.rmtree(out)
+    out.mkdir()
+    out.chmod(0o777)
+    for path in [sweep, *sweep.rglob("*")]:
+        path.chmod(0o555 if path.is_dir() else 0o444)
+    before = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()}
+    as_root = os.geteuid() == 0
+    try:
+        if as_root:  # root ignores modes: report as an ordinary user (the kernel decides)
+            os.seteuid(65534)
+        try:
+            code = main(["report", str(sweep), *args, "--out", str(out)])
+        finally:
+            if as_root:
+                os.seteuid(0)
+        err = capsys.readouterr().err
+        assert code == 0, err
+        assert (out / "report.md").is_file() and (out / "report.html").is_file()
+        assert {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()} == before
+    finally:
+        for path in [sweep, *sweep.rglob("*")]:
+            path.chmod(0o755)
+        shutil.rmtree(base)

@@ -23,6 +23,8 @@ from typing import Any
 
 import pandas as pd
 
+from mhainterp.runs import analysis_is_current
+
 __all__ = ["DIVISION_COLUMNS", "SavedResults"]
 
 DIVISION_COLUMNS = ("by", "selectivity", "null_mean", "p_adj", "specialized", "serves")
@@ -45,8 +47,11 @@ class SavedResults:
 
     @classmethod
     def load(cls, run_dir: str | os.PathLike[str]) -> SavedResults:
-        """Read ``run_dir/analysis``; a file that is missing or malformed is skipped."""
+        """Read ``run_dir/analysis``; a file that is missing or malformed is skipped, and so
+        is everything saved there for other weights than the run's (stale)."""
         folder = Path(run_dir) / "analysis"
+        if not analysis_is_current(run_dir):
+            return cls()
         return cls(
             labels=_labels(folder / "specialization_heads.csv"),
             importance=_importance(folder / "ablation_importance.csv"),

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mhainterp.io import read_json
+from mhainterp.runs import find_runs, folder_kind
 
 __all__ = ["RunEntry", "explorable_runs"]
 
@@ -34,11 +35,8 @@ def explorable_runs(path: str | os.PathLike[str]) -> list[RunEntry]:
         FileNotFoundError: ``path`` is not a run or sweep folder (one line naming it and what
             a run or a sweep folder holds).
     """
-    from mhainterp.analyze import find_runs
-    from mhainterp.report import report_kind
-
     path = Path(path)
-    report_kind(path)  # raises the project's one-line message for anything else
+    folder_kind(path)  # raises the project's one-line message for anything else
     try:
         run_dirs = find_runs(path)
     except FileNotFoundError as error:

@@ -244,10 +244,12 @@ _worker_steps: Any = None  # in a pool worker: the shared counter of model-steps
 
 def _pin_worker(cpu_queue: Any, steps: Any, parent: int | None = None) -> None:
     """Process-pool initializer: pin this worker to one CPU, with one torch thread; leave
-    Ctrl-C to the parent; die with the parent (a killed sweep leaves no orphans training)."""
+    Ctrl-C (and SIGTERM's one-line ending) to the parent; die with the parent (a killed
+    sweep leaves no orphans training)."""
     import torch
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's SIGTERM-as-Ctrl-C
     _die_with_parent(parent)
     global _worker_steps
     _worker_steps = steps
@@ -371,7 +373,7 @@ def _run_in_pool(
         ProcessPoolExecutor(workers, mp_context=context, initializer=_pin_worker,
                             initargs=(cpu_queue, steps, os.getpid())) as pool,
         tqdm(total=total, desc=f"sweep (batched, {workers} workers)", unit="model-step",
-             disable=not progress) as bar,
+             disable=not progress, leave=False) as bar,
     ):  # fmt: skip
         try:
             pending = {pool.submit(worker_fn, chunk) for chunk in chunks}

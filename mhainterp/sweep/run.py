@@ -29,10 +29,33 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from mhainterp.config import ModelConfig, SweepConfig, TrainConfig
-from mhainterp.io import RunLock, ensure_writable_dir, read_json, write_csv, write_json
+from mhainterp.io import (
+    RunLock,
+    ensure_writable_dir,
+    read_json,
+    remove_stale_temps,
+    terminate_as_interrupt,
+    write_csv,
+    write_json,
+)
+from mhainterp.runs import (  # noqa: F401  (read_results, resolve_run_dir: importable from here)
+    RunFolderError,
+    is_finished_run,
+    read_eval,
+    read_results,
+    relative_run_dir,
+    resolve_run_dir,
+    run_status,
+)
 from mhainterp.sweep import fork_safety  # noqa: F401  (forked workers: a tqdm lock of their own)
 from mhainterp.tasks import Task, get_task
-from mhainterp.training import build_model, is_finished_run, train
+from mhainterp.training import (
+    build_model,
+    load_run,
+    run_config_differences,
+    saved_config_matches,
+    train,
+)
 from mhainterp.validation import check_option
 
 __all__ = [
@@ -42,8 +65,6 @@ __all__ = [
     "execute_run",
     "fastest_executor",
     "plan_sweep",
-    "read_results",
-    "resolve_run_dir",
     "run_sweep",
 ]
 
@@ -102,7 +123,8 @@ def execute_run(spec: RunSpec, *, progress: bool = False) -> Path:
 
 def _run_local(specs: Sequence[RunSpec], progress: bool) -> None:
     """The default executor: one run after another in this process."""
-    for spec in tqdm(specs, desc="sweep", disable=not progress):
+    # leave=False: an interrupted sweep leaves no bar fragment above its one-line message
+    for spec in tqdm(specs, desc="sweep", disable=not progress, leave=False):
         execute_run(spec, progress=progress)
 
 
@@ -198,13 +220,30 @@ def run_sweep(
     ensure_writable_dir(out_dir, "sweep folder")
     write_json(out_dir / "sweep.json", config.to_dict())
     specs = plan_sweep(config, out_dir)
-    _train_missing(specs, executor, progress, _SweepLog(out_dir / "sweep.log"))
+    _refuse_foreign_runs(specs)
+    with terminate_as_interrupt():  # SIGTERM (kill, timeout, Slurm) ends it as Ctrl-C does
+        _train_missing(specs, executor, progress, _SweepLog(out_dir / "sweep.log"))
     results = collect_results(specs)
-    stored = results.assign(
-        run_dir=[Path(os.path.relpath(spec.run_dir, out_dir)).as_posix() for spec in specs]
-    )
+    stored = results.assign(run_dir=[relative_run_dir(spec.run_dir, out_dir) for spec in specs])
     write_csv(out_dir / "results.csv", stored)
     return results
+
+
+def _refuse_foreign_runs(specs: Sequence[RunSpec]) -> None:
+    """A finished run folder that holds another run than the one planned for it (copied in,
+    say) is refused, never adopted; an unfinished one is redone."""
+    for spec in specs:
+        if run_status(spec.run_dir) != "finished":
+            continue
+        task = spec.build_task()
+        if not saved_config_matches(spec.run_dir, spec.model_config, task, spec.train_config):
+            differences = run_config_differences(
+                spec.run_dir, spec.model_config, task, spec.train_config
+            )
+            raise RunFolderError(
+                f"{spec.run_dir} holds another run than this sweep's {spec.run_dir.name} "
+                f"({differences}); move it out of the sweep folder, then rerun"
+            )
 
 
 LOCK_POLL_SECONDS = 0.2
@@ -262,10 +301,7 @@ def _claim(
         elif is_finished_run(spec.run_dir):  # another process finished it before we locked
             lock.release()
         else:
-            # Temp files of a write that a killed process never finished: ours to remove now
-            # that we hold the run.
-            for stale in spec.run_dir.glob(".*.tmp"):
-                stale.unlink(missing_ok=True)
+            remove_stale_temps(spec.run_dir)  # of a write that a killed process never finished
             mine.append((spec, lock))
     return mine, held
 
@@ -295,62 +331,23 @@ class _SweepLog:
             handle.write(line)
 
 
-def resolve_run_dir(recorded: str | os.PathLike[str], table_dir: str | os.PathLike[str]) -> Path:
-    """The run folder a ``run_dir`` entry of ``table_dir/results.csv`` means, from here.
-
-    New tables store it relative to the table's folder (``runs/h4_seed0``); older ones stored
-    it absolute or relative to where the sweep was started. A folder that has moved is found
-    under ``table_dir/runs/`` by name.
-
-    Example:
-        >>> resolve_run_dir("runs/h4_seed0", "elsewhere/rev")  # doctest: +SKIP
-        PosixPath('elsewhere/rev/runs/h4_seed0')
-    """
-    recorded, table_dir = Path(recorded), Path(table_dir)
-    candidates = [recorded] if recorded.is_absolute() else [table_dir / recorded]
-    candidates.append(table_dir / "runs" / recorded.name)
-    if not recorded.is_absolute():
-        candidates.append(recorded)  # an old table, relative to the sweep's starting folder
-    for candidate in candidates:
-        if candidate.is_dir():
-            return candidate
-    return candidates[0]
-
-
-def read_results(sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
-    """``sweep_dir/results.csv`` with ``run_dir`` resolved (see :func:`resolve_run_dir`).
-
-    Example:
-        >>> summarize(read_results("runs/rev"))  # doctest: +SKIP
-    """
-    path = Path(sweep_dir) / "results.csv"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist (run mhainterp sweep first)")
-    try:
-        table = pd.read_csv(path)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path} is not a readable CSV table ({error})") from None
-    if "run_dir" in table:
-        table["run_dir"] = [str(resolve_run_dir(r, sweep_dir)) for r in table["run_dir"]]
-    return table
-
-
 def collect_results(specs: Sequence[RunSpec]) -> pd.DataFrame:
-    """The per-run table, read back from the run folders (so it never depends on scheduling)."""
+    """The per-run table, read back from the run folders (so it never depends on scheduling).
+    Each run is loaded (:func:`~mhainterp.training.load_run`): a damaged file stops the
+    sweep with one line naming it, rather than entering the table."""
     rows = []
     for spec in specs:
         if not is_finished_run(spec.run_dir):
             raise FileNotFoundError(f"run {spec.run_dir} did not finish; rerun the sweep")
-        saved = read_json(spec.run_dir / "eval.json")
-        cfg = spec.model_config
-        n_params = _count_params(spec)
+        run = load_run(spec.run_dir, verify=False)
+        saved, cfg = read_eval(spec.run_dir, require=("final_train_loss",)), spec.model_config
         row = {
             "task": spec.task_name,
             "n_heads": cfg.n_heads,
             "seed": cfg.seed,
             "d_model": cfg.d_model,
             "d_head": cfg.d_head,
-            "n_params": n_params,
+            "n_params": run.model.n_params,
             "n_attn_params": cfg.n_attn_params * cfg.n_layers,
             "steps": spec.train_config.steps,
             "final_train_loss": saved["final_train_loss"],
@@ -363,10 +360,3 @@ def collect_results(specs: Sequence[RunSpec]) -> pd.DataFrame:
         row["run_dir"] = str(spec.run_dir)
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _count_params(spec: RunSpec) -> int:
-    # Parameter count follows from the config alone; building the model is cheap and exact.
-    from mhainterp.model import HookedMHATransformer
-
-    return HookedMHATransformer(spec.model_config).n_params

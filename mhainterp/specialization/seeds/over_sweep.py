@@ -26,6 +26,15 @@ from tqdm.auto import tqdm
 
 from mhainterp.io import read_json, write_csv, write_json, write_text
 from mhainterp.render import markdown_table
+from mhainterp.runs import (
+    analysis_is_current,
+    folder_kind,
+    read_results,
+    read_saved_meta,
+    record_analysis_source,
+    set_aside_stale_analysis,
+    sweep_folders,
+)
 from mhainterp.specialization.battery import (
     RUN_COLUMNS,
     SpecializationResult,
@@ -43,7 +52,7 @@ from mhainterp.specialization.whom.division import (
     saved_division,
 )
 from mhainterp.stats import describe, exceeds_seed_spread
-from mhainterp.training import is_finished_run, load_run
+from mhainterp.training import load_run
 
 __all__ = [
     "SUMMARY_COLUMNS",
@@ -52,11 +61,9 @@ __all__ = [
     "display_summary",
     "division_folder",
     "report_kind",
-    "resolve_run_dirs",
     "saved_specialization",
     "specialization_summary",
     "specialize_folder",
-    "sweep_folders",
     "sweep_specialization",
 ]
 
@@ -241,6 +248,7 @@ def cached_specialization(
         >>> result = cached_specialization("runs/rev/runs/h4_seed0",
         ...                                SpecializationSettings())  # doctest: +SKIP
     """
+    set_aside_stale_analysis(run_dir)  # results of other weights are not reused
     saved = saved_specialization(run_dir, settings) if reuse else None
     result = saved or specialization_test(run_dir, settings=settings, progress=progress)
     # Whom the heads serve enters the verdict when the run's division of labour is saved:
@@ -281,7 +289,10 @@ def saved_specialization(
     meta_path = analysis / f"{RESULT_PREFIX}.json"
     if not meta_path.is_file():
         return None
-    saved = read_json(meta_path).get("settings")
+    meta = read_saved_meta(meta_path, ("settings", "verdict"))
+    if not analysis_is_current(run_dir, meta):  # computed from other weights
+        return None
+    saved = meta["settings"]
     # A result saved before a table was added lacks its file: it does not count as saved.
     complete = all(
         (analysis / f"{RESULT_PREFIX}_{name}.csv").is_file() for name in SpecializationResult.TABLES
@@ -306,33 +317,10 @@ def _renamed(result: SpecializationResult, run_id: str) -> SpecializationResult:
     return SpecializationResult(**tables, verdict=result.verdict, settings=result.settings)
 
 
-def resolve_run_dirs(results: pd.DataFrame, sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
-    """``results`` with ``run_dir`` pointing into ``sweep_dir/runs/`` when the recorded path
-    (relative to wherever the sweep was started) does not exist from here.
-
-    Example:
-        >>> df = pd.DataFrame({"run_dir": ["elsewhere/runs/h1_seed0"]})
-        >>> resolve_run_dirs(df, "sweep").run_dir.tolist()  # doctest: +SKIP
-        ['sweep/runs/h1_seed0']
-    """
-    out = results.copy()
-    fixed = []
-    for recorded in out["run_dir"]:
-        local = Path(sweep_dir) / "runs" / Path(recorded).name
-        fixed.append(str(recorded) if Path(recorded).is_dir() else str(local))
-    out["run_dir"] = fixed
-    return out
-
-
 def _load_results(sweeps: Sequence[str | os.PathLike[str]]) -> pd.DataFrame:
     frames = []
     for sweep in sweeps:
-        path = Path(sweep) / "results.csv"
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"{sweep} is not a finished sweep folder: {path} is missing (run mhainterp sweep)"
-            )
-        frame = resolve_run_dirs(pd.read_csv(path), sweep)
+        frame = read_results(sweep)
         frame.insert(0, "sweep", Path(sweep).name)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
@@ -392,25 +380,8 @@ def report_kind(path: str | os.PathLike[str]) -> str:
         >>> report_kind("runs/quickstart")  # doctest: +SKIP
         'sweeps'
     """
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path} is not a folder")
-    if (path / "sweep.json").is_file():
-        return "sweep"
-    if is_finished_run(path):
-        return "run"
-    if sweep_folders(path):
-        return "sweeps"
-    raise FileNotFoundError(
-        f"{path} is not a run folder (config.json, model.safetensors, eval.json), a sweep "
-        "folder (sweep.json, results.csv) or a folder of sweep folders"
-    )
-
-
-def sweep_folders(path: str | os.PathLike[str]) -> list[Path]:
-    """The sweep folders (with ``sweep.json``) directly inside ``path``, sorted by name."""
-    path = Path(path)
-    return sorted(p for p in path.iterdir() if p.is_dir() and (p / "sweep.json").is_file())
+    kind = folder_kind(path)
+    return "sweeps" if kind == "study" else kind
 
 
 def specialize_folder(
@@ -484,7 +455,7 @@ def division_folder(
         return [(path, _cached_division(path, settings, request, reuse, progress))]
     out = []
     for sweep in [path] if kind == "sweep" else sweep_folders(path):
-        results = resolve_run_dirs(pd.read_csv(sweep / "results.csv"), sweep)
+        results = read_results(sweep)
         frames = []
         for row in tqdm(
             list(results.itertuples(index=False)), desc="division", disable=not progress
@@ -506,6 +477,7 @@ def _cached_division(
     reuse: bool,
     progress: bool,
 ) -> DivisionResult:
+    set_aside_stale_analysis(run_dir)  # results of other weights are not reused
     saved = saved_division(run_dir, request) if reuse else None
     if saved is not None:
         return saved
@@ -514,6 +486,7 @@ def _cached_division(
         run.model, run.task, request["by_asked"], settings=settings, progress=progress
     )
     result.save(run_dir / "analysis")
+    record_analysis_source(run_dir)
     return result
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from mhainterp.io import read_json, write_csv, write_json, write_text
+from mhainterp.io import write_csv, write_json, write_text
+from mhainterp.runs import read_saved_meta, read_table, record_analysis_source, weights_digest
 from mhainterp.specialization.verdict.sentences import Verdict
 from mhainterp.specialization.verdict.settings import SpecializationSettings
 
@@ -206,8 +207,13 @@ class SpecializationResult:
             if len(getattr(self, name)):
                 paths.append(write_csv(out_dir / f"{prefix}_{name}.csv", getattr(self, name)))
         meta = {"settings": self.settings.to_dict(), "verdict": self.verdict.to_dict()}
+        digest = weights_digest(out_dir.parent)  # in a run's analysis/: the weights it is of
+        if digest is not None:
+            meta["weights_sha256"] = digest
         paths.append(write_json(out_dir / f"{prefix}.json", meta))
         paths.append(write_text(out_dir / f"{prefix}.md", self.to_markdown()))
+        if digest is not None:
+            record_analysis_source(out_dir.parent)
         return paths
 
     @classmethod
@@ -216,7 +222,7 @@ class SpecializationResult:
     ) -> SpecializationResult:
         """Read back what :meth:`save` wrote."""
         out_dir = Path(out_dir)
-        meta = read_json(out_dir / f"{prefix}.json")
+        meta = read_saved_meta(out_dir / f"{prefix}.json", ("settings", "verdict"))
         tables = {}
         for name in cls.TABLES:
             path = out_dir / f"{prefix}_{name}.csv"
@@ -225,10 +231,7 @@ class SpecializationResult:
                     f"{path} is missing: {out_dir} was written by an older mhainterp or only in "
                     "part; run the specialization test again to rewrite it"
                 )
-            try:
-                tables[name] = pd.read_csv(path, keep_default_na=True)
-            except pd.errors.EmptyDataError:
-                tables[name] = pd.DataFrame()
+            tables[name] = read_table(path)  # a damaged (0-byte) table: one line naming it
             text = [c for c in _TEXT_COLUMNS if c in tables[name].columns]
             tables[name] = lead_with_head(tables[name].fillna(dict.fromkeys(text, "")))
         for name in cls.OPTIONAL_TABLES:

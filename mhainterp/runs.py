@@ -1,0 +1,654 @@
+"""Folder kinds, discovery and path resolution: the one place that knows them.
+
+Three kinds of folder hold results (DESIGN.md, "Results and files")::
+
+    run     config.json  model.safetensors  metrics.csv  eval.json (written last)  analysis/
+    sweep   sweep.json  results.csv  runs/h{h}_seed{s}/ (run folders)
+    study   a folder whose sub-folders are sweeps (what ``mhainterp demo`` writes)
+
+Rules every reader follows through this module:
+
+- A path inside a table is relative to the folder that holds the table: ``runs/h4_seed0`` in
+  ``rev/results.csv`` means ``rev/runs/h4_seed0``, wherever the command runs. The current
+  directory is never consulted (:func:`resolve_run_dir`).
+- Discovery follows symbolic links (a linked run folder counts; a link cycle is visited once).
+- A damaged file raises :class:`RunFolderError` with one line naming the file and what is wrong;
+  a missing one raises ``FileNotFoundError``. A killed write never leaves a damaged file (the
+  writes are atomic, :mod:`mhainterp.io`), so a damaged file is refused rather than redone.
+- A saved analysis belongs to the weights it was computed from: ``analysis/source.json``
+  records their SHA-256 (:func:`record_analysis_source`); results of other weights are not
+  reused (:func:`analysis_is_current`) but set aside (:func:`set_aside_stale_analysis`).
+
+Old run folders load through one function, :func:`migrate_config`, and are rewritten in the
+current format on disk by :func:`migrate_folder`.
+
+Example:
+    >>> folder_kind("runs/quickstart")  # doctest: +SKIP
+    'study'
+    >>> [p.name for p in find_runs("runs/quickstart/reverse")][:2]  # doctest: +SKIP
+    ['h1_seed0', 'h1_seed1']
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import math
+import os
+import re
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+import pandas as pd
+
+from mhainterp.io import read_json, write_csv, write_json
+
+__all__ = [
+    "ANALYSIS_DIR",
+    "RESULTS_FILE",
+    "RUN_FILES",
+    "SWEEP_FILE",
+    "FolderKind",
+    "METRIC_COLUMNS",
+    "WEIGHT_DTYPES",
+    "RunFolderError",
+    "check_dtype_name",
+    "check_metrics",
+    "check_tensors",
+    "analysis_is_current",
+    "read_saved_meta",
+    "read_table",
+    "record_analysis_source",
+    "set_aside_stale_analysis",
+    "find_runs",
+    "folder_kind",
+    "is_finished_run",
+    "migrate_config",
+    "migrate_folder",
+    "migrate_results",
+    "migrate_settings",
+    "read_eval",
+    "read_results",
+    "relative_run_dir",
+    "resolve_run_dir",
+    "run_status",
+    "sweep_folders",
+    "weights_digest",
+]
+
+RUN_FILES = ("config.json", "model.safetensors", "metrics.csv", "eval.json")
+SWEEP_FILE = "sweep.json"
+RESULTS_FILE = "results.csv"
+ANALYSIS_DIR = "analysis"
+SOURCE_FILE = "source.json"
+"""In ``analysis/``: the digest of the weights the saved analyses were computed from."""
+
+FolderKind = Literal["run", "sweep", "study"]
+
+
+class RunFolderError(ValueError):
+    """A saved file is damaged, or two files disagree (the message names them)."""
+
+
+# ----- eval.json and the state of a run ---------------------------------------------------------
+_FINISHED_NUMBERS = ("loss", "accuracy", "final_train_loss")
+
+
+def read_eval(run_dir: str | os.PathLike[str], require: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``run_dir/eval.json``, checked: a JSON object; its ``status`` (when there) a string; a
+    finished run's ``loss`` and ``accuracy`` numbers (accuracy in [0, 1]), and
+    ``final_train_loss`` too where the run recorded it or ``require`` names it (a run that
+    :func:`~mhainterp.training.train` wrote always has it; one saved by hand may not).
+
+    Raises:
+        FileNotFoundError: there is no eval.json.
+        RunFolderError: it is damaged (the message names the file and the key).
+
+    Example:
+        >>> read_eval("runs/rev_h4")["accuracy"]  # doctest: +SKIP
+        0.97
+    """
+    path = Path(run_dir) / "eval.json"
+    try:
+        saved = read_json(path)
+    except ValueError as error:
+        raise RunFolderError(f"{error}; {_RETRAIN}") from None
+    if not isinstance(saved, dict):
+        raise RunFolderError(
+            f"{path} is not a JSON object of metrics (it holds a {type(saved).__name__}); "
+            f"{_RETRAIN}"
+        )
+    if not isinstance(saved.get("status", ""), str):
+        raise RunFolderError(f"{path}: status={saved['status']!r} is not a word; {_RETRAIN}")
+    if saved.get("status") == "finished":
+        for key in _FINISHED_NUMBERS:
+            if key in saved or key in require or key != "final_train_loss":
+                _check_number(path, saved, key)
+        if not 0.0 <= saved["accuracy"] <= 1.0:
+            raise RunFolderError(f"{path}: accuracy={saved['accuracy']!r} is not in [0, 1]")
+    return saved
+
+
+_RETRAIN = "retrain the run (rerun the sweep, or train with --overwrite)"
+
+
+def _check_number(path: Path, saved: dict[str, Any], key: str) -> None:
+    if key not in saved:
+        raise RunFolderError(f"{path} lacks {key!r}, which a finished run records; {_RETRAIN}")
+    value = saved[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isinf(value):
+        raise RunFolderError(f"{path}: {key}={value!r} is not a number; {_RETRAIN}")
+
+
+def run_status(run_dir: str | os.PathLike[str]) -> Literal["empty", "unfinished", "finished"]:
+    """``"empty"`` (no run file), ``"unfinished"`` (killed, or diverged: redoing it loses
+    nothing) or ``"finished"`` (every run file there, eval.json says so).
+
+    Raises:
+        RunFolderError: eval.json exists but is damaged. A killed write cannot leave it so,
+            hence this is refused, never redone over.
+    """
+    run_dir = Path(run_dir)
+    present = [(run_dir / name).is_file() for name in RUN_FILES]
+    if not any(present):
+        return "empty"
+    if not (run_dir / "eval.json").is_file():
+        return "unfinished"
+    finished = read_eval(run_dir).get("status") == "finished"
+    return "finished" if finished and all(present) else "unfinished"
+
+
+def is_finished_run(run_dir: str | os.PathLike[str]) -> bool:
+    """True when every run file exists and ``eval.json`` says the run finished.
+
+    Raises:
+        RunFolderError: eval.json is damaged (see :func:`run_status`).
+    """
+    return run_status(run_dir) == "finished"
+
+
+# ----- the other run files ---------------------------------------------------------------------
+METRIC_COLUMNS = ("step", "loss", "lr", "grad_norm")
+
+
+def check_metrics(
+    metrics_path: Path, metrics: pd.DataFrame, train_config: Any, saved_eval: dict
+) -> None:
+    """The curve that :func:`train` wrote for a finished run ends, complete, at its last step
+    with the ``final_train_loss`` of ``eval.json`` (runs saved by hand are not checked)."""
+    if saved_eval.get("status") != "finished" or "final_train_loss" not in saved_eval:
+        return
+    missing = [c for c in METRIC_COLUMNS if c not in metrics.columns]
+    if missing:
+        raise RunFolderError(f"{metrics_path} lacks the columns {missing}")
+    for column in METRIC_COLUMNS:
+        if not pd.api.types.is_numeric_dtype(metrics[column]):
+            bad = metrics[column][pd.to_numeric(metrics[column], errors="coerce").isna()]
+            raise RunFolderError(
+                f"{metrics_path}: column {column!r} holds {bad.iloc[0]!r}, not a number; "
+                "retrain the run (rerun the sweep, or train with --overwrite)"
+            )
+    last = metrics[list(METRIC_COLUMNS)].tail(1)
+    complete = (
+        not last.empty
+        and not last.isna().any(axis=None)
+        and int(last["step"].iloc[0]) == train_config.steps
+        and math.isclose(float(last["loss"].iloc[0]), float(saved_eval["final_train_loss"]))
+    )
+    if not complete:
+        end = "is empty" if last.empty else f"ends at step {last['step'].iloc[0]}"
+        raise RunFolderError(
+            f"{metrics_path} is cut short: it {end} (or its last row is incomplete), but the run "
+            f"trained {train_config.steps} steps"
+        )
+
+
+WEIGHT_DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+
+def check_dtype_name(name: Any) -> None:
+    """A saved ``model.dtype`` names a torch floating dtype (ModelConfig would look it up)."""
+    if name not in WEIGHT_DTYPES:
+        raise ValueError(f"model.dtype={name!r} is invalid: one of {', '.join(WEIGHT_DTYPES)}")
+
+
+def check_tensors(
+    weights_path: Path,
+    config_path: Path,
+    state: dict[str, Any],
+    model: Any,
+) -> None:
+    """``state`` (name -> tensor, read from ``weights_path``) fits ``model`` (built from
+    ``config_path``): every tensor the model needs is there with the config's shape and dtype,
+    and finite; nothing else is. (``load_state_dict`` would convert int64 or float16 silently.)
+    """
+    wanted = model.state_dict()
+    missing, extra = sorted(set(wanted) - set(state)), sorted(set(state) - set(wanted))
+    problems = [f"lacks {', '.join(missing[:3])}"] if missing else []
+    problems += [f"has tensors the config has no place for ({', '.join(extra[:3])})"] * bool(extra)
+    for name in sorted(set(wanted) & set(state)):
+        have, need = state[name], wanted[name]
+        if have.shape != need.shape:
+            problems.append(
+                f"{name} has shape {list(have.shape)} where config.json needs {list(need.shape)}"
+            )
+        elif have.dtype != need.dtype:
+            problems.append(
+                f"{name} is stored as {str(have.dtype).removeprefix('torch.')} where config.json "
+                f"says {str(need.dtype).removeprefix('torch.')}"
+            )
+        elif have.is_floating_point() and not bool(have.isfinite().all()):
+            problems.append(f"{name} holds NaN or infinite values")
+        if len(problems) >= 3:
+            break
+    if problems:
+        raise RunFolderError(
+            f"{weights_path} does not fit {config_path}: {'; '.join(problems)}. Restore the "
+            "run's own files or retrain it (rerun the sweep, or train with --overwrite)"
+        )
+
+
+# ----- folder kinds and discovery ---------------------------------------------------------------
+def folder_kind(path: str | os.PathLike[str]) -> FolderKind:
+    """``"run"``, ``"sweep"`` or ``"study"`` (a folder of sweep folders).
+
+    Raises:
+        FileNotFoundError: ``path`` is none of these (one line saying what each holds).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is not a folder")
+    if (path / SWEEP_FILE).is_file():
+        return "sweep"
+    if is_finished_run(path):
+        return "run"
+    if sweep_folders(path):
+        return "study"
+    raise FileNotFoundError(
+        f"{path} is not a run folder (config.json, model.safetensors, eval.json), a sweep "
+        "folder (sweep.json, results.csv) or a folder of sweep folders"
+    )
+
+
+def sweep_folders(path: str | os.PathLike[str]) -> list[Path]:
+    """The sweep folders (with ``sweep.json``) directly inside ``path``, sorted by name."""
+    path = Path(path)
+    return sorted(p for p in path.iterdir() if p.is_dir() and (p / SWEEP_FILE).is_file())
+
+
+def find_runs(path: str | os.PathLike[str]) -> list[Path]:
+    """Finished run folders at ``path``: the folder itself, or every run below it (sorted),
+    symbolic links followed.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist or holds no finished run.
+        RunFolderError: a run below it has a damaged eval.json.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    if is_finished_run(path):
+        return [path]
+    runs = sorted(folder for folder in _folders(path) if is_finished_run(folder))
+    if not runs:
+        raise FileNotFoundError(f"no finished run folder (with eval.json) under {path}")
+    return runs
+
+
+def _folders(root: Path) -> list[Path]:
+    """Every folder below ``root`` holding an eval.json, links followed (a cycle is cut); a
+    folder reached both directly and through a link is listed once, by its direct path."""
+    found: dict[str, Path] = {}
+    for folder in _walk(root, frozenset()):
+        real = os.path.realpath(folder)
+        direct = real == os.path.abspath(folder)
+        if real not in found or direct:
+            found[real] = folder
+    return list(found.values())
+
+
+def _walk(folder: Path, ancestors: frozenset[str]) -> Iterator[Path]:
+    real = os.path.realpath(folder)
+    if real in ancestors:  # a link back up the tree
+        return
+    try:
+        entries = sorted(os.scandir(folder), key=lambda entry: entry.name)
+    except OSError:
+        return
+    if any(entry.name == "eval.json" for entry in entries):
+        yield folder
+    for entry in entries:
+        if entry.name == ANALYSIS_DIR or entry.name.startswith("."):
+            continue
+        if entry.is_dir():  # follows links
+            yield from _walk(folder / entry.name, ancestors | {real})
+
+
+# ----- results.csv ------------------------------------------------------------------------------
+def resolve_run_dir(recorded: str | os.PathLike[str], table_dir: str | os.PathLike[str]) -> Path:
+    """The run folder a ``run_dir`` entry of ``table_dir/results.csv`` means.
+
+    Relative entries are relative to ``table_dir``. Tables written before that (an absolute
+    path, or a path relative to where the sweep was started) are read by the run's name under
+    ``table_dir/runs/``; an absolute path elsewhere is used when that does not exist. The
+    current directory is never looked at.
+
+    Example:
+        >>> resolve_run_dir("runs/h4_seed0", "elsewhere/rev")
+        PosixPath('elsewhere/rev/runs/h4_seed0')
+    """
+    recorded, table_dir = Path(recorded), Path(table_dir)
+    here = recorded if recorded.is_absolute() else table_dir / recorded
+    by_name = table_dir / "runs" / recorded.name
+    for candidate in (here, by_name) if not recorded.is_absolute() else (by_name, here):
+        if candidate.is_dir():
+            return candidate
+    return here
+
+
+def relative_run_dir(run_dir: str | os.PathLike[str], table_dir: str | os.PathLike[str]) -> str:
+    """How a table in ``table_dir`` records ``run_dir``: relative, with ``/``.
+
+    Example:
+        >>> relative_run_dir("out/rev/runs/h4_seed0", "out/rev")
+        'runs/h4_seed0'
+    """
+    return Path(os.path.relpath(run_dir, table_dir)).as_posix()
+
+
+def read_results(sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
+    """``sweep_dir/results.csv`` with ``run_dir`` resolved (see :func:`resolve_run_dir`).
+
+    A row repeated word for word is dropped with a warning (it is not another seed); two
+    different rows for one run are refused.
+
+    Raises:
+        FileNotFoundError: there is no results.csv.
+        RunFolderError: it is empty, not a CSV table, lacks ``run_dir``, or two of its rows
+            disagree about one run.
+
+    Example:
+        >>> summarize(read_results("runs/rev"))  # doctest: +SKIP
+    """
+    path = Path(sweep_dir) / RESULTS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (run mhainterp sweep first)")
+    table = _read_results_table(path)
+    table = migrate_results(table, sweep_dir)
+    if "run_dir" not in table.columns:
+        raise RunFolderError(
+            f"{path} lacks the run_dir column; rerun the same mhainterp sweep to rewrite it"
+        )
+    repeated = table.duplicated()
+    if repeated.any():
+        warnings.warn(
+            f"{path} repeats {int(repeated.sum())} row(s) word for word; each run is counted "
+            "once (rerun the same mhainterp sweep to rewrite the table)",
+            stacklevel=2,
+        )
+        table = table[~repeated].reset_index(drop=True)
+    clash = table["run_dir"].duplicated(keep=False)
+    if clash.any():
+        runs = sorted(set(table.loc[clash, "run_dir"]))
+        raise RunFolderError(
+            f"{path} has different rows for one run ({', '.join(runs)}); rerun the same "
+            "mhainterp sweep to rewrite it"
+        )
+    return table
+
+
+def _read_results_table(path: Path) -> pd.DataFrame:
+    if path.stat().st_size == 0:
+        raise RunFolderError(f"{path} is empty (0 bytes); rerun the same mhainterp sweep")
+    try:
+        return pd.read_csv(path)
+    except (ValueError, UnicodeDecodeError) as error:  # EmptyDataError, ParserError
+        reason = " ".join(str(error).split())
+        raise RunFolderError(f"{path} is not a readable CSV table ({reason})") from None
+
+
+# ----- old folders ------------------------------------------------------------------------------
+def migrate_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's ``config.json`` in the current format (a copy; the input is not changed).
+
+    What older versions wrote, and what it becomes:
+
+    - ``train.eval_size`` (the name of ``n_eval`` before the rename) -> ``train.n_eval``.
+
+    Example:
+        >>> migrate_config({"train": {"eval_size": 64}})["train"]
+        {'n_eval': 64}
+    """
+    out = dict(config)
+    if isinstance(out.get("train"), dict) and "eval_size" in out["train"]:
+        train = dict(out["train"])
+        train.setdefault("n_eval", train.pop("eval_size"))
+        train.pop("eval_size", None)
+        out["train"] = train
+    return out
+
+
+def migrate_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """Saved specialization settings in the current format: ``n_sequences`` -> ``n_eval``.
+
+    Example:
+        >>> migrate_settings({"n_sequences": 256})
+        {'n_eval': 256}
+    """
+    out = dict(settings)
+    if "n_sequences" in out:
+        out.setdefault("n_eval", out.pop("n_sequences"))
+        out.pop("n_sequences", None)
+    return out
+
+
+_OLD_SEPARATOR = ";"
+_HEAD_SET = re.compile(r"^L\d+H\d+(;L\d+H\d+)+$")
+
+
+def migrate_results(table: pd.DataFrame, table_dir: str | os.PathLike[str]) -> pd.DataFrame:
+    """A sweep's table with every ``run_dir`` resolved from ``table_dir`` (absolute paths and
+    paths relative to where an old sweep was started included, see :func:`resolve_run_dir`)."""
+    if "run_dir" not in table.columns:
+        return table
+    table = table.copy()
+    table["run_dir"] = [str(resolve_run_dir(r, table_dir)) for r in table["run_dir"]]
+    return table
+
+
+def _migrate_head_sets(table: pd.DataFrame) -> pd.DataFrame:
+    """Head sets written ``L0H1;L0H3`` (the old separator) as ``L0H1,L0H3``."""
+    table = table.copy()
+    for column in table.columns:
+        values = table[column]
+        textual = values.dtype == object or pd.api.types.is_string_dtype(values)
+        if textual and values.astype(str).str.match(_HEAD_SET).any():
+            table[column] = [
+                v.replace(_OLD_SEPARATOR, ",") if isinstance(v, str) and _HEAD_SET.match(v) else v
+                for v in values
+            ]
+    return table
+
+
+def migrate_folder(path: str | os.PathLike[str]) -> list[Path]:
+    """Rewrite an old run, sweep or study folder in the current format, in place (atomically,
+    file by file); return the files changed.
+
+    Changes: ``config.json``'s ``train.eval_size`` (:func:`migrate_config`); ``n_sequences`` in
+    saved specialization settings (:func:`migrate_settings`); head sets separated by ``;`` in
+    ``analysis/*.csv``; absolute or start-relative ``run_dir`` entries in ``results.csv``
+    (written relative to the sweep folder). Reading needs none of this: the readers apply the
+    same functions.
+
+    Example:
+        >>> migrate_folder("runs/old_sweep")  # doctest: +SKIP
+        [PosixPath('runs/old_sweep/results.csv')]
+    """
+    path = Path(path)
+    changed: list[Path] = []
+    for results in sorted(path.rglob(RESULTS_FILE)):
+        table = _read_results_table(results)
+        if "run_dir" in table.columns:
+            fixed = table.assign(
+                run_dir=[
+                    relative_run_dir(resolve_run_dir(r, results.parent), results.parent)
+                    for r in table["run_dir"]
+                ]
+            )
+            if not fixed.equals(table):
+                changed.append(write_csv(results, fixed))
+    for config_path in sorted(path.rglob("config.json")):
+        config = read_json(config_path)
+        if isinstance(config, dict) and migrate_config(config) != config:
+            changed.append(write_json(config_path, migrate_config(config)))
+    for meta_path in sorted(path.rglob(f"{ANALYSIS_DIR}/specialization*.json")):
+        meta = read_json(meta_path)
+        if isinstance(meta, dict) and isinstance(meta.get("settings"), dict):
+            settings = migrate_settings(meta["settings"])
+            if settings != meta["settings"]:
+                changed.append(write_json(meta_path, {**meta, "settings": settings}))
+    for csv_path in sorted(path.rglob(f"{ANALYSIS_DIR}/*.csv")):
+        if csv_path.stat().st_size == 0:
+            continue
+        table = pd.read_csv(csv_path)
+        fixed = _migrate_head_sets(table)
+        if not fixed.equals(table):
+            changed.append(write_csv(csv_path, fixed))
+    return changed
+
+
+# ----- analyses belong to their weights -------------------------------------------------------
+_digests: dict[tuple[str, int, int], str] = {}
+
+
+def weights_digest(run_dir: str | os.PathLike[str]) -> str | None:
+    """SHA-256 (hex) of ``run_dir/model.safetensors``, or None when there is none (cached per
+    file size and modification time within a process)."""
+    path = Path(run_dir) / "model.safetensors"
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    key = (str(path.resolve()), info.st_size, info.st_mtime_ns)
+    if key not in _digests:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        _digests[key] = digest.hexdigest()
+    return _digests[key]
+
+
+def _recorded_digest(run_dir: Path) -> str | None:
+    path = run_dir / ANALYSIS_DIR / SOURCE_FILE
+    if not path.is_file():
+        return None
+    try:
+        source = read_json(path)
+    except ValueError:
+        return ""  # damaged: matches no weights
+    return source.get("weights_sha256", "") if isinstance(source, dict) else ""
+
+
+def analysis_is_current(
+    run_dir: str | os.PathLike[str], meta: dict[str, Any] | None = None
+) -> bool:
+    """Whether the analyses saved in ``run_dir/analysis`` were computed from the weights now
+    in ``run_dir``: ``analysis/source.json`` and, when given, a saved result's own metadata
+    (``meta["weights_sha256"]``) name their digest. Results saved before analyses recorded
+    their weights count as current (nothing tells otherwise); a damaged record does not."""
+    run_dir = Path(run_dir)
+    current = weights_digest(run_dir)
+    recorded = [_recorded_digest(run_dir)]
+    if isinstance(meta, dict) and "weights_sha256" in meta:
+        recorded.append(str(meta["weights_sha256"]))
+    return all(r is None or r == current for r in recorded)
+
+
+_DERIVED = (".csv", ".json", ".md", ".png", ".pdf", ".svg", ".html")
+
+
+def set_aside_stale_analysis(run_dir: str | os.PathLike[str]) -> list[Path]:
+    """Move the results in ``run_dir/analysis`` that ``source.json`` says were computed from
+    other weights into ``analysis/stale-<their digest>/`` (with a warning), so that nothing
+    reuses them and nothing is lost; return the files moved. Call it before computing
+    anything saved there; a current folder is not touched."""
+    run_dir = Path(run_dir)
+    folder = run_dir / ANALYSIS_DIR
+    recorded = _recorded_digest(run_dir)
+    if recorded is None or recorded == weights_digest(run_dir):
+        return []
+    aside = folder / f"stale-{(recorded or 'unknown')[:12]}"
+    aside.mkdir(exist_ok=True)
+    moved = []
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.suffix in _DERIVED:
+            moved.append(path.replace(aside / path.name))
+    warnings.warn(
+        f"{folder}: its {len(moved)} saved results were computed from other weights than "
+        f"{run_dir / 'model.safetensors'} holds now; moved to {aside}, computing them again",
+        stacklevel=2,
+    )
+    return moved
+
+
+def record_analysis_source(run_dir: str | os.PathLike[str]) -> None:
+    """Write ``run_dir/analysis/source.json``: the digest of the weights the results saved
+    there were computed from (call it after saving them). A folder that cannot be written
+    keeps what it has (the results in it were then saved by someone else)."""
+    run_dir = Path(run_dir)
+    digest = weights_digest(run_dir)
+    if digest is None or _recorded_digest(run_dir) == digest:
+        return
+    record = {"weights_sha256": digest, "weights": "../model.safetensors"}
+    try:
+        write_json(run_dir / ANALYSIS_DIR / SOURCE_FILE, record)
+    except OSError as error:
+        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+            raise
+
+
+def read_saved_meta(path: str | os.PathLike[str], keys: tuple[str, ...]) -> dict[str, Any]:
+    """A saved result's JSON metadata, checked: an object with ``keys``.
+
+    Raises:
+        FileNotFoundError: it does not exist.
+        RunFolderError: it is damaged (the message names it and says how to rewrite it).
+    """
+    path = Path(path)
+    try:
+        meta = read_json(path)
+    except ValueError as error:
+        raise RunFolderError(f"{error}; {_RECOMPUTE}") from None
+    if not isinstance(meta, dict):
+        raise RunFolderError(
+            f"{path} is not a JSON object (it holds a {type(meta).__name__}); {_RECOMPUTE}"
+        )
+    missing = [key for key in keys if key not in meta]
+    if missing:
+        raise RunFolderError(f"{path} lacks {', '.join(map(repr, missing))}; {_RECOMPUTE}")
+    return meta
+
+
+_RECOMPUTE = "delete it and run mhainterp specialize (or analyze) again to rewrite it"
+
+
+def read_table(path: str | os.PathLike[str]) -> pd.DataFrame:
+    """A saved CSV table. A table saved empty reads as an empty DataFrame.
+
+    Raises:
+        RunFolderError: the file has 0 bytes (no writer here leaves that: damaged) or does
+            not parse; the message names it.
+    """
+    path = Path(path)
+    if path.stat().st_size == 0:
+        raise RunFolderError(f"{path} is empty (0 bytes); {_RECOMPUTE}")
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
+    except (ValueError, UnicodeDecodeError) as error:  # ParserError
+        reason = " ".join(str(error).split())
+        raise RunFolderError(f"{path} is not a readable CSV table ({reason})") from None

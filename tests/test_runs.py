@@ -1,0 +1,203 @@
+"""mhainterp.runs: folder kinds, discovery, path resolution, old folders, damaged saved files.
+
+Each test builds real (tiny) run and sweep folders and checks the exact folders, tables or
+one-line messages that come back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from mhainterp.cli import main
+from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.io import remove_stale_temps
+from mhainterp.runs import (
+    RunFolderError,
+    analysis_is_current,
+    find_runs,
+    folder_kind,
+    migrate_config,
+    migrate_folder,
+    read_results,
+    read_table,
+    resolve_run_dir,
+)
+from mhainterp.sweep import run_sweep
+
+TINY = SweepConfig(
+    task="reverse",
+    task_params={"seq_len": 6, "d_vocab": 4},
+    n_heads=[1, 2],
+    seeds=[0, 1],
+    model={"d_model": 8},
+    train=TrainConfig(steps=8, batch_size=8, warmup_steps=2, log_every=4, n_eval=32),
+)
+NAMES = ["h1_seed0", "h1_seed1", "h2_seed0", "h2_seed1"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("runs_sweep") / "rev"
+    run_sweep(TINY, out, executor="local", progress=False)
+    return out
+
+
+def test_folder_kinds(sweep, tmp_path):
+    assert folder_kind(sweep) == "sweep"
+    assert folder_kind(sweep / "runs" / "h2_seed0") == "run"
+    assert folder_kind(sweep.parent) == "study"
+    with pytest.raises(FileNotFoundError, match="is not a run folder"):
+        folder_kind(tmp_path)
+
+
+def test_a_runs_folder_in_the_current_directory_is_never_read_for_another_sweep(
+    sweep, tmp_path, monkeypatch
+):
+    """The bug of issue 17: with ./runs/h1_seed0 present, `report other/` read ./runs."""
+    here, other = tmp_path / "here", tmp_path / "other"
+    shutil.copytree(sweep, other)
+    decoy = here / "runs" / "h1_seed0"
+    shutil.copytree(sweep / "runs" / "h2_seed1", decoy)  # another run under the same name
+    monkeypatch.chdir(here)
+    table = pd.read_csv(other / "results.csv")
+    table["run_dir"] = [f"runs/{n}" for n in NAMES]  # as stored: relative to other/
+    assert read_results(other)["run_dir"].tolist() == [str(other / "runs" / n) for n in NAMES]
+    # old tables (recorded relative to where the sweep started) resolve into other/ too
+    table.to_csv(other / "results.csv", index=False)
+    assert resolve_run_dir("runs/h1_seed0", "other") == Path("other/runs/h1_seed0")
+    # and the report reads other/'s runs: its h1 row says n_heads 1, the decoy has 2
+    assert main(["specialize", str(other), "--n-eval", "16", "--quiet", "--by", ""]) == 0
+    from mhainterp.specialization import SweepSpecialization
+
+    runs = SweepSpecialization.load(other).runs
+    assert sorted(Path(r).resolve() for r in runs["run_dir"]) == sorted(
+        (other / "runs" / n).resolve() for n in NAMES
+    )
+    assert not (decoy / "analysis").exists()  # the decoy was never analysed
+
+
+def test_discovery_follows_a_linked_run_folder_once(sweep, tmp_path):
+    study = tmp_path / "study"
+    (study / "runs").mkdir(parents=True)
+    for name in NAMES[:3]:
+        shutil.copytree(sweep / "runs" / name, study / "runs" / name)
+    os.symlink(sweep / "runs" / "h2_seed1", study / "runs" / "h2_seed1")  # a linked run
+    os.symlink(study, study / "runs" / "loop")  # and a link back up the tree
+    found = find_runs(study)
+    assert [p.relative_to(study).as_posix() for p in found] == [f"runs/{n}" for n in NAMES]
+
+
+def test_duplicated_results_rows_are_counted_once_with_a_warning(sweep, tmp_path):
+    copy = tmp_path / "dup"
+    shutil.copytree(sweep, copy)
+    table = pd.read_csv(copy / "results.csv")
+    pd.concat([table, table.iloc[[0]]]).to_csv(copy / "results.csv", index=False)
+    with pytest.warns(UserWarning, match="repeats 1 row"):
+        read = read_results(copy)
+    assert read["seed"].tolist() == [0, 1, 0, 1]  # 2 seeds per head count, not 3
+    clash = pd.concat([table, table.iloc[[0]].assign(val_accuracy=0.123)])
+    clash.to_csv(copy / "results.csv", index=False)
+    with pytest.raises(RunFolderError, match="different rows for one run"):
+        read_results(copy)
+
+
+@pytest.mark.parametrize(
+    ("content", "what"),
+    [(b"", "is empty (0 bytes)"), (b"task,n_heads,seed\nreverse,1,0\n", "lacks the run_dir")],
+)
+def test_a_broken_results_csv_is_one_line_naming_it(sweep, tmp_path, capsys, content, what):
+    copy = tmp_path / "broken"
+    shutil.copytree(sweep, copy)
+    (copy / "results.csv").write_bytes(content)
+    with pytest.raises(RunFolderError) as error:
+        read_results(copy)
+    assert what in str(error.value)
+    assert main(["report", str(copy), "--n-eval", "16", "--quiet", "--by", ""]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and str(copy / "results.csv") in lines[0] and what in lines[0]
+
+
+def test_migrate_config_and_folder(sweep, tmp_path):
+    assert migrate_config({"train": {"eval_size": 64, "steps": 3}}) == {
+        "train": {"n_eval": 64, "steps": 3}
+    }
+    old = tmp_path / "old"
+    shutil.copytree(sweep, old)
+    config_path = old / "runs" / "h1_seed0" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["train"]["eval_size"] = config["train"].pop("n_eval")
+    config_path.write_text(json.dumps(config))
+    table = pd.read_csv(old / "results.csv")
+    table.assign(run_dir=[str(old / r) for r in table["run_dir"]]).to_csv(
+        old / "results.csv", index=False
+    )
+    heads = old / "runs" / "h2_seed0" / "analysis" / "redundancy.csv"
+    heads.parent.mkdir()
+    pd.DataFrame({"members": ["L0H0;L0H1"], "value": [1.0]}).to_csv(heads, index=False)
+    # the old folder reads as it is ...
+    from mhainterp.training import load_run
+
+    assert load_run(config_path.parent).train_config.n_eval == 32
+    # ... and is rewritten in the current format on request
+    changed = migrate_folder(old)
+    assert sorted(p.relative_to(old).as_posix() for p in changed) == [
+        "results.csv",
+        "runs/h1_seed0/config.json",
+        "runs/h2_seed0/analysis/redundancy.csv",
+    ]
+    assert pd.read_csv(old / "results.csv")["run_dir"].tolist() == [f"runs/{n}" for n in NAMES]
+    assert json.loads(config_path.read_text())["train"]["n_eval"] == 32
+    assert pd.read_csv(heads)["members"].tolist() == ["L0H0,L0H1"]
+    assert migrate_folder(old) == []  # nothing left to change
+
+
+def test_read_table_refuses_a_zero_byte_file_and_reads_a_saved_empty_table(tmp_path):
+    (tmp_path / "empty.csv").write_bytes(b"")
+    with pytest.raises(RunFolderError, match=r"empty.csv is empty \(0 bytes\)"):
+        read_table(tmp_path / "empty.csv")
+    (tmp_path / "none.csv").write_text("\n")  # what write_csv makes of an empty DataFrame
+    assert read_table(tmp_path / "none.csv").empty
+
+
+def test_stale_temp_files_of_dead_writers_are_removed_live_ones_kept(tmp_path):
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)  # a pid that no longer runs
+    dead = tmp_path / f".fig.png.{pid}.0a1b2c3d.tmp"
+    old_style = tmp_path / ".fig.png.0a1b2c3d.tmp"
+    live = tmp_path / f".fig.png.{os.getpid()}.0a1b2c3d.tmp"
+    other = tmp_path / ".notes.tmp"
+    for path in (dead, old_style, live, other):
+        path.write_text("x")
+    assert sorted(p.name for p in remove_stale_temps(tmp_path)) == sorted(
+        [dead.name, old_style.name]
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
+
+
+def test_overwritten_weights_make_saved_analyses_stale(sweep, tmp_path):
+    from mhainterp.specialization import specialize_folder
+    from mhainterp.specialization.seeds.over_sweep import saved_specialization
+
+    run = tmp_path / "run"
+    shutil.copytree(sweep / "runs" / "h2_seed0", run)
+    specialize_folder(run, n_eval=16, progress=False, by=())
+    assert saved_specialization(run) is not None and analysis_is_current(run)
+    shutil.copy(sweep / "runs" / "h2_seed1" / "model.safetensors", run / "model.safetensors")
+    assert not analysis_is_current(run)
+    assert saved_specialization(run) is None  # the report shows it as missing
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        specialize_folder(run, n_eval=16, progress=False, by=())
+    assert any("other weights" in str(w.message) for w in caught)
+    assert analysis_is_current(run) and saved_specialization(run) is not None
+    stale = [p for p in (run / "analysis").iterdir() if p.name.startswith("stale-")]
+    assert len(stale) == 1 and (stale[0] / "specialization.json").is_file()  # kept aside
