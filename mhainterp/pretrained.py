@@ -203,8 +203,8 @@ def load_pretrained(
 
     Example:
         >>> model = load_pretrained("smollm2")  # doctest: +SKIP
-        >>> model.cfg.n_layers, model.cfg.n_heads, model.provenance["quantisation"]  # doctest: +SKIP
-        (30, 9, 'dequantised Q4_1 GGUF (fp32)')
+        >>> model.cfg.n_heads, model.provenance["quantisation"]  # doctest: +SKIP
+        (9, 'dequantised Q4_1 GGUF (fp32)')
     """
     name = os.fspath(name_or_path)
     if name in PRETRAINED:
