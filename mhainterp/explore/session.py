@@ -3,7 +3,7 @@
 A session *is* an :class:`mhainterp.ablation.Ablator` (one state: the method and the ablated
 heads, changed only by ``toggle``, ``set``, ``reset`` and ``method =``), plus the views the
 page draws: loss and accuracy against the clean model grouped along the division of
-labour's axes (the grouping of :func:`mhainterp.specialization.damage.axis_values`), one
+labour's axes (the grouping of :func:`mhainterp.specialization.whom.damage.axis_values`), one
 example sequence with its predictions and attention, the average patterns and single-head
 importance. Reading a view never changes the state. Every configuration is one engine pass
 from the first ablated layer on (the clean prefix is kept), cached by the Ablator's LRU;
