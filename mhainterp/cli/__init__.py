@@ -20,10 +20,11 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from mhainterp.cli.task_modules import load_task_modules
 
-__all__ = ["main", "build_parser"]
+__all__ = ["OneLineParser", "build_parser", "main"]
 
 COMMAND_MODULES = (
     "mhainterp.cli.tasks",
@@ -50,8 +51,17 @@ Start here:
 """
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser whose errors (a missing argument, a word that is not a number) are one
+    line on stderr with exit code 2, like every other error of the command."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The ``mhainterp`` parser with every sub-command (imports no torch)."""
+    parser = OneLineParser(
         prog="mhainterp",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
-from mhainterp.cli.options import add_n_eval, add_seed
+from mhainterp.cli.options import add_choice, add_n_eval, add_seed
 from mhainterp.cli.static import ABLATION_METHODS
 from mhainterp.cli.task_modules import add_task_module_argument
 
@@ -73,12 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--heads", default=None, help="comma-separated heads to ablate, e.g. L0H1,L0H3"
     )
-    parser.add_argument(
-        "--method",
-        default="zero",
-        choices=ABLATION_METHODS,
-        help=f"ablation method: {', '.join(ABLATION_METHODS)} (default zero)",
-    )
+    add_choice(parser, "--method", "ablation method", ABLATION_METHODS, default="zero")
     parser.add_argument(
         "--interactive", action="store_true", help="open a session that reads commands from stdin"
     )

@@ -21,12 +21,20 @@ from mhainterp.cli.static import (
     TRAIN_DEFAULTS,
 )
 from mhainterp.cli.task_modules import add_task_module_argument
-from mhainterp.validation import MAX_SEED, check_float, check_int, check_seed, invalid
+from mhainterp.validation import (
+    MAX_SEED,
+    check_float,
+    check_int,
+    check_option,
+    check_seed,
+    invalid,
+)
 
 __all__ = [
     "EXECUTORS",
     "MAX_COUNT",
     "Checked",
+    "add_choice",
     "add_float",
     "check_executor",
     "add_count",
@@ -138,6 +146,20 @@ def add_float(
 
 def _at_most(maximum: float | None) -> str:
     return "" if maximum is None else f" and <= {maximum}"
+
+
+def add_choice(
+    parser: Any, flag: str, help: str, options: tuple[str, ...], *, default: str
+) -> None:
+    """An option that takes one of ``options``; help lists them and the default."""
+    parser.add_argument(
+        flag,
+        action=Checked,
+        check=lambda name, value: check_option(name, value, options),
+        default=default,
+        metavar="{" + ",".join(options) + "}",
+        help=f"{help}: {', '.join(options)} (default {default})",
+    )
 
 
 def add_seed(parser: Any, flag: str = "--seed", help: str = "init and data seed") -> None:
@@ -334,12 +356,10 @@ def add_settings_args(parser: argparse.ArgumentParser) -> None:
         group, "--alpha", "significance level after correction", default=defaults["alpha"],
         minimum=0, maximum=1,
     )  # fmt: skip
-    group.add_argument(
-        "--correction",
+    add_choice(
+        group, "--correction", "multiple-comparison correction", CORRECTIONS,
         default=defaults["correction"],
-        choices=CORRECTIONS,
-        help=f"multiple-comparison correction (default {defaults['correction']})",
-    )
+    )  # fmt: skip
     group.add_argument(
         "--min-effect",
         type=float,
@@ -350,12 +370,10 @@ def add_settings_args(parser: argparse.ArgumentParser) -> None:
         help="smallest effect size that counts as a role (a number >= 0, default "
         f"{defaults['min_effect']})",
     )
-    group.add_argument(
-        "--ablation-method",
-        default=defaults["ablation_method"],
-        choices=ABLATION_METHODS,
-        help=f"ablation method for damage and redundancy (default {defaults['ablation_method']})",
-    )
+    add_choice(
+        group, "--ablation-method", "ablation method for damage and redundancy",
+        ABLATION_METHODS, default=defaults["ablation_method"],
+    )  # fmt: skip
     group.add_argument(
         "--by",
         default="token,position,target_class,target",
