@@ -126,13 +126,12 @@ def add_count(
 def add_float(
     parser: Any, flag: str, help: str, *, default: float, minimum: float, maximum: float | None
 ) -> None:
-    """A finite number option with ``minimum < value`` (``<= maximum``); help shows both."""
+    """A finite number option with ``minimum < value`` (``< maximum``); help shows both."""
 
     def check(name: str, value: float) -> float:
-        if value <= minimum:
-            raise invalid(name, value, f"a finite number > {minimum}{_at_most(maximum)}")
-        return check_float(name, value, maximum=maximum)
+        return check_float(name, value, minimum=minimum, maximum=maximum, inclusive=False)
 
+    below = "" if maximum is None else f" and < {maximum}"
     parser.add_argument(
         flag,
         type=float,
@@ -140,12 +139,8 @@ def add_float(
         check=check,
         default=default,
         metavar="X",
-        help=f"{help} (a number > {minimum}{_at_most(maximum)}, default {default})",
+        help=f"{help} (a number > {minimum}{below}, default {default})",
     )
-
-
-def _at_most(maximum: float | None) -> str:
-    return "" if maximum is None else f" and <= {maximum}"
 
 
 def add_choice(
