@@ -308,7 +308,9 @@ class SweepConfig:
         bad = [h for h in self.n_heads if d_model % h]
         if bad:
             raise invalid(
-                "n_heads", self.n_heads, f"divisors of d_model={d_model}; {bad} do not divide it"
+                "n_heads",
+                self.n_heads,
+                f"head counts that divide d_model; {bad} do not divide d_model={d_model}",
             )
 
     @property

@@ -120,7 +120,7 @@ def test_sweep_prints_table_and_writes_figures(tmp_path, capsys):
         (["train", "--task", "nope", "--out", "x"], "count_previous"),
         (
             ["sweep", "--n-heads", "1,3", "--out", "x"],
-            "divisors of d_model=64; [3] do not divide it",
+            "head counts that divide d_model; [3] do not divide d_model=64",
         ),
         (["train", "--task", "reverse", "--task-param", "colour=3", "--out", "x"], "seq_len"),
     ],

@@ -210,11 +210,12 @@ def test_sweep_config_counts_runs_and_round_trips_through_json():
     [
         (
             {"n_heads": [3, 4]},
-            "n_heads=[3, 4] is invalid: divisors of d_model=64; [3] do not divide it",
+            "n_heads=[3, 4] is invalid: head counts that divide d_model; [3] do not divide "
+            "d_model=64",
         ),
         (
             {"n_heads": [2, 3], "model": {"d_model": 10}},
-            "divisors of d_model=10; [3] do not divide it",
+            "[3] do not divide d_model=10",
         ),
         (
             {"n_heads": []},
