@@ -302,7 +302,7 @@ class SweepConfig:
                 raise invalid(
                     f"model[{forbidden!r}]",
                     self.model[forbidden],
-                    "not given: the sweep sets it per run; remove it",
+                    "not given: it is set per run by the sweep; remove it",
                 )
         d_model = self.model.get("d_model", ModelConfig.d_model)
         bad = [h for h in self.n_heads if d_model % h]

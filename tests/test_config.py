@@ -236,11 +236,11 @@ def test_sweep_config_counts_runs_and_round_trips_through_json():
         ),
         (
             {"model": {"n_heads": 4}},
-            "model['n_heads']=4 is invalid: not given: the sweep sets it per run",
+            "model['n_heads']=4 is invalid: not given: it is set per run by the sweep",
         ),
         (
             {"model": {"seed": 1}},
-            "model['seed']=1 is invalid: not given: the sweep sets it per run",
+            "model['seed']=1 is invalid: not given: it is set per run by the sweep",
         ),
         ({"train": {"steps": 0}}, "steps=0 is invalid"),
     ],
