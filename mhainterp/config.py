@@ -1,7 +1,8 @@
 """Configuration dataclasses: the model, one training run, and a head-count sweep.
 
-Every config validates itself on construction and raises ``ValueError`` naming the field, the
-value and what is allowed, so a typo fails at the line that made it, not deep inside torch.
+Every config validates itself on construction through :mod:`mhainterp.validation` and raises its
+``ParameterError`` (a ``ValueError``) naming the field, the value and what is allowed, so a typo
+fails at the line that made it, not deep inside torch.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ from typing import Any
 import torch
 from transformer_lens.config import TransformerLensConfig
 
-from mhainterp.validation import invalid
+from mhainterp.validation import (
+    MAX_SEED,
+    check_bool,
+    check_float,
+    check_int,
+    check_option,
+    check_seed,
+    invalid,
+)
 
 __all__ = ["ModelConfig", "TrainConfig", "SweepConfig", "config_to_dict"]
 
@@ -26,20 +35,6 @@ _FLAGS = (
     "causal", "attn_only", "use_attn_result", "use_split_qkv_input", "use_attn_in",
     "use_hook_mlp_in",
 )  # fmt: skip
-
-
-def _require(condition: bool, name: str, value: Any, allowed: str) -> None:
-    """Raise the toolkit's one error (:mod:`mhainterp.validation`) unless ``condition`` holds."""
-    if not condition:
-        raise invalid(name, value, allowed)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass
@@ -100,73 +95,59 @@ class ModelConfig(TransformerLensConfig):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "n_heads", "n_layers", "n_ctx", "d_vocab", "n_targets", "seed"):
-            value = getattr(self, name)
-            _require(_is_int(value), name, value, "must be an int")
         for name in ("d_model", "n_heads", "n_layers", "n_ctx", "d_vocab", "n_targets"):
-            value = getattr(self, name)
-            _require(value >= 1, name, value, "must be >= 1")
-        _require(
-            self.d_model % self.n_heads == 0,
-            "n_heads",
-            self.n_heads,
-            f"must divide d_model={self.d_model}; allowed n_heads: {_divisors(self.d_model)}",
-        )
+            check_int(name, getattr(self, name), minimum=1)
+        check_seed("seed", self.seed)
+        if self.d_model % self.n_heads:
+            raise invalid(
+                "n_heads",
+                self.n_heads,
+                f"a divisor of d_model={self.d_model}: one of {_divisors(self.d_model)}",
+            )
         derived_d_head = self.d_model // self.n_heads
         if self.d_head in (-1, None):
             self.d_head = derived_d_head
-        _require(
-            _is_int(self.d_head) and self.d_head == derived_d_head,
-            "d_head",
-            self.d_head,
-            f"must equal d_model // n_heads = {derived_d_head} (or be omitted)",
-        )
+        if (
+            isinstance(self.d_head, bool)
+            or self.d_head != derived_d_head
+            or not _is_int(self.d_head)
+        ):
+            raise invalid(
+                "d_head", self.d_head, f"d_model // n_heads = {derived_d_head} (or omitted)"
+            )
         if self.d_vocab_out in (-1, None):
             self.d_vocab_out = self.d_vocab
-        _require(
-            _is_int(self.d_vocab_out) and self.d_vocab_out >= 1,
-            "d_vocab_out",
-            self.d_vocab_out,
-            "must be an int >= 1",
-        )
-        _require(
-            self.normalization_type in _NORMALIZATION_TYPES,
-            "normalization_type",
-            self.normalization_type,
-            f"allowed: {_NORMALIZATION_TYPES}",
-        )
+        check_int("d_vocab_out", self.d_vocab_out, minimum=1)
+        check_option("normalization_type", self.normalization_type, _NORMALIZATION_TYPES)
         for name in _FLAGS:
-            value = getattr(self, name)
-            _require(isinstance(value, bool), name, value, "must be True or False")
-        _require(
-            not (self.use_attn_in and self.use_split_qkv_input),
-            "use_attn_in",
-            self.use_attn_in,
-            "cannot be True together with use_split_qkv_input (TransformerLens's rule)",
-        )
-        _require(_is_number(self.eps) and self.eps > 0, "eps", self.eps, "must be a number > 0")
-        _require(self.act_fn in _ACT_FNS, "act_fn", self.act_fn, f"allowed: {_ACT_FNS}")
-        _require(
-            self.positional_embedding_type in _POSITIONAL_EMBEDDING_TYPES,
-            "positional_embedding_type",
-            self.positional_embedding_type,
-            f"allowed: {_POSITIONAL_EMBEDDING_TYPES} (a learned embedding)",
-        )
-        _require(
-            self.n_key_value_heads in (None, self.n_heads),
-            "n_key_value_heads",
-            self.n_key_value_heads,
-            "grouped-query attention is not supported; leave it None",
-        )
+            check_bool(name, getattr(self, name))
+        if self.use_attn_in and self.use_split_qkv_input:
+            raise invalid(
+                "use_attn_in",
+                self.use_attn_in,
+                "False when use_split_qkv_input is True (TransformerLens's rule)",
+            )
+        check_float("eps", self.eps, minimum=0, inclusive=False)
+        check_option("act_fn", self.act_fn, _ACT_FNS)
+        if self.positional_embedding_type not in _POSITIONAL_EMBEDDING_TYPES:
+            raise invalid(
+                "positional_embedding_type",
+                self.positional_embedding_type,
+                "'standard' (a learned embedding)",
+            )
+        if self.n_key_value_heads not in (None, self.n_heads):
+            raise invalid(
+                "n_key_value_heads",
+                self.n_key_value_heads,
+                "None (grouped-query attention is not supported)",
+            )
         if isinstance(self.dtype, str):
             self.dtype = getattr(torch, self.dtype.removeprefix("torch."))
         if isinstance(self.device, torch.device):
             self.device = str(self.device)  # keeps the config JSON-serialisable
         # The parent fills device (cuda if available) and d_mlp (4 * d_model).
         super().__post_init__()
-        _require(
-            _is_int(self.d_mlp) and self.d_mlp >= 1, "d_mlp", self.d_mlp, "must be an int >= 1"
-        )
+        check_int("d_mlp", self.d_mlp, minimum=1)
 
     @property
     def n_attn_params(self) -> int:
@@ -190,6 +171,14 @@ class ModelConfig(TransformerLensConfig):
 
     def __repr__(self) -> str:
         return f"ModelConfig({json.dumps(self.to_dict(), sort_keys=True)})"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _divisors(n: int) -> list[int]:
@@ -237,61 +226,25 @@ class TrainConfig:
     eval_every: int = 0
 
     def __post_init__(self) -> None:
-        if self.warmup_steps is None and _is_int(self.steps):
+        check_int("steps", self.steps, minimum=1)
+        if self.warmup_steps is None:
             self.warmup_steps = min(100, self.steps // 10)
-        for name in ("steps", "batch_size", "warmup_steps", "seed", "n_eval", "log_every"):
-            value = getattr(self, name)
-            _require(_is_int(value), name, value, "must be an int")
-        _require(self.steps >= 1, "steps", self.steps, "must be >= 1")
-        _require(self.batch_size >= 1, "batch_size", self.batch_size, "must be >= 1")
-        _require(self.n_eval >= 1, "n_eval", self.n_eval, "must be >= 1")
-        _require(self.log_every >= 1, "log_every", self.log_every, "must be >= 1")
-        _require(
-            _is_int(self.eval_every) and self.eval_every >= 0,
-            "eval_every",
-            self.eval_every,
-            "must be an int >= 0",
-        )
-        for name in ("lr", "weight_decay"):
-            value = getattr(self, name)
-            _require(_is_number(value), name, value, "must be a number")
-        _require(
-            self.grad_clip is None or _is_number(self.grad_clip),
-            "grad_clip",
-            self.grad_clip,
-            "must be a number or None",
-        )
-        _require(self.lr > 0, "lr", self.lr, "must be > 0")
-        _require(self.weight_decay >= 0, "weight_decay", self.weight_decay, "must be >= 0")
-        # nan fails the comparisons above; inf passes them and makes the first step diverge.
-        for name in ("lr", "weight_decay"):
-            value = getattr(self, name)
-            _require(math.isfinite(value), name, value, "must be a finite number")
-        _require(
-            0 <= self.warmup_steps <= self.steps,
-            "warmup_steps",
-            self.warmup_steps,
-            f"must lie in [0, steps={self.steps}]",
-        )
-        _require(
-            self.lr_schedule in ("constant", "cosine"),
-            "lr_schedule",
-            self.lr_schedule,
-            "allowed: 'constant', 'cosine'",
-        )
-        _require(
-            self.grad_clip is None or self.grad_clip > 0,
-            "grad_clip",
-            self.grad_clip,
-            "must be > 0 or None",
-        )
-        self.betas = tuple(float(b) for b in self.betas)  # JSON round-trips tuples as lists
-        _require(
-            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
-            "betas",
-            self.betas,
-            "must be two floats in [0, 1)",
-        )
+        check_int("warmup_steps", self.warmup_steps, minimum=0, maximum=self.steps)
+        for name in ("batch_size", "n_eval", "log_every"):
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("eval_every", self.eval_every, minimum=0)
+        check_seed("seed", self.seed)
+        check_float("lr", self.lr, minimum=0, inclusive=False)
+        check_float("weight_decay", self.weight_decay, minimum=0)
+        if self.grad_clip is not None:
+            check_float("grad_clip", self.grad_clip, minimum=0, inclusive=False)
+        check_option("lr_schedule", self.lr_schedule, ("constant", "cosine"))
+        betas = tuple(self.betas) if isinstance(self.betas, (tuple, list)) else ()
+        if len(betas) != 2 or not all(
+            _is_number(b) and math.isfinite(b) and 0 <= b < 1 for b in betas
+        ):
+            raise invalid("betas", self.betas, "two numbers in [0, 1)")
+        self.betas = tuple(float(b) for b in betas)  # JSON round-trips tuples as lists
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -335,35 +288,30 @@ class SweepConfig:
     def __post_init__(self) -> None:
         if isinstance(self.train, dict):
             self.train = TrainConfig.from_dict(self.train)
-        _require(
-            len(self.n_heads) >= 1 and all(_is_int(h) and h >= 1 for h in self.n_heads),
-            "n_heads",
-            self.n_heads,
-            "must be a non-empty list of ints >= 1",
+        _check_distinct("n_heads", self.n_heads, "head counts, each an integer >= 1", minimum=1)
+        _check_distinct(
+            "seeds", self.seeds, f"seeds, each in [0, {MAX_SEED}]", minimum=0, maximum=MAX_SEED
         )
-        _require(len(set(self.n_heads)) == len(self.n_heads), "n_heads", self.n_heads, "no repeats")
-        _require(
-            len(self.seeds) >= 1 and all(_is_int(s) for s in self.seeds),
-            "seeds",
-            self.seeds,
-            "must be a non-empty list of ints",
-        )
-        _require(len(set(self.seeds)) == len(self.seeds), "seeds", self.seeds, "no repeats")
         known = {f.name for f in dataclasses.fields(ModelConfig)}
         unknown = sorted(set(self.model) - known)
-        _require(
-            not unknown, "model", self.model, f"unknown fields {unknown}; allowed: {sorted(known)}"
-        )
+        if unknown:
+            allowed = f"ModelConfig fields only, not {unknown}; known: {sorted(known)}"
+            raise invalid("model", self.model, allowed)
         for forbidden in ("n_heads", "seed", "d_head"):
-            _require(
-                forbidden not in self.model,
-                f"model[{forbidden!r}]",
-                self.model.get(forbidden),
-                "is set per run by the sweep; remove it",
-            )
+            if forbidden in self.model:
+                raise invalid(
+                    f"model[{forbidden!r}]",
+                    self.model[forbidden],
+                    "not given: it is set per run by the sweep; remove it",
+                )
         d_model = self.model.get("d_model", ModelConfig.d_model)
         bad = [h for h in self.n_heads if d_model % h]
-        _require(not bad, "n_heads", self.n_heads, f"{bad} do not divide d_model={d_model}")
+        if bad:
+            raise invalid(
+                "n_heads",
+                self.n_heads,
+                f"head counts that divide d_model; {bad} do not divide d_model={d_model}",
+            )
 
     @property
     def n_runs(self) -> int:
@@ -381,6 +329,19 @@ class SweepConfig:
         if unknown:
             raise ValueError(f"unknown SweepConfig fields {unknown}; allowed: {sorted(known)}")
         return cls(**config_dict)
+
+
+def _check_distinct(
+    name: str, values: Any, what: str, *, minimum: int, maximum: int | None = None
+) -> None:
+    """Refuse an empty list, a non-integer entry, one outside ``[minimum, maximum]``, a repeat."""
+    ok = isinstance(values, (list, tuple)) and len(values) >= 1
+    top = float("inf") if maximum is None else maximum
+    ok = ok and all(_is_int(v) and minimum <= v <= top for v in values)
+    if not ok:
+        raise invalid(name, values, f"a non-empty list of {what}")
+    if len(set(values)) != len(values):
+        raise invalid(name, values, f"a list of distinct {what} (no repeats)")
 
 
 def config_to_dict(config: ModelConfig | TrainConfig | SweepConfig) -> dict[str, Any]:

@@ -12,12 +12,13 @@ A run folder (DESIGN.md, "Results and files")::
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,8 @@ from mhainterp.tasks import Batch, Task, task_from_record, task_record
 from mhainterp.validation import check_int
 
 __all__ = [
+    "TRAIN_THREADS",
+    "torch_threads",
     "ARCHITECTURE_FIELDS",
     "TrainingDivergedError",
     "Run",
@@ -73,6 +76,11 @@ __all__ = [
     "lr_at",
     "training_memory",
 ]
+
+TRAIN_THREADS = 1
+"""torch threads :func:`train` uses, as each worker of the sweep executors does: the models are
+small, so handing their matmuls to more threads costs more than it saves, and on a busy machine
+several times more (``analysis/benchmark.py``)."""
 
 METADATA_KEY = "mhainterp.model"
 """The one safetensors metadata key (one key: safetensors writes several in random order, and
@@ -271,6 +279,7 @@ def train(
     *,
     run_dir: str | os.PathLike[str] | None = None,
     progress: bool = True,
+    threads: int | None = TRAIN_THREADS,
 ) -> Run:
     """Train ``model`` on fresh batches of ``task`` with AdamW; evaluate; optionally save.
 
@@ -283,6 +292,8 @@ def train(
         config: Training settings (defaults: :class:`TrainConfig`).
         run_dir: If given, the run folder to write (see module docstring).
         progress: Show a tqdm progress bar.
+        threads: torch threads while training (restored afterwards): :data:`TRAIN_THREADS`,
+            as the sweep executors' workers use; None keeps torch's current setting.
 
     Raises:
         TrainingDivergedError: the loss became NaN/inf. The model is restored to the last good
@@ -298,9 +309,42 @@ def train(
     """
     config = config or TrainConfig()
     _check_compatible(model, task)
+    if threads is not None:
+        check_int("threads", threads, minimum=1)
     if run_dir is not None:  # fail before training, not after it
         ensure_writable_dir(run_dir, "run folder")
     require_memory(training_memory(model.cfg, config), _training_what(model.cfg, config))
+    with torch_threads(threads):
+        return _train(model, task, config, run_dir, progress)
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block with ``threads`` torch threads (None: unchanged), then restore the setting.
+
+    Example:
+        >>> with torch_threads(1):
+        ...     torch.get_num_threads()
+        1
+    """
+    previous = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if threads is not None:
+            torch.set_num_threads(previous)
+
+
+def _train(
+    model: HookedMHATransformer,
+    task: Task,
+    config: TrainConfig,
+    run_dir: str | os.PathLike[str] | None,
+    progress: bool,
+) -> Run:
+    """The training loop of :func:`train` (arguments checked there)."""
     generator = torch.Generator().manual_seed(config.seed)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay

@@ -27,16 +27,26 @@ from collections.abc import Iterable
 from typing import Any, TypeVar
 
 __all__ = [
+    "MAX_PORT",
+    "MAX_SEED",
     "ParameterError",
     "check_bool",
     "check_float",
     "check_int",
     "check_option",
+    "check_port",
+    "check_seed",
     "check_type",
     "invalid",
 ]
 
 T = TypeVar("T")
+
+MAX_SEED = 2**63 - 1
+"""Largest seed: seeds go to ``torch.Generator.manual_seed``, which takes a signed 64-bit int."""
+
+MAX_PORT = 65535
+"""Largest TCP port (0 asks the system for any free one)."""
 
 
 class ParameterError(ValueError, TypeError):
@@ -98,6 +108,39 @@ def check_bool(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
     raise invalid(name, value, "True or False")
+
+
+def check_seed(name: str, value: Any) -> int:
+    """``value`` if it is a seed torch accepts: an integer with ``0 <= seed <= MAX_SEED``.
+
+    Example:
+        >>> check_seed("seed", 2**63 - 1)
+        9223372036854775807
+        >>> check_seed("seed", 2**64)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        mhainterp.validation.ParameterError: seed=18446744073709551616 is invalid: an integer...
+    """
+    try:
+        return check_int(name, value, minimum=0, maximum=MAX_SEED)
+    except ParameterError:
+        raise invalid(name, value, f"an integer >= 0 and <= {MAX_SEED} (2**63 - 1)") from None
+
+
+def check_port(name: str, value: Any) -> int:
+    """``value`` if it is a TCP port: an integer with ``0 <= port <= 65535`` (0: any free port).
+
+    Example:
+        >>> check_port("--port", 70000)
+        Traceback (most recent call last):
+        ...
+        mhainterp.validation.ParameterError: --port=70000 is invalid: an integer >= 0 ...
+    """
+    try:
+        return check_int(name, value, minimum=0, maximum=MAX_PORT)
+    except ParameterError:
+        allowed = f"an integer >= 0 and <= {MAX_PORT} (0: any free port)"
+        raise invalid(name, value, allowed) from None
 
 
 def check_option(name: str, value: Any, options: Iterable[T]) -> T:

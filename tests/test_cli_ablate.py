@@ -146,6 +146,22 @@ def test_interactive_end_of_input_quits_cleanly(run_dir, monkeypatch, capsys):
     assert len(found) == 2 and found[1]["accuracy"][1] < 0.5
 
 
+def test_interactive_head_alone_toggles_like_toggle(run_dir, monkeypatch, capsys):
+    """Issue 19 item 16: ``L0H0`` alone is ``toggle L0H0``; ``L0H0,L0H2`` toggles both."""
+    script = "L0H0\nL0H2\nlist\nL0H0,L0H2\nlist\n"
+    monkeypatch.setattr(sys, "stdin", io.StringIO(script))
+    assert cli.main(["ablate", run_dir, "--interactive", "--method", "zero", *EVAL]) == 0
+    out = capsys.readouterr().out
+    accuracy = [t["accuracy"][1] for t in tables(out)]
+    assert len(accuracy) == 4  # start, L0H0, L0H2, L0H0,L0H2: one table per change
+    assert accuracy[0] == accuracy[1] == 1.0  # one previous head is backed up by the other
+    assert accuracy[2] < 0.5  # both previous heads gone
+    assert accuracy[3] == 1.0  # both restored
+    assert "layer 0:  [x] L0H0  [ ] L0H1  [x] L0H2" in out
+    assert "layer 0:  [ ] L0H0  [ ] L0H1  [ ] L0H2" in out
+    assert "unknown command" not in out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -118,7 +118,10 @@ def test_sweep_prints_table_and_writes_figures(tmp_path, capsys):
     ("args", "message"),
     [
         (["train", "--task", "nope", "--out", "x"], "count_previous"),
-        (["sweep", "--n-heads", "1,3", "--out", "x"], "do not divide d_model=64"),
+        (
+            ["sweep", "--n-heads", "1,3", "--out", "x"],
+            "head counts that divide d_model; [3] do not divide d_model=64",
+        ),
         (["train", "--task", "reverse", "--task-param", "colour=3", "--out", "x"], "seq_len"),
     ],
 )

@@ -10,6 +10,7 @@ import torch
 from transformer_lens.config import TransformerLensConfig
 
 from mhainterp.config import ModelConfig, SweepConfig, TrainConfig, config_to_dict
+from mhainterp.validation import ParameterError
 
 
 def json_round_trip(d: dict) -> dict:
@@ -48,17 +49,15 @@ def test_attention_parameter_count_property(n_heads):
 
 
 def test_n_heads_not_dividing_d_model_names_n_heads_and_lists_allowed_values():
-    message = (
-        "n_heads=5 is invalid: must divide d_model=64; allowed n_heads: [1, 2, 4, 8, 16, 32, 64]"
-    )
+    message = "n_heads=5 is invalid: a divisor of d_model=64: one of [1, 2, 4, 8, 16, 32, 64]"
     with pytest.raises(ValueError, match=re.escape(message)):
         ModelConfig(d_model=64, n_heads=5)
-    with pytest.raises(ValueError, match=re.escape("allowed n_heads: [1, 2, 3, 4, 6, 12]")):
+    with pytest.raises(ValueError, match=re.escape("one of [1, 2, 3, 4, 6, 12]")):
         ModelConfig(d_model=12, n_heads=5)
 
 
 def test_d_head_disagreeing_with_d_model_over_n_heads_raises():
-    message = "d_head=8 is invalid: must equal d_model // n_heads = 16 (or be omitted)"
+    message = "d_head=8 is invalid: d_model // n_heads = 16 (or omitted)"
     with pytest.raises(ValueError, match=re.escape(message)):
         ModelConfig(d_model=64, n_heads=4, d_head=8)
 
@@ -66,24 +65,27 @@ def test_d_head_disagreeing_with_d_model_over_n_heads_raises():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"d_model": 0}, "d_model=0 is invalid: must be >= 1"),
-        ({"n_heads": 0}, "n_heads=0 is invalid: must be >= 1"),
-        ({"n_layers": 0}, "n_layers=0 is invalid: must be >= 1"),
-        ({"n_ctx": -3}, "n_ctx=-3 is invalid: must be >= 1"),
-        ({"d_vocab": 0}, "d_vocab=0 is invalid: must be >= 1"),
-        ({"n_targets": 0}, "n_targets=0 is invalid: must be >= 1"),
-        ({"n_heads": 4.0}, "n_heads=4.0 is invalid: must be an int"),
-        ({"n_layers": True}, "n_layers=True is invalid: must be an int"),
-        ({"seed": 1.5}, "seed=1.5 is invalid: must be an int"),
-        ({"d_vocab_out": 0}, "d_vocab_out=0 is invalid: must be an int >= 1"),
+        ({"d_model": 0}, "d_model=0 is invalid: an integer >= 1"),
+        ({"n_heads": 0}, "n_heads=0 is invalid: an integer >= 1"),
+        ({"n_layers": 0}, "n_layers=0 is invalid: an integer >= 1"),
+        ({"n_ctx": -3}, "n_ctx=-3 is invalid: an integer >= 1"),
+        ({"d_vocab": 0}, "d_vocab=0 is invalid: an integer >= 1"),
+        ({"n_targets": 0}, "n_targets=0 is invalid: an integer >= 1"),
+        ({"n_heads": 4.0}, "n_heads=4.0 is invalid: an integer >= 1"),
+        ({"n_layers": True}, "n_layers=True is invalid: an integer >= 1"),
+        (
+            {"seed": 1.5},
+            "seed=1.5 is invalid: an integer >= 0 and <= 9223372036854775807 (2**63 - 1)",
+        ),
+        ({"d_vocab_out": 0}, "d_vocab_out=0 is invalid: an integer >= 1"),
         (
             {"normalization_type": "RMS"},
-            "normalization_type='RMS' is invalid: allowed: (None, 'LN')",
+            "normalization_type='RMS' is invalid: one of None, 'LN'",
         ),
-        ({"act_fn": "tanh"}, "act_fn='tanh' is invalid: allowed: ('relu', 'gelu')"),
+        ({"act_fn": "tanh"}, "act_fn='tanh' is invalid: one of 'relu', 'gelu'"),
         ({"positional_embedding_type": "rotary"}, "positional_embedding_type='rotary' is invalid"),
-        ({"n_key_value_heads": 2}, "n_key_value_heads=2 is invalid: grouped-query attention"),
-        ({"d_mlp": 0, "attn_only": False}, "d_mlp=0 is invalid: must be an int >= 1"),
+        ({"n_key_value_heads": 2}, "n_key_value_heads=2 is invalid: None (grouped-query attention"),
+        ({"d_mlp": 0, "attn_only": False}, "d_mlp=0 is invalid: an integer >= 1"),
     ],
 )
 def test_invalid_model_fields_raise_value_error_naming_field_and_value(kwargs, message):
@@ -151,23 +153,23 @@ def test_train_config_defaults_and_json_round_trip():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"steps": 0}, "steps=0 is invalid: must be >= 1"),
-        ({"steps": 10.0}, "steps=10.0 is invalid: must be an int"),
-        ({"batch_size": 0}, "batch_size=0 is invalid: must be >= 1"),
-        ({"lr": 0.0}, "lr=0.0 is invalid: must be > 0"),
-        ({"weight_decay": -0.1}, "weight_decay=-0.1 is invalid: must be >= 0"),
+        ({"steps": 0}, "steps=0 is invalid: an integer >= 1"),
+        ({"steps": 10.0}, "steps=10.0 is invalid: an integer >= 1"),
+        ({"batch_size": 0}, "batch_size=0 is invalid: an integer >= 1"),
+        ({"lr": 0.0}, "lr=0.0 is invalid: a finite number > 0"),
+        ({"weight_decay": -0.1}, "weight_decay=-0.1 is invalid: a finite number >= 0"),
         (
             {"steps": 10, "warmup_steps": 20},
-            "warmup_steps=20 is invalid: must lie in [0, steps=10]",
+            "warmup_steps=20 is invalid: an integer >= 0 and <= 10",
         ),
         (
             {"lr_schedule": "linear"},
-            "lr_schedule='linear' is invalid: allowed: 'constant', 'cosine'",
+            "lr_schedule='linear' is invalid: one of 'constant', 'cosine'",
         ),
-        ({"grad_clip": 0.0}, "grad_clip=0.0 is invalid: must be > 0 or None"),
-        ({"betas": (0.9, 1.0)}, "betas=(0.9, 1.0) is invalid: must be two floats in [0, 1)"),
-        ({"eval_every": -1}, "eval_every=-1 is invalid: must be an int >= 0"),
-        ({"log_every": 0}, "log_every=0 is invalid: must be >= 1"),
+        ({"grad_clip": 0.0}, "grad_clip=0.0 is invalid: a finite number > 0"),
+        ({"betas": (0.9, 1.0)}, "betas=(0.9, 1.0) is invalid: two numbers in [0, 1)"),
+        ({"eval_every": -1}, "eval_every=-1 is invalid: an integer >= 0"),
+        ({"log_every": 0}, "log_every=0 is invalid: an integer >= 1"),
     ],
 )
 def test_invalid_train_fields_raise_value_error(kwargs, message):
@@ -206,14 +208,40 @@ def test_sweep_config_counts_runs_and_round_trips_through_json():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"n_heads": [3, 4]}, "n_heads=[3, 4] is invalid: [3] do not divide d_model=64"),
-        ({"n_heads": [2, 3], "model": {"d_model": 10}}, "[3] do not divide d_model=10"),
-        ({"n_heads": []}, "n_heads=[] is invalid: must be a non-empty list of ints >= 1"),
-        ({"n_heads": [4, 4]}, "n_heads=[4, 4] is invalid: no repeats"),
-        ({"seeds": [0, 0]}, "seeds=[0, 0] is invalid: no repeats"),
-        ({"seeds": []}, "seeds=[] is invalid: must be a non-empty list of ints"),
-        ({"model": {"n_heads": 4}}, "model['n_heads']=4 is invalid: is set per run by the sweep"),
-        ({"model": {"seed": 1}}, "model['seed']=1 is invalid: is set per run by the sweep"),
+        (
+            {"n_heads": [3, 4]},
+            "n_heads=[3, 4] is invalid: head counts that divide d_model; [3] do not divide "
+            "d_model=64",
+        ),
+        (
+            {"n_heads": [2, 3], "model": {"d_model": 10}},
+            "[3] do not divide d_model=10",
+        ),
+        (
+            {"n_heads": []},
+            "n_heads=[] is invalid: a non-empty list of head counts, each an integer >= 1",
+        ),
+        (
+            {"n_heads": [4, 4]},
+            "n_heads=[4, 4] is invalid: a list of distinct head counts, each an integer >= 1 "
+            "(no repeats)",
+        ),
+        (
+            {"seeds": [0, 0]},
+            "seeds=[0, 0] is invalid: a list of distinct seeds, each in [0, 9223372036854775807]",
+        ),
+        (
+            {"seeds": []},
+            "seeds=[] is invalid: a non-empty list of seeds, each in [0, 9223372036854775807]",
+        ),
+        (
+            {"model": {"n_heads": 4}},
+            "model['n_heads']=4 is invalid: not given: it is set per run by the sweep",
+        ),
+        (
+            {"model": {"seed": 1}},
+            "model['seed']=1 is invalid: not given: it is set per run by the sweep",
+        ),
         ({"train": {"steps": 0}}, "steps=0 is invalid"),
     ],
 )
@@ -225,3 +253,28 @@ def test_invalid_sweep_fields_raise_value_error(kwargs, message):
 def test_sweep_config_rejects_unknown_model_fields():
     with pytest.raises(ValueError, match=r"d_modle"):
         SweepConfig(model={"d_modle": 64})
+
+
+# ----- ranges (issue 19 item 7): seeds must fit torch's int64 ------------------------------------
+@pytest.mark.parametrize("seed", [2**63, 2**64, -1])
+def test_seeds_outside_torch_int64_are_refused_by_every_config(seed):
+    message = f"seed={seed} is invalid: an integer >= 0 and <= 9223372036854775807 (2**63 - 1)"
+    with pytest.raises(ParameterError, match=re.escape(message)):
+        ModelConfig(seed=seed)
+    with pytest.raises(ParameterError, match=re.escape(message)):
+        TrainConfig(seed=seed)
+    with pytest.raises(ParameterError, match=re.escape(f"seeds=[0, {seed}] is invalid")):
+        SweepConfig(seeds=[0, seed])
+
+
+def test_largest_seed_is_accepted_and_reaches_torch():
+    assert ModelConfig(seed=2**63 - 1).seed == 2**63 - 1
+    assert TrainConfig(seed=2**63 - 1).seed == 2**63 - 1
+
+
+@pytest.mark.parametrize(("value", "message"), [(float("nan"), "lr=nan"), (float("inf"), "lr=inf")])
+def test_non_finite_learning_rates_are_refused(value, message):
+    with pytest.raises(
+        ParameterError, match=re.escape(f"{message} is invalid: a finite number > 0")
+    ):
+        TrainConfig(lr=value)

@@ -16,6 +16,7 @@ from mhainterp.tasks import (
     Batch,
     CountPreviousTask,
     InductionTask,
+    InvalidTaskError,
     ReverseTask,
     Task,
     accepted_params,
@@ -719,16 +720,16 @@ def test_batch_validation() -> None:
 
 
 def test_unknown_task_lists_names() -> None:
-    with pytest.raises(ValueError, match="unknown task 'nope'") as info:
+    with pytest.raises(ValueError, match="task='nope' is invalid: a registered task") as info:
         get_task("nope")
     for name in BUILTIN_NAMES:
         assert name in str(info.value)
 
 
 def test_unknown_parameter_lists_accepted() -> None:
-    with pytest.raises(ValueError, match=r"unknown parameter\(s\) \['seq_length'\]") as info:
+    with pytest.raises(ValueError, match=r"params=\['seq_length'\] is invalid") as info:
         get_task("reverse", seq_length=8)
-    assert "['seq_len', 'd_vocab', 'min_len']" in str(info.value)
+    assert "parameters of task 'reverse': seq_len, d_vocab, min_len" in str(info.value)
 
 
 @pytest.mark.parametrize(
@@ -737,7 +738,8 @@ def test_unknown_parameter_lists_accepted() -> None:
         (dict(seq_len=1), ValueError, r"seq_len=1 is invalid: an integer >= 2"),
         (dict(d_vocab=1), ValueError, r"d_vocab=1 is invalid: an integer >= 2"),
         (dict(min_len=0), ValueError, r"min_len=0 is invalid: an integer >= 1"),
-        (dict(min_len=17), ValueError, r"min_len=17 is invalid: must be between 1 and seq_len=16"),
+        (dict(min_len=17), ValueError, r"min_len=17 is invalid: an integer >= 1 and <= seq_len=16"),
+        (dict(seq_len=10**20), ValueError, r"seq_len=100000000000000000000 is invalid: .*<= 65536"),
         (dict(seq_len=4, min_len=5), ValueError, r"min_len=5 .* seq_len=4"),
         (dict(seq_len=2.5), TypeError, r"seq_len=2.5 is invalid: an integer"),
         (dict(d_vocab=True), TypeError, r"d_vocab=True is invalid"),
@@ -777,13 +779,15 @@ def test_bad_inputs_to_targets_and_relations() -> None:
 
 
 def test_register_duplicate_and_bad_factory() -> None:
-    with pytest.raises(ValueError, match=r"'reverse' is already registered.*overwrite=True"):
+    with pytest.raises(
+        ValueError, match=r"name='reverse' is invalid: a name not reg.*overwrite=True"
+    ):
         register_task("reverse", ReverseTask)
-    with pytest.raises(TypeError, match="factory must be a Task subclass or a callable"):
+    with pytest.raises(TypeError, match="factory=3 is invalid: a Task subclass or a callable"):
         register_task("not_callable", 3)
     with pytest.raises(ValueError, match="non-empty"):
         register_task("  ", ReverseTask)
-    with pytest.raises(ValueError, match="unknown task 'never_registered'"):
+    with pytest.raises(ValueError, match="name='never_registered' is invalid: a registered task"):
         unregister_task("never_registered")
 
 
@@ -842,13 +846,13 @@ def test_custom_task_through_registry(shift_registered) -> None:
     )
     assert get_task(task.name, **task.params) == task
     with pytest.raises(
-        ValueError, match=r"accepted parameters: \['seq_len', 'd_vocab', 'min_len', 'offset'\]"
+        ValueError, match=r"parameters of task 'test_shift': seq_len, d_vocab, min_len, offset"
     ):
         get_task("test_shift", ofset=3)
 
     fn_task = get_task("test_shift_fn")
     assert fn_task.name == "test_shift_fn" and fn_task.offset == 2
-    with pytest.raises(ValueError, match=r"accepted parameters: \['offset'\]"):
+    with pytest.raises(ValueError, match=r"parameters of task 'test_shift_fn': offset$"):
         get_task("test_shift_fn", seq_len=4)
 
 
@@ -858,9 +862,10 @@ def test_custom_task_overwrite(shift_registered) -> None:
 
 
 def test_factory_must_return_task(shift_registered) -> None:
-    register_task("test_shift_fn", lambda: "not a task", overwrite=True)
-    with pytest.raises(TypeError, match="returned str, not a Task"):
-        get_task("test_shift_fn")
+    message = "task 'test_shift_fn': factory is invalid: .*<lambda> must return a Task, got str"
+    with pytest.raises(InvalidTaskError, match=message):
+        register_task("test_shift_fn", lambda: "not a task", overwrite=True)
+    assert get_task("test_shift_fn").offset == 2  # the refused factory replaced nothing
 
 
 def test_custom_task_with_bad_targets_is_caught() -> None:
@@ -868,7 +873,8 @@ def test_custom_task_with_bad_targets_is_caught() -> None:
         def compute_targets(self, tokens, padding_mask):
             return tokens + 100, padding_mask
 
-    with pytest.raises(ValueError, match=r"targets outside \[0, d_vocab_out=5\)"):
+    message = r"task 'shift': compute_targets is invalid: targets must lie in \[0, d_vocab_out=5\)"
+    with pytest.raises(InvalidTaskError, match=message):
         Broken().sample(4, gen(0))
 
 

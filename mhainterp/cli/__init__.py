@@ -4,9 +4,13 @@ Each module in ``COMMAND_MODULES`` (one per command, in ``--help`` order) expose
 ``register(subparsers)``, which adds its parser and sets ``func=handler``; a handler takes the
 parsed args and returns an exit code. ``options`` holds the argument groups they share.
 
-Errors (DESIGN.md, "Errors"): the user's input, a damaged file, a full disk or a folder that
-cannot be written end with one line on stderr and exit code 2; Ctrl-C with one line and 130.
-``MHAINTERP_DEBUG=1`` shows the traceback instead.
+Errors (DESIGN.md, "Errors"): the user's input (an option out of its documented range included),
+a damaged file, a full disk or a folder that cannot be written end with one line on stderr and
+exit code 2; Ctrl-C with one line and 130. ``MHAINTERP_DEBUG=1`` shows the traceback instead.
+
+Start-up: ``--help`` of every command and ``mhainterp tasks`` import no torch (the command
+modules import the library inside their handlers; :mod:`mhainterp.cli.static` holds what help
+and the task list show).
 """
 
 from __future__ import annotations
@@ -16,10 +20,11 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from mhainterp.cli.task_modules import load_task_modules
 
-__all__ = ["main", "build_parser"]
+__all__ = ["OneLineParser", "build_parser", "main"]
 
 COMMAND_MODULES = (
     "mhainterp.cli.tasks",
@@ -46,8 +51,17 @@ Start here:
 """
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser whose errors (a missing argument, a word that is not a number) are one
+    line on stderr with exit code 2, like every other error of the command."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The ``mhainterp`` parser with every sub-command (imports no torch)."""
+    parser = OneLineParser(
         prog="mhainterp",
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -59,41 +73,54 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``mhainterp`` console script."""
-    try:  # building the parser imports torch and TransformerLens: seconds a Ctrl-C can hit
-        parser = build_parser()
-    except KeyboardInterrupt:
-        if os.environ.get("MHAINTERP_DEBUG"):
-            raise
-        print("mhainterp: interrupted", file=sys.stderr)
-        return 130
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    from mhainterp.io import RunLockedError, describe_os_error
-    from mhainterp.training import TrainingDivergedError
-
-    prefix = f"mhainterp {args.command}"
+    """Entry point of the ``mhainterp`` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((word for word in argv if not word.startswith("-")), None)
+    prefix = f"mhainterp {command}" if command else "mhainterp"
+    started = False  # whether the command itself began (its Ctrl-C message says how to resume)
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)  # an option out of its range raises ParameterError
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return 2
+        prefix, started = f"mhainterp {args.command}", True
         load_task_modules(args)  # --task-module: the user's own tasks, before anything else
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         if os.environ.get("MHAINTERP_DEBUG"):
             raise
-        print(f"{prefix}: interrupted; run the same command again to resume", file=sys.stderr)
+        resume = "; run the same command again to resume" if started else ""
+        print(f"{prefix}: interrupted{resume}", file=sys.stderr)
         return 130
     except OSError as error:  # a full disk, a read-only folder, a file where a folder belongs
         if os.environ.get("MHAINTERP_DEBUG"):
             raise
+        from mhainterp.io import describe_os_error
+
         print(f"{prefix}: error: {_one_line(describe_os_error(error))}", file=sys.stderr)
         return 2
-    except (ValueError, TypeError, TrainingDivergedError, RunLockedError) as error:
-        # The user's input or a damaged run folder: one clear line, no traceback.
-        if os.environ.get("MHAINTERP_DEBUG"):
+    except Exception as error:
+        if not isinstance(error, _user_errors()) or os.environ.get("MHAINTERP_DEBUG"):
             raise
+        # The user's input or a damaged run folder: one clear line, no traceback.
         print(f"{prefix}: error: {_one_line(str(error))}", file=sys.stderr)
         return 2
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """The errors that are the user's input or a damaged file: ValueError (ParameterError
+    included), TypeError, and the toolkit's locked-run and diverged-run errors. Those two are
+    looked up only in modules already imported: a module never imported raised nothing, and
+    importing it here would load pandas and torch for ``--help``."""
+    errors: list[type[BaseException]] = [ValueError, TypeError]
+    for module, name in (("mhainterp.io", "RunLockedError"), ("mhainterp.training", _DIVERGED)):
+        if module in sys.modules:
+            errors.append(getattr(sys.modules[module], name))
+    return tuple(errors)
+
+
+_DIVERGED = "TrainingDivergedError"
 
 
 def _one_line(message: str) -> str:

@@ -8,25 +8,31 @@ prints the metrics before and after (overall and per target). Interactive::
 
     mhainterp ablate RUN --interactive
 
-reads commands from standard input (``list``, ``toggle L0H2``, ``set L0H1,L0H3``,
+reads commands from standard input (``list``, ``L0H2`` or ``toggle L0H2``, ``set L0H1,L0H3``,
 ``method mean``, ``reset``, ``eval``, ``help``, ``quit``) and prints the table after every change.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-import pandas as pd
-import torch
-
-from mhainterp.ablation import METHODS, Ablator
+from mhainterp.cli.options import add_choice, add_n_eval, add_seed
+from mhainterp.cli.static import ABLATION_METHODS
 from mhainterp.cli.task_modules import add_task_module_argument
-from mhainterp.training import Run, load_run
+
+if TYPE_CHECKING:  # imported by the handler: torch is not needed for --help
+    import pandas as pd
+
+    from mhainterp.ablation import Ablator
+    from mhainterp.training import Run
 
 __all__ = ["register", "run_ablate", "interactive_session", "format_metrics_table"]
+
+_HEAD = re.compile(r"L\d+H\d+")
 
 ABLATE_DESCRIPTION = """\
 Ablate (remove) attention heads of a trained run and compare loss and accuracy on the task's
@@ -37,15 +43,16 @@ Methods (each edits the heads' outputs before W_O, so no other head changes):
   mean      the head's output is replaced by its mean over the evaluation set (per position)
   resample  the head's output comes from another sequence of the evaluation set
 
-examples:
-  mhainterp ablate runs/quickstart/count_previous/h4_seed0 --heads L0H1,L0H3 --method mean
-  mhainterp ablate runs/quickstart/count_previous/h4_seed0 --interactive
+examples (run folders as `mhainterp demo` writes them):
+  mhainterp ablate runs/quickstart/count_previous/runs/h4_seed0 --heads L0H1,L0H3 --method mean
+  mhainterp ablate runs/quickstart/count_previous/runs/h4_seed0 --interactive
 """
 
 HELP_TEXT = """\
 commands:
   list                 show every head; [x] marks the ablated ones
-  toggle HEAD[,HEAD]   ablate a head, or restore it if it is ablated (e.g. toggle L0H2)
+  HEAD[,HEAD]          ablate a head, or restore it if it is ablated (e.g. L0H2)
+  toggle HEAD[,HEAD]   the same (e.g. toggle L0H2)
   set HEAD[,HEAD]      ablate exactly these heads ('set' alone: none)
   method NAME          switch method: zero, mean or resample
   reset                restore every head
@@ -66,24 +73,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--heads", default=None, help="comma-separated heads to ablate, e.g. L0H1,L0H3"
     )
-    parser.add_argument(
-        "--method", default="zero", help=f"ablation method: {', '.join(METHODS)} (default: zero)"
-    )
+    add_choice(parser, "--method", "ablation method", ABLATION_METHODS, default="zero")
     parser.add_argument(
         "--interactive", action="store_true", help="open a session that reads commands from stdin"
     )
-    parser.add_argument(
-        "--n-eval", type=int, default=1024, help="evaluation sequences (default: 1024)"
-    )
-    parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the resample permutation (default: 0)"
-    )
+    add_n_eval(parser, "sequences of the task's fixed evaluation set")
+    add_seed(parser, help="seed of the resample permutation")
     add_task_module_argument(parser)
     parser.set_defaults(func=run_ablate)
 
 
 def run_ablate(args: argparse.Namespace) -> int:
     """Handler of ``mhainterp ablate``; returns the exit code."""
+    import torch
+
+    from mhainterp.ablation import Ablator
+    from mhainterp.training import load_run
+
     if not args.interactive and not args.heads:
         raise ValueError("give the heads to ablate (--heads L0H1,L0H3) or use --interactive")
     run = load_run(args.run)
@@ -157,6 +163,12 @@ def _heads_argument(text: str) -> str:
     return ",".join(part for part in text.replace(",", " ").split())
 
 
+def _looks_like_heads(word: str) -> bool:
+    """``L0H1`` or ``L0H1,L1H2``: a head list typed without ``toggle``."""
+    parts = [part for part in word.split(",") if part]
+    return bool(parts) and all(_HEAD.fullmatch(part) for part in parts)
+
+
 def _command_table(ablator: Ablator) -> dict[str, Callable[[str], bool]]:
     """Command name -> action(argument); the action returns True when the metrics changed."""
 
@@ -172,7 +184,8 @@ def _command_table(ablator: Ablator) -> dict[str, Callable[[str], bool]]:
 
     def method(arg: str) -> bool:
         if not arg.strip():
-            raise ValueError(f"method needs a name: {', '.join(METHODS)} (now {ablator.method!r})")
+            names = ", ".join(ABLATION_METHODS)
+            raise ValueError(f"method needs a name: {names} (now {ablator.method!r})")
         ablator.method = arg.strip()
         return True
 
@@ -227,6 +240,8 @@ def interactive_session(
         name, _, arg = line.strip().partition(" ")
         if not name:
             continue
+        if _looks_like_heads(name):  # "L0H1" alone (or "L0H1,L0H2 L1H0") toggles
+            name, arg = "toggle", line
         if name in ("quit", "exit", "q"):
             return 0
         if name in ("help", "?"):

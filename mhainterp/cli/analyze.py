@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from mhainterp.cli.options import check_run_folders
+from mhainterp.cli.options import add_n_eval, check_run_folders
 from mhainterp.cli.task_modules import add_task_module_argument
-from mhainterp.validation import invalid
 
 __all__ = ["register"]
 
@@ -29,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="example:\n  mhainterp analyze runs/quickstart/reverse/runs/h8_seed0",
     )
     analyze.add_argument("path", help="a run folder or a sweep folder")
-    analyze.add_argument("--n-eval", type=int, default=1024, help="evaluation sequences")
+    add_n_eval(analyze, "sequences of the task's fixed evaluation set")
     analyze.add_argument("--no-ablation", action="store_true", help="skip the ablation tables")
     analyze.add_argument("--quiet", action="store_true", help="no progress bars")
     add_task_module_argument(analyze)
@@ -40,8 +39,6 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from mhainterp.analyze import analyze_path
 
     check_run_folders(args.path)
-    if args.n_eval < 1:
-        raise invalid("--n-eval", args.n_eval, "an integer >= 1 (sequences)")
     results = analyze_path(
         args.path, n_eval=args.n_eval, ablation=not args.no_ablation, progress=not args.quiet
     )

@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mhainterp.cli.options import int_list
+from mhainterp.cli.options import EXECUTORS, add_count, add_int_list, check_executor
+from mhainterp.cli.static import DEMO_STEPS
 from mhainterp.cli.task_modules import add_task_module_argument
 
 __all__ = ["register"]
@@ -26,14 +27,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "count_previous and reverse, print the seed tables, draw the figures, analyse the heads "
         "of one model per task, and write report.md. Resumable.",
     )
-    demo.add_argument("--out", default="runs/quickstart", help="results folder")
-    demo.add_argument("--steps", type=int, default=None, help="override training steps")
-    demo.add_argument("--seeds", type=int_list, default=[0, 1, 2])
-    demo.add_argument("--n-heads", type=int_list, default=[1, 4, 8])
+    demo.add_argument(
+        "--out", default="runs/quickstart", help="results folder (default runs/quickstart)"
+    )
+    add_count(demo, "--steps", f"training steps per run (default {DEMO_STEPS})", default=None)
+    add_int_list(
+        demo, "--seeds", "seeds, each for init and data order", default=[0, 1, 2], seeds=True
+    )
+    add_int_list(demo, "--n-heads", "head counts to compare", default=[1, 4, 8])
     demo.add_argument(
         "--executor",
         default="auto",
-        choices=["auto", "local", "batched", "ray"],
+        choices=EXECUTORS,
         help="sweep executor (default auto: the fastest here)",
     )
     demo.add_argument("--no-analysis", action="store_true", help="skip the head analysis")
@@ -42,6 +47,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    check_executor(args.executor)
     from mhainterp.demo import run_demo
 
     run_demo(

@@ -7,15 +7,40 @@ Task, model and training options (``train``, ``sweep``), the specialization sett
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from mhainterp.cli.static import (
+    ABLATION_METHODS,
+    CORRECTIONS,
+    DEFAULT_N_EVAL,
+    SPECIALIZATION_DEFAULTS,
+    TRAIN_DEFAULTS,
+)
 from mhainterp.cli.task_modules import add_task_module_argument
-from mhainterp.config import TrainConfig
+from mhainterp.validation import (
+    MAX_SEED,
+    check_float,
+    check_int,
+    check_option,
+    check_seed,
+    invalid,
+)
 
 __all__ = [
+    "EXECUTORS",
+    "MAX_COUNT",
+    "Checked",
+    "add_choice",
+    "add_float",
+    "check_executor",
+    "add_count",
+    "add_int_list",
+    "add_n_eval",
+    "add_seed",
     "int_list",
     "task_param",
     "add_task_args",
@@ -29,6 +54,150 @@ __all__ = [
     "settings_from_args",
     "by_axes",
 ]
+
+if TYPE_CHECKING:
+    from mhainterp.config import TrainConfig
+
+MAX_COUNT = 2**31 - 1
+"""Largest count an option takes (steps, sequences, widths): beyond it torch's sizes overflow."""
+
+EXECUTORS = ("auto", "local", "batched", "ray")
+"""``--executor`` choices of ``sweep`` and ``demo`` (:mod:`mhainterp.sweep.executors`)."""
+
+
+def check_executor(executor: str) -> str:
+    """``executor`` if it can run here: ``ray`` needs Ray installed (the message says how).
+
+    Example:
+        >>> check_executor("local")
+        'local'
+    """
+    if executor == "ray" and importlib.util.find_spec("ray") is None:
+        raise invalid(
+            "--executor",
+            executor,
+            "an executor installed here: Ray is not; install it with pip install -e .[ray] "
+            "(from a clone) or pip install 'mhainterp[ray]'",
+        )
+    return executor
+
+
+# ----- checked options: every value within its documented range, or one line and exit 2 --------
+class Checked(argparse.Action):
+    """Store an option's value after ``check(option, value)`` (a :mod:`mhainterp.validation`
+    check); a value out of range raises its ``ParameterError``, which ``main`` prints as one
+    line with exit code 2. Defaults are not checked (they are the toolkit's own)."""
+
+    def __init__(self, option_strings: list[str], dest: str, check: Any, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.check = check
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, self.check(option_string or self.dest, values))
+
+
+def add_count(
+    parser: Any, flag: str, help: str, *, default: int | None, minimum: int = 1, **kwargs: Any
+) -> None:
+    """An integer option in ``[minimum, MAX_COUNT]``; its help shows the range and default."""
+
+    def check(name: str, value: int) -> int:
+        return check_int(name, value, minimum=minimum, maximum=MAX_COUNT)
+
+    shown = "" if default is None else f", default {default}"
+    parser.add_argument(
+        flag,
+        type=int,
+        action=Checked,
+        check=check,
+        default=default,
+        metavar="N",
+        help=f"{help} (an integer >= {minimum}{shown})",
+        **kwargs,
+    )
+
+
+def add_float(
+    parser: Any, flag: str, help: str, *, default: float, minimum: float, maximum: float | None
+) -> None:
+    """A finite number option with ``minimum < value`` (``< maximum``); help shows both."""
+
+    def check(name: str, value: float) -> float:
+        return check_float(name, value, minimum=minimum, maximum=maximum, inclusive=False)
+
+    below = "" if maximum is None else f" and < {maximum}"
+    parser.add_argument(
+        flag,
+        type=float,
+        action=Checked,
+        check=check,
+        default=default,
+        metavar="X",
+        help=f"{help} (a number > {minimum}{below}, default {default})",
+    )
+
+
+def add_choice(
+    parser: Any, flag: str, help: str, options: tuple[str, ...], *, default: str
+) -> None:
+    """An option that takes one of ``options``; help lists them and the default."""
+    parser.add_argument(
+        flag,
+        action=Checked,
+        check=lambda name, value: check_option(name, value, options),
+        default=default,
+        metavar="{" + ",".join(options) + "}",
+        help=f"{help}: {', '.join(options)} (default {default})",
+    )
+
+
+def add_seed(parser: Any, flag: str = "--seed", help: str = "init and data seed") -> None:
+    """A seed option: ``0 <= seed <= 2**63 - 1`` (torch's int64), default 0."""
+    parser.add_argument(
+        flag,
+        type=int,
+        action=Checked,
+        check=check_seed,
+        default=0,
+        metavar="SEED",
+        help=f"{help} (0 <= SEED <= 2**63 - 1, default 0)",
+    )
+
+
+def add_int_list(
+    parser: Any, flag: str, help: str, *, default: list[int], seeds: bool = False
+) -> None:
+    """A comma-separated list of distinct integers: head counts (>= 1) or seeds (see
+    :func:`add_seed`); help shows the default."""
+    low, high = (0, MAX_SEED) if seeds else (1, MAX_COUNT)
+
+    def check(name: str, values: list[int]) -> list[int]:
+        ok = bool(values) and all(low <= v <= high for v in values)
+        if not ok or len(set(values)) != len(values):
+            allowed = f"distinct integers >= {low} and <= {high}, comma-separated"
+            raise invalid(name, ",".join(map(str, values)), allowed)
+        return values
+
+    parser.add_argument(
+        flag,
+        type=int_list,
+        action=Checked,
+        check=check,
+        default=default,
+        metavar="A,B,...",
+        help=f"{help} (default {','.join(map(str, default))})",
+    )
+
+
+def add_n_eval(parser: Any, help: str = "evaluation sequences") -> None:
+    """``--n-eval``, one default for every command (``mhainterp.data.DEFAULT_N_EVAL``)."""
+    add_count(parser, "--n-eval", help, default=DEFAULT_N_EVAL)
 
 
 # ----- argument types ---------------------------------------------------------------------------
@@ -57,7 +226,11 @@ def task_param(text: str) -> tuple[str, Any]:
 def add_task_args(parser: argparse.ArgumentParser) -> None:
     """The ``task`` group: ``--task``, ``--task-module``, ``--task-param``."""
     group = parser.add_argument_group("task")
-    group.add_argument("--task", default="count_previous", help="task name (see `mhainterp tasks`)")
+    group.add_argument(
+        "--task",
+        default="count_previous",
+        help="task name (see `mhainterp tasks`; default count_previous)",
+    )
     add_task_module_argument(group)
     group.add_argument(
         "--task-param",
@@ -65,15 +238,17 @@ def add_task_args(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="task parameter, repeatable: --task-param seq_len=16 --task-param d_vocab=10",
+        help="task parameter, repeatable: --task-param seq_len=16 --task-param d_vocab=10 "
+        "(each task checks its own: seq_len 2..65536, d_vocab 2..1048576; default: the "
+        "task's, see `mhainterp tasks`)",
     )
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     """The ``model`` group: everything but the head count."""
     group = parser.add_argument_group("model (everything but the head count is shared)")
-    group.add_argument("--d-model", type=int, default=64, help="residual width (default 64)")
-    group.add_argument("--n-layers", type=int, default=None, help="blocks (default: task minimum)")
+    add_count(group, "--d-model", "residual width", default=64)
+    add_count(group, "--n-layers", "blocks (default: the task's minimum)", default=None)
     group.add_argument("--mlp", action="store_true", help="add MLPs (default: attention only)")
     group.add_argument("--layer-norm", action="store_true", help="pre-LayerNorm (default: none)")
     causal = group.add_mutually_exclusive_group()
@@ -84,26 +259,37 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="mask future positions (default: what the task expects)",
     )
-    causal.add_argument("--bidirectional", dest="causal", action="store_false")
+    causal.add_argument(
+        "--bidirectional",
+        dest="causal",
+        action="store_false",
+        help="let every position see every other (default: what the task expects)",
+    )
 
 
 def add_train_args(parser: argparse.ArgumentParser) -> None:
-    """The ``training`` group, defaults from :class:`TrainConfig`."""
-    defaults = TrainConfig()
+    """The ``training`` group, defaults from :class:`~mhainterp.config.TrainConfig`."""
     group = parser.add_argument_group("training")
-    group.add_argument("--steps", type=int, default=defaults.steps)
-    group.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    group.add_argument("--lr", type=float, default=defaults.lr)
-    group.add_argument(
-        "--warmup-steps", type=int, default=None, help="default: 10%% of steps, at most 100"
+    add_count(group, "--steps", "optimiser steps", default=TRAIN_DEFAULTS["steps"])
+    add_count(
+        group, "--batch-size", "fresh sequences per step", default=TRAIN_DEFAULTS["batch_size"]
     )
-    group.add_argument("--grad-clip", type=float, default=defaults.grad_clip)
-    group.add_argument(
-        "--n-eval",
-        type=int,
-        default=defaults.n_eval,
-        help="evaluation sequences (default %(default)s)",
+    add_float(
+        group, "--lr", "peak AdamW learning rate", default=TRAIN_DEFAULTS["lr"], minimum=0,
+        maximum=None,
+    )  # fmt: skip
+    add_count(
+        group,
+        "--warmup-steps",
+        "linear warm-up steps, at most --steps (default: 10%% of the steps, at most 100)",
+        default=None,
+        minimum=0,
     )
+    add_float(
+        group, "--grad-clip", "largest global gradient norm", default=TRAIN_DEFAULTS["grad_clip"],
+        minimum=0, maximum=None,
+    )  # fmt: skip
+    add_n_eval(group, "sequences of the task's fixed evaluation set")
     group.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
@@ -121,6 +307,8 @@ def model_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def train_config(args: argparse.Namespace, seed: int = 0) -> TrainConfig:
     """The training options given, as a :class:`TrainConfig` for ``seed``."""
+    from mhainterp.config import TrainConfig  # torch: not for --help
+
     return TrainConfig(
         steps=args.steps,
         batch_size=args.batch_size,
@@ -155,35 +343,32 @@ def check_run_folders(path: str | os.PathLike[str]) -> None:
 # ----- specialization settings ------------------------------------------------------------------
 def add_settings_args(parser: argparse.ArgumentParser) -> None:
     """The ``specialization test`` group (and ``--task-module``) of ``specialize`` and
-    ``report``."""
-    from mhainterp.specialization import CORRECTIONS, SpecializationSettings
-
-    defaults = SpecializationSettings()
+    ``report``; defaults from :class:`~mhainterp.specialization.SpecializationSettings`."""
+    defaults = SPECIALIZATION_DEFAULTS
     group = parser.add_argument_group("specialization test")
-    group.add_argument(
-        "--n-eval",
-        type=int,
-        default=defaults.n_eval,
-        help=f"held-out sequences (default {defaults.n_eval})",
-    )
-    group.add_argument("--alpha", type=float, default=defaults.alpha, help="level after correction")
-    group.add_argument(
-        "--correction",
-        default=defaults.correction,
-        choices=CORRECTIONS,
-        help="multiple-comparison correction (default holm)",
-    )
+    add_n_eval(group, "held-out sequences of the task's fixed evaluation set")
+    add_float(
+        group, "--alpha", "significance level after correction", default=defaults["alpha"],
+        minimum=0, maximum=1,
+    )  # fmt: skip
+    add_choice(
+        group, "--correction", "multiple-comparison correction", CORRECTIONS,
+        default=defaults["correction"],
+    )  # fmt: skip
     group.add_argument(
         "--min-effect",
         type=float,
-        default=defaults.min_effect,
-        help=f"smallest effect size that counts as a role (default {defaults.min_effect})",
+        action=Checked,
+        check=lambda name, value: check_float(name, value, minimum=0),
+        default=defaults["min_effect"],
+        metavar="X",
+        help="smallest effect size that counts as a role (a number >= 0, default "
+        f"{defaults['min_effect']})",
     )
-    group.add_argument(
-        "--ablation-method",
-        default=defaults.ablation_method,
-        help="ablation method for damage and redundancy (default mean)",
-    )
+    add_choice(
+        group, "--ablation-method", "ablation method for damage and redundancy",
+        ABLATION_METHODS, default=defaults["ablation_method"],
+    )  # fmt: skip
     group.add_argument(
         "--by",
         default="token,position,target_class,target",

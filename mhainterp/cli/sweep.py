@@ -13,14 +13,15 @@ import os
 from pathlib import Path
 
 from mhainterp.cli.options import (
+    EXECUTORS,
+    add_int_list,
     add_model_args,
     add_task_args,
     add_train_args,
-    int_list,
+    check_executor,
     model_overrides,
     train_config,
 )
-from mhainterp.config import SweepConfig
 
 __all__ = ["register"]
 
@@ -38,12 +39,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--out runs/reverse",
     )
     sweep.add_argument("--out", required=True, help="sweep folder (resumed if it exists)")
-    sweep.add_argument("--n-heads", type=int_list, default=[1, 4, 8], help="e.g. 1,4,8")
-    sweep.add_argument("--seeds", type=int_list, default=[0, 1, 2], help="e.g. 0,1,2")
+    add_int_list(
+        sweep, "--n-heads", "head counts to compare, each a divisor of --d-model", default=[1, 4, 8]
+    )
+    add_int_list(
+        sweep, "--seeds", "seeds, each for init and data order", default=[0, 1, 2], seeds=True
+    )
     sweep.add_argument(
         "--executor",
         default="auto",
-        choices=["auto", "local", "batched", "ray"],
+        choices=EXECUTORS,
         help="auto (default): the fastest here, batched where there are several CPUs; local: "
         "one run after another; batched: several models per step in one pinned worker per "
         "CPU; ray: one task per run on a Ray cluster. The table is the same for all",
@@ -61,6 +66,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
+    check_executor(args.executor)
+    from mhainterp.config import SweepConfig
+    from mhainterp.demo import run_sweep_with_figures
     from mhainterp.tasks import get_task
 
     overrides = model_overrides(args)
@@ -74,8 +82,6 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         model=overrides,
         train=train_config(args),
     )
-    from mhainterp.demo import run_sweep_with_figures
-
     if args.address:
         os.environ["MHAINTERP_RAY_ADDRESS"] = args.address
     summary = run_sweep_with_figures(config, Path(args.out), args.executor, not args.quiet)

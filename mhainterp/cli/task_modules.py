@@ -22,8 +22,11 @@ def add_task_module_argument(parser: argparse.ArgumentParser | argparse._Argumen
 
 
 def load_task_modules(args: argparse.Namespace) -> None:
-    """Import every ``--task-module`` the command was given (none: nothing happens)."""
+    """Import every ``--task-module`` the command was given (none: nothing, not even torch)."""
+    specs = getattr(args, "task_module", None) or []
+    if not specs:
+        return
     from mhainterp.tasks import load_task_module
 
-    for spec in getattr(args, "task_module", None) or []:
+    for spec in specs:
         load_task_module(spec)

@@ -12,7 +12,9 @@ import argparse
 from pathlib import Path
 
 from mhainterp.cli.options import (
+    add_count,
     add_model_args,
+    add_seed,
     add_task_args,
     add_train_args,
     model_overrides,
@@ -34,8 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="example:\n  mhainterp train --task reverse --n-heads 4 --seed 0 --out runs/rev_h4",
     )
     train.add_argument("--out", required=True, help="run folder to write")
-    train.add_argument("--n-heads", type=int, default=4, help="attention heads (default 4)")
-    train.add_argument("--seed", type=int, default=0, help="init and data seed (default 0)")
+    add_count(train, "--n-heads", "attention heads per layer, a divisor of --d-model", default=4)
+    add_seed(train)
     train.add_argument(
         "--overwrite",
         action="store_true",

@@ -17,7 +17,7 @@ through the ``mhainterp.tasks`` entry-point group (see :mod:`mhainterp.tasks.plu
 
 Layout: ``batch`` (Batch), ``templates`` (relation template builders), ``base`` (Task),
 ``builtin`` (the built-in tasks), ``registry`` (register_task / get_task / list_tasks),
-``plugins`` (load_task_module, entry points).
+``plugins`` (load_task_module, entry points), ``contract`` (the check every task passes once).
 """
 
 from mhainterp.tasks.base import Task
@@ -32,7 +32,13 @@ from mhainterp.tasks.builtin import (
     ReverseTask,
     SortTask,
 )
-from mhainterp.tasks.plugins import ENTRY_POINT_GROUP, load_entry_point_tasks, load_task_module
+from mhainterp.tasks.contract import InvalidTaskError, validate_task
+from mhainterp.tasks.plugins import (
+    ENTRY_POINT_GROUP,
+    TaskModuleError,
+    load_entry_point_tasks,
+    load_task_module,
+)
 from mhainterp.tasks.registry import (
     accepted_params,
     get_task,
@@ -64,11 +70,13 @@ __all__ = [
     "CountPreviousTask",
     "HistogramTask",
     "InductionTask",
+    "InvalidTaskError",
     "MultiRelationTask",
     "PreviousTokenTask",
     "ReverseTask",
     "SortTask",
     "Task",
+    "TaskModuleError",
     "accepted_params",
     "first_position_template",
     "get_task",
@@ -87,8 +95,9 @@ __all__ = [
     "sort_source_template",
     "uniform_template",
     "unregister_task",
+    "validate_task",
 ]
 
 for _task_cls in BUILTIN_TASKS:
-    register_task(_task_cls.name, _task_cls, overwrite=True)
+    register_task(_task_cls.name, _task_cls, overwrite=True, validate=False)  # at first use
 del _task_cls

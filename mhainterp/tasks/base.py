@@ -22,8 +22,9 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from mhainterp.tasks.batch import IGNORE_INDEX, Batch
+from mhainterp.tasks.contract import MAX_SEQ_LEN, MAX_VOCAB, check_labels, task_error
 from mhainterp.tasks.templates import check_tokens
-from mhainterp.validation import check_int
+from mhainterp.validation import check_int, invalid
 
 __all__ = ["Task", "check_int", "init_param_names"]
 
@@ -98,13 +99,15 @@ class Task(abc.ABC):
     n_special_tokens: int = 0
 
     def __init__(self, seq_len: int = 16, d_vocab: int = 10, min_len: int | None = None) -> None:
-        self.seq_len = check_int("seq_len", seq_len, minimum=2)
-        self.d_vocab = check_int("d_vocab", d_vocab, minimum=2)
+        self.seq_len = check_int("seq_len", seq_len, minimum=2, maximum=MAX_SEQ_LEN)
+        self.d_vocab = check_int("d_vocab", d_vocab, minimum=2, maximum=MAX_VOCAB)
         self.min_len = self.seq_len if min_len is None else check_int("min_len", min_len, minimum=1)
         if self.min_len > self.seq_len:
-            raise ValueError(
-                f"min_len={min_len!r} is invalid: must be between 1 and seq_len={self.seq_len} "
-                f"(min_len=seq_len, the default, means fixed-length sequences)."
+            raise invalid(
+                "min_len",
+                min_len,
+                f"an integer >= 1 and <= seq_len={self.seq_len} (min_len=seq_len, the default, "
+                "means fixed-length sequences)",
             )
         if not self.name:
             self.name = type(self).__name__
@@ -345,13 +348,16 @@ class Task(abc.ABC):
         both_real = (padding_mask[:, :, None] & padding_mask[:, None, :]).float()
         n, pos = tokens.shape
         result = {}
+        if not isinstance(out, dict):
+            what = f"it must return a dict of relation name -> tensor, got {type(out).__name__}"
+            raise task_error(self.name, "compute_relations", what)
         for name, template in out.items():
             if not isinstance(template, Tensor) or tuple(template.shape) != (n, pos, pos):
                 shape = tuple(template.shape) if isinstance(template, Tensor) else type(template)
-                raise ValueError(
-                    f"{type(self).__name__}.compute_relations must return [n, q, k] = "
-                    f"{(n, pos, pos)} tensors; relation {name!r} has {shape}."
+                what = (
+                    f"relation {name!r} must be a [n, q, k] = {(n, pos, pos)} tensor, got {shape}"
                 )
+                raise task_error(self.name, "compute_relations", what)
             result[name] = template.float() * both_real
         return result
 
@@ -383,22 +389,22 @@ class Task(abc.ABC):
     def _label(
         self, tokens: Int[Tensor, "n pos"], padding_mask: Bool[Tensor, "n pos"]
     ) -> tuple[Int[Tensor, "n pos *k"], Bool[Tensor, "n pos"]]:
-        targets, mask = self.compute_targets(tokens, padding_mask)
+        labels = self.compute_targets(tokens, padding_mask)
+        if not isinstance(labels, (tuple, list)) or len(labels) != 2:
+            what = f"it must return a (targets, mask) pair, got {type(labels).__name__}"
+            raise task_error(self.name, "compute_targets", what)
+        targets, mask = labels
         n, pos = tokens.shape
         expected = (n, pos) if self.n_targets == 1 else (n, pos, self.n_targets)
-        if tuple(targets.shape) != expected or tuple(mask.shape) != (n, pos):
-            raise ValueError(
-                f"{type(self).__name__}.compute_targets must return targets of shape {expected} "
-                f"and a mask of shape {(n, pos)}; got {tuple(targets.shape)} and "
-                f"{tuple(mask.shape)}."
-            )
+        check_labels(self, targets, mask, expected)
         mask = mask.bool() & padding_mask
         full_mask = mask if self.n_targets == 1 else mask[:, :, None].expand_as(targets)
         targets = targets.long().masked_fill(~full_mask, IGNORE_INDEX)
         scored = targets[full_mask]
         if ((scored < 0) | (scored >= self.d_vocab_out)).any():
-            raise ValueError(
-                f"{type(self).__name__}.compute_targets produced targets outside "
-                f"[0, d_vocab_out={self.d_vocab_out}): {scored.unique()[:10].tolist()}."
+            what = (
+                f"targets must lie in [0, d_vocab_out={self.d_vocab_out}) where scored; got "
+                f"{scored.unique()[:10].tolist()}"
             )
+            raise task_error(self.name, "compute_targets", what)
         return targets, mask

@@ -28,8 +28,10 @@ import os
 import sys
 import types
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
+from mhainterp.tasks.contract import InvalidTaskError
 from mhainterp.tasks.registry import (
     _MODULES,
     _REGISTRY,
@@ -37,10 +39,17 @@ from mhainterp.tasks.registry import (
     defining_module,
     register_task,
 )
+from mhainterp.validation import invalid
 
-__all__ = ["ENTRY_POINT_GROUP", "load_entry_point_tasks", "load_task_module"]
+__all__ = ["ENTRY_POINT_GROUP", "TaskModuleError", "load_entry_point_tasks", "load_task_module"]
 
 ENTRY_POINT_GROUP = "mhainterp.tasks"
+
+
+class TaskModuleError(ValueError):
+    """A task module (a ``--task-module`` file or module, an entry point) failed to import; the
+    message names it and what it raised."""
+
 
 _loaded: dict[str, list[str]] = {}  # module spec (resolved) -> the task names it registered
 
@@ -58,8 +67,9 @@ def load_task_module(spec: str | os.PathLike[str]) -> list[str]:
 
     Raises:
         FileNotFoundError: For a path that does not exist.
-        ValueError: When the module cannot be imported or raises while it runs (the message
-            names the module and the error).
+        TaskModuleError: When the module cannot be imported or raises while it runs, even
+            ``sys.exit`` (the message names the module and the error).
+        InvalidTaskError: When a task it registers breaks the Task contract.
 
     Example:
         >>> load_task_module("my_tasks.py")  # doctest: +SKIP
@@ -97,17 +107,23 @@ def load_entry_point_tasks() -> list[str]:
         package = entry.dist.name if entry.dist is not None else "?"
         with defining_module(entry.module):
             try:
-                target = entry.load()
-            except Exception as error:  # a broken plugin must not break every command
+                _run_user_code(entry.value, lambda entry=entry: _register_entry(entry))
+            except (TaskModuleError, InvalidTaskError) as error:
+                # a broken plugin must not break every command
                 warnings.warn(
                     f"skipped task entry point {entry.name!r} = {entry.value!r} of package "
-                    f"{package!r}: {type(error).__name__}: {error}",
+                    f"{package!r}: {error}",
                     stacklevel=2,
                 )
-                continue
-            if not isinstance(target, types.ModuleType) and entry.name not in _REGISTRY:
-                register_task(entry.name, target)
     return sorted(set(_REGISTRY) - before)
+
+
+def _register_entry(entry: importlib.metadata.EntryPoint) -> None:
+    """Load one entry point: a module registers its own tasks; a factory is registered (and so
+    checked) under the entry point's name, unless a task of that name exists."""
+    target = entry.load()
+    if not isinstance(target, types.ModuleType) and entry.name not in _REGISTRY:
+        register_task(entry.name, target)
 
 
 def _exec_file(path: Path, text: str) -> None:
@@ -117,28 +133,45 @@ def _exec_file(path: Path, text: str) -> None:
     name = f"mhainterp_user_tasks.{path.stem}_{digest}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
-        raise ValueError(f"task module {text!r} is not a Python file")
+        raise invalid("--task-module", text, "a Python file (.py) or an importable module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # classes defined there can be pickled by worker processes
     try:
-        spec.loader.exec_module(module)
-    except Exception as error:
+        _run_user_code(text, lambda: spec.loader.exec_module(module))
+    except BaseException:
         del sys.modules[name]
-        raise ValueError(f"task module {text!r} failed: {type(error).__name__}: {error}") from error
+        raise
 
 
 def _import(name: str) -> None:
     try:
-        importlib.import_module(name)
-    except ModuleNotFoundError as error:
-        if error.name and name.startswith(error.name):
-            raise ValueError(
-                f"task module {name!r} cannot be imported: no module named {error.name!r}; give "
+        _run_user_code(name, lambda: importlib.import_module(name))
+    except TaskModuleError as error:
+        cause = error.__cause__
+        if isinstance(cause, ModuleNotFoundError) and cause.name and name.startswith(cause.name):
+            raise TaskModuleError(
+                f"task module {name!r} cannot be imported: no module named {cause.name!r}; give "
                 "a file path (my_tasks.py) or a module on the Python path"
-            ) from error
-        raise ValueError(f"task module {name!r} failed: {type(error).__name__}: {error}") from error
-    except Exception as error:
-        raise ValueError(f"task module {name!r} failed: {type(error).__name__}: {error}") from error
+            ) from cause
+        raise
+
+
+def _run_user_code(spec: str, run: Callable[[], object]) -> None:
+    """Run a task module's code: a contract fault of a task it registers passes through, any
+    other exception (``sys.exit(3)`` included, Ctrl-C excepted) becomes one line naming it."""
+    try:
+        run()
+    except (KeyboardInterrupt, InvalidTaskError):
+        raise
+    except BaseException as error:  # SystemExit too: a task module must not end the program
+        raise TaskModuleError(f"task module {spec!r} failed: {_describe(error)}") from error
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, SystemExit):
+        return f"it called sys.exit({error.code!r}) while being imported"
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 _lookup_hooks.append(load_entry_point_tasks)

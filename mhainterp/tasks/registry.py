@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from mhainterp.tasks.base import Task, init_param_names
+from mhainterp.tasks.contract import InvalidTaskError, task_error, validate_task
+from mhainterp.validation import invalid
 
 __all__ = [
     "accepted_params",
@@ -33,6 +36,7 @@ _REGISTRY: dict[str, TaskFactory] = {}
 _MODULES: dict[str, str] = {}  # task name -> the module (dotted name or file path) defining it
 _defining: list[str] = []  # the module being loaded by plugins.load_task_module, innermost last
 _lookup_hooks: list[Callable[[], None]] = []  # run once before the first lookup (entry points)
+_validated: set[tuple[str, str]] = set()  # (name, params) already checked against the contract
 
 
 @contextlib.contextmanager
@@ -51,8 +55,14 @@ def _load_plugins() -> None:
         _lookup_hooks.pop(0)()
 
 
-def register_task(name: str, factory: TaskFactory, *, overwrite: bool = False) -> TaskFactory:
+def register_task(
+    name: str, factory: TaskFactory, *, overwrite: bool = False, validate: bool = True
+) -> TaskFactory:
     """Register a task under ``name`` so ``get_task(name, **params)`` builds it.
+
+    The task is checked against the Task contract (:mod:`mhainterp.tasks.contract`) once: now,
+    built with its defaults, when every parameter of ``factory`` has a default; otherwise the
+    first time :func:`get_task` builds it (and again for other parameters).
 
     Args:
         name: The registry name; it becomes the built task's ``name`` (and so seeds its fixed
@@ -60,13 +70,16 @@ def register_task(name: str, factory: TaskFactory, *, overwrite: bool = False) -
         factory: A :class:`Task` subclass, or any callable taking keyword parameters and
             returning a ``Task``.
         overwrite: Replace an existing registration instead of raising.
+        validate: False leaves the check to the first :func:`get_task` (the built-ins, which
+            are registered when :mod:`mhainterp.tasks` is imported).
 
     Returns:
         ``factory``, unchanged.
 
     Raises:
-        ValueError: If ``name`` is already registered and ``overwrite`` is False, or is empty.
-        TypeError: If ``name`` is not a string or ``factory`` is not callable.
+        ParameterError: If ``name`` is not a non-empty string or is already registered (and
+            ``overwrite`` is False), or ``factory`` is not callable.
+        InvalidTaskError: If the task breaks the contract (the task is then not registered).
 
     Example:
         >>> from mhainterp.tasks import ReverseTask, get_task
@@ -75,22 +88,26 @@ def register_task(name: str, factory: TaskFactory, *, overwrite: bool = False) -
         32
         >>> unregister_task("reverse_long")
     """
-    if not isinstance(name, str):
-        raise TypeError(f"name must be a str, got {type(name).__name__}.")
-    if not name.strip():
-        raise ValueError(f"name={name!r} is invalid: must be a non-empty string.")
+    if not isinstance(name, str) or not name.strip():
+        raise invalid("name", name, "a non-empty string")
     if not callable(factory):
-        raise TypeError(
-            f"factory must be a Task subclass or a callable returning a Task, "
-            f"got {type(factory).__name__}."
-        )
+        raise invalid("factory", factory, "a Task subclass or a callable returning a Task")
     if name in _REGISTRY and not overwrite:
-        raise ValueError(
-            f"a task named {name!r} is already registered ({_describe(_REGISTRY[name])}); "
-            f"pass overwrite=True to replace it, or choose another name."
+        raise invalid(
+            "name",
+            name,
+            f"a name not registered yet (it holds {_describe(_REGISTRY[name])}); pass "
+            "overwrite=True to replace it, or choose another name",
         )
+    module = _defining[-1] if _defining else getattr(factory, "__module__", "") or ""
+    checked = validate and _has_defaults(factory)
+    if checked:
+        validate_task(_build(name, factory, {}))  # raises before anything is registered
     _REGISTRY[name] = factory
-    _MODULES[name] = _defining[-1] if _defining else getattr(factory, "__module__", "") or ""
+    _MODULES[name] = module
+    _validated.difference_update({key for key in _validated if key[0] == name})
+    if checked:
+        _validated.add(_validation_key(name, {}))
     return factory
 
 
@@ -164,9 +181,10 @@ def unregister_task(name: str) -> None:
         >>> unregister_task("tmp_task")
     """
     if name not in _REGISTRY:
-        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(list_tasks())}.")
+        raise invalid("name", name, f"a registered task: one of {', '.join(list_tasks())}")
     del _REGISTRY[name]
     _MODULES.pop(name, None)
+    _validated.difference_update({key for key in _validated if key[0] == name})
 
 
 def list_tasks() -> list[str]:
@@ -215,26 +233,55 @@ def get_task(name: str, **params: Any) -> Task:
     if accepted is not None:
         unknown = sorted(set(params) - set(accepted))
         if unknown:
-            raise ValueError(
-                f"task {name!r} got unknown parameter(s) {unknown}; accepted parameters: "
-                f"{accepted}."
-            )
-    task = factory(**params)
+            allowed = f"parameters of task {name!r}: {', '.join(accepted)}"
+            raise invalid("params", unknown, allowed)
+    task = _build(name, factory, params)
+    key = _validation_key(name, params)
+    if key not in _validated:
+        validate_task(task)
+        _validated.add(key)
+    return task
+
+
+def _build(name: str, factory: TaskFactory, params: dict[str, Any]) -> Task:
+    """``factory(**params)``, checked to be a Task, named ``name``; the user's own errors for
+    bad parameter values pass through, any other error names the task."""
+    try:
+        task = factory(**params)
+    except (ValueError, TypeError, InvalidTaskError):
+        raise  # a bad parameter value (the task's own check) or a contract fault
+    except Exception as error:
+        what = f"building it with {params or 'its defaults'} raised {type(error).__name__}: {error}"
+        raise task_error(name, "__init__", what) from error
     if not isinstance(task, Task):
-        raise TypeError(
-            f"the factory registered as {name!r} ({_describe(factory)}) returned "
-            f"{type(task).__name__}, not a Task."
-        )
+        what = f"{_describe(factory)} must return a Task, got {type(task).__name__}"
+        raise task_error(name, "factory", what)
     if task.name != name:
         task.name = name  # the registry name identifies the task (and seeds its eval set)
     return task
+
+
+def _has_defaults(factory: TaskFactory) -> bool:
+    """Whether ``factory()`` can be called: every parameter has a default."""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return False
+    return all(
+        p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        for p in signature.parameters.values()
+    )
+
+
+def _validation_key(name: str, params: dict[str, Any]) -> tuple[str, str]:
+    return name, json.dumps(params, sort_keys=True, default=repr)
 
 
 def _lookup(name: str) -> TaskFactory:
     if name not in _REGISTRY:
         _load_plugins()
     if name not in _REGISTRY:
-        raise ValueError(f"unknown task {name!r}; registered tasks: {', '.join(list_tasks())}.")
+        raise invalid("task", name, f"a registered task: one of {', '.join(list_tasks())}")
     return _REGISTRY[name]
 
 

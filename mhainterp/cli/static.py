@@ -1,0 +1,134 @@
+"""What ``mhainterp --help``, ``mhainterp <command> --help`` and ``mhainterp tasks`` show without
+importing torch (which takes seconds, tens of seconds on a busy machine).
+
+Each value below mirrors its one home in the library, named beside it; ``tests/test_first_hour.py``
+checks that every mirror equals its home, so a change there fails the tests until it is copied
+here. Nothing else in the CLI may hard-code these values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "ABLATION_METHODS",
+    "BUILTIN_TASKS",
+    "CORRECTIONS",
+    "DEFAULT_N_EVAL",
+    "DEMO_STEPS",
+    "ENTRY_POINT_GROUP",
+    "SPECIALIZATION_DEFAULTS",
+    "TRAIN_DEFAULTS",
+]
+
+DEFAULT_N_EVAL = 1024
+"""``mhainterp.data.DEFAULT_N_EVAL``: the evaluation sequences of every command's ``--n-eval``."""
+
+DEMO_STEPS = 1500
+"""``mhainterp.demo.DEMO_STEPS``: the demo's training steps per run."""
+
+TRAIN_DEFAULTS: dict[str, Any] = {"steps": 2000, "batch_size": 128, "lr": 3e-3, "grad_clip": 1.0}
+"""The defaults of :class:`mhainterp.config.TrainConfig` that the training options show."""
+
+ABLATION_METHODS = ("zero", "mean", "resample")
+"""``mhainterp.ablation.METHODS``."""
+
+CORRECTIONS = ("holm", "bh", "none")
+"""``mhainterp.specialization.CORRECTIONS``."""
+
+SPECIALIZATION_DEFAULTS: dict[str, Any] = {
+    "alpha": 0.05,
+    "correction": "holm",
+    "min_effect": 0.3,
+    "ablation_method": "mean",
+}
+"""The defaults of :class:`mhainterp.specialization.SpecializationSettings` the options show."""
+
+ENTRY_POINT_GROUP = "mhainterp.tasks"
+"""``mhainterp.tasks.ENTRY_POINT_GROUP``: installed packages' tasks."""
+
+_DEFAULTS = {"seq_len": 16, "d_vocab": 10, "min_len": 16}
+
+BUILTIN_TASKS: dict[str, dict[str, Any]] = {
+    "count_previous": {
+        "summary": (
+            "Count earlier copies: the target at t is how many earlier positions k < t hold "
+            "the same token as t (0 .. seq_len - 1, so d_vocab_out = seq_len)."
+        ),
+        "relations": ["same_token_upto"],
+        "targets": ["count_previous"],
+        "causal": True,
+        "min_layers": 1,
+        "defaults": _DEFAULTS,
+    },
+    "histogram": {
+        "summary": (
+            "Token histogram: the target at t is how many positions of the whole real "
+            "sequence hold the token at t, t itself included (1 .. seq_len, so d_vocab_out = "
+            "seq_len + 1)."
+        ),
+        "relations": ["same_token"],
+        "targets": ["histogram"],
+        "causal": False,
+        "min_layers": 1,
+        "defaults": _DEFAULTS,
+    },
+    "induction": {
+        "summary": (
+            "Induction: a random block of B = seq_len // 2 tokens followed by the same block "
+            "again (after one random prefix token when seq_len is odd)."
+        ),
+        "relations": ["induction", "previous"],
+        "targets": ["induction"],
+        "causal": True,
+        "min_layers": 2,
+        "defaults": _DEFAULTS,
+    },
+    "multi_relation": {
+        "summary": (
+            'Three targets at every position at once, target_names = ["previous", "mirror", '
+            '"count_previous"]: the previous token (class d_vocab at t = 0), the mirrored '
+            "token tokens[L - 1 - t], and the number of earlier copies of the token at t."
+        ),
+        "relations": ["previous", "mirror", "same_token_upto"],
+        "targets": ["previous", "mirror", "count_previous"],
+        "causal": False,
+        "min_layers": 1,
+        "defaults": _DEFAULTS,
+    },
+    "previous_token": {
+        "summary": (
+            "Copy the previous token: the target at t is the token at t - 1; at t = 0 it is "
+            "the extra class d_vocab (so d_vocab_out = d_vocab + 1)."
+        ),
+        "relations": ["previous"],
+        "targets": ["previous_token"],
+        "causal": True,
+        "min_layers": 1,
+        "defaults": _DEFAULTS,
+    },
+    "reverse": {
+        "summary": (
+            "Reverse the sequence: the target at t is the token at L - 1 - t of the real "
+            "sequence (d_vocab_out = d_vocab)."
+        ),
+        "relations": ["mirror"],
+        "targets": ["reverse"],
+        "causal": False,
+        "min_layers": 1,
+        "defaults": _DEFAULTS,
+    },
+    "sort": {
+        "summary": (
+            "Sort the sequence: the target at t is the t-th smallest token of the real "
+            "sequence (d_vocab_out = d_vocab)."
+        ),
+        "relations": ["sort_source"],
+        "targets": ["sort"],
+        "causal": False,
+        "min_layers": 1,
+        "defaults": _DEFAULTS,
+    },
+}
+"""``mhainterp tasks``'s entry for each built-in task (:func:`mhainterp.cli.tasks.describe_task`
+of the task built with its defaults)."""
