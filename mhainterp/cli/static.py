@@ -75,14 +75,14 @@ BUILTIN_TASKS: dict[str, dict[str, Any]] = {
     },
     "induction": {
         "summary": (
-            "Induction: a random block of B = seq_len // 2 tokens followed by the same block "
-            "again (after one random prefix token when seq_len is odd)."
+            "Induction: a block of B distinct tokens, then the same block again, at the end of "
+            "the sequence after seq_len - 2B prefix tokens that differ from the block."
         ),
         "relations": ["induction", "previous"],
         "targets": ["induction"],
         "causal": True,
         "min_layers": 2,
-        "defaults": _DEFAULTS,
+        "defaults": {**_DEFAULTS, "min_block": 4},
     },
     "multi_relation": {
         "summary": (
