@@ -72,6 +72,7 @@ __all__ = [
     "Replacement",
     "ablate",
     "build_replacement",
+    "capture_z",
     "check_method",
     "evaluate_head_sets",
     "resolve_head_sets",
@@ -143,8 +144,12 @@ class Replacement:
         return torch.where(real, donor, mean[None])
 
 
-def _capture_z(model: Any, batch: Batch, max_rows: int) -> list[Float[Tensor, "m T h d_head"]]:
-    """Every layer's clean ``hook_z`` on ``batch``, in chunks of ``max_rows`` sequences."""
+def capture_z(
+    model: Any, batch: Batch, max_rows: int | None = None
+) -> list[Float[Tensor, "m T h d_head"]]:
+    """Every layer's clean ``hook_z`` on ``batch``, in chunks of ``max_rows`` sequences (the
+    forward stops at the last layer's ``hook_z``)."""
+    max_rows = max_rows or LINEAR_READOUT_ROWS
     n_layers = model.cfg.n_layers
     chunks: list[list[Tensor]] = [[] for _ in range(n_layers)]
 
@@ -207,7 +212,7 @@ def build_replacement(
     if not bool(reference.padding_mask.any()):
         raise ValueError("the reference batch has no real (non-padding) tokens")
     with eval_mode(model):
-        donor_z = _capture_z(model, reference, max_rows or LINEAR_READOUT_ROWS)
+        donor_z = capture_z(model, reference, max_rows)
     real = reference.padding_mask
     means = [_per_position_mean(z, real) for z in donor_z]
     if method == "mean":
