@@ -45,6 +45,7 @@ __all__ = [
 
 BASES = ("single", "kept", "group")
 CALLS = ("divided", "not divided", "cannot tell", "method-dependent")
+TOLERANCE = 1e-9  # rounding: identical profiles give an index of +-1e-16, not a split
 
 
 @dataclass
@@ -215,7 +216,7 @@ def index_row(
 def _call(index: float, low: float, null_high: float) -> str:
     if math.isnan(index) or math.isnan(null_high):
         return "cannot tell"
-    return "divided" if low > null_high else "not divided"
+    return "divided" if low > null_high + TOLERANCE else "not divided"
 
 
 def _undefined_reason(g: Gates) -> str:
@@ -275,7 +276,7 @@ def heads_rows(
     shuffled_sel = selectivity(shuffled, defined)  # (B, H)
     null_high = torch.fmax(upper(job_sel, s.alpha), _quantile(shuffled_sel, 1 - s.alpha))
     with np.errstate(invalid="ignore"):
-        specialized = (low > null_high).numpy() & defined.numpy()
+        specialized = (low > null_high + TOLERANCE).numpy() & defined.numpy()
     hits = (job_sel[1:] >= sel[:1] - 1e-12).double().sum(0)
     p = torch.where(sel[0].isnan(), math.nan, (1 + hits) / (1 + B))
     K = int(keep.sum())
