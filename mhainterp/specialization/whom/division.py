@@ -381,15 +381,15 @@ def _noisy_passes(
     """The noisy copies' passes (primary method), with the noise that keeps the accuracy."""
     clean_accuracy = float(primary.accuracy[configs.clean])
     generator = torch.Generator().manual_seed(s.seed + 1)
-    noise = s.noise
-    for _ in range(5):
+    for attempt in range(5):  # the copies' own clean rows check the accuracy: no extra forward
+        noise = s.noise / 2**attempt
         copies = [noisy_copy(model, noise, generator) for _ in range(s.n_noise)]
-        accuracy = [float(run_pass(c, batch, [[]], s.method)[0].accuracy[0]) for c in copies]
+        bar = tqdm(copies, desc="noisy copies", disable=not progress, leave=False)
+        passes = [run_pass(c, batch, configs.head_sets, s.method)[0] for c in bar]
+        accuracy = [float(p.accuracy[configs.clean]) for p in passes]
         if all(abs(a - clean_accuracy) <= s.max_accuracy_change for a in accuracy):
             break
-        noise /= 2
-    bar = tqdm(copies, desc="noisy copies", disable=not progress, leave=False)
-    return [run_pass(c, batch, configs.head_sets, s.method)[0] for c in bar], noise
+    return passes, noise
 
 
 def _triple_damage(
