@@ -152,7 +152,8 @@ def test_calls_under_every_method_and_the_dead_inputs():
 # ----------------------------------------------------------------------------- slow: power
 
 
-def _trained_head_copies(noise: float, seed: int):
+@pytest.fixture(scope="module")
+def trained_two_heads():
     from mhainterp.config import TrainConfig
     from mhainterp.tasks import get_task
     from mhainterp.training import build_model, train
@@ -160,21 +161,25 @@ def _trained_head_copies(noise: float, seed: int):
     task = get_task("previous_token", seq_len=8, d_vocab=6)
     model = build_model(task, d_model=32, n_heads=2, n_layers=1, seed=0)
     train(model, task, TrainConfig(steps=300, n_eval=64), progress=False)
-    return task, model, head_copies_model(model, 0, noise, seed=seed)
+    return task, model
 
 
 @pytest.mark.slow
-def test_noisy_copies_of_a_trained_head_are_not_divided():
+def test_noisy_copies_of_a_trained_head_are_not_divided(trained_two_heads):
     from mhainterp.training import evaluate
 
-    divided = 0
-    for noise, seed in [(0.05, 0), (0.05, 1), (0.1, 2), (0.1, 3)]:
-        task, _, copies = _trained_head_copies(noise, seed)
+    task, model = trained_two_heads
+    # The head whose two copies do the task best (head 1 here: 0.97; head 0: 0.89).
+    accuracy = [evaluate(head_copies_model(model, h), task, n_eval=256)["accuracy"] for h in (0, 1)]
+    source = max((0, 1), key=lambda h: accuracy[h])
+    calls = []
+    for noise, seed in [(0.0, 0), (0.05, 0), (0.05, 1), (0.1, 2), (0.1, 3)]:
+        copies = head_copies_model(model, source, noise, seed=seed)
         assert evaluate(copies, task, n_eval=256)["accuracy"] > 0.9
         result = division_of_labour(copies, task, "token,position,target_class", n_eval=256,
                                     n_bootstrap=100)  # fmt: skip
-        divided += int((result.index.call == "divided").sum())
-    assert divided == 0
+        calls += result.index.call.tolist()
+    assert "divided" not in calls and "method-dependent" not in calls
 
 
 @pytest.mark.slow

@@ -139,10 +139,13 @@ from mhainterp.specialization.whom.division_result import (
 from mhainterp.specialization.whom.profiles import (
     Configs,
     PassScores,
+    basis_rows,
     bootstrap_weights,
     build_configs,
     noisy_copy,
+    pass_means,
     run_pass,
+    run_rows,
     value_means,
     write_norms,
 )
@@ -279,29 +282,30 @@ def division_of_labour(
         primary = PassScores(
             s.method, torch.cat([primary.correct, more.correct]), torch.cat([primary.nll, more.nll])
         )
+    basis = choose_basis(gates(primary, configs, s))
+    # The other methods and the noisy copies run only what the call's basis needs.
+    rows = basis_rows(configs, basis)
     passes = {s.method: primary}
-    for method in tqdm(s.methods[1:], desc="methods", disable=not progress, leave=False):
-        passes[method] = run_pass(model, batch, configs.head_sets, method)[0]
-    noisy, noise_used = _noisy_passes(model, batch, configs, primary, s, progress)
+    for method in tqdm(s.methods[1:] if basis else (), desc="methods", disable=not progress):
+        passes[method] = run_rows(model, batch, configs, rows, method)
+    noisy, noise_used = (
+        _noisy_passes(model, batch, configs, rows, primary, s, progress) if basis else ([], 0.0)
+    )
+    gate = {m: gates(p, configs, s) for m, p in passes.items()}
     weights = bootstrap_weights(len(batch), s.n_bootstrap, torch.Generator().manual_seed(s.seed))
     even = torch.arange(len(batch)) % 2 == 0
     split = (even.float(), (~even).float())  # split halves: the null's sampling noise
     null_generator = torch.Generator().manual_seed(s.seed + 2)
-    gate = {m: gates(p, configs, s) for m, p in passes.items()}
-    basis = choose_basis(gate[s.method])
     norms = write_norms(model, batch[: s.n_attention])
     heads_parts, index_rows, profile_parts, basis_parts = [], [], [], []
     for axis in axes:
-        means = {
-            m: value_means(p.correct, sequence, values[axis], len(value_names[axis]), weights)
-            for m, p in passes.items()
-        }
         K = len(value_names[axis])
+        means = {m: pass_means(p, sequence, values[axis], K, weights) for m, p in passes.items()}
         halves = [weights * half for half in split]
-        originals = [value_means(primary.correct, sequence, values[axis], K, w) for w in halves]
-        noisy_means = [originals] if len(noisy) == 1 else []
-        noisy_means += [[value_means(p.correct, sequence, values[axis], K, w) for w in halves]
-                        for p in noisy]  # fmt: skip
+        null_passes = [primary, *noisy] if len(noisy) == 1 else noisy
+        noisy_means = [
+            [pass_means(p, sequence, values[axis], K, w) for w in halves] for p in null_passes
+        ]
         observed = weights[:1]
         loss = value_means(primary.nll, sequence, values[axis], len(value_names[axis]), observed)
         ev = AxisEvidence(
@@ -374,18 +378,20 @@ def _noisy_passes(
     model: Any,
     batch: Batch,
     configs: Configs,
+    rows: list[int],
     primary: PassScores,
     s: DivisionSettings,
     progress: bool,
 ) -> tuple[list[PassScores], float]:
-    """The noisy copies' passes (primary method), with the noise that keeps the accuracy."""
+    """The noisy copies' passes (primary method, ``rows`` only), with the noise that keeps
+    the accuracy."""
     clean_accuracy = float(primary.accuracy[configs.clean])
     generator = torch.Generator().manual_seed(s.seed + 1)
     for attempt in range(5):  # the copies' own clean rows check the accuracy: no extra forward
         noise = s.noise / 2**attempt
         copies = [noisy_copy(model, noise, generator) for _ in range(s.n_noise)]
         bar = tqdm(copies, desc="noisy copies", disable=not progress, leave=False)
-        passes = [run_pass(c, batch, configs.head_sets, s.method)[0] for c in bar]
+        passes = [run_rows(c, batch, configs, rows, s.method) for c in bar]
         accuracy = [float(p.accuracy[configs.clean]) for p in passes]
         if all(abs(a - clean_accuracy) <= s.max_accuracy_change for a in accuracy):
             break

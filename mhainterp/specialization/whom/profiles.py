@@ -16,6 +16,7 @@ resamples (row 0 of every resampled table is the observed data), H heads, L laye
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,10 +34,13 @@ from mhainterp.tasks import Batch
 __all__ = [
     "Configs",
     "PassScores",
+    "basis_rows",
     "bootstrap_weights",
     "build_configs",
     "noisy_copy",
+    "pass_means",
     "run_pass",
+    "run_rows",
     "value_means",
     "write_norms",
 ]
@@ -109,6 +113,7 @@ class PassScores:
     method: str
     correct: Float[Tensor, "C N"]
     nll: Float[Tensor, "C N"]
+    rows: list[int] | None = None  # the configurations run (None: all); NaN elsewhere
 
     @property
     def accuracy(self) -> Float[Tensor, " C"]:
@@ -144,6 +149,35 @@ def run_pass(
     correct = result.scores.correct[:, scored].float().cpu()
     nll = result.scores.nll[:, scored].float().cpu()
     return PassScores(method, correct, nll), result
+
+
+def run_rows(
+    model: Any, batch: Batch, configs: Configs, rows: Sequence[int], method: Method
+) -> PassScores:
+    """:func:`run_pass` of the configurations ``rows`` only, laid out as a full pass (NaN in
+    the rows not run), so that every row keeps its meaning."""
+    part, _ = run_pass(model, batch, [configs.head_sets[r] for r in rows], method)
+    C, N = len(configs.head_sets), part.correct.shape[1]
+    correct, nll = torch.full((C, N), math.nan), torch.full((C, N), math.nan)
+    correct[list(rows)], nll[list(rows)] = part.correct, part.nll
+    return PassScores(method, correct, nll, rows=list(rows))
+
+
+def basis_rows(configs: Configs, basis: str) -> list[int]:
+    """The configurations a basis's profiles need (the clean row always: it checks noisy
+    copies' accuracy).
+
+    Example:
+        >>> basis_rows(build_configs(1, 2), "kept")
+        [0, 3, 4, 5]
+    """
+    if basis == "single":
+        return [configs.clean, *configs.single]
+    if basis == "kept":
+        return [configs.clean, *configs.layer, *configs.kept]
+    if basis == "group":
+        return [configs.clean, *configs.single, *configs.group]
+    return [configs.clean]
 
 
 def noisy_copy(model: Any, noise: float, generator: torch.Generator) -> Any:
@@ -182,6 +216,22 @@ def bootstrap_weights(n: int, n_resamples: int, generator: torch.Generator) -> F
     draws = torch.randint(0, n, (n_resamples, n), generator=generator)
     counts = torch.zeros(n_resamples, n).scatter_add_(1, draws, torch.ones(n_resamples, n))
     return torch.cat([torch.ones(1, n), counts])
+
+
+def pass_means(
+    scores: PassScores,
+    sequence: Int[Tensor, " N"],
+    values: Int[Tensor, " N"],
+    K: int,
+    weights: Float[Tensor, "B n"],
+) -> Float[Tensor, "B C K"]:
+    """:func:`value_means` of a pass's correctness, computed on the rows it ran (NaN else)."""
+    if scores.rows is None:
+        return value_means(scores.correct, sequence, values, K, weights)
+    part = value_means(scores.correct[scores.rows], sequence, values, K, weights)
+    out = torch.full((weights.shape[0], scores.correct.shape[0], K), math.nan)
+    out[:, scores.rows] = part
+    return out
 
 
 def value_means(
