@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 
 from mhainterp import division_of_labour
 from mhainterp.handbuilt_split import head_copies_model, split_batch, split_heads_model
@@ -200,3 +201,17 @@ def test_untrained_models_are_rarely_divided_with_the_gates_off():
     # The gates are off, so the statistic decides: most indices are defined.
     assert sum(c != "cannot tell" for c in calls) >= 0.8 * len(calls)
     assert sum(c == "divided" for c in calls) <= 0.05 * len(calls)
+
+
+def test_a_clean_cache_shared_by_methods_changes_no_result():
+    from mhainterp.ablation.engine import CleanCache, evaluate_head_sets
+
+    model = split_heads_model([("target", [0, 1, 2, 3]), ("all", None)])
+    batch = split_batch(64)
+    sets, cache = [[], ["L0H0"], ["L0H0", "L0H1"]], CleanCache()
+    for method in ("mean", "zero", "resample", "mean"):
+        alone = evaluate_head_sets(model, batch, sets, method, per_position=True)
+        shared = evaluate_head_sets(model, batch, sets, method, per_position=True, cache=cache)
+        assert torch.equal(alone.scores.correct, shared.scores.correct)
+        assert torch.equal(alone.scores.nll, shared.scores.nll)
+    assert cache.donor_z is not None and len(cache.prefixes) == 1

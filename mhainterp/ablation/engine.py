@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
@@ -68,6 +68,7 @@ __all__ = [
     "DEFAULT_MAX_ROWS",
     "METHODS",
     "AblationResult",
+    "CleanCache",
     "Method",
     "Replacement",
     "ablate",
@@ -192,14 +193,26 @@ def _generator(generator: torch.Generator | None) -> torch.Generator:
     return check_type("generator", generator, torch.Generator, "a torch.Generator or None")
 
 
+@dataclass
+class CleanCache:
+    """Clean activations shared by several passes over ONE model, batch and reference (e.g.
+    the same head sets under mean, zero and resample ablation): the reference's ``hook_z``
+    (mean and resample replacements) and the clean prefixes of the copies."""
+
+    donor_z: list[Tensor] | None = None
+    prefixes: dict[tuple[int, int], tuple[Tensor, Tensor]] = field(default_factory=dict)
+
+
 def build_replacement(
     model: Any,
     method: Method,
     reference: Batch | None,
     generator: torch.Generator | None = None,
     max_rows: int | None = DEFAULT_MAX_ROWS,
+    cache: CleanCache | None = None,
 ) -> Replacement:
-    """The replacement values of ``method``, from the model's clean run on ``reference``."""
+    """The replacement values of ``method``, from the model's clean run on ``reference``
+    (its ``hook_z`` taken from, or kept in, ``cache`` when one is given)."""
     method = check_method(method)
     if method == "zero":
         return Replacement("zero")
@@ -211,8 +224,13 @@ def build_replacement(
     reference = batch_for_model(model, reference, scored=False)
     if not bool(reference.padding_mask.any()):
         raise ValueError("the reference batch has no real (non-padding) tokens")
-    with eval_mode(model):
-        donor_z = capture_z(model, reference, max_rows)
+    if cache is not None and cache.donor_z is not None:
+        donor_z = cache.donor_z
+    else:
+        with eval_mode(model):
+            donor_z = capture_z(model, reference, max_rows)
+        if cache is not None:
+            cache.donor_z = donor_z
     real = reference.padding_mask
     means = [_per_position_mean(z, real) for z in donor_z]
     if method == "mean":
@@ -395,8 +413,10 @@ def run_masks(
     max_rows: int | None = DEFAULT_MAX_ROWS,
     progress: bool = False,
     desc: str = "ablate",
+    cache: CleanCache | None = None,
 ) -> tuple[Totals, PositionScores | None]:
-    """Score ``C`` ablation configurations of ``batch`` (copy c ablates ``masks[c]``).
+    """Score ``C`` ablation configurations of ``batch`` (copy c ablates ``masks[c]``); the
+    clean prefixes are kept in ``cache`` when one is given (see :class:`CleanCache`).
 
     Returns:
         The :class:`~mhainterp.scoring.Totals` of every configuration and, with
@@ -424,14 +444,17 @@ def run_masks(
     loss_sum = torch.zeros(C, dtype=torch.float64)
     correct = torch.zeros(C, k, dtype=torch.float64)
     pieces: dict[tuple[int, int], PositionScores] = {}
-    prefixes: dict[tuple[int, int], tuple[Tensor, Tensor]] = {}  # (first, s0) -> clean prefix
+    # (first, s0) -> clean prefix; without a cache only the current one is kept (memory)
+    prefixes = cache.prefixes if cache is not None else {}
     with eval_mode(model), torch.no_grad():
         for first, members, s0, s1 in tqdm(jobs, desc=desc, disable=not progress, leave=False):
             part = batch[s0:s1]
             rows = torch.arange(s0, s1, device=masks.device)
             index = torch.tensor(members, device=masks.device)
             if (first, s0) not in prefixes:  # shared by every copy chunk of this group
-                prefixes = {(first, s0): _clean_resid_and_z(model, part, first)}
+                if cache is None:
+                    prefixes.clear()
+                prefixes[(first, s0)] = _clean_resid_and_z(model, part, first)
             logits = _forward_copies(
                 model, part, masks[index], rows, replacement, first, prefixes[(first, s0)]
             )
@@ -530,6 +553,7 @@ def evaluate_head_sets(
     max_rows: int | None = DEFAULT_MAX_ROWS,
     progress: bool = False,
     desc: str = "ablate",
+    cache: CleanCache | None = None,
 ) -> AblationResult:
     """Loss and accuracy with each head set ablated, all in one batched pass.
 
@@ -549,6 +573,9 @@ def evaluate_head_sets(
             measured best (:data:`FULL_FORWARD_ROWS`, :data:`LINEAR_READOUT_ROWS`).
         progress: Show a progress bar.
         desc: The progress bar's label.
+        cache: A :class:`CleanCache` shared by passes over the same model, batch and
+            reference (other methods, other head sets): the clean activations are computed
+            once. Results are the same with or without it.
 
     Returns:
         An :class:`AblationResult`.
@@ -557,10 +584,10 @@ def evaluate_head_sets(
     resolved = resolve_head_sets(model, head_sets)
     batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
     ref = batch if reference is None else as_batch(reference, n_eval=n_eval, name="reference")
-    replacement = build_replacement(model, method, ref, generator, max_rows)
+    replacement = build_replacement(model, method, ref, generator, max_rows, cache)
     result, scores = run_masks(
         model, batch, head_masks(model, resolved), replacement,
-        per_position=per_position, max_rows=max_rows, progress=progress, desc=desc,
+        per_position=per_position, max_rows=max_rows, progress=progress, desc=desc, cache=cache,
     )  # fmt: skip
     return AblationResult(
         head_sets=resolved,

@@ -112,6 +112,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from mhainterp.ablation.engine import CleanCache
 from mhainterp.data import Data, as_batch, batch_for_model, target_names
 from mhainterp.heads import head_label, resolve_heads
 from mhainterp.specialization.corrections import adjust_pvalues
@@ -268,7 +269,10 @@ def division_of_labour(
     names = target_names(data, model.cfg.n_targets)
     L, h = model.cfg.n_layers, model.cfg.n_heads
     configs = build_configs(L, h)
-    primary, engine = run_pass(model, batch, configs.head_sets, s.method, progress=progress)
+    cache = CleanCache()  # the methods share the clean activations of this model and batch
+    primary, engine = run_pass(
+        model, batch, configs.head_sets, s.method, progress=progress, cache=cache
+    )
     scored = engine.scores.scored
     values, value_names = _axis_values(engine.batch, scored, list(names))
     sequence = scored.nonzero()[:, 0].cpu()
@@ -278,7 +282,9 @@ def division_of_labour(
     found = _groups(primary, configs, s) if given is None else given
     if found:
         configs = build_configs(L, h, found)
-        more, _ = run_pass(model, batch, [configs.head_sets[i] for i in configs.group], s.method)
+        more, _ = run_pass(
+            model, batch, [configs.head_sets[i] for i in configs.group], s.method, cache=cache
+        )
         primary = PassScores(
             s.method, torch.cat([primary.correct, more.correct]), torch.cat([primary.nll, more.nll])
         )
@@ -287,7 +293,7 @@ def division_of_labour(
     rows = basis_rows(configs, basis)
     passes = {s.method: primary}
     for method in tqdm(s.methods[1:] if basis else (), desc="methods", disable=not progress):
-        passes[method] = run_rows(model, batch, configs, rows, method)
+        passes[method] = run_rows(model, batch, configs, rows, method, cache)
     noisy, noise_used = (
         _noisy_passes(model, batch, configs, rows, primary, s, progress) if basis else ([], 0.0)
     )

@@ -26,7 +26,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from mhainterp.ablation import Method, evaluate_head_sets
-from mhainterp.ablation.engine import capture_z
+from mhainterp.ablation.engine import CleanCache, capture_z
 from mhainterp.eval_mode import eval_mode
 from mhainterp.heads import all_heads
 from mhainterp.tasks import Batch
@@ -134,8 +134,10 @@ def run_pass(
     method: Method,
     *,
     progress: bool = False,
+    cache: CleanCache | None = None,
 ) -> tuple[PassScores, Any]:
-    """One engine pass of ``head_sets`` (the batch is its own mean/resample reference).
+    """One engine pass of ``head_sets`` (the batch is its own mean/resample reference; a
+    ``cache`` shares the clean activations between passes over one model and batch).
 
     Returns:
         The :class:`PassScores` and the engine's :class:`~mhainterp.ablation.AblationResult`
@@ -143,7 +145,7 @@ def run_pass(
     """
     result = evaluate_head_sets(
         model, batch, [list(s) for s in head_sets], method, per_position=True,
-        progress=progress, desc=f"division ({method})",
+        progress=progress, desc=f"division ({method})", cache=cache,
     )  # fmt: skip
     scored = result.scores.scored
     correct = result.scores.correct[:, scored].float().cpu()
@@ -152,11 +154,16 @@ def run_pass(
 
 
 def run_rows(
-    model: Any, batch: Batch, configs: Configs, rows: Sequence[int], method: Method
+    model: Any,
+    batch: Batch,
+    configs: Configs,
+    rows: Sequence[int],
+    method: Method,
+    cache: CleanCache | None = None,
 ) -> PassScores:
     """:func:`run_pass` of the configurations ``rows`` only, laid out as a full pass (NaN in
     the rows not run), so that every row keeps its meaning."""
-    part, _ = run_pass(model, batch, [configs.head_sets[r] for r in rows], method)
+    part, _ = run_pass(model, batch, [configs.head_sets[r] for r in rows], method, cache=cache)
     C, N = len(configs.head_sets), part.correct.shape[1]
     correct, nll = torch.full((C, N), math.nan), torch.full((C, N), math.nan)
     correct[list(rows)], nll[list(rows)] = part.correct, part.nll
