@@ -104,8 +104,8 @@ def same_function_distance(
 ) -> Float[Tensor, "..."]:
     """Mean over the ``defined`` units of ``1 - cos`` between a unit's profile in ``first``
     and in ``second`` (two noisy copies of the model): the division index that heads doing
-    the same job score. A profile that is all zero in one copy counts as distance 1 (nothing
-    in common); NaN without defined units.
+    the same job score. A profile that is all zero in one copy only counts as distance 1
+    (nothing in common); a unit all zero in both is left out; NaN without units.
 
     Example:
         >>> a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
@@ -114,11 +114,10 @@ def same_function_distance(
         0.1464
     """
     cos = (_unit(first) * _unit(second)).sum(-1)  # (..., U); 0 where either is all zero
-    use = defined.double()
-    n = use.sum()
-    if n == 0:
-        return torch.full(cos.shape[:-1], math.nan, dtype=torch.float64)
-    return ((1.0 - cos) * use).sum(-1) / n
+    seen = (first.clamp(min=0).sum(-1) > 0) | (second.clamp(min=0).sum(-1) > 0)
+    use = (defined & seen).double()  # a unit that damages nothing in both copies says nothing
+    n = use.sum(-1)
+    return torch.where(n > 0, ((1.0 - cos) * use).sum(-1) / n.clamp(min=1), math.nan)
 
 
 def _psd_sqrt(cov: Float[Tensor, "d d"]) -> Float[Tensor, "d d"]:
