@@ -10,7 +10,12 @@ into the copy block that the unembedding reads), restricted in one of three ways
     (the previous token) is in ``S``;
 ``("query", S)``
     acts only at queries whose *own token* is in ``S``; at other queries it attends to the
-    beginning-of-sequence token at position 0, whose value is zero, and writes nothing.
+    beginning-of-sequence token at position 0, whose value is zero, and writes nothing;
+``("position", S)``
+    acts only at query *positions* in ``S`` (at the others it attends to the BOS token).
+
+Repeating a head gives copies that back each other up: each writes the full answer, so
+removing one of two costs nothing and removing both costs everything it served.
 
 The data is :func:`split_batch`: position 0 holds the BOS token ``d_vocab - 1``, positions
 ``1..`` random tokens ``0 .. d_vocab - 2``, the target at ``t`` is ``tokens[t - 1]``, scored from
@@ -39,7 +44,7 @@ from mhainterp.validation import check_int, invalid
 
 __all__ = ["SPLIT_KINDS", "split_batch", "split_heads_model"]
 
-SPLIT_KINDS = ("all", "target", "query")
+SPLIT_KINDS = ("all", "target", "query", "position")
 
 
 def split_batch(n: int, *, seq_len: int = 12, d_vocab: int = 10, seed: int = 0) -> Batch:
@@ -74,8 +79,8 @@ def split_heads_model(
     """A one-layer attention-only causal model; head ``i`` is ``heads[i] = (kind, set)``.
 
     Args:
-        heads: ``("all", None)``, ``("target", tokens)`` or ``("query", tokens)`` per head (see
-            the module docstring).
+        heads: ``("all", None)``, ``("target", tokens)``, ``("query", tokens)`` or
+            ``("position", positions)`` per head (see the module docstring).
         seq_len: ``n_ctx``.
         d_vocab: Tokens including the BOS token ``d_vocab - 1``; also the output classes.
         d_head: Head width (>= ``max(seq_len, d_vocab)``).
@@ -87,7 +92,7 @@ def split_heads_model(
     """
     heads = list(heads)
     if not heads or any(kind not in SPLIT_KINDS for kind, _ in heads):
-        raise invalid("heads", heads, f"(kind, tokens) pairs with kind in {SPLIT_KINDS}")
+        raise invalid("heads", heads, f"(kind, set) pairs with kind in {SPLIT_KINDS}")
     n_heads, T, V = len(heads), seq_len, d_vocab
     bos = V - 1
     d_model = n_heads * d_head
@@ -115,8 +120,43 @@ def split_heads_model(
             if kind == "query":
                 for v in set(range(V)) - set(members or ()):
                     W_Q[h, v, 0] = 2 * scale  # other query tokens look at BOS instead
+            if kind == "position":
+                for q in set(range(T)) - set(members or ()):
+                    W_Q[h, V + q, 0] += 2 * scale  # other query positions look at BOS
             W_O[h, :V, copy] = torch.eye(V)
         attn.W_Q, attn.W_K, attn.W_V, attn.W_O = W_Q, W_K, W_V, W_O
         model.unembed.weight[:V, copy] = 20.0 * torch.eye(V)
         model.unembed.bias[bos] = 1.0  # nothing written -> the never-correct BOS class wins
     return model.eval()
+
+
+def head_copies_model(
+    model: HookedMHATransformer, source: int, noise: float = 0.0, *, seed: int = 0
+) -> HookedMHATransformer:
+    """A copy of a one-layer ``model`` whose every head is head ``source`` (plus relative
+    Gaussian noise ``noise`` x the RMS of each matrix, drawn per copy), each writing ``1 / h``
+    of it: h heads doing one job, the null case of the division test.
+
+    Example:
+        >>> m = split_heads_model([("all", None), ("target", [1])])
+        >>> c = head_copies_model(m, 0)
+        >>> torch.equal(c.blocks[0].attn.W_V[0], c.blocks[0].attn.W_V[1])
+        True
+    """
+    import copy
+
+    twin = copy.deepcopy(model)
+    attn = twin.blocks[0].attn
+    generator = torch.Generator().manual_seed(seed)
+    h = twin.cfg.n_heads
+    with torch.no_grad():
+        for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V"):
+            weight = getattr(attn, name).detach().clone()  # (h, ...)
+            one = weight[source]
+            rms = one.pow(2).mean().sqrt()
+            copies = one[None].repeat(h, *([1] * one.ndim))
+            copies = copies + noise * rms * torch.randn(copies.shape, generator=generator)
+            if name == "W_O":
+                copies = copies / h
+            setattr(attn, name, copies)
+    return twin.eval()

@@ -18,7 +18,7 @@ from mhainterp.specialization.whom.division import (
     INDEX_COLUMNS,
     PROFILE_COLUMNS,
     division_index,
-    entropy_selectivity,
+    selectivity,
     triple_damage,
 )
 from mhainterp.tasks import get_task
@@ -27,7 +27,7 @@ from mhainterp.training import build_model
 from mhainterp.validation import ParameterError
 
 A, B = [0, 1, 2, 3], [4, 5, 6, 7, 8]
-FAST = dict(method="zero", n_permutations=200, n_init=0)
+FAST = dict(method="zero", methods=("zero",), n_bootstrap=50)
 
 
 @pytest.fixture(scope="module")
@@ -49,10 +49,10 @@ def _index(result: DivisionResult, by: str) -> pd.Series:
 
 def test_selectivity_formula_known_values():
     p = torch.tensor([[0.6, 0, 0, 0], [0.2, 0.2, 0.2, 0.2], [0.5, 0.5, 0, 0], [-0.1, 0, 0, 0]])
-    si = entropy_selectivity(p, torch.tensor([True, True, True, True]))
-    assert si[:3].tolist() == pytest.approx([1.0, 0.0, 0.5])
+    si = selectivity(p, torch.tensor([True, True, True, True]))
+    assert si[:3].tolist() == pytest.approx([0.75, 0.0, 0.5])  # 1 - n_eff / K
     assert math.isnan(si[3])  # an all-negative (clipped to zero) profile has no shape
-    assert math.isnan(entropy_selectivity(p[:1], torch.tensor([False]))[0])  # no damage: NaN
+    assert math.isnan(selectivity(p[:1], torch.tensor([False]))[0])  # no damage: NaN
 
 
 def test_division_index_known_values():
@@ -80,17 +80,20 @@ def test_heads_that_split_the_target_classes(batch):
     first, second = _row(result, "L0H0", "target_class"), _row(result, "L0H1", "target_class")
     assert (first.serves, second.serves) == ("0,1,2,3", "4,5,6,7,8")
     assert bool(first.specialized) and bool(second.specialized)
-    # Damage falls evenly on 4 (resp. 5) of 9 classes: 1 - log m / log 9.
-    assert first.selectivity == pytest.approx(1 - math.log(4) / math.log(9))
-    assert second.selectivity == pytest.approx(1 - math.log(5) / math.log(9))
+    # Damage falls evenly on 4 (resp. 5) of 9 classes: 1 - m / 9 (the share spared).
+    assert first.selectivity == pytest.approx(1 - 4 / 9)
+    assert second.selectivity == pytest.approx(1 - 5 / 9)
+    assert (first.served_share, first.basis) == (pytest.approx(4 / 9), "single")
     for by in ("token", "position"):
         for head in ("L0H0", "L0H1"):
             row = _row(result, head, by)
-            assert not row.specialized and row.serves == "" and row.selectivity < 0.01
+            assert not row.specialized and row.selectivity < 0.01
+    assert _row(result, "L0H0", "token").serves == "0,1,2,3,4,5,6,7,8"  # every token alike
     assert _index(result, "target_class")["index"] == pytest.approx(1.0)
-    assert bool(_index(result, "target_class").divided)
+    assert _index(result, "target_class").call == "divided"
     for by in ("token", "position"):
-        assert _index(result, by)["index"] < 0.02 and not _index(result, by).divided
+        row = _index(result, by)
+        assert row["index"] < 0.02 and row.call == "not divided" and row.ci_low < row.null_high
     # The profile itself: exactly 1 on the served classes, 0 elsewhere; the clean model is exact.
     prof = result.profiles.query("by == 'target_class' and head_label == 'L0H0'")
     assert prof.set_index("value")["damage"].to_dict() == {
@@ -107,47 +110,59 @@ def test_heads_that_split_the_query_tokens(batch):
     assert result.heads.query("by == 'token'").specialized.all()
     assert not result.heads.query("by != 'token'").specialized.any()
     assert _index(result, "token")["index"] == pytest.approx(1.0)
-    assert _index(result, "token").divided
-    assert not _index(result, "position").divided and not _index(result, "target_class").divided
+    assert _index(result, "token").call == "divided"
+    assert _index(result, "position").call == _index(result, "target_class").call == "not divided"
 
 
 def test_two_identical_heads_divide_nothing(batch):
     model = split_heads_model([("all", None), ("all", None)])
     result = division_of_labour(model, batch, **FAST)
     assert (result.heads.total_damage == 0).all()  # each alone is backed up by the other
-    assert result.heads.selectivity.isna().all() and result.heads.p_adj.isna().all()
-    assert not result.heads.specialized.any() and (result.heads.serves == "").all()
-    assert result.index["index"].isna().all() and (result.index.n_damaging == 0).all()
-    assert not result.index.divided.any()
+    assert (result.heads.kept_contribution == 1).all()  # and each alone does the whole job
+    assert (result.heads.basis == "kept").all() and not result.heads.specialized.any()
+    assert (result.index.n_damaging == 0).all()
+    assert (result.index.call == "not divided").all()
+    assert result.settings["groups"] == ["L0H0,L0H1"]  # found: the copies are one group
+    assert (result.heads.group == "L0H0,L0H1").all() and (result.heads.damage_group == 1).all()
+    assert result.index["index"].tolist() == pytest.approx([0.0, 0.0, 0.0], abs=1e-9)
 
 
-def test_a_lone_useful_head_has_a_profile_but_no_index(batch):
+def test_a_lone_useful_head_is_not_called_on_single_ablation(batch):
     model = split_heads_model([("all", None), ("target", A)])  # L0H1 is backed up on A
     result = division_of_labour(model, batch, **FAST)
-    assert _row(result, "L0H0", "target_class").serves == "4,5,6,7,8"
-    assert math.isnan(_row(result, "L0H1", "target_class").selectivity)
-    assert result.index["index"].isna().all() and (result.index.n_damaging == 1).all()
+    row = _row(result, "L0H0", "target_class")
+    assert row.serves == "4,5,6,7,8" and row.basis == "single"
+    assert _row(result, "L0H1", "target_class").basis == "kept"  # backed up: its kept profile
+    assert (result.index.n_damaging == 1).all() and (result.index.basis == "kept").all()
+    # Kept alone, the all-doer serves every class and the A head serves A: a split with overlap.
+    assert _index(result, "target_class").call == "divided"
+    assert 0 < _index(result, "target_class")["index"] < 1
 
 
-# ----------------------------------------------------------------------------- nulls
+def test_settings_replace_the_keywords_and_perturb_every_gate():
+    from mhainterp.specialization.whom.settings import DIVISION_GATES, DivisionSettings
 
-
-def test_normal_null_matches_exact_permutations(batch):
-    model = split_heads_model([("query", A), ("query", B)])
-    normal = division_of_labour(model, batch, **FAST)
-    exact = division_of_labour(model, batch, **{**FAST, "null": "exact"})
-    for column in ("specialized", "serves"):
-        assert normal.heads[column].tolist() == exact.heads[column].tolist()
-    assert normal.heads.selectivity.tolist() == exact.heads.selectivity.tolist()
-    np.testing.assert_allclose(normal.heads.null_mean, exact.heads.null_mean, atol=3e-4)
-    np.testing.assert_allclose(normal.index.null_index, exact.index.null_index, atol=2e-3)
+    s = DivisionSettings(method="zero")
+    assert s.methods == ("zero", "mean", "resample")  # the primary first
+    names = [name for name, _ in s.perturbations()]
+    assert names == [f"{g} x {f}" for g in DIVISION_GATES for f in (0.8, 1.25)] + [
+        "method=mean", "method=resample"
+    ]  # fmt: skip
+    moved = dict(s.perturbations())
+    assert moved["min_damage x 1.25"].min_damage == pytest.approx(0.0125)
+    assert moved["method=mean"].method == "mean"
+    with pytest.raises(ParameterError, match="n_noise=0 is invalid"):
+        s.replace(n_noise=0)
+    with pytest.raises(ParameterError, match="min_gain=0.05 is invalid"):
+        s.replace(min_gain=0.05)
+    assert DivisionSettings.from_dict(s.to_dict()) == s
 
 
 def test_target_axis_equals_causal_target_damage():
     task = get_task("multi_relation", seq_len=8, d_vocab=5)
     model = build_model(task, d_model=32, n_heads=4, seed=3)
     result = division_of_labour(
-        model, task, by="target", n_eval=64, n_permutations=20, n_init=0, min_damage=0.0
+        model, task, by="target", n_eval=64, n_bootstrap=20, methods=("mean",), min_damage=0.0
     )
     damage = target_damage(model, task.eval_batch(64), method="mean")
     profile = result.profiles.pivot(index="head_label", columns="value", values="damage")
@@ -155,30 +170,6 @@ def test_target_axis_equals_causal_target_damage():
     np.testing.assert_allclose(
         profile[task.target_names].to_numpy(), expected.to_numpy(), atol=1e-6
     )
-
-
-def _untrained_calls_nothing(seed: int) -> bool:
-    task = get_task("count_previous", seq_len=8, d_vocab=5)
-    model = build_model(task, d_model=32, n_heads=4, seed=seed)
-    result = division_of_labour(model, task, n_eval=128, n_permutations=100, n_init=2,
-                                n_init_eval=64, seed=seed)  # fmt: skip
-    return not result.heads.specialized.any() and not result.index.divided.any()
-
-
-def test_untrained_models_are_not_specialized_in_95_percent_of_20_seeds():
-    # Tiny models on purpose: they flip the most argmaxes when a head is removed (see the
-    # damage gate in the module docstring). About 1 s for all 20.
-    clean = sum(_untrained_calls_nothing(seed) for seed in range(20))
-    assert clean >= 19
-
-
-def test_untrained_null_is_reported(batch):
-    model = split_heads_model([("target", A), ("target", B)])
-    result = division_of_labour(model, batch, method="zero", n_permutations=200, n_init=2)
-    # The hand-set model's untrained twins (same cfg, seeds 0, 1) do no damage at all.
-    assert result.heads.null_init_mean.isna().all()
-    assert result.settings["n_init"] == 2
-    assert _row(result, "L0H0", "target_class").serves == "0,1,2,3"
 
 
 # ----------------------------------------------------------------------------- attention view
@@ -206,7 +197,7 @@ def test_attention_view_conditions_on_the_query_token(batch):
 def test_attention_view_uses_the_task_relations():
     task = get_task("count_previous", seq_len=8, d_vocab=5)
     model = build_model(task, d_model=32, n_heads=2, seed=0)
-    result = division_of_labour(model, task, n_eval=32, n_permutations=10, n_init=0)
+    result = division_of_labour(model, task, n_eval=32, n_bootstrap=10, methods=("mean",))
     assert set(result.attention.relation) == set(task.relation_names)
     assert set(result.attention.by) == {"token", "position"}
 
@@ -221,6 +212,7 @@ def test_save_and_load_round_trip(tmp_path, batch):
     assert sorted(p.name for p in paths) == [
         "division.json",
         "division_attention.csv",
+        "division_basis_profiles.csv",
         "division_heads.csv",
         "division_index.csv",
         "division_profiles.csv",
@@ -238,8 +230,8 @@ def test_bad_arguments(batch):
     model = split_heads_model([("query", A), ("query", B)])
     with pytest.raises(ParameterError, match="by='colour' is invalid"):
         division_of_labour(model, batch, by="colour", **FAST)
-    with pytest.raises(ParameterError, match="n_init=1 is invalid"):
-        division_of_labour(model, batch, method="zero", n_init=1)
+    with pytest.raises(ParameterError, match="n_bootstrap=1 is invalid"):
+        division_of_labour(model, batch, method="zero", n_bootstrap=1)
     with pytest.raises(TypeError, match="has no targets"):
         division_of_labour(model, batch.tokens, **FAST)
 
@@ -277,15 +269,16 @@ def test_specialize_command_saves_the_division_and_the_report_shows_it(tmp_path,
     args = ["specialize", str(run), "--by", "token,position", "--n-eval", "64", "--quiet"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    # One head does damage (the previous-token head): a profile, but no index.
-    assert "run: division index: token n/a (1 damaging head(s)); position n/a" in out
+    # One head does damage alone (the previous-token head); kept alone, the uniform head also
+    # helps (at the first positions, where the average token is the previous one): the call
+    # rests on the kept-head profiles.
+    assert "run: division index: token " in out and "(kept): divided" in out
     saved = DivisionResult.load(run / "analysis")
     assert saved.settings["by_asked"] == ["token", "position"]
-    previous = saved.heads.query("head_label == 'L0H0'")
-    assert (
-        previous.selectivity.notna().all()
-        and saved.heads.query("head_label != 'L0H0'")["selectivity"].isna().all()
-    )
+    assert saved.index.set_index("by").loc["position", "call"] == "divided"
+    basis = saved.heads.drop_duplicates("head_label").set_index("head_label")["basis"]
+    assert basis.to_dict() == {"L0H0": "single", "L0H1": "kept", "L0H2": ""}
+    assert saved.heads.query("head_label == 'L0H2'")["selectivity"].isna().all()  # dead
     stamp = (run / "analysis" / "division.json").stat().st_mtime_ns
     assert main(args) == 0  # same thresholds and axes: reused, not recomputed
     assert (run / "analysis" / "division.json").stat().st_mtime_ns == stamp
@@ -318,20 +311,18 @@ def test_division_vs_heads_figure_draws_every_axis():
 
 
 def test_many_heads_each_serving_one_token_are_all_specialized():
-    # 24 heads x 3 axes = 72 tests: with the p-value floor 1/1001 of 1000 draws, Holm's
-    # smallest adjusted p would be 72/1001 = 0.072 and no head could pass; the draws are
-    # raised to 2 * 72 / alpha = 2880 so the floor sits below alpha / 2.
     n = 24
     model = split_heads_model([("query", [t]) for t in range(n)], d_vocab=n + 1, d_head=25)
     result = division_of_labour(
         model, split_batch(512, d_vocab=n + 1), "token,position,target_class",
-        method="zero", n_init=0,
+        method="zero", methods=("zero",), n_bootstrap=50,
     )  # fmt: skip
     token = result.heads.query("by == 'token'")
     assert token["specialized"].all()
     assert token["serves"].tolist() == [str(t) for t in range(n)]
+    assert token["selectivity"].tolist() == pytest.approx([1 - 1 / n] * n)
     assert not result.heads.query("by != 'token'")["specialized"].any()
-    assert result.settings["n_null_draws"] == 2880
+    assert _index(result, "token").call == "divided"
 
 
 def test_small_unique_is_torch_unique_for_ids():

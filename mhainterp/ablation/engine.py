@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
@@ -68,10 +68,12 @@ __all__ = [
     "DEFAULT_MAX_ROWS",
     "METHODS",
     "AblationResult",
+    "CleanCache",
     "Method",
     "Replacement",
     "ablate",
     "build_replacement",
+    "capture_z",
     "check_method",
     "evaluate_head_sets",
     "resolve_head_sets",
@@ -143,8 +145,12 @@ class Replacement:
         return torch.where(real, donor, mean[None])
 
 
-def _capture_z(model: Any, batch: Batch, max_rows: int) -> list[Float[Tensor, "m T h d_head"]]:
-    """Every layer's clean ``hook_z`` on ``batch``, in chunks of ``max_rows`` sequences."""
+def capture_z(
+    model: Any, batch: Batch, max_rows: int | None = None
+) -> list[Float[Tensor, "m T h d_head"]]:
+    """Every layer's clean ``hook_z`` on ``batch``, in chunks of ``max_rows`` sequences (the
+    forward stops at the last layer's ``hook_z``)."""
+    max_rows = max_rows or LINEAR_READOUT_ROWS
     n_layers = model.cfg.n_layers
     chunks: list[list[Tensor]] = [[] for _ in range(n_layers)]
 
@@ -187,14 +193,26 @@ def _generator(generator: torch.Generator | None) -> torch.Generator:
     return check_type("generator", generator, torch.Generator, "a torch.Generator or None")
 
 
+@dataclass
+class CleanCache:
+    """Clean activations shared by several passes over ONE model, batch and reference (e.g.
+    the same head sets under mean, zero and resample ablation): the reference's ``hook_z``
+    (mean and resample replacements) and the clean prefixes of the copies."""
+
+    donor_z: list[Tensor] | None = None
+    prefixes: dict[tuple[int, int, int], tuple[Tensor, Tensor]] = field(default_factory=dict)
+
+
 def build_replacement(
     model: Any,
     method: Method,
     reference: Batch | None,
     generator: torch.Generator | None = None,
     max_rows: int | None = DEFAULT_MAX_ROWS,
+    cache: CleanCache | None = None,
 ) -> Replacement:
-    """The replacement values of ``method``, from the model's clean run on ``reference``."""
+    """The replacement values of ``method``, from the model's clean run on ``reference``
+    (its ``hook_z`` taken from, or kept in, ``cache`` when one is given)."""
     method = check_method(method)
     if method == "zero":
         return Replacement("zero")
@@ -206,8 +224,13 @@ def build_replacement(
     reference = batch_for_model(model, reference, scored=False)
     if not bool(reference.padding_mask.any()):
         raise ValueError("the reference batch has no real (non-padding) tokens")
-    with eval_mode(model):
-        donor_z = _capture_z(model, reference, max_rows or LINEAR_READOUT_ROWS)
+    if cache is not None and cache.donor_z is not None:
+        donor_z = cache.donor_z
+    else:
+        with eval_mode(model):
+            donor_z = capture_z(model, reference, max_rows)
+        if cache is not None:
+            cache.donor_z = donor_z
     real = reference.padding_mask
     means = [_per_position_mean(z, real) for z in donor_z]
     if method == "mean":
@@ -390,14 +413,14 @@ def run_masks(
     max_rows: int | None = DEFAULT_MAX_ROWS,
     progress: bool = False,
     desc: str = "ablate",
-    prefix_cache: dict[tuple[int, int, int], tuple[Tensor, Tensor]] | None = None,
+    cache: CleanCache | None = None,
 ) -> tuple[Totals, PositionScores | None]:
     """Score ``C`` ablation configurations of ``batch`` (copy c ablates ``masks[c]``).
 
-    ``prefix_cache``: a dict the caller keeps across calls on the same model, batch and
-    ``max_rows``; the clean prefixes are kept in it (by first layer and sequence range) and
-    reused, so a later call skips the clean forward (the :class:`Ablator` keeps one). Without
-    it, one prefix is held at a time.
+    ``cache``: a :class:`CleanCache` the caller keeps across calls on the same model, batch and
+    ``max_rows`` (several methods, or an :class:`Ablator`'s clicks); the clean prefixes are kept
+    in it (by first layer and sequence range) and reused, so a later call skips the clean
+    forward. Without it, one prefix is held at a time.
 
     Returns:
         The :class:`~mhainterp.scoring.Totals` of every configuration and, with
@@ -425,14 +448,15 @@ def run_masks(
     loss_sum = torch.zeros(C, dtype=torch.float64)
     correct = torch.zeros(C, k, dtype=torch.float64)
     pieces: dict[tuple[int, int], PositionScores] = {}
-    prefixes = {} if prefix_cache is None else prefix_cache  # (first, s0, s1) -> clean prefix
+    # (first, s0, s1) -> clean prefix; without a cache only the current one is kept (memory)
+    prefixes = cache.prefixes if cache is not None else {}
     with eval_mode(model), torch.no_grad():
         for first, members, s0, s1 in tqdm(jobs, desc=desc, disable=not progress, leave=False):
             part = batch[s0:s1]
             rows = torch.arange(s0, s1, device=masks.device)
             index = torch.tensor(members, device=masks.device)
             if (first, s0, s1) not in prefixes:  # shared by every copy chunk of this group
-                if prefix_cache is None:
+                if cache is None:
                     prefixes.clear()
                 prefixes[(first, s0, s1)] = _clean_resid_and_z(model, part, first)
             logits = _forward_copies(
@@ -533,6 +557,7 @@ def evaluate_head_sets(
     max_rows: int | None = DEFAULT_MAX_ROWS,
     progress: bool = False,
     desc: str = "ablate",
+    cache: CleanCache | None = None,
 ) -> AblationResult:
     """Loss and accuracy with each head set ablated, all in one batched pass.
 
@@ -552,6 +577,9 @@ def evaluate_head_sets(
             measured best (:data:`FULL_FORWARD_ROWS`, :data:`LINEAR_READOUT_ROWS`).
         progress: Show a progress bar.
         desc: The progress bar's label.
+        cache: A :class:`CleanCache` shared by passes over the same model, batch and
+            reference (other methods, other head sets): the clean activations are computed
+            once. Results are the same with or without it.
 
     Returns:
         An :class:`AblationResult`.
@@ -560,10 +588,10 @@ def evaluate_head_sets(
     resolved = resolve_head_sets(model, head_sets)
     batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
     ref = batch if reference is None else as_batch(reference, n_eval=n_eval, name="reference")
-    replacement = build_replacement(model, method, ref, generator, max_rows)
+    replacement = build_replacement(model, method, ref, generator, max_rows, cache)
     result, scores = run_masks(
         model, batch, head_masks(model, resolved), replacement,
-        per_position=per_position, max_rows=max_rows, progress=progress, desc=desc,
+        per_position=per_position, max_rows=max_rows, progress=progress, desc=desc, cache=cache,
     )  # fmt: skip
     return AblationResult(
         head_sets=resolved,

@@ -19,6 +19,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from mhainterp.ablation.engine import (
+    CleanCache,
     Method,
     Replacement,
     build_replacement,
@@ -114,7 +115,7 @@ class Ablator:
         self._seed_state = generator.get_state()
         self._replacements: dict[str, Replacement] = {}
         self._cache: OrderedDict[_Key, _Entry] = OrderedDict()
-        self._prefixes: dict[tuple[int, int, int], tuple[Tensor, Tensor]] = {}
+        self._clean = CleanCache()  # clean prefixes, kept across clicks
         self._heads: list[tuple[int, int]] = []
         self.baseline_ = self._entry(self._key("zero", ()), per_position=False).totals.metrics(
             self.target_names_
@@ -305,7 +306,7 @@ class Ablator:
         masks = head_masks(self.model, [heads for _, heads in keys])
         sums, scores = run_masks(
             self.model, self.batch_, masks, self._replacement(method),
-            per_position=per_position, prefix_cache=self._prefixes,
+            per_position=per_position, cache=self._clean,
         )  # fmt: skip
         for c, key in enumerate(keys):
             totals = Totals(sums.loss_sum[c : c + 1], sums.correct[c : c + 1], sums.scored)

@@ -1,148 +1,135 @@
-"""Whom do the heads serve? Damage profiles over the inputs and outputs, against nulls.
+"""Whom do the heads serve? Damage profiles over the inputs and outputs, against a null that
+keeps head function.
 
 A head can attend to a relation and still serve every input alike, or serve only some query
-tokens, positions, target classes or targets. :func:`division_of_labour` measures the second
+tokens, positions, target classes or targets. :func:`division_of_labour` measures this second
 axis of "specialize" (DESIGN.md, "The question the toolkit answers") along four **axes**:
 
 =================  ===================================================================
 ``token``          the query token's id at the scored position
 ``position``       the query position
 ``target_class``   the class the model must output there
-``target``         which target (multi-target models only; generalises
-                   :mod:`mhainterp.specialization.whom.causal`)
+``target``         which target (multi-target models only)
 =================  ===================================================================
 
-**One pass.** The ablation engine runs the clean model and every single-head ablation in one
-batched pass with per-position outputs (:func:`mhainterp.ablation.evaluate_head_sets`,
-``per_position=True``). That gives, for every head ``h`` and every scored (sequence, position,
-target) *triple* ``i``, the damage ``x_hi = clean_correct_i - ablated_correct_hi`` (in
-{-1, 0, 1}) and the loss increase. Everything below is arithmetic on these ``[H, N]`` tables.
+**Passes.** One ablation-engine pass per method (:mod:`~.profiles`) scores, at every scored
+(sequence, position, target) *triple*, the clean model, each head removed alone, each layer
+removed whole, each head *kept* alone in its layer (the rest of the layer removed) and each
+backed-up *group* removed as one unit. The primary ``method`` (default mean) runs first; then
+the other ``methods`` (zero, resample) and ``n_noise`` noisy copies of the model (below) under
+the primary method, with the same configurations.
 
-**Damage profile.** For axis value ``v`` with ``n_v`` scored triples, ``d_hv`` is the mean of
-``x_hi`` over those triples: the accuracy lost on ``v``. It is clipped at 0 (an ablation that
-helps a value is no damage). Each value weighs the same in what follows whatever its ``n_v``
-(the question is which values a head serves, not how frequent they are); values with fewer
-than ``min_count`` triples are kept in :attr:`DivisionResult.profiles` but left out of the
-indices and of ``serves``, and the noise of the rarer values that remain is in the permutation
-null, which keeps every ``n_v``.
+**Profiles** over an axis's values ``v`` (each value weighs the same whatever its count;
+values with fewer than ``min_count`` triples are kept in the tables but left out of the
+statistics), by **basis**:
 
-**No damage, no profile.** A head whose overall accuracy drop (over all scored triples) is below
-the *damage gate* serves nothing along any axis: its selectivity is NaN (undefined, not maximal),
-``specialized`` is False and ``serves`` is empty; the backup and group tests speak for it. The
-gate is ``min_damage`` (0.01), raised to the largest overall damage of any head of the untrained
-twins (below) when that is larger: damage the architecture does without training is no work
-done. A head must also raise the mean cross-entropy by ``min_loss_increase`` (0.01 nats):
-an accuracy drop alone can be argmax flips at near-ties, which untrained models, whose logits
-are nearly flat, are full of. (Tiny untrained models, e.g. d_model 32 on 8 positions, flip a
-few percent of argmaxes when a head is removed, and that damage sits on one position or token:
-concentrated, hence "selective", but meaningless.) ``settings["damage_gate"]`` is the gate used.
+- ``single``: ``d_hv = acc_clean(v) - acc_without_h(v)``, the accuracy lost on ``v``;
+- ``kept``: ``c_hv = acc_only_h(v) - acc_without_layer(v)``, what ``h`` alone adds on ``v``
+  above its layer removed whole (it sees through backup: eight heads that each do the job
+  alone have zero single damage but full kept contributions);
+- ``group``: ``d_gv = acc_clean(v) - acc_without_g(v)`` for each backed-up group ``g``
+  (given as ``groups=``, else found: heads that do no damage alone but contribute kept alone,
+  joined when their kept contributions per triple have cosine >= ``group_similarity``, by
+  :func:`~mhainterp.specialization.needed.redundancy.similar_groups`), and the single
+  profiles of the damaging heads outside every group.
 
-**Selectivity index** of a head over the ``K`` kept values of an axis, with
-``p_v = d_v / sum_u d_u``::
+Profiles are clipped at 0. A profile is *defined* when its total (over all triples) is at
+least ``min_damage`` in accuracy and ``min_loss_increase`` in cross-entropy (an accuracy change
+alone can be argmax flips at near-ties). The call rests on ``single`` when 2 or more heads are
+defined alone, else on ``group`` when 2 or more group units are, else on ``kept``, else it is
+"cannot tell".
 
-    SI = 1 - H(p) / log K,   H(p) = -sum_v p_v log p_v
+**Division index** along an axis, on the basis's defined units::
 
-0 when the damage is spread evenly, 1 when it falls on a single value, and
-``1 - log m / log K`` when it falls evenly on ``m`` of the ``K`` values. Chosen over the
-max-based index of :mod:`~mhainterp.specialization.whom.causal`, ``(K max(d) / D - 1) / (K - 1)``,
-because that one only sees the largest value: a head serving half of ten tokens scores 0.11 on
-it and 0.30 here, so "serves a subset" is not drowned by the number of values.
+    DI = 1 - mean_{g != h} cos(p_g, p_h)
 
-**Nulls.** (a) *Labels permuted within the data*: the axis values are shuffled among the scored
-triples (one permutation of the triples, the same for every head, so each head keeps its damage
-per triple and heads keep their joint structure); the profiles and indices are recomputed from
-the shuffled means, ``M`` times. ``p = (1 + #{null >= observed}) / (1 + M)``, so no p is
-below ``1 / (1 + M)``: with ``m`` tests under Holm the smallest adjusted p is at least
-``m / (1 + M)``, and at M = 1000 a model with more than 50 head x axis tests could call no head
-specialized (measured: 24 heads that each serve one token, 72 tests, min p_adj 0.072). So
-``M = max(n_permutations, ceil(2 m / alpha))``, which lets a head beyond every draw pass
-(``settings["n_null_draws"]`` is the M used). By default (``null="normal"``) the shuffled
-per-value sums are drawn from their normal approximation, whose mean and covariance are the
-permutation's exact ones (sampling without replacement; :func:`normal_null_means`): O(M H K)
-work, so M = 1000 costs milliseconds.
-``null="exact"`` draws M real permutations of the triples as tensor ops on the ``[H, N]`` table
-(O(M H N); about 1 s for 8 heads x 16k triples) and is what the tests check the default
-against. (b) *Untrained matched-seed models*
-(:func:`~.where.nulls.matched_seeds`: the run's seed, +1, ...) run through the
-same statistic on the first ``n_init_eval`` (128) sequences: one engine pass per seed, so
-``n_init`` is small by default (2). Their heads almost never do damage, so their index is
-usually NaN; where defined, its mean is reported (``null_init_mean``) and raises the effect
-gate, and their largest damage raises the damage gate (below).
+0 when every unit hurts the same values in the same proportions, 1 when their values are
+disjoint; values in between are a split *with overlap*.
 
-**Specialized** = ``p_adj < alpha`` (Holm over every head x axis with a defined index) **and**
-``selectivity - max(null_mean, null_init_mean) >= min_gain`` (the NaN one left out). The
-effect-size gate is needed: on tens of thousands of scored triples a head that is 0.01 more
-selective than its null is "significant" (issue 10 measured 0.004-0.036 at h=4 on
-count_previous). The default ``min_gain = 0.05`` is about a head that spares one value in ten
-(``1 - log 9 / log 10 = 0.046``) on top of the null.
+**Same-function null.** What would a model whose heads do the same jobs score? Each noisy
+copy perturbs every head's ``W_Q, W_K, W_V, W_O`` with Gaussian noise of ``noise`` (10%) x
+the RMS of that head's matrix, halved until the copy's accuracy stays within
+``max_accuracy_change`` (0.02) (``settings["noise_used"]``). The null index is the mean over
+the defined units of ``1 - cos`` between the unit's profiles in two noisy copies (in the
+original and the copy when ``n_noise`` is 1): the distance of two heads doing one job. Every
+statistic is computed on ``n_bootstrap`` (200) resamples of the sequences as well (one product
+per axis: per-sequence sums, then resample weights); ``ci_low, ci_high`` is the ``1 - alpha``
+interval of the index, ``null_high`` the null's upper ``1 - alpha`` quantile, and
+``p = (1 + #{null_b >= index}) / (1 + B)``, whose floor ``p_floor = 1 / (1 + B)`` is reported
+beside it. There is no fixed effect gate: a split is **divided** when ``ci_low > null_high``.
 
-**Serves.** For a specialized head, the values ``v`` with ``d_v >= serve_share * max(d)`` and
-``z_v = (d_v - mean_null_v) / sd_null_v >= Phi^-1(1 - alpha / K)`` (each value's damage against
-its own permutation null, Bonferroni over the K values), comma-separated. Empty for a head that
-is not specialized: a head that serves every value alike serves no subset.
+**Methods.** The index and the call are computed under each of ``methods`` on the primary
+basis (``index_mean, index_zero, index_resample``; the null is the primary method's). The
+call is the methods' common call among those where the index is defined, else
+"method-dependent".
 
-**Caveat: fragile values.** A value that removing *any* head hurts more (on count_previous,
-the target classes 2-4, which need exact counting) makes every head look selective against the
-label-permutation null, which treats values as exchangeable. The division index does not count
-it (all heads then damage the same values); read ``serves`` together with the index.
+**Selectivity** of a head (K-invariant): with ``p_v = d_v / sum_u d_u`` over the K kept
+values::
 
-**Division index** of a model along an axis: how complementary the damage profiles of the
-heads that do damage are::
+    n_eff = exp(H(p)),  H(p) = -sum_v p_v log p_v;   selectivity = 1 - n_eff / K
 
-    DI = 1 - mean_{g != h} cos(d_g, d_h)
+``n_eff`` is the number of values served, counted evenly, ``served_share = n_eff / K``, and
+``selectivity`` the share of values spared: "serves 1 of 2" and "serves 4 of 8" both score 0.5,
+"serves 9 of 10" scores 0.1 and "serves 1 of 10" 0.9. A head's profile is its single profile
+when it is defined, else its kept profile (``basis``; NaN without either). Its null
+(``null_selectivity``) is the selectivity of its layer's whole job (the layer-removal profile):
+a head that does its layer's job in small is not specialized; **specialized** when the
+selectivity's ``ci_low`` is above that null's upper quantile. **Serves** follows from the
+profile alone: the kept values whose damage is at least ``serve_share`` of the head's largest
+and at least ``min_damage`` (a head carrying classes 2-9 serves exactly ``2,...,9``; a head
+that serves every value alike serves all of them and is not specialized).
 
-over pairs of damaging heads (profiles clipped at 0, so ``cos`` is in [0, 1]): 0 when every head
-damages the same values in the same proportions (eight heads that all serve every token), 1 when
-their damaged values are disjoint; NaN with fewer than 2 damaging heads. Against the same two
-nulls (``null_index``, ``p``; ``divided`` = ``p < alpha`` and
-``index - max(null_index, null_init_index) >= min_gain``).
+**Dead by function** (for the labels): the heads table also has each head's ``write_norm``
+(mean ``|z_h W_O|`` over real positions of the first ``n_attention`` sequences) and
+``write_share`` (its share of its layer's), ``damage_alone`` (accuracy lost removing it alone),
+``damage_group`` (removing its group, NaN outside groups), ``group`` and
+``kept_contribution`` (accuracy it adds kept alone).
 
-**Attention-side view** (:attr:`DivisionResult.attention`): per head, query token (and query
-position) and relation template of the task, the share of attention on the template at the
-scored queries with that value, over the first ``n_attention`` (256) sequences (patterns from
-capture's :func:`~mhainterp.capture.iter_patterns`): where a head looks for each token.
+**Attention-side view** (:attr:`DivisionResult.attention`): per head, query token (and
+position) and relation template, the share of attention on the template
+(:mod:`~.division_attention`). It describes; the profiles decide.
 
-Modules: this one computes (settings, the engine pass, the nulls, the tables);
-:mod:`~mhainterp.specialization.whom.division_result` holds the result, its columns and its files;
-:mod:`~mhainterp.specialization.whom.division_attention` the attention-side view;
-:mod:`~mhainterp.specialization.whom.selectivity` the indices and nulls; and
-:mod:`~mhainterp.specialization.whom.damage` the per-triple damage.
-
-Shapes: H heads (all layers), N scored triples, K values of an axis, M permutations, C = 1 + H
-configurations, n sequences, T positions, k targets.
+Shapes: H heads, N scored triples, K values of an axis, B = 1 + n_bootstrap resamples (row 0
+observed), U units of a basis, C configurations.
 
 Example:
     >>> from mhainterp.handbuilt_split import split_heads_model, split_batch
     >>> model = split_heads_model([("target", [0, 1, 2, 3]), ("target", [4, 5, 6, 7, 8])])
-    >>> result = division_of_labour(model, split_batch(256), method="zero",
-    ...                             n_permutations=200, n_init=0)
+    >>> result = division_of_labour(model, split_batch(256), method="zero", n_bootstrap=50)
     >>> result.heads.query("by == 'target_class'")["serves"].tolist()
     ['0,1,2,3', '4,5,6,7,8']
+    >>> result.index.set_index("by").loc["target_class", ["call", "basis"]].tolist()
+    ['divided', 'single']
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float
-from scipy import stats
-from torch import Tensor
 from tqdm.auto import tqdm
 
-from mhainterp.ablation import Method, check_method
+from mhainterp.ablation.engine import CleanCache
 from mhainterp.data import Data, as_batch, batch_for_model, target_names
-from mhainterp.specialization.corrections import CORRECTIONS, adjust_pvalues
-from mhainterp.specialization.where.nulls import init_models, matched_seeds
-from mhainterp.specialization.whom.damage import TripleDamage, triple_damage
+from mhainterp.heads import head_label, resolve_heads
+from mhainterp.specialization.corrections import adjust_pvalues
+from mhainterp.specialization.needed.redundancy import similar_groups
+from mhainterp.specialization.whom.damage import TripleDamage, _axis_values, triple_damage
 from mhainterp.specialization.whom.division_attention import ATTENTION_AXES, attention_view
+from mhainterp.specialization.whom.division_calls import (
+    AxisEvidence,
+    Gates,
+    choose_basis,
+    gates,
+    heads_rows,
+    index_row,
+)
 from mhainterp.specialization.whom.division_result import (
     ATTENTION_COLUMNS,
+    BASIS_PROFILE_COLUMNS,
     HEADS_COLUMNS,
     INDEX_COLUMNS,
     PROFILE_COLUMNS,
@@ -150,107 +137,49 @@ from mhainterp.specialization.whom.division_result import (
     join_columns,
     saved_division,
 )
-from mhainterp.specialization.whom.selectivity import (
-    division_index,
-    entropy_selectivity,
-    exact_null_means,
-    normal_null_means,
+from mhainterp.specialization.whom.profiles import (
+    Configs,
+    PassScores,
+    basis_rows,
+    bootstrap_weights,
+    build_configs,
+    noisy_copy,
+    pass_means,
+    run_pass,
+    run_rows,
+    value_means,
+    write_norms,
+)
+from mhainterp.specialization.whom.selectivity import division_index, selectivity
+from mhainterp.specialization.whom.settings import (
+    DIVISION_DEFAULTS,
+    DivisionSettings,
+    resolve_settings,
 )
 from mhainterp.tasks import Batch, Task
-from mhainterp.validation import check_float, check_int, check_option, invalid
+from mhainterp.validation import check_option, invalid
 
 __all__ = [
     "ATTENTION_AXES",
+    "ATTENTION_COLUMNS",
     "AXES",
     "DIVISION_DEFAULTS",
     "HEADS_COLUMNS",
     "INDEX_COLUMNS",
     "PROFILE_COLUMNS",
-    "ATTENTION_COLUMNS",
     "DivisionResult",
+    "DivisionSettings",
     "TripleDamage",
     "division_index",
     "division_of_labour",
     "division_request",
-    "entropy_selectivity",
     "saved_division",
+    "selectivity",
     "triple_damage",
 ]
 
 AXES: tuple[str, ...] = ("token", "position", "target_class", "target")
 """The axes of :func:`division_of_labour` (see the module docstring)."""
-
-DIVISION_DEFAULTS: dict[str, Any] = {
-    "method": "mean",
-    "min_damage": 0.01,
-    "min_loss_increase": 0.01,
-    "min_gain": 0.05,
-    "min_count": 10,
-    "serve_share": 0.5,
-    "alpha": 0.05,
-    "correction": "holm",
-    "n_permutations": 1000,
-    "n_init": 2,
-    "n_init_eval": 128,
-    "n_attention": 256,
-    "seed": 0,
-    "null": "normal",
-}
-"""Default thresholds (see the module docstring for what each gate means)."""
-
-DERIVED = ("p_adj", "specialized", "serves")  # heads columns computed over all axes at once
-
-
-NULLS = ("normal", "exact")
-
-
-@dataclass
-class _Settings:
-    method: str
-    min_damage: float
-    min_loss_increase: float
-    min_gain: float
-    min_count: int
-    serve_share: float
-    alpha: float
-    correction: str
-    n_permutations: int
-    n_init: int
-    n_init_eval: int
-    n_attention: int
-    seed: int
-    null: str
-
-
-def _resolve_settings(settings: Any, given: dict[str, Any]) -> _Settings:
-    """Explicit keywords, else the fields ``settings`` has, else :data:`DIVISION_DEFAULTS`."""
-    shared = ("alpha", "correction", "min_damage", "seed")  # SpecializationSettings' fields
-    values = dict(DIVISION_DEFAULTS)
-    if settings is not None:
-        for name in shared:
-            if hasattr(settings, name):
-                values[name] = getattr(settings, name)
-        if hasattr(settings, "ablation_method"):
-            values["method"] = settings.ablation_method
-    values.update({k: v for k, v in given.items() if v is not None})
-    s = _Settings(**values)
-    check_method(s.method)
-    check_float("min_damage", s.min_damage, minimum=0.0)
-    check_float("min_loss_increase", s.min_loss_increase)
-    check_float("min_gain", s.min_gain, minimum=0.0, maximum=1.0)
-    check_int("min_count", s.min_count, minimum=1)
-    check_float("serve_share", s.serve_share, minimum=0.0, maximum=1.0)
-    check_float("alpha", s.alpha, minimum=0.0, maximum=1.0)
-    check_option("correction", s.correction, CORRECTIONS)
-    check_int("n_permutations", s.n_permutations, minimum=1)
-    check_int("n_init", s.n_init, minimum=0)
-    if s.n_init == 1:
-        raise invalid("n_init", 1, "0 (no initialisation null) or an integer >= 2")
-    check_int("n_init_eval", s.n_init_eval, minimum=1)
-    check_int("n_attention", s.n_attention, minimum=1)
-    check_int("seed", s.seed, minimum=0)
-    check_option("null", s.null, NULLS)
-    return s
 
 
 def _normalise_by(by: Sequence[str] | str) -> list[str]:
@@ -267,91 +196,29 @@ def _normalise_by(by: Sequence[str] | str) -> list[str]:
 
 
 def division_request(settings: Any = None, by: Sequence[str] | str = AXES, **given: Any) -> dict:
-    """What a saved result must have been made with to be reused: the resolved thresholds and
+    """What a saved result must have been made with to be reused: the resolved settings and
     the axes asked for (compared with the saved ``settings``).
 
     Example:
         >>> division_request(by="token")["by_asked"]
         ['token']
     """
-    return {**_resolve_settings(settings, given).__dict__, "by_asked": _normalise_by(by)}
+    return {**resolve_settings(settings, **given).to_dict(), "by_asked": _normalise_by(by)}
 
 
 def _axes_that_apply(
-    by: Sequence[str] | str, td: TripleDamage, n_targets: int, min_count: int
+    by: Sequence[str] | str, counts: dict[str, torch.Tensor], n_targets: int, min_count: int
 ) -> tuple[list[str], dict[str, str]]:
     """The asked axes that apply, and why each other one is skipped."""
-    axes = _normalise_by(by)
     kept, skipped = [], {}
-    for axis in axes:
-        counts = td.onehot(axis).sum(0)
+    for axis in _normalise_by(by):
         if axis == "target" and n_targets < 2:
             skipped[axis] = "a single-target model"
-        elif int((counts >= min_count).sum()) < 2:
+        elif int((counts[axis] >= min_count).sum()) < 2:
             skipped[axis] = f"fewer than 2 values with >= {min_count} scored triples"
         else:
             kept.append(axis)
     return kept, skipped
-
-
-@dataclass
-class _AxisStats:
-    """Observed statistics of one axis and their permutation null."""
-
-    keep: Bool[Tensor, " K"]
-    profile: Float[Tensor, "H K"]  # mean damage per value (unclipped, all values)
-    selectivity: Float[Tensor, " H"]
-    null_mean: Float[Tensor, " H"]
-    p: Float[Tensor, " H"]
-    z: Float[Tensor, "H K"]  # each value's damage against its own permutation null
-    index: float
-    null_index: float
-    null_index_std: float
-    p_index: float
-
-
-def _axis_stats(profile: Tensor, null_means: Tensor, keep: Tensor, defined: Tensor) -> _AxisStats:
-    observed = profile[:, keep]
-    null = null_means[..., keep]  # (M, H, K')
-    M = null.shape[0]
-    si = entropy_selectivity(observed, defined)
-    null_si = entropy_selectivity(null, defined)  # (M, H)
-    hits = (null_si >= si - 1e-12).double().sum(0)
-    p = torch.where(si.isnan(), math.nan, (1 + hits) / (1 + M))
-    null_mean = torch.where(si.isnan(), math.nan, torch.nan_to_num(null_si).sum(0) / M)
-    mu, sd = null_means.mean(0), null_means.std(0)  # (H, K)
-    z = (profile - mu) / sd.clamp(min=1e-12)
-    index = float(division_index(observed, defined))
-    null_index = division_index(null, defined)  # (M,)
-    valid = null_index[~null_index.isnan()]
-    if math.isnan(index) or not valid.numel():
-        p_index, null_mu, null_sd = math.nan, math.nan, math.nan
-    else:
-        p_index = float((1 + (valid >= index - 1e-12).sum()) / (1 + M))
-        null_mu, null_sd = float(valid.mean()), float(valid.std()) if len(valid) > 1 else 0.0
-    return _AxisStats(
-        keep=keep, profile=profile, selectivity=si, null_mean=null_mean, p=p, z=z,
-        index=index, null_index=null_mu, null_index_std=null_sd, p_index=p_index,
-    )  # fmt: skip
-
-
-def _observed_only(
-    td: TripleDamage, axes: Sequence[str], s: _Settings
-) -> dict[str, tuple[Tensor, float]]:
-    """Per axis: each head's selectivity and the division index (no null): for the
-    untrained-model null, which runs the same statistic."""
-    defined = (td.total_damage >= s.min_damage) & (td.loss_increase.mean(1) >= s.min_loss_increase)
-    out = {}
-    for axis in axes:
-        onehot = td.onehot(axis)
-        counts = onehot.sum(0)
-        keep = counts >= s.min_count
-        profile = (td.damage @ onehot / counts.clamp(min=1))[:, keep]
-        if int(keep.sum()) < 2:
-            out[axis] = (torch.full((len(td.heads),), math.nan), math.nan)
-            continue
-        out[axis] = (entropy_selectivity(profile, defined), float(division_index(profile, defined)))
-    return out
 
 
 # ----------------------------------------------------------------------------- entry point
@@ -362,26 +229,14 @@ def division_of_labour(
     data: Data,
     by: Sequence[str] | str = AXES,
     *,
-    method: Method | None = None,
-    n_eval: int = 1024,
     settings: Any = None,
-    min_damage: float | None = None,
-    min_loss_increase: float | None = None,
-    min_gain: float | None = None,
-    min_count: int | None = None,
-    serve_share: float | None = None,
-    alpha: float | None = None,
-    correction: str | None = None,
-    n_permutations: int | None = None,
-    n_init: int | None = None,
-    n_init_eval: int | None = None,
-    n_attention: int | None = None,
-    seed: int | None = None,
-    null: str | None = None,
+    groups: Sequence[str | Sequence[Any]] | None = None,
     relations: Any = None,
     progress: bool = False,
+    **changes: Any,
 ) -> DivisionResult:
-    """Whom each head serves along each axis, and how divided the heads are, against nulls.
+    """Whom each head serves along each axis, and whether the heads divide the work, against
+    the same-function null, under every ablation method.
 
     Args:
         model: The model.
@@ -390,196 +245,218 @@ def division_of_labour(
         by: Axes (a list or ``"token,position"``); those that do not apply are skipped
             (``target`` on a single-target model, an axis with fewer than 2 values that have
             ``min_count`` triples).
-        method: Ablation method (default ``"mean"``; the evaluated batch is the reference).
-        n_eval: Size of a Task's evaluation set.
-        settings: A :class:`~mhainterp.specialization.SpecializationSettings` (or anything with
-            its fields): ``alpha, correction, min_damage, seed, ablation_method`` are taken
-            from it unless given here.
-        min_damage: Overall accuracy drop below which a head does no damage (0.01).
-        min_loss_increase: Mean loss increase (nats) below which a head does no damage (0.01).
-        min_gain: Effect gate: selectivity (or index) minus its null (0.05).
-        min_count: Scored triples a value needs to count in the indices (10).
-        serve_share: A served value's damage is at least this share of the head's largest (0.5).
-        alpha: Level for ``p_adj`` (heads) and ``p`` (index) (0.05).
-        correction: Multiple-comparison correction over heads x axes (``"holm"``).
-        n_permutations: Label permutations (1000; raised to ``2 m / alpha`` for ``m`` head x
-            axis tests, so that Holm can pass a head beyond every draw).
-        n_init: Untrained matched-seed models (2; 0 = no initialisation null). One engine
-            pass each, which is why the default is small.
-        n_init_eval: Sequences the untrained models are evaluated on (128).
-        n_attention: Sequences of the attention-side view (the first 256 of the batch: a
-            descriptive mean, and one pattern capture is as costly as half the engine pass).
-        seed: Seed of the permutations.
-        null: How the label-permutation null is drawn: ``"normal"`` (default; the normal
-            approximation with the permutation's exact mean and covariance, O(M H K), see
-            :func:`normal_null_means`) or ``"exact"`` (M random permutations of the N triples,
-            O(M H N): about 1 s for 8 heads, 16k triples and M = 1000 on 2 cores).
+        settings: A :class:`DivisionSettings`, or anything with
+            :class:`~mhainterp.specialization.SpecializationSettings`' shared fields
+            (``alpha, correction, min_damage, seed, ablation_method``); default the defaults.
+        groups: Backed-up groups to remove as one unit (head sets, ``"L0H0,L0H1"`` or lists);
+            default: found from the kept-head profiles (module docstring).
         relations: Templates of the attention-side view: a Task, a dict of ``[n, T, T]``
             templates aligned with the batch, or ``f(tokens, mask) -> dict``; default the Task
-            when ``data`` is one (none for a Batch: the view is empty).
+            when ``data`` is one.
         progress: Progress bars.
+        **changes: :class:`DivisionSettings` fields to change (``method="zero"``,
+            ``n_bootstrap=100``, ...); None values are ignored.
 
     Returns:
-        A :class:`DivisionResult`.
+        A :class:`DivisionResult` (columns in its module).
 
     Example:
         >>> result = division_of_labour(run.model, run.task)  # doctest: +SKIP
         >>> print(result.summary_line())  # doctest: +SKIP
     """
-    s = _resolve_settings(
-        settings,
-        dict(
-            method=method, min_damage=min_damage, min_loss_increase=min_loss_increase,
-            min_gain=min_gain, min_count=min_count,
-            serve_share=serve_share, alpha=alpha, correction=correction,
-            n_permutations=n_permutations, n_init=n_init, n_init_eval=n_init_eval,
-            n_attention=n_attention, seed=seed,
-            null=null,
-        ),
-    )  # fmt: skip
-    batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
+    s = resolve_settings(settings, **changes)
+    batch = batch_for_model(model, as_batch(data, n_eval=s.n_eval, needs_targets=True))
     names = target_names(data, model.cfg.n_targets)
-    td = triple_damage(model, batch, method=s.method, names=names, progress=progress)
-    axes, skipped = _axes_that_apply(by, td, model.cfg.n_targets, s.min_count)
-    init, init_damage = _init_null(model, batch, names, axes, s, progress)
-    # No damage, no profile: below min_damage, or below what an untrained twin's head does.
-    gate = max(s.min_damage, init_damage)
-    defined = (td.total_damage >= gate) & (td.loss_increase.mean(1) >= s.min_loss_increase)
-    onehots = {axis: td.onehot(axis) for axis in axes}
-    generator = torch.Generator().manual_seed(s.seed)
-    draw = normal_null_means if s.null == "normal" else exact_null_means
-    n_draws = _null_draws(s, n_tests=int(defined.sum()) * len(axes))
-    null_means = draw(td.damage, onehots, n_draws, generator)
-    per_axis: dict[str, _AxisStats] = {}
+    L, h = model.cfg.n_layers, model.cfg.n_heads
+    configs = build_configs(L, h)
+    cache = CleanCache()  # the methods share the clean activations of this model and batch
+    primary, engine = run_pass(
+        model, batch, configs.head_sets, s.method, progress=progress, cache=cache
+    )
+    scored = engine.scores.scored
+    values, value_names = _axis_values(engine.batch, scored, list(names))
+    sequence = scored.nonzero()[:, 0].cpu()
+    counts = {a: torch.bincount(v, minlength=len(value_names[a])) for a, v in values.items()}
+    axes, skipped = _axes_that_apply(by, counts, model.cfg.n_targets, s.min_count)
+    given = None if groups is None else [resolve_heads(model, g) for g in groups]
+    found = _groups(primary, configs, s) if given is None else given
+    if found:
+        configs = build_configs(L, h, found)
+        more, _ = run_pass(
+            model, batch, [configs.head_sets[i] for i in configs.group], s.method, cache=cache
+        )
+        primary = PassScores(
+            s.method, torch.cat([primary.correct, more.correct]), torch.cat([primary.nll, more.nll])
+        )
+    basis = choose_basis(gates(primary, configs, s))
+    # The other methods and the noisy copies run only what the call's basis needs.
+    rows = basis_rows(configs, basis)
+    passes = {s.method: primary}
+    for method in tqdm(s.methods[1:] if basis else (), desc="methods", disable=not progress):
+        passes[method] = run_rows(model, batch, configs, rows, method, cache)
+    noisy, noise_used = (
+        _noisy_passes(model, batch, configs, rows, primary, s, progress) if basis else ([], 0.0)
+    )
+    gate = {m: gates(p, configs, s) for m, p in passes.items()}
+    weights = bootstrap_weights(len(batch), s.n_bootstrap, torch.Generator().manual_seed(s.seed))
+    even = torch.arange(len(batch)) % 2 == 0
+    split = (even.float(), (~even).float())  # split halves: the null's sampling noise
+    null_generator = torch.Generator().manual_seed(s.seed + 2)
+    norms = write_norms(model, batch[: s.n_attention])
+    heads_parts, index_rows, profile_parts, basis_parts = [], [], [], []
     for axis in axes:
-        counts = onehots[axis].sum(0)
-        profile = td.damage @ onehots[axis] / counts.clamp(min=1)  # (H, K)
-        per_axis[axis] = _axis_stats(profile, null_means[axis], counts >= s.min_count, defined)
-    result = _tables(td, onehots, per_axis, init, defined, s)
+        K = len(value_names[axis])
+        means = {m: pass_means(p, sequence, values[axis], K, weights) for m, p in passes.items()}
+        halves = [weights * half for half in split]
+        null_passes = [primary, *noisy] if len(noisy) == 1 else noisy
+        noisy_means = [
+            [pass_means(p, sequence, values[axis], K, w) for w in halves] for p in null_passes
+        ]
+        observed = weights[:1]
+        loss = value_means(primary.nll, sequence, values[axis], len(value_names[axis]), observed)
+        ev = AxisEvidence(
+            axis=axis, value_names=value_names[axis], counts=counts[axis],
+            keep=counts[axis] >= s.min_count, means=means, noisy=noisy_means, loss=loss[0],
+            onehot=torch.nn.functional.one_hot(values[axis], K).float(),
+        )  # fmt: skip
+        index_rows.append(index_row(ev, configs, gate, basis, s))
+        heads_parts.append(
+            heads_rows(ev, configs, gate[s.method], primary, norms, s, null_generator)
+        )
+        profile_parts.append(_profile_part(ev, configs, s))
+        basis_parts.append(_basis_part(ev, configs, gate[s.method], s))
+    td = _triple_damage(primary, configs, values, value_names, scored)
     relations = data if relations is None and isinstance(data, Task) else relations
     attention = attention_view(model, batch[: s.n_attention], relations, axes, td)
-    meta = {**s.__dict__, "by_asked": _normalise_by(by), "by": list(axes), "damage_gate": gate}
-    meta["n_null_draws"] = n_draws
-    return DivisionResult(*result, attention=attention, settings=meta, skipped=skipped)
-
-
-def _null_draws(s: _Settings, n_tests: int) -> int:
-    """Label-permutation draws: ``n_permutations``, raised so that the p-value floor
-    ``1 / (1 + M)`` times the ``n_tests`` of the correction stays below ``alpha / 2``."""
-    return max(s.n_permutations, math.ceil(2 * n_tests / s.alpha))
-
-
-def _init_null(
-    model: Any, batch: Batch, names: list[str], axes: list[str], s: _Settings, progress: bool
-) -> tuple[dict[str, tuple[Tensor, float]], float]:
-    """The untrained matched-seed models through the same statistic.
-
-    Returns:
-        Per axis, the models' mean selectivity per head and mean division index (NaN-aware
-        means; NaN where no model has a defined value), and the largest overall damage of any
-        of their heads (0 without models).
-    """
-    H = len(model.head_labels)
-    empty = {axis: (torch.full((H,), math.nan), math.nan) for axis in axes}
-    if s.n_init == 0 or not axes:
-        return empty, 0.0
-    part = batch[: s.n_init_eval]
-    models = init_models(model.cfg, matched_seeds(model.cfg.seed, s.n_init))
-    damages = [
-        triple_damage(m, part, method=s.method, names=names)
-        for m in tqdm(models, desc="init null", disable=not progress, leave=False)
-    ]
-    draws = [_observed_only(td, axes, s) for td in damages]
-    out = {}
-    for axis in axes:
-        si = torch.stack([d[axis][0] for d in draws]).double()  # (n_init, H)
-        index = np.array([d[axis][1] for d in draws], dtype=float)
-        si_mean = torch.where(si.isnan().all(0), math.nan, torch.nanmean(si, 0))
-        out[axis] = (si_mean, float(np.nanmean(index)) if np.isfinite(index).any() else math.nan)
-    return out, max(float(td.total_damage.max()) for td in damages)
-
-
-def _baseline(*nulls: float) -> float:
-    finite = [v for v in nulls if not math.isnan(v)]
-    return max(finite) if finite else math.nan
-
-
-def _served(st: _AxisStats, values: list[str], s: _Settings) -> list[str]:
-    """Per head, the values it serves (comma-separated; see "Serves" in the module docstring):
-    a kept value whose damage is at least ``serve_share`` of the head's largest kept damage and
-    beats its own permutation null (Bonferroni over the K kept values)."""
-    profile = st.profile.double()  # (H, K)
-    largest = profile[:, st.keep].clamp(min=0).max(1).values  # (H,)
-    z_crit = float(stats.norm.ppf(1 - s.alpha / int(st.keep.sum())))
-    serves = st.keep & (profile >= s.serve_share * largest[:, None]) & (st.z >= z_crit)
-    return [",".join(values[v] for v in row.nonzero()[:, 0].tolist()) for row in serves]
-
-
-def _tables(
-    td: TripleDamage,
-    onehots: dict[str, Tensor],
-    per_axis: dict[str, _AxisStats],
-    init: dict[str, tuple[Tensor, float]],
-    defined: Tensor,
-    s: _Settings,
-) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """The heads, index and profiles tables, built column-wise (one array per column)."""
-    H = len(td.pairs)
-    layers = np.array([layer for layer, _ in td.pairs], dtype=int)
-    head_ids = np.array([head for _, head in td.pairs], dtype=int)
-    labels = np.array(td.heads, dtype=object)
-    heads_parts, index_rows, profile_parts = [], [], []
-    for axis, st in per_axis.items():
-        values = td.value_names[axis]
-        counts = onehots[axis].sum(0)
-        K_all, K = len(values), int(st.keep.sum())
-        heads_parts.append(
-            {
-                "head_label": labels, "layer": layers, "head": head_ids, "by": axis,
-                "selectivity": st.selectivity.numpy(), "null_mean": st.null_mean.numpy(),
-                "total_damage": td.total_damage.double().numpy(),
-                "loss_increase": td.loss_increase.mean(1).double().numpy(),
-                "p": st.p.numpy(), "null_init_mean": init[axis][0].double().numpy(),
-                "n_values": K, "served": np.array(_served(st, values, s), dtype=object),
-            }
-        )  # fmt: skip
-        clean = td.clean @ onehots[axis] / counts.clamp(min=1)  # (K,)
-        loss_profile = td.loss_increase @ onehots[axis] / counts.clamp(min=1)  # (H, K)
-        profile_parts.append(
-            {
-                "head_label": np.repeat(labels, K_all),
-                "layer": np.repeat(layers, K_all),
-                "head": np.repeat(head_ids, K_all),
-                "by": axis,
-                "value": np.tile(np.array(values, dtype=object), H),
-                "n_scored": np.tile(counts.numpy().astype(int), H),
-                "clean_accuracy": np.tile(clean.numpy(), H),
-                "ablated_accuracy": (clean[None] - st.profile).numpy().ravel(),
-                "damage": st.profile.numpy().ravel(),
-                "loss_increase": loss_profile.numpy().ravel(),
-                "in_index": np.tile(st.keep.numpy(), H),
-            }
-        )
-        init_index = init[axis][1]
-        gain = st.index - _baseline(st.null_index, init_index)
-        index_rows.append(
-            {
-                "by": axis, "index": st.index, "null_index": st.null_index, "p": st.p_index,
-                "divided": bool(st.p_index < s.alpha and gain >= s.min_gain)
-                if not math.isnan(st.p_index) else False,
-                "null_index_std": st.null_index_std, "null_init_index": init_index,
-                "n_damaging": int(defined.sum()), "n_values": K,
-            }
-        )  # fmt: skip
-    heads = join_columns(heads_parts, [c for c in HEADS_COLUMNS if c not in DERIVED] + ["served"])
+    meta = {
+        **s.to_dict(), "by_asked": _normalise_by(by), "by": list(axes), "basis": basis,
+        "noise_used": noise_used, "groups": [_label(g) for g in configs.groups],
+        "groups_given": given is not None,
+    }  # fmt: skip
+    heads = _frame(heads_parts, HEADS_COLUMNS)
     heads["p_adj"] = adjust_pvalues(heads["p"].astype(float), s.correction)
-    gain = heads["selectivity"] - np.fmax(heads["null_mean"], heads["null_init_mean"])
-    with np.errstate(invalid="ignore"):  # NaN selectivity: never specialized
-        heads["specialized"] = (heads["p_adj"] < s.alpha) & (gain >= s.min_gain)
-    # A head that serves every value alike serves no subset: ``serves`` only when specialized.
-    heads["serves"] = np.where(heads["specialized"], heads.pop("served"), "").astype(object)
-    return (
-        pd.DataFrame(heads, columns=HEADS_COLUMNS),
-        pd.DataFrame(index_rows, columns=INDEX_COLUMNS),
-        pd.DataFrame(join_columns(profile_parts, PROFILE_COLUMNS), columns=PROFILE_COLUMNS),
+    return DivisionResult(
+        heads=heads,
+        index=pd.DataFrame(index_rows, columns=INDEX_COLUMNS),
+        profiles=_frame(profile_parts, PROFILE_COLUMNS),
+        attention=attention,
+        basis_profiles=_frame(basis_parts, BASIS_PROFILE_COLUMNS),
+        settings=meta,
+        skipped=skipped,
     )
+
+
+def _label(group: Sequence[tuple[int, int]]) -> str:
+    return ",".join(head_label(layer, head) for layer, head in group)
+
+
+def _frame(parts: list[dict], columns: list[str]) -> pd.DataFrame:
+    if not parts:
+        return pd.DataFrame(columns=columns)
+    present = [c for c in columns if c in parts[0]]
+    return pd.DataFrame(join_columns(parts, present), columns=columns)
+
+
+def _groups(primary: PassScores, configs: Configs, s: DivisionSettings) -> list[list]:
+    """Backed-up groups: heads defined kept alone but not alone, whose kept contributions per
+    triple are similar (cosine >= ``group_similarity``) within a layer."""
+    g = gates(primary, configs, s)
+    candidates = (g.kept & ~g.single).tolist()
+    labels = [head_label(*p) for p in configs.pairs]
+    layer_of = {p: configs.layer[p[0]] for p in configs.pairs}
+    contrib = torch.stack(
+        [primary.correct[configs.kept[i]] - primary.correct[layer_of[p]]
+         for i, p in enumerate(configs.pairs)]
+    ).double()  # fmt: skip
+    unit = contrib / contrib.norm(dim=1, keepdim=True).clamp(min=1e-12)
+    cos = (unit @ unit.T).numpy()
+    same_layer = [[a[0] == b[0] for b in configs.pairs] for a in configs.pairs]
+    sim = pd.DataFrame(
+        [[cos[i, j] if same_layer[i][j] else 0.0 for j in range(len(labels))]
+         for i in range(len(labels))], index=labels, columns=labels,
+    )  # fmt: skip
+    out_of_play = [lab for lab, c in zip(labels, candidates, strict=True) if not c]
+    found = similar_groups(sim, s.group_similarity, dead=out_of_play, min_size=2)
+    return [[configs.pairs[labels.index(x)] for x in group] for group in found]
+
+
+def _noisy_passes(
+    model: Any,
+    batch: Batch,
+    configs: Configs,
+    rows: list[int],
+    primary: PassScores,
+    s: DivisionSettings,
+    progress: bool,
+) -> tuple[list[PassScores], float]:
+    """The noisy copies' passes (primary method, ``rows`` only), with the noise that keeps
+    the accuracy."""
+    clean_accuracy = float(primary.accuracy[configs.clean])
+    generator = torch.Generator().manual_seed(s.seed + 1)
+    for attempt in range(5):  # the copies' own clean rows check the accuracy: no extra forward
+        noise = s.noise / 2**attempt
+        copies = [noisy_copy(model, noise, generator) for _ in range(s.n_noise)]
+        bar = tqdm(copies, desc="noisy copies", disable=not progress, leave=False)
+        passes = [run_rows(c, batch, configs, rows, s.method) for c in bar]
+        accuracy = [float(p.accuracy[configs.clean]) for p in passes]
+        if all(abs(a - clean_accuracy) <= s.max_accuracy_change for a in accuracy):
+            break
+    return passes, noise
+
+
+def _triple_damage(
+    primary: PassScores, configs: Configs, values: dict, value_names: dict, scored: torch.Tensor
+) -> TripleDamage:
+    """The primary pass's single-head damage as a :class:`TripleDamage` (the attention view's
+    input, and the home of the per-triple tables other tests read)."""
+    clean, single = primary.correct[configs.clean], primary.correct[configs.single]
+    return TripleDamage(
+        pairs=configs.pairs, damage=clean[None] - single,
+        loss_increase=primary.nll[configs.single] - primary.nll[configs.clean][None],
+        clean=clean, values=values, value_names=value_names, index=scored.nonzero().cpu(),
+    )  # fmt: skip
+
+
+def _profile_part(ev: AxisEvidence, configs: Configs, s: DivisionSettings) -> dict:
+    """The single-basis head x value table of the primary method (observed)."""
+    m = ev.means[s.method][0]  # (C, K)
+    clean, single = m[configs.clean], m[configs.single]  # (K,), (H, K)
+    loss_profile = ev.loss[configs.single] - ev.loss[configs.clean][None]
+    H, K = single.shape
+    labels = np.array([head_label(*p) for p in configs.pairs], dtype=object)
+    return {
+        "head_label": np.repeat(labels, K),
+        "layer": np.repeat([p[0] for p in configs.pairs], K),
+        "head": np.repeat([p[1] for p in configs.pairs], K),
+        "by": ev.axis,
+        "value": np.tile(np.array(ev.value_names, dtype=object), H),
+        "n_scored": np.tile(ev.counts.numpy().astype(int), H),
+        "clean_accuracy": np.tile(clean.numpy(), H),
+        "ablated_accuracy": single.numpy().ravel(),
+        "damage": (clean[None] - single).numpy().ravel(),
+        "loss_increase": loss_profile.numpy().ravel(),
+        "in_index": np.tile(ev.keep.numpy(), H),
+    }
+
+
+def _basis_part(ev: AxisEvidence, configs: Configs, g: Gates, s: DivisionSettings) -> dict:
+    """Kept-alone contributions per head and group damages per group (observed)."""
+    m = ev.means[s.method][0]
+    layer_of = [configs.layer[p[0]] for p in configs.pairs]
+    kept = m[configs.kept] - m[layer_of]  # (H, K)
+    group = m[configs.clean][None] - m[configs.group]  # (G, K)
+    units = [head_label(*p) for p in configs.pairs] + [_label(x) for x in configs.groups]
+    basis = ["kept"] * len(configs.pairs) + ["group"] * len(configs.groups)
+    defined = g.kept.tolist() + g.group.tolist()
+    rows = torch.cat([kept, group])
+    U, K = rows.shape
+    return {
+        "unit": np.repeat(np.array(units, dtype=object), K),
+        "by": ev.axis,
+        "basis": np.repeat(np.array(basis, dtype=object), K),
+        "value": np.tile(np.array(ev.value_names, dtype=object), U),
+        "n_scored": np.tile(ev.counts.numpy().astype(int), U),
+        "profile": rows.numpy().ravel(),
+        "defined": np.repeat(np.array(defined, dtype=bool), K),
+        "in_index": np.tile(ev.keep.numpy(), U),
+    }

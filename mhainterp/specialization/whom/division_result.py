@@ -16,10 +16,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from mhainterp.ablation import METHODS
 from mhainterp.io import read_json, write_csv, write_json
 
 __all__ = [
     "ATTENTION_COLUMNS",
+    "BASIS_PROFILE_COLUMNS",
     "HEADS_COLUMNS",
     "INDEX_COLUMNS",
     "PROFILE_COLUMNS",
@@ -43,8 +45,28 @@ HEADS_COLUMNS = [
     "p",
     "null_init_mean",
     "n_values",
+    "basis",
+    "ci_low",
+    "ci_high",
+    "null_selectivity",
+    "null_high",
+    "served_share",
+    "n_eff",
+    "p_floor",
+    "damage_alone",
+    "damage_group",
+    "group",
+    "kept_contribution",
+    "write_norm",
+    "write_share",
 ]
-"""Columns of :attr:`DivisionResult.heads`, one row per head and axis."""
+"""Columns of :attr:`DivisionResult.heads`, one row per head and axis. ``selectivity`` is the
+K-invariant ``1 - n_eff / K`` on the head's ``basis`` profile, ``ci_low, ci_high`` its
+bootstrap interval; ``null_selectivity`` (= ``null_mean``) the layer's whole job's selectivity
+and ``null_high`` its upper quantile; ``specialized`` = ``ci_low > null_high``;
+``null_init_mean`` is kept NaN for old readers. ``damage_alone`` (= ``total_damage``),
+``damage_group``, ``group``, ``kept_contribution``, ``write_norm`` and ``write_share`` are the
+inputs of "dead by function"."""
 INDEX_COLUMNS = [
     "by",
     "index",
@@ -55,8 +77,32 @@ INDEX_COLUMNS = [
     "null_init_index",
     "n_damaging",
     "n_values",
+    "call",
+    "basis",
+    "reason",
+    "ci_low",
+    "ci_high",
+    "null_high",
+    "p_floor",
+    "index_mean",
+    "index_zero",
+    "index_resample",
+    "call_mean",
+    "call_zero",
+    "call_resample",
+    "index_single",
+    "index_kept",
+    "index_group",
+    "n_kept",
+    "n_groups",
 ]
-"""Columns of :attr:`DivisionResult.index`, one row per axis."""
+"""Columns of :attr:`DivisionResult.index`, one row per axis: ``call`` (divided, not
+divided, cannot tell, method-dependent) on ``basis`` (single, kept, group; "" when no basis
+applies), ``index`` with its bootstrap ``ci_low, ci_high``, the same-function null
+(``null_index``, its upper quantile ``null_high``, ``null_index_std``), ``p`` against it with
+its floor ``p_floor``, the index and call under each method, the primary method's index on
+every basis, and the counts of damaging heads, heads contributing kept alone and groups.
+``divided`` is ``call == "divided"``; ``null_init_index`` is kept NaN for old readers."""
 PROFILE_COLUMNS = [
     "head_label",
     "layer",
@@ -73,9 +119,23 @@ PROFILE_COLUMNS = [
 """Columns of :attr:`DivisionResult.profiles`: the head x value table (``damage`` unclipped)."""
 ATTENTION_COLUMNS = ["head_label", "layer", "head", "by", "value", "relation", "mass", "n_queries"]
 """Columns of :attr:`DivisionResult.attention`."""
+BASIS_PROFILE_COLUMNS = [
+    "unit",
+    "by",
+    "basis",
+    "value",
+    "n_scored",
+    "profile",
+    "defined",
+    "in_index",
+]
+"""Columns of :attr:`DivisionResult.basis_profiles`: per head its kept-alone contribution
+(``basis`` "kept", ``unit`` the head) and per group its removal damage (``basis`` "group",
+``unit`` the head set), per value, observed, unclipped."""
 
 PREFIX = "division"
-TABLES = ("heads", "index", "profiles", "attention")
+TABLES = ("heads", "index", "profiles", "attention", "basis_profiles")
+OPTIONAL_TABLES = ("basis_profiles",)  # absent from results saved before it existed
 
 
 def join_columns(parts: list[dict[str, Any]], names: list[str]) -> dict[str, np.ndarray]:
@@ -102,6 +162,7 @@ class DivisionResult:
         index: One row per axis, columns :data:`INDEX_COLUMNS`.
         profiles: Head x value damage, columns :data:`PROFILE_COLUMNS`.
         attention: Template mass per head, value and relation, :data:`ATTENTION_COLUMNS`.
+        basis_profiles: Kept-head and group profiles, :data:`BASIS_PROFILE_COLUMNS`.
         settings: The thresholds used.
         skipped: Axes asked for that do not apply, and why.
     """
@@ -110,19 +171,24 @@ class DivisionResult:
     index: pd.DataFrame
     profiles: pd.DataFrame
     attention: pd.DataFrame
+    basis_profiles: pd.DataFrame = field(
+        default_factory=lambda: pd.DataFrame(columns=BASIS_PROFILE_COLUMNS)
+    )
     settings: dict[str, Any] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
 
     def summary_line(self) -> str:
-        """``token 0.42 (null 0.01, p 0.001); position ...``: the index per axis vs its null."""
+        """``token 0.42 [0.38, 0.46] vs null 0.01 (single): divided; position ...``: per axis
+        the index, its interval, the same-function null, the basis and the call."""
         parts = []
         for row in self.index.itertuples(index=False):
+            call = getattr(row, "call", "divided" if row.divided else "not divided")
             if math.isnan(row.index):
-                parts.append(f"{row.by} n/a ({row.n_damaging} damaging head(s))")
+                parts.append(f"{row.by} n/a ({row.n_damaging} damaging head(s)): {call}")
                 continue
-            mark = " divided" if row.divided else ""
             parts.append(
-                f"{row.by} {row.index:.2f} (null {row.null_index:.2f}, p {row.p:.2g}){mark}"
+                f"{row.by} {row.index:.2f} [{row.ci_low:.2f}, {row.ci_high:.2f}] vs null "
+                f"{row.null_high:.2f} ({row.basis}): {call}"
             )
         return "division index: " + ("; ".join(parts) if parts else "no axis applies")
 
@@ -143,7 +209,8 @@ class DivisionResult:
             FileNotFoundError: A file is missing (the message names it and the command).
         """
         folder = Path(folder)
-        for path in [folder / f"{prefix}.json", *(folder / f"{prefix}_{n}.csv" for n in TABLES)]:
+        needed = [n for n in TABLES if n not in OPTIONAL_TABLES]
+        for path in [folder / f"{prefix}.json", *(folder / f"{prefix}_{n}.csv" for n in needed)]:
             if not path.is_file():
                 raise FileNotFoundError(
                     f"{path} is missing: the division of labour has not been saved here; run "
@@ -152,9 +219,13 @@ class DivisionResult:
         meta = read_json(folder / f"{prefix}.json")
         tables = {}
         for name in TABLES:
-            frame = pd.read_csv(folder / f"{prefix}_{name}.csv", dtype={"value": str})
-            if "serves" in frame.columns:
-                frame["serves"] = frame["serves"].fillna("").astype(str)
+            path = folder / f"{prefix}_{name}.csv"
+            if not path.is_file():  # an optional table of an older result
+                continue
+            frame = pd.read_csv(path, dtype={"value": str, "unit": str})
+            for text in ("serves", "group", "basis", "reason", *(f"call_{m}" for m in METHODS)):
+                if text in frame.columns:
+                    frame[text] = frame[text].fillna("").astype(str)
             tables[name] = frame
         return cls(**tables, settings=meta["settings"], skipped=meta.get("skipped", {}))
 

@@ -1,17 +1,18 @@
-"""Selectivity and division indices, and their label-permutation nulls.
+"""Selectivity, division index and the same-function distance: pure functions of profiles.
 
-The statistics of :func:`mhainterp.specialization.whom.division.division_of_labour`, kept apart from
-the engine pass and the tables: pure functions of damage profiles.
+The statistics of :func:`mhainterp.specialization.whom.division.division_of_labour`, kept apart
+from the engine passes and the tables (formulas in that module's docstring):
 
-- ``entropy_selectivity``: ``1 - H(p) / log K`` of a head's clipped, normalised damage profile
-  over an axis's K values (0 for even damage, 1 for one value; NaN for a head without damage);
-- ``division_index``: ``1 - mean pairwise cosine`` of the damaging heads' profiles (0 when they
-  damage the same values, 1 when their values are disjoint; NaN with fewer than two);
-- ``exact_null_means`` / ``normal_null_means``: each value's mean damage with the values
-  shuffled among the scored triples, by real permutations or from the shuffle's exact mean and
-  covariance.
+- ``effective_values``: ``n_eff = exp(H(p))`` of a clipped, normalised profile;
+- ``selectivity``: ``1 - n_eff / K`` (the share of values spared; K-invariant);
+- ``division_index``: ``1 - mean pairwise cosine`` of the defined units' profiles;
+- ``same_function_distance``: ``1 - cos`` between each unit's profiles in two noisy copies.
+- ``normal_null_means``: each value's mean damage with the values shuffled among the scored
+  triples, from the shuffle's exact mean and covariance (the heads' selectivity null for
+  sampling noise);
+- ``interval`` / ``upper``: bootstrap quantiles (row 0 of a resampled table is the observed).
 
-Shapes: H heads, N scored triples, K values of an axis, M null draws.
+Shapes: U units (heads or groups), K values of an axis, B resamples (leading dims ``...``).
 """
 
 from __future__ import annotations
@@ -23,37 +24,62 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-__all__ = ["division_index", "entropy_selectivity", "exact_null_means", "normal_null_means"]
+__all__ = [
+    "division_index",
+    "effective_values",
+    "interval",
+    "normal_null_means",
+    "same_function_distance",
+    "selectivity",
+    "upper",
+]
 
-_MAX_GATHER = 1 << 24  # elements of one permuted [H, m, N] block (~64 MB of float32)
 
-
-def entropy_selectivity(
-    profiles: Float[Tensor, "... H K"], defined: Bool[Tensor, " H"]
-) -> Float[Tensor, "... H"]:
-    """``1 - H(p) / log K`` of each clipped damage profile; NaN where not ``defined`` or the
-    clipped profile is all zero.
+def effective_values(
+    profiles: Float[Tensor, "... U K"], defined: Bool[Tensor, " U"]
+) -> Float[Tensor, "... U"]:
+    """``exp(H(p))`` with ``p = d / sum(d)`` of each clipped profile: the number of values it
+    serves, counted evenly (1 for one value, m for m values served alike); NaN where not
+    ``defined`` or the clipped profile is all zero.
 
     Example:
         >>> p = torch.tensor([[0.6, 0.0, 0.0, 0.0], [0.2, 0.2, 0.2, 0.2], [0.5, 0.5, 0.0, 0.0]])
-        >>> entropy_selectivity(p, torch.tensor([True, True, True])).tolist()
-        [1.0, 0.0, 0.5]
+        >>> effective_values(p, torch.tensor([True, True, True])).tolist()
+        [1.0, 4.0, 2.0]
     """
-    K = profiles.shape[-1]
     d = profiles.clamp(min=0).double()
     total = d.sum(-1, keepdim=True)
     p = d / total.clamp(min=1e-300)
-    entropy = -torch.special.xlogy(p, p).sum(-1)
-    index = (1.0 - entropy / math.log(K)).clamp(0.0, 1.0)
-    ok = defined & (total[..., 0] > 0)
-    return torch.where(ok, index, math.nan)
+    n_eff = torch.exp(-torch.special.xlogy(p, p).sum(-1))
+    return torch.where(defined & (total[..., 0] > 0), n_eff, math.nan)
+
+
+def selectivity(
+    profiles: Float[Tensor, "... U K"], defined: Bool[Tensor, " U"]
+) -> Float[Tensor, "... U"]:
+    """``1 - n_eff / K``: the share of the K values a profile spares.
+
+    Example:
+        >>> two = torch.tensor([[1.0, 0.0]])
+        >>> eight = torch.tensor([[1.0] * 4 + [0.0] * 4])
+        >>> ten = torch.tensor([[0.0] + [1.0] * 9])
+        >>> yes = torch.tensor([True])
+        >>> [round(float(selectivity(p, yes)[0]), 3) for p in (two, eight, ten)]
+        [0.5, 0.5, 0.1]
+    """
+    return 1.0 - effective_values(profiles, defined) / profiles.shape[-1]
+
+
+def _unit(profiles: Tensor) -> Tensor:
+    d = profiles.clamp(min=0).double()
+    return d / d.norm(dim=-1, keepdim=True).clamp(min=1e-300)
 
 
 def division_index(
-    profiles: Float[Tensor, "... H K"], defined: Bool[Tensor, " H"]
+    profiles: Float[Tensor, "... U K"], defined: Bool[Tensor, " U"]
 ) -> Float[Tensor, "..."]:
-    """``1 - mean pairwise cosine`` of the clipped profiles of the ``defined`` heads (NaN with
-    fewer than 2 such heads whose clipped profile is not all zero).
+    """``1 - mean pairwise cosine`` of the clipped profiles of the ``defined`` units (NaN with
+    fewer than 2 such units whose clipped profile is not all zero).
 
     Example:
         >>> p = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.3, 0.3]])
@@ -63,10 +89,9 @@ def division_index(
         0.0
     """
     d = profiles.clamp(min=0).double()
-    norm = d.norm(dim=-1)  # (..., H)
-    use = (defined & (norm > 0)).double()
-    unit = d / norm.clamp(min=1e-300)[..., None]
-    cos = unit @ unit.transpose(-1, -2)  # (..., H, H)
+    use = (defined & (d.norm(dim=-1) > 0)).double()  # (..., U)
+    unit = _unit(profiles)
+    cos = unit @ unit.transpose(-1, -2)  # (..., U, U)
     pair = use[..., :, None] * use[..., None, :]
     pair = pair * (1.0 - torch.eye(d.shape[-2], dtype=pair.dtype))
     n_pairs = pair.sum((-1, -2))
@@ -74,26 +99,25 @@ def division_index(
     return torch.where(n_pairs > 0, 1.0 - mean_cos, math.nan)
 
 
-def exact_null_means(
-    damage: Float[Tensor, "H N"],
-    onehots: Mapping[str, Float[Tensor, "N K"]],
-    m_total: int,
-    generator: torch.Generator,
-) -> dict[str, Float[Tensor, "M H K"]]:
-    """Per axis, ``m_total`` draws of the per-value mean damage with values shuffled among the
-    triples: ``mean_v = sum_i x_{h, pi(i)} [value_i = v] / n_v`` (one pi per draw, all heads)."""
-    H, N = damage.shape
-    counts = {axis: o.sum(0).clamp(min=1) for axis, o in onehots.items()}
-    out: dict[str, list[Tensor]] = {axis: [] for axis in onehots}
-    step = max(1, _MAX_GATHER // max(1, H * N))
-    for start in range(0, m_total, step):
-        m = min(step, m_total - start)
-        perm = torch.rand(m, N, generator=generator).argsort(-1)  # (m, N)
-        shuffled = damage[:, perm]  # (H, m, N)
-        for axis, onehot in onehots.items():
-            sums = shuffled @ onehot  # (H, m, K)
-            out[axis].append((sums / counts[axis]).transpose(0, 1).double())  # (m, H, K)
-    return {axis: torch.cat(parts) for axis, parts in out.items()}
+def same_function_distance(
+    first: Float[Tensor, "... U K"], second: Float[Tensor, "... U K"], defined: Bool[Tensor, " U"]
+) -> Float[Tensor, "..."]:
+    """Mean over the ``defined`` units of ``1 - cos`` between a unit's profile in ``first``
+    and in ``second`` (two noisy copies of the model): the division index that heads doing
+    the same job score. A profile that is all zero in one copy only counts as distance 1
+    (nothing in common); a unit all zero in both is left out; NaN without units.
+
+    Example:
+        >>> a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+        >>> b = torch.tensor([[1.0, 1.0], [0.0, 1.0]])
+        >>> round(float(same_function_distance(a, b, torch.tensor([True, True]))), 4)
+        0.1464
+    """
+    cos = (_unit(first) * _unit(second)).sum(-1)  # (..., U); 0 where either is all zero
+    seen = (first.clamp(min=0).sum(-1) > 0) | (second.clamp(min=0).sum(-1) > 0)
+    use = (defined & seen).double()  # a unit that damages nothing in both copies says nothing
+    n = use.sum(-1)
+    return torch.where(n > 0, ((1.0 - cos) * use).sum(-1) / n.clamp(min=1), math.nan)
 
 
 def _psd_sqrt(cov: Float[Tensor, "d d"]) -> Float[Tensor, "d d"]:
@@ -136,3 +160,14 @@ def normal_null_means(
         sums = mean[:, None] * n[None] + A @ Z_all[..., : len(n)] @ B.T  # (M, H, K)
         out[axis] = sums / n.clamp(min=1)
     return out
+
+
+def interval(draws: Float[Tensor, " B ..."], alpha: float) -> tuple[Tensor, Tensor]:
+    """The ``1 - alpha`` percentile interval of the resamples ``draws[1:]`` (NaN-aware)."""
+    rest = draws[1:].double()
+    return torch.nanquantile(rest, alpha / 2, dim=0), torch.nanquantile(rest, 1 - alpha / 2, dim=0)
+
+
+def upper(draws: Float[Tensor, " B ..."], alpha: float) -> Tensor:
+    """The upper ``1 - alpha`` quantile of the resamples ``draws[1:]`` (NaN-aware)."""
+    return torch.nanquantile(draws[1:].double(), 1 - alpha, dim=0)

@@ -1,0 +1,338 @@
+"""The division test's decisions: gates, the basis, the calls, and the index and heads rows.
+
+Arithmetic on the per-value accuracies of :mod:`~.profiles` (every table ``[B, C, K]``: row 0
+observed, rows 1.. bootstrap resamples). The formulas are in the docstring of
+:mod:`~mhainterp.specialization.whom.division`.
+
+Shapes: B resamples, C configurations, K values, H heads, G groups, U units of a basis.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from mhainterp.heads import head_label
+from mhainterp.specialization.whom.profiles import Configs, PassScores
+from mhainterp.specialization.whom.selectivity import (
+    division_index,
+    effective_values,
+    interval,
+    normal_null_means,
+    same_function_distance,
+    selectivity,
+    upper,
+)
+from mhainterp.specialization.whom.settings import DivisionSettings
+
+__all__ = [
+    "BASES",
+    "CALLS",
+    "AxisEvidence",
+    "Gates",
+    "choose_basis",
+    "combine_calls",
+    "gates",
+    "heads_rows",
+    "index_row",
+    "unit_profiles",
+]
+
+BASES = ("single", "kept", "group")
+CALLS = ("divided", "not divided", "cannot tell", "method-dependent")
+TOLERANCE = 1e-9  # rounding: identical profiles give an index of +-1e-16, not a split
+
+
+@dataclass
+class Gates:
+    """Which profiles are defined under one method (totals over all scored triples).
+
+    Attributes:
+        single: ``[H]`` removing the head alone costs ``min_damage`` and ``min_loss_increase``.
+        kept: ``[H]`` the head kept alone adds that much above its layer removed.
+        group: ``[G]`` removing the group costs that much.
+        grouped: ``[H]`` the head is in some group.
+        damage_alone, kept_contribution: ``[H]`` accuracy; loss_increase: ``[H]`` nats of
+            removing the head alone; group_damage: ``[G]`` accuracy.
+    """
+
+    single: Bool[Tensor, " H"]
+    kept: Bool[Tensor, " H"]
+    group: Bool[Tensor, " G"]
+    grouped: Bool[Tensor, " H"]
+    damage_alone: Float[Tensor, " H"]
+    loss_increase: Float[Tensor, " H"]
+    kept_contribution: Float[Tensor, " H"]
+    group_damage: Float[Tensor, " G"]
+
+    def units(self, basis: str) -> Bool[Tensor, " U"]:
+        """The defined units of ``basis`` (group: the groups, then the lone damaging heads)."""
+        if basis == "single":
+            return self.single
+        if basis == "kept":
+            return self.kept
+        return torch.cat([self.group, self.single & ~self.grouped])
+
+
+def gates(scores: PassScores, configs: Configs, s: DivisionSettings) -> Gates:
+    """The :class:`Gates` of one pass."""
+    acc, loss = scores.accuracy.double(), scores.loss.double()
+    layer_of = [configs.layer[p[0]] for p in configs.pairs]
+    clean, single, kept = configs.clean, configs.single, configs.kept
+    damage = acc[clean] - acc[single]
+    contribution = acc[kept] - acc[layer_of]
+    group_damage = acc[clean] - acc[configs.group]
+    grouped = torch.tensor([any(p in g for g in configs.groups) for p in configs.pairs])
+    md, ml = s.min_damage, s.min_loss_increase
+    return Gates(
+        single=(damage >= md) & (loss[single] - loss[clean] >= ml),
+        kept=(contribution >= md) & (loss[layer_of] - loss[kept] >= ml),
+        group=(group_damage >= md) & (loss[configs.group] - loss[clean] >= ml),
+        grouped=grouped, damage_alone=damage, loss_increase=loss[single] - loss[clean],
+        kept_contribution=contribution,
+        group_damage=group_damage,
+    )  # fmt: skip
+
+
+def choose_basis(g: Gates) -> str:
+    """``single`` with 2+ heads defined alone, else ``group`` with 2+ defined units (one a
+    group), else ``kept`` with 2+ heads defined kept alone, else ``""`` (cannot tell)."""
+    if int(g.single.sum()) >= 2:
+        return "single"
+    if int(g.group.sum()) >= 1 and int(g.units("group").sum()) >= 2:
+        return "group"
+    if int(g.kept.sum()) >= 2:
+        return "kept"
+    return ""
+
+
+def unit_profiles(means: Float[Tensor, "B C K"], configs: Configs, basis: str) -> Tensor:
+    """``[B, U, K]`` unclipped profiles of ``basis``'s units (see :meth:`Gates.units`)."""
+    clean = means[:, configs.clean][:, None]  # (B, 1, K)
+    single = clean - means[:, configs.single]
+    if basis == "single":
+        return single
+    if basis == "kept":
+        layer_of = [configs.layer[p[0]] for p in configs.pairs]
+        return means[:, configs.kept] - means[:, layer_of]
+    return torch.cat([clean - means[:, configs.group], single], 1)
+
+
+@dataclass
+class AxisEvidence:
+    """One axis's per-value accuracies: per method, per noisy copy, and the observed loss."""
+
+    axis: str
+    value_names: list[str]
+    counts: Tensor  # (K,)
+    keep: Bool[Tensor, " K"]
+    means: dict[str, Float[Tensor, "B C K"]]
+    noisy: list[list[Float[Tensor, "B C K"]]]  # per copy: the two split halves
+    loss: Float[Tensor, "C K"]
+    onehot: Float[Tensor, "N K"]
+
+
+def combine_calls(calls: dict[str, str]) -> str:
+    """The methods' common call among those that decide, else "method-dependent".
+
+    Example:
+        >>> combine_calls({"mean": "divided", "zero": "cannot tell", "resample": "divided"})
+        'divided'
+        >>> combine_calls({"mean": "divided", "zero": "not divided"})
+        'method-dependent'
+    """
+    decided = {c for c in calls.values() if c != "cannot tell"}
+    if not decided:
+        return "cannot tell"
+    return decided.pop() if len(decided) == 1 else "method-dependent"
+
+
+def _null_draws(ev: AxisEvidence, configs: Configs, basis: str, defined: Tensor) -> Tensor:
+    """``[B]`` same-function distance: noisy copy ``i`` on one half of the sequences vs copy
+    ``j`` on the other (both ways, averaged over pairs of copies): function noise and sampling
+    noise together. With one copy, the original is the other copy."""
+    keep = ev.keep
+    copies = [[unit_profiles(m, configs, basis)[..., keep] for m in halves] for halves in ev.noisy]
+    draws = []
+    for i in range(len(copies)):
+        for j in range(i + 1, len(copies)):
+            for a, b in ((0, 1), (1, 0)):
+                draws.append(same_function_distance(copies[i][a], copies[j][b], defined))
+    return torch.stack(draws).mean(0)
+
+
+def index_row(
+    ev: AxisEvidence, configs: Configs, gate: dict[str, Gates], basis: str, s: DivisionSettings
+) -> dict:
+    """One row of :attr:`DivisionResult.index` (columns in :mod:`~.division_result`)."""
+    primary = gate[s.method]
+    keep, B = ev.keep, s.n_bootstrap
+    row: dict = {
+        "by": ev.axis, "n_values": int(keep.sum()), "n_damaging": int(primary.single.sum()),
+        "n_kept": int(primary.kept.sum()), "n_groups": len(configs.groups),
+        "basis": basis, "p_floor": 1.0 / (1 + B), "null_init_index": math.nan,
+    }  # fmt: skip
+    observed = ev.means[s.method][:1]
+    for b in BASES:
+        prof = unit_profiles(observed, configs, b)[..., keep]
+        row[f"index_{b}"] = float(division_index(prof, primary.units(b))[0])
+    for m in ("mean", "zero", "resample"):
+        row[f"index_{m}"], row[f"call_{m}"] = math.nan, ""
+    nan_stats = dict.fromkeys(("index", "ci_low", "ci_high", "null_index", "null_high", "p"))
+    row.update({k: math.nan for k in nan_stats} | {"null_index_std": math.nan})
+    if not basis:
+        row.update(call="cannot tell", divided=False, reason=_undefined_reason(primary))
+        return row
+    defined = primary.units(basis)
+    null = _null_draws(ev, configs, basis, defined)
+    null_high = float(upper(null, s.alpha))
+    calls = {}
+    for m, means in ev.means.items():
+        draws = division_index(
+            unit_profiles(means, configs, basis)[..., keep], gate[m].units(basis)
+        )
+        low, high = (float(x) for x in interval(draws, s.alpha))
+        index = float(draws[0])
+        calls[m] = _call(index, low, null_high)
+        row[f"index_{m}"], row[f"call_{m}"] = index, calls[m]
+        if m == s.method:
+            hits = int((null[1:] >= index - 1e-12).sum()) if not math.isnan(index) else 0
+            row.update(
+                index=index, ci_low=low, ci_high=high, null_index=float(null[0]),
+                null_high=null_high, null_index_std=float(null[1:].std()),
+                p=(1 + hits) / (1 + B) if not math.isnan(index) else math.nan,
+            )  # fmt: skip
+    call = combine_calls(calls)
+    row.update(call=call, divided=call == "divided")
+    row["reason"] = _reason(row, primary, basis, calls)
+    return row
+
+
+def _call(index: float, low: float, null_high: float) -> str:
+    if math.isnan(index) or math.isnan(null_high):
+        return "cannot tell"
+    return "divided" if low > null_high + TOLERANCE else "not divided"
+
+
+def _undefined_reason(g: Gates) -> str:
+    return (
+        f"fewer than 2 heads or groups do the work: {int(g.single.sum())} damaging alone, "
+        f"{int(g.group.sum())} group(s) damaging, {int(g.kept.sum())} contributing kept alone"
+    )
+
+
+def _reason(row: dict, g: Gates, basis: str, calls: dict[str, str]) -> str:
+    stats = (
+        f"{row['index']:.2f} [{row['ci_low']:.2f}, {row['ci_high']:.2f}] vs same-function "
+        f"null {row['null_index']:.2f} (upper {row['null_high']:.2f})"
+    )
+    if basis == "single":
+        text = f"{int(g.single.sum())} heads damage alone; single-head profiles: {stats}"
+    else:
+        what = "kept-head profiles" if basis == "kept" else "group profiles"
+        text = (
+            f"cannot tell from single-head ablation ({int(g.single.sum())} damaging head(s) "
+            f"alone; the others are backed up); {what}: {stats}"
+        )
+    if row["call"] == "method-dependent":
+        text += "; methods disagree: " + ", ".join(
+            f"{m} {row[f'index_{m}']:.2f} ({c})" for m, c in calls.items()
+        )
+    return text
+
+
+def heads_rows(
+    ev: AxisEvidence,
+    configs: Configs,
+    g: Gates,
+    scores: PassScores,
+    norms: Tensor,
+    s: DivisionSettings,
+    generator: torch.Generator,
+) -> dict:
+    """Columns of :attr:`DivisionResult.heads` for one axis (``p_adj`` added later)."""
+    keep, B = ev.keep, s.n_bootstrap
+    means = ev.means[s.method]
+    single = unit_profiles(means, configs, "single")[..., keep]
+    kept = unit_profiles(means, configs, "kept")[..., keep]
+    use_kept = g.kept & ~g.single
+    prof = torch.where(use_kept[None, :, None], kept, single)  # (B, H, K)
+    defined = g.single | g.kept
+    sel = selectivity(prof, defined)  # (B, H)
+    n_eff = effective_values(prof[:1], defined)[0]
+    low, high = interval(sel, s.alpha)
+    layer_of = [p[0] for p in configs.pairs]
+    job = means[:, configs.clean][:, None] - means[:, configs.layer]  # (B, L, K)
+    job_sel = selectivity(job[..., keep], torch.ones(job.shape[1], dtype=torch.bool))[:, layer_of]
+    # The null: the layer's whole job's shape, and the head's own damage spread evenly over
+    # the values with its sampling noise (labels shuffled), whichever is more selective.
+    shuffled = normal_null_means(_triples(scores, configs, use_kept), {"a": ev.onehot}, B,
+                                 generator)["a"][..., keep]  # fmt: skip
+    shuffled_sel = selectivity(shuffled, defined)  # (B, H)
+    null_high = torch.fmax(upper(job_sel, s.alpha), _quantile(shuffled_sel, 1 - s.alpha))
+    with np.errstate(invalid="ignore"):
+        specialized = (low > null_high + TOLERANCE).numpy() & defined.numpy()
+    hits = (job_sel[1:] >= sel[:1] - 1e-12).double().sum(0)
+    p = torch.where(sel[0].isnan(), math.nan, (1 + hits) / (1 + B))
+    K = int(keep.sum())
+    names = [v for v, k in zip(ev.value_names, keep.tolist(), strict=True) if k]
+    observed = prof[0].clamp(min=0)
+    largest = observed.max(1).values
+    serves_mask = (observed >= s.serve_share * largest[:, None]) & (observed >= s.min_damage)
+    serves = [
+        ",".join(names[v] for v in row.nonzero()[:, 0].tolist()) if ok else ""
+        for row, ok in zip(serves_mask, defined.tolist(), strict=True)
+    ]
+    group_of, damage_group = _head_groups(configs, g)
+    layer_total = torch.zeros(len(configs.layer), dtype=torch.float64)
+    layer_total.index_add_(0, torch.tensor(layer_of), norms)
+    basis = np.where(g.single.numpy(), "single", np.where(use_kept.numpy(), "kept", ""))
+    return {
+        "head_label": np.array([head_label(*p) for p in configs.pairs], dtype=object),
+        "layer": np.array(layer_of), "head": np.array([p[1] for p in configs.pairs]),
+        "by": ev.axis, "basis": basis.astype(object),
+        "selectivity": sel[0].numpy(), "ci_low": low.numpy(), "ci_high": high.numpy(),
+        "null_selectivity": job_sel[0].numpy(), "null_mean": job_sel[0].numpy(),
+        "null_high": null_high.numpy(), "served_share": (n_eff / K).numpy(),
+        "n_eff": n_eff.numpy(), "serves": np.array(serves, dtype=object),
+        "specialized": specialized, "p": p.numpy(), "p_floor": 1.0 / (1 + B),
+        "total_damage": g.damage_alone.numpy(), "damage_alone": g.damage_alone.numpy(),
+        "loss_increase": g.loss_increase.numpy(),
+        "kept_contribution": g.kept_contribution.numpy(),
+        "damage_group": damage_group, "group": np.array(group_of, dtype=object),
+        "write_norm": norms.numpy(),
+        "write_share": (norms / layer_total[layer_of].clamp(min=1e-300)).numpy(),
+        "null_init_mean": math.nan, "n_values": K,
+    }  # fmt: skip
+
+
+def _triples(scores: PassScores, configs: Configs, use_kept: Tensor) -> Tensor:
+    """``[H, N]`` each head's profile per triple: single damage, or kept contribution."""
+    c = scores.correct
+    layer_of = [configs.layer[p[0]] for p in configs.pairs]
+    single = c[configs.clean][None] - c[configs.single]
+    kept = c[configs.kept] - c[layer_of]
+    return torch.where(use_kept[:, None], kept, single)
+
+
+def _quantile(draws: Tensor, q: float) -> Tensor:
+    return torch.nanquantile(draws.double(), q, dim=0)
+
+
+def _head_groups(configs: Configs, g: Gates) -> tuple[list[str], np.ndarray]:
+    """Per head: its group's label ("" outside groups) and the group's removal damage."""
+    labels, damage = [], np.full(len(configs.pairs), math.nan)
+    for i, pair in enumerate(configs.pairs):
+        found = [j for j, group in enumerate(configs.groups) if pair in group]
+        if found:
+            j = found[0]
+            labels.append(",".join(head_label(*p) for p in configs.groups[j]))
+            damage[i] = float(g.group_damage[j])
+        else:
+            labels.append("")
+    return labels, damage

@@ -1,0 +1,280 @@
+"""The engine passes of the division test: configurations, noisy copies, per-value means.
+
+One pass of the ablation engine (:func:`mhainterp.ablation.evaluate_head_sets`, per-position
+outputs) scores every configuration of :class:`Configs` at every scored (sequence, position,
+target) triple: the clean model, each head removed alone, each layer removed whole, each head
+kept alone in its layer (the rest of the layer removed) and each backed-up group removed as one
+unit. :func:`value_means` turns the ``[C, N]`` correctness into per-value accuracies for the
+observed sequences and for bootstrap resamples of them in one product (sums per sequence and
+value, then weights per sequence). :func:`noisy_copy` is the same-function null's model: every
+head's ``W_Q, W_K, W_V, W_O`` with relative Gaussian noise.
+
+Shapes: C configurations, N scored triples, n sequences, K values of an axis, B bootstrap
+resamples (row 0 of every resampled table is the observed data), H heads, L layers, G groups.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from mhainterp.ablation import Method, evaluate_head_sets
+from mhainterp.ablation.engine import CleanCache, capture_z
+from mhainterp.eval_mode import eval_mode
+from mhainterp.heads import all_heads
+from mhainterp.tasks import Batch
+
+__all__ = [
+    "Configs",
+    "PassScores",
+    "basis_rows",
+    "bootstrap_weights",
+    "build_configs",
+    "noisy_copy",
+    "pass_means",
+    "run_pass",
+    "run_rows",
+    "value_means",
+    "write_norms",
+]
+
+Pair = tuple[int, int]
+
+
+@dataclass
+class Configs:
+    """Head sets of one engine pass and where each kind sits in it.
+
+    Attributes:
+        head_sets: The ablated heads of each configuration (C).
+        pairs: ``(layer, head)`` of every head, layer-major (H).
+        groups: The backed-up groups removed as one unit (G).
+        clean: Row of the clean model.
+        single: Per head, the row removing it alone.
+        layer: Per layer, the row removing every head of it.
+        kept: Per head, the row keeping it alone in its layer.
+        group: Per group, the row removing it.
+    """
+
+    head_sets: list[list[Pair]]
+    pairs: list[Pair]
+    groups: list[list[Pair]]
+    clean: int
+    single: list[int]
+    layer: list[int]
+    kept: list[int]
+    group: list[int]
+
+
+def build_configs(n_layers: int, n_heads: int, groups: Sequence[Sequence[Pair]] = ()) -> Configs:
+    """Clean, singles, whole layers, kept-alone heads and groups, in that order.
+
+    Example:
+        >>> c = build_configs(1, 2, groups=[[(0, 0), (0, 1)]])
+        >>> c.head_sets
+        [[], [(0, 0)], [(0, 1)], [(0, 0), (0, 1)], [(0, 1)], [(0, 0)], [(0, 0), (0, 1)]]
+        >>> c.single, c.layer, c.kept, c.group
+        ([1, 2], [3], [4, 5], [6])
+    """
+    pairs = all_heads(n_layers, n_heads)
+    layer_sets = [[(lay, h) for h in range(n_heads)] for lay in range(n_layers)]
+    sets: list[list[Pair]] = [[]]
+    single = _append(sets, [[p] for p in pairs])
+    layer = _append(sets, layer_sets)
+    kept = _append(sets, [[q for q in layer_sets[p[0]] if q != p] for p in pairs])
+    groups = [sorted(g) for g in groups]
+    group = _append(sets, groups)
+    return Configs(sets, pairs, groups, 0, single, layer, kept, group)
+
+
+def _append(sets: list[list[Pair]], more: list[list[Pair]]) -> list[int]:
+    start = len(sets)
+    sets.extend(more)
+    return list(range(start, len(sets)))
+
+
+@dataclass
+class PassScores:
+    """One engine pass at the scored triples.
+
+    Attributes:
+        method: The ablation method.
+        correct: ``[C, N]`` float32, 1 where the configuration is right.
+        nll: ``[C, N]`` float32 cross-entropy.
+    """
+
+    method: str
+    correct: Float[Tensor, "C N"]
+    nll: Float[Tensor, "C N"]
+    rows: list[int] | None = None  # the configurations run (None: all); NaN elsewhere
+
+    @property
+    def accuracy(self) -> Float[Tensor, " C"]:
+        """Each configuration's accuracy over all scored triples."""
+        return self.correct.mean(1)
+
+    @property
+    def loss(self) -> Float[Tensor, " C"]:
+        """Each configuration's mean cross-entropy."""
+        return self.nll.mean(1)
+
+
+@torch.no_grad()
+def run_pass(
+    model: Any,
+    batch: Batch,
+    head_sets: Sequence[Sequence[Pair]],
+    method: Method,
+    *,
+    progress: bool = False,
+    cache: CleanCache | None = None,
+) -> tuple[PassScores, Any]:
+    """One engine pass of ``head_sets`` (the batch is its own mean/resample reference; a
+    ``cache`` shares the clean activations between passes over one model and batch).
+
+    Returns:
+        The :class:`PassScores` and the engine's :class:`~mhainterp.ablation.AblationResult`
+        (for the scored mask and the evaluated batch).
+    """
+    result = evaluate_head_sets(
+        model, batch, [list(s) for s in head_sets], method, per_position=True,
+        progress=progress, desc=f"division ({method})", cache=cache,
+    )  # fmt: skip
+    scored = result.scores.scored
+    correct = result.scores.correct[:, scored].float().cpu()
+    nll = result.scores.nll[:, scored].float().cpu()
+    return PassScores(method, correct, nll), result
+
+
+def run_rows(
+    model: Any,
+    batch: Batch,
+    configs: Configs,
+    rows: Sequence[int],
+    method: Method,
+    cache: CleanCache | None = None,
+) -> PassScores:
+    """:func:`run_pass` of the configurations ``rows`` only, laid out as a full pass (NaN in
+    the rows not run), so that every row keeps its meaning."""
+    part, _ = run_pass(model, batch, [configs.head_sets[r] for r in rows], method, cache=cache)
+    C, N = len(configs.head_sets), part.correct.shape[1]
+    correct, nll = torch.full((C, N), math.nan), torch.full((C, N), math.nan)
+    correct[list(rows)], nll[list(rows)] = part.correct, part.nll
+    return PassScores(method, correct, nll, rows=list(rows))
+
+
+def basis_rows(configs: Configs, basis: str) -> list[int]:
+    """The configurations a basis's profiles need (the clean row always: it checks noisy
+    copies' accuracy).
+
+    Example:
+        >>> basis_rows(build_configs(1, 2), "kept")
+        [0, 3, 4, 5]
+    """
+    if basis == "single":
+        return [configs.clean, *configs.single]
+    if basis == "kept":
+        return [configs.clean, *configs.layer, *configs.kept]
+    if basis == "group":
+        return [configs.clean, *configs.single, *configs.group]
+    return [configs.clean]
+
+
+def noisy_copy(model: Any, noise: float, generator: torch.Generator) -> Any:
+    """A deep copy of ``model`` whose every head's ``W_Q, W_K, W_V, W_O`` gets Gaussian noise
+    of standard deviation ``noise`` x the RMS of that head's matrix (biases, embeddings, MLPs
+    and the unembedding unchanged): the same heads doing the same jobs, slightly differently.
+
+    Example:
+        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> m = handbuilt_model(["previous", "previous"])
+        >>> c = noisy_copy(m, 0.1, torch.Generator().manual_seed(0))
+        >>> bool((c.blocks[0].attn.W_V != m.blocks[0].attn.W_V).any())
+        True
+    """
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        for block in twin.blocks:
+            attn = block.attn
+            for name in ("W_Q", "W_K", "W_V", "W_O"):
+                weight = getattr(attn, name).detach().clone()  # (h, a, b)
+                rms = weight.pow(2).mean((1, 2), keepdim=True).sqrt()
+                draw = torch.randn(weight.shape, generator=generator, dtype=weight.dtype)
+                setattr(attn, name, weight + noise * rms * draw.to(weight.device))
+    return twin.eval()
+
+
+def bootstrap_weights(n: int, n_resamples: int, generator: torch.Generator) -> Float[Tensor, "B n"]:
+    """Row 0: every sequence once (the observed data); rows 1..: how often each sequence is
+    drawn in a resample of ``n`` with replacement.
+
+    Example:
+        >>> w = bootstrap_weights(5, 3, torch.Generator().manual_seed(0))
+        >>> w.shape, w[0].tolist(), w.sum(1).tolist()
+        (torch.Size([4, 5]), [1.0, 1.0, 1.0, 1.0, 1.0], [5.0, 5.0, 5.0, 5.0])
+    """
+    draws = torch.randint(0, n, (n_resamples, n), generator=generator)
+    counts = torch.zeros(n_resamples, n).scatter_add_(1, draws, torch.ones(n_resamples, n))
+    return torch.cat([torch.ones(1, n), counts])
+
+
+def pass_means(
+    scores: PassScores,
+    sequence: Int[Tensor, " N"],
+    values: Int[Tensor, " N"],
+    K: int,
+    weights: Float[Tensor, "B n"],
+) -> Float[Tensor, "B C K"]:
+    """:func:`value_means` of a pass's correctness, computed on the rows it ran (NaN else)."""
+    if scores.rows is None:
+        return value_means(scores.correct, sequence, values, K, weights)
+    part = value_means(scores.correct[scores.rows], sequence, values, K, weights)
+    out = torch.full((weights.shape[0], scores.correct.shape[0], K), math.nan)
+    out[:, scores.rows] = part
+    return out
+
+
+def value_means(
+    correct: Float[Tensor, "C N"],
+    sequence: Int[Tensor, " N"],
+    values: Int[Tensor, " N"],
+    K: int,
+    weights: Float[Tensor, "B n"],
+) -> Float[Tensor, "B C K"]:
+    """Per resample, configuration and value: the accuracy over the triples with that value
+    (each triple weighted by how often its sequence is drawn; NaN-free: empty values give 0).
+
+    Example:
+        >>> correct = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
+        >>> seq, vals = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 1, 0, 1])
+        >>> value_means(correct, seq, vals, 2, torch.tensor([[1.0, 1.0], [2.0, 0.0]])).tolist()
+        [[[1.0, 0.5]], [[1.0, 0.0]]]
+    """
+    n = weights.shape[1]
+    key = sequence * K + values  # (N,)
+    sums = torch.zeros(correct.shape[0], n * K).index_add_(1, key, correct)
+    counts = torch.zeros(n * K).index_add_(0, key, torch.ones_like(key, dtype=torch.float32))
+    sums, counts = sums.reshape(-1, n, K), counts.reshape(n, K)
+    total = torch.einsum("bn,cnk->bck", weights, sums)
+    return total / (weights @ counts).clamp(min=1)[:, None, :]
+
+
+@torch.no_grad()
+def write_norms(model: Any, batch: Batch) -> Float[Tensor, " H"]:
+    """Each head's mean write norm ``|z_h W_O[h]|`` over the real positions of ``batch``."""
+    with eval_mode(model):
+        zs = capture_z(model, batch)  # per layer (n, T, h, d_head)
+    real = batch.padding_mask.to(zs[0].device).float()  # (n, T)
+    out = []
+    for layer, z in enumerate(zs):
+        W_O = model.blocks[layer].attn.W_O.to(z.dtype)  # (h, d_head, d_model)
+        norm = torch.einsum("nthd,hdm->nthm", z, W_O).norm(dim=-1)  # (n, T, h)
+        out.append((norm * real[..., None]).sum((0, 1)) / real.sum().clamp(min=1))
+    return torch.cat(out).double().cpu()
