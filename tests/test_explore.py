@@ -727,7 +727,7 @@ def test_kept_clean_prefixes_give_the_engines_numbers(method):
     sets = [["L1H0"], ["L1H0", "L0H2"], ["L2H3"], ["L0H2"], ["L1H0", "L2H3"]]
     ablator = Ablator(model, task, n_eval=N_EVAL, method=method)
     clicked = [ablator.set(heads).evaluate()["accuracy"] for heads in sets]
-    assert len(ablator._prefixes) == 3  # one clean prefix per first layer (0, 1, 2), kept
+    assert len(ablator._clean.prefixes) == 3  # one clean prefix per first layer (0, 1, 2), kept
     fresh = evaluate_head_sets(model, ablator.batch_, sets, method, reference=ablator.batch_)
     assert clicked == [m["accuracy"] for m in fresh.metrics()]
 

@@ -117,7 +117,7 @@ from mhainterp.data import Data, as_batch, batch_for_model, target_names
 from mhainterp.heads import head_label, resolve_heads
 from mhainterp.specialization.corrections import adjust_pvalues
 from mhainterp.specialization.needed.redundancy import similar_groups
-from mhainterp.specialization.whom.damage import TripleDamage, _axis_values, triple_damage
+from mhainterp.specialization.whom.damage import TripleDamage, axis_values, triple_damage
 from mhainterp.specialization.whom.division_attention import ATTENTION_AXES, attention_view
 from mhainterp.specialization.whom.division_calls import (
     AxisEvidence,
@@ -274,7 +274,7 @@ def division_of_labour(
         model, batch, configs.head_sets, s.method, progress=progress, cache=cache
     )
     scored = engine.scores.scored
-    values, value_names = _axis_values(engine.batch, scored, list(names))
+    values, value_names = axis_values(engine.batch, scored, list(names))
     sequence = scored.nonzero()[:, 0].cpu()
     counts = {a: torch.bincount(v, minlength=len(value_names[a])) for a, v in values.items()}
     axes, skipped = _axes_that_apply(by, counts, model.cfg.n_targets, s.min_count)

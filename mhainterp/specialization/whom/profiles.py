@@ -194,7 +194,7 @@ def noisy_copy(model: Any, noise: float, generator: torch.Generator) -> Any:
 
     Example:
         >>> from mhainterp.handbuilt import handbuilt_model
-        >>> m = handbuilt_model(["previous", "previous"])
+        >>> m = handbuilt_model(["previous", "previous"], d_head=18)
         >>> c = noisy_copy(m, 0.1, torch.Generator().manual_seed(0))
         >>> bool((c.blocks[0].attn.W_V != m.blocks[0].attn.W_V).any())
         True
