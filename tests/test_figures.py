@@ -316,12 +316,14 @@ def test_division_profiles_say_so_when_no_head_does_damage(tmp_path):
 
 def test_division_vs_heads_ticks_head_counts_and_keeps_the_legend_outside():
     sweep = pd.DataFrame(
-        {"task": "t", "n_heads": [2, 2, 4, 4, 8, 8], "seed": [0, 1] * 3, "by": "token",
-         "index": [0.1, 0.2, 0.3, 0.3, 0.5, 0.4], "null_index": 0.1, "null_index_std": 0.02}
+        {"task": "t", "n_heads": [1, 1, 4, 4, 8, 8], "seed": [0, 1] * 3, "by": "token",
+         "index": [np.nan, np.nan, 0.3, 0.3, 0.5, 0.4], "null_index": 0.1,
+         "null_index_std": 0.02}
     )  # fmt: skip
     fig = division_vs_heads(sweep)
     (ax,) = _data_axes(fig)
-    assert assert_integer_ticks(ax, "x") == [2, 4, 8]
+    assert assert_integer_ticks(ax, "x") == [1, 4, 8]
+    assert [(t.get_text(), t.get_position()[0]) for t in ax.texts] == [("no index", 1)]
     assert ax.get_xlabel() == "heads (h)" and ax.get_ylabel() == "division index"
     assert_legends_outside_data(fig)
     plt.close(fig)

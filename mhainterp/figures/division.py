@@ -142,7 +142,8 @@ def division_vs_heads(sweep: pd.DataFrame) -> plt.Figure:
     """Division index against head count, one panel per axis (per task: one row each).
 
     Every seed is a point, the seed mean a line; the grey band is the label-permutation null
-    (its mean ± 2 sd, averaged over the seeds of each head count).
+    (its mean ± 2 sd, averaged over the seeds of each head count). A head count without an
+    index (one head, or fewer than two heads that do damage) is marked "no index".
 
     Args:
         sweep: ``division_sweep.csv`` (``task, n_heads, seed, by, index, null_index,
@@ -177,6 +178,8 @@ def division_vs_heads(sweep: pd.DataFrame) -> plt.Figure:
             ax.scatter(part["n_heads"], part["index"], color="tab:blue", s=18, alpha=0.8,
                        label="seeds", zorder=3)  # fmt: skip
             ax.set_xticks(sorted(set(hs)))
+            for h in by_h.index[by_h["index"].isna()]:  # e.g. h = 1: one head divides nothing
+                ax.text(h, 0.5, "no index", rotation=90, ha="center", va="center", color="0.4")
             ax.set_title(f"{task}: by {axis}" if len(tasks) > 1 else f"by {axis}")
             ax.set_xlabel("heads (h)")
             ax.set_ylabel("division index" if c == 0 else "")
