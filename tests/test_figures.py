@@ -418,3 +418,18 @@ def test_head_count_figures_keep_the_legend_outside():
     assert sum(ax.get_legend() is not None for ax in fig.axes) == 1
     assert_legends_outside_data(fig)
     plt.close(fig)
+
+
+def test_division_profiles_of_few_heads_and_many_values_stack_instead_of_a_strip():
+    rows = [
+        {"head_label": f"L0H{h}", "by": by, "value": v, "damage": 0.1, "in_index": True}
+        for h in range(4) for by, n in (("token", 10), ("position", 16), ("target_class", 11))
+        for v in range(n)
+    ]  # fmt: skip
+    fig = division_heatmap(pd.DataFrame(rows))
+    width, height = fig.get_size_inches()
+    assert width / height < 2.0
+    titles = [ax.get_title() for ax in _data_axes(fig)]
+    assert titles == ["by token", "by position", "by target_class"]
+    assert [ax.get_ylabel() for ax in _data_axes(fig)] == ["head"] * 3
+    plt.close(fig)

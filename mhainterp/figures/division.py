@@ -53,6 +53,9 @@ def division_heatmap(
 ) -> plt.Figure:
     """Heads x values heatmap of the damage (accuracy lost), one panel per axis.
 
+    Panels sit side by side, or one per row when side by side would make a strip more than
+    three times as wide as it is high (few heads, many values).
+
     Values left out of the indices (too few scored triples) are not drawn as blank columns:
     they are dropped and named under the panel. When no head costs ``min_damage`` of accuracy
     on any value (every head backed up, as in ``reverse``), each panel says so: an all-pale
@@ -76,18 +79,27 @@ def division_heatmap(
     widths = [
         max(3.0, 0.38 * max(1, kept[kept.by == a]["value"].nunique()) + 1.5) for a in axes_names
     ]
-    n_heads = profiles["head_label"].nunique()
-    fig, axes = new_figure(
-        sum(widths) + 1.0, 0.35 * n_heads + 2.0, ncols=max(1, len(axes_names)), squeeze=False,
-        gridspec_kw={"width_ratios": widths or [1]}, layout="constrained",
-    )  # fmt: skip
+    height = 0.35 * profiles["head_label"].nunique() + 2.0
+    stacked = sum(widths) + 1.0 > 3.0 * height  # a long strip: one panel per row instead
+    if stacked:
+        fig, grid = new_figure(
+            max(widths) + 2.0, height * len(axes_names), nrows=len(axes_names), squeeze=False,
+            layout="constrained",
+        )  # fmt: skip
+        panels = list(grid[:, 0])
+    else:
+        fig, grid = new_figure(
+            sum(widths) + 1.0, height, ncols=max(1, len(axes_names)), squeeze=False,
+            gridspec_kw={"width_ratios": widths or [1]}, layout="constrained",
+        )  # fmt: skip
+        panels = list(grid[0])
     largest = float(kept["damage"].clip(lower=0).max()) if len(kept) else 0.0
     vmax = max(0.05, largest)
     served = _served(heads)
-    for ax, axis in zip(axes[0], axes_names, strict=False):
-        colorbar = ax is axes[0][-1]
+    for ax, axis in zip(panels, axes_names, strict=False):
+        colorbar = stacked or ax is panels[-1]  # stacked: one each (same scale), panels aligned
         _damage_panel(ax, profiles[profiles["by"] == axis], axis, served, vmax, colorbar)
-        ax.set_ylabel("head" if ax is axes[0][0] else "")
+        ax.set_ylabel("head" if stacked or ax is panels[0] else "")
         if largest < min_damage:
             note_on_axes(ax, f"no damaging head:\nno removal costs ≥ {min_damage:g} accuracy")
     fig.suptitle("Damage of removing one head, per value (* = serves)")
