@@ -54,7 +54,7 @@ def division_heatmap(
     """Heads x values heatmap of the damage (accuracy lost), one panel per axis.
 
     Panels sit side by side, or one per row when side by side would make a strip more than
-    three times as wide as it is high (few heads, many values).
+    four times as wide as it is high (few heads, many values).
 
     Values left out of the indices (too few scored triples) are not drawn as blank columns:
     they are dropped and named under the panel. When no head costs ``min_damage`` of accuracy
@@ -80,7 +80,7 @@ def division_heatmap(
         max(3.0, 0.38 * max(1, kept[kept.by == a]["value"].nunique()) + 1.5) for a in axes_names
     ]
     height = 0.35 * profiles["head_label"].nunique() + 2.0
-    stacked = sum(widths) + 1.0 > 3.0 * height  # a long strip: one panel per row instead
+    stacked = sum(widths) + 1.0 > 4.0 * height  # a long strip: one panel per row instead
     if stacked:
         fig, grid = new_figure(
             max(widths) + 2.0, height * len(axes_names), nrows=len(axes_names), squeeze=False,
