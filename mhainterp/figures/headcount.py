@@ -103,7 +103,7 @@ def plot_training_curves(curves: pd.DataFrame, *, log_y: bool = True) -> plt.Fig
         ax.set_title(f"{task}: training loss (one line per seed)")
         ax.set_xlabel("optimiser step")
         ax.set_ylabel("training loss (cross-entropy)")
-        if ax is not axes[0, -1]:
+        if ax is not axes[0, -1] and ax.get_legend() is not None:
             ax.get_legend().remove()  # one legend, outside the last panel
     legend_outside(axes[0, -1], fontsize=8)
     fig.tight_layout()
