@@ -49,7 +49,7 @@ def _images(cells) -> list:
 
 
 def _ablation_rows(cells) -> list[tuple[str, float]]:
-    out = _text(_cell_with(_code(cells), "session.set("))
+    out = _text(_cell_with(_code(cells), "session.set"))
     return [(heads, float(shown)) for heads, shown in ABLATION_ROW.findall(out)]
 
 
@@ -57,7 +57,7 @@ def assert_ablation_claim_matches(cells) -> None:
     """The sentence after the ablation printout quotes the printed accuracies, in order."""
     rows = _ablation_rows(cells)
     assert len(rows) == 4
-    index = next(i for i, c in enumerate(cells) if "session.set(" in _source(c))
+    index = next(i for i, c in enumerate(cells) if "session.set" in _source(c))
     claim = _source(cells[index + 1])
     quoted = [float(x) for x in re.findall(r"\b[01]\.\d\d\b", claim)]
     assert quoted[-4:] == [round(accuracy, 2) for _, accuracy in rows], claim
