@@ -1,6 +1,7 @@
 """Look inside a trained run: every capture, similarity and ablation table, with its figure.
 
-``analyze_run(run_dir)`` writes under ``run_dir/analysis/`` (each PNG beside its CSV)::
+``analyze_run(run_dir)`` writes under ``run_dir/analysis/`` (each PNG beside its CSV and a vector
+PDF of the same figure)::
 
     head_statistics.csv            entropy, confidence, offsets, self/first mass, template mass
     average_patterns.png/.csv      dataset-average pattern per head next to the task's templates
@@ -132,7 +133,7 @@ def _write_analysis(
 
 
 def _pair(out: Path, stem: str) -> list[Path]:
-    return [out / f"{stem}.csv", out / f"{stem}.png"]
+    return [out / f"{stem}.csv", out / f"{stem}.png", out / f"{stem}.pdf"]
 
 
 def _similarity(
@@ -174,7 +175,7 @@ def _ablation(run: Run, n_eval: int, out: Path) -> list[Path]:
         for name in ("gradient_importance", "importance_agreement")
     ]
     for png in save_ablation_figures(tables, out).values():
-        written += [png.with_suffix(".csv"), png]
+        written += [png.with_suffix(".csv"), png, png.with_suffix(".pdf")]
     return written
 
 

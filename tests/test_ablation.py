@@ -509,7 +509,7 @@ def test_figures_and_tables(model, task, tmp_path):
 
     saved = save_ablation_figures(tables, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [f"{name}.{ext}" for name in saved for ext in ("png", "csv")]
+        [f"{name}.{ext}" for name in saved for ext in ("png", "pdf", "csv")]
     )
     csv = pd.read_csv(tmp_path / "ablation_prune_curve.csv", keep_default_na=False)
     assert csv["removed"].tolist() == tables["prune_curve"]["removed"].tolist()

@@ -34,6 +34,7 @@ EXPECTED = {
     for m in ("js", "pattern_corr", "cka", "ov", "qk", "separation")
     for ext in ("png", "csv")
 }
+EXPECTED |= {name.replace(".png", ".pdf") for name in EXPECTED if name.endswith(".png")}
 
 
 @pytest.fixture

@@ -1,8 +1,15 @@
-"""The tutorial notebook (analysis/tour.ipynb) runs from top to bottom, and what it prints and
-shows is what the library computes for the run it wrote."""
+"""The tutorial notebook (analysis/tour.ipynb): it runs from top to bottom, what it prints and
+shows is what the library computes for the runs it wrote, and the copy in the repository keeps
+its outputs (figures embedded) so that a reader online sees them, and its text agrees with them.
+
+Refresh the saved outputs after changing the notebook or the code it shows:
+
+    MHAINTERP_TOUR_DIR=$(mktemp -d) .venv/bin/jupyter execute --inplace analysis/tour.ipynb
+"""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -14,10 +21,62 @@ from mhainterp.training import load_run
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "analysis" / "tour.ipynb"
 WIDGET = "application/vnd.jupyter.widget-view+json"
+N_FIGURES = 4  # average patterns, similarity, division profiles, specialization vs h
+ABLATION_ROW = re.compile(r"ablate (\S+)\s+accuracy (\d\.\d{4})")
 
 
 def _text(cell) -> str:
-    return "".join(o.get("text", "") for o in cell.outputs if o.get("output_type") == "stream")
+    return "".join(
+        "".join(o.get("text", "")) for o in cell["outputs"] if o.get("output_type") == "stream"
+    )
+
+
+def _code(cells) -> list:
+    return [c for c in cells if c["cell_type"] == "code"]
+
+
+def _source(cell) -> str:
+    return "".join(cell["source"])
+
+
+def _cell_with(cells, snippet: str):
+    (cell,) = [c for c in cells if snippet in _source(c)]
+    return cell
+
+
+def _images(cells) -> list:
+    return [o for c in _code(cells) for o in c["outputs"] if "image/png" in o.get("data", {})]
+
+
+def _ablation_rows(cells) -> list[tuple[str, float]]:
+    out = _text(_cell_with(_code(cells), "session.set"))
+    return [(heads, float(shown)) for heads, shown in ABLATION_ROW.findall(out)]
+
+
+def assert_ablation_claim_matches(cells) -> None:
+    """The sentence after the ablation printout quotes the printed accuracies, in order."""
+    rows = _ablation_rows(cells)
+    assert len(rows) == 4
+    index = next(i for i, c in enumerate(cells) if "session.set" in _source(c))
+    claim = _source(cells[index + 1])
+    quoted = [float(x) for x in re.findall(r"\b[01]\.\d\d\b", claim)]
+    assert quoted[-4:] == [round(accuracy, 2) for _, accuracy in rows], claim
+
+
+def test_saved_tour_has_its_outputs_and_its_text_matches_them():
+    raw = NOTEBOOK.read_bytes()
+    assert len(raw) < 2_000_000
+    cells = json.loads(raw)["cells"]
+    code = _code(cells)
+    assert [c["execution_count"] for c in code] == list(range(1, len(code) + 1))
+    assert not [o for c in code for o in c["outputs"] if o.get("output_type") == "error"]
+    assert len(_images(cells)) == N_FIGURES
+    saved = json.dumps([c["outputs"] for c in code])
+    assert "/tmp" not in saved  # no machine-specific paths
+    for snippet in ("division_of_labour(", "run_sweep(", "write_report("):
+        assert _cell_with(code, snippet)["outputs"], snippet
+    assert_ablation_claim_matches(cells)
+    assert "half a minute" not in json.dumps(cells[0]["source"])
 
 
 @pytest.mark.slow
@@ -29,25 +88,32 @@ def test_tour_notebook_runs_and_its_numbers_are_the_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("MHAINTERP_TOUR_DIR", str(tmp_path))
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(
-        notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": tmp_path}}
+        notebook, timeout=1200, kernel_name="python3", resources={"metadata": {"path": tmp_path}}
     )
     client.execute()  # raises CellExecutionError on the first failing cell
-    code = [c for c in notebook.cells if c.cell_type == "code"]
+    cells = notebook.cells
+    code = _code(cells)
 
     run_dir = tmp_path / "previous_token_h4_seed0"
     saved = read_json(run_dir / "eval.json")
     assert f"accuracy on the fixed evaluation set: {saved['accuracy']:.4f}" in _text(code[1])
-    images = [o for c in code for o in c.outputs if "image/png" in o.get("data", {})]
-    assert len(images) == 2  # average patterns and the similarity heatmap
-    assert (run_dir / "analysis" / "specialization_heads.csv").is_file()
+    assert len(_images(cells)) == N_FIGURES
+    analysis = run_dir / "analysis"
+    assert (analysis / "specialization_heads.csv").is_file()
+    assert (analysis / "division_profiles.png").is_file()
+    assert (analysis / "division_profiles.pdf").is_file()
 
     widgets = [c for c in code if any(WIDGET in o.get("data", {}) for o in c.outputs)]
     assert len(widgets) == 1 and "mhainterp.explore(RUN)" in widgets[0].source
 
-    # The printed accuracies equal the batched engine's (Ablator) on the saved run.
+    # The printed accuracies equal the batched engine's (Ablator) on the saved run, and the
+    # sentence under them quotes them.
     run = load_run(run_dir)
     ablator = Ablator(run.model, run.task)
-    rows = re.findall(r"ablate (\S+)\s+accuracy (\d\.\d{4})", _text(code[-1]))
-    assert len(rows) == 4
-    for heads, shown in rows:
-        assert float(shown) == pytest.approx(ablator.set(heads).evaluate()["accuracy"], abs=1e-4)
+    for heads, shown in _ablation_rows(cells):
+        assert shown == pytest.approx(ablator.set(heads).evaluate()["accuracy"], abs=1e-4)
+    assert_ablation_claim_matches(cells)
+
+    sweep = tmp_path / "sweep"
+    assert {p.name for p in sweep.glob("report.*")} == {"report.md", "report.html"}
+    assert len(list((sweep / "runs").glob("h*_seed*/eval.json"))) == 6

@@ -1,7 +1,12 @@
-"""Figures, each drawn from a tidy DataFrame and saved as a PNG beside the CSV it came from.
+"""Figures, each drawn from a tidy DataFrame and saved as a PNG, a vector PDF and the CSV it came
+from, side by side.
 
 Sub-modules: ``headcount`` (the head-count experiment), ``patterns`` and ``similarity``
-(capture), ``ablation``. Every function returns a matplotlib Figure; ``save_figure`` writes it.
+(capture), ``ablation``, ``specialization``, ``division``. Every function returns a matplotlib
+Figure; ``save_figure`` (in ``_common``, the only place a figure is written) saves it. The layout
+rules every figure follows live there too: whole-number ticks on integer axes, tick labels and
+cell text sized to fit (cell text dropped below 6 pt), legends outside the data, count error bars
+clipped at 0.
 """
 
 from mhainterp.figures._common import save_figure

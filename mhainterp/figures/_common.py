@@ -1,13 +1,16 @@
-"""Shared figure plumbing: a headless backend, consistent style, atomic PNG + CSV saving.
+"""Shared figure plumbing: a headless backend, one style, atomic PNG + PDF + CSV saving, and
+the small layout rules every figure follows (whole-number ticks on integer axes, tick labels and
+cell text sized to fit, legends outside the data, count error bars that stop at 0).
 
 Every figure function takes a tidy DataFrame (and options) and returns a matplotlib Figure;
-:func:`save_figure` writes the PNG next to the CSV it was drawn from.
+:func:`save_figure` writes the PNG, the vector PDF beside it and the CSV it was drawn from.
 """
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -15,19 +18,90 @@ import matplotlib
 matplotlib.use("Agg")  # no screen needed; must precede pyplot
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import seaborn as sns
+from matplotlib.ticker import MaxNLocator
 
 from mhainterp.io import atomic_path, write_csv
 
-__all__ = ["plt", "sns", "save_figure", "new_figure", "require_columns", "head_order"]
+__all__ = [
+    "plt",
+    "sns",
+    "save_figure",
+    "new_figure",
+    "wrapped_grid",
+    "require_columns",
+    "head_order",
+    "integer_axis",
+    "fit_tick_labels",
+    "fit_cell_text",
+    "legend_outside",
+    "legend_in_cell",
+    "count_error_bars",
+    "note_on_axes",
+    "COUNT_CLIP_NOTE",
+    "VECTOR_SUFFIX",
+]
 
 sns.set_theme(context="notebook", style="whitegrid")
+
+VECTOR_SUFFIX = ".pdf"
+"""The vector copy every PNG gets (matplotlib's own PDF backend: no extra dependency)."""
+
+COUNT_CLIP_NOTE = "error bars of counts: mean ± std, the lower end drawn at 0 where mean − std < 0"
+"""The caption line of a figure whose count error bars were clipped by :func:`count_error_bars`."""
+
+_MIN_FONT = 6.0  # points: below this a tick label or cell text is unreadable in print
+_MAX_CELL_FONT = 9.0
 
 
 def new_figure(width: float = 6.0, height: float = 4.0, **kwargs) -> tuple[plt.Figure, object]:
     """A figure and axes of the given size in inches (``plt.subplots`` arguments pass through)."""
     return plt.subplots(figsize=(width, height), **kwargs)
+
+
+def wrapped_grid(
+    n_blocks: int, n_panels: int, *, ncols: int = 3, width: float = 4.0, height: float = 3.4
+) -> tuple[plt.Figure, np.ndarray, list[plt.Axes]]:
+    """A grid for ``n_blocks`` rows of ``n_panels`` panels, each row wrapped at ``ncols``.
+
+    Five panels per task become two rows of three instead of one strip of five, so the figure
+    keeps a printable aspect. The spare cells of each block are blank (axes off) and returned,
+    so a caller can put the legend in one.
+
+    Args:
+        n_blocks: Logical rows (e.g. tasks).
+        n_panels: Panels per logical row.
+        ncols: Panels per drawn row.
+        width: Width of one panel in inches.
+        height: Height of one panel in inches.
+
+    Returns:
+        ``(figure, axes, spare)``: ``axes[block, panel]`` (shape ``[n_blocks, n_panels]``) and
+        the blank cells, in order.
+
+    Example:
+        >>> fig, axes, spare = wrapped_grid(1, 5)
+        >>> axes.shape, len(spare)
+        ((1, 5), 1)
+        >>> plt.close(fig)
+    """
+    ncols = max(1, min(ncols, n_panels))
+    rows_per_block = math.ceil(n_panels / ncols)
+    fig, grid = new_figure(
+        width * ncols, height * rows_per_block * n_blocks,
+        nrows=rows_per_block * n_blocks, ncols=ncols, squeeze=False,
+    )  # fmt: skip
+    axes = np.empty((n_blocks, n_panels), dtype=object)
+    spare: list[plt.Axes] = []
+    for block in range(n_blocks):
+        cells = list(grid[block * rows_per_block : (block + 1) * rows_per_block].ravel())
+        axes[block] = cells[:n_panels]
+        for ax in cells[n_panels:]:
+            ax.set_axis_off()
+            spare.append(ax)
+    return fig, axes, spare
 
 
 def save_figure(
@@ -36,19 +110,36 @@ def save_figure(
     data: pd.DataFrame | None = None,
     *,
     dpi: int = 120,
+    vector: bool = True,
 ) -> Path:
-    """Atomically save ``fig`` as PNG and, if given, ``data`` as the CSV beside it; close ``fig``.
+    """Atomically save ``fig`` as PNG, as PDF beside it, and ``data`` as the CSV; close ``fig``.
 
-    The CSV gets the PNG's name with ``.csv``: ``head_count.png`` + ``head_count.csv``.
+    The one place figures are written: ``head_count.png`` + ``head_count.pdf`` (vector, for a
+    paper; no creation date, so the same figure gives the same bytes) + ``head_count.csv``.
+
+    Args:
+        fig: The figure.
+        png_path: Where the PNG goes (must end in ``.png``).
+        data: The table the figure was drawn from, or None.
+        dpi: PNG resolution.
+        vector: Also write the PDF.
+
+    Returns:
+        The PNG path.
     """
     png_path = Path(png_path)
     if png_path.suffix != ".png":
         raise ValueError(f"figure path must end in .png, got {png_path}")
-    if data is not None:
-        write_csv(png_path.with_suffix(".csv"), data)
-    with atomic_path(png_path) as tmp:
-        fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png")
-    plt.close(fig)
+    try:
+        if data is not None:
+            write_csv(png_path.with_suffix(".csv"), data)
+        with atomic_path(png_path) as tmp:
+            fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png")
+        if vector:
+            with atomic_path(png_path.with_suffix(VECTOR_SUFFIX)) as tmp:
+                fig.savefig(tmp, bbox_inches="tight", format="pdf", metadata={"CreationDate": None})
+    finally:
+        plt.close(fig)
     return png_path
 
 
@@ -79,3 +170,144 @@ def head_order(labels: Iterable[str]) -> list[str]:
         return int(layer), int(head)
 
     return sorted(dict.fromkeys(labels), key=key)
+
+
+# ----------------------------------------------------------------------------- layout rules
+
+
+def integer_axis(ax: plt.Axes, axis: str = "both") -> None:
+    """Tick an integer axis (positions, counts, head counts) at whole numbers only: no 2.5."""
+    for which in ("x", "y") if axis == "both" else (axis,):
+        getattr(ax, f"{which}axis").set_major_locator(MaxNLocator(integer=True))
+
+
+def _pixels_per_point(fig: plt.Figure) -> float:
+    return fig.dpi / 72.0
+
+
+def _measured(ax: plt.Axes):
+    """The axes' drawn box in pixels, after layout and aspect (a draw without rendering)."""
+    ax.figure.draw_without_rendering()
+    return ax.get_window_extent()
+
+
+def fit_tick_labels(ax: plt.Axes, axis: str = "x") -> None:
+    """Keep an axis' tick labels from overlapping: rotate, then shrink, then thin them.
+
+    Horizontal labels stay when they fit their tick spacing; else they are turned (90° on x),
+    their font shrunk to fit the spacing down to 6 pt; below that every k-th label is shown.
+    Call it after the ticks are set (for a heatmap: after ``sns.heatmap``).
+    """
+    labels = [t for t in getattr(ax, f"get_{axis}ticklabels")() if t.get_text()]
+    if len(labels) < 2:
+        return
+    box = _measured(ax)
+    span = box.width if axis == "x" else box.height
+    spacing = span / len(labels) / _pixels_per_point(ax.figure)  # points per tick
+    size = labels[0].get_fontsize()
+    longest = max(len(t.get_text()) for t in labels)
+    along = 0.62 * size * longest if axis == "x" else 1.25 * size  # label extent along the axis
+    if along <= 0.9 * spacing:
+        return
+    fitted = max(_MIN_FONT, min(size, 0.75 * spacing))
+    step = max(1, math.ceil(1.3 * fitted / spacing))
+    for i, label in enumerate(labels):
+        label.set_fontsize(fitted)
+        if axis == "x":
+            label.set_rotation(90)
+            label.set_horizontalalignment("center")
+        label.set_visible(i % step == 0)
+
+
+def fit_cell_text(ax: plt.Axes, n_rows: int, n_cols: int) -> bool:
+    """Size a heatmap's cell annotations (``ax.texts``) to its cells, or drop them.
+
+    The font is the largest (at most 9 pt) at which the longest text fits a cell; when that is
+    under 6 pt the annotations are removed (the colour carries the value, the CSV the number).
+
+    Returns:
+        Whether the annotations were kept.
+    """
+    texts = [t for t in ax.texts if t.get_text()]
+    if not texts or n_rows < 1 or n_cols < 1:
+        return bool(texts)
+    box = _measured(ax)
+    per_point = _pixels_per_point(ax.figure)
+    cell_w, cell_h = box.width / n_cols / per_point, box.height / n_rows / per_point
+    longest = max(len(t.get_text()) for t in texts)
+    size = min(_MAX_CELL_FONT, 0.8 * cell_w / (0.62 * longest), 0.6 * cell_h)
+    if size < _MIN_FONT:
+        for text in texts:
+            text.remove()
+        return False
+    for text in texts:
+        text.set_fontsize(size)
+    return True
+
+
+def legend_outside(ax: plt.Axes, **kwargs) -> None:
+    """Put the axes' legend to the right of its data area, never over the data.
+
+    Works on a legend seaborn made (moved) and on artists with labels (a new legend).
+    ``kwargs`` go to the legend (``title``, ``fontsize``...).
+    """
+    place = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "borderaxespad": 0.0}
+    if ax.get_legend() is not None:
+        sns.move_legend(ax, **place, **kwargs)
+    else:
+        ax.legend(**place, **kwargs)
+
+
+def legend_in_cell(
+    fig: plt.Figure,
+    cell: plt.Axes,
+    handles: Sequence,
+    labels: Sequence[str],
+    *,
+    note: str | None = None,
+    **kwargs,
+) -> None:
+    """Put a figure legend (and an optional note under it) where a blank grid cell is.
+
+    The cell's axes is removed, so ``fig.axes`` lists only the panels with data. Call it after
+    the layout is final (``tight_layout``): the legend is placed at the cell's position then.
+    ``kwargs`` go to ``fig.legend``.
+    """
+    box = cell.get_position()
+    fig.delaxes(cell)
+    anchor = (box.x0, box.y0 + 0.15 * box.height, box.width, 0.85 * box.height)
+    fig.legend(
+        handles, labels, loc="center", bbox_to_anchor=anchor, bbox_transform=fig.transFigure,
+        **kwargs,
+    )  # fmt: skip
+    if note:
+        fig.text(box.x0 + box.width / 2, box.y0, note, ha="center", va="bottom", fontsize=8)
+
+
+def count_error_bars(mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+    """``yerr`` of mean ± std for a count: the lower arm stops at 0 (a count is never < 0).
+
+    Args:
+        mean: ``[n]`` means.
+        std: ``[n]`` standard deviations (NaN: no bar).
+
+    Returns:
+        ``[2, n]``: lower and upper arms.
+
+    Example:
+        >>> count_error_bars([0.33, 2.0], [0.58, 0.5]).round(2).tolist()
+        [[0.33, 0.5], [0.58, 0.5]]
+    """
+    mean = np.asarray(mean, dtype=float)
+    std = np.nan_to_num(np.asarray(std, dtype=float), nan=0.0)
+    lower = np.minimum(std, np.clip(mean, 0.0, None))
+    return np.vstack([lower, std])
+
+
+def note_on_axes(ax: plt.Axes, text: str) -> None:
+    """A boxed note across the middle of a panel (e.g. "nothing to draw, because ...")."""
+    ax.text(
+        0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=10, wrap=True,
+        bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "0.5", "alpha": 0.95},
+        zorder=10,
+    )  # fmt: skip

@@ -18,7 +18,10 @@ from scipy import stats
 
 from mhainterp.attribution import compare_importance, importance_agreement
 from mhainterp.figures._common import (
+    fit_cell_text,
+    fit_tick_labels,
     head_order,
+    legend_outside,
     new_figure,
     plt,
     require_columns,
@@ -38,11 +41,6 @@ __all__ = [
 
 def _require(df: pd.DataFrame, columns: Sequence[str], name: str) -> None:
     require_columns(df, columns, name, "mhainterp.ablation")
-
-
-def _rotate_if_crowded(ax: plt.Axes, n: int) -> None:
-    if n > 10:
-        ax.tick_params(axis="x", labelrotation=90)
 
 
 def _target_names(importance: pd.DataFrame) -> list[str]:
@@ -94,12 +92,14 @@ def importance_figure(importance: pd.DataFrame, *, method: str | None = None) ->
             xlabel="head", ylabel=label, title=label.split(" (")[0] + " when the head is ablated"
         )
         ax.axhline(0.0, color="black", linewidth=0.8)
-        _rotate_if_crowded(ax, len(heads))
+        legend_outside(ax, title="method", fontsize=8)
     if targets:
         _per_target_panel(axes[2, 0], importance[importance["method"] == method], heads, targets)
         axes[2, 0].set_title(f"Δ accuracy per target ({method} ablation)")
     fig.suptitle("Head importance: effect of ablating one head at a time")
     fig.tight_layout()
+    for ax in axes[:, 0]:
+        fit_tick_labels(ax, "x")
     return fig
 
 
@@ -116,7 +116,7 @@ def _per_target_panel(
     sns.barplot(data=long, x="head_label", y="delta", hue="target", order=heads, ax=ax)
     ax.set(xlabel="head", ylabel="Δ accuracy (ablated − clean)")
     ax.axhline(0.0, color="black", linewidth=0.8)
-    _rotate_if_crowded(ax, len(heads))
+    legend_outside(ax, title="target", fontsize=8)
 
 
 # ----------------------------------------------------------------------------- pairwise
@@ -189,6 +189,10 @@ def pairwise_figure(
     )
     ax.grid(False)
     ax.set_facecolor("#eeeeee")  # the blank diagonal / missing pairs
+    ax.tick_params(axis="y", rotation=0)
+    fit_tick_labels(ax, "x")
+    fit_tick_labels(ax, "y")
+    fit_cell_text(ax, n, n)
     _layer_separators(ax, list(matrix.index))
     ax.set(xlabel="head b", ylabel="head a")
     what = "joint − sum of single damages" if value == "interaction" else "joint damage"
@@ -248,7 +252,7 @@ def prune_curve_figure(curve: pd.DataFrame) -> plt.Figure:
     ax.set_xticks(range(total, -1, -max(1, math.ceil(total / 16))))
     ax.set(xlabel="heads left", ylabel="accuracy", ylim=(-0.02, 1.08))
     ax.set_title("Greedy pruning: remove the least important head, re-score, repeat")
-    ax.legend(loc="lower left", fontsize=8)
+    legend_outside(ax, fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -280,17 +284,21 @@ def gradient_vs_ablation_figure(
     rho = _rho_by_method(comparison, agreement)
     for ax, method in zip(axes[0], methods, strict=True):
         group = comparison[comparison["method"] == method]
+        group = group.assign(layer=group["layer"].map(lambda layer: f"layer {layer}"))
         sns.scatterplot(
             data=group,
             x="ablation_importance",
             y="gradient_importance",
             hue="layer",
+            hue_order=sorted(set(group["layer"]), key=lambda name: int(name.split()[1])),
             palette="viridis",
             ax=ax,
             s=50,
             legend=len(methods) == 1 or ax is axes[0, 0],
         )
         _annotate_points(ax, group)
+        if ax.get_legend() is not None:
+            legend_outside(ax, title=None, fontsize=8)
         ax.set(
             xlabel=f"ablation importance: Δ loss ({method})",
             ylabel="gradient importance E|∂L/∂ξ| (layer-normalised)",

@@ -19,7 +19,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from mhainterp.figures._common import head_order, new_figure, plt, require_columns, save_figure, sns
+from mhainterp.figures._common import (
+    fit_cell_text,
+    fit_tick_labels,
+    head_order,
+    legend_outside,
+    new_figure,
+    note_on_axes,
+    plt,
+    require_columns,
+    save_figure,
+    sns,
+)
 
 __all__ = ["division_heatmap", "division_vs_heads", "save_division_figures"]
 
@@ -37,14 +48,25 @@ def _value_order(values: pd.Series) -> list[str]:
         return unique
 
 
-def division_heatmap(profiles: pd.DataFrame, heads: pd.DataFrame | None = None) -> plt.Figure:
+def division_heatmap(
+    profiles: pd.DataFrame, heads: pd.DataFrame | None = None, *, min_damage: float = 0.01
+) -> plt.Figure:
     """Heads x values heatmap of the damage (accuracy lost), one panel per axis.
+
+    Panels sit side by side, or one per row when side by side would make a strip more than
+    four times as wide as it is high (few heads, many values).
+
+    Values left out of the indices (too few scored triples) are not drawn as blank columns:
+    they are dropped and named under the panel. When no head costs ``min_damage`` of accuracy
+    on any value (every head backed up, as in ``reverse``), each panel says so: an all-pale
+    heatmap is not evidence of anything.
 
     Args:
         profiles: :attr:`DivisionResult.profiles` (``head_label, by, value, damage,
-            in_index``); values left out of the indices (too few scored triples) are hatched
-            out by being drawn blank.
+            in_index``).
         heads: :attr:`DivisionResult.heads`; its ``serves`` marks cells with ``*``.
+        min_damage: Accuracy lost below which a cell counts as no damage (the library's
+            ``min_damage`` default).
 
     Example:
         >>> fig = division_heatmap(result.profiles, result.heads)  # doctest: +SKIP
@@ -53,44 +75,87 @@ def division_heatmap(profiles: pd.DataFrame, heads: pd.DataFrame | None = None) 
         profiles, ["head_label", "by", "value", "damage", "in_index"], "profiles", SOURCE
     )
     axes_names = list(dict.fromkeys(profiles["by"]))
+    kept = profiles[profiles["in_index"].astype(bool)]
     widths = [
-        max(3.0, 0.38 * profiles[profiles.by == a]["value"].nunique() + 1.5) for a in axes_names
+        max(3.0, 0.38 * max(1, kept[kept.by == a]["value"].nunique()) + 1.5) for a in axes_names
     ]
-    n_heads = profiles["head_label"].nunique()
-    fig, axes = new_figure(
-        sum(widths) + 1.0, 0.35 * n_heads + 1.8, ncols=max(1, len(axes_names)), squeeze=False,
-        gridspec_kw={"width_ratios": widths or [1]},
-    )  # fmt: skip
-    vmax = max(0.05, float(profiles["damage"].clip(lower=0).max()))
-    served = {}
-    if heads is not None:
-        for row in heads.itertuples(index=False):
-            served[(row.head_label, row.by)] = set(filter(None, str(row.serves).split(",")))
-    for ax, axis in zip(axes[0], axes_names, strict=False):
-        part = profiles[profiles["by"] == axis].copy()
-        part["value"] = part["value"].astype(str)
-        part.loc[~part["in_index"].astype(bool), "damage"] = np.nan
-        order, rows = _value_order(part["value"]), head_order(part["head_label"])
-        grid = part.pivot(index="head_label", columns="value", values="damage").reindex(
-            index=rows, columns=order
-        )
-        marks = [["*" if v in served.get((h, axis), set()) else "" for v in order] for h in rows]
-        sns.heatmap(
-            grid, ax=ax, cmap="rocket_r", vmin=0, vmax=vmax, annot=np.array(marks), fmt="",
-            cbar=ax is axes[0][-1], cbar_kws={"label": "accuracy lost"}, linewidths=0.3,
+    height = 0.35 * profiles["head_label"].nunique() + 2.0
+    stacked = sum(widths) + 1.0 > 4.0 * height  # a long strip: one panel per row instead
+    if stacked:
+        fig, grid = new_figure(
+            max(widths) + 2.0, height * len(axes_names), nrows=len(axes_names), squeeze=False,
+            layout="constrained",
         )  # fmt: skip
-        ax.set_title(f"by {axis}")
-        ax.set_xlabel(axis.replace("_", " "))
-        ax.set_ylabel("head" if ax is axes[0][0] else "")
-    fig.suptitle("Damage of removing one head, per value (* = serves)", y=1.02)
+        panels = list(grid[:, 0])
+    else:
+        fig, grid = new_figure(
+            sum(widths) + 1.0, height, ncols=max(1, len(axes_names)), squeeze=False,
+            gridspec_kw={"width_ratios": widths or [1]}, layout="constrained",
+        )  # fmt: skip
+        panels = list(grid[0])
+    largest = float(kept["damage"].clip(lower=0).max()) if len(kept) else 0.0
+    vmax = max(0.05, largest)
+    served = _served(heads)
+    for ax, axis in zip(panels, axes_names, strict=False):
+        colorbar = stacked or ax is panels[-1]  # stacked: one each (same scale), panels aligned
+        _damage_panel(ax, profiles[profiles["by"] == axis], axis, served, vmax, colorbar)
+        ax.set_ylabel("head" if stacked or ax is panels[0] else "")
+        if largest < min_damage:
+            note_on_axes(ax, f"no damaging head:\nno removal costs ≥ {min_damage:g} accuracy")
+    fig.suptitle("Damage of removing one head, per value (* = serves)")
     return fig
+
+
+def _served(heads: pd.DataFrame | None) -> dict[tuple[str, str], set[str]]:
+    """``(head_label, by) -> served values`` from the heads table's ``serves`` column."""
+    if heads is None:
+        return {}
+    return {
+        (row.head_label, row.by): set(filter(None, str(row.serves).split(",")))
+        for row in heads.itertuples(index=False)
+        if isinstance(row.serves, str)
+    }
+
+
+def _damage_panel(
+    ax: plt.Axes,
+    part: pd.DataFrame,
+    axis: str,
+    served: dict[tuple[str, str], set[str]],
+    vmax: float,
+    colorbar: bool,
+) -> None:
+    """One axis' heads x values heatmap; values outside the index are named, not drawn."""
+    part = part.assign(value=part["value"].astype(str))
+    in_index = part["in_index"].astype(bool)
+    left_out = [v for v in _value_order(part["value"]) if v not in set(part.loc[in_index, "value"])]
+    part = part[in_index]
+    order, rows = _value_order(part["value"]), head_order(part["head_label"])
+    grid = part.pivot(index="head_label", columns="value", values="damage").reindex(
+        index=rows, columns=order
+    )
+    marks = [["*" if v in served.get((h, axis), set()) else "" for v in order] for h in rows]
+    sns.heatmap(
+        grid, ax=ax, cmap="rocket_r", vmin=0, vmax=vmax, annot=np.array(marks), fmt="",
+        cbar=colorbar, cbar_kws={"label": "accuracy lost"}, linewidths=0.3,
+    )  # fmt: skip
+    ax.grid(False)  # the style's grid showed through empty cells as stray ticks
+    ax.tick_params(axis="y", rotation=0)
+    fit_tick_labels(ax, "x")
+    fit_cell_text(ax, len(rows), len(order))
+    ax.set_title(f"by {axis}")
+    label = axis.replace("_", " ")
+    if left_out:
+        label += f"\n(left out, too few scored: {', '.join(left_out)})"
+    ax.set_xlabel(label)
 
 
 def division_vs_heads(sweep: pd.DataFrame) -> plt.Figure:
     """Division index against head count, one panel per axis (per task: one row each).
 
     Every seed is a point, the seed mean a line; the grey band is the label-permutation null
-    (its mean ± 2 sd, averaged over the seeds of each head count).
+    (its mean ± 2 sd, averaged over the seeds of each head count). A head count without an
+    index (one head, or fewer than two heads that do damage) is marked "no index".
 
     Args:
         sweep: ``division_sweep.csv`` (``task, n_heads, seed, by, index, null_index,
@@ -125,11 +190,13 @@ def division_vs_heads(sweep: pd.DataFrame) -> plt.Figure:
             ax.scatter(part["n_heads"], part["index"], color="tab:blue", s=18, alpha=0.8,
                        label="seeds", zorder=3)  # fmt: skip
             ax.set_xticks(sorted(set(hs)))
+            for h in by_h.index[by_h["index"].isna()]:  # e.g. h = 1: one head divides nothing
+                ax.text(h, 0.5, "no index", rotation=90, ha="center", va="center", color="0.4")
             ax.set_title(f"{task}: by {axis}" if len(tasks) > 1 else f"by {axis}")
             ax.set_xlabel("heads (h)")
             ax.set_ylabel("division index" if c == 0 else "")
             ax.set_ylim(-0.02, 1.02)
-    axes[0][-1].legend(fontsize=7, loc="upper left")
+    legend_outside(axes[0][-1], fontsize=8)
     fig.tight_layout()
     return fig
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from mhainterp.figures._common import new_figure, plt, sns
+from mhainterp.figures._common import legend_outside, new_figure, plt, sns
 
 __all__ = ["plot_head_count_accuracy", "plot_training_curves"]
 
@@ -64,7 +64,7 @@ def plot_head_count_accuracy(results: pd.DataFrame, *, metric: str = "val_accura
         ax.set_title(f"{task} (n = {n} seeds per head count)")
         ax.set_xlabel("number of heads (same parameter count)")
         ax.set_ylabel(metric.replace("_", " "))
-        ax.legend(fontsize=8, loc="best")
+    legend_outside(axes[0, -1], fontsize=8)
     fig.suptitle("Head count vs accuracy: is the difference bigger than the seed spread?")
     fig.tight_layout()
     return fig
@@ -103,5 +103,8 @@ def plot_training_curves(curves: pd.DataFrame, *, log_y: bool = True) -> plt.Fig
         ax.set_title(f"{task}: training loss (one line per seed)")
         ax.set_xlabel("optimiser step")
         ax.set_ylabel("training loss (cross-entropy)")
+        if ax is not axes[0, -1] and ax.get_legend() is not None:
+            ax.get_legend().remove()  # one legend, outside the last panel
+    legend_outside(axes[0, -1], fontsize=8)
     fig.tight_layout()
     return fig

@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pandas as pd
 
-from mhainterp.figures._common import new_figure, plt, require_columns, save_figure
+from mhainterp.figures._common import integer_axis, new_figure, plt, require_columns, save_figure
 
 __all__ = ["plot_average_patterns", "plot_example_patterns"]
 
@@ -118,6 +118,7 @@ def plot_average_patterns(
     for index, (ax, (kind, name, part)) in enumerate(zip(axes, panels, strict=True)):
         image = ax.imshow(_matrix(part), vmin=0.0, vmax=1.0, cmap=_CMAP, aspect="equal")
         ax.grid(False)
+        integer_axis(ax)  # positions: 0, 5, 10, never 2.5
         if kind == "head":
             ax.set_title(name, fontsize=11)
         else:

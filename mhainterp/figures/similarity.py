@@ -12,7 +12,15 @@ import re
 import pandas as pd
 from matplotlib.patches import Rectangle
 
-from mhainterp.figures._common import new_figure, plt, save_figure, sns
+from mhainterp.figures._common import (
+    fit_cell_text,
+    fit_tick_labels,
+    legend_outside,
+    new_figure,
+    plt,
+    save_figure,
+    sns,
+)
 from mhainterp.similarity import cluster_heads, similarity_frame
 from mhainterp.similarity.matrix import check_frame
 
@@ -64,6 +72,7 @@ def plot_similarity_heatmap(
         clusters: :func:`cluster_heads` table; computed with its defaults when None.
         title: Figure title.
         annotate: Write the values in the cells; default when there are at most 12 heads.
+            Cells too small for 6-pt text lose their text (the CSV has the numbers).
         path: When given, save the PNG there and the long table (``method, head_a, head_b,
             similarity``, plus ``cluster_a, cluster_b`` for a clustered square matrix) as the CSV.
 
@@ -105,6 +114,11 @@ def plot_similarity_heatmap(
         linewidths=0.3,
         cbar_kws={"label": f"similarity ({method})" if method else "similarity"},
     )
+    ax.tick_params(axis="y", rotation=0)
+    fit_tick_labels(ax, "x")
+    fit_tick_labels(ax, "y")
+    if annotate:
+        fit_cell_text(ax, n_rows, n_cols)
     if cluster_of:
         _outline_clusters(ax, [cluster_of[label] for label in similarity.index])
     ax.set_xlabel("head" if square else "model B head")
@@ -199,7 +213,7 @@ def plot_head_map(
     ax.set_xlabel("MDS dimension 1")
     ax.set_ylabel("MDS dimension 2")
     ax.set_aspect("equal", adjustable="datalim")
-    ax.legend(title=legend_title, fontsize=8, loc="best")
+    legend_outside(ax, title=legend_title, fontsize=8)
     name = f" ({method})" if method else ""
     ax.set_title(title or f"Head map{name}: nearby heads are similar")
     if path is not None:

@@ -22,12 +22,18 @@ import numpy as np
 import pandas as pd
 
 from mhainterp.figures._common import (
+    COUNT_CLIP_NOTE,
+    count_error_bars,
+    fit_cell_text,
     head_order,
+    legend_in_cell,
+    legend_outside,
     new_figure,
     plt,
     require_columns,
     save_figure,
     sns,
+    wrapped_grid,
 )
 
 __all__ = [
@@ -121,6 +127,7 @@ def role_heatmap(
             yticklabels=heads,
             annot_kws={"fontsize": 8},
         )
+        fit_cell_text(ax, len(heads), len(role_order))
         ax.set_xlabel("relation template († = the task's own)")
         ax.set_ylabel("head")
         ax.set_title(run or "role scores", fontsize=10)
@@ -209,13 +216,7 @@ def specialization_vs_heads(runs: pd.DataFrame) -> plt.Figure:
         df["accuracy"] = df["val_accuracy"]
     _require(df, ["accuracy"], "runs")
     tasks = list(dict.fromkeys(df["task"]))
-    fig, axes = new_figure(
-        4.0 * len(_SWEEP_METRICS),
-        3.4 * len(tasks),
-        nrows=len(tasks),
-        ncols=len(_SWEEP_METRICS),
-        squeeze=False,
-    )
+    fig, axes, spare = wrapped_grid(len(tasks), len(_SWEEP_METRICS), ncols=3)
     seeds = sorted(df["seed"].unique())
     palette = dict(zip(seeds, sns.color_palette("tab10", len(seeds)), strict=True))
     for row, task in enumerate(tasks):
@@ -228,7 +229,9 @@ def specialization_vs_heads(runs: pd.DataFrame) -> plt.Figure:
             ax.errorbar(
                 np.arange(len(heads)),
                 stats["mean"],
-                yerr=stats["std"].fillna(0),
+                yerr=count_error_bars(stats["mean"], stats["std"])
+                if is_count
+                else stats["std"].fillna(0),
                 fmt="o",
                 color="black",
                 capsize=6,
@@ -260,13 +263,13 @@ def specialization_vs_heads(runs: pd.DataFrame) -> plt.Figure:
             ax.set_xlabel("number of heads (same parameter count)")
             ax.set_ylabel(label)
             ax.set_title(f"{task}: {label}", fontsize=10)
-            if row == 0 and col == 0:
-                ax.legend(fontsize=7, loc="best")
     fig.suptitle(
         "Relations covered, heads per relation, redundant and dead heads, accuracy vs h "
         "(points = seeds)"
     )
     fig.tight_layout()
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    legend_in_cell(fig, spare[0], handles, labels, note=COUNT_CLIP_NOTE.replace(": ", ":\n"))
     return fig
 
 
@@ -311,7 +314,7 @@ def consistency_figure(consistency: pd.DataFrame) -> plt.Figure:
         ax.set_xlabel("number of heads")
         ax.set_ylabel("matched role-profile similarity")
         ax.set_title(f"{task}: same roles across seeds?")
-        ax.legend(fontsize=7, loc="best")
+    legend_outside(axes[0, -1], fontsize=8, markerscale=0.5)
     fig.tight_layout()
     return fig
 
