@@ -35,7 +35,7 @@ from typing import Any
 
 import pandas as pd
 
-from mhainterp.io import read_json, write_csv, write_text
+from mhainterp.io import read_json, write_text
 from mhainterp.render import (
     Block,
     Bullets,
@@ -325,13 +325,14 @@ def _sweep_blocks(
     sweep_dir: Path, settings: SpecializationSettings | None, level: int
 ) -> tuple[list[Block], Verdict, list[str]]:
     """A sweep's section, its verdict, and its findings (one line each)."""
-    from mhainterp.sweep import summarize
+    from mhainterp.sweep import SweepSummary
 
     config = read_json(sweep_dir / "sweep.json")
     results = resolve_run_dirs(pd.read_csv(sweep_dir / "results.csv"), sweep_dir)
-    summary = summarize(results)
-    write_csv(sweep_dir / "summary_table.csv", summary.table)
-    write_csv(sweep_dir / "summary_comparisons.csv", summary.comparisons)
+    try:
+        summary = SweepSummary.load(sweep_dir)
+    except FileNotFoundError:
+        summary = None
     train = config["train"]
     blocks: list[Block] = [
         Paragraph(
@@ -341,17 +342,11 @@ def _sweep_blocks(
             f"{{{', '.join(map(str, config['seeds']))}}}; {train['steps']} steps at lr "
             f"{train['lr']}. {_params_sentence(results)}"
         ),
-        Heading("Head count vs accuracy", level),
-        Table(_summary_display(summary.table), "Seed table (mean and sample std over seeds)."),
     ]
-    if len(summary.comparisons):
-        blocks.append(
-            Table(
-                summary.comparisons.drop(columns=["task"]),
-                "Differences between head counts: Welch's test, bootstrap CI, seed-spread rule.",
-            )
-        )
-    blocks.append(Bullets(summary.notes))
+    if summary is None:
+        blocks += _missing("Head count vs accuracy", sweep_dir, "seed table", None, level)
+    else:
+        blocks += _seed_table_blocks(summary, level)
     blocks += [Image(p, c) for p, c in _sweep_figures(sweep_dir, results)]
     spec = _saved_sweep(sweep_dir, settings)
     if spec is None:
@@ -362,10 +357,26 @@ def _sweep_blocks(
     blocks += _division_blocks([Path(r) for r in results["run_dir"]], sweep_dir, level)
     for row in results.itertuples(index=False):
         blocks += _analysis_blocks(Path(row.run_dir), level, SWEEP_ANALYSIS_FIGURES)
-    findings = [n for n in summary.notes if "exceeds the seed spread" in n or "no difference" in n]
+    findings = [] if summary is None else [n for n in summary.notes if "seed spread" in n]
     if spec is None:
         return blocks, Verdict([]), findings
     return blocks, spec.result.verdict, [*findings, *spec.notes[:1]]
+
+
+def _seed_table_blocks(summary: Any, level: int) -> list[Block]:
+    """The saved seed table, its comparisons (each with its test and Holm p) and notes."""
+    blocks: list[Block] = [
+        Heading("Head count vs accuracy", level),
+        Table(_summary_display(summary.table), "Seed table (mean and sample std over seeds)."),
+    ]
+    if len(summary.comparisons):
+        shown = summary.comparisons.drop(columns=["task"])
+        caption = (
+            "Differences between head counts: Welch's test (an exact permutation p where no "
+            f"group varies), Holm-corrected over the task's comparisons at {summary.alpha:g}."
+        )
+        blocks.append(Table(shown, caption))
+    return [*blocks, Bullets(summary.notes)]
 
 
 def _sweep_figures(sweep_dir: Path, results: pd.DataFrame) -> list[tuple[Path, str]]:
@@ -419,7 +430,7 @@ def _sweep_specialization_blocks(
     result = spec.result
     blocks: list[Block] = [
         Heading(SWEEP_HEADING, level),
-        Table(display_summary(spec.summary), "Per head count, over seeds."),
+        *[Table(table, f"{caption}.") for caption, table in display_summary(spec.summary)],
         Bullets(spec.notes),
         Paragraph("Verdicts per head count:"),
         Bullets(result.verdict.lines),

@@ -24,23 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from mhainterp.render import format_p
 from mhainterp.specialization.corrections import correction_name
 
-__all__ = ["RunVerdict", "Verdict", "division_axes", "format_p", "group_key"]
+__all__ = ["UNDEFINED_INDEX", "RunVerdict", "Verdict", "division_axes", "group_key"]
 
-
-def format_p(p: float) -> str:
-    """``"p = 0.03"``, ``"p < 1e-10"`` for tiny values, ``"p n/a"`` for NaN.
-
-    Example:
-        >>> format_p(0.0312), format_p(1e-40), format_p(float("nan"))
-        ('p = 0.031', 'p < 1e-10', 'p n/a')
-    """
-    if p is None or math.isnan(p):
-        return "p n/a"
-    if p < 1e-10:
-        return "p < 1e-10"
-    return f"p = {p:.2g}"
+UNDEFINED_INDEX = "undefined (fewer than 2 heads do damage)"
+"""How an index that single-head removal cannot define is written (never "nan vs null nan")."""
 
 
 def _join(items: list[str], empty: str = "none") -> str:
