@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from mhainterp.specialization.seeds.consistency import cross_seed_consistency
+from mhainterp.specialization.seeds.consistency import CONSISTENCY_COLUMNS, cross_seed_consistency
 from mhainterp.specialization.verdict.result import (
     DIVISION_COLUMNS,
     RUN_COLUMNS,
@@ -109,7 +109,7 @@ def _single_result(
     runs = pd.DataFrame([_run_row(verdict, tables["heads"])], columns=RUN_COLUMNS)
     return SpecializationResult(
         **tables,
-        consistency=pd.DataFrame(),
+        consistency=pd.DataFrame(columns=["task", *CONSISTENCY_COLUMNS]),
         runs=runs,
         verdict=Verdict([verdict]),
         settings=settings,
@@ -150,7 +150,8 @@ def combine_results(results: Sequence[SpecializationResult]) -> SpecializationRe
         pairs.insert(0, "task", key[0])
         tables.append(pairs)
         summaries[group_key(key[0], int(key[1]))] = summary
-    consistency = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    empty = pd.DataFrame(columns=["task", *CONSISTENCY_COLUMNS])  # a header, never a blank file
+    consistency = pd.concat(tables, ignore_index=True) if tables else empty
     return SpecializationResult(
         **stacked,
         consistency=consistency,

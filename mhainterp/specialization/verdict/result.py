@@ -161,6 +161,9 @@ class SpecializationResult:
         settings: The settings used.
         division: Optional division indices per run and axis (``run, by, index,
             null_index, p``; empty when the division test was not run).
+        quiet: The quiet heads removed as a whole, per run and distinct quiet set (``run`` +
+            :data:`~mhainterp.specialization.needed.dead.QUIET_COLUMNS`): the evidence that a
+            quiet head is dead by function.
     """
 
     heads: pd.DataFrame
@@ -176,12 +179,13 @@ class SpecializationResult:
     verdict: Verdict
     settings: SpecializationSettings
     division: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+    quiet: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
 
     TABLES = (
         "heads", "roles", "causal", "redundancy", "redundancy_groups", "consistency",
         "init_null", "runs", "nested", "stability",
     )  # fmt: skip
-    OPTIONAL_TABLES = ("division",)
+    OPTIONAL_TABLES = ("division", "quiet")
 
     def to_markdown(self) -> str:
         """The verdict, its caveats and the per-head table as Markdown."""
@@ -225,17 +229,22 @@ class SpecializationResult:
                     f"{path} is missing: {out_dir} was written by an older mhainterp or only in "
                     "part; run the specialization test again to rewrite it"
                 )
-            try:
-                tables[name] = pd.read_csv(path, keep_default_na=True)
-            except pd.errors.EmptyDataError:
-                tables[name] = pd.DataFrame()
+            tables[name] = _read_table(path)
             text = [c for c in _TEXT_COLUMNS if c in tables[name].columns]
             tables[name] = lead_with_head(tables[name].fillna(dict.fromkeys(text, "")))
         for name in cls.OPTIONAL_TABLES:
             path = out_dir / f"{prefix}_{name}.csv"
-            tables[name] = pd.read_csv(path) if path.is_file() else pd.DataFrame()
+            tables[name] = _read_table(path) if path.is_file() else pd.DataFrame()
         return cls(
             **tables,
             verdict=Verdict.from_dict(meta["verdict"]),
             settings=SpecializationSettings.from_dict(meta["settings"]),
         )
+
+
+def _read_table(path: Path) -> pd.DataFrame:
+    """A saved table; a file with no columns (an empty table) reads as an empty frame."""
+    try:
+        return pd.read_csv(path, keep_default_na=True)
+    except pd.errors.EmptyDataError:
+        return pd.DataFrame()
