@@ -357,10 +357,10 @@ def _sweep_blocks(
     blocks += _division_blocks([Path(r) for r in results["run_dir"]], sweep_dir, level)
     for row in results.itertuples(index=False):
         blocks += _analysis_blocks(Path(row.run_dir), level, SWEEP_ANALYSIS_FIGURES)
-    findings = [] if summary is None else [n for n in summary.notes if "seed spread" in n]
+    evidence = [] if summary is None else [n for n in summary.notes if "seed spread" in n]
     if spec is None:
-        return blocks, Verdict([]), findings
-    return blocks, spec.result.verdict, [*findings, *spec.notes[:1]]
+        return blocks, Verdict([]), evidence
+    return blocks, spec.result.verdict, _findings(spec, evidence)
 
 
 def _seed_table_blocks(summary: Any, level: int) -> list[Block]:
@@ -377,6 +377,16 @@ def _seed_table_blocks(summary: Any, level: int) -> list[Block]:
         )
         blocks.append(Table(shown, caption))
     return [*blocks, Bullets(summary.notes)]
+
+
+def _findings(spec: SweepSpecialization, evidence: list[str]) -> list[str]:
+    """Per task: ONE headline sentence per head count (the division call, from the saved
+    verdict), then the evidence (accuracy and specialization comparisons, Holm-corrected)."""
+    out = []
+    for task, headlines in spec.result.verdict.headlines().items():
+        out.append(f"{task}: " + " ".join(headlines))
+    comparisons = [n for n in spec.notes if "smallest vs largest h" in n]
+    return [*out, *evidence, *comparisons]
 
 
 def _sweep_figures(sweep_dir: Path, results: pd.DataFrame) -> list[tuple[Path, str]]:

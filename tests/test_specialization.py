@@ -340,13 +340,13 @@ def test_hand_model_verdict_text(hand_result):
     text = hand_result.verdict.text
     assert "multi_relation, h=3, seed 0" in text
     assert (
-        "2 heads of 3 hold 2 relations (mirror: 1 head (L0H1); previous: 1 head (L0H0); "
+        "2 of 3 heads hold 2 relations (mirror: 1 head (L0H1); previous: 1 head (L0H0); "
         "each p < 0.05 after Holm correction against both nulls, effect ≥ 0.3); 2 of 3 needed"
     ) in text
     assert "0 backed up, 1 dead." in text
     assert "Division of labour not measured (no division table)" in text
     assert "Labels are stable: none changes with any threshold x 0.8 or x 1.25." in text
-    assert "Labels: 0 redundant (none); 1 dead (L0H2); 0 unspecialized (none)." in text
+    assert "Labels: 0 backed up by a partner (none); 1 dead (L0H2); 0 unspecialized (none)." in text
     null = hand_result.runs.iloc[0]["causal_null"]
     assert f"Causal selectivity 1.00 vs permutation null {null:.2f} (p = 0.001)" in text
     assert "Ablation backs 2 of 2 role heads" in text
@@ -391,9 +391,10 @@ def test_copies_are_redundant(previous_task, kinds, labels):
     pairs = result.redundancy[result.redundancy["redundant"]]
     assert sorted(set(pairs["head_a"]) | set(pairs["head_b"])) == copies
     assert (pairs["similarity"] > 0.999).all() and (pairs["backup"] > 0.99).all()
-    assert f"{len(copies)} redundant ({' = '.join(copies)}: previous)" in result.verdict.text
+    text = result.verdict.text
+    assert f"{len(copies)} backed up by a partner ({' = '.join(copies)}: previous)" in text
     # Backed up, not holding nothing: the copies hold one relation between them.
-    assert f"{len(copies)} heads of {len(kinds)} hold 1 relation (previous: " in result.verdict.text
+    assert f"{len(copies)} of {len(kinds)} heads hold 1 relation (previous: " in text
     assert result.heads["redundant_with"].iloc[0] == ",".join(copies[1:])
     groups = result.redundancy_groups
     if len(copies) == 3:  # one group, found by similarity and by the shared role
@@ -597,7 +598,8 @@ def _verdict(**changes) -> RunVerdict:
 def test_verdict_text_is_generated_from_the_numbers():
     text = _verdict().text
     assert text.startswith(
-        "multi_relation, h=4, seed 0 (accuracy 0.950): 3 heads of 4 hold 3 relations (mirror: 1 "
+        "multi_relation, h=4, seed 0 (accuracy 0.950): Headline: the division of labour was not "
+        "measured. 3 of 4 heads hold 3 relations (mirror: 1 "
         "head (L0H1); previous: 1 head (L0H0); same_token_upto: 1 head (L0H3); each p < 0.01 "
         "after Holm correction"
     )
@@ -619,7 +621,7 @@ def test_verdict_text_is_generated_from_the_numbers():
         causal_p=0.2,
         correction="bh",
     ).text
-    assert "1 head of 4 hold 1 relation (mirror: 1 head (L0H1)" in changed
+    assert "1 of 4 heads holds 1 relation (mirror: 1 head (L0H1)" in changed
     assert "Benjamini-Hochberg" in changed
     assert "3 unspecialized (L0H0, L0H2, L0H3)" in changed
     assert "Causal selectivity 0.35 vs permutation null 0.31 (p = 0.2)" in changed
@@ -649,10 +651,13 @@ def test_group_verdict_summarises_seeds():
         "multi_relation, h=4, 4 heads, 3 seeds (mean ± std): relations covered 2.33 ± 1.15 (a "
         "count; per seed 3, 1, 3), heads per relation 1.00 ± 0.00 (a count); needed share "
         "0.50 ± 0.00 (needed but holding no known relation 0.08 ± 0.14), backed-up share "
-        "0.00 ± 0.00, redundant share 0.00 ± 0.00, dead share 0.25 ± 0.00."
+        "0.00 ± 0.00, dead share 0.25 ± 0.00."
     )
     assert "mirror (2/3 seeds), previous (3/3 seeds), same_token_upto (2/3 seeds)" in line
-    assert "0.90 vs random matching 0.40 and role-shuffled null 0.50 (p = 0.01)" in line
+    assert (
+        "0.90, +0.50 over a random matching (0.40); null used: heads shuffled across seeds, "
+        "0.50 (p = 0.01)"
+    ) in line
     assert verdict.caveats[2].startswith("3 seeds per task and head count")
 
 
@@ -671,7 +676,7 @@ def test_group_verdict_names_roles_held_by_redundant_groups():
     assert (
         "heads per relation 4.00 ± 0.00 (a count; n = 2 of 3 seeds, those with a relation)" in line
     )
-    assert "backed-up share 0.67 ± 0.58, redundant share 0.67 ± 0.58, dead share 0.00" in line
+    assert "backed-up share 0.67 ± 0.58, dead share 0.00" in line
     assert "Relations: mirror (2/3 seeds)" in line
 
 
@@ -679,7 +684,7 @@ def test_verdict_counts_equal_the_head_table(hand_result):
     heads = hand_result.heads
     n_role = int((~heads["label"].isin(["unspecialized", "backed up", "dead"])).sum())
     n_holding = int((heads["holds"] != "").sum())
-    assert f"{n_holding} heads of {len(heads)} hold" in hand_result.verdict.text
+    assert f"{n_holding} of {len(heads)} heads hold" in hand_result.verdict.text
     assert hand_result.runs.iloc[0]["n_role"] == n_role
     assert hand_result.runs.iloc[0]["n_relations"] == 2
     assert hand_result.runs.iloc[0]["heads_per_relation"] == 1.0
@@ -1026,7 +1031,7 @@ def test_mirror_copies_read_as_one_relation_and_no_division():
     assert result.heads["holds"].tolist() == ["mirror"] * 4
     assert not result.heads["needed"].any()
     text = result.verdict.text
-    assert "4 heads of 4 hold 1 relation (mirror: 4 heads (L0H0, L0H1, L0H2, L0H3);" in text
+    assert "4 of 4 heads hold 1 relation (mirror: 4 heads (L0H0, L0H1, L0H2, L0H3);" in text
     assert "0 of 4 needed" in text and "4 backed up, 0 dead." in text
     assert "does not say whether the heads divide the work" in text
     assert re.search(r"\bspecialized\b", text) is None  # no division claimed without the table
@@ -1037,15 +1042,21 @@ def test_mirror_copies_read_as_one_relation_and_no_division():
     attached = attach_division(result, inside)
     text = attached.verdict.text
     assert (
-        "Division index by token 0.01 vs null 0.02 (p = 0.7, inside its null); by position 0.02 "
-        "vs null 0.02 (p = 0.5, inside its null): not specialized: the heads divide the work "
-        "along none of the axes tested."
+        "Division of labour: by token not divided (index 0.01 vs null 0.02 (p = 0.7)); by "
+        "position not divided (index 0.02 vs null 0.02 (p = 0.5))."
     ) in text
+    assert "Headline: the heads do not divide the work along any axis tested." in text
     assert attached.runs.iloc[0]["specialized_along"] == ""
     beyond = inside.assign(index=[0.4, 0.02], p=[0.001, 0.5])
-    assert "specialized (the heads divide the work) along token." in (
+    assert "Headline: the heads divide the work along token." in (
         attach_division(result, beyond).verdict.text
     )
+    # Undefined indices say why, never "nan vs null nan".
+    undefined = inside.assign(index=[float("nan")] * 2, null_index=[float("nan")] * 2)
+    text = attach_division(result, undefined).verdict.text
+    assert "nan" not in text
+    assert "by token cannot tell (undefined (fewer than 2 heads do damage))" in text
+    assert "Headline: cannot tell whether the heads divide the work" in text
 
 
 def test_group_verdict_reads_the_division_of_every_seed():
@@ -1056,9 +1067,15 @@ def test_group_verdict_reads_the_division_of_every_seed():
     assert "relations covered 1.00 ± 0.00 (a count; per seed 1, 1, 1), heads per relation " in line
     assert "8.00 ± 0.00 (a count)" in line
     assert (
-        "Division index by token 0.02 ± 0.00 vs null 0.03 ± 0.00, beyond its null in 0/3 seeds: "
-        "not specialized" in line
+        "Division of labour: by token 0.02 ± 0.00 vs null 0.03 ± 0.00, divided in 0/3 seeds: "
+        "the heads do not divide the work along any axis tested." in line
     )
+    assert Verdict(runs).headlines() == {
+        "multi_relation": [
+            "h=8 (8 heads, 3 seeds): the heads do not divide the work along any axis tested "
+            "(0/3 seeds divided by token)."
+        ]
+    }
 
 
 def test_settings_read_the_old_name_and_scale_within_bounds():
@@ -1082,7 +1099,7 @@ def test_eight_mirror_copies_are_backed_up_and_their_label_rests_on_the_backup_r
     assert result.redundancy_groups["backup"].iloc[0] == pytest.approx(0.535, abs=0.005)
     run = result.verdict.runs[0]
     assert run.flips == {name: 8 if name == "backup_ratio" else 0 for name in THRESHOLDS}
-    assert "8 heads of 8 hold 1 relation (mirror: 8 heads (" + ", ".join(heads) in run.text
+    assert "8 of 8 heads hold 1 relation (mirror: 8 heads (" + ", ".join(heads) in run.text
     assert "0 of 8 needed" in run.text and "8 backed up, 0 dead." in run.text
     assert "This verdict rests on thresholds: 8 of 8 labels change" in run.text
     assert result.verdict.caveats[4].endswith(

@@ -130,8 +130,15 @@ def dead_heads(
     alone = candidates(output_ratio, max_damage, settings)
     if not alone:
         return set(), 0
-    cost = {h: (l, a) for h, l, a in zip(quiet.get("heads", []), quiet.get("loss_increase", []),
-                                        quiet.get("accuracy_drop", []), strict=True)}  # fmt: skip
+    cost = {
+        heads: (loss, drop)
+        for heads, loss, drop in zip(
+            quiet.get("heads", []),
+            quiet.get("loss_increase", []),
+            quiet.get("accuracy_drop", []),
+            strict=True,
+        )
+    }
     cost[""] = (0.0, 0.0)  # removing nothing costs nothing
     whole = HEAD_SET_SEPARATOR.join(alone)
     dead, untested = set(), 0
