@@ -71,6 +71,7 @@ class SweepSummary:
         """Write :data:`SUMMARY_FILES` into ``sweep_dir`` (atomically; the notes last, so their
         presence means the set is complete)."""
         sweep_dir = Path(sweep_dir)
+        (sweep_dir / SUMMARY_FILES[-1]).unlink(missing_ok=True)  # a killed save: not saved
         return [
             write_csv(sweep_dir / "summary_table.csv", self.table),
             write_csv(sweep_dir / "summary_comparisons.csv", self.comparisons),

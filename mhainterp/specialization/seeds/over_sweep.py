@@ -80,7 +80,7 @@ class SweepSpecialization:
 
     Attributes:
         runs: One row per run (:data:`~mhainterp.specialization.battery.RUN_COLUMNS` plus
-            ``run_dir`` and ``val_accuracy``).
+            ``run_dir``, relative to the first sweep folder, and ``val_accuracy``).
         summary: One row per (task, n_heads), columns :data:`SUMMARY_COLUMNS`.
         result: The stacked :class:`~mhainterp.specialization.battery.SpecializationResult`.
         notes: Findings generated from the numbers, one per task (+ caveats).
@@ -111,6 +111,7 @@ class SweepSpecialization:
         (``specialization_notes.json``) to ``out_dir``: everything :meth:`load` reads back.
         The notes file is written last, so its presence means the set is complete."""
         out_dir = Path(out_dir)
+        (out_dir / NOTES_FILE).unlink(missing_ok=True)  # a killed save reads as not saved
         return [
             write_csv(out_dir / "specialization_runs.csv", self.runs),
             write_csv(out_dir / "specialization_summary.csv", self.summary),
@@ -293,7 +294,11 @@ def sweep_specialization(
         ids.append(run_id)
     combined = combine_results(singles) if len(singles) > 1 else singles[0]
     runs = combined.runs.copy()
-    runs["run_dir"] = [str(r.run_dir) for r in rows]
+    # Paths in a saved table are relative to the folder that holds it (the first sweep).
+    home = Path(sweeps[0]).resolve()
+    runs["run_dir"] = [
+        Path(os.path.relpath(Path(r.run_dir).resolve(), home)).as_posix() for r in rows
+    ]
     runs["val_accuracy"] = results["val_accuracy"].to_numpy()
     summary = specialization_summary(runs, combined.verdict.consistency, combined.division)
     comparisons = trend_comparisons(runs, combined.division, alpha=settings.alpha)

@@ -203,15 +203,21 @@ class SpecializationResult:
         """Write every table as ``{prefix}_{name}.csv``, ``{prefix}.json`` (settings and
         verdict) and ``{prefix}.md``; return the paths."""
         out_dir = Path(out_dir)
+        # The settings file says "this set is complete": drop it first, write it last, so a
+        # save killed half-way reads as not saved (and is recomputed), never as a mix.
+        (out_dir / f"{prefix}.json").unlink(missing_ok=True)
         paths = [
             write_csv(out_dir / f"{prefix}_{name}.csv", getattr(self, name)) for name in self.TABLES
         ]
         for name in self.OPTIONAL_TABLES:
+            path = out_dir / f"{prefix}_{name}.csv"
             if len(getattr(self, name)):
-                paths.append(write_csv(out_dir / f"{prefix}_{name}.csv", getattr(self, name)))
+                paths.append(write_csv(path, getattr(self, name)))
+            else:
+                path.unlink(missing_ok=True)  # not a stale table from an earlier save
+        paths.append(write_text(out_dir / f"{prefix}.md", self.to_markdown()))
         meta = {"settings": self.settings.to_dict(), "verdict": self.verdict.to_dict()}
         paths.append(write_json(out_dir / f"{prefix}.json", meta))
-        paths.append(write_text(out_dir / f"{prefix}.md", self.to_markdown()))
         return paths
 
     @classmethod
