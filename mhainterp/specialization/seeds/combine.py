@@ -20,7 +20,15 @@ from mhainterp.specialization.verdict.result import (
 from mhainterp.specialization.verdict.sentences import RunVerdict, Verdict, group_key
 from mhainterp.specialization.verdict.settings import SpecializationSettings
 
-__all__ = ["attach_division", "combine_results"]
+__all__ = ["VERDICT_DIVISION_COLUMNS", "attach_division", "combine_results"]
+
+VERDICT_DIVISION_COLUMNS = (
+    "divided", "call", "basis", "reason", "ci_low", "ci_high", "null_high", "p_floor",
+    "index_mean", "index_zero", "index_resample", "call_mean", "call_zero", "call_resample",
+    "n_damaging",
+)  # fmt: skip
+"""The division index columns the verdict's sentences read besides :data:`DIVISION_COLUMNS`
+(the calibrated call of the verdict contract; each is carried when the table has it)."""
 
 
 def _run_row(verdict: RunVerdict, heads: pd.DataFrame) -> dict[str, Any]:
@@ -67,6 +75,9 @@ def attach_division(result: SpecializationResult, division: pd.DataFrame) -> Spe
         result: A :class:`SpecializationResult`.
         division: ``by, index, null_index, p`` per axis (e.g. ``division_of_labour(...).index``)
             and ``run`` naming the result's runs; without ``run``, the result must hold one run.
+            The calibrated columns (:data:`VERDICT_DIVISION_COLUMNS`: ``call``, ``basis``,
+            ``reason``, the CI, the p floor, the per-method indices and calls) are carried into
+            the verdict when present.
 
     Example:
         >>> index = pd.DataFrame({"by": ["token"], "index": [0.02], "null_index": [0.03],
@@ -89,10 +100,11 @@ def attach_division(result: SpecializationResult, division: pd.DataFrame) -> Spe
     unknown = sorted(set(frame["run"]) - set(runs))
     if unknown:
         raise ValueError(f"division names runs {unknown} that the result lacks; runs: {runs}")
-    rows = frame[DIVISION_COLUMNS].to_dict("records")
+    carried = [*DIVISION_COLUMNS, *(c for c in VERDICT_DIVISION_COLUMNS if c in frame.columns)]
+    rows = frame[carried].to_dict("records")
     verdicts = []
     for v in result.verdict.runs:
-        mine = [{k: r[k] for k in DIVISION_COLUMNS[1:]} for r in rows if r["run"] == v.run]
+        mine = [{k: r[k] for k in carried[1:]} for r in rows if r["run"] == v.run]
         verdicts.append(dataclasses.replace(v, division=mine))
     verdict = Verdict(verdicts, result.verdict.consistency)
     table = result.runs.copy()

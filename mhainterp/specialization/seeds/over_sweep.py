@@ -178,6 +178,9 @@ def _same_division(result: SpecializationResult, index: pd.DataFrame) -> bool:
     if have is None or have.empty:
         return False
     columns = ["by", "index", "null_index", "p"]
+    columns += [c for c in ("call", "basis") if c in index.columns]  # the calibrated call too
+    if not set(columns) <= set(have.columns):
+        return False
     mine = have[columns].reset_index(drop=True)
     theirs = index[columns].reset_index(drop=True)
     return mine.shape == theirs.shape and bool(
