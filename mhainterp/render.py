@@ -40,7 +40,11 @@ __all__ = [
     "markdown_table",
     "render_html",
     "render_markdown",
+    "split_columns",
 ]
+
+MAX_COLUMNS = 8
+"""The widest table a report shows (wider ones are split): 8 columns fit 1,280 px."""
 
 
 # ----------------------------------------------------------------------------- tables
@@ -102,6 +106,23 @@ def markdown_table(df: pd.DataFrame, digits: int = 3) -> str:
     return "\n".join([header, rule, *body])
 
 
+def split_columns(df: pd.DataFrame, max_columns: int = MAX_COLUMNS) -> list[pd.DataFrame]:
+    """``df`` cut into tables of at most ``max_columns`` columns, each repeating the first
+    column (the row's key: a head, a head count, a comparison) so every part reads alone.
+
+    Example:
+        >>> wide = pd.DataFrame([range(12)], columns=[f"c{i}" for i in range(12)])
+        >>> [list(t.columns) for t in split_columns(wide, 6)]  # doctest: +NORMALIZE_WHITESPACE
+        [['c0', 'c1', 'c2', 'c3', 'c4', 'c5'], ['c0', 'c6', 'c7', 'c8', 'c9', 'c10'],
+         ['c0', 'c11']]
+    """
+    if len(df.columns) <= max_columns:
+        return [df]
+    key, rest = df.columns[0], list(df.columns[1:])
+    width = max_columns - 1
+    return [df[[key, *rest[i : i + width]]] for i in range(0, len(rest), width)]
+
+
 # ----------------------------------------------------------------------------- blocks
 
 
@@ -148,7 +169,8 @@ def render_markdown(blocks: list[Block], out_dir: Path) -> str:
         elif isinstance(block, Table):
             if block.caption:
                 lines += [f"*{block.caption}*", ""]
-            lines += [markdown_table(block.df), ""]
+            for part in split_columns(block.df):
+                lines += [markdown_table(part), ""]
         elif isinstance(block, Image):
             rel = Path(os.path.relpath(block.path, out_dir)).as_posix()
             lines += [
@@ -199,7 +221,7 @@ def render_html(blocks: list[Block], title: str) -> str:
         elif isinstance(block, Table):
             if block.caption:
                 parts.append(f"<p><em>{html.escape(block.caption)}</em></p>")
-            parts.append(html_table(block.df))
+            parts += [html_table(part) for part in split_columns(block.df)]
         elif isinstance(block, Image):
             data = base64.b64encode(block.path.read_bytes()).decode("ascii")
             caption = html.escape(block.caption)

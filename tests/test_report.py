@@ -278,3 +278,19 @@ def test_run_report_shows_groups_tested_as_a_whole(tmp_path):
     row = next(line for line in md.splitlines() if "L0H0,L0H1,L0H2" in line)
     assert "similarity+role:previous" in row and "True" in row
     assert "similarity+role:previous" in html_path.read_text(encoding="utf-8")
+
+
+def test_report_reads_as_a_document(report):
+    md, _ = report
+    levels = [len(m.group(1)) for m in re.finditer(r"^(#+) ", md, flags=re.M)]
+    assert levels[0] == 1 and all(b - a <= 1 for a, b in zip(levels, levels[1:])), levels
+    widths = [line.count("|") - 1 for line in md.splitlines() if line.startswith("|")]
+    assert max(widths) <= 8  # no table scrolls at 1,280 px
+    assert re.search(r"\b1 heads\b", md) is None and "nan vs null nan" not in md
+    assert "redundant (" not in md  # one vocabulary: backed up
+    # The Findings lead each task with one sentence per head count, then the evidence.
+    findings = md.split("## Findings", 1)[1].split("\n## ", 1)[0]
+    first = findings.strip().splitlines()[0]
+    assert (
+        first.startswith("- count_previous: h=1 (1 head, 2 seeds): ") and " h=2 (2 heads, " in first
+    )

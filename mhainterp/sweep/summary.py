@@ -105,7 +105,7 @@ class SweepSummary:
     def to_markdown(self) -> str:
         parts = []
         for task, group in self.table.groupby("task", sort=False):
-            parts.append(f"### {task}\n")
+            parts.append(f"## {task}\n")
             parts.append(markdown_table(_display_table(group)))
             cmp = self.comparisons[self.comparisons["task"] == task]
             if len(cmp):
