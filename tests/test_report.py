@@ -5,6 +5,7 @@ of the tables they were generated from; the sweep-level specialization is cached
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 from pathlib import Path
 
@@ -283,7 +284,7 @@ def test_run_report_shows_groups_tested_as_a_whole(tmp_path):
 def test_report_reads_as_a_document(report):
     md, _ = report
     levels = [len(m.group(1)) for m in re.finditer(r"^(#+) ", md, flags=re.M)]
-    assert levels[0] == 1 and all(b - a <= 1 for a, b in zip(levels, levels[1:])), levels
+    assert levels[0] == 1 and all(b - a <= 1 for a, b in itertools.pairwise(levels)), levels
     widths = [line.count("|") - 1 for line in md.splitlines() if line.startswith("|")]
     assert max(widths) <= 8  # no table scrolls at 1,280 px
     assert re.search(r"\b1 heads\b", md) is None and "nan vs null nan" not in md
