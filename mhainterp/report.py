@@ -102,7 +102,8 @@ def _analysis_blocks(run_dir: Path, level: int, only: tuple[str, ...] | None = N
 def _head_table(result: SpecializationResult) -> pd.DataFrame:
     columns = {
         "head_label": "head",
-        "label": "label",
+        "finding": "what it does (where it looks; whom it serves; needed)",
+        "label": "attention label",
         "holds": "holds",
         "needed": "needed",
         "backed_up": "backed up",
@@ -117,17 +118,18 @@ def _head_table(result: SpecializationResult) -> pd.DataFrame:
         "total_damage": "acc drop if removed",
         "causal_target": "hurts most",
         "causal_selectivity": "selectivity",
-        "redundant_with": "redundant with",
+        "redundant_with": "backed up by",
     }
     present = [c for c in columns if c in result.heads.columns]  # older saved results lack some
     return result.heads[present].rename(columns=columns)
 
 
 _HEAD_CAPTION = (
-    "Per head: label and evidence. holds = the relation it holds (count:… = spread evenly "
-    "over the set, +sink = with the first position as a sink), needed = removing it alone "
-    "costs accuracy, backed up = redundant; explained = share of its attention on the union of "
-    "the known relations, unexplained = the rest."
+    "Per head: what it does on every axis, then the evidence. holds = the relation it holds "
+    "(count:… = spread evenly over the set, +sink = with the first position as a sink), needed "
+    "= removing it alone costs accuracy, backed up = removing it alone costs nothing because "
+    "others carry its work, dead = writes almost nothing and removing it costs nothing; "
+    "explained = share of its attention on the union of the known relations."
 )
 
 
@@ -151,7 +153,7 @@ _STABILITY_CAPTION = (
 _GROUP_CAPTION = (
     "Groups of three or more heads (alike, or holding one role) removed as a whole: loss "
     "increase with all removed, and with all but one removed (mean over which one is kept). "
-    "backup = 1 − kept-one / all; redundant when at least the backup ratio."
+    "backup = 1 − kept-one / all; backed up when at least the backup ratio."
 )
 
 
@@ -162,7 +164,7 @@ def _group_table(result: SpecializationResult) -> pd.DataFrame:
         "damage_all": "loss ↑, all removed",
         "damage_keep_one_mean": "loss ↑, one kept",
         "backup": "backup",
-        "redundant": "redundant",
+        "redundant": "backed up",
     }
     return result.redundancy_groups[list(columns)].rename(columns=columns)
 

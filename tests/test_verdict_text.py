@@ -80,3 +80,32 @@ def test_one_headline_per_head_count():
     )
     one = RunVerdict(run="r", task="t", n_heads=1, n_layers=1, seed=0)
     assert Verdict([one, one]).headline([one, one]).startswith("h=1 (1 head, 2 seeds)")
+
+
+def test_per_head_findings_say_what_each_head_does_on_every_axis():
+    import pandas as pd
+
+    from mhainterp.handbuilt import handbuilt_model
+    from mhainterp.specialization import attach_division, specialization_test
+    from mhainterp.tasks import get_task
+
+    task = get_task("previous_token", seq_len=16, d_vocab=10)
+    model = handbuilt_model(["previous", "uniform", "dead"], d_head=18)
+    result = specialization_test(model, task, n_eval=32, n_permutations=20)
+    assert result.heads["finding"].tolist() == [
+        "looks at previous; whom it serves not measured; needed",
+        "looks at no known relation; whom it serves not measured; not needed",
+        "looks at no known relation; whom it serves not measured; dead",
+    ]
+    index = pd.DataFrame([_row(basis="single")])
+    heads = pd.DataFrame({
+        "head_label": ["L0H0", "L0H1", "L0H2"], "by": ["position"] * 3,
+        "serves": ["1,2,3", "", ""], "specialized": [True, False, False],
+    })  # fmt: skip
+    attached = attach_division(result, index, heads)
+    assert "Headline: the heads divide the work along position" in attached.verdict.text
+    assert attached.heads["finding"].tolist() == [
+        "looks at previous; serves position: 1,2,3; needed",
+        "looks at no known relation; serves every value alike; not needed",
+        "looks at no known relation; serves every value alike; dead",
+    ]

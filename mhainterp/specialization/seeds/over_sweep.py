@@ -164,12 +164,20 @@ def cached_specialization(
     # Whom the heads serve enters the verdict when the run's division of labour is saved:
     # "specialized" then means dividing the work, along the axes whose index beats its null.
     division = saved_division(run_dir)
-    attach = division is not None and not _same_division(result, division.index)
+    attach = division is not None and _needs_division(result, division.index)
     if attach:
-        result = attach_division(result, division.index)
+        result = attach_division(result, division.index, division.heads)
     if save and (saved is None or attach):
         result.save(Path(run_dir) / "analysis", RESULT_PREFIX)
     return result
+
+
+def _needs_division(result: SpecializationResult, index: pd.DataFrame) -> bool:
+    """Whether the saved division must be (re)attached: other indices, or head findings
+    that do not yet say whom each head serves."""
+    finding = result.heads.get("finding", pd.Series(dtype=str)).fillna("").astype(str)
+    unmeasured = finding.str.contains("not measured").any() or not len(finding)
+    return unmeasured or not _same_division(result, index)
 
 
 def _same_division(result: SpecializationResult, index: pd.DataFrame) -> bool:

@@ -50,6 +50,8 @@ from mhainterp.tasks import Task
 
 __all__ = [
     "BACKED_UP",
+    "findings",
+    "head_finding",
     "FLAG_COLUMNS",
     "LABELS_OTHER",
     "HeadDecision",
@@ -83,6 +85,31 @@ class HeadDecision:
     significant: list[str]
     dead: bool
     partners: list[str]
+
+
+def head_finding(holds: str, serves: str | None, needed: bool, backed_up: bool, dead: bool) -> str:
+    """What a head does on every axis, in one phrase: where it looks, whom it serves, whether
+    it is needed.
+
+    Args:
+        holds: The relation it holds ("" for none).
+        serves: Whom it serves (``"position: 0,1,2; token: 3"``), "" when it serves no subset,
+            None when the division of labour was not measured.
+        needed, backed_up, dead: Its flags.
+
+    Example:
+        >>> head_finding("previous", "position: 1,2,3", True, False, False)
+        'looks at previous; serves position: 1,2,3; needed'
+        >>> head_finding("", None, False, True, False)
+        'looks at no known relation; whom it serves not measured; backed up'
+    """
+    where = f"looks at {holds}" if holds else "looks at no known relation"
+    if serves is None:
+        whom = "whom it serves not measured"
+    else:
+        whom = f"serves {serves}" if serves else "serves every value alike"
+    need = "dead" if dead else "needed" if needed else BACKED_UP if backed_up else "not needed"
+    return f"{where}; {whom}; {need}"
 
 
 def role_targets(task: Task) -> dict[str, str]:
@@ -266,7 +293,9 @@ def label_heads(
         role_p_adj, role_evenness, roles, mixed_roles, top_role, top_score, top_effect,
         top_p_adj, explained, unexplained, explained_chance, output_ratio, holds, needed,
         backed_up, dead, redundant_with, total_damage, loss_increase, causal_target,
-        causal_selectivity, causal_p_adj, causal_specialized, causal_support``; ``role`` (=
+        causal_selectivity, causal_p_adj, causal_specialized, causal_support, serves,
+        finding``; ``finding`` says what the head does on every axis (:func:`head_finding`;
+        ``serves`` is filled when the division of labour is attached); ``role`` (=
         ``holds``) is the distinct role ("" when none; ``count:<set>`` for a counting head),
         ``roles`` every significant one, ``top_*`` the largest effect whether significant or
         not, ``explained`` the share of the head's attention on the union of the known roles
@@ -339,4 +368,26 @@ def label_heads(
                 ),
             }
         )
-    return pd.DataFrame(records)
+    table = pd.DataFrame(records)
+    table["serves"] = None  # the division test fills it (attach_division)
+    table["finding"] = findings(table)
+    return table
+
+
+def findings(heads: pd.DataFrame) -> list[str]:
+    """:func:`head_finding` of every row of a per-head table (``holds, serves, needed,
+    backed_up, dead``; ``serves`` None or NaN: not measured)."""
+    serves = heads["serves"] if "serves" in heads.columns else [None] * len(heads)
+    return [
+        head_finding(
+            str(h) if isinstance(h, str) else "",
+            s if isinstance(s, str) else None,
+            bool(n),
+            bool(b),
+            bool(d),
+        )
+        for h, s, n, b, d in zip(
+            heads["holds"], serves, heads["needed"], heads["backed_up"], heads["dead"],
+            strict=True,
+        )
+    ]  # fmt: skip

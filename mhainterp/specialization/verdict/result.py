@@ -64,12 +64,14 @@ HEAD_COLUMNS = [
     "causal_p_adj",
     "causal_specialized",
     "causal_support",
+    "serves",
+    "finding",
 ]
 """Columns of :attr:`SpecializationResult.heads` (see :func:`label_heads`)."""
 
 _TEXT_COLUMNS = (
     "role", "holds", "roles", "mixed_roles", "top_role", "redundant_with", "causal_target",
-    "changed",
+    "changed", "finding",
 )  # fmt: skip
 """String columns whose empty values CSV reads back as NaN."""
 
