@@ -455,7 +455,7 @@ def _sweep_specialization_blocks(
                 sweep_dir / "specialization_vs_heads.png",
                 spec.runs,
             ),
-            "Relations covered and heads per relation (counts), redundant and dead shares of "
+            "Relations covered and heads per relation (counts), backed-up and dead shares of "
             "heads, and accuracy vs h (points = seeds).",
         )
     ]

@@ -738,7 +738,7 @@ def test_figures_show_the_tables(hand_result, tmp_path):
             "seed": [0, 1, 0, 1],
             "n_relations": [1, 1, 2, 3],
             "heads_per_relation": [1.0, 1.0, 1.0, math.nan],
-            "frac_redundant": [0.0, 0.0, 0.5, 0.0],
+            "frac_backed_up": [0.0, 0.0, 0.5, 0.0],
             "frac_dead": [0.0, 0.0, 0.0, 0.5],
             "accuracy": [0.5, 0.6, 0.8, 0.9],
         }
@@ -748,7 +748,7 @@ def test_figures_show_the_tables(hand_result, tmp_path):
     assert labels == [
         "relations covered (a count)",
         "heads per relation (a count)",
-        "redundant share of heads",
+        "backed-up share of heads",
         "dead share of heads",
         "validation accuracy",
     ]

@@ -6,7 +6,7 @@ the CSV it was drawn from (:func:`mhainterp.figures._common.save_figure`).
 
 - :func:`role_heatmap`: heads x roles, the role score, with significance marks;
 - :func:`causal_matrix_figure`: heads x targets, the accuracy drop when the head is removed;
-- :func:`specialization_vs_heads`: relations covered and heads per relation (counts), redundant
+- :func:`specialization_vs_heads`: relations covered and heads per relation (counts), backed-up
   and dead shares and accuracy against head count (every seed a point, mean ± std a bar);
 - :func:`consistency_figure`: cross-seed consistency against random matching and the
   role-shuffled null, per head count.
@@ -181,14 +181,14 @@ def causal_matrix_figure(causal: pd.DataFrame, *, max_runs: int = 4) -> plt.Figu
 _SWEEP_METRICS = (  # (column, label, is a count): counts and shares get separate panels
     ("n_relations", "relations covered (a count)", True),
     ("heads_per_relation", "heads per relation (a count)", True),
-    ("frac_redundant", "redundant share of heads", False),
+    ("frac_backed_up", "backed-up share of heads", False),
     ("frac_dead", "dead share of heads", False),
     ("accuracy", "validation accuracy", False),
 )
 
 
 def specialization_vs_heads(runs: pd.DataFrame) -> plt.Figure:
-    """Relations covered and heads per relation (counts), redundant and dead shares and
+    """Relations covered and heads per relation (counts), backed-up and dead shares and
     accuracy against head count.
 
     One row of panels per task; every seed is a point (jittered), the mean ± sample std over
@@ -197,7 +197,7 @@ def specialization_vs_heads(runs: pd.DataFrame) -> plt.Figure:
 
     Args:
         runs: :attr:`SweepSpecialization.runs` (``task, n_heads, seed, n_relations,
-            heads_per_relation, frac_redundant, frac_dead`` and ``val_accuracy`` or
+            heads_per_relation, frac_backed_up, frac_dead`` and ``val_accuracy`` or
             ``accuracy``; ``heads_per_relation`` is NaN for a seed without a relation).
 
     Example:
@@ -263,7 +263,7 @@ def specialization_vs_heads(runs: pd.DataFrame) -> plt.Figure:
             if row == 0 and col == 0:
                 ax.legend(fontsize=7, loc="best")
     fig.suptitle(
-        "Relations covered, heads per relation, redundant and dead heads, accuracy vs h "
+        "Relations covered, heads per relation, backed-up and dead heads, accuracy vs h "
         "(points = seeds)"
     )
     fig.tight_layout()

@@ -17,7 +17,7 @@ measurement:
 ``redundancy``    similar heads that back each other up (pairs, and groups of 3 or more)
 ``consistency``   the same roles across seeds: Hungarian matching vs random matching
 ``settings``      :class:`SpecializationSettings`: every threshold, validated
-``labels``        one label per head: dead > redundant > role (or count:<set>) >
+``labels``        one label per head: dead > backed up > role (or count:<set>) >
                   unspecialized (mixing), and the flags holds / needed / backed_up / dead
 ``stability``     the labels re-decided with every threshold x 0.8 and x 1.25, from the
                   saved evidence (no forward pass)

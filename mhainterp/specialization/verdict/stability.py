@@ -214,8 +214,9 @@ def stability_summary(table: pd.DataFrame) -> pd.DataFrame:
     Example:
         >>> t = pd.DataFrame({"run": ["r"] * 2, "threshold": ["mix_ratio"] * 2,
         ...     "factor": [0.8, 1.25], "n_heads": [4, 4], "changed": ["L0H1", ""]})
-        >>> stability_summary(t).loc[0, ["threshold", "share_any"]].tolist()
-        ['mix_ratio', 0.25]
+        >>> row = stability_summary(t).iloc[0]
+        >>> row["threshold"], float(row["share_any"])
+        ('mix_ratio', 0.25)
     """
     if not len(table):
         return pd.DataFrame(columns=["threshold", "share_any", "n_heads"])
