@@ -467,8 +467,8 @@ def _sweep_specialization_blocks(
                     sweep_dir / "consistency.png",
                     result.consistency,
                 ),
-                "Cross-seed consistency of role profiles vs random matching and "
-                "role-shuffled profiles.",
+                "Cross-seed consistency of role profiles vs random matching and the null "
+                "the p is computed against: heads shuffled across seeds (role marginals kept).",
             )
         )
     first_seed = spec.runs.groupby("n_heads", sort=True).head(1)["run"].tolist()

@@ -9,7 +9,7 @@ the CSV it was drawn from (:func:`mhainterp.figures._common.save_figure`).
 - :func:`specialization_vs_heads`: relations covered and heads per relation (counts), backed-up
   and dead shares and accuracy against head count (every seed a point, mean ± std a bar);
 - :func:`consistency_figure`: cross-seed consistency against random matching and the
-  role-shuffled null, per head count.
+  head-shuffled null (heads dealt across seeds at random), per head count.
 """
 
 from __future__ import annotations
@@ -274,7 +274,7 @@ def consistency_figure(consistency: pd.DataFrame) -> plt.Figure:
     """Cross-seed consistency of role profiles per head count, against its two nulls.
 
     Every run pair is a point; for each head count a black bar marks the mean observed
-    consistency, a grey dash the random-matching null and a red dash the role-shuffled null.
+    consistency, a grey dash the random-matching null and a red dash the head-shuffled null.
 
     Args:
         consistency: :attr:`SpecializationResult.consistency` (``task, n_heads, consistency,
@@ -304,7 +304,12 @@ def consistency_figure(consistency: pd.DataFrame) -> plt.Figure:
             x, means["random_matching"], marker="_", s=700, color="grey", label="random matching"
         )
         ax.scatter(
-            x, means["null_shuffled"], marker="_", s=700, color="tab:red", label="role-shuffled"
+            x,
+            means["null_shuffled"],
+            marker="_",
+            s=700,
+            color="tab:red",
+            label="heads shuffled across seeds",
         )
         ax.set_xticks(x, [f"h={h}" for h in heads])
         ax.set_ylim(-0.05, 1.05)
