@@ -34,12 +34,17 @@ __all__ = [
     "Image",
     "Paragraph",
     "Table",
+    "format_p",
     "format_value",
     "html_table",
     "markdown_table",
     "render_html",
     "render_markdown",
+    "split_columns",
 ]
+
+MAX_COLUMNS = 8
+"""The widest table a report shows (wider ones are split): 8 columns fit 1,280 px."""
 
 
 # ----------------------------------------------------------------------------- tables
@@ -63,6 +68,25 @@ def format_value(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def format_p(p: float | None, floor: float | None = None) -> str:
+    """A p-value in text: ``"p = 0.031"``; ``"p < 0.001"`` when it sits at its ``floor`` (the
+    smallest value its null can give, e.g. ``1 / (1 + M)`` for M draws: a bound, not a
+    measurement); ``"p < 1e-10"`` for tiny values; ``"p n/a"`` for NaN or None.
+
+    Example:
+        >>> format_p(0.0312), format_p(1 / 1001, 1 / 1001), format_p(float("nan"))
+        ('p = 0.031', 'p < 0.001', 'p n/a')
+    """
+    if p is None or math.isnan(float(p)):
+        return "p n/a"
+    p = float(p)
+    if floor is not None and not math.isnan(float(floor)) and p <= float(floor) * (1 + 1e-9):
+        return f"p < {float(floor):.2g}"
+    if p < 1e-10:
+        return "p < 1e-10"
+    return f"p = {p:.2g}"
+
+
 def markdown_table(df: pd.DataFrame, digits: int = 3) -> str:
     """A GitHub-flavoured Markdown table of ``df`` (index dropped; ``|`` escaped).
 
@@ -80,6 +104,23 @@ def markdown_table(df: pd.DataFrame, digits: int = 3) -> str:
     rule = "|" + "|".join("---" for _ in df.columns) + "|"
     body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
     return "\n".join([header, rule, *body])
+
+
+def split_columns(df: pd.DataFrame, max_columns: int = MAX_COLUMNS) -> list[pd.DataFrame]:
+    """``df`` cut into tables of at most ``max_columns`` columns, each repeating the first
+    column (the row's key: a head, a head count, a comparison) so every part reads alone.
+
+    Example:
+        >>> wide = pd.DataFrame([range(12)], columns=[f"c{i}" for i in range(12)])
+        >>> [list(t.columns) for t in split_columns(wide, 6)]  # doctest: +NORMALIZE_WHITESPACE
+        [['c0', 'c1', 'c2', 'c3', 'c4', 'c5'], ['c0', 'c6', 'c7', 'c8', 'c9', 'c10'],
+         ['c0', 'c11']]
+    """
+    if len(df.columns) <= max_columns:
+        return [df]
+    key, rest = df.columns[0], list(df.columns[1:])
+    width = max_columns - 1
+    return [df[[key, *rest[i : i + width]]] for i in range(0, len(rest), width)]
 
 
 # ----------------------------------------------------------------------------- blocks
@@ -128,7 +169,8 @@ def render_markdown(blocks: list[Block], out_dir: Path) -> str:
         elif isinstance(block, Table):
             if block.caption:
                 lines += [f"*{block.caption}*", ""]
-            lines += [markdown_table(block.df), ""]
+            for part in split_columns(block.df):
+                lines += [markdown_table(part), ""]
         elif isinstance(block, Image):
             rel = Path(os.path.relpath(block.path, out_dir)).as_posix()
             lines += [
@@ -179,7 +221,7 @@ def render_html(blocks: list[Block], title: str) -> str:
         elif isinstance(block, Table):
             if block.caption:
                 parts.append(f"<p><em>{html.escape(block.caption)}</em></p>")
-            parts.append(html_table(block.df))
+            parts += [html_table(part) for part in split_columns(block.df)]
         elif isinstance(block, Image):
             data = base64.b64encode(block.path.read_bytes()).decode("ascii")
             caption = html.escape(block.caption)

@@ -35,7 +35,7 @@ from typing import Any
 
 import pandas as pd
 
-from mhainterp.io import read_json, write_csv, write_text
+from mhainterp.io import read_json, write_text
 from mhainterp.render import (
     Block,
     Bullets,
@@ -101,7 +101,8 @@ def _analysis_blocks(run_dir: Path, level: int, only: tuple[str, ...] | None = N
 def _head_table(result: SpecializationResult) -> pd.DataFrame:
     columns = {
         "head_label": "head",
-        "label": "label",
+        "finding": "what it does (where it looks; whom it serves; needed)",
+        "label": "attention label",
         "holds": "holds",
         "needed": "needed",
         "backed_up": "backed up",
@@ -116,17 +117,18 @@ def _head_table(result: SpecializationResult) -> pd.DataFrame:
         "total_damage": "acc drop if removed",
         "causal_target": "hurts most",
         "causal_selectivity": "selectivity",
-        "redundant_with": "redundant with",
+        "redundant_with": "backed up by",
     }
     present = [c for c in columns if c in result.heads.columns]  # older saved results lack some
     return result.heads[present].rename(columns=columns)
 
 
 _HEAD_CAPTION = (
-    "Per head: label and evidence. holds = the relation it holds (count:… = spread evenly "
-    "over the set, +sink = with the first position as a sink), needed = removing it alone "
-    "costs accuracy, backed up = redundant; explained = share of its attention on the union of "
-    "the known relations, unexplained = the rest."
+    "Per head: what it does on every axis, then the evidence. holds = the relation it holds "
+    "(count:… = spread evenly over the set, +sink = with the first position as a sink), needed "
+    "= removing it alone costs accuracy, backed up = removing it alone costs nothing because "
+    "others carry its work, dead = writes almost nothing and removing it costs nothing; "
+    "explained = share of its attention on the union of the known relations."
 )
 
 
@@ -150,7 +152,7 @@ _STABILITY_CAPTION = (
 _GROUP_CAPTION = (
     "Groups of three or more heads (alike, or holding one role) removed as a whole: loss "
     "increase with all removed, and with all but one removed (mean over which one is kept). "
-    "backup = 1 − kept-one / all; redundant when at least the backup ratio."
+    "backup = 1 − kept-one / all; backed up when at least the backup ratio."
 )
 
 
@@ -161,7 +163,7 @@ def _group_table(result: SpecializationResult) -> pd.DataFrame:
         "damage_all": "loss ↑, all removed",
         "damage_keep_one_mean": "loss ↑, one kept",
         "backup": "backup",
-        "redundant": "redundant",
+        "redundant": "backed up",
     }
     return result.redundancy_groups[list(columns)].rename(columns=columns)
 
@@ -326,13 +328,14 @@ def _sweep_blocks(
     sweep_dir: Path, settings: SpecializationSettings | None, level: int
 ) -> tuple[list[Block], Verdict, list[str]]:
     """A sweep's section, its verdict, and its findings (one line each)."""
-    from mhainterp.sweep import summarize
+    from mhainterp.sweep import SweepSummary
 
     config = read_json(sweep_dir / "sweep.json")
     results = read_results(sweep_dir)
-    summary = summarize(results)
-    write_csv(sweep_dir / "summary_table.csv", summary.table)
-    write_csv(sweep_dir / "summary_comparisons.csv", summary.comparisons)
+    try:
+        summary = SweepSummary.load(sweep_dir)
+    except FileNotFoundError:
+        summary = None
     train = config["train"]
     blocks: list[Block] = [
         Paragraph(
@@ -342,17 +345,11 @@ def _sweep_blocks(
             f"{{{', '.join(map(str, config['seeds']))}}}; {train['steps']} steps at lr "
             f"{train['lr']}. {_params_sentence(results)}"
         ),
-        Heading("Head count vs accuracy", level),
-        Table(_summary_display(summary.table), "Seed table (mean and sample std over seeds)."),
     ]
-    if len(summary.comparisons):
-        blocks.append(
-            Table(
-                summary.comparisons.drop(columns=["task"]),
-                "Differences between head counts: Welch's test, bootstrap CI, seed-spread rule.",
-            )
-        )
-    blocks.append(Bullets(summary.notes))
+    if summary is None:
+        blocks += _missing("Head count vs accuracy", sweep_dir, "seed table", None, level)
+    else:
+        blocks += _seed_table_blocks(summary, level)
     blocks += [Image(p, c) for p, c in _sweep_figures(sweep_dir, results)]
     spec = _saved_sweep(sweep_dir, settings)
     if spec is None:
@@ -363,10 +360,36 @@ def _sweep_blocks(
     blocks += _division_blocks([Path(r) for r in results["run_dir"]], sweep_dir, level)
     for row in results.itertuples(index=False):
         blocks += _analysis_blocks(Path(row.run_dir), level, SWEEP_ANALYSIS_FIGURES)
-    findings = [n for n in summary.notes if "exceeds the seed spread" in n or "no difference" in n]
+    evidence = [] if summary is None else [n for n in summary.notes if "seed spread" in n]
     if spec is None:
-        return blocks, Verdict([]), findings
-    return blocks, spec.result.verdict, [*findings, *spec.notes[:1]]
+        return blocks, Verdict([]), evidence
+    return blocks, spec.result.verdict, _findings(spec, evidence)
+
+
+def _seed_table_blocks(summary: Any, level: int) -> list[Block]:
+    """The saved seed table, its comparisons (each with its test and Holm p) and notes."""
+    blocks: list[Block] = [
+        Heading("Head count vs accuracy", level),
+        Table(_summary_display(summary.table), "Seed table (mean and sample std over seeds)."),
+    ]
+    if len(summary.comparisons):
+        shown = summary.comparisons.drop(columns=["task"])
+        caption = (
+            "Differences between head counts: Welch's test (an exact permutation p where no "
+            f"group varies), Holm-corrected over the task's comparisons at {summary.alpha:g}."
+        )
+        blocks.append(Table(shown, caption))
+    return [*blocks, Bullets(summary.notes)]
+
+
+def _findings(spec: SweepSpecialization, evidence: list[str]) -> list[str]:
+    """Per task: ONE headline sentence per head count (the division call, from the saved
+    verdict), then the evidence (accuracy and specialization comparisons, Holm-corrected)."""
+    out = []
+    for task, headlines in spec.result.verdict.headlines().items():
+        out.append(f"{task}: " + " ".join(headlines))
+    comparisons = [n for n in spec.notes if "smallest vs largest h" in n]
+    return [*out, *evidence, *comparisons]
 
 
 def _sweep_figures(sweep_dir: Path, results: pd.DataFrame) -> list[tuple[Path, str]]:
@@ -420,7 +443,7 @@ def _sweep_specialization_blocks(
     result = spec.result
     blocks: list[Block] = [
         Heading(SWEEP_HEADING, level),
-        Table(display_summary(spec.summary), "Per head count, over seeds."),
+        *[Table(table, f"{caption}.") for caption, table in display_summary(spec.summary)],
         Bullets(spec.notes),
         Paragraph("Verdicts per head count:"),
         Bullets(result.verdict.lines),
@@ -433,7 +456,7 @@ def _sweep_specialization_blocks(
                 sweep_dir / "specialization_vs_heads.png",
                 spec.runs,
             ),
-            "Relations covered and heads per relation (counts), redundant and dead shares of "
+            "Relations covered and heads per relation (counts), backed-up and dead shares of "
             "heads, and accuracy vs h (points = seeds).",
         )
     ]
@@ -445,8 +468,8 @@ def _sweep_specialization_blocks(
                     sweep_dir / "consistency.png",
                     result.consistency,
                 ),
-                "Cross-seed consistency of role profiles vs random matching and "
-                "role-shuffled profiles.",
+                "Cross-seed consistency of role profiles vs random matching and the null "
+                "the p is computed against: heads shuffled across seeds (role marginals kept).",
             )
         )
     first_seed = spec.runs.groupby("n_heads", sort=True).head(1)["run"].tolist()

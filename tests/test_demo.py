@@ -101,7 +101,7 @@ def test_demo_runs_both_sweeps_analyses_heads_and_writes_the_report(tmp_path, ca
     assert "### count_previous" in printed and "### reverse" in printed
     # each sweep's specialization answer is printed, counts apart from shares
     assert "### reverse: do the heads specialize?" in printed
-    assert "| relations covered (count) |" in printed and "| dead (share) |" in printed
+    assert "| relations covered (count) |" in printed and "*Shares of all heads" in printed
     for task in ("count_previous", "reverse"):
         results = pd.read_csv(out / task / "results.csv")
         assert results[["n_heads", "seed"]].values.tolist() == [[1, 0], [1, 1], [2, 0], [2, 1]]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import math
+from pathlib import Path
 
 import pandas as pd
 
@@ -68,3 +69,14 @@ def test_render_html_escapes_and_embeds_images(tmp_path):
 def test_html_table_formats_cells_like_markdown():
     table = html_table(pd.DataFrame({"p": [0.123456], "who": ["<b>"]}))
     assert "<td>0.123</td>" in table and "<td>&lt;b&gt;</td>" in table
+
+
+def test_wide_tables_are_split_and_keep_their_key_column():
+    from mhainterp.render import Table, render_markdown, split_columns
+
+    wide = pd.DataFrame([list(range(16))], columns=[f"c{i}" for i in range(16)])
+    parts = split_columns(wide)
+    assert [len(p.columns) for p in parts] == [8, 8, 2]
+    assert all(p.columns[0] == "c0" for p in parts)
+    md = render_markdown([Table(wide)], Path("."))
+    assert md.count("| c0 |") == 3 and "c15" in md

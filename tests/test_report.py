@@ -5,6 +5,7 @@ of the tables they were generated from; the sweep-level specialization is cached
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 from pathlib import Path
 
@@ -148,8 +149,13 @@ def test_report_computes_nothing_and_says_what_is_missing(sweeps, tmp_path):
     md = md_path.read_text(encoding="utf-8")
     assert f"Not in this report: {sweep} has no saved sweep-level specialization results" in md
     assert f"`mhainterp specialize {sweep}`" in md
-    assert "| val acc (seed mean) |" in md  # the seed table is there
+    # The seed table and its tests are computed and saved by the sweep summary, not here.
+    assert f"Not in this report: {sweep} has no saved seed table" in md
     assert not (sweep / "specialization_notes.json").exists()
+    assert not (sweep / "summary_table.csv").exists()  # the report writes no table
+    summarize(pd.read_csv(sweep / "results.csv")).save(sweep)
+    md = write_report(sweep)[0].read_text(encoding="utf-8")
+    assert "| val acc (seed mean) |" in md and "Holm-corrected" in md
     # Results saved with other settings count as missing when settings are asked for.
     run_dir = sweeps / "count_previous" / "runs" / "h2_seed0"
     cached_specialization(run_dir, SpecializationSettings(n_eval=N_SEQUENCES))
@@ -273,3 +279,19 @@ def test_run_report_shows_groups_tested_as_a_whole(tmp_path):
     row = next(line for line in md.splitlines() if "L0H0,L0H1,L0H2" in line)
     assert "similarity+role:previous" in row and "True" in row
     assert "similarity+role:previous" in html_path.read_text(encoding="utf-8")
+
+
+def test_report_reads_as_a_document(report):
+    md, _ = report
+    levels = [len(m.group(1)) for m in re.finditer(r"^(#+) ", md, flags=re.M)]
+    assert levels[0] == 1 and all(b - a <= 1 for a, b in itertools.pairwise(levels)), levels
+    widths = [line.count("|") - 1 for line in md.splitlines() if line.startswith("|")]
+    assert max(widths) <= 8  # no table scrolls at 1,280 px
+    assert re.search(r"\b1 heads\b", md) is None and "nan vs null nan" not in md
+    assert "redundant (" not in md  # one vocabulary: backed up
+    # The Findings lead each task with one sentence per head count, then the evidence.
+    findings = md.split("## Findings", 1)[1].split("\n## ", 1)[0]
+    first = findings.strip().splitlines()[0]
+    assert (
+        first.startswith("- count_previous: h=1 (1 head, 2 seeds): ") and " h=2 (2 heads, " in first
+    )

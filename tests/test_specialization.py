@@ -163,9 +163,9 @@ def test_corrections_leave_nan_out_of_the_family():
     np.testing.assert_allclose(holm([0.04, math.nan, 0.01]), [0.04, math.nan, 0.02])
     np.testing.assert_allclose(benjamini_hochberg([0.04, math.nan, 0.01]), [0.04, math.nan, 0.02])
     np.testing.assert_allclose(adjust_pvalues([0.2, 0.01], "none"), [0.2, 0.01])
-    with pytest.raises(ValueError, match="correction='bonferroni'.*holm, bh, none"):
+    with pytest.raises(ValueError, match="correction='bonferroni' is invalid: one of 'holm'"):
         adjust_pvalues([0.1], "bonferroni")
-    with pytest.raises(ValueError, match=r"must lie in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"values in \[0, 1\]"):
         holm([1.5])
 
 
@@ -340,13 +340,13 @@ def test_hand_model_verdict_text(hand_result):
     text = hand_result.verdict.text
     assert "multi_relation, h=3, seed 0" in text
     assert (
-        "2 heads of 3 hold 2 relations (mirror: 1 head (L0H1); previous: 1 head (L0H0); "
+        "2 of 3 heads hold 2 relations (mirror: 1 head (L0H1); previous: 1 head (L0H0); "
         "each p < 0.05 after Holm correction against both nulls, effect ≥ 0.3); 2 of 3 needed"
     ) in text
     assert "0 backed up, 1 dead." in text
     assert "Division of labour not measured (no division table)" in text
     assert "Labels are stable: none changes with any threshold x 0.8 or x 1.25." in text
-    assert "Labels: 0 redundant (none); 1 dead (L0H2); 0 unspecialized (none)." in text
+    assert "Labels: 0 backed up by a partner (none); 1 dead (L0H2); 0 unspecialized (none)." in text
     null = hand_result.runs.iloc[0]["causal_null"]
     assert f"Causal selectivity 1.00 vs permutation null {null:.2f} (p = 0.001)" in text
     assert "Ablation backs 2 of 2 role heads" in text
@@ -378,9 +378,9 @@ def test_handbuilt_bidirectional_previous_mirror_dead(previous_task):
 @pytest.mark.parametrize(
     ("kinds", "labels"),
     [
-        (["previous", "previous"], ["redundant", "redundant"]),
-        (["previous", "previous", "previous"], ["redundant"] * 3),
-        (["previous", "uniform", "previous"], ["redundant", "unspecialized", "redundant"]),
+        (["previous", "previous"], ["backed up", "backed up"]),
+        (["previous", "previous", "previous"], ["backed up"] * 3),
+        (["previous", "uniform", "previous"], ["backed up", "unspecialized", "backed up"]),
     ],
 )
 def test_copies_are_redundant(previous_task, kinds, labels):
@@ -391,9 +391,10 @@ def test_copies_are_redundant(previous_task, kinds, labels):
     pairs = result.redundancy[result.redundancy["redundant"]]
     assert sorted(set(pairs["head_a"]) | set(pairs["head_b"])) == copies
     assert (pairs["similarity"] > 0.999).all() and (pairs["backup"] > 0.99).all()
-    assert f"{len(copies)} redundant ({' = '.join(copies)}: previous)" in result.verdict.text
+    text = result.verdict.text
+    assert f"{len(copies)} backed up by a partner ({' = '.join(copies)}: previous)" in text
     # Backed up, not holding nothing: the copies hold one relation between them.
-    assert f"{len(copies)} heads of {len(kinds)} hold 1 relation (previous: " in result.verdict.text
+    assert f"{len(copies)} of {len(kinds)} heads hold 1 relation (previous: " in text
     assert result.heads["redundant_with"].iloc[0] == ",".join(copies[1:])
     groups = result.redundancy_groups
     if len(copies) == 3:  # one group, found by similarity and by the shared role
@@ -597,7 +598,8 @@ def _verdict(**changes) -> RunVerdict:
 def test_verdict_text_is_generated_from_the_numbers():
     text = _verdict().text
     assert text.startswith(
-        "multi_relation, h=4, seed 0 (accuracy 0.950): 3 heads of 4 hold 3 relations (mirror: 1 "
+        "multi_relation, h=4, seed 0 (accuracy 0.950): Headline: the division of labour was not "
+        "measured. 3 of 4 heads hold 3 relations (mirror: 1 "
         "head (L0H1); previous: 1 head (L0H0); same_token_upto: 1 head (L0H3); each p < 0.01 "
         "after Holm correction"
     )
@@ -619,7 +621,7 @@ def test_verdict_text_is_generated_from_the_numbers():
         causal_p=0.2,
         correction="bh",
     ).text
-    assert "1 head of 4 hold 1 relation (mirror: 1 head (L0H1)" in changed
+    assert "1 of 4 heads holds 1 relation (mirror: 1 head (L0H1)" in changed
     assert "Benjamini-Hochberg" in changed
     assert "3 unspecialized (L0H0, L0H2, L0H3)" in changed
     assert "Causal selectivity 0.35 vs permutation null 0.31 (p = 0.2)" in changed
@@ -649,10 +651,13 @@ def test_group_verdict_summarises_seeds():
         "multi_relation, h=4, 4 heads, 3 seeds (mean ± std): relations covered 2.33 ± 1.15 (a "
         "count; per seed 3, 1, 3), heads per relation 1.00 ± 0.00 (a count); needed share "
         "0.50 ± 0.00 (needed but holding no known relation 0.08 ± 0.14), backed-up share "
-        "0.00 ± 0.00, redundant share 0.00 ± 0.00, dead share 0.25 ± 0.00."
+        "0.00 ± 0.00, dead share 0.25 ± 0.00."
     )
     assert "mirror (2/3 seeds), previous (3/3 seeds), same_token_upto (2/3 seeds)" in line
-    assert "0.90 vs random matching 0.40 and role-shuffled null 0.50 (p = 0.01)" in line
+    assert (
+        "0.90, +0.50 over a random matching (0.40); null used: heads shuffled across seeds, "
+        "0.50 (p = 0.01)"
+    ) in line
     assert verdict.caveats[2].startswith("3 seeds per task and head count")
 
 
@@ -671,15 +676,15 @@ def test_group_verdict_names_roles_held_by_redundant_groups():
     assert (
         "heads per relation 4.00 ± 0.00 (a count; n = 2 of 3 seeds, those with a relation)" in line
     )
-    assert "backed-up share 0.67 ± 0.58, redundant share 0.67 ± 0.58, dead share 0.00" in line
+    assert "backed-up share 0.67 ± 0.58, dead share 0.00" in line
     assert "Relations: mirror (2/3 seeds)" in line
 
 
 def test_verdict_counts_equal_the_head_table(hand_result):
     heads = hand_result.heads
-    n_role = int((~heads["label"].isin(["unspecialized", "redundant", "dead"])).sum())
+    n_role = int((~heads["label"].isin(["unspecialized", "backed up", "dead"])).sum())
     n_holding = int((heads["holds"] != "").sum())
-    assert f"{n_holding} heads of {len(heads)} hold" in hand_result.verdict.text
+    assert f"{n_holding} of {len(heads)} heads hold" in hand_result.verdict.text
     assert hand_result.runs.iloc[0]["n_role"] == n_role
     assert hand_result.runs.iloc[0]["n_relations"] == 2
     assert hand_result.runs.iloc[0]["heads_per_relation"] == 1.0
@@ -733,7 +738,7 @@ def test_figures_show_the_tables(hand_result, tmp_path):
             "seed": [0, 1, 0, 1],
             "n_relations": [1, 1, 2, 3],
             "heads_per_relation": [1.0, 1.0, 1.0, math.nan],
-            "frac_redundant": [0.0, 0.0, 0.5, 0.0],
+            "frac_backed_up": [0.0, 0.0, 0.5, 0.0],
             "frac_dead": [0.0, 0.0, 0.0, 0.5],
             "accuracy": [0.5, 0.6, 0.8, 0.9],
         }
@@ -743,7 +748,7 @@ def test_figures_show_the_tables(hand_result, tmp_path):
     assert labels == [
         "relations covered (a count)",
         "heads per relation (a count)",
-        "redundant share of heads",
+        "backed-up share of heads",
         "dead share of heads",
         "validation accuracy",
     ]
@@ -817,19 +822,19 @@ def test_summary_table_known_values():
     assert h4["accuracy_mean"] == pytest.approx(0.9) and h4["accuracy_std"] == 0.0
     assert h4["consistency"] == 0.8 and h4["consistency_p"] == 0.02
     assert math.isnan(h1["consistency"])
-    shown = display_summary(table)
-    assert "share with a role" not in shown.columns
-    assert shown["relations covered (count)"].tolist() == ["1.00 ± 0.00", "1.00 ± 1.41"]
-    assert shown["division by token"].tolist() == [
-        "undefined (< 2 heads do damage)",
+    tables = display_summary(table)
+    assert all(len(t.columns) <= 8 for _, t in tables)  # none scrolls at 1,280 px
+    shown = {column: t[column].tolist() for _, t in tables for column in t.columns}
+    assert "redundant" not in shown  # one vocabulary: backed up
+    assert shown["relations covered (count)"] == ["1.00 ± 0.00", "1.00 ± 1.41"]
+    assert shown["by token"] == [
+        "undefined (fewer than 2 heads do damage)",
         "0.25 ± 0.07 vs 0.02 (2/2 beyond)",
     ]
-    assert shown["division by position"].tolist() == [
-        "not measured",
-        "0.20 ± 0.14 vs 0.05 (1/2 beyond)",
-    ]
-    assert "division by target" not in shown.columns  # not measured: no column
-    assert "causal selectivity" not in shown.columns  # single-target: no column
+    assert shown["by position"] == ["not measured", "0.20 ± 0.14 vs 0.05 (1/2 beyond)"]
+    assert "by target" not in shown  # not measured: no column
+    assert "causal selectivity" not in shown  # single-target: no column
+    assert shown["margin"][1] == pytest.approx(0.5)  # consistency over random matching
 
 
 # ----------------------------------------------------------------------------- counting, nesting
@@ -948,7 +953,7 @@ def test_relabelling_counts_exactly_the_labels_that_move():
     evidence = _evidence(effect=0.33, backup=0.55)
     decisions, needed, untested = relabel(evidence, settings)
     labels = {h: d.label for h, d in decisions.items()}
-    assert labels == {"L0H0": "previous", "L0H1": "redundant", "L0H2": "redundant"}
+    assert labels == {"L0H0": "previous", "L0H1": "backed up", "L0H2": "backed up"}
     assert needed == {"L0H0": True, "L0H1": False, "L0H2": False} and untested == 0
     table = run_stability("r", evidence, labels, settings)
     moved = table[table["n_changed"] > 0][["threshold", "factor", "changed"]].values.tolist()
@@ -1022,11 +1027,11 @@ def test_mirror_copies_read_as_one_relation_and_no_division():
     task = get_task("reverse", seq_len=T, d_vocab=V)
     model = handbuilt_model(["mirror"] * 4, causal=False)
     result = specialization_test(model, task, n_eval=64, n_permutations=100)
-    assert result.heads["label"].tolist() == ["redundant"] * 4
+    assert result.heads["label"].tolist() == ["backed up"] * 4
     assert result.heads["holds"].tolist() == ["mirror"] * 4
     assert not result.heads["needed"].any()
     text = result.verdict.text
-    assert "4 heads of 4 hold 1 relation (mirror: 4 heads (L0H0, L0H1, L0H2, L0H3);" in text
+    assert "4 of 4 heads hold 1 relation (mirror: 4 heads (L0H0, L0H1, L0H2, L0H3);" in text
     assert "0 of 4 needed" in text and "4 backed up, 0 dead." in text
     assert "does not say whether the heads divide the work" in text
     assert re.search(r"\bspecialized\b", text) is None  # no division claimed without the table
@@ -1037,15 +1042,21 @@ def test_mirror_copies_read_as_one_relation_and_no_division():
     attached = attach_division(result, inside)
     text = attached.verdict.text
     assert (
-        "Division index by token 0.01 vs null 0.02 (p = 0.7, inside its null); by position 0.02 "
-        "vs null 0.02 (p = 0.5, inside its null): not specialized: the heads divide the work "
-        "along none of the axes tested."
+        "Division of labour: by token not divided (index 0.01 vs null 0.02 (p = 0.7)); by "
+        "position not divided (index 0.02 vs null 0.02 (p = 0.5))."
     ) in text
+    assert "Headline: the heads do not divide the work along any axis tested." in text
     assert attached.runs.iloc[0]["specialized_along"] == ""
     beyond = inside.assign(index=[0.4, 0.02], p=[0.001, 0.5])
-    assert "specialized (the heads divide the work) along token." in (
+    assert "Headline: the heads divide the work along token." in (
         attach_division(result, beyond).verdict.text
     )
+    # Undefined indices say why, never "nan vs null nan".
+    undefined = inside.assign(index=[float("nan")] * 2, null_index=[float("nan")] * 2)
+    text = attach_division(result, undefined).verdict.text
+    assert "nan" not in text
+    assert "by token cannot tell (undefined (fewer than 2 heads do damage))" in text
+    assert "Headline: cannot tell whether the heads divide the work" in text
 
 
 def test_group_verdict_reads_the_division_of_every_seed():
@@ -1056,9 +1067,15 @@ def test_group_verdict_reads_the_division_of_every_seed():
     assert "relations covered 1.00 ± 0.00 (a count; per seed 1, 1, 1), heads per relation " in line
     assert "8.00 ± 0.00 (a count)" in line
     assert (
-        "Division index by token 0.02 ± 0.00 vs null 0.03 ± 0.00, beyond its null in 0/3 seeds: "
-        "not specialized" in line
+        "Division of labour: by token 0.02 ± 0.00 vs null 0.03 ± 0.00, divided in 0/3 seeds: "
+        "the heads do not divide the work along any axis tested." in line
     )
+    assert Verdict(runs).headlines() == {
+        "multi_relation": [
+            "h=8 (8 heads, 3 seeds): the heads do not divide the work along any axis tested "
+            "(0/3 seeds divided by token)."
+        ]
+    }
 
 
 def test_settings_read_the_old_name_and_scale_within_bounds():
@@ -1078,11 +1095,11 @@ def test_eight_mirror_copies_are_backed_up_and_their_label_rests_on_the_backup_r
     model = handbuilt_model(["mirror"] * 8, causal=False)
     result = specialization_test(model, task, n_eval=64, n_permutations=100)
     heads = [f"L0H{i}" for i in range(8)]
-    assert result.heads["label"].tolist() == ["redundant"] * 8
+    assert result.heads["label"].tolist() == ["backed up"] * 8
     assert result.redundancy_groups["backup"].iloc[0] == pytest.approx(0.535, abs=0.005)
     run = result.verdict.runs[0]
     assert run.flips == {name: 8 if name == "backup_ratio" else 0 for name in THRESHOLDS}
-    assert "8 heads of 8 hold 1 relation (mirror: 8 heads (" + ", ".join(heads) in run.text
+    assert "8 of 8 heads hold 1 relation (mirror: 8 heads (" + ", ".join(heads) in run.text
     assert "0 of 8 needed" in run.text and "8 backed up, 0 dead." in run.text
     assert "This verdict rests on thresholds: 8 of 8 labels change" in run.text
     assert result.verdict.caveats[4].endswith(

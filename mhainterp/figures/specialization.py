@@ -6,10 +6,10 @@ the CSV it was drawn from (:func:`mhainterp.figures._common.save_figure`).
 
 - :func:`role_heatmap`: heads x roles, the role score, with significance marks;
 - :func:`causal_matrix_figure`: heads x targets, the accuracy drop when the head is removed;
-- :func:`specialization_vs_heads`: relations covered and heads per relation (counts), redundant
+- :func:`specialization_vs_heads`: relations covered and heads per relation (counts), backed-up
   and dead shares and accuracy against head count (every seed a point, mean ± std a bar);
 - :func:`consistency_figure`: cross-seed consistency against random matching and the
-  role-shuffled null, per head count.
+  head-shuffled null (heads dealt across seeds at random), per head count.
 """
 
 from __future__ import annotations
@@ -188,14 +188,14 @@ def causal_matrix_figure(causal: pd.DataFrame, *, max_runs: int = 4) -> plt.Figu
 _SWEEP_METRICS = (  # (column, label, is a count): counts and shares get separate panels
     ("n_relations", "relations covered (a count)", True),
     ("heads_per_relation", "heads per relation (a count)", True),
-    ("frac_redundant", "redundant share of heads", False),
+    ("frac_backed_up", "backed-up share of heads", False),
     ("frac_dead", "dead share of heads", False),
     ("accuracy", "validation accuracy", False),
 )
 
 
 def specialization_vs_heads(runs: pd.DataFrame) -> plt.Figure:
-    """Relations covered and heads per relation (counts), redundant and dead shares and
+    """Relations covered and heads per relation (counts), backed-up and dead shares and
     accuracy against head count.
 
     One row of panels per task; every seed is a point (jittered), the mean ± sample std over
@@ -204,7 +204,7 @@ def specialization_vs_heads(runs: pd.DataFrame) -> plt.Figure:
 
     Args:
         runs: :attr:`SweepSpecialization.runs` (``task, n_heads, seed, n_relations,
-            heads_per_relation, frac_redundant, frac_dead`` and ``val_accuracy`` or
+            heads_per_relation, frac_backed_up, frac_dead`` and ``val_accuracy`` or
             ``accuracy``; ``heads_per_relation`` is NaN for a seed without a relation).
 
     Example:
@@ -264,7 +264,7 @@ def specialization_vs_heads(runs: pd.DataFrame) -> plt.Figure:
             ax.set_ylabel(label)
             ax.set_title(f"{task}: {label}", fontsize=10)
     fig.suptitle(
-        "Relations covered, heads per relation, redundant and dead heads, accuracy vs h "
+        "Relations covered, heads per relation, backed-up and dead heads, accuracy vs h "
         "(points = seeds)"
     )
     fig.tight_layout()
@@ -277,7 +277,7 @@ def consistency_figure(consistency: pd.DataFrame) -> plt.Figure:
     """Cross-seed consistency of role profiles per head count, against its two nulls.
 
     Every run pair is a point; for each head count a black bar marks the mean observed
-    consistency, a grey dash the random-matching null and a red dash the role-shuffled null.
+    consistency, a grey dash the random-matching null and a red dash the head-shuffled null.
 
     Args:
         consistency: :attr:`SpecializationResult.consistency` (``task, n_heads, consistency,
@@ -307,7 +307,12 @@ def consistency_figure(consistency: pd.DataFrame) -> plt.Figure:
             x, means["random_matching"], marker="_", s=700, color="grey", label="random matching"
         )
         ax.scatter(
-            x, means["null_shuffled"], marker="_", s=700, color="tab:red", label="role-shuffled"
+            x,
+            means["null_shuffled"],
+            marker="_",
+            s=700,
+            color="tab:red",
+            label="heads shuffled across seeds",
         )
         ax.set_xticks(x, [f"h={h}" for h in heads])
         ax.set_ylim(-0.05, 1.05)

@@ -17,7 +17,7 @@ measurement:
 ``redundancy``    similar heads that back each other up (pairs, and groups of 3 or more)
 ``consistency``   the same roles across seeds: Hungarian matching vs random matching
 ``settings``      :class:`SpecializationSettings`: every threshold, validated
-``labels``        one label per head: dead > redundant > role (or count:<set>) >
+``labels``        one label per head: dead > backed up > role (or count:<set>) >
                   unspecialized (mixing), and the flags holds / needed / backed_up / dead
 ``stability``     the labels re-decided with every threshold x 0.8 and x 1.25, from the
                   saved evidence (no forward pass)
@@ -47,12 +47,7 @@ from mhainterp.specialization.battery import (
     combine_results,
     specialization_test,
 )
-from mhainterp.specialization.corrections import (
-    CORRECTIONS,
-    adjust_pvalues,
-    benjamini_hochberg,
-    holm,
-)
+from mhainterp.specialization.corrections import CORRECTIONS, adjust_pvalues
 from mhainterp.specialization.needed.redundancy import (
     redundancy_groups,
     redundancy_pairs,
@@ -81,7 +76,7 @@ from mhainterp.specialization.verdict.labels import (
     mixed_roles,
     role_targets,
 )
-from mhainterp.specialization.verdict.sentences import RunVerdict, Verdict, format_p
+from mhainterp.specialization.verdict.sentences import RunVerdict, Verdict
 from mhainterp.specialization.verdict.settings import THRESHOLDS, SpecializationSettings
 from mhainterp.specialization.verdict.stability import label_stability, stability_summary
 from mhainterp.specialization.where.nulls import (
@@ -115,6 +110,7 @@ from mhainterp.specialization.whom.division import (
     division_of_labour,
     saved_division,
 )
+from mhainterp.stats import benjamini_hochberg, holm
 
 __all__ = [
     "CORRECTIONS",
@@ -146,7 +142,6 @@ __all__ = [
     "combine_results",
     "cross_seed_consistency",
     "division_of_labour",
-    "format_p",
     "generic_templates",
     "holm",
     "init_models",

@@ -13,7 +13,7 @@ evaluation set (held out from training):
 6. the labels re-decided with every threshold x 0.8 and x 1.25 from the saved evidence
    (:mod:`.stability`; table ``stability``).
 
-Each head then gets one **label** (:mod:`.labels`): ``"dead"`` > ``"redundant"`` > its distinct
+Each head then gets one **label** (:mod:`.labels`): ``"dead"`` > ``"backed up"`` > its distinct
 role (e.g. ``"previous"``, or ``"count:same_token_upto+sink"`` for a counting head) >
 ``"unspecialized"`` (which includes heads that mix two relations), the flags ``holds``,
 ``needed``, ``backed_up``, ``dead``, and the share of its attention the known roles

@@ -18,12 +18,14 @@ import torch
 from mhainterp.capture import visible_keys
 from mhainterp.model import HookedMHATransformer
 from mhainterp.similarity import head_similarity
+from mhainterp.specialization.needed.dead import dead_heads, quiet_ablations
 from mhainterp.specialization.needed.redundancy import (
     redundancy_groups,
     redundancy_pairs,
     similar_groups,
 )
 from mhainterp.specialization.verdict.labels import (
+    BACKED_UP,
     LABELS_OTHER,
     decide_labels,
     label_heads,
@@ -93,7 +95,6 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
     )
     ratio_tensor = sums.output_ratio()
     ratio = {label: float(ratio_tensor.flatten()[i]) for i, label in enumerate(model.head_labels)}
-    dead = [label for label, r in ratio.items() if r < settings.dead_tol]
     damage = target_damage(
         model,
         batch,
@@ -101,6 +102,7 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
         target_names=task.target_names,
         progress=progress,
     )
+    variants = [settings] + [v for _, _, v in variant_settings(settings)]
     generator = torch.Generator().manual_seed(settings.seed)
     if len(task.target_names) >= 2:
         selectivity = causal_selectivity(
@@ -122,12 +124,20 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
         causal_heads["p_selectivity"] = math.nan
         causal_matrix = damage.frame()
         model_numbers = (math.nan, math.nan, math.nan)
+    max_damage = causal_matrix.groupby("head_label")["damage"].max().astype(float).to_dict()
+    quiet = quiet_ablations(model, batch, ratio, max_damage, variants, settings.ablation_method)
+
+    def dead_under(variant: SpecializationSettings) -> list[str]:
+        """Dead by function under ``variant`` (quiet AND costing nothing when removed)."""
+        found = dead_heads(ratio, max_damage, quiet, variant)[0]
+        return [h for h in ratio if h in found]
+
+    dead = dead_under(settings)
     nested = nested_roles(templates, visible_keys(mask, model.cfg.causal))
     similarity = head_similarity(model, batch, method=settings.similarity_method)
     # Gather the evidence every perturbed setting of the stability test needs, so relabelling
     # never runs the model: pairs down to the loosest similarity gate, and the candidate
     # groups of every variant (similar components, heads sharing a role).
-    variants = [settings] + [v for _, _, v in variant_settings(settings)]
     loosest = min(v.min_similarity for v in variants)
     pairs = redundancy_pairs(
         model, batch, settings, dead=dead, similarity=similarity, evidence_similarity=loosest
@@ -135,7 +145,7 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
     candidates: list[tuple[str, list[str]]] = []
     similar_sets: set[tuple[str, ...]] = set()
     for variant in variants:
-        dead_v = [h for h, r in ratio.items() if r < variant.dead_tol]
+        dead_v = dead_under(variant)
         gate = variant.min_similarity
         basis = "similarity" if gate == settings.min_similarity else f"similarity@{gate:g}"
         for g in similar_groups(similarity, gate, dead_v):
@@ -143,15 +153,14 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
                 similar_sets.add(tuple(g))
                 candidates.append((basis, g))
         held: dict[str, list[str]] = {}
-        for head, d in decide_labels(roles, ratio, {}, variant, nested).items():
+        for head, d in decide_labels(roles, ratio, {}, variant, nested, dead_v).items():
             if d.role and not d.dead:
                 held.setdefault(d.role, []).append(head)
         candidates += [(f"role:{r}", m) for r, m in held.items() if len(m) >= 3]
     groups = redundancy_groups(
         model, batch, settings, groups=candidates, dead=dead, similarity=similarity
     )
-    max_damage = causal_matrix.groupby("head_label")["damage"].max().astype(float).to_dict()
-    evidence = RunEvidence(roles, ratio, pairs, groups, nested, max_damage)
+    evidence = RunEvidence(roles, ratio, pairs, groups, nested, max_damage, quiet)
     decisions, _, _ = relabel(evidence, settings)
     partners = {h: d.partners for h, d in decisions.items() if d.partners}
     groups = _mark_tested_groups(groups, decisions, similarity, settings, dead)
@@ -165,6 +174,7 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
         role_targets(task),
         nested,
         covered=_covered(groups, decisions, settings),
+        dead=dead,
     )
     stability = run_stability(
         inp.run, evidence, dict(zip(heads["head_label"], heads["label"])), settings
@@ -184,6 +194,7 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
             _with_meta, {"run": inp.run}
         ),
         "stability": stability,
+        "quiet": quiet.assign(run=inp.run)[["run", *quiet.columns]],
         "verdict": verdict,
     }
 
@@ -277,7 +288,7 @@ def _run_verdict(
         & (unspecialized["top_effect"] < settings.min_effect)
         & (unspecialized["mixed_roles"] == "")
     ]
-    groups = _groups(heads[heads["label"] == "redundant"].set_index("head_label")["redundant_with"])
+    groups = _groups(heads[heads["label"] == BACKED_UP].set_index("head_label")["redundant_with"])
     role_of = dict(zip(heads["head_label"], heads["role"], strict=True))
     return RunVerdict(
         run=inp.run,

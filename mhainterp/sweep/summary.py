@@ -1,5 +1,11 @@
-"""Summarise a sweep: the seed table (mean, std, n per head count), Welch and bootstrap
-comparisons between head counts, and plain-language notes generated from the numbers.
+"""Summarise a sweep: the seed table (mean, std, n per head count), the comparisons between
+head counts (Welch's test, an exact permutation p where no group varies, Holm-corrected over
+each task's comparisons: :func:`mhainterp.stats.beyond_seed_spread`), and plain-language notes
+generated from the numbers, including what the number of seeds can and cannot show.
+
+:func:`summarize` computes; :meth:`SweepSummary.save` writes ``summary_table.csv``,
+``summary_comparisons.csv`` and ``summary_notes.json`` into the sweep folder, and
+:meth:`SweepSummary.load` reads them back (the report only reads).
 
 Example:
     >>> print(summarize(read_results("runs/reverse")))  # doctest: +SKIP
@@ -7,21 +13,35 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from mhainterp.render import markdown_table
+from mhainterp.io import read_json, write_csv, write_json
+from mhainterp.render import format_p, markdown_table
+from mhainterp.stats import beyond_seed_spread, compare_seeds, describe, holm_block, seed_power_note
 from mhainterp.sweep.run import resolve_run_dir
+from mhainterp.validation import check_float, invalid
 
-__all__ = ["SIGNIFICANCE", "TOO_EASY_ACCURACY", "SweepSummary", "load_curves", "summarize"]
+__all__ = [
+    "COMPARISON_COLUMNS",
+    "SIGNIFICANCE",
+    "SUMMARY_FILES",
+    "TOO_EASY_ACCURACY",
+    "SweepSummary",
+    "load_curves",
+    "summarize",
+]
 
 TOO_EASY_ACCURACY = 0.99
 """Every head count at or above this accuracy: the task cannot separate head counts."""
 SIGNIFICANCE = 0.05
-"""Welch's test level below which a difference beyond the seed spread is not "tentative"."""
+"""Default family-wise level of a task's comparisons (``alpha`` of :func:`summarize`)."""
+SUMMARY_FILES = ("summary_table.csv", "summary_comparisons.csv", "summary_notes.json")
+"""What :meth:`SweepSummary.save` writes into the sweep folder (the notes last)."""
 
 
 @dataclass
@@ -32,22 +52,60 @@ class SweepSummary:
         table: One row per (task, n_heads): ``task, n_heads, d_head, n_params, n_attn_params,
             final_train_loss_mean, val_accuracy_mean, val_accuracy_std, n`` (+ per-target means).
         comparisons: One row per (task, pair of head counts a < b): ``task, n_heads_a,
-            n_heads_b, diff`` (= mean_b - mean_a of val accuracy), ``welch_t, welch_p,
-            ci_low, ci_high`` (95% bootstrap of the diff), ``exceeds_seed_spread`` (the seed's
-            rule: |diff| > std_a + std_b) and ``verdict`` ("h=b better", "h=a better",
-            "no difference (within seed spread)", or "undetermined (n < 2)"); a difference
-            that passes the seed's rule but not Welch's test at 0.05 is marked "tentative".
+            n_heads_b, n_a, n_b, diff`` (= mean_b - mean_a of val accuracy), ``test`` (Welch,
+            or exact permutation when neither group varies), ``p``, ``p_holm`` (Holm over the
+            task's pairs), ``beyond`` (``p_holm < alpha``: the difference is beyond the seed
+            spread; None when a group has fewer than 2 seeds) and ``verdict`` ("h=b better",
+            "h=a better", "no difference shown (within the seed spread)" or "undetermined (n
+            < 2)").
         notes: Plain-language findings and caveats generated from the numbers.
+        alpha: The family-wise level used.
     """
 
     table: pd.DataFrame
     comparisons: pd.DataFrame
     notes: list[str]
+    alpha: float = SIGNIFICANCE
+
+    def save(self, sweep_dir: str | os.PathLike[str]) -> list[Path]:
+        """Write :data:`SUMMARY_FILES` into ``sweep_dir`` (atomically; the notes last, so their
+        presence means the set is complete)."""
+        sweep_dir = Path(sweep_dir)
+        (sweep_dir / SUMMARY_FILES[-1]).unlink(missing_ok=True)  # a killed save: not saved
+        return [
+            write_csv(sweep_dir / "summary_table.csv", self.table),
+            write_csv(sweep_dir / "summary_comparisons.csv", self.comparisons),
+            write_json(
+                sweep_dir / "summary_notes.json", {"notes": self.notes, "alpha": self.alpha}
+            ),
+        ]
+
+    @classmethod
+    def load(cls, sweep_dir: str | os.PathLike[str]) -> SweepSummary:
+        """Read back what :meth:`save` wrote (no computation).
+
+        Raises:
+            FileNotFoundError: If a file is missing, naming it and the command that writes it.
+        """
+        sweep_dir = Path(sweep_dir)
+        for name in SUMMARY_FILES:
+            if not (sweep_dir / name).is_file():
+                raise FileNotFoundError(
+                    f"{sweep_dir / name} is missing: the sweep summary has not been saved; run "
+                    f"`mhainterp specialize {sweep_dir}`"
+                )
+        meta = read_json(sweep_dir / "summary_notes.json")
+        comparisons = pd.read_csv(sweep_dir / "summary_comparisons.csv")
+        comparisons["beyond"] = comparisons["beyond"].map(
+            lambda v: None if pd.isna(v) else str(v) == "True"
+        )
+        table = pd.read_csv(sweep_dir / "summary_table.csv")
+        return cls(table, comparisons, list(meta["notes"]), float(meta["alpha"]))
 
     def to_markdown(self) -> str:
         parts = []
         for task, group in self.table.groupby("task", sort=False):
-            parts.append(f"### {task}\n")
+            parts.append(f"## {task}\n")
             parts.append(markdown_table(_display_table(group)))
             cmp = self.comparisons[self.comparisons["task"] == task]
             if len(cmp):
@@ -61,95 +119,114 @@ class SweepSummary:
         return self.to_markdown()
 
 
-def summarize(results: pd.DataFrame) -> SweepSummary:
+def summarize(results: pd.DataFrame, *, alpha: float = SIGNIFICANCE) -> SweepSummary:
     """The seed's record table with honest comparisons between head counts.
 
     Args:
         results: The per-run table of :func:`run_sweep` (may hold several tasks).
+        alpha: Family-wise level of each task's comparisons (Holm over the task's pairs).
 
     Example:
         >>> print(summarize(pd.read_csv("runs/rev/results.csv")))  # doctest: +SKIP
     """
-    from mhainterp.stats import bootstrap_diff_ci, describe, exceeds_seed_spread, welch_test
-
+    check_float("alpha", alpha, minimum=0.0, maximum=1.0, inclusive=False)
     required = {"task", "n_heads", "seed", "val_accuracy", "final_train_loss"}
     missing = required - set(results.columns)
     if missing:
-        raise ValueError(f"results is missing columns {sorted(missing)}; pass run_sweep's table")
+        raise invalid("results", f"a table missing columns {sorted(missing)}", "run_sweep's table")
     target_cols = [c for c in results.columns if c.startswith("val_accuracy/")]
     rows, comparisons, notes = [], [], []
     for task, task_df in results.groupby("task", sort=False):
         by_h = {h: g for h, g in task_df.groupby("n_heads")}
         for h, g in by_h.items():
-            acc = describe(g["val_accuracy"])
-            row = {
-                "task": task,
-                "n_heads": h,
-                "d_head": int(g["d_head"].iloc[0]) if "d_head" in g else None,
-                "n_params": int(g["n_params"].iloc[0]) if "n_params" in g else None,
-                "n_attn_params": int(g["n_attn_params"].iloc[0]) if "n_attn_params" in g else None,
-                "final_train_loss_mean": float(g["final_train_loss"].mean()),
-                "val_accuracy_mean": acc["mean"],
-                "val_accuracy_std": acc["std"],
-                "n": acc["n"],
-            }
-            for col in target_cols:
-                row[f"{col}_mean"] = float(g[col].mean())
-            rows.append(row)
-        heads = sorted(by_h)
-        for i, h_a in enumerate(heads):
-            for h_b in heads[i + 1 :]:
-                a, b = by_h[h_a]["val_accuracy"], by_h[h_b]["val_accuracy"]
-                da, db = describe(a), describe(b)
-                t, p = welch_test(b, a)
-                low, high = bootstrap_diff_ci(b, a)
-                rule = exceeds_seed_spread(da["mean"], da["std"], db["mean"], db["std"])
-                diff = db["mean"] - da["mean"]
-                if rule is None:
-                    verdict = "undetermined (n < 2)"
-                elif not rule:
-                    verdict = "no difference (within seed spread)"
-                else:
-                    verdict = f"h={h_b} better" if diff > 0 else f"h={h_a} better"
-                    if not p < SIGNIFICANCE:  # the seed's rule alone, not confirmed by Welch
-                        verdict += f" (tentative: Welch p >= {SIGNIFICANCE})"
-                comparisons.append(
-                    {
-                        "task": task,
-                        "n_heads_a": h_a,
-                        "n_heads_b": h_b,
-                        "diff": diff,
-                        "welch_t": t,
-                        "welch_p": p,
-                        "ci_low": low,
-                        "ci_high": high,
-                        "exceeds_seed_spread": rule,
-                        "verdict": verdict,
-                    }
-                )
-        notes.extend(_task_notes(task, rows, comparisons))
-    return SweepSummary(
-        pd.DataFrame(rows), pd.DataFrame(comparisons, columns=COMPARISON_COLUMNS), notes
-    )
+            rows.append(_table_row(task, h, g, target_cols))
+        block = _task_comparisons(task, by_h)
+        p = [c["p"] for c in block]
+        for c, adjusted, beyond in zip(block, holm_block(p), beyond_seed_spread(p, alpha)):
+            c["p_holm"] = math.nan if adjusted is None else adjusted
+            c["beyond"] = beyond
+            c["verdict"] = _verdict(c)
+        comparisons += block
+        notes.extend(_task_notes(task, rows, block, alpha))
+    table = pd.DataFrame(rows)
+    if len(table):
+        n = int(table["n"].min())
+        notes.append(seed_power_note(n, alpha, max(1, _max_block(comparisons))))
+    return SweepSummary(table, pd.DataFrame(comparisons, columns=COMPARISON_COLUMNS), notes, alpha)
+
+
+def _max_block(comparisons: list[dict]) -> int:
+    counts: dict[str, int] = {}
+    for c in comparisons:
+        counts[c["task"]] = counts.get(c["task"], 0) + 1
+    return max(counts.values(), default=1)
+
+
+def _table_row(task: str, h: int, g: pd.DataFrame, target_cols: list[str]) -> dict:
+    acc = describe(g["val_accuracy"])
+    row = {
+        "task": task,
+        "n_heads": h,
+        "d_head": int(g["d_head"].iloc[0]) if "d_head" in g else None,
+        "n_params": int(g["n_params"].iloc[0]) if "n_params" in g else None,
+        "n_attn_params": int(g["n_attn_params"].iloc[0]) if "n_attn_params" in g else None,
+        "final_train_loss_mean": float(g["final_train_loss"].mean()),
+        "val_accuracy_mean": acc["mean"],
+        "val_accuracy_std": acc["std"],
+        "n": acc["n"],
+    }
+    for col in target_cols:
+        row[f"{col}_mean"] = float(g[col].mean())
+    return row
+
+
+def _task_comparisons(task: str, by_h: dict[int, pd.DataFrame]) -> list[dict]:
+    """Every pair of head counts a < b of one task (val accuracy), before correction."""
+    heads, out = sorted(by_h), []
+    for i, h_a in enumerate(heads):
+        for h_b in heads[i + 1 :]:
+            a, b = by_h[h_a]["val_accuracy"], by_h[h_b]["val_accuracy"]
+            result = compare_seeds(a, b)
+            out.append(
+                {
+                    "task": task,
+                    "n_heads_a": h_a,
+                    "n_heads_b": h_b,
+                    "n_a": len(a),
+                    "n_b": len(b),
+                    "diff": result["diff"],
+                    "test": result["test"],
+                    "p": result["p"],
+                }
+            )
+    return out
+
+
+def _verdict(c: dict) -> str:
+    if c["beyond"] is None:
+        return "undetermined (n < 2)"
+    if not c["beyond"]:
+        return "no difference shown (within the seed spread)"
+    return f"h={c['n_heads_b']} better" if c["diff"] > 0 else f"h={c['n_heads_a']} better"
 
 
 COMPARISON_COLUMNS = [
     "task",
     "n_heads_a",
     "n_heads_b",
+    "n_a",
+    "n_b",
     "diff",
-    "welch_t",
-    "welch_p",
-    "ci_low",
-    "ci_high",
-    "exceeds_seed_spread",
+    "test",
+    "p",
+    "p_holm",
+    "beyond",
     "verdict",
 ]
 
 
-def _task_notes(task: str, rows: list[dict], comparisons: list[dict]) -> list[str]:
+def _task_notes(task: str, rows: list[dict], task_cmp: list[dict], alpha: float) -> list[str]:
     task_rows = [r for r in rows if r["task"] == task]
-    task_cmp = [c for c in comparisons if c["task"] == task]
     notes = []
     n_params = {r["n_params"] for r in task_rows}
     if len(n_params) == 1:
@@ -160,12 +237,11 @@ def _task_notes(task: str, rows: list[dict], comparisons: list[dict]) -> list[st
     if all(r["val_accuracy_mean"] >= TOO_EASY_ACCURACY for r in task_rows):
         notes.append(
             f"{task}: every head count reaches >= {TOO_EASY_ACCURACY:.0%} validation accuracy, so "
-            "the task is too easy to separate head counts. Make it harder and rerun: longer "
-            "sequences (--task-param seq_len=32), a larger vocabulary (d_vocab=20), variable "
-            "length (min_len=4), fewer steps, or a smaller d_model."
+            "the task is too easy to separate head counts. Make it harder and rerun: a larger "
+            "vocabulary, variable length (min_len=4), fewer steps, or a smaller d_model."
         )
-    real = [c for c in task_cmp if c["exceeds_seed_spread"]]
-    undetermined = [c for c in task_cmp if c["exceeds_seed_spread"] is None]
+    real = [c for c in task_cmp if c["beyond"]]
+    undetermined = [c for c in task_cmp if c["beyond"] is None]
     if len(task_rows) == 1:
         row = task_rows[0]
         notes.append(
@@ -178,16 +254,16 @@ def _task_notes(task: str, rows: list[dict], comparisons: list[dict]) -> list[st
         notes.append(f"{task}: fewer than 2 seeds per head count; no comparison is possible.")
     elif not real:
         notes.append(
-            f"{task}: no difference between head counts exceeds the seed spread "
-            "(|diff| > std_a + std_b); report no difference."
+            f"{task}: no accuracy difference between head counts is beyond the seed spread "
+            f"(Holm-corrected over its {len(task_cmp)} comparisons at {alpha:g}); no "
+            "difference is shown, which is not the same as showing none."
         )
     for c in real:
-        confirmed = c["welch_p"] < SIGNIFICANCE
         notes.append(
             f"{task}: h={c['n_heads_b']} vs h={c['n_heads_a']}: accuracy difference "
-            f"{c['diff']:+.3f} exceeds the seed spread (Welch p = {c['welch_p']:.3g}; "
-            f"95% bootstrap CI [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}], n = seeds per group)"
-            + ("." if confirmed else "; Welch's test does not confirm it, so call it tentative.")
+            f"{c['diff']:+.3f} is beyond the seed spread ({c['test']} {format_p(c['p'])}, Holm "
+            f"{format_p(c['p_holm'])} over {len(task_cmp)} comparisons; n = {c['n_a']} and "
+            f"{c['n_b']} seeds)."
         )
     return notes
 
@@ -217,9 +293,10 @@ def _display_comparisons(cmp: pd.DataFrame) -> pd.DataFrame:
         {
             "comparison": [f"h={b} - h={a}" for a, b in zip(cmp["n_heads_a"], cmp["n_heads_b"])],
             "diff": cmp["diff"].map(lambda v: f"{v:+.4f}"),
-            "Welch p": cmp["welch_p"].map(lambda v: f"{v:.3g}"),
-            "95% CI": [f"[{lo:+.4f}, {hi:+.4f}]" for lo, hi in zip(cmp["ci_low"], cmp["ci_high"])],
-            "> seed spread?": cmp["exceeds_seed_spread"].map(
+            "test": cmp["test"],
+            "p": cmp["p"].map(lambda v: f"{v:.3g}"),
+            "Holm p": cmp["p_holm"].map(lambda v: f"{v:.3g}"),
+            "beyond seed spread?": cmp["beyond"].map(
                 lambda v: "n/a" if v is None else ("yes" if v else "no")
             ),
             "verdict": cmp["verdict"],

@@ -11,7 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from mhainterp.specialization.seeds.consistency import cross_seed_consistency
+from mhainterp.specialization.seeds.consistency import CONSISTENCY_COLUMNS, cross_seed_consistency
+from mhainterp.specialization.verdict.labels import findings
 from mhainterp.specialization.verdict.result import (
     DIVISION_COLUMNS,
     RUN_COLUMNS,
@@ -20,7 +21,15 @@ from mhainterp.specialization.verdict.result import (
 from mhainterp.specialization.verdict.sentences import RunVerdict, Verdict, group_key
 from mhainterp.specialization.verdict.settings import SpecializationSettings
 
-__all__ = ["attach_division", "combine_results"]
+__all__ = ["VERDICT_DIVISION_COLUMNS", "attach_division", "combine_results"]
+
+VERDICT_DIVISION_COLUMNS = (
+    "divided", "call", "basis", "reason", "ci_low", "ci_high", "null_high", "p_floor",
+    "index_mean", "index_zero", "index_resample", "call_mean", "call_zero", "call_resample",
+    "n_damaging",
+)  # fmt: skip
+"""The division index columns the verdict's sentences read besides :data:`DIVISION_COLUMNS`
+(the calibrated call of the verdict contract; each is carried when the table has it)."""
 
 
 def _run_row(verdict: RunVerdict, heads: pd.DataFrame) -> dict[str, Any]:
@@ -58,7 +67,9 @@ def _run_row(verdict: RunVerdict, heads: pd.DataFrame) -> dict[str, Any]:
     }
 
 
-def attach_division(result: SpecializationResult, division: pd.DataFrame) -> SpecializationResult:
+def attach_division(
+    result: SpecializationResult, division: pd.DataFrame, heads: pd.DataFrame | None = None
+) -> SpecializationResult:
     """The result with division indices attached and its verdict and ``runs`` regenerated:
     "specialized" in the sentences then means dividing the work, along the axes whose index
     beats its null.
@@ -67,6 +78,12 @@ def attach_division(result: SpecializationResult, division: pd.DataFrame) -> Spe
         result: A :class:`SpecializationResult`.
         division: ``by, index, null_index, p`` per axis (e.g. ``division_of_labour(...).index``)
             and ``run`` naming the result's runs; without ``run``, the result must hold one run.
+            The calibrated columns (:data:`VERDICT_DIVISION_COLUMNS`: ``call``, ``basis``,
+            ``reason``, the CI, the p floor, the per-method indices and calls) are carried into
+            the verdict when present.
+        heads: Optional per head and axis (``head_label, by, serves, specialized`` and
+            ``run`` as for ``division``; e.g. ``division_of_labour(...).heads``): whom each head
+            serves, written into the head table's ``serves`` and ``finding``.
 
     Example:
         >>> index = pd.DataFrame({"by": ["token"], "index": [0.02], "null_index": [0.03],
@@ -89,17 +106,46 @@ def attach_division(result: SpecializationResult, division: pd.DataFrame) -> Spe
     unknown = sorted(set(frame["run"]) - set(runs))
     if unknown:
         raise ValueError(f"division names runs {unknown} that the result lacks; runs: {runs}")
-    rows = frame[DIVISION_COLUMNS].to_dict("records")
+    carried = [*DIVISION_COLUMNS, *(c for c in VERDICT_DIVISION_COLUMNS if c in frame.columns)]
+    rows = frame[carried].to_dict("records")
     verdicts = []
     for v in result.verdict.runs:
-        mine = [{k: r[k] for k in DIVISION_COLUMNS[1:]} for r in rows if r["run"] == v.run]
+        mine = [{k: r[k] for k in carried[1:]} for r in rows if r["run"] == v.run]
         verdicts.append(dataclasses.replace(v, division=mine))
     verdict = Verdict(verdicts, result.verdict.consistency)
+    head_table = result.heads if heads is None else _with_serves(result.heads, heads, runs)
     table = result.runs.copy()
     by_run = {v.run: v for v in verdicts}
     table["specialized_along"] = [",".join(by_run[r].specialized_axes) for r in table["run"]]
     table["verdict"] = [by_run[r].text for r in table["run"]]
-    return dataclasses.replace(result, division=frame, verdict=verdict, runs=table)
+    return dataclasses.replace(
+        result, division=frame, verdict=verdict, runs=table, heads=head_table
+    )
+
+
+def _with_serves(
+    heads: pd.DataFrame, division_heads: pd.DataFrame, runs: list[str]
+) -> pd.DataFrame:
+    """``heads`` with ``serves`` ("position: 0,1; token: 3", "" for no subset) and its
+    ``finding`` from the division test's per-head rows."""
+    rows = division_heads.copy()
+    if "run" not in rows.columns:
+        rows.insert(0, "run", runs[0])
+    chosen = rows[rows["specialized"].astype(str) == "True"]
+    serves: dict[tuple[str, str], list[str]] = {}
+    for run, head, by, values in zip(
+        chosen["run"], chosen["head_label"], chosen["by"], chosen["serves"], strict=True
+    ):
+        if isinstance(values, str) and values:
+            serves.setdefault((run, head), []).append(f"{by}: {values}")
+    out = heads.copy()
+    measured = set(rows["run"])
+    out["serves"] = [
+        "; ".join(serves.get((run, head), [])) if run in measured else None
+        for run, head in zip(out["run"], out["head_label"], strict=True)
+    ]
+    out["finding"] = findings(out)
+    return out
 
 
 def _single_result(
@@ -109,7 +155,7 @@ def _single_result(
     runs = pd.DataFrame([_run_row(verdict, tables["heads"])], columns=RUN_COLUMNS)
     return SpecializationResult(
         **tables,
-        consistency=pd.DataFrame(),
+        consistency=pd.DataFrame(columns=["task", *CONSISTENCY_COLUMNS]),
         runs=runs,
         verdict=Verdict([verdict]),
         settings=settings,
@@ -150,7 +196,8 @@ def combine_results(results: Sequence[SpecializationResult]) -> SpecializationRe
         pairs.insert(0, "task", key[0])
         tables.append(pairs)
         summaries[group_key(key[0], int(key[1]))] = summary
-    consistency = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    empty = pd.DataFrame(columns=["task", *CONSISTENCY_COLUMNS])  # a header, never a blank file
+    consistency = pd.concat(tables, ignore_index=True) if tables else empty
     return SpecializationResult(
         **stacked,
         consistency=consistency,

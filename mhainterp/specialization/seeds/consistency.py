@@ -7,14 +7,18 @@ profiles, 0 for an all-zero against a non-zero one), heads are matched one-to-on
 Hungarian assignment (:func:`mhainterp.similarity.match_heads`), and the **consistency** of the
 pair is the mean similarity of the matched heads.
 
-Two references:
+Two references, both printed:
 
 - **random matching**: the mean similarity of a uniformly random one-to-one matching, which is
-  exactly the mean of all entries of the similarity matrix (what the brief asks to compare with);
-- **role-shuffled null**: the best (Hungarian) matching after shuffling each head's profile
-  across roles, independently per head. A max over matchings always beats a random matching;
-  this null gets the same max, so it asks whether the *roles* recur, beyond heads merely being
-  sharp. ``p = (1 + #{null >= observed}) / (1 + M)`` for the mean over run pairs.
+  exactly the mean of all entries of the similarity matrix. The *margin* is consistency minus
+  this; a max over matchings always beats it, so the margin alone proves nothing;
+- **head-shuffled null** (the null the p-value is computed against): the heads of all seeds are
+  pooled and dealt out again at random into seeds of the same size, and the consistency of the
+  dealt seeds is computed the same way (Hungarian matching). Each head keeps its whole profile,
+  so every role keeps its marginal distribution over heads; only which seed a head belongs to
+  is random. If every seed draws its heads independently from one common pool (for example,
+  every head shares one common role), the observed consistency is just another draw of this
+  null, and p is uniform. ``p = (1 + #{null >= observed}) / (1 + M)``, floor ``1 / (1 + M)``.
 
 Label agreement (when labels are given) is the share of matched heads with the same label, next
 to the agreement a random matching would give by chance.
@@ -32,13 +36,18 @@ from scipy.optimize import linear_sum_assignment
 
 from mhainterp.similarity import match_heads
 from mhainterp.specialization.where.roles import DESCRIPTIVE_ROLES
+from mhainterp.validation import invalid
 
 __all__ = [
     "CONSISTENCY_COLUMNS",
+    "NULL_NAME",
     "cross_seed_consistency",
     "profile_similarity",
     "role_profiles",
 ]
+
+NULL_NAME = "heads shuffled across seeds"
+"""The null the consistency p is computed against (each role's marginals kept)."""
 
 CONSISTENCY_COLUMNS = [
     "run_a",
@@ -66,8 +75,14 @@ def role_profiles(roles: pd.DataFrame) -> pd.DataFrame:
         [[1.0, 0.0]]
     """
     testable = roles[~roles["role"].isin(DESCRIPTIVE_ROLES)]
-    table = testable.pivot_table(index="head_label", columns="role", values="effect", sort=False)
-    table = table[list(dict.fromkeys(testable["role"]))]
+    table = testable.pivot_table(
+        index="head_label", columns="role", values="effect", sort=False, dropna=False
+    )
+    # A role whose effect is NaN for every head (a template that covers the whole visible
+    # prefix, so chance is 1 and the effect undefined) is dropped by pivot_table: put it back
+    # as "no effect", and keep heads whose every effect is NaN.
+    heads = list(dict.fromkeys(testable["head_label"]))
+    table = table.reindex(index=heads, columns=list(dict.fromkeys(testable["role"])))
     return table.fillna(0.0).clip(0.0, 1.0)
 
 
@@ -103,16 +118,28 @@ def _hungarian_mean(similarity: np.ndarray) -> float:
     return float(similarity[rows, cols].mean())
 
 
-def _shuffled_hungarian(
-    a: np.ndarray, b: np.ndarray, n_shuffles: int, rng: np.random.Generator
-) -> np.ndarray:
-    """Hungarian mean similarity after shuffling each head's profile across roles."""
-    out = np.empty(n_shuffles)
+def _consistency(profiles: list[np.ndarray]) -> tuple[float, list[float]]:
+    """Mean over run pairs of the Hungarian mean similarity, and the per-pair values."""
+    values = [_hungarian_mean(_cosine(a, b)) for a, b in itertools.combinations(profiles, 2)]
+    return float(np.mean(values)), values
+
+
+def _head_shuffled(
+    profiles: list[np.ndarray], n_shuffles: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """The head-shuffled null: ``(overall, per_pair)`` of shapes ``(M,)`` and ``(M, n_pairs)``.
+
+    Each draw pools every seed's heads (rows), permutes them, deals them back into groups of
+    the seeds' sizes and computes :func:`_consistency` of the dealt groups."""
+    pooled = np.concatenate(profiles)
+    cuts = np.cumsum([len(p) for p in profiles])[:-1]
+    overall = np.empty(n_shuffles)
+    per_pair = np.empty((n_shuffles, math.comb(len(profiles), 2)))
     for i in range(n_shuffles):
-        sa = rng.permuted(a, axis=1)
-        sb = rng.permuted(b, axis=1)
-        out[i] = _hungarian_mean(_cosine(sa, sb))
-    return out
+        dealt = np.split(pooled[rng.permutation(len(pooled))], cuts)
+        overall[i], values = _consistency(dealt)
+        per_pair[i] = values
+    return overall, per_pair
 
 
 def _label_agreement(
@@ -138,31 +165,35 @@ def cross_seed_consistency(
     Args:
         roles: Run id -> that run's role table (``head_label, role, effect``); at least 2 runs.
         labels: Run id -> {head label -> label}; adds label agreement.
-        n_shuffles: Draws of the role-shuffled null per run pair.
+        n_shuffles: Draws of the head-shuffled null (module docstring).
         seed: Seed of the null's generator.
 
     Returns:
         ``(pairs, summary)``: ``pairs`` has one row per run pair, columns
-        :data:`CONSISTENCY_COLUMNS` (``matched`` lists ``"L0H1=L0H3"`` pairs); ``summary`` has
-        ``consistency, random_matching, null_shuffled, p_value, label_agreement,
-        label_agreement_random, n_runs, n_pairs`` (means over run pairs).
+        :data:`CONSISTENCY_COLUMNS` (``matched`` lists ``"L0H1=L0H3"`` pairs; ``null_shuffled``
+        that pair's head-shuffled null mean); ``summary`` has ``consistency,
+        random_matching, margin`` (consistency - random matching), ``null`` (its name,
+        :data:`NULL_NAME`), ``null_shuffled, null_high`` (the null's mean and 95% quantile),
+        ``p_value, p_floor, label_agreement, label_agreement_random, n_runs, n_pairs`` (means
+        over run pairs).
 
     Example:
         >>> pairs, summary = cross_seed_consistency({"s0": roles0, "s1": roles1})  # doctest: +SKIP
     """
     if len(roles) < 2:
-        raise ValueError(f"cross-seed consistency needs at least 2 runs, got {len(roles)}")
+        raise invalid("roles", f"{len(roles)} run(s)", "at least 2 runs")
     rng = np.random.default_rng(seed)
     profiles = {run: role_profiles(table) for run, table in roles.items()}
-    rows, null_means = [], []
-    for run_a, run_b in itertools.combinations(profiles, 2):
+    columns = list(dict.fromkeys(c for p in profiles.values() for c in p.columns))
+    profiles = {run: p.reindex(columns=columns, fill_value=0.0) for run, p in profiles.items()}
+    null, null_pairs = _head_shuffled(
+        [p.to_numpy(float) for p in profiles.values()], n_shuffles, rng
+    )
+    rows = []
+    for k, (run_a, run_b) in enumerate(itertools.combinations(profiles, 2)):
         sim = profile_similarity(profiles[run_a], profiles[run_b])
         matched = match_heads(sim)
         pairs = matched.dropna(subset=["head_a", "head_b"])
-        null = _shuffled_hungarian(
-            profiles[run_a].to_numpy(float), profiles[run_b].to_numpy(float), n_shuffles, rng
-        )
-        null_means.append(null)
         agreement, agreement_random = (
             _label_agreement(matched, labels[run_a], labels[run_b])
             if labels is not None
@@ -175,7 +206,7 @@ def cross_seed_consistency(
                 "n_heads": len(sim.index),
                 "consistency": float(pairs["similarity"].mean()),
                 "random_matching": float(sim.to_numpy().mean()),
-                "null_shuffled": float(null.mean()),
+                "null_shuffled": float(null_pairs[:, k].mean()),
                 "label_agreement": agreement,
                 "label_agreement_random": agreement_random,
                 "matched": ",".join(f"{a}={b}" for a, b in zip(pairs["head_a"], pairs["head_b"])),
@@ -183,12 +214,16 @@ def cross_seed_consistency(
         )
     table = pd.DataFrame(rows, columns=CONSISTENCY_COLUMNS)
     observed = float(table["consistency"].mean())
-    null_overall = np.mean(np.stack(null_means), axis=0)  # (n_shuffles,): mean over run pairs
+    random_matching = float(table["random_matching"].mean())
     summary = {
         "consistency": observed,
-        "random_matching": float(table["random_matching"].mean()),
-        "null_shuffled": float(null_overall.mean()),
-        "p_value": float((1 + (null_overall >= observed - 1e-12).sum()) / (1 + n_shuffles)),
+        "random_matching": random_matching,
+        "margin": observed - random_matching,
+        "null": NULL_NAME,
+        "null_shuffled": float(null.mean()),
+        "null_high": float(np.quantile(null, 0.95)),
+        "p_value": float((1 + (null >= observed - 1e-12).sum()) / (1 + n_shuffles)),
+        "p_floor": 1.0 / (1 + n_shuffles),
         "label_agreement": float(table["label_agreement"].mean()),
         "label_agreement_random": float(table["label_agreement_random"].mean()),
         "n_runs": len(roles),

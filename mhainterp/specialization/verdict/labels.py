@@ -1,9 +1,11 @@
 """One label per head, from the evidence: dead > redundant > a role > unspecialized.
 
-- ``"dead"``: the head writes (almost) nothing into the residual stream
-  (``output_ratio < dead_tol``);
-- ``"redundant"``: it is redundant with another live head (:mod:`.redundancy`); it may still
-  *hold* a relation (column ``role``): backed up is not the same as holding nothing;
+- ``"dead"``: dead by function (:mod:`~mhainterp.specialization.needed.dead`): it writes
+  (almost) nothing into the residual stream (``output_ratio < dead_tol``) AND removing it
+  costs nothing, alone and with the other quiet heads; never dead and needed together;
+- ``"backed up"``: it is redundant with another live head (:mod:`.redundancy`): removing it
+  alone costs nothing because a partner carries its work ("redundant" is not a separate
+  state: one vocabulary). It may still *hold* a relation (column ``role``);
 - a role name (e.g. ``"previous"``): its best significant role (largest effect among the roles
   with corrected ``p < alpha`` against both nulls and ``effect >= min_effect``; among roles
   within 0.01 of that effect the most specific one, the smallest ``chance``), unless the head
@@ -47,6 +49,9 @@ from mhainterp.specialization.where.roles import COUNT_PREFIX, DESCRIPTIVE_ROLES
 from mhainterp.tasks import Task
 
 __all__ = [
+    "BACKED_UP",
+    "findings",
+    "head_finding",
     "FLAG_COLUMNS",
     "LABELS_OTHER",
     "HeadDecision",
@@ -56,7 +61,10 @@ __all__ = [
     "role_targets",
 ]
 
-LABELS_OTHER = ("unspecialized", "redundant", "dead")
+BACKED_UP = "backed up"
+"""The label of a head whose work a partner carries (the redundancy test's "redundant")."""
+
+LABELS_OTHER = ("unspecialized", BACKED_UP, "dead")
 """Labels that are not roles."""
 
 FLAG_COLUMNS = ["holds", "needed", "backed_up", "dead"]
@@ -77,6 +85,31 @@ class HeadDecision:
     significant: list[str]
     dead: bool
     partners: list[str]
+
+
+def head_finding(holds: str, serves: str | None, needed: bool, backed_up: bool, dead: bool) -> str:
+    """What a head does on every axis, in one phrase: where it looks, whom it serves, whether
+    it is needed.
+
+    Args:
+        holds: The relation it holds ("" for none).
+        serves: Whom it serves (``"position: 0,1,2; token: 3"``), "" when it serves no subset,
+            None when the division of labour was not measured.
+        needed, backed_up, dead: Its flags.
+
+    Example:
+        >>> head_finding("previous", "position: 1,2,3", True, False, False)
+        'looks at previous; serves position: 1,2,3; needed'
+        >>> head_finding("", None, False, True, False)
+        'looks at no known relation; whom it serves not measured; backed up'
+    """
+    where = f"looks at {holds}" if holds else "looks at no known relation"
+    if serves is None:
+        whom = "whom it serves not measured"
+    else:
+        whom = f"serves {serves}" if serves else "serves every value alike"
+    need = "dead" if dead else "needed" if needed else BACKED_UP if backed_up else "not needed"
+    return f"{where}; {whom}; {need}"
 
 
 def role_targets(task: Task) -> dict[str, str]:
@@ -149,6 +182,7 @@ def decide_labels(
     partners: Mapping[str, list[str]],
     settings: SpecializationSettings,
     nested: Collection[tuple[str, str]] = (),
+    dead: Collection[str] | None = None,
 ) -> dict[str, HeadDecision]:
     """The label of every head from saved evidence (no forward pass): the rules of the module
     docstring under ``settings``.
@@ -160,6 +194,9 @@ def decide_labels(
         partners: Head label -> heads it is redundant with (dead ones are dropped here).
         settings: Thresholds.
         nested: ``(inner, outer)`` role pairs whose templates nest.
+        dead: The dead heads (:func:`~mhainterp.specialization.needed.dead.dead_heads`: quiet
+            AND costing nothing when removed); None: every quiet head (``output_ratio <
+            dead_tol``), the nomination alone, for callers without damage evidence.
 
     Returns:
         Head label -> :class:`HeadDecision`, in the role table's head order.
@@ -176,10 +213,13 @@ def decide_labels(
             (testable["p_adj"].astype(float) < settings.alpha)
             & (testable["effect"].astype(float) >= settings.min_effect)
         ]
+    if dead is None:
+        dead = {h for h, r in output_ratio.items() if r < settings.dead_tol}
+    dead_set = set(dead)
     out = {}
     for label in dict.fromkeys(roles["head_label"]):
-        dead = output_ratio[label] < settings.dead_tol
-        partner = [p for p in partners.get(label, []) if output_ratio[p] >= settings.dead_tol]
+        is_dead = label in dead_set
+        partner = [p for p in partners.get(label, []) if p not in dead_set]
         significant = significant_all[significant_all["head_label"] == label]
         mixed = mixed_roles(significant, nested, settings.mix_ratio)
         best = _best_role(significant) if len(significant) and not mixed else ""
@@ -188,14 +228,14 @@ def decide_labels(
             evenness = float(significant.set_index("role").loc[best, "evenness"])
             if not math.isnan(evenness) and evenness >= settings.min_evenness:
                 role = COUNT_PREFIX + best
-        if dead:
+        if is_dead:
             name = "dead"
         elif partner:
-            name = "redundant"
+            name = BACKED_UP
         else:
             name = role or "unspecialized"
         out[label] = HeadDecision(
-            name, role, best, mixed, list(significant["role"]), bool(dead), partner
+            name, role, best, mixed, list(significant["role"]), is_dead, partner
         )
     return out
 
@@ -230,6 +270,7 @@ def label_heads(
     targets: dict[str, str],
     nested: Collection[tuple[str, str]] = (),
     covered: Collection[str] = (),
+    dead: Collection[str] | None = None,
 ) -> pd.DataFrame:
     """Label each head of one run and collect its evidence.
 
@@ -245,13 +286,16 @@ def label_heads(
         nested: ``(inner, outer)`` role pairs whose templates nest (see the module docstring).
         covered: Heads in a tested group sharing their role whose joint removal hurts
             (``damage_all >= min_joint_damage``): backed up when not needed alone.
+        dead: The dead heads by function (see :func:`decide_labels`).
 
     Returns:
         One row per head with ``head_label, layer, head, label, role, role_effect,
         role_p_adj, role_evenness, roles, mixed_roles, top_role, top_score, top_effect,
         top_p_adj, explained, unexplained, explained_chance, output_ratio, holds, needed,
         backed_up, dead, redundant_with, total_damage, loss_increase, causal_target,
-        causal_selectivity, causal_p_adj, causal_specialized, causal_support``; ``role`` (=
+        causal_selectivity, causal_p_adj, causal_specialized, causal_support, serves,
+        finding``; ``finding`` says what the head does on every axis (:func:`head_finding`;
+        ``serves`` is filled when the division of labour is attached); ``role`` (=
         ``holds``) is the distinct role ("" when none; ``count:<set>`` for a counting head),
         ``roles`` every significant one, ``top_*`` the largest effect whether significant or
         not, ``explained`` the share of the head's attention on the union of the known roles
@@ -260,7 +304,7 @@ def label_heads(
         role head hurts its relation's target most (None for heads without a role).
     """
     top = _top_rows(roles)
-    decisions = decide_labels(roles, output_ratio, partners, settings, nested)
+    decisions = decide_labels(roles, output_ratio, partners, settings, nested, dead)
     by_role = roles.set_index(["head_label", "role"])
     explained = by_role.xs("explained", level="role") if "explained" in set(roles["role"]) else None
     causal = causal_heads.set_index("head_label")
@@ -324,4 +368,26 @@ def label_heads(
                 ),
             }
         )
-    return pd.DataFrame(records)
+    table = pd.DataFrame(records)
+    table["serves"] = None  # the division test fills it (attach_division)
+    table["finding"] = findings(table)
+    return table
+
+
+def findings(heads: pd.DataFrame) -> list[str]:
+    """:func:`head_finding` of every row of a per-head table (``holds, serves, needed,
+    backed_up, dead``; ``serves`` None or NaN: not measured)."""
+    serves = heads["serves"] if "serves" in heads.columns else [None] * len(heads)
+    return [
+        head_finding(
+            str(h) if isinstance(h, str) else "",
+            s if isinstance(s, str) else None,
+            bool(n),
+            bool(b),
+            bool(d),
+        )
+        for h, s, n, b, d in zip(
+            heads["holds"], serves, heads["needed"], heads["backed_up"], heads["dead"],
+            strict=True,
+        )
+    ]  # fmt: skip

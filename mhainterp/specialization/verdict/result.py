@@ -65,12 +65,14 @@ HEAD_COLUMNS = [
     "causal_p_adj",
     "causal_specialized",
     "causal_support",
+    "serves",
+    "finding",
 ]
 """Columns of :attr:`SpecializationResult.heads` (see :func:`label_heads`)."""
 
 _TEXT_COLUMNS = (
     "role", "holds", "roles", "mixed_roles", "top_role", "redundant_with", "causal_target",
-    "changed",
+    "changed", "finding",
 )  # fmt: skip
 """String columns whose empty values CSV reads back as NaN."""
 
@@ -162,6 +164,9 @@ class SpecializationResult:
         settings: The settings used.
         division: Optional division indices per run and axis (``run, by, index,
             null_index, p``; empty when the division test was not run).
+        quiet: The quiet heads removed as a whole, per run and distinct quiet set (``run`` +
+            :data:`~mhainterp.specialization.needed.dead.QUIET_COLUMNS`): the evidence that a
+            quiet head is dead by function.
     """
 
     heads: pd.DataFrame
@@ -177,12 +182,13 @@ class SpecializationResult:
     verdict: Verdict
     settings: SpecializationSettings
     division: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+    quiet: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
 
     TABLES = (
         "heads", "roles", "causal", "redundancy", "redundancy_groups", "consistency",
         "init_null", "runs", "nested", "stability",
     )  # fmt: skip
-    OPTIONAL_TABLES = ("division",)
+    OPTIONAL_TABLES = ("division", "quiet")
 
     def to_markdown(self) -> str:
         """The verdict, its caveats and the per-head table as Markdown."""
@@ -200,18 +206,24 @@ class SpecializationResult:
         """Write every table as ``{prefix}_{name}.csv``, ``{prefix}.json`` (settings and
         verdict) and ``{prefix}.md``; return the paths."""
         out_dir = Path(out_dir)
+        # The settings file says "this set is complete": drop it first, write it last, so a
+        # save killed half-way reads as not saved (and is recomputed), never as a mix.
+        (out_dir / f"{prefix}.json").unlink(missing_ok=True)
         paths = [
             write_csv(out_dir / f"{prefix}_{name}.csv", getattr(self, name)) for name in self.TABLES
         ]
         for name in self.OPTIONAL_TABLES:
+            path = out_dir / f"{prefix}_{name}.csv"
             if len(getattr(self, name)):
-                paths.append(write_csv(out_dir / f"{prefix}_{name}.csv", getattr(self, name)))
+                paths.append(write_csv(path, getattr(self, name)))
+            else:
+                path.unlink(missing_ok=True)  # not a stale table from an earlier save
+        paths.append(write_text(out_dir / f"{prefix}.md", self.to_markdown()))
         meta = {"settings": self.settings.to_dict(), "verdict": self.verdict.to_dict()}
         digest = weights_digest(out_dir.parent)  # in a run's analysis/: the weights it is of
         if digest is not None:
             meta["weights_sha256"] = digest
         paths.append(write_json(out_dir / f"{prefix}.json", meta))
-        paths.append(write_text(out_dir / f"{prefix}.md", self.to_markdown()))
         if digest is not None:
             record_analysis_source(out_dir.parent)
         return paths
@@ -236,7 +248,7 @@ class SpecializationResult:
             tables[name] = lead_with_head(tables[name].fillna(dict.fromkeys(text, "")))
         for name in cls.OPTIONAL_TABLES:
             path = out_dir / f"{prefix}_{name}.csv"
-            tables[name] = pd.read_csv(path) if path.is_file() else pd.DataFrame()
+            tables[name] = read_table(path) if path.is_file() else pd.DataFrame()
         return cls(
             **tables,
             verdict=Verdict.from_dict(meta["verdict"]),

@@ -24,23 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from mhainterp.render import format_p
 from mhainterp.specialization.corrections import correction_name
 
-__all__ = ["RunVerdict", "Verdict", "division_axes", "format_p", "group_key"]
+__all__ = ["UNDEFINED_INDEX", "RunVerdict", "Verdict", "division_axes", "group_key"]
 
-
-def format_p(p: float) -> str:
-    """``"p = 0.03"``, ``"p < 1e-10"`` for tiny values, ``"p n/a"`` for NaN.
-
-    Example:
-        >>> format_p(0.0312), format_p(1e-40), format_p(float("nan"))
-        ('p = 0.031', 'p < 1e-10', 'p n/a')
-    """
-    if p is None or math.isnan(p):
-        return "p n/a"
-    if p < 1e-10:
-        return "p < 1e-10"
-    return f"p = {p:.2g}"
+UNDEFINED_INDEX = "undefined (fewer than 2 heads do damage)"
+"""How an index that single-head removal cannot define is written (never "nan vs null nan")."""
 
 
 def _join(items: list[str], empty: str = "none") -> str:
@@ -60,33 +50,53 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
+CALLS = ("divided", "not divided", "cannot tell", "method-dependent")
+"""The per-axis calls of the division test (the verdict contract), in the order a headline
+names them."""
+
+METHODS = ("mean", "zero", "resample")
+
+
+def axis_call(d: dict[str, Any], alpha: float = 0.05) -> str:
+    """The call of one division row: its own ``call`` (the calibrated test) where it has one;
+    for rows saved before it, ``divided`` or ``p < alpha`` and an index at least the division
+    test's ``min_gain`` above its null, and "cannot tell" where the index is undefined.
+
+    Example:
+        >>> axis_call({"by": "token", "index": float("nan"), "null_index": 0.0, "p": 1.0})
+        'cannot tell'
+        >>> axis_call({"by": "token", "call": "method-dependent", "index": 0.3})
+        'method-dependent'
+    """
+    call = d.get("call")
+    if isinstance(call, str) and call in CALLS:
+        return call
+    if not _finite(d.get("index")):
+        return "cannot tell"
+    divided = str(d.get("divided"))  # a bool, or its text after a CSV round trip
+    if divided in ("True", "False"):
+        return "divided" if divided == "True" else "not divided"
+    from mhainterp.specialization.whom.division import DIVISION_DEFAULTS
+
+    gain = DIVISION_DEFAULTS["min_gain"]
+    beyond = (
+        _finite(d.get("p"))
+        and float(d["p"]) < alpha
+        and float(d["index"]) - float(d["null_index"]) >= gain
+    )
+    return "divided" if beyond else "not divided"
+
+
 def division_axes(division: list[dict[str, Any]], alpha: float) -> list[str]:
-    """The axes along which the heads divide the work: the division test's own ``divided``
-    (``p < alpha`` and an index at least ``min_gain`` above its null) where it is given, else
-    ``p < alpha`` and the index above its null by the division test's default ``min_gain``.
+    """The axes along which the heads divide the work: those whose call is "divided"
+    (:func:`axis_call`).
 
     Example:
         >>> division_axes([{"by": "token", "index": 0.4, "null_index": 0.1, "p": 0.001},
         ...                {"by": "position", "index": 0.1, "null_index": 0.1, "p": 0.5}], 0.05)
         ['token']
     """
-    from mhainterp.specialization.whom.division import DIVISION_DEFAULTS
-
-    gain = DIVISION_DEFAULTS["min_gain"]
-    axes = []
-    for d in division:
-        divided = str(d.get("divided"))  # a bool, or its text after a CSV round trip
-        if divided in ("True", "False"):
-            decided = divided == "True"
-        else:
-            decided = (
-                _finite(d.get("p"))
-                and float(d["p"]) < alpha
-                and float(d["index"]) - float(d["null_index"]) >= gain
-            )
-        if decided:
-            axes.append(str(d["by"]))
-    return axes
+    return [str(d["by"]) for d in division if axis_call(d, alpha) == "divided"]
 
 
 def _finite(value: Any) -> bool:
@@ -96,27 +106,76 @@ def _finite(value: Any) -> bool:
         return False
 
 
+def _index_text(d: dict[str, Any]) -> str:
+    """The evidence of one axis: index with its CI against the null, or why it is undefined."""
+    if not _finite(d.get("index")):
+        reason = d.get("reason")
+        return UNDEFINED_INDEX + (f"; {reason}" if isinstance(reason, str) and reason else "")
+    text = f"index {float(d['index']):.2f}"
+    if _finite(d.get("ci_low")) and _finite(d.get("ci_high")):
+        text += f" [95% CI {float(d['ci_low']):.2f}, {float(d['ci_high']):.2f}]"
+    null = "same-function null" if "call" in d else "null"
+    floor = float(d["p_floor"]) if _finite(d.get("p_floor")) else None
+    p = float(d["p"]) if _finite(d.get("p")) else math.nan
+    text += f" vs {null} {float(d['null_index']):.2f} ({format_p(p, floor)})"
+    basis = d.get("basis")
+    if isinstance(basis, str) and basis and basis != "single":
+        text += f", on {basis}-head profiles"
+    methods = [f"{m} {float(d[f'index_{m}']):.2f}" for m in METHODS if _finite(d.get(f"index_{m}"))]
+    if axis_call(d) == "method-dependent" and methods:
+        text += f"; by method: {', '.join(methods)}"
+    return text
+
+
 def _division_text(division: list[dict[str, Any]], alpha: float) -> str:
-    """ "Division index by token 0.31 vs null 0.05 (p = 0.001), ...: specialized along token"."""
+    """ "Division of labour: by token divided (index 0.31 [0.25, 0.36] vs null 0.05, p < 0.001);
+    by position cannot tell (undefined ...)"."""
     if not division:
         return (
             "Division of labour not measured (no division table): this verdict does not say "
             "whether the heads divide the work."
         )
-    parts = []
-    for d in division:
-        inside = "" if str(d["by"]) in division_axes([d], alpha) else ", inside its null"
-        parts.append(
-            f"by {d['by']} {float(d['index']):.2f} vs null {float(d['null_index']):.2f} "
-            f"({format_p(float(d['p']))}{inside})"
+    parts = [f"by {d['by']} {axis_call(d, alpha)} ({_index_text(d)})" for d in division]
+    return f"Division of labour: {'; '.join(parts)}."
+
+
+def headline_call(calls: dict[str, str]) -> str:
+    """One clause for a set of per-axis calls: "the heads divide the work along token",
+    "the heads do not divide the work along any axis tested", "cannot tell whether the heads
+    divide the work", or "whether the heads divide the work along token depends on the
+    ablation method", joined when the axes differ.
+
+    Example:
+        >>> headline_call({"token": "divided", "position": "cannot tell"})
+        'the heads divide the work along token (cannot tell along position)'
+    """
+    if not calls:
+        return "the division of labour was not measured"
+    by: dict[str, list[str]] = {c: [a for a, k in calls.items() if k == c] for c in CALLS}
+    if by["divided"]:
+        text = f"the heads divide the work along {', '.join(by['divided'])}"
+    elif by["method-dependent"]:
+        text = (
+            f"whether the heads divide the work along {', '.join(by['method-dependent'])} "
+            "depends on the ablation method"
         )
-    axes = division_axes(division, alpha)
-    verdict = (
-        f"specialized (the heads divide the work) along {', '.join(axes)}"
-        if axes
-        else "not specialized: the heads divide the work along none of the axes tested"
-    )
-    return f"Division index {'; '.join(parts)}: {verdict}."
+    elif by["not divided"]:
+        text = "the heads do not divide the work along " + (
+            "any axis tested" if not by["cannot tell"] else ", ".join(by["not divided"])
+        )
+    else:
+        return "cannot tell whether the heads divide the work (every axis undefined)"
+    rest = []
+    if by["divided"] and by["method-dependent"]:
+        rest.append(f"method-dependent along {', '.join(by['method-dependent'])}")
+    if by["cannot tell"] and (by["divided"] or by["method-dependent"] or by["not divided"]):
+        rest.append(f"cannot tell along {', '.join(by['cannot tell'])}")
+    return text + (f" ({'; '.join(rest)})" if rest else "")
+
+
+def _basis_text(division: list[dict[str, Any]]) -> str:
+    bases = sorted({str(d["basis"]) for d in division if isinstance(d.get("basis"), str)})
+    return f"; basis: {', '.join(bases)}-head profiles" if bases else ""
 
 
 @dataclass
@@ -230,6 +289,21 @@ class RunVerdict:
         """Axes along which the heads divide the work (empty when none or not measured)."""
         return division_axes(self.division, self.alpha)
 
+    @property
+    def calls(self) -> dict[str, str]:
+        """Axis -> its call (:data:`CALLS`)."""
+        return {str(d["by"]): axis_call(d, self.alpha) for d in self.division}
+
+    @property
+    def headline(self) -> str:
+        """One sentence: does this run divide the work, along what, on what basis."""
+        where = f"{_plural(self.n_relations, 'relation')} held"
+        return (
+            f"{self.task}, h={self.n_heads}, seed {self.seed}: {headline_call(self.calls)}"
+            f"{_basis_text(self.division)} ({where}; {len(self.needed)} of {self.total_heads} "
+            f"needed, {len(self.backed_up)} backed up, {len(self.dead)} dead)."
+        )
+
     def relation_sentence(self) -> str:
         """ "8 heads hold 1 relation (mirror: 8 heads, L0H0, ...)"; who is needed, backed up,
         dead."""
@@ -240,7 +314,7 @@ class RunVerdict:
                 for rel, heads in sorted(self.relations.items())
             ]
             text = (
-                f"{_plural(self.n_holding, 'head')} of {total} hold "
+                f"{self.n_holding} of {total} heads {'holds' if self.n_holding == 1 else 'hold'} "
                 f"{_plural(self.n_relations, 'relation')} ({'; '.join(listed)}; each p < "
                 f"{self.alpha:g} after {correction_name(self.correction)} correction against "
                 f"both nulls, effect ≥ {self.min_effect:g})"
@@ -277,7 +351,7 @@ class RunVerdict:
             for g, r in zip(self.redundant_groups, roles, strict=False)
         ]
         parts = [
-            f"Labels: {self.n_redundant} redundant ({_join(groups)})",
+            f"Labels: {self.n_redundant} backed up by a partner ({_join(groups)})",
             f"{len(self.dead)} dead ({_join(self.dead)})",
             f"{len(self.unspecialized)} unspecialized ({_join(unspecialized)})",
         ]
@@ -325,6 +399,7 @@ class RunVerdict:
         return " ".join(
             [
                 header + ":",
+                f"Headline: {headline_call(self.calls)}{_basis_text(self.division)}.",
                 self.relation_sentence(),
                 _division_text(self.division, self.alpha),
                 self.stability_sentence(),
@@ -380,15 +455,15 @@ class Verdict:
         k = sum(bool(r.relations) for r in runs)
         with_relation = "" if k == n else f"; n = {k} of {n} seeds, those with a relation"
         text = (
-            f"{first.task}, h={first.n_heads}, {total} heads, {n} seeds (mean ± std): "
+            f"{first.task}, h={first.n_heads}, {_plural(total, 'head')}, {_plural(n, 'seed')} "
+            "(mean ± std): "
             f"relations covered {_mean_std([float(r.n_relations) for r in runs])} (a count; "
             f"per seed {', '.join(str(r.n_relations) for r in runs)}), heads per relation "
             f"{_mean_std([r.heads_per_relation for r in runs])} (a count{with_relation}); "
             "needed share "
             f"{share([float(len(r.needed)) for r in runs])} (needed but holding no known "
             f"relation {share([float(len(set(r.needed) - r.holding)) for r in runs])}), "
-            f"backed-up share {share([float(len(r.backed_up)) for r in runs])}, redundant "
-            f"share {share([float(r.n_redundant) for r in runs])}, dead share "
+            f"backed-up share {share([float(len(r.backed_up)) for r in runs])}, dead share "
             f"{share([float(len(r.dead)) for r in runs])}. Relations: {_join(relations)} "
             "(each beats the permutation and initialisation nulls)."
         )
@@ -418,13 +493,50 @@ class Verdict:
             )
         summary = self.consistency.get(key)
         if summary:
+            margin = summary["consistency"] - summary["random_matching"]
+            null = summary.get("null", "heads shuffled across seeds")
             text += (
-                f" Cross-seed consistency of role profiles {summary['consistency']:.2f} vs "
-                f"random matching {summary['random_matching']:.2f} and role-shuffled null "
-                f"{summary['null_shuffled']:.2f} ({format_p(summary['p_value'])})"
+                f" Cross-seed consistency of role profiles {summary['consistency']:.2f}, "
+                f"{margin:+.2f} over a random matching ({summary['random_matching']:.2f}); "
+                f"null used: {null}, {summary['null_shuffled']:.2f} "
+                f"({format_p(summary['p_value'], summary.get('p_floor'))})"
             )
             text += " (one head: any matching is the same)." if total == 1 else "."
         return text
+
+    @staticmethod
+    def group_calls(runs: list[RunVerdict]) -> dict[str, str]:
+        """Axis -> the call of a group of seeds: the call most seeds get (without a majority:
+        "cannot tell")."""
+        axes = list(dict.fromkeys(a for r in runs for a in r.calls))
+        out = {}
+        for axis in axes:
+            calls = [r.calls[axis] for r in runs if axis in r.calls]
+            best = max(CALLS, key=calls.count)
+            out[axis] = best if calls.count(best) * 2 > len(calls) else "cannot tell"
+        return out
+
+    def headline(self, runs: list[RunVerdict]) -> str:
+        """ONE sentence for a task and head count over its seeds (the report's headline)."""
+        first, n = runs[0], len(runs)
+        calls = self.group_calls(runs)
+        counts = [
+            f"{sum(r.calls.get(axis) == 'divided' for r in runs)}/{n} seeds divided by {axis}"
+            for axis in calls
+        ]
+        evidence = f" ({', '.join(counts)})" if counts and n > 1 else ""
+        basis = _basis_text([d for r in runs for d in r.division])
+        return (
+            f"h={first.n_heads} ({_plural(first.total_heads, 'head')}, {_plural(n, 'seed')}): "
+            f"{headline_call(calls)}{evidence}{basis}."
+        )
+
+    def headlines(self) -> dict[str, list[str]]:
+        """Task -> one headline sentence per head count, in order of appearance."""
+        out: dict[str, list[str]] = {}
+        for runs in self.groups().values():
+            out.setdefault(runs[0].task, []).append(self.headline(runs))
+        return out
 
     @staticmethod
     def _group_division(runs: list[RunVerdict]) -> str:
@@ -435,31 +547,21 @@ class Verdict:
                 "Division of labour not measured (no division table): this verdict does not "
                 "say whether the heads divide the work."
             )
-        parts, along = [], []
+        parts = []
         for axis in axes:
             rows = [d for r in runs for d in r.division if str(d["by"]) == axis]
             beats = sum(axis in r.specialized_axes for r in runs)
-            parts.append(
-                f"by {axis} {_mean_std([float(d['index']) for d in rows])} vs null "
-                f"{_mean_std([float(d['null_index']) for d in rows])}, beyond its null in "
-                f"{beats}/{n} seeds"
-            )
-            if beats * 2 > n:
-                along.append(axis)
-        undefined = all(not math.isfinite(float(d["index"])) for r in runs for d in r.division)
-        if along:
-            verdict = f"specialized (the heads divide the work) along {', '.join(along)}"
-        elif undefined:  # fewer than two heads whose removal alone costs anything
-            verdict = (
-                "not specialized: the division index is undefined on every axis, because "
-                "fewer than two heads do damage when removed alone (nothing to divide)"
-            )
-        else:
-            verdict = (
-                "not specialized: in most seeds the division index is inside its null on "
-                "every axis tested"
-            )
-        return f"Division index {'; '.join(parts)}: {verdict}."
+            defined = [d for d in rows if _finite(d.get("index"))]
+            if defined:
+                index = (
+                    f"{_mean_std([float(d['index']) for d in defined])} vs null "
+                    f"{_mean_std([float(d['null_index']) for d in defined])}"
+                )
+            else:
+                index = UNDEFINED_INDEX
+            parts.append(f"by {axis} {index}, divided in {beats}/{n} seeds")
+        verdict = headline_call(Verdict.group_calls(runs))
+        return f"Division of labour: {'; '.join(parts)}: {verdict}."
 
     @property
     def lines(self) -> list[str]:

@@ -62,7 +62,7 @@ class SpecializationSettings:
             distribution over the set, 1 = uniform) is *counting* over it (label
             ``count:<set>``; see :mod:`.roles`).
         n_permutations: Draws of the causal permutation null.
-        n_shuffles: Draws of the role-shuffled consistency null.
+        n_shuffles: Draws of the head-shuffled consistency null (heads dealt across seeds).
         seed: Seed of every null's random generator.
     """
 

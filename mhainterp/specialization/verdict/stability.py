@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from mhainterp.heads import HEAD_SET_SEPARATOR
+from mhainterp.specialization.needed.dead import QUIET_COLUMNS, dead_heads
 from mhainterp.specialization.needed.redundancy import GROUP_COLUMNS, redundant_under
 from mhainterp.specialization.verdict.labels import HeadDecision, decide_labels
 from mhainterp.specialization.verdict.settings import THRESHOLDS, SpecializationSettings
@@ -77,6 +79,7 @@ class RunEvidence:
         groups: Group table (``heads, damage_all, backup``).
         nested: ``(inner, outer)`` role pairs whose templates nest.
         max_damage: Head label -> its largest accuracy drop over targets.
+        quiet: The quiet sets removed as a whole (:func:`.dead.quiet_ablations`).
     """
 
     roles: pd.DataFrame
@@ -85,12 +88,15 @@ class RunEvidence:
     groups: pd.DataFrame
     nested: Collection[tuple[str, str]]
     max_damage: dict[str, float]
+    quiet: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
 
     def __post_init__(self) -> None:
         if not len(self.pairs) or not set(_PAIR_COLUMNS) <= set(self.pairs.columns):
             self.pairs = pd.DataFrame(columns=_PAIR_COLUMNS)
         if not len(self.groups) or not set(GROUP_COLUMNS) <= set(self.groups.columns):
             self.groups = pd.DataFrame(columns=GROUP_COLUMNS)
+        if not len(self.quiet) or not set(QUIET_COLUMNS) <= set(self.quiet.columns):
+            self.quiet = pd.DataFrame(columns=QUIET_COLUMNS)
 
 
 def relabel(
@@ -104,11 +110,12 @@ def relabel(
         of pairs/groups these settings test that the evidence does not cover.
     """
     ratio = evidence.output_ratio
-    dead = {h for h, r in ratio.items() if r < settings.dead_tol}
-    first = decide_labels(evidence.roles, ratio, {}, settings, evidence.nested)
+    dead, untested_dead = dead_heads(ratio, evidence.max_damage, evidence.quiet, settings)
+    first = decide_labels(evidence.roles, ratio, {}, settings, evidence.nested, dead)
     role_of = {h: d.role for h, d in first.items()}
     partners, untested = redundant_under(evidence.pairs, evidence.groups, settings, dead, role_of)
-    decisions = decide_labels(evidence.roles, ratio, partners, settings, evidence.nested)
+    untested += untested_dead
+    decisions = decide_labels(evidence.roles, ratio, partners, settings, evidence.nested, dead)
     needed = {h: evidence.max_damage.get(h, 0.0) >= settings.min_damage for h in decisions}
     return decisions, needed, untested
 
@@ -142,6 +149,7 @@ def _evidence(result: SpecializationResult, run: str) -> RunEvidence:
         max_damage=causal.groupby("head_label")["damage"].max().astype(float).to_dict()
         if len(causal)
         else {},
+        quiet=of("quiet"),
     )
 
 
@@ -206,8 +214,9 @@ def stability_summary(table: pd.DataFrame) -> pd.DataFrame:
     Example:
         >>> t = pd.DataFrame({"run": ["r"] * 2, "threshold": ["mix_ratio"] * 2,
         ...     "factor": [0.8, 1.25], "n_heads": [4, 4], "changed": ["L0H1", ""]})
-        >>> [str(v) for v in stability_summary(t).loc[0, ["threshold", "share_any"]]]
-        ['mix_ratio', '0.25']
+        >>> row = stability_summary(t).iloc[0]
+        >>> row["threshold"], float(row["share_any"])
+        ('mix_ratio', 0.25)
     """
     if not len(table):
         return pd.DataFrame(columns=["threshold", "share_any", "n_heads"])

@@ -1,0 +1,111 @@
+"""The verdict's sentences read the calibrated division calls of the contract (call, basis,
+reason, CI, same-function null, p floor, per-method indices) and lead with one headline."""
+
+from __future__ import annotations
+
+import math
+
+from mhainterp.render import format_p
+from mhainterp.specialization import RunVerdict, Verdict
+from mhainterp.specialization.verdict.sentences import axis_call, headline_call
+
+NAN = math.nan
+
+
+def _row(**changes):
+    row = {
+        "by": "position", "call": "divided", "basis": "kept",
+        "reason": "every head is backed up; kept-head profiles: 0.41 vs 0.05",
+        "index": 0.41, "ci_low": 0.35, "ci_high": 0.47, "null_index": 0.05, "null_high": 0.09,
+        "p": 1 / 1001, "p_floor": 1 / 1001, "index_mean": 0.41, "index_zero": 0.38,
+        "index_resample": 0.12, "call_mean": "divided", "call_zero": "divided",
+        "call_resample": "not divided", "n_damaging": 0,
+    }  # fmt: skip
+    return {**row, **changes}
+
+
+def _run(division, seed=0):
+    return RunVerdict(run=f"r{seed}", task="reverse", n_heads=8, n_layers=1, seed=seed,
+                      division=division)  # fmt: skip
+
+
+def test_format_p_at_its_floor():
+    assert format_p(1 / 1001, 1 / 1001) == "p < 0.001"
+    assert format_p(0.004, 1 / 1001) == "p = 0.004"
+    assert format_p(NAN) == "p n/a"
+
+
+def test_a_kept_head_call_is_read_with_its_evidence():
+    text = _run([_row()]).text
+    assert "Headline: the heads divide the work along position; basis: kept-head profiles." in text
+    assert (
+        "by position divided (index 0.41 [95% CI 0.35, 0.47] vs same-function null 0.05 "
+        "(p < 0.001), on kept-head profiles)"
+    ) in text
+
+
+def test_method_dependent_shows_the_three_methods():
+    row = _row(call="method-dependent")
+    assert axis_call(row) == "method-dependent"
+    text = _run([row]).text
+    assert "depends on the ablation method" in text
+    assert "by method: mean 0.41, zero 0.38, resample 0.12" in text
+
+
+def test_cannot_tell_says_why():
+    row = _row(call="cannot tell", index=NAN, ci_low=NAN, ci_high=NAN, basis="single",
+               reason="fewer than 2 heads do damage and no kept profile decides")  # fmt: skip
+    text = _run([row]).text
+    assert "nan vs null nan" not in text
+    assert (
+        "by position cannot tell (undefined (fewer than 2 heads do damage); fewer than 2 heads "
+        "do damage and no kept profile decides)"
+    ) in text
+    assert "Headline: cannot tell whether the heads divide the work" in text
+
+
+def test_one_headline_per_head_count():
+    runs = [_run([_row()], s) for s in range(2)] + [_run([_row(call="not divided")], 2)]
+    assert Verdict(runs).headlines() == {
+        "reverse": [
+            "h=8 (8 heads, 3 seeds): the heads divide the work along position (2/3 seeds "
+            "divided by position); basis: kept-head profiles."
+        ]
+    }
+    assert headline_call({"token": "divided", "position": "method-dependent"}) == (
+        "the heads divide the work along token (method-dependent along position)"
+    )
+    assert headline_call({"token": "not divided", "position": "cannot tell"}) == (
+        "the heads do not divide the work along token (cannot tell along position)"
+    )
+    one = RunVerdict(run="r", task="t", n_heads=1, n_layers=1, seed=0)
+    assert Verdict([one, one]).headline([one, one]).startswith("h=1 (1 head, 2 seeds)")
+
+
+def test_per_head_findings_say_what_each_head_does_on_every_axis():
+    import pandas as pd
+
+    from mhainterp.handbuilt import handbuilt_model
+    from mhainterp.specialization import attach_division, specialization_test
+    from mhainterp.tasks import get_task
+
+    task = get_task("previous_token", seq_len=16, d_vocab=10)
+    model = handbuilt_model(["previous", "uniform", "dead"], d_head=18)
+    result = specialization_test(model, task, n_eval=32, n_permutations=20)
+    assert result.heads["finding"].tolist() == [
+        "looks at previous; whom it serves not measured; needed",
+        "looks at no known relation; whom it serves not measured; not needed",
+        "looks at no known relation; whom it serves not measured; dead",
+    ]
+    index = pd.DataFrame([_row(basis="single")])
+    heads = pd.DataFrame({
+        "head_label": ["L0H0", "L0H1", "L0H2"], "by": ["position"] * 3,
+        "serves": ["1,2,3", "", ""], "specialized": [True, False, False],
+    })  # fmt: skip
+    attached = attach_division(result, index, heads)
+    assert "Headline: the heads divide the work along position" in attached.verdict.text
+    assert attached.heads["finding"].tolist() == [
+        "looks at previous; serves position: 1,2,3; needed",
+        "looks at no known relation; serves every value alike; not needed",
+        "looks at no known relation; serves every value alike; dead",
+    ]
