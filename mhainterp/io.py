@@ -48,6 +48,8 @@ __all__ = [
     "write_json",
     "read_json",
     "write_csv",
+    "FileSet",
+    "json_text",
     "ensure_writable_dir",
     "describe_os_error",
     "RunLock",
@@ -219,7 +221,7 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> Path:
     """Atomically write ``obj`` as indented, key-sorted JSON."""
-    return write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+    return write_text(path, json_text(obj))
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
@@ -250,6 +252,59 @@ def read_json(path: str | os.PathLike[str]) -> Any:
 def write_csv(path: str | os.PathLike[str], df: pd.DataFrame) -> Path:
     """Atomically write a DataFrame as CSV without its index (see :func:`write_text`)."""
     return write_text(path, df.to_csv(index=False))
+
+
+def json_text(obj: Any) -> str:
+    """``obj`` as the indented, key-sorted JSON text :func:`write_json` writes."""
+    return json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n"
+
+
+class FileSet:
+    """Files that are complete only together, with a marker file that says so.
+
+    A save that a kill interrupts must read as "not saved", never as a mix of old and new
+    files: the marker is removed before the first file that changes and written last. A save
+    whose every file already holds the same bytes writes nothing at all (so a read-only folder
+    whose results are saved can be reported from).
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> files = FileSet(folder / "done.json")
+        >>> _ = files.write_text(folder / "a.txt", "a")
+        >>> _ = files.finish({"complete": True})
+        >>> sorted(p.name for p in folder.iterdir())
+        ['a.txt', 'done.json']
+    """
+
+    def __init__(self, marker: str | os.PathLike[str]) -> None:
+        self.marker = Path(marker)
+        self._changing = False
+
+    def _change(self) -> None:
+        if not self._changing:
+            self.marker.unlink(missing_ok=True)
+            self._changing = True
+
+    def write_text(self, path: str | os.PathLike[str], text: str) -> Path:
+        """Like :func:`write_text`, inside the set."""
+        if not _same_bytes(text.encode("utf-8"), Path(path)):
+            self._change()
+        return write_text(path, text)
+
+    def write_csv(self, path: str | os.PathLike[str], df: pd.DataFrame) -> Path:
+        """Like :func:`write_csv`, inside the set."""
+        return self.write_text(path, df.to_csv(index=False))
+
+    def remove(self, path: str | os.PathLike[str]) -> None:
+        """Remove a file of an earlier save that this one does not write."""
+        if Path(path).exists():
+            self._change()
+            Path(path).unlink()
+
+    def finish(self, marker_content: Any) -> Path:
+        """Write the marker (JSON) last: the set is complete."""
+        return write_text(self.marker, json_text(marker_content))
 
 
 def _json_default(obj: Any) -> Any:

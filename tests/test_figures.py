@@ -202,7 +202,7 @@ def _sweep_runs() -> pd.DataFrame:
         for seed, n in enumerate(n_relations):
             rows.append(
                 {"task": "count_previous", "n_heads": h, "seed": seed, "n_relations": n,
-                 "heads_per_relation": 1.0 if n else np.nan, "frac_redundant": 0.0,
+                 "heads_per_relation": 1.0 if n else np.nan, "frac_backed_up": 0.0,
                  "frac_dead": 0.125 * seed, "val_accuracy": 0.6 + 0.04 * h}
             )  # fmt: skip
     return pd.DataFrame(rows)
@@ -216,7 +216,7 @@ def test_specialization_vs_heads_is_a_grid_with_counts_clipped_at_zero(tmp_path)
     assert [ax.get_ylabel() for ax in panels] == [
         "relations covered (a count)",
         "heads per relation (a count)",
-        "redundant share of heads",
+        "backed-up share of heads",
         "dead share of heads",
         "validation accuracy",
     ]
@@ -245,7 +245,7 @@ def test_consistency_legend_is_outside_the_data():
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
         "observed",
         "random matching",
-        "role-shuffled",
+        "heads shuffled across seeds",
     ]
     assert_legends_outside_data(fig)
     plt.close(fig)

@@ -77,7 +77,8 @@ def test_a_runs_folder_in_the_current_directory_is_never_read_for_another_sweep(
     from mhainterp.specialization import SweepSpecialization
 
     runs = SweepSpecialization.load(other).runs
-    assert sorted(Path(r).resolve() for r in runs["run_dir"]) == sorted(
+    # run_dir is stored relative to the table's folder (other/), never to the current one
+    assert sorted((other / r).resolve() for r in runs["run_dir"]) == sorted(
         (other / "runs" / n).resolve() for n in NAMES
     )
     assert not (decoy / "analysis").exists()  # the decoy was never analysed

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mhainterp.io import read_json, write_csv, write_json
+from mhainterp.io import FileSet, read_json
 from mhainterp.render import format_p, markdown_table
 from mhainterp.stats import beyond_seed_spread, compare_seeds, describe, holm_block, seed_power_note
 from mhainterp.sweep.run import resolve_run_dir
@@ -71,13 +71,11 @@ class SweepSummary:
         """Write :data:`SUMMARY_FILES` into ``sweep_dir`` (atomically; the notes last, so their
         presence means the set is complete)."""
         sweep_dir = Path(sweep_dir)
-        (sweep_dir / SUMMARY_FILES[-1]).unlink(missing_ok=True)  # a killed save: not saved
+        files = FileSet(sweep_dir / SUMMARY_FILES[-1])  # a killed save reads as not saved
         return [
-            write_csv(sweep_dir / "summary_table.csv", self.table),
-            write_csv(sweep_dir / "summary_comparisons.csv", self.comparisons),
-            write_json(
-                sweep_dir / "summary_notes.json", {"notes": self.notes, "alpha": self.alpha}
-            ),
+            files.write_csv(sweep_dir / "summary_table.csv", self.table),
+            files.write_csv(sweep_dir / "summary_comparisons.csv", self.comparisons),
+            files.finish({"notes": self.notes, "alpha": self.alpha}),
         ]
 
     @classmethod

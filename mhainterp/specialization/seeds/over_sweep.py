@@ -24,7 +24,7 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
-from mhainterp.io import read_json, write_csv, write_json, write_text
+from mhainterp.io import FileSet, read_json, write_csv
 from mhainterp.render import markdown_table
 from mhainterp.runs import (
     analysis_is_current,
@@ -118,14 +118,14 @@ class SweepSpecialization:
         (``specialization_notes.json``) to ``out_dir``: everything :meth:`load` reads back.
         The notes file is written last, so its presence means the set is complete."""
         out_dir = Path(out_dir)
-        (out_dir / NOTES_FILE).unlink(missing_ok=True)  # a killed save reads as not saved
+        files = FileSet(out_dir / NOTES_FILE)  # a killed save reads as not saved
         return [
-            write_csv(out_dir / "specialization_runs.csv", self.runs),
-            write_csv(out_dir / "specialization_summary.csv", self.summary),
-            write_csv(out_dir / "specialization_comparisons.csv", self.comparisons),
-            write_text(out_dir / "specialization_summary.md", self.to_markdown()),
-            *self.result.save(out_dir, SWEEP_PREFIX),
-            write_json(out_dir / NOTES_FILE, {"notes": self.notes}),
+            files.write_csv(out_dir / "specialization_runs.csv", self.runs),
+            files.write_csv(out_dir / "specialization_summary.csv", self.summary),
+            files.write_csv(out_dir / "specialization_comparisons.csv", self.comparisons),
+            files.write_text(out_dir / "specialization_summary.md", self.to_markdown()),
+            *self.result.save(out_dir, SWEEP_PREFIX, files=files),
+            files.finish({"notes": self.notes}),
         ]
 
     @classmethod

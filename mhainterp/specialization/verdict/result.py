@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mhainterp.io import write_csv, write_json, write_text
+from mhainterp.io import FileSet, json_text
 from mhainterp.runs import read_saved_meta, read_table, record_analysis_source, weights_digest
 from mhainterp.specialization.verdict.sentences import Verdict
 from mhainterp.specialization.verdict.settings import SpecializationSettings
@@ -72,7 +72,7 @@ HEAD_COLUMNS = [
 
 _TEXT_COLUMNS = (
     "role", "holds", "roles", "mixed_roles", "top_role", "redundant_with", "causal_target",
-    "changed", "finding",
+    "changed", "finding", "serves", "group", "basis", "call", "reason",
 )  # fmt: skip
 """String columns whose empty values CSV reads back as NaN."""
 
@@ -202,28 +202,43 @@ class SpecializationResult:
         lines.append(markdown_table(self.heads[columns]))
         return "\n".join(lines) + "\n"
 
-    def save(self, out_dir: str | os.PathLike[str], prefix: str = "specialization") -> list[Path]:
+    def save(
+        self,
+        out_dir: str | os.PathLike[str],
+        prefix: str = "specialization",
+        files: FileSet | None = None,
+    ) -> list[Path]:
         """Write every table as ``{prefix}_{name}.csv``, ``{prefix}.json`` (settings and
-        verdict) and ``{prefix}.md``; return the paths."""
+        verdict) and ``{prefix}.md``; return the paths.
+
+        The settings file says "this set is complete": it is removed before the first file
+        that changes and written last, so a save killed half-way reads as not saved (and is
+        recomputed), never as a mix; a save that changes nothing writes nothing. Inside a
+        larger set (``files``), that set's marker plays this role for all of them.
+        """
         out_dir = Path(out_dir)
-        # The settings file says "this set is complete": drop it first, write it last, so a
-        # save killed half-way reads as not saved (and is recomputed), never as a mix.
-        (out_dir / f"{prefix}.json").unlink(missing_ok=True)
+        marker = out_dir / f"{prefix}.json"
+        own = files is None
+        files = FileSet(marker) if files is None else files
         paths = [
-            write_csv(out_dir / f"{prefix}_{name}.csv", getattr(self, name)) for name in self.TABLES
+            files.write_csv(out_dir / f"{prefix}_{name}.csv", getattr(self, name))
+            for name in self.TABLES
         ]
         for name in self.OPTIONAL_TABLES:
             path = out_dir / f"{prefix}_{name}.csv"
             if len(getattr(self, name)):
-                paths.append(write_csv(path, getattr(self, name)))
+                paths.append(files.write_csv(path, getattr(self, name)))
             else:
-                path.unlink(missing_ok=True)  # not a stale table from an earlier save
-        paths.append(write_text(out_dir / f"{prefix}.md", self.to_markdown()))
+                files.remove(path)  # not a stale table from an earlier save
+        paths.append(files.write_text(out_dir / f"{prefix}.md", self.to_markdown()))
         meta = {"settings": self.settings.to_dict(), "verdict": self.verdict.to_dict()}
         digest = weights_digest(out_dir.parent)  # in a run's analysis/: the weights it is of
         if digest is not None:
             meta["weights_sha256"] = digest
-        paths.append(write_json(out_dir / f"{prefix}.json", meta))
+        if own:
+            paths.append(files.finish(meta))
+        else:
+            paths.append(files.write_text(marker, json_text(meta)))
         if digest is not None:
             record_analysis_source(out_dir.parent)
         return paths
