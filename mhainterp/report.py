@@ -46,19 +46,16 @@ from mhainterp.render import (
     render_html,
     render_markdown,
 )
-from mhainterp.runs import analysis_is_current, read_results, sweep_folders
+from mhainterp.runs import analysis_is_current, folder_kind, read_results, sweep_folders
 from mhainterp.specialization import (
     SpecializationResult,
     SpecializationSettings,
     Verdict,
     saved_specialization,
 )
-from mhainterp.specialization.seeds.over_sweep import (
-    SweepSpecialization,
-    report_kind,
-)
+from mhainterp.specialization.seeds.over_sweep import SweepSpecialization
 
-__all__ = ["report_kind", "sweep_folders", "write_report"]
+__all__ = ["write_report"]
 
 OWN_FIGURES = ("role_scores", "causal_matrix", "consistency", "division_profiles")
 """Figure stems the report draws itself (kept out of the list of ``analyze`` figures)."""
@@ -438,7 +435,7 @@ def _sweep_specialization_blocks(
         role_heatmap,
         specialization_vs_heads,
     )
-    from mhainterp.specialization.seeds.over_sweep import display_summary
+    from mhainterp.specialization.seeds.summary import display_summary
 
     result = spec.result
     blocks: list[Block] = [
@@ -533,7 +530,7 @@ def write_report(
         >>> md, html_path = write_report("runs/quickstart")  # doctest: +SKIP
     """
     path = Path(path)
-    kind = report_kind(path)
+    kind = folder_kind(path)
     if overrides:
         base = settings or SpecializationSettings()
         settings = SpecializationSettings.from_dict({**base.to_dict(), **overrides})

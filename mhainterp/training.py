@@ -43,14 +43,13 @@ from mhainterp.io import (
     write_json,
 )
 from mhainterp.model import HookedMHATransformer
-from mhainterp.runs import (  # noqa: F401  (is_finished_run: importable from here before runs.py)
+from mhainterp.runs import (
     METRIC_COLUMNS,
     RUN_FILES,
     RunFolderError,
     check_dtype_name,
     check_metrics,
     check_tensors,
-    is_finished_run,
     migrate_config,
     read_eval,
     run_status,

@@ -172,3 +172,38 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
         if node not in index:
             visit(node)
     return sorted(components)
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def _exported(tree: ast.Module) -> list[str]:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return [e.value for e in node.value.elts]  # type: ignore[attr-defined]
+    return []
+
+
+def test_one_home_per_public_name() -> None:
+    """A module exports only what it defines; re-exporting is the job of package __init__s
+    (which gather their package's API), so every name has one module that owns it."""
+    shims = {}
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "__init__.py" or "assets" in path.parts:
+            continue
+        tree = ast.parse(path.read_text())
+        foreign = sorted(set(_exported(tree)) - _defined(tree))
+        if foreign:
+            shims[_module_name(path)] = foreign
+    assert shims == {}, f"re-exported outside a package __init__: {shims}"

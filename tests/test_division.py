@@ -12,15 +12,13 @@ import torch
 from mhainterp import division_of_labour
 from mhainterp.handbuilt_split import split_batch, split_heads_model
 from mhainterp.specialization import DivisionResult, target_damage
-from mhainterp.specialization.whom.damage import _small_unique
-from mhainterp.specialization.whom.division import (
+from mhainterp.specialization.whom.damage import _small_unique, triple_damage
+from mhainterp.specialization.whom.division_result import (
     HEADS_COLUMNS,
     INDEX_COLUMNS,
     PROFILE_COLUMNS,
-    division_index,
-    selectivity,
-    triple_damage,
 )
+from mhainterp.specialization.whom.selectivity import division_index, selectivity
 from mhainterp.tasks import get_task
 from mhainterp.tasks.templates import first_position_template, previous_token_template
 from mhainterp.training import build_model

@@ -18,7 +18,8 @@ from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.io import read_json
 from mhainterp.render import format_value
-from mhainterp.report import report_kind, sweep_folders, write_report
+from mhainterp.report import write_report
+from mhainterp.runs import folder_kind, sweep_folders
 from mhainterp.specialization import (
     SpecializationResult,
     SpecializationSettings,
@@ -67,12 +68,12 @@ def _text_of_html(html: str) -> str:
 
 
 def test_report_kinds(sweeps, tmp_path):
-    assert report_kind(sweeps) == "sweeps"
-    assert report_kind(sweeps / "count_previous") == "sweep"
-    assert report_kind(sweeps / "count_previous" / "runs" / "h2_seed1") == "run"
+    assert folder_kind(sweeps) == "study"
+    assert folder_kind(sweeps / "count_previous") == "sweep"
+    assert folder_kind(sweeps / "count_previous" / "runs" / "h2_seed1") == "run"
     assert [p.name for p in sweep_folders(sweeps)] == list(TASKS)
     with pytest.raises(FileNotFoundError, match="is not a run folder"):
-        report_kind(tmp_path)
+        folder_kind(tmp_path)
 
 
 def test_report_contains_the_head_count_table(sweeps, report):

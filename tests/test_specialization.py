@@ -60,7 +60,7 @@ from mhainterp.specialization import (
     stability_summary,
     target_damage,
 )
-from mhainterp.specialization.seeds.over_sweep import display_summary
+from mhainterp.specialization.seeds.summary import display_summary
 from mhainterp.specialization.verdict.stability import RunEvidence, relabel, run_stability
 from mhainterp.specialization.where.roles import RoleSums, role_frame
 from mhainterp.tasks import get_task

@@ -11,12 +11,12 @@ import torch
 
 from mhainterp.config import TrainConfig
 from mhainterp.handbuilt import handbuilt_model
+from mhainterp.runs import is_finished_run
 from mhainterp.tasks import get_task
 from mhainterp.training import (
     TrainingDivergedError,
     build_model,
     evaluate,
-    is_finished_run,
     load_run,
     lr_at,
     train,

@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 
+from mhainterp.ablation import METHODS
 from mhainterp.explore.results import SavedResults
 from mhainterp.explore.runs import RunEntry, default_run, explorable_runs
-from mhainterp.explore.session import METHODS, ExploreSession
+from mhainterp.explore.session import ExploreSession
 from mhainterp.heads import head_label
 
 __all__ = ["ACTIONS", "BadRequestError", "Explorer", "answer_message"]

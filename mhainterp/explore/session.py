@@ -27,19 +27,16 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mhainterp.ablation import METHODS, Ablator, check_method
+from mhainterp.ablation import Ablator, check_method
 from mhainterp.ablation.interactive import DEFAULT_CACHE_SIZE
 from mhainterp.capture import average_patterns
 from mhainterp.heads import all_heads, head_label
 from mhainterp.model import HookedMHATransformer
 from mhainterp.scoring import PositionScores
-from mhainterp.specialization.whom.damage import axis_values
+from mhainterp.specialization.whom.damage import AXES, axis_values
 from mhainterp.tasks import Batch, Task
 
-__all__ = ["AXES", "METHODS", "ExploreSession"]
-
-AXES = ("token", "position", "target_class", "target")
-"""The axes the metrics are grouped by: the division of labour's ``by`` values."""
+__all__ = ["ExploreSession"]
 
 
 class ExploreSession(Ablator):

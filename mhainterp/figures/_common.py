@@ -26,8 +26,6 @@ from matplotlib.ticker import MaxNLocator
 from mhainterp.io import atomic_path, write_csv
 
 __all__ = [
-    "plt",
-    "sns",
     "save_figure",
     "new_figure",
     "wrapped_grid",

@@ -39,14 +39,7 @@ Example:
     ['previous', 'unspecialized', 'dead']
 """
 
-from mhainterp.specialization.battery import (
-    HEAD_COLUMNS,
-    RUN_COLUMNS,
-    SpecializationResult,
-    attach_division,
-    combine_results,
-    specialization_test,
-)
+from mhainterp.specialization.battery import specialization_test
 from mhainterp.specialization.corrections import CORRECTIONS, adjust_pvalues
 from mhainterp.specialization.needed.redundancy import (
     redundancy_groups,
@@ -55,20 +48,20 @@ from mhainterp.specialization.needed.redundancy import (
     redundant_under,
     similar_groups,
 )
+from mhainterp.specialization.seeds.combine import attach_division, combine_results
 from mhainterp.specialization.seeds.consistency import (
     cross_seed_consistency,
     profile_similarity,
     role_profiles,
 )
 from mhainterp.specialization.seeds.over_sweep import (
-    SUMMARY_COLUMNS,
     SweepSpecialization,
     cached_specialization,
     saved_specialization,
-    specialization_summary,
     specialize_folder,
     sweep_specialization,
 )
+from mhainterp.specialization.seeds.summary import SUMMARY_COLUMNS, specialization_summary
 from mhainterp.specialization.verdict.labels import (
     LABELS_OTHER,
     decide_labels,
@@ -76,6 +69,7 @@ from mhainterp.specialization.verdict.labels import (
     mixed_roles,
     role_targets,
 )
+from mhainterp.specialization.verdict.result import HEAD_COLUMNS, RUN_COLUMNS, SpecializationResult
 from mhainterp.specialization.verdict.sentences import RunVerdict, Verdict
 from mhainterp.specialization.verdict.settings import THRESHOLDS, SpecializationSettings
 from mhainterp.specialization.verdict.stability import label_stability, stability_summary
@@ -105,11 +99,8 @@ from mhainterp.specialization.whom.causal import (
     selectivity_index,
     target_damage,
 )
-from mhainterp.specialization.whom.division import (
-    DivisionResult,
-    division_of_labour,
-    saved_division,
-)
+from mhainterp.specialization.whom.division import division_of_labour
+from mhainterp.specialization.whom.division_result import DivisionResult, saved_division
 from mhainterp.stats import benjamini_hochberg, holm
 
 __all__ = [

@@ -40,9 +40,6 @@ from mhainterp.model import HookedMHATransformer
 from mhainterp.specialization.run_analysis import _analyse, _RunInput
 from mhainterp.specialization.seeds.combine import _single_result, attach_division, combine_results
 from mhainterp.specialization.verdict.result import (
-    DIVISION_COLUMNS,
-    HEAD_COLUMNS,
-    RUN_COLUMNS,
     SpecializationResult,
 )
 from mhainterp.specialization.verdict.settings import SpecializationSettings
@@ -52,13 +49,6 @@ from mhainterp.training import Run, load_run
 # The result, its columns and the combining live in .result and .combine; they are re-exported
 # here, where they have always been importable from.
 __all__ = [
-    "DIVISION_COLUMNS",
-    "HEAD_COLUMNS",
-    "RUN_COLUMNS",
-    "SpecializationResult",
-    "SpecializationSettings",
-    "attach_division",
-    "combine_results",
     "specialization_test",
 ]
 

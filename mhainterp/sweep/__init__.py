@@ -20,8 +20,6 @@ from mhainterp.sweep.run import (
     execute_run,
     fastest_executor,
     plan_sweep,
-    read_results,
-    resolve_run_dir,
     run_sweep,
 )
 from mhainterp.sweep.summary import SweepSummary, load_curves, summarize
@@ -35,8 +33,6 @@ __all__ = [
     "fastest_executor",
     "load_curves",
     "plan_sweep",
-    "read_results",
-    "resolve_run_dir",
     "run_sweep",
     "summarize",
 ]

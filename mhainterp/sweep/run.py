@@ -38,13 +38,11 @@ from mhainterp.io import (
     write_csv,
     write_json,
 )
-from mhainterp.runs import (  # noqa: F401  (read_results, resolve_run_dir: importable from here)
+from mhainterp.runs import (
     RunFolderError,
     is_finished_run,
     read_eval,
-    read_results,
     relative_run_dir,
-    resolve_run_dir,
     run_status,
 )
 from mhainterp.sweep import fork_safety  # noqa: F401  (forked workers: a tqdm lock of their own)
@@ -202,7 +200,7 @@ def run_sweep(
         d_model, d_head, n_params, n_attn_params, steps, final_train_loss, val_loss,
         val_accuracy`` (plus ``val_accuracy/<target>`` on multi-target tasks) and ``run_dir``
         (usable from here: ``out_dir/runs/...``). ``results.csv`` holds the same table with
-        ``run_dir`` relative to ``out_dir``; read it back with :func:`read_results`.
+        ``run_dir`` relative to ``out_dir``; read it back with :func:`mhainterp.runs.read_results`.
 
     Example:
         >>> df = run_sweep("reverse", n_heads=[1, 4, 8], seeds=[0, 1, 2])  # doctest: +SKIP

@@ -22,8 +22,8 @@ import pandas as pd
 
 from mhainterp.io import FileSet, read_json
 from mhainterp.render import format_p, markdown_table
+from mhainterp.runs import resolve_run_dir
 from mhainterp.stats import beyond_seed_spread, compare_seeds, describe, holm_block, seed_power_note
-from mhainterp.sweep.run import resolve_run_dir
 from mhainterp.validation import check_float, invalid
 
 __all__ = [

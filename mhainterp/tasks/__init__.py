@@ -20,8 +20,9 @@ Layout: ``batch`` (Batch), ``templates`` (relation template builders), ``base`` 
 ``plugins`` (load_task_module, entry points), ``contract`` (the check every task passes once).
 """
 
+from mhainterp.scoring import IGNORE_INDEX
 from mhainterp.tasks.base import Task
-from mhainterp.tasks.batch import IGNORE_INDEX, Batch
+from mhainterp.tasks.batch import Batch
 from mhainterp.tasks.builtin import (
     BUILTIN_TASKS,
     CountPreviousTask,

@@ -21,12 +21,13 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from mhainterp.tasks.batch import IGNORE_INDEX, Batch
+from mhainterp.scoring import IGNORE_INDEX
+from mhainterp.tasks.batch import Batch
 from mhainterp.tasks.contract import MAX_SEQ_LEN, MAX_VOCAB, check_labels, task_error
 from mhainterp.tasks.templates import check_tokens
 from mhainterp.validation import check_int, invalid
 
-__all__ = ["Task", "check_int", "init_param_names"]
+__all__ = ["Task", "init_param_names"]
 
 _EVAL_SALT = "mhainterp/eval-set/v1"
 _EVAL_SEED_OFFSET = 2**32  # eval seeds lie in [2**32, 2**63): never equal to a user's 32-bit seed

@@ -12,9 +12,9 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from mhainterp.scoring import IGNORE_INDEX, scored_positions
+from mhainterp.scoring import scored_positions
 
-__all__ = ["IGNORE_INDEX", "Batch"]
+__all__ = ["Batch"]
 
 
 @dataclass(frozen=True)

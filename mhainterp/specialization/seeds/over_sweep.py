@@ -35,40 +35,27 @@ from mhainterp.runs import (
     set_aside_stale_analysis,
     sweep_folders,
 )
-from mhainterp.specialization.battery import (
-    RUN_COLUMNS,
-    SpecializationResult,
-    SpecializationSettings,
-    attach_division,
-    combine_results,
-    specialization_test,
-)
+from mhainterp.specialization.battery import specialization_test
+from mhainterp.specialization.seeds.combine import attach_division, combine_results
 from mhainterp.specialization.seeds.summary import (
-    SUMMARY_COLUMNS,
     display_summary,
     specialization_summary,
     summary_notes,
     trend_comparisons,
 )
-from mhainterp.specialization.whom.division import (
-    AXES,
-    DivisionResult,
-    division_of_labour,
-    division_request,
-    saved_division,
-)
+from mhainterp.specialization.verdict.result import RUN_COLUMNS, SpecializationResult
+from mhainterp.specialization.verdict.settings import SpecializationSettings
+from mhainterp.specialization.whom.damage import AXES
+from mhainterp.specialization.whom.division import division_of_labour, division_request
+from mhainterp.specialization.whom.division_result import DivisionResult, saved_division
 from mhainterp.sweep.summary import summarize
 from mhainterp.training import load_run
 
 __all__ = [
-    "SUMMARY_COLUMNS",
     "SweepSpecialization",
     "cached_specialization",
-    "display_summary",
     "division_folder",
-    "report_kind",
     "saved_specialization",
-    "specialization_summary",
     "specialize_folder",
     "sweep_specialization",
 ]
@@ -305,20 +292,6 @@ def sweep_specialization(
     return SweepSpecialization(runs, summary, combined, notes, comparisons)
 
 
-def report_kind(path: str | os.PathLike[str]) -> str:
-    """``"run"``, ``"sweep"`` or ``"sweeps"`` (a folder of sweep folders).
-
-    Raises:
-        FileNotFoundError: If ``path`` is none of these.
-
-    Example:
-        >>> report_kind("runs/quickstart")  # doctest: +SKIP
-        'sweeps'
-    """
-    kind = folder_kind(path)
-    return "sweeps" if kind == "study" else kind
-
-
 def specialize_folder(
     path: str | os.PathLike[str],
     settings: SpecializationSettings | None = None,
@@ -354,7 +327,7 @@ def specialize_folder(
     """
     settings = _with_overrides(settings, overrides)
     path = Path(path)
-    kind = report_kind(path)
+    kind = folder_kind(path)
     if by:
         division_folder(path, settings, by=by, reuse=reuse, progress=progress)
     if kind == "run":
@@ -387,7 +360,7 @@ def division_folder(
         ...     print(run_dir.name, result.summary_line())
     """
     path = Path(path)
-    kind = report_kind(path)
+    kind = folder_kind(path)
     request = division_request(settings, by)
     if kind == "run":
         return [(path, _cached_division(path, settings, request, reuse, progress))]

@@ -21,7 +21,7 @@ import pandas as pd
 
 from mhainterp.render import format_p
 from mhainterp.specialization.verdict.sentences import UNDEFINED_INDEX, group_key
-from mhainterp.specialization.whom.division import AXES
+from mhainterp.specialization.whom.damage import AXES
 from mhainterp.stats import beyond_seed_spread, compare_seeds, describe, holm_block, seed_power_note
 
 __all__ = [

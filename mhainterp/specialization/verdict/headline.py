@@ -27,12 +27,14 @@ from typing import Any
 import pandas as pd
 
 from mhainterp.ablation import METHODS
-from mhainterp.specialization.battery import attach_division, specialization_test
+from mhainterp.specialization.battery import specialization_test
+from mhainterp.specialization.seeds.combine import attach_division
 from mhainterp.specialization.verdict.result import SpecializationResult
 from mhainterp.specialization.verdict.sentences import headline_call
 from mhainterp.specialization.verdict.settings import THRESHOLDS, SpecializationSettings
 from mhainterp.specialization.verdict.stability import FACTORS
-from mhainterp.specialization.whom.division import DIVISION_DEFAULTS, division_of_labour
+from mhainterp.specialization.whom.division import division_of_labour
+from mhainterp.specialization.whom.settings import DIVISION_DEFAULTS
 
 __all__ = [
     "DIVISION_GATES",

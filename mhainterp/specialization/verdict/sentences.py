@@ -76,7 +76,7 @@ def axis_call(d: dict[str, Any], alpha: float = 0.05) -> str:
     divided = str(d.get("divided"))  # a bool, or its text after a CSV round trip
     if divided in ("True", "False"):
         return "divided" if divided == "True" else "not divided"
-    from mhainterp.specialization.whom.division import DIVISION_DEFAULTS
+    from mhainterp.specialization.whom.settings import DIVISION_DEFAULTS
 
     gain = DIVISION_DEFAULTS["min_gain"]
     beyond = (

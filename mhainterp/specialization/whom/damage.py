@@ -24,7 +24,11 @@ from mhainterp.ablation import Method, evaluate_head_sets
 from mhainterp.heads import all_heads, head_label
 from mhainterp.tasks import Batch
 
-__all__ = ["TripleDamage", "axis_values", "triple_damage"]
+__all__ = ["AXES", "TripleDamage", "axis_values", "triple_damage"]
+
+AXES: tuple[str, ...] = ("token", "position", "target_class", "target")
+"""The axes damage is grouped by: the query token, its position, the class to output, which
+target (multi-target models); those of :func:`~.division.division_of_labour` and the explorer."""
 
 
 @dataclass

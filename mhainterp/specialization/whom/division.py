@@ -117,8 +117,8 @@ from mhainterp.data import Data, as_batch, batch_for_model, target_names
 from mhainterp.heads import head_label, resolve_heads
 from mhainterp.specialization.corrections import adjust_pvalues
 from mhainterp.specialization.needed.redundancy import similar_groups
-from mhainterp.specialization.whom.damage import TripleDamage, axis_values, triple_damage
-from mhainterp.specialization.whom.division_attention import ATTENTION_AXES, attention_view
+from mhainterp.specialization.whom.damage import AXES, TripleDamage, axis_values
+from mhainterp.specialization.whom.division_attention import attention_view
 from mhainterp.specialization.whom.division_calls import (
     AxisEvidence,
     Gates,
@@ -128,14 +128,12 @@ from mhainterp.specialization.whom.division_calls import (
     index_row,
 )
 from mhainterp.specialization.whom.division_result import (
-    ATTENTION_COLUMNS,
     BASIS_PROFILE_COLUMNS,
     HEADS_COLUMNS,
     INDEX_COLUMNS,
     PROFILE_COLUMNS,
     DivisionResult,
     join_columns,
-    saved_division,
 )
 from mhainterp.specialization.whom.profiles import (
     Configs,
@@ -150,9 +148,7 @@ from mhainterp.specialization.whom.profiles import (
     value_means,
     write_norms,
 )
-from mhainterp.specialization.whom.selectivity import division_index, selectivity
 from mhainterp.specialization.whom.settings import (
-    DIVISION_DEFAULTS,
     DivisionSettings,
     resolve_settings,
 )
@@ -160,26 +156,9 @@ from mhainterp.tasks import Batch, Task
 from mhainterp.validation import check_option, invalid
 
 __all__ = [
-    "ATTENTION_AXES",
-    "ATTENTION_COLUMNS",
-    "AXES",
-    "DIVISION_DEFAULTS",
-    "HEADS_COLUMNS",
-    "INDEX_COLUMNS",
-    "PROFILE_COLUMNS",
-    "DivisionResult",
-    "DivisionSettings",
-    "TripleDamage",
-    "division_index",
     "division_of_labour",
     "division_request",
-    "saved_division",
-    "selectivity",
-    "triple_damage",
 ]
-
-AXES: tuple[str, ...] = ("token", "position", "target_class", "target")
-"""The axes of :func:`division_of_labour` (see the module docstring)."""
 
 
 def _normalise_by(by: Sequence[str] | str) -> list[str]:
