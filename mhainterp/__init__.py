@@ -63,6 +63,9 @@ if TYPE_CHECKING:  # what static tools and IDEs see: the same names, imported ea
         MultiHeadAttention,
         TransformerBlock,
     )
+    from mhainterp.pretrained import (
+        load_pretrained,
+    )
     from mhainterp.report import (
         write_report,
     )
@@ -74,8 +77,12 @@ if TYPE_CHECKING:  # what static tools and IDEs see: the same names, imported ea
         match_heads,
     )
     from mhainterp.specialization import (
+        DivisionSettings,
+        SpecializationSettings,
         division_of_labour,
+        headline_stability,
         specialization_test,
+        specialize_folder,
         sweep_specialization,
     )
     from mhainterp.sweep import (
@@ -136,7 +143,12 @@ _EXPORTS: dict[str, str] = {
     "head_map_mds": "mhainterp.similarity",
     "head_similarity": "mhainterp.similarity",
     "match_heads": "mhainterp.similarity",
+    "load_pretrained": "mhainterp.pretrained",
+    "DivisionSettings": "mhainterp.specialization",
+    "SpecializationSettings": "mhainterp.specialization",
     "division_of_labour": "mhainterp.specialization",
+    "headline_stability": "mhainterp.specialization",
+    "specialize_folder": "mhainterp.specialization",
     "specialization_test": "mhainterp.specialization",
     "sweep_specialization": "mhainterp.specialization",
     "run_sweep": "mhainterp.sweep",
@@ -160,6 +172,11 @@ _EXPORTS: dict[str, str] = {
 
 __all__ = [
     "Ablator",
+    "DivisionSettings",
+    "SpecializationSettings",
+    "headline_stability",
+    "load_pretrained",
+    "specialize_folder",
     "ParameterError",
     "as_batch",
     "division_of_labour",

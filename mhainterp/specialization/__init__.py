@@ -62,6 +62,7 @@ from mhainterp.specialization.seeds.over_sweep import (
     sweep_specialization,
 )
 from mhainterp.specialization.seeds.summary import SUMMARY_COLUMNS, specialization_summary
+from mhainterp.specialization.verdict.headline import headline_stability
 from mhainterp.specialization.verdict.labels import (
     LABELS_OTHER,
     decide_labels,
@@ -101,6 +102,7 @@ from mhainterp.specialization.whom.causal import (
 )
 from mhainterp.specialization.whom.division import division_of_labour
 from mhainterp.specialization.whom.division_result import DivisionResult, saved_division
+from mhainterp.specialization.whom.settings import DivisionSettings
 from mhainterp.stats import benjamini_hochberg, holm
 
 __all__ = [
@@ -116,6 +118,7 @@ __all__ = [
     "DivisionResult",
     "RunVerdict",
     "SpecializationResult",
+    "DivisionSettings",
     "SpecializationSettings",
     "SweepSpecialization",
     "TargetDamage",
@@ -160,6 +163,7 @@ __all__ = [
     "specialization_test",
     "saved_division",
     "saved_specialization",
+    "headline_stability",
     "specialize_folder",
     "sweep_specialization",
     "target_damage",
