@@ -21,6 +21,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.io import allocation_failures, remove_stale_temps, require_memory, write_csv
 from mhainterp.runs import (
     find_runs,
@@ -40,7 +41,7 @@ def analyze_run(
     *,
     reference: Run | str | os.PathLike[str] | None = None,
     methods: Sequence[str] = DEFAULT_METHODS,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     ablation: bool = True,
     progress: bool = False,
 ) -> list[Path]:

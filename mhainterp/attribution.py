@@ -29,7 +29,7 @@ from mhainterp.ablation.engine import (
     head_masks,
     run_masks,
 )
-from mhainterp.data import Data, as_batch, batch_for_model, target_names
+from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
 from mhainterp.eval_mode import eval_mode
 from mhainterp.heads import all_heads, format_heads, head_label
 from mhainterp.scoring import position_scores
@@ -62,7 +62,7 @@ def gradient_importance(
     data: Data,
     *,
     normalize: bool = True,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     batch_size: int = 512,
     progress: bool = False,
 ) -> pd.DataFrame:
@@ -232,7 +232,7 @@ def prune_curve(
     rescore: bool = True,
     shortlist: int | None = 8,
     generator: torch.Generator | None = None,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     max_rows: int | None = DEFAULT_MAX_ROWS,
     progress: bool = False,
 ) -> pd.DataFrame:

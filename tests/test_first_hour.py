@@ -336,6 +336,20 @@ def test_the_readmes_user_task_example_runs(tmp_path, monkeypatch):
             "mhainterp ablate: error: --method='avg' is invalid: one of 'zero', 'mean', 'resample'",
         ),
         (
+            ["explore", "x", "--port", "70000"],
+            "mhainterp explore: error: --port=70000 is invalid: an integer >= 0 and <= 65535 "
+            "(0: any free port)",
+        ),
+        (
+            ["explore", "x", "--port", "-1"],
+            "mhainterp explore: error: --port=-1 is invalid: an integer >= 0 and <= 65535 "
+            "(0: any free port)",
+        ),
+        (
+            ["explore", "x", "--n-eval", "0"],
+            "mhainterp explore: error: --n-eval=0 is invalid: an integer >= 1 and <= 2147483647",
+        ),
+        (
             ["train", "--steps", "many", "--out", "x"],
             "mhainterp train: error: argument --steps: invalid int value: 'many' (see mhainterp "
             "train --help)",

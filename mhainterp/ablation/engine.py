@@ -56,7 +56,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mhainterp.data import Data, as_batch, batch_for_model, target_names
+from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
 from mhainterp.eval_mode import eval_mode
 from mhainterp.fast import linear_readout
 from mhainterp.heads import HeadSpec, format_heads, resolve_heads
@@ -263,7 +263,7 @@ def ablate(
     reference: Data | None = None,
     generator: torch.Generator | None = None,
     *,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
 ) -> Iterator[Any]:
     """Context manager: inside it, ``model`` runs with ``heads`` ablated.
 
@@ -551,7 +551,7 @@ def evaluate_head_sets(
     method: Method = "zero",
     reference: Data | None = None,
     *,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     per_position: bool = False,
     generator: torch.Generator | None = None,
     max_rows: int | None = DEFAULT_MAX_ROWS,

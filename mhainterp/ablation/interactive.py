@@ -28,7 +28,7 @@ from mhainterp.ablation.engine import (
     run_masks,
 )
 from mhainterp.ablation.tables import with_deltas
-from mhainterp.data import Data, as_batch, batch_for_model, target_names
+from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
 from mhainterp.eval_mode import eval_mode
 from mhainterp.heads import HeadSpec, head_label, resolve_heads
 from mhainterp.scoring import PositionScores, Totals, metric_names
@@ -97,7 +97,7 @@ class Ablator:
         method: Method = "zero",
         reference: Data | None = None,
         generator: torch.Generator | None = None,
-        n_eval: int = 1024,
+        n_eval: int = DEFAULT_N_EVAL,
         cache_size: int = DEFAULT_CACHE_SIZE,
     ) -> None:
         self.model = model

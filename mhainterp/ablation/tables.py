@@ -31,7 +31,7 @@ from mhainterp.ablation.engine import (
     evaluate_head_sets,
     resolve_head_sets,
 )
-from mhainterp.data import Data
+from mhainterp.data import DEFAULT_N_EVAL, Data
 from mhainterp.heads import HeadSpec, all_heads, format_heads, head_label, resolve_heads
 from mhainterp.protocol import HookedModel
 from mhainterp.scoring import metric_names
@@ -76,7 +76,7 @@ def head_importance(
     method: Method = "zero",
     reference: Data | None = None,
     *,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     generator: torch.Generator | None = None,
     max_rows: int | None = DEFAULT_MAX_ROWS,
     progress: bool = False,
@@ -127,7 +127,7 @@ def ablate_sets(
     method: Method = "zero",
     reference: Data | None = None,
     *,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     generator: torch.Generator | None = None,
     max_rows: int | None = DEFAULT_MAX_ROWS,
     progress: bool = False,
@@ -180,7 +180,7 @@ def pairwise_ablation(
     *,
     heads: str | Sequence[HeadSpec] | None = None,
     pairs: Sequence[tuple[HeadSpec, HeadSpec]] | None = None,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     generator: torch.Generator | None = None,
     max_rows: int | None = DEFAULT_MAX_ROWS,
     progress: bool = False,
@@ -259,7 +259,7 @@ def ablation_tables(
     *,
     method: Method = "mean",
     methods: Sequence[Method] = METHODS,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     pairwise_heads: int | None = 16,
     progress: bool = False,
 ) -> dict[str, pd.DataFrame]:

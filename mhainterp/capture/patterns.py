@@ -21,7 +21,7 @@ from mhainterp.capture.core import (
     attention_patterns,
     iter_patterns,
 )
-from mhainterp.data import Data, as_batch
+from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch
 from mhainterp.heads import head_label
 from mhainterp.model import HookedMHATransformer
 from mhainterp.tasks import Task
@@ -41,7 +41,7 @@ def example_patterns(
     *,
     index: int = 0,
     padding_mask: Tensor | None = None,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
 ) -> pd.DataFrame:
     """One sequence's attention patterns as a tidy table (real positions only).
 
@@ -101,7 +101,7 @@ def average_patterns(
     padding_mask: Tensor | None = None,
     *,
     batch_size: int = 256,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     progress: bool = False,
 ) -> Float[Tensor, "L h T T"]:
     """Dataset-average pattern of every head, ``[layer, head, q, k]``, computed batch by batch.
@@ -183,7 +183,7 @@ def average_relations(
     padding_mask: Tensor | None = None,
     *,
     batch_size: int = 1024,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
 ) -> dict[str, Float[Tensor, "T T"]]:
     """Dataset-average relation templates, averaged like :func:`average_patterns`.
 

@@ -30,7 +30,7 @@ from mhainterp.capture.patterns import (
     _tensor_frame,
     _with_head_labels,
 )
-from mhainterp.data import Data
+from mhainterp.data import DEFAULT_N_EVAL, Data
 from mhainterp.model import HookedMHATransformer
 from mhainterp.tasks import Task
 
@@ -141,7 +141,7 @@ def head_statistics(
     *,
     relations: RelationSource | None = None,
     batch_size: int = 256,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     progress: bool = False,
 ) -> pd.DataFrame:
     """Per-head attention statistics over a dataset, computed batch by batch.

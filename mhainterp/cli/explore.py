@@ -15,7 +15,10 @@ import sys
 import threading
 import webbrowser
 
+from mhainterp.cli.options import Checked, add_choice, add_n_eval
+from mhainterp.cli.static import ABLATION_METHODS
 from mhainterp.cli.task_modules import add_task_module_argument
+from mhainterp.validation import check_port
 
 __all__ = ["register", "run_explore"]
 
@@ -50,7 +53,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("path", metavar="RUN_OR_SWEEP", help="a run folder or a sweep folder")
     parser.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})"
+        "--port",
+        type=int,
+        action=Checked,
+        check=check_port,
+        default=DEFAULT_PORT,
+        help=f"port, 0..65535 (0: any free one; default {DEFAULT_PORT})",
     )
     parser.add_argument(
         "--host",
@@ -58,12 +66,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="address to listen on (default 127.0.0.1: this machine only)",
     )
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser")
-    parser.add_argument(
-        "--n-eval", type=int, default=1024, help="evaluation sequences (default 1024)"
-    )
-    parser.add_argument(
-        "--method", default="zero", help="initial method: zero, mean or resample (default zero)"
-    )
+    add_n_eval(parser)
+    add_choice(parser, "--method", "initial ablation method", ABLATION_METHODS, default="zero")
     add_task_module_argument(parser)
     parser.set_defaults(func=run_explore)
 
@@ -88,11 +92,6 @@ def run_explore(args: argparse.Namespace) -> int:
         )
     except ImportError as error:
         return _fail(f'{error}; install the explorer with: pip install "mhainterp[explore]"')
-    from mhainterp.ablation import check_method
-
-    check_method(args.method)
-    if args.n_eval < 1:
-        raise ValueError(f"--n-eval={args.n_eval} is invalid: a positive integer")
     runs = explorable_runs(args.path)  # a folder that is neither: one line, exit 2
     first = default_run(runs)
     if args.host not in LOCAL_HOSTS:

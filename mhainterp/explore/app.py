@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from mhainterp.ablation import METHODS
+from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.explore.results import SavedResults
 from mhainterp.explore.runs import RunEntry, default_run, explorable_runs
 from mhainterp.explore.session import ExploreSession
@@ -68,7 +69,7 @@ class Explorer:
         self,
         runs: list[RunEntry],
         *,
-        n_eval: int = 1024,
+        n_eval: int = DEFAULT_N_EVAL,
         method: str = "zero",
         seed: int = 0,
         threads: int | None = 1,

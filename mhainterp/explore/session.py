@@ -30,6 +30,7 @@ from torch import Tensor
 from mhainterp.ablation import Ablator, check_method
 from mhainterp.ablation.interactive import DEFAULT_CACHE_SIZE
 from mhainterp.capture import average_patterns
+from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.heads import all_heads, head_label
 from mhainterp.model import HookedMHATransformer
 from mhainterp.scoring import PositionScores
@@ -62,7 +63,7 @@ class ExploreSession(Ablator):
         model: HookedMHATransformer,
         data: Task | Batch,
         *,
-        n_eval: int = 1024,
+        n_eval: int = DEFAULT_N_EVAL,
         method: str = "zero",
         target_names: Sequence[str] | None = None,
         cache_size: int = DEFAULT_CACHE_SIZE,

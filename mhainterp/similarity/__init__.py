@@ -42,6 +42,7 @@ import pandas as pd
 from torch import Tensor
 
 from mhainterp.capture import Data
+from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.model import HookedMHATransformer
 from mhainterp.similarity.matrix import (
     cluster_heads,
@@ -86,7 +87,7 @@ def head_similarity(
     reference: HookedMHATransformer | None = None,
     *,
     batch_size: int = 256,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     progress: bool = False,
 ) -> pd.DataFrame:
     """Square head x head similarity matrix of one model (all layers), by ``method``.

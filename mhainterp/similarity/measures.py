@@ -25,6 +25,7 @@ from mhainterp.capture import (
     statistic_queries,
     visible_keys,
 )
+from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.model import HookedMHATransformer
 from mhainterp.protocol import check_model
 from mhainterp.validation import check_option
@@ -325,7 +326,7 @@ def cross_model_similarity(
     padding_mask: Tensor | None = None,
     *,
     batch_size: int = 256,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     progress: bool = False,
 ) -> pd.DataFrame:
     """Similarity of every head of ``model_a`` to every head of ``model_b`` on the same tokens.

@@ -15,6 +15,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mhainterp.capture import Data, pattern_hook_names, statistic_queries, visible_keys
+from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.heads import head_label
 from mhainterp.model import HookedMHATransformer
 from mhainterp.similarity.measures import (
@@ -126,7 +127,7 @@ def head_separation(
     *,
     reference: HookedMHATransformer | None = None,
     batch_size: int = 256,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     progress: bool = False,
 ) -> pd.DataFrame:
     """The seed's head separation: L2 distance between two heads' context vectors.

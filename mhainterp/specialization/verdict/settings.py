@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mhainterp.ablation import check_method
+from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.similarity import SIMILARITY_METHODS
 from mhainterp.specialization.corrections import CORRECTIONS
 from mhainterp.validation import check_int
@@ -66,7 +67,7 @@ class SpecializationSettings:
         seed: Seed of every null's random generator.
     """
 
-    n_eval: int = 256
+    n_eval: int = DEFAULT_N_EVAL
     alpha: float = 0.05
     correction: str = "holm"
     min_effect: float = 0.3

@@ -80,6 +80,7 @@ from mhainterp.capture import (
     statistic_queries,
     visible_keys,
 )
+from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.heads import head_label
 from mhainterp.model import HookedMHATransformer
 from mhainterp.tasks import (
@@ -521,7 +522,7 @@ def role_scores(
     data: Task | tuple[Tensor, Tensor],
     *,
     task: Task | None = None,
-    n_eval: int = 256,
+    n_eval: int = DEFAULT_N_EVAL,
     batch_size: int = 512,
 ) -> pd.DataFrame:
     """Role scores of every head with their permutation null (see the module docstring).

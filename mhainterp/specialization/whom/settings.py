@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mhainterp.ablation import METHODS, check_method
+from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.specialization.corrections import CORRECTIONS
 from mhainterp.validation import check_float, check_int, check_option, invalid
 
@@ -68,7 +69,7 @@ class DivisionSettings:
 
     method: str = "mean"
     methods: tuple[str, ...] = METHODS
-    n_eval: int = 1024
+    n_eval: int = DEFAULT_N_EVAL
     min_damage: float = 0.01
     min_loss_increase: float = 0.01
     min_count: int = 10
