@@ -23,17 +23,16 @@ from mhainterp.cli.options import (
 __all__ = ["register"]
 
 SPECIALIZE_DESCRIPTION = """\
-Do the heads specialize? Every head is labelled from its evidence: it can hold a relation (its
-attention on it beats both nulls after correction, with a large enough effect; counting roles
-count:<set> included), be needed (removing it alone costs accuracy), be backed up (redundant:
-other heads carry its work) or be dead (writes almost nothing). The verdict states the counts,
-the causal selectivity against its null (multi-target tasks) and, for several seeds, how
-consistent the roles are across seeds.
-
-The division of labour says whom the heads serve: the damage of removing each head per query
-token, query position, target class and target, against label-permutation and untrained-model
-nulls (saved as analysis/division_*.csv per run). "Specialized" in the verdict means the heads
-divide the work along an axis whose division index beats its null.
+Do the heads specialize? Three questions, each against a null:
+- where a head looks: its attention on each relation template of the task beats a key
+  permutation and the untrained model (Holm-corrected, with an effect gate);
+- whom it serves: the division of labour over query token, position, target class and target,
+  called "divided", "not divided", "cannot tell" or "method-dependent" against heads that do
+  the same job (noisy copies), with a 95% CI, under mean, zero and resample ablation, and
+  resting on single-head removal, kept-head profiles or backed-up groups (it says which);
+- whether it is needed: needed (removing it alone costs accuracy), backed up (others carry
+  its work), or dead (writes almost nothing AND removing it costs nothing).
+Each head's "finding" says all three; the verdict leads with one sentence per run.
 
 examples:
   mhainterp specialize runs/quickstart/count_previous/runs/h4_seed0
@@ -64,7 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``specialize`` command to the ``mhainterp`` parser."""
     specialize = subparsers.add_parser(
         "specialize",
-        help="label every head (role / redundant / dead / unspecialized) and state the verdict",
+        help="where each head looks, whom it serves, whether it is needed; the verdict",
         description=SPECIALIZE_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
