@@ -235,8 +235,8 @@ def _task_notes(task: str, rows: list[dict], task_cmp: list[dict], alpha: float)
     if all(r["val_accuracy_mean"] >= TOO_EASY_ACCURACY for r in task_rows):
         notes.append(
             f"{task}: every head count reaches >= {TOO_EASY_ACCURACY:.0%} validation accuracy, so "
-            "the task is too easy to separate head counts. Make it harder and rerun: a larger "
-            "vocabulary, variable length (min_len=4), fewer steps, or a smaller d_model."
+            "accuracy cannot separate head counts on it: compare what the heads do instead "
+            "(mhainterp specialize), or make the task harder (fewer steps, a smaller d_model)."
         )
     real = [c for c in task_cmp if c["beyond"]]
     undetermined = [c for c in task_cmp if c["beyond"] is None]
