@@ -11,6 +11,7 @@ import pytest
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.specialization import (
     THRESHOLDS,
+    DivisionSettings,
     SpecializationSettings,
     attach_division,
     specialization_test,
@@ -30,28 +31,21 @@ def task():
 
 
 def test_every_gate_and_the_method_is_moved():
-    names = [p.name for p in gate_perturbations(SpecializationSettings())]
+    settings = SpecializationSettings()
+    perturbations = gate_perturbations(settings)
+    names = [p.name for p in perturbations]
     expected = [f"{t} x{f:g}" for t in (*THRESHOLDS, "alpha") for f in (0.8, 1.25)]
     expected += ["n_eval x0.5", "n_eval x2", "ablation_method=zero", "ablation_method=resample"]
-    expected += [f"division {g} x{f:g}" for g in ("min_gain", "min_loss_increase", "serve_share")
-                 for f in (0.8, 1.25)]  # fmt: skip
+    division = DivisionSettings(n_eval=settings.n_eval, method=settings.ablation_method)
+    expected += [f"division {name}" for name, _ in division.perturbations()]
     assert names == expected
-    moved = {p.name: p for p in gate_perturbations(SpecializationSettings())}
+    moved = {p.name: p for p in perturbations}
     assert moved["alpha x1.25"].settings.alpha == pytest.approx(0.0625)
-    assert moved["n_eval x2"].settings.n_eval == 512
-    assert moved["division serve_share x1.25"].division == {"serve_share": 0.625}
-
-
-def test_a_division_settings_object_names_its_own_perturbations():
-    class Gates:  # what whom's DivisionSettings provides
-        def perturbations(self):
-            return [("min_gain x0.8", "A"), ("method=zero", "B")]
-
-    tail = gate_perturbations(SpecializationSettings(), Gates())[-2:]
-    assert [(p.name, p.division) for p in tail] == [
-        ("division min_gain x0.8", {"settings": "A"}),
-        ("division method=zero", {"settings": "B"}),
-    ]
+    assert moved["n_eval x2"].settings.n_eval == 2 * settings.n_eval
+    assert moved["n_eval x2"].division.n_eval == 2 * settings.n_eval  # both tests see it
+    assert moved["division serve_share x 1.25"].division.serve_share == pytest.approx(0.625)
+    assert moved["division method=zero"].division.method == "zero"
+    assert moved["min_effect x0.8"].division == division  # a label gate leaves the division
 
 
 def test_compare_headlines_counts_sentences_and_labels(task):
@@ -86,5 +80,5 @@ def test_a_lone_previous_head_keeps_its_headline_under_every_gate(task):
     settings = SpecializationSettings(n_eval=64, n_permutations=50, n_init=2)
     table = headline_stability(model, task, settings, by=("position",))
     assert table.attrs["headline"].startswith("cannot tell")
-    assert len(table) == 28 and not table["changed"].any()
+    assert len(table) == len(gate_perturbations(settings)) and not table["changed"].any()
     assert headline_summary(table)["share_labels_changed"] == 0.0

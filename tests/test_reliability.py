@@ -28,14 +28,8 @@ import mhainterp.training as training
 from mhainterp.cli import main
 from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.io import RunLock, RunLockedError, atomic_path, write_csv, write_text
-from mhainterp.sweep import (
-    execute_run,
-    plan_sweep,
-    read_results,
-    resolve_run_dir,
-    run_sweep,
-    summarize,
-)
+from mhainterp.runs import is_finished_run, read_results, resolve_run_dir
+from mhainterp.sweep import execute_run, plan_sweep, run_sweep, summarize
 from mhainterp.tasks import get_task
 from mhainterp.training import ARCHITECTURE_FIELDS, build_model, load_run
 
@@ -409,7 +403,7 @@ def test_sweep_skips_a_run_another_process_holds_then_waits(serial, tmp_path, ho
     while " wait h1_seed0" not in (log.read_text() if log.exists() else ""):
         assert time.monotonic() < deadline and sweep.is_alive(), "the sweep never waited"
         time.sleep(0.05)
-    assert not training.is_finished_run(spec.run_dir)  # skipped, not trained over the lock
+    assert not is_finished_run(spec.run_dir)  # skipped, not trained over the lock
     if holder == "finishes":
         os.write(go_w, b"1")  # the holder trains the run and exits
     else:

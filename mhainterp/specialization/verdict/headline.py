@@ -34,20 +34,16 @@ from mhainterp.specialization.verdict.sentences import headline_call
 from mhainterp.specialization.verdict.settings import THRESHOLDS, SpecializationSettings
 from mhainterp.specialization.verdict.stability import FACTORS
 from mhainterp.specialization.whom.division import division_of_labour
-from mhainterp.specialization.whom.settings import DIVISION_DEFAULTS
+from mhainterp.specialization.whom.settings import DivisionSettings
 
 __all__ = [
-    "DIVISION_GATES",
     "HEADLINE_COLUMNS",
     "compare_headlines",
     "gate_perturbations",
     "headline_stability",
     "headline_summary",
+    "matching_division_settings",
 ]
-
-DIVISION_GATES = ("min_gain", "min_loss_increase", "serve_share")
-"""The division test's gates that :class:`SpecializationSettings` does not hold (moved by
-keyword until the division test has its own settings object)."""
 
 HEADLINE_COLUMNS = [
     "perturbation",
@@ -63,33 +59,34 @@ headline clause under it, ``changed`` whether it differs from the unperturbed on
 
 @dataclasses.dataclass(frozen=True)
 class Perturbation:
-    """One moved gate: its name, the settings, and division keywords (or settings)."""
+    """One moved gate: its name, the specialization settings and the division settings."""
 
     name: str
     settings: SpecializationSettings
-    division: dict[str, Any]
+    division: DivisionSettings
 
 
 def gate_perturbations(
     settings: SpecializationSettings,
-    division_settings: Any = None,
+    division_settings: DivisionSettings | None = None,
     factors: Sequence[float] = FACTORS,
 ) -> list[Perturbation]:
     """Every gate moved by each factor, ``n_eval`` halved and doubled, and every other
-    ablation method.
+    ablation method: the specialization test's (labels) and the division test's
+    (:meth:`DivisionSettings.perturbations`: its gates, noise and primary method).
 
     Args:
         settings: The unperturbed specialization settings.
-        division_settings: The division test's settings object when it has
-            ``perturbations()`` (-> ``(name, settings)`` pairs); None: its gates in
-            :data:`DIVISION_GATES` are moved by keyword from their defaults.
-        factors: How far each gate moves.
+        division_settings: The unperturbed division settings (default: its defaults, with
+            the specialization settings' ``n_eval``, ``alpha`` and ablation method).
+        factors: How far each label gate moves.
 
     Example:
         >>> names = [p.name for p in gate_perturbations(SpecializationSettings())]
-        >>> names[:2], "alpha x0.8" in names, "ablation_method=zero" in names
+        >>> names[:2], "alpha x0.8" in names, "division method=zero" in names
         (['min_effect x0.8', 'min_effect x1.25'], True, True)
     """
+    division = division_settings or matching_division_settings(settings)
     out = []
     for name in (*THRESHOLDS, "alpha"):
         for factor in factors:
@@ -99,24 +96,26 @@ def gate_perturbations(
                 if name == "alpha"
                 else settings.scaled(name, factor)
             )
-            out.append(Perturbation(f"{name} x{factor:g}", moved, {}))
+            out.append(Perturbation(f"{name} x{factor:g}", moved, division))
     for factor in (0.5, 2.0):
-        moved = dataclasses.replace(settings, n_eval=max(1, round(settings.n_eval * factor)))
-        out.append(Perturbation(f"n_eval x{factor:g}", moved, {}))
+        n_eval = max(1, round(settings.n_eval * factor))
+        moved = dataclasses.replace(settings, n_eval=n_eval)
+        out.append(Perturbation(f"n_eval x{factor:g}", moved, division.replace(n_eval=n_eval)))
     for method in METHODS:
         if method != settings.ablation_method:
             moved = dataclasses.replace(settings, ablation_method=method)
-            out.append(Perturbation(f"ablation_method={method}", moved, {}))
-    if division_settings is not None and hasattr(division_settings, "perturbations"):
-        for name, moved in division_settings.perturbations():
-            out.append(Perturbation(f"division {name}", settings, {"settings": moved}))
-    else:
-        for gate in DIVISION_GATES:
-            for factor in factors:
-                value = DIVISION_DEFAULTS[gate] * factor
-                value = min(value, 1.0) if gate == "serve_share" else value
-                out.append(Perturbation(f"division {gate} x{factor:g}", settings, {gate: value}))
+            out.append(Perturbation(f"ablation_method={method}", moved, division))
+    for name, moved_division in division.perturbations():
+        out.append(Perturbation(f"division {name}", settings, moved_division))
     return out
+
+
+def matching_division_settings(settings: SpecializationSettings) -> DivisionSettings:
+    """The division settings that go with ``settings``: the same evaluation size, level and
+    ablation method."""
+    return DivisionSettings(
+        n_eval=settings.n_eval, alpha=settings.alpha, method=settings.ablation_method
+    )
 
 
 def _headline(result: SpecializationResult) -> str:
@@ -161,7 +160,7 @@ def headline_stability(
     settings: SpecializationSettings | None = None,
     *,
     by: Sequence[str] | str = ("token", "position", "target_class", "target"),
-    division_settings: Any = None,
+    division_settings: DivisionSettings | None = None,
     factors: Sequence[float] = FACTORS,
 ) -> pd.DataFrame:
     """Re-run the specialization test and the division of labour under every perturbation of
@@ -172,7 +171,7 @@ def headline_stability(
         data: Its task (the evaluation set of each setting's ``n_eval`` is drawn from it).
         settings: The unperturbed settings.
         by: Axes of the division of labour; empty: labels only (no division headline).
-        division_settings: See :func:`gate_perturbations`.
+        division_settings: The unperturbed division settings (see :func:`gate_perturbations`).
         factors: How far each gate moves.
 
     Returns:
@@ -180,19 +179,15 @@ def headline_stability(
         the unperturbed headline.
     """
     settings = settings or SpecializationSettings()
+    division_settings = division_settings or matching_division_settings(settings)
 
-    def run(s: SpecializationSettings, division: dict[str, Any]) -> SpecializationResult:
+    def run(s: SpecializationSettings, division: DivisionSettings) -> SpecializationResult:
         result = specialization_test(model, data, settings=s)
         if not by:
             return result
-        keywords = {"settings": s, "n_eval": s.n_eval, "method": s.ablation_method, **division}
-        index = division_of_labour(model, data, by, **keywords).index
-        return attach_division(result, index)
+        return attach_division(result, division_of_labour(model, data, by, settings=division).index)
 
-    if division_settings is not None:
-        base = run(settings, {"settings": division_settings})
-    else:
-        base = run(settings, {})
+    base = run(settings, division_settings)
     perturbed = [(p.name, run(p.settings, p.division)) for p in gate_perturbations(
         settings, division_settings, factors)]  # fmt: skip
     table = compare_headlines(base, perturbed)
