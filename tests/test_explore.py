@@ -205,9 +205,10 @@ def test_saved_results_read_and_tolerate_missing_or_broken_files(tmp_path):
     assert SavedResults.load(tmp_path) == SavedResults()
     analysis = tmp_path / "analysis"
     analysis.mkdir()
-    pd.DataFrame({"head_label": ["L0H0", "L0H1"], "label": ["previous", None]}).to_csv(
-        analysis / "specialization_heads.csv", index=False
-    )
+    finding = "looks at previous; serves position: 1,2; needed"
+    pd.DataFrame(
+        {"head_label": ["L0H0", "L0H1"], "label": ["previous", None], "finding": [finding, None]}
+    ).to_csv(analysis / "specialization_heads.csv", index=False)
     pd.DataFrame(
         {"head_label": ["L0H0", "L0H0"], "method": ["zero", "mean"], "delta_accuracy": [-0.5, -0.2]}
     ).to_csv(analysis / "ablation_importance.csv", index=False)
@@ -216,6 +217,7 @@ def test_saved_results_read_and_tolerate_missing_or_broken_files(tmp_path):
     ).to_csv(analysis / "division_heads.csv", index=False)
     saved = SavedResults.load(tmp_path)
     assert saved.labels == {"L0H0": "previous"}
+    assert saved.findings == {"L0H0": finding}  # what the head does on every axis
     assert saved.importance == {"mean": {"L0H0": -0.2}, "zero": {"L0H0": -0.5}}
     assert saved.division == {"L0H0": [{"by": "token", "selectivity": 0.7, "p_adj": 0.01}]}
     (analysis / "specialization_heads.csv").write_text("head_label\nL0H0\n")  # no label column

@@ -161,6 +161,9 @@ def test_clicking_heads_changes_accuracy_predictions_and_returns(page, task, tmp
     assert heads == ["L0H0", "L0H1", "L0H2"]
     roles = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".mhx-head-label")]
     assert roles == ["backed up", "unspecialized", "backed up"]  # the saved specialization
+    findings = [e.text for e in driver.find_elements(By.CSS_SELECTOR, ".mhx-head-finding")]
+    assert findings[0].startswith("looks at previous;") and findings[0].endswith("backed up")
+    assert findings[1].startswith("looks at no known relation;")  # every axis, not the role
     assert _accuracy(driver) == (1.0, "1.0000")
 
     _click_head(driver, "L0H0", ablated=True)

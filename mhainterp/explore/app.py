@@ -199,6 +199,7 @@ class Explorer:
                 "layer": layer,
                 "head": head,
                 "role": opened.saved.labels.get(label),
+                "finding": opened.saved.findings.get(label),
                 "division": opened.saved.division.get(label, []),
             }
             for layer in range(model.cfg.n_layers)

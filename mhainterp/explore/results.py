@@ -1,7 +1,8 @@
 """Read what earlier commands saved in a run's ``analysis/`` folder, tolerating its absence.
 
 The explorer shows, per head, what ``mhainterp specialize`` labelled it
-(``specialization_heads.csv``: ``head_label, label``), its single-head importance from
+(``specialization_heads.csv``: ``head_label, label`` and, where saved, ``finding``: what the
+head does on every axis), its single-head importance from
 ``mhainterp analyze`` (``ablation_importance.csv``: ``head_label, method, delta_accuracy``) and,
 where a division-of-labour result was saved (a CSV under ``analysis/`` whose name contains
 ``division`` with columns ``head_label, by, selectivity``), whom the head serves. A missing,
@@ -35,13 +36,16 @@ class SavedResults:
     """Per-head results found in a run folder (each empty when not saved).
 
     Attributes:
-        labels: head label -> specialization label (``"previous"``, ``"redundant"``, ...).
+        labels: head label -> specialization label (``"previous"``, ``"backed up"``, ...).
+        findings: head label -> what it does on every axis ("looks at previous; serves
+            position: 1,2; needed").
         importance: method -> head label -> change in accuracy when the head alone is ablated.
         division: head label -> rows ``{by, selectivity, null_mean, p_adj, specialized,
             serves}`` (the columns the file has).
     """
 
     labels: dict[str, str] = field(default_factory=dict)
+    findings: dict[str, str] = field(default_factory=dict)
     importance: dict[str, dict[str, float]] = field(default_factory=dict)
     division: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
@@ -53,7 +57,8 @@ class SavedResults:
         if not analysis_is_current(run_dir):
             return cls()
         return cls(
-            labels=_labels(folder / "specialization_heads.csv"),
+            labels=_column(folder / "specialization_heads.csv", "label"),
+            findings=_column(folder / "specialization_heads.csv", "finding"),
             importance=_importance(folder / "ablation_importance.csv"),
             division=_division(sorted(folder.glob("*division*.csv"))),
         )
@@ -70,11 +75,13 @@ def _read(path: Path, columns: tuple[str, ...]) -> pd.DataFrame | None:
     return table if set(columns) <= set(table.columns) else None
 
 
-def _labels(path: Path) -> dict[str, str]:
-    table = _read(path, ("head_label", "label"))
+def _column(path: Path, column: str) -> dict[str, str]:
+    """head label -> ``column``'s text (heads without one left out)."""
+    table = _read(path, ("head_label", column))
     if table is None:
         return {}
-    return {str(h): str(v) for h, v in zip(table["head_label"], table["label"]) if _present(v)}
+    pairs = zip(table["head_label"], table[column])
+    return {str(h): str(v) for h, v in pairs if _present(v) and str(v)}
 
 
 def _importance(path: Path) -> dict[str, dict[str, float]]:

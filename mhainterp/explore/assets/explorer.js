@@ -201,7 +201,8 @@ export function mount(root, call) {
             },
             thumb,
             h("div", { class: "mhx-head-name" }, head.label),
-            h("div", { class: "mhx-head-label" }, head.role || ""),
+            h("div", { class: "mhx-head-label", title: head.finding || "" }, head.role || ""),
+            h("div", { class: "mhx-head-finding", "data-finding": head.label }, head.finding || ""),
             h("div", { class: "mhx-head-imp", "data-importance": head.label }),
           ),
         );
@@ -269,6 +270,7 @@ export function mount(root, call) {
         { "data-detail": head.label },
         h("strong", {}, head.label),
         head.role ? ` · ${head.role}` : "",
+        head.finding ? ` · ${head.finding}` : "",
         ` · Δaccuracy when this head alone is ablated (${ui.view.method}): ${signed(imp)}`,
         ui.view.ablated.includes(head.label) ? " · ablated now" : "",
       ),
