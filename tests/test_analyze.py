@@ -35,6 +35,7 @@ EXPECTED = {
     for ext in ("png", "csv")
 }
 EXPECTED |= {name.replace(".png", ".pdf") for name in EXPECTED if name.endswith(".png")}
+EXPECTED.add("source.json")  # which weights these results are of (stale results are set aside)
 
 
 @pytest.fixture
