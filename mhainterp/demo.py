@@ -21,6 +21,10 @@ __all__ = ["DEMO_TASKS", "DEMO_STEPS", "run_demo", "run_sweep_with_figures"]
 DEMO_TASKS = ("count_previous", "reverse")
 DEMO_STEPS = 1500
 DEMO_TASK_PARAMS = {"seq_len": 16, "d_vocab": 10}
+DEMO_LABEL_N_EVAL = 256
+"""Sequences the demo's per-head labelling (roles, nulls, backup tests) uses, so the main job
+stays a few minutes; the division of labour, on which the headline rests, uses the default
+evaluation set (``DEFAULT_N_EVAL``). ``mhainterp specialize`` uses the default for both."""
 
 
 def run_demo(
@@ -50,7 +54,7 @@ def run_demo(
         The path of ``report.md``.
     """
     from mhainterp.report import write_report
-    from mhainterp.specialization import specialize_folder
+    from mhainterp.specialization import SpecializationSettings, specialize_folder
 
     out = Path(out)
     train = TrainConfig(steps=steps or DEMO_STEPS)
@@ -68,7 +72,8 @@ def run_demo(
         if analysis:
             _analyse_one_run(out, task, list(n_heads), list(seeds), echo)
     # The report reads these results; the terminal gets each sweep's answer right away.
-    for sweep, spec in specialize_folder(out, progress=progress):
+    labels = SpecializationSettings(n_eval=DEMO_LABEL_N_EVAL)
+    for sweep, spec in specialize_folder(out, labels, progress=progress):
         echo(f"### {sweep.name}: do the heads specialize?\n\n{spec.to_markdown()}")
     markdown, html = write_report(out)
     echo(f"report: {markdown} and {html}")
@@ -79,13 +84,12 @@ def run_sweep_with_figures(config: SweepConfig, out: Path, executor: str, progre
     """Run a sweep, then write summary tables, figures and summary.md beside its results."""
     from mhainterp.figures._common import save_figure
     from mhainterp.figures.headcount import plot_head_count_accuracy, plot_training_curves
-    from mhainterp.io import write_csv, write_text
+    from mhainterp.io import write_text
     from mhainterp.sweep import load_curves, run_sweep, summarize
 
     results = run_sweep(config, out, executor=executor, progress=progress)
     summary = summarize(results)
-    write_csv(out / "summary_table.csv", summary.table)
-    write_csv(out / "summary_comparisons.csv", summary.comparisons)
+    summary.save(out)  # the seed table, comparisons and notes the report reads
     write_text(out / "summary.md", summary.to_markdown())
     save_figure(
         plot_head_count_accuracy(results),
