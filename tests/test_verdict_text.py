@@ -109,3 +109,11 @@ def test_per_head_findings_say_what_each_head_does_on_every_axis():
         "looks at no known relation; serves every value alike; not needed",
         "looks at no known relation; serves every value alike; dead",
     ]
+
+
+def test_an_axis_with_no_basis_names_none():
+    """h = 1: every axis undefined, so no profile kind to name (was "basis: -head profiles")."""
+    from mhainterp.specialization.verdict.sentences import _basis_text
+
+    assert _basis_text([{"by": "token", "basis": ""}, {"by": "position", "basis": ""}]) == ""
+    assert _basis_text([{"basis": "kept"}, {"basis": ""}]) == "; basis: kept-head profiles"

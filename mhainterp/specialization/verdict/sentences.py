@@ -174,7 +174,8 @@ def headline_call(calls: dict[str, str]) -> str:
 
 
 def _basis_text(division: list[dict[str, Any]]) -> str:
-    bases = sorted({str(d["basis"]) for d in division if isinstance(d.get("basis"), str)})
+    # An axis that is undefined everywhere has no basis (""): nothing to name.
+    bases = sorted({d["basis"] for d in division if isinstance(d.get("basis"), str) and d["basis"]})
     return f"; basis: {', '.join(bases)}-head profiles" if bases else ""
 
 
