@@ -9,6 +9,10 @@
     head_map.png/.csv              2-D MDS map of the heads (from the JS similarity)
     ablation_*.png/.csv            importance, pairwise (backup), pruning, gradient vs ablation
     gradient_importance.csv  importance_agreement.csv
+
+``analyze_pretrained(model, text, out)`` (:mod:`mhainterp.analyze_pretrained`) is the branch for
+a pretrained model on real text: role scores against a random-weight null, Clark et al.
+categories, attribution vs exact ablation, zero vs mean.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from mhainterp.analyze_pretrained import analyze_pretrained
 from mhainterp.io import allocation_failures, remove_stale_temps, require_memory, write_csv
 from mhainterp.runs import (
     find_runs,
@@ -29,7 +34,7 @@ from mhainterp.runs import (
 )
 from mhainterp.training import Run, load_run
 
-__all__ = ["analyze_run", "analyze_path", "analysis_memory"]
+__all__ = ["analyze_pretrained", "analyze_run", "analyze_path", "analysis_memory"]
 
 DEFAULT_METHODS = ("js", "pattern_corr", "cka", "ov", "qk", "separation")
 

@@ -48,6 +48,7 @@ LAYERS: dict[str, int] = {
     "render": 8,
     "report": 8,
     "analyze": 8,
+    "analyze_pretrained": 8,
     "explore": 9,
     "cli": 10,
 }
