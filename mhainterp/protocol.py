@@ -338,8 +338,15 @@ class BridgedModel(nn.Module):
         def put(_: Tensor, hook: Any) -> Tensor:
             return z
 
+        def enter(_: Tensor, hook: Any) -> Tensor:
+            return resid_pre
+
+        # The bridge swaps the residual in only where its block's name matches blocks/h/layers
+        # (a BERT block, "encoder.layer.0", never matched: its input was the embedding of the
+        # injected tensor, off by 0.05); hook_in puts it in place for every architecture.
+        hooks = [(f"blocks.{layer}.hook_in", enter), (f"blocks.{layer}.attn.hook_z", put)]
         with (
-            self.bridge.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_z", put)]),
+            self.bridge.hooks(fwd_hooks=hooks),
             _skipping_blocks(self.bridge.blocks[:layer]),
         ):
             return self._run(resid_pre, padding_mask, start_at_layer=layer)
