@@ -25,12 +25,17 @@ from mhainterp.pretrained import load_pretrained
 MODELS = ("smollm2", "minilm")
 
 
-def _study(name: str, out: Path, n_eval: int) -> dict:
+def _study(name: str, out: Path, n_eval: int, reuse: bool) -> dict:
+    """Analyse one model (or, with ``reuse``, read a finished analysis of the same size)."""
     started = time.perf_counter()
     model = load_pretrained(name)
-    analyze_pretrained(model, "stdlib", out / name, n_eval=n_eval, progress=True)
-    seconds = time.perf_counter() - started
     folder = out / name
+    done = folder / "summary.md"
+    if reuse and done.exists() and f"{n_eval} sentences" in done.read_text():
+        seconds = float("nan")
+    else:
+        analyze_pretrained(model, "stdlib", folder, n_eval=n_eval, progress=True)
+        seconds = time.perf_counter() - started
     tables = {
         stem: pd.read_csv(folder / f"{stem}.csv")
         for stem in ("roles", "categories", "verified", "agreement", "zero_vs_mean")
@@ -53,7 +58,8 @@ def _section(result: dict) -> list[str]:
     lines = [
         f"## {p['upstream']} ({model.cfg.n_layers} layers x {model.cfg.n_heads} heads)",
         "",
-        f"Weights: {p['quantisation']}, {p['source']}. Analysed in {result['seconds']:.0f} s.",
+        f"Weights: {p['quantisation']}, {p['source']}. Analysed in {result['seconds']:.0f} s "
+        "(2 shared CPU cores).",
         "",
         "| category | heads | strongest (share of attention) |",
         "| --- | --- | --- |",
@@ -132,6 +138,11 @@ def main() -> None:
     parser.add_argument("--out", default="runs/real_heads")
     parser.add_argument("--n-eval", type=int, default=64)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="read a model's finished analysis instead of redoing it",
+    )
     args = parser.parse_args()
     out = Path(args.out)
     lines = [
@@ -141,7 +152,7 @@ def main() -> None:
         "",
     ]
     for name in args.models.split(","):
-        lines += _section(_study(name, out, args.n_eval))
+        lines += _section(_study(name, out, args.n_eval, args.reuse))
     lines.append(CAVEATS)
     path = write_text(out / "findings.md", "\n".join(lines))
     print(path.read_text())
