@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from mhainterp.analyze_pretrained import analyze_pretrained
-from mhainterp.io import write_text
+from mhainterp.analyze_pretrained import analyze_pretrained, clark_categories
+from mhainterp.io import write_csv, write_text
 from mhainterp.pretrained import load_pretrained
 
 MODELS = ("smollm2", "minilm")
@@ -38,9 +38,12 @@ def _study(name: str, out: Path, n_eval: int, reuse: bool) -> dict:
         seconds = time.perf_counter() - started
     tables = {
         stem: pd.read_csv(folder / f"{stem}.csv")
-        for stem in ("roles", "categories", "verified", "agreement", "zero_vs_mean")
+        for stem in ("roles", "verified", "agreement", "zero_vs_mean")
         if (folder / f"{stem}.csv").exists()
     }
+    # the categories follow the current rules also for a reused analysis (a cheap table)
+    tables["categories"] = clark_categories(tables["roles"], causal=model.cfg.causal)
+    write_csv(folder / "categories.csv", tables["categories"])
     return {"name": name, "model": model, "seconds": seconds, **tables}
 
 

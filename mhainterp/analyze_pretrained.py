@@ -111,13 +111,17 @@ def text_roles(
     return combine_nulls(roles, alpha=0.05, correction="holm", min_effect=0.3)
 
 
-def clark_categories(roles: pd.DataFrame, *, threshold: float = 0.5) -> pd.DataFrame:
+def clark_categories(
+    roles: pd.DataFrame, *, threshold: float = 0.5, causal: bool = False
+) -> pd.DataFrame:
     """One Clark et al. (2019) category per head from its role scores.
 
     A head is named after the relation of :data:`CLARK_CATEGORIES` with the largest share of
     its attention when that share is at least ``threshold`` and beats both nulls
     (``significant``); otherwise ``broad`` when its attention overlaps the uniform
-    distribution by at least ``threshold``; otherwise ``other``.
+    distribution by at least ``threshold``; otherwise ``other``. For a ``causal`` model
+    ``next`` and ``last`` are left out: no query sees the next token, and only the last query
+    sees the last one (there ``last`` is ``self``).
 
     Returns:
         ``head_label, layer, head, category, share`` (the named relation's score, or the
@@ -135,7 +139,8 @@ def clark_categories(roles: pd.DataFrame, *, threshold: float = 0.5) -> pd.DataF
     rows = []
     for (label, layer, head), group in roles.groupby(["head_label", "layer", "head"], sort=False):
         by_role = group.set_index("role")
-        named = by_role[by_role.index.isin(CLARK_CATEGORIES)]
+        allowed = [c for c in CLARK_CATEGORIES if not (causal and c in ("next", "last"))]
+        named = by_role[by_role.index.isin(allowed)]
         row = {"head_label": label, "layer": layer, "head": head}
         best = named["score"].idxmax() if len(named) else None
         if (
@@ -321,7 +326,7 @@ def analyze_pretrained(
     title = f"{model.provenance.get('source', '')}: attention share vs random-weight null"
     written.append(plot_roles_vs_null(roles, out / "roles.png", title=title))
     written.append(out / "roles.csv")
-    categories = clark_categories(roles)
+    categories = clark_categories(roles, causal=model.cfg.causal)
     written.append(write_csv(out / "categories.csv", categories))
     if model.cfg.objective == "next_token":
         attribution = attribution_patching(model, batch, ("zero", "mean"), batch_size=BATCH)

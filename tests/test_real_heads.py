@@ -400,3 +400,13 @@ def test_minilm_previous_and_next_token_heads(tmp_path):
     assert cats.loc["L1H8", "category"] == "next"
     verified = pd.read_csv(tmp_path / "verified.csv")
     assert len(verified) == 2 * 72 and (verified["exact"] >= -1e-6).any()
+
+
+def test_a_causal_model_has_no_last_or_next_category():
+    """In a causal model only the last query sees the last token (there it is itself)."""
+    rows = [("L0H0", 0, 0, "last", 0.95, True), ("L0H0", 0, 0, "self", 0.6, True),
+            ("L0H0", 0, 0, "uniform", 0.1, False)]  # fmt: skip
+    roles = pd.DataFrame(rows, columns=["head_label", "layer", "head", "role", "score",
+                                        "significant"])  # fmt: skip
+    assert clark_categories(roles)["category"].tolist() == ["last"]
+    assert clark_categories(roles, causal=True)["category"].tolist() == ["self"]
