@@ -10,6 +10,10 @@ PDF of the same figure)::
     head_map.png/.csv              2-D MDS map of the heads (from the JS similarity)
     ablation_*.png/.csv            importance, pairwise (backup), pruning, gradient vs ablation
     gradient_importance.csv  importance_agreement.csv
+
+``analyze_pretrained(model, text, out)`` (:mod:`mhainterp.analyze_pretrained`) is the branch for
+a pretrained model on real text: role scores against a random-weight null, Clark et al.
+categories, attribution vs exact ablation, zero vs mean.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,7 @@ __all__ = [
     "cache_dir",
     "load_pretrained",
     "pretrained_folder",
+    "random_init_models",
 ]
 
 CACHE_ENV = "MHAINTERP_CACHE"
@@ -211,7 +213,11 @@ def load_pretrained(
         folder, provenance = pretrained_folder(name)
     elif Path(name).is_dir():
         folder = Path(name)
-        provenance = {"source": f"folder:{folder.resolve()}", "quantisation": _dtype_of(folder)}
+        provenance = {
+            "source": f"folder:{folder.resolve()}",
+            "quantisation": _dtype_of(folder),
+            "folder": str(folder.resolve()),
+        }
     elif "/" in name and not Path(name).exists():
         folder, provenance = Path(name), {"source": f"hub:{name}", "quantisation": "as published"}
     else:
@@ -223,11 +229,38 @@ def load_pretrained(
     return BridgedModel(bridge, objective=objective, provenance=provenance).eval()
 
 
-def _boot(folder: str, device: str | None) -> Any:
+def _boot(folder: str, device: str | None, load_weights: bool = True) -> Any:
     from transformer_lens.model_bridge import TransformerBridge
 
-    bridge = TransformerBridge.boot_transformers(folder, device=device, dtype=torch.float32)
+    bridge = TransformerBridge.boot_transformers(
+        folder, device=device, dtype=torch.float32, load_weights=load_weights
+    )
     return bridge.eval()
+
+
+def random_init_models(model: BridgedModel, seeds: Sequence[int]) -> list[BridgedModel]:
+    """The same architecture with random weights, one model per seed: the null of "where
+    they look" for a pretrained model (what the architecture gives with no training).
+
+    Each is built from the model's own Hugging Face config with the architecture's random
+    initialisation (``transformers``' ``from_config`` under ``torch.manual_seed(seed)``); no
+    weights are read and nothing is downloaded. Same tokenizer, objective and device.
+
+    Example:
+        >>> nulls = random_init_models(load_pretrained("smollm2"), [0, 1])  # doctest: +SKIP
+        >>> nulls[0].provenance["quantisation"]  # doctest: +SKIP
+        'random init (seed 0)'
+    """
+    folder = model.provenance.get("folder") or model.provenance["source"].split(":", 1)[-1]
+    device = str(model.cfg.device) if model.cfg.device is not None else None
+    out = []
+    for seed in seeds:
+        torch.manual_seed(int(seed))
+        bridge = _boot(str(folder), device, load_weights=False)
+        bridge = bridge.to(device or "cpu").float().eval()
+        provenance = {**model.provenance, "quantisation": f"random init (seed {int(seed)})"}
+        out.append(BridgedModel(bridge, objective=model.cfg.objective, provenance=provenance))
+    return out
 
 
 def _dtype_of(folder: Path) -> str:

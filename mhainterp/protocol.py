@@ -26,7 +26,8 @@ Shapes: B batch, T positions, L layers, h query heads, g key/value heads, d_head
 
 from __future__ import annotations
 
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -329,14 +330,25 @@ class BridgedModel(nn.Module):
 
         ``resid_pre`` is that layer's ``hook_resid_pre``; the bridge re-enters the residual
         stream there (``start_at_layer``) and the hook puts ``z`` in place of the layer's own.
-        The bridge still runs the blocks before ``layer`` on the injected tensor and discards
-        their output, so this costs a whole forward (our own model skips them).
+        The bridge would still run the blocks before ``layer`` and discard their output; here
+        they pass their input through untouched for the call (:func:`_skipping_blocks`), so
+        only the layers from ``layer`` on are computed, as on our own model.
         """
 
         def put(_: Tensor, hook: Any) -> Tensor:
             return z
 
-        with self.bridge.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_z", put)]):
+        def enter(_: Tensor, hook: Any) -> Tensor:
+            return resid_pre
+
+        # The bridge swaps the residual in only where its block's name matches blocks/h/layers
+        # (a BERT block, "encoder.layer.0", never matched: its input was the embedding of the
+        # injected tensor, off by 0.05); hook_in puts it in place for every architecture.
+        hooks = [(f"blocks.{layer}.hook_in", enter), (f"blocks.{layer}.attn.hook_z", put)]
+        with (
+            self.bridge.hooks(fwd_hooks=hooks),
+            _skipping_blocks(self.bridge.blocks[:layer]),
+        ):
             return self._run(resid_pre, padding_mask, start_at_layer=layer)
 
     def _run(self, inputs: Tensor, padding_mask: Tensor | None, **bridge_kwargs: Any) -> Tensor:
@@ -400,6 +412,26 @@ class _AliasedHook:
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self._point, attr)
+
+
+def _pass_through(*args: Any, **kwargs: Any) -> Tensor:
+    """A block that returns its input hidden states (a Hugging Face decoder or encoder layer
+    of ``transformers`` 5 returns a bare tensor)."""
+    return args[0] if args else kwargs["hidden_states"]
+
+
+@contextmanager
+def _skipping_blocks(blocks: Any) -> Iterator[None]:
+    """Inside it, ``blocks`` return their input unchanged (and fire none of their hooks): the
+    blocks before a ``start_at_layer`` re-entry, whose output the bridge discards anyway."""
+    blocks = list(blocks)
+    for block in blocks:  # an instance attribute shadows the class's forward; the bridge's
+        block.__dict__["forward"] = _pass_through  # __setattr__ would pass it to the HF layer
+    try:
+        yield
+    finally:
+        for block in blocks:
+            block.__dict__.pop("forward", None)
 
 
 def _call_as(value: Tensor, hook: Any, *, fn: Any, name: str) -> Any:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -32,13 +33,21 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 __all__ = [
+    "FORWARD_MEMORY_BUDGET",
     "IGNORE_INDEX",
+    "OUTPUT_KINDS",
+    "CleanOutputMetric",
     "PositionScores",
     "Totals",
     "mean_loss",
     "metric_names",
     "position_scores",
     "scored_positions",
+    "delta_cross_entropy",
+    "embedding_damage",
+    "kl_to_clean",
+    "pooled_output",
+    "rows_for_outputs",
     "totals",
 ]
 
@@ -182,3 +191,138 @@ def mean_loss(
     return F.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX
     )
+
+
+# ----------------------------------------------------------------------------- real models
+
+OutputKind = Literal["kl", "embedding"]
+OUTPUT_KINDS: tuple[OutputKind, ...] = ("kl", "embedding")
+"""What :class:`CleanOutputMetric` scores: KL to the clean next-token distribution, or
+1 - cosine of the mean-pooled output to the clean one (embedding-only models)."""
+
+FORWARD_MEMORY_BUDGET = 512 * 2**20
+"""Bytes one ablation forward may spend on its outputs (see :func:`rows_for_outputs`)."""
+_OUTPUT_COPIES = 3
+"""Float tensors of the output's size alive at once while scoring (output, log-softmax, one
+temporary)."""
+
+
+def rows_for_outputs(
+    d_vocab_out: int, n_positions: int, budget_bytes: int = FORWARD_MEMORY_BUDGET
+) -> int:
+    """Rows (copies x sequences) per forward whose outputs fit ``budget_bytes``.
+
+    A row's output is ``n_positions x d_vocab_out`` float32 values, held about
+    :data:`_OUTPUT_COPIES` times while it is scored; at least one row.
+
+    Example:
+        >>> rows_for_outputs(49152, 48)  # SmolLM2: a 512-row chunk would need 14 GB
+        18
+        >>> rows_for_outputs(10, 16) >= 512
+        True
+    """
+    per_row = _OUTPUT_COPIES * 4 * max(1, d_vocab_out) * max(1, n_positions)
+    return max(1, budget_bytes // per_row)
+
+
+def delta_cross_entropy(ablated: PositionScores, clean: PositionScores) -> Float[Tensor, "*C n T"]:
+    """Per (copy, sequence, position): ablated minus clean next-token cross-entropy, summed
+    over targets (0 where unscored; positive = the ablation hurts).
+
+    Example:
+        >>> import torch
+        >>> t, m = torch.tensor([[1, IGNORE_INDEX]]), torch.tensor([[True, True]])
+        >>> clean = position_scores(torch.tensor([[[0.0, 2.0], [0.0, 0.0]]]), t, m)
+        >>> hurt = position_scores(torch.tensor([[[0.0, 0.0], [9.0, 0.0]]]), t, m)
+        >>> [round(v, 3) for v in delta_cross_entropy(hurt, clean)[0].tolist()]
+        [0.566, 0.0]
+    """
+    return (ablated.nll - clean.nll).sum(-1)
+
+
+def kl_to_clean(
+    clean_log_probs: Float[Tensor, "n T V"],
+    logits: Float[Tensor, "*C n T V"],
+    scored: Bool[Tensor, "n T"],
+) -> Float[Tensor, "*C n T"]:
+    """``KL(clean || ablated)`` of the next-token distribution per position (0 where unscored).
+
+    Example:
+        >>> import torch
+        >>> clean = torch.tensor([[[0.0, 0.0]]]).log_softmax(-1)
+        >>> every = torch.ones(1, 1).bool()
+        >>> round(float(kl_to_clean(clean, torch.tensor([[[0.0, 0.0]]]), every)), 6)
+        0.0
+        >>> round(float(kl_to_clean(clean, torch.tensor([[[2.0, 0.0]]]), every)), 4)
+        0.4338
+    """
+    log_q = logits.float().log_softmax(-1)
+    log_p = clean_log_probs.float()
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)  # (*C, n, T)
+    return torch.where(scored, kl, 0.0)
+
+
+def pooled_output(
+    hidden: Float[Tensor, "*C n T d"], padding_mask: Bool[Tensor, "n T"]
+) -> Float[Tensor, "*C n d"]:
+    """Mean over each sequence's real positions (the sentence embedding of MiniLM)."""
+    weights = padding_mask.to(hidden.dtype)[..., None]  # (n, T, 1)
+    return (hidden * weights).sum(-2) / weights.sum(-2).clamp(min=1)
+
+
+def embedding_damage(
+    clean_pooled: Float[Tensor, "n d"], hidden: Float[Tensor, "*C n T d"], padding_mask: Tensor
+) -> Float[Tensor, "*C n"]:
+    """``1 - cos(pooled(hidden), clean_pooled)`` per sequence (0 = the embedding is unchanged).
+
+    Example:
+        >>> import torch
+        >>> h = torch.tensor([[[1.0, 0.0], [0.0, 0.0]]])
+        >>> float(embedding_damage(torch.tensor([[0.0, 1.0]]), h, torch.tensor([[True, False]])))
+        1.0
+    """
+    pooled = pooled_output(hidden.float(), padding_mask)
+    return 1.0 - F.cosine_similarity(pooled, clean_pooled.float().expand_as(pooled), dim=-1)
+
+
+@dataclass
+class CleanOutputMetric:
+    """A metric hook for the ablation engine: scores copies against the clean model's output
+    instead of against targets (``run_masks(..., metric=...)``).
+
+    Its :class:`PositionScores` put the damage in the ``nll`` slot, so every total and table
+    of the engine reads it as the "loss": ``"kl"`` puts ``KL(clean || ablated)`` at each
+    scored position; ``"embedding"`` puts the sequence's ``1 - cos`` of the pooled output at
+    each of its scored positions (its mean over scored positions weights a sequence by its
+    length). ``correct`` is "the argmax is unchanged" (``"kl"``) or all False.
+
+    Attributes:
+        kind: ``"kl"`` or ``"embedding"``.
+        clean: ``[n, T, V]`` clean log-probabilities (``"kl"``) or ``[n, d]`` pooled clean
+            outputs (``"embedding"``), for the whole evaluated batch.
+        padding_mask: ``[n, T]`` of the evaluated batch (pools the embedding).
+    """
+
+    kind: OutputKind
+    clean: Tensor
+    padding_mask: Bool[Tensor, "n T"]
+
+    def __call__(
+        self, outputs: Float[Tensor, "c s T *out"], targets: Tensor, mask: Tensor, rows: Tensor
+    ) -> PositionScores:
+        """Scores of ``c`` copies of the sequences ``rows`` (their targets and mask)."""
+        scored = scored_positions(targets, mask)  # (s, T, 1)
+        clean = self.clean[rows.to(self.clean.device)]
+        if self.kind == "kl":
+            damage = kl_to_clean(clean, outputs, scored[..., 0])
+            same = outputs.argmax(-1) == clean.argmax(-1)
+        else:
+            per_sequence = embedding_damage(clean, outputs, self.padding_mask[rows])  # (c, s)
+            damage = torch.where(scored[..., 0], per_sequence[..., None], 0.0)
+            same = torch.zeros_like(damage, dtype=torch.bool)
+        return PositionScores(
+            nll=damage[..., None],
+            correct=same[..., None] & scored,
+            predictions=torch.zeros_like(damage, dtype=torch.long)[..., None],
+            scored=scored,
+        )

@@ -50,6 +50,7 @@ LAYERS: dict[str, int] = {
     "figures": 7,
     "report": 8,
     "analyze": 8,
+    "analyze_pretrained": 8,
     "explore": 9,
     "cli": 10,
 }

@@ -60,7 +60,13 @@ from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, targ
 from mhainterp.eval_mode import eval_mode
 from mhainterp.fast import linear_readout
 from mhainterp.heads import HeadSpec, format_heads, resolve_heads
-from mhainterp.scoring import PositionScores, Totals, position_scores, totals
+from mhainterp.scoring import (
+    PositionScores,
+    Totals,
+    position_scores,
+    rows_for_outputs,
+    totals,
+)
 from mhainterp.tasks import Batch
 from mhainterp.validation import check_int, check_option, check_type
 
@@ -414,6 +420,7 @@ def run_masks(
     progress: bool = False,
     desc: str = "ablate",
     cache: CleanCache | None = None,
+    metric: Any = None,
 ) -> tuple[Totals, PositionScores | None]:
     """Score ``C`` ablation configurations of ``batch`` (copy c ablates ``masks[c]``).
 
@@ -421,6 +428,12 @@ def run_masks(
     ``max_rows`` (several methods, or an :class:`Ablator`'s clicks); the clean prefixes are kept
     in it (by first layer and sequence range) and reused, so a later call skips the clean
     forward. Without it, one prefix is held at a time.
+
+    ``metric``: scores the copies' outputs instead of cross-entropy against the targets,
+    ``metric(outputs [c, s, T, *out], targets, mask, rows) -> PositionScores`` (e.g.
+    :class:`~mhainterp.scoring.CleanOutputMetric`: KL or embedding damage to the clean model).
+    With ``max_rows=None`` a forward's rows are also capped so its outputs fit
+    :data:`~mhainterp.scoring.FORWARD_MEMORY_BUDGET` (a 49k vocabulary gets 18-row chunks).
 
     Returns:
         The :class:`~mhainterp.scoring.Totals` of every configuration and, with
@@ -437,6 +450,7 @@ def run_masks(
         if rows is None:
             fast = linear_readout.applies(model, first)
             rows = LINEAR_READOUT_ROWS if fast else FULL_FORWARD_ROWS
+            rows = min(rows, rows_for_outputs(model.cfg.d_vocab_out, batch.tokens.shape[1]))
         seqs_per = min(n, rows)
         copies_per = max(1, rows // seqs_per)
         members = [c for c in range(C) if first_of[c] == first]
@@ -462,7 +476,10 @@ def run_masks(
             logits = _forward_copies(
                 model, part, masks[index], rows, replacement, first, prefixes[(first, s0, s1)]
             )
-            scores = position_scores(logits, part.targets, part.mask)  # (c, s, T, k)
+            if metric is None:
+                scores = position_scores(logits, part.targets, part.mask)  # (c, s, T, k)
+            else:
+                scores = metric(logits, part.targets, part.mask, rows)
             part_totals = totals(scores)
             loss_sum[members] += part_totals.loss_sum
             correct[members] += part_totals.correct
@@ -558,6 +575,7 @@ def evaluate_head_sets(
     progress: bool = False,
     desc: str = "ablate",
     cache: CleanCache | None = None,
+    metric: Any = None,
 ) -> AblationResult:
     """Loss and accuracy with each head set ablated, all in one batched pass.
 
@@ -580,6 +598,7 @@ def evaluate_head_sets(
         cache: A :class:`CleanCache` shared by passes over the same model, batch and
             reference (other methods, other head sets): the clean activations are computed
             once. Results are the same with or without it.
+        metric: Score outputs with this hook instead of cross-entropy (see :func:`run_masks`).
 
     Returns:
         An :class:`AblationResult`.
@@ -592,6 +611,7 @@ def evaluate_head_sets(
     result, scores = run_masks(
         model, batch, head_masks(model, resolved), replacement,
         per_position=per_position, max_rows=max_rows, progress=progress, desc=desc, cache=cache,
+        metric=metric,
     )  # fmt: skip
     return AblationResult(
         head_sets=resolved,

@@ -6,8 +6,8 @@
 - :func:`text_batch` tokenizes them with the model's tokenizer into the same
   :class:`~mhainterp.tasks.Batch` the synthetic tasks produce: next-token targets for causal
   models (position t is scored against token t+1), and for encoders (the embedding objective)
-  every real position marked, with the tokens themselves as placeholder targets that the
-  embedding metric does not read.
+  every real position marked, with placeholder targets (0) that the embedding metric does
+  not read.
 - :func:`text_relations`: 0/1 ``[n, q, k]`` templates as in :mod:`mhainterp.tasks.templates`:
   ``previous``, ``next``, ``self``, ``first`` (BOS / [CLS]), ``last`` (the last real token:
   [SEP] or the final word), ``punctuation`` (keys that are punctuation), ``same_token``.
@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,7 @@ __all__ = [
     "POSITION_BUCKETS",
     "TEXT_RELATIONS",
     "TOKEN_CLASSES",
+    "TextRelations",
     "last_real_template",
     "next_token_batch",
     "next_token_template",
@@ -152,7 +154,7 @@ def text_batch(model: Any, sentences: Sequence[str], *, max_len: int = 48) -> Ba
 
     Returns:
         A Batch. Next-token objective: ``targets[i, t] = tokens[i, t + 1]``, scored where both
-        are real. Embedding objective: every real position scored, targets = the tokens.
+        are real. Embedding objective: every real position scored, targets 0 (placeholders).
     """
     if not sentences:
         raise invalid("sentences", sentences, "at least one sentence")
@@ -164,7 +166,7 @@ def text_batch(model: Any, sentences: Sequence[str], *, max_len: int = 48) -> Ba
     padding_mask = encoded["attention_mask"].bool()
     _check_right_padded(padding_mask)
     if model.cfg.objective == "embedding":
-        targets = tokens.masked_fill(~padding_mask, IGNORE_INDEX)
+        targets = torch.zeros_like(tokens).masked_fill(~padding_mask, IGNORE_INDEX)
         return Batch(tokens=tokens, targets=targets, mask=padding_mask, padding_mask=padding_mask)
     return next_token_batch(tokens, padding_mask)
 
@@ -258,6 +260,31 @@ def text_relations(
         visible = torch.ones(tokens.shape[1], tokens.shape[1], device=tokens.device).tril()
         relations = {name: t * visible for name, t in relations.items() if name != "next"}
     return relations
+
+
+@dataclass(frozen=True)
+class TextRelations:
+    """The text relations of one tokenizer and attention direction, in the shape the role
+    scores take a task's (``relations(tokens, padding_mask)``; see
+    :func:`mhainterp.specialization.where.roles.role_templates`).
+
+    Example:
+        >>> rel = TextRelations(punctuation_ids=(9,), causal=False)
+        >>> sorted(rel.relations(torch.tensor([[2, 9, 3]])))[:3]
+        ['first', 'last', 'next']
+    """
+
+    punctuation_ids: tuple[int, ...]
+    causal: bool
+    name: str = "text"
+
+    def relations(
+        self, tokens: Tensor, padding_mask: Tensor | None = None
+    ) -> dict[str, Float[Tensor, "n q k"]]:
+        """:func:`text_relations` of ``tokens``."""
+        return text_relations(
+            tokens, padding_mask, punctuation_ids=self.punctuation_ids, causal=self.causal
+        )
 
 
 def punctuation_ids(tokenizer: Any) -> list[int]:
