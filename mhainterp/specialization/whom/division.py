@@ -74,7 +74,8 @@ values::
 when it is defined, else its kept profile (``basis``; NaN without either). Its null
 (``null_selectivity``) is the selectivity of its layer's whole job (the layer-removal profile):
 a head that does its layer's job in small is not specialized; **specialized** when the
-selectivity's ``ci_low`` is above that null's upper quantile. **Serves** follows from the
+selectivity's ``ci_low`` is above that null's upper quantile and the head spares at least one
+value (``serves`` below). **Serves** follows from the
 profile alone: the kept values whose damage is at least ``serve_share`` of the head's largest
 and at least ``min_damage`` (a head carrying classes 2-9 serves exactly ``2,...,9``; a head
 that serves every value alike serves all of them and is not specialized).
