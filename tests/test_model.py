@@ -529,7 +529,7 @@ def test_bad_shapes_and_padding_masks_raise():
         model(tokens, padding_mask=torch.ones(3, 8))
     with pytest.raises(ValueError, match=r"return_type='probs' is invalid: one of 'logits'"):
         model(tokens, return_type="probs")
-    with pytest.raises(ValueError, match=r"needs targets="):
+    with pytest.raises(ValueError, match=r"targets=None is invalid: a targets tensor when return_type="):
         model(tokens, return_type="loss")
 
 
