@@ -184,9 +184,7 @@ def test_non_numeric_train_fields_name_the_field(field):
 
 
 def test_train_config_from_dict_rejects_unknown_fields():
-    with pytest.raises(
-        ValueError, match=r"TrainConfig keys=\['step'\] is invalid: only .*'steps'"
-    ):
+    with pytest.raises(ValueError, match=r"TrainConfig keys=\['step'\] is invalid: only .*'steps'"):
         TrainConfig.from_dict({"step": 10})
 
 

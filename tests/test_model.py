@@ -492,7 +492,9 @@ def test_tokens_outside_the_vocabulary_raise():
 
 def test_sequence_longer_than_n_ctx_raises():
     model = make_model()
-    with pytest.raises(ValueError, match=r"tokens is invalid: a sequence length in \[1, n_ctx=8\], got 9"):
+    with pytest.raises(
+        ValueError, match=r"tokens is invalid: a sequence length in \[1, n_ctx=8\], got 9"
+    ):
         model(torch.zeros(2, 9, dtype=torch.long))
     with pytest.raises(ValueError, match=r"sequence length in \[1, n_ctx=8\], got 0;"):
         model(torch.zeros(2, 0, dtype=torch.long))
@@ -529,7 +531,9 @@ def test_bad_shapes_and_padding_masks_raise():
         model(tokens, padding_mask=torch.ones(3, 8))
     with pytest.raises(ValueError, match=r"return_type='probs' is invalid: one of 'logits'"):
         model(tokens, return_type="probs")
-    with pytest.raises(ValueError, match=r"targets=None is invalid: a targets tensor when return_type="):
+    with pytest.raises(
+        ValueError, match=r"targets=None is invalid: a targets tensor when return_type="
+    ):
         model(tokens, return_type="loss")
 
 
@@ -560,7 +564,9 @@ def test_to_tokens_parses_strings_and_lists(seq, expected):
 
 def test_to_tokens_rejects_what_it_cannot_read():
     model = make_model()
-    with pytest.raises(ValueError, match=r"tokens='a b' is invalid: integer ids separated by spaces"):
+    with pytest.raises(
+        ValueError, match=r"tokens='a b' is invalid: integer ids separated by spaces"
+    ):
         model.to_tokens("a b")
     with pytest.raises(ValueError, match=r"d_vocab=10"):
         model.to_tokens("3 12")
@@ -761,7 +767,10 @@ def test_to_tokens_takes_lists_of_strings_and_rejects_ragged_rows():
     model = make_model()
     assert model.to_tokens(["1 2 3", "3 2 1"]).tolist() == [[1, 2, 3], [3, 2, 1]]
     assert model.to_tokens(["1,2", "3 4"]).shape == (2, 2)
-    with pytest.raises(ValueError, match=r"seq is invalid: equal-length sequences, got lengths \[2, 3\].*padding_mask"):
+    with pytest.raises(
+        ValueError,
+        match=r"seq is invalid: equal-length sequences, got lengths \[2, 3\].*padding_mask",
+    ):
         model.to_tokens(["1 2", "3 4 5"])
     with pytest.raises(ValueError, match=r"equal-length sequences, got lengths"):
         model.to_tokens([[1, 2], [3]])
@@ -790,7 +799,9 @@ def test_optional_hook_flags_follow_transformer_lens_rules():
     assert seen == []  # they exist (no error) but fire only behind their flags
     model.set_use_attn_in(True)
     model.set_use_hook_mlp_in(True)
-    with pytest.raises(ValueError, match="use_split_qkv_input=True is invalid: False while use_attn_in is on"):
+    with pytest.raises(
+        ValueError, match="use_split_qkv_input=True is invalid: False while use_attn_in is on"
+    ):
         model.set_use_split_qkv_input(True)
     logits = model.run_with_hooks(random_tokens(), fwd_hooks=[(n, record) for n in names])
     assert seen == ["blocks.0.hook_attn_in", "blocks.0.hook_mlp_in"]

@@ -1125,5 +1125,7 @@ def test_a_division_table_survives_saving(previous_task, tmp_path):
     assert loaded.division[["run", "by", "p"]].values.tolist() == [["model0", "position", 0.002]]
     assert loaded.verdict.runs[0].specialized_axes == ["position"]
     assert loaded.verdict.text == result.verdict.text
-    with pytest.raises(ValueError, match=r"division is invalid: a table with columns .* missing \['null_index'\]"):
+    with pytest.raises(
+        ValueError, match=r"division is invalid: a table with columns .* missing \['null_index'\]"
+    ):
         attach_division(result, index.drop(columns="null_index"))

@@ -121,7 +121,7 @@ def check_batchable(models: Sequence[HookedMHATransformer]) -> None:
             extra = sorted(set(actual) - set(expected))
             raise ParameterError(
                 f"models[{i}] is invalid: only the standard HookedMHATransformer parameters are "
-                f"supported, got parameters {extra or sorted(actual)} batched training does not know"
+                f"supported, got parameters {extra or sorted(actual)} batched training lacks"
             )
     reference = _shape_key(models[0].cfg)
     for i, model in enumerate(models[1:], start=1):

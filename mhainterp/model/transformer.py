@@ -200,7 +200,9 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
         if tokens.ndim == 1:
             tokens = tokens[None]
         if tokens.ndim != 2:
-            raise ParameterError(f"tokens is invalid: [batch, pos], got shape {tuple(tokens.shape)}")
+            raise ParameterError(
+                f"tokens is invalid: [batch, pos], got shape {tuple(tokens.shape)}"
+            )
         if tokens.shape[1] > self.cfg.n_ctx or tokens.shape[1] == 0:
             raise ParameterError(
                 f"tokens is invalid: a sequence length in [1, n_ctx={self.cfg.n_ctx}], got "
@@ -298,8 +300,11 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
     def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
         """Give Q, K and V their own per-head copies of the input (``hook_q_input``...)."""
         if use_split_qkv_input and self.cfg.use_attn_in:
-            raise invalid("use_split_qkv_input", use_split_qkv_input,
-                          "False while use_attn_in is on; call set_use_attn_in(False) first")  # fmt: skip
+            raise invalid(
+                "use_split_qkv_input",
+                use_split_qkv_input,
+                "False while use_attn_in is on; call set_use_attn_in(False) first",
+            )
         self.cfg.use_split_qkv_input = check_bool("use_split_qkv_input", use_split_qkv_input)
 
     def set_use_attn_in(self, use_attn_in: bool) -> None:

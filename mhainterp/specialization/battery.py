@@ -64,7 +64,9 @@ def _resolve(run_or_runs: Any, task: Task | None) -> list[_RunInput]:
         else [run_or_runs]
     )
     if not items:
-        raise invalid("run_or_runs", run_or_runs, "a run folder, a Run, a model or a non-empty list")
+        raise invalid(
+            "run_or_runs", run_or_runs, "a run folder, a Run, a model or a non-empty list"
+        )
     inputs = [_resolve_one(item, task, i) for i, item in enumerate(items)]
     names = _unique_names([i.run for i in inputs])
     for inp, name in zip(inputs, names, strict=True):

@@ -72,7 +72,8 @@ class Batch:
                 raise TypeError(f"Batch.{name} must be bool, got {value.dtype}.")
             if tuple(value.shape) != shape:
                 raise ParameterError(
-                    f"Batch.{name} is invalid: the shape of tokens {shape}, got {tuple(value.shape)}."
+                    f"Batch.{name} is invalid: the shape of tokens {shape}, "
+                    f"got {tuple(value.shape)}."
                 )
         if tuple(self.targets.shape[:2]) != shape or self.targets.ndim not in (2, 3):
             raise ParameterError(
