@@ -78,9 +78,9 @@ def plot_training_curves(curves: pd.DataFrame, *, log_y: bool = True) -> plt.Fig
             ``metrics.csv`` stacked; see :func:`mhainterp.sweep.load_curves`).
         log_y: Log-scale the loss axis.
     """
-    missing = {"task", "n_heads", "seed", "step", "loss"} - set(curves.columns)
-    if missing:
-        raise ValueError(f"curves is missing columns {sorted(missing)}")
+    require_columns(
+        curves, ["task", "n_heads", "seed", "step", "loss"], "curves", "a sweep's curves"
+    )
     tasks = list(dict.fromkeys(curves["task"]))
     fig, axes = new_figure(4.6 * len(tasks), 3.6, ncols=len(tasks), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
