@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mhainterp.runs import RunFolderError
 from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.runs import RunFolderError
 from mhainterp.stats import describe, welch_test
 from mhainterp.sweep import EXECUTORS, execute_run, run_sweep, summarize
 
