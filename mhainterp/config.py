@@ -21,6 +21,7 @@ from mhainterp.validation import (
     check_bool,
     check_float,
     check_int,
+    check_keys,
     check_option,
     check_seed,
     invalid,
@@ -162,15 +163,16 @@ class ModelConfig(TransformerLensConfig):
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any]) -> ModelConfig:
-        """Rebuild from :meth:`to_dict` output; unknown keys raise ``ValueError``."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(config_dict) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig fields {unknown}; allowed: {sorted(known)}")
+        """Rebuild from :meth:`to_dict` output; unknown keys raise ``ParameterError``."""
+        check_keys("ModelConfig", config_dict, _field_names(cls))
         return cls(**config_dict)
 
     def __repr__(self) -> str:
         return f"ModelConfig({json.dumps(self.to_dict(), sort_keys=True)})"
+
+
+def _field_names(cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
 
 
 def _is_int(value: Any) -> bool:
@@ -254,10 +256,7 @@ class TrainConfig:
         if "eval_size" in config_dict:  # the field's name in runs saved before it was n_eval
             config_dict = {**config_dict}
             config_dict.setdefault("n_eval", config_dict.pop("eval_size"))
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(config_dict) - known)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig fields {unknown}; allowed: {sorted(known)}")
+        check_keys("TrainConfig", config_dict, _field_names(cls))
         return cls(**config_dict)
 
 
@@ -324,10 +323,7 @@ class SweepConfig:
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any]) -> SweepConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(config_dict) - known)
-        if unknown:
-            raise ValueError(f"unknown SweepConfig fields {unknown}; allowed: {sorted(known)}")
+        check_keys("SweepConfig", config_dict, _field_names(cls))
         return cls(**config_dict)
 
 

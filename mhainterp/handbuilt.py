@@ -23,6 +23,7 @@ import torch
 
 from mhainterp.config import ModelConfig
 from mhainterp.model import HookedMHATransformer
+from mhainterp.validation import invalid
 
 __all__ = ["HEAD_KINDS", "feature_model", "handbuilt_model"]
 
@@ -107,25 +108,27 @@ def handbuilt_model(
     kinds = list(kinds)
     unknown = [k for k in kinds if k not in HEAD_KINDS]
     if d_head < max(seq_len, d_vocab + 1) and any(k == "count_sink" for k in kinds):
-        raise ValueError(f"d_head={d_head} must be >= d_vocab + 1 for a 'count_sink' head")
+        raise invalid("d_head", d_head, f">= d_vocab + 1 = {d_vocab + 1} for a 'count_sink' head")
     if not kinds or unknown:
-        raise ValueError(f"unknown head kinds {unknown or kinds}; allowed: {HEAD_KINDS}")
+        raise invalid("kinds", kinds, "a non-empty list of " + ", ".join(map(repr, HEAD_KINDS)))
     if "mirror" in kinds and causal:
-        raise ValueError("a 'mirror' head needs causal=False (it looks at later positions)")
+        raise invalid("causal", causal, "False with a 'mirror' head (it looks at later positions)")
     n_heads, T, V = len(kinds), seq_len, d_vocab
     if d_head < max(T, V):
-        raise ValueError(f"d_head={d_head} must be >= max(seq_len, d_vocab) = {max(T, V)}")
+        raise invalid("d_head", d_head, f">= max(seq_len, d_vocab) = {max(T, V)}")
     d_model = n_heads * d_head
     if d_model < 2 * V + T:
-        raise ValueError(
-            f"d_model = n_heads * d_head = {d_model} is too small for the feature layout; "
-            f"need >= 2 * d_vocab + seq_len = {2 * V + T} (raise d_head)"
+        raise invalid(
+            "d_head",
+            d_head,
+            f"large enough that d_model = n_heads * d_head (now {d_model}) >= 2 * d_vocab + "
+            f"seq_len = {2 * V + T} (the feature layout)",
         )
     n_copying = sum(k in _COPYING_KINDS for k in kinds)
     if copy_weights is None:
         copy_weights = [1.0 / max(1, n_copying)] * n_heads
     if len(copy_weights) != n_heads:
-        raise ValueError(f"copy_weights has {len(copy_weights)} entries, need {n_heads}")
+        raise invalid("copy_weights", copy_weights, f"{n_heads} numbers, one per head")
 
     cfg = ModelConfig(
         d_model=d_model,

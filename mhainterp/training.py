@@ -56,7 +56,7 @@ from mhainterp.runs import (
 )
 from mhainterp.scoring import Totals, position_scores, totals
 from mhainterp.tasks import Batch, Task, task_from_record, task_record
-from mhainterp.validation import check_int
+from mhainterp.validation import ParameterError, check_int, invalid
 
 __all__ = [
     "TRAIN_THREADS",
@@ -148,9 +148,10 @@ def build_model(task: Task, **model_overrides: Any) -> HookedMHATransformer:
     """
     kwargs = {**task.model_kwargs(), "device": "cpu", **model_overrides}
     if kwargs["n_layers"] < task.min_layers:
-        raise ValueError(
-            f"n_layers={kwargs['n_layers']} is too few for task {task.name!r}: "
-            f"it needs at least {task.min_layers}"
+        raise invalid(
+            "n_layers",
+            kwargs["n_layers"],
+            f"an integer >= {task.min_layers} for task {task.name!r}",
         )
     config = ModelConfig(**kwargs)
     n_params = _count_parameters(config)
@@ -215,8 +216,8 @@ def _check_compatible(model: HookedMHATransformer, task: Task) -> None:
     if cfg.n_targets != task.n_targets:
         problems.append(f"n_targets={cfg.n_targets} != task n_targets={task.n_targets}")
     if problems:
-        raise ValueError(
-            f"model does not fit task {task.name!r}: "
+        raise ParameterError(
+            f"model is invalid: a model that fits task {task.name!r}, got "
             + "; ".join(problems)
             + ". Build it with mhainterp.training.build_model(task, ...)"
         )

@@ -33,6 +33,7 @@ __all__ = [
     "check_bool",
     "check_float",
     "check_int",
+    "check_keys",
     "check_option",
     "check_port",
     "check_seed",
@@ -150,6 +151,21 @@ def check_option(name: str, value: Any, options: Iterable[T]) -> T:
         if type(value) is type(option) and value == option:
             return option
     raise invalid(name, value, "one of " + ", ".join(repr(o) for o in options))
+
+
+def check_keys(name: str, mapping: Any, known: Iterable[str]) -> None:
+    """Refuse keys of ``mapping`` that are not in ``known`` (a misspelt field, say).
+
+    Example:
+        >>> check_keys("config", {"step": 1}, ("steps", "lr"))
+        Traceback (most recent call last):
+        ...
+        mhainterp.validation.ParameterError: config keys=['step'] is invalid: only 'lr', 'steps'
+    """
+    known = sorted(known)
+    unknown = sorted(set(mapping) - set(known))
+    if unknown:
+        raise invalid(f"{name} keys", unknown, "only " + ", ".join(repr(k) for k in known))
 
 
 def check_type(name: str, value: Any, types: type | tuple[type, ...], allowed: str) -> Any:

@@ -520,7 +520,9 @@ def test_per_target_importance_figure(multi_model, multi_task):
     fig = importance_figure(table)
     assert len([ax for ax in fig.axes if ax.get_title()]) == 3
     assert fig.axes[2].get_title() == "Δ accuracy per target (mean ablation)"
-    with pytest.raises(ValueError, match="is missing columns"):
+    with pytest.raises(
+        ValueError, match=r"importance is invalid: .* missing columns \['delta_loss'\]"
+    ):
         importance_figure(table.drop(columns="delta_loss"))
 
 

@@ -208,3 +208,41 @@ def test_one_home_per_public_name() -> None:
         if foreign:
             shims[_module_name(path)] = foreign
     assert shims == {}, f"re-exported outside a package __init__: {shims}"
+
+
+# Files that may still raise a plain ValueError, with how many and why. A bad ARGUMENT raises
+# mhainterp.validation.ParameterError in its one format ("name=value is invalid: allowed");
+# what stays here is a damaged file, an unloaded plug-in, an internal invariant or state.
+PLAIN_VALUE_ERRORS = {
+    "io.py": (2, "read_json: a damaged JSON file (the message names the file)"),
+    "explore/app.py": (1, "a run folder that fails to load (names the folder and the fix)"),
+    "fast/stacked_params.py": (1, "the flat parameter layout disagrees with itself (invariant)"),
+    "specialization/where/roles.py": (1, "output_ratio asked of sums captured without outputs"),
+    "tasks/registry.py": (2, "a saved folder names a task whose module is not loaded"),
+    # Not converted yet (owned by other passes of issue 17 item 3); lower these as they are:
+    "ablation/engine.py": (3, "not converted yet"),
+    "ablation/tables.py": (1, "not converted yet"),
+    "attribution.py": (1, "not converted yet"),
+    "capture/core.py": (1, "not converted yet"),
+    "capture/patterns.py": (4, "not converted yet"),
+    "capture/statistics.py": (1, "not converted yet"),
+    "cli/train.py": (1, "not converted yet"),
+    "data.py": (3, "not converted yet"),
+    "explore/session.py": (1, "not converted yet"),
+    "runs.py": (1, "not converted yet"),
+    "scoring.py": (3, "not converted yet"),
+}
+
+
+def test_bad_arguments_raise_parameter_error_not_plain_value_error() -> None:
+    """Every ``raise ValueError(`` outside validation.py is on the allow-list above: a new one
+    is a bad argument that should go through mhainterp.validation (one message format)."""
+    counts = {}
+    for path in PACKAGE.rglob("*.py"):
+        relative = path.relative_to(PACKAGE).as_posix()
+        n = path.read_text().count("raise ValueError(")
+        if n and relative != "validation.py":
+            counts[relative] = n
+    allowed = {name: n for name, (n, _) in PLAIN_VALUE_ERRORS.items()}
+    over = {name: n for name, n in counts.items() if n > allowed.get(name, 0)}
+    assert over == {}, f"plain ValueError for what may be a bad argument (use validation): {over}"

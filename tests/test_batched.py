@@ -237,18 +237,23 @@ def test_check_batchable_names_what_differs():
     task = get_task("reverse", seq_len=6, d_vocab=4)
     a = build_model(task, n_heads=2, d_model=8)
     with pytest.raises(
-        ValueError, match=r"models\[1\] differs from models\[0\] in \['d_mlp', 'd_model'\]"
+        ValueError,
+        match=r"models\[1\] is invalid: .* differs from models\[0\] in \['d_mlp', 'd_model'\]",
     ):
         check_batchable([a, build_model(task, n_heads=2, d_model=16)])
     hooked = copy.deepcopy(a)
     hooked.blocks[0].attn.hook_pattern.add_hook(lambda x, hook: x)
-    with pytest.raises(ValueError, match="hooks attached"):
+    with pytest.raises(
+        ValueError, match=r"models\[1\] is invalid: a model without hooks .* hooks attached"
+    ):
         check_batchable([a, hooked])
-    with pytest.raises(ValueError, match="models is empty"):
+    with pytest.raises(ValueError, match=r"models=\[\] is invalid: a non-empty list"):
         check_batchable([])
     with pytest.raises(TypeError, match="HookedMHATransformer"):
         check_batchable([torch.nn.Linear(2, 2)])
-    with pytest.raises(ValueError, match=r"configs\[1\] differs from configs\[0\] in \['lr'\]"):
+    with pytest.raises(
+        ValueError, match=r"configs\[1\] is invalid: .* differs from configs\[0\] in \['lr'\]"
+    ):
         train_many([a, copy.deepcopy(a)], task, [_config(0), _config(1, lr=1e-2)], progress=False)
-    with pytest.raises(ValueError, match="configs has 1 entries for 2 models"):
+    with pytest.raises(ValueError, match=r"configs is invalid: one entry per model \(2\), got 1"):
         train_many([a, copy.deepcopy(a)], task, [_config(0)], progress=False)

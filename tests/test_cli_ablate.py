@@ -172,7 +172,7 @@ def test_interactive_head_alone_toggles_like_toggle(run_dir, monkeypatch, capsys
         (["--heads", "L3H0"], "head='L3H0' is invalid: valid heads"),
         (["--heads", "head2"], "head='head2' is invalid: valid heads"),
         (["--heads", "L0H1", "--method", "avg"], "one of 'zero', 'mean', 'resample'"),
-        ([], "give the heads to ablate (--heads L0H1,L0H3) or use --interactive"),
+        ([], "--heads is invalid: the heads to ablate (--heads L0H1,L0H3) or --interactive"),
     ],
 )
 def test_errors_are_one_line(run_dir, argv, message, capsys):

@@ -94,7 +94,9 @@ def test_group_specs_and_split_group(tmp_path):
     assert max(lpt) == pytest.approx(6.8)
     assert [len(c) for c in split_group(grid, 2, max_size=5)] == [5, 4]
     assert [len(c) for c in split_group(grid, 3, max_size=3)] == [3, 3, 3]
-    with pytest.raises(ValueError, match="do not fit 2 chunks of at most 4"):
+    with pytest.raises(
+        ValueError, match="max_size=4 is invalid: so large that 9 runs fit 2 chunks"
+    ):
         split_group(grid, 2, max_size=4)
     assert len(split_group(specs[:1], 2)) == 1  # no empty chunks
     # at most 3 runs per step, 2 workers: 4 chunks (too many splits to try: dealt

@@ -407,7 +407,7 @@ def test_assigning_a_wrong_shape_raises_value_error(name):
     attn = make_model().blocks[0].attn
     with pytest.raises(ValueError, match=rf"{name[0]}_.*shape .*got \(3, 5\)"):
         setattr(attn, name, torch.zeros(3, 5))
-    with pytest.raises(ValueError, match="must be a tensor"):
+    with pytest.raises(ValueError, match="is invalid: a tensor of shape"):
         setattr(attn, name, [[0.0]])
 
 
@@ -492,9 +492,11 @@ def test_tokens_outside_the_vocabulary_raise():
 
 def test_sequence_longer_than_n_ctx_raises():
     model = make_model()
-    with pytest.raises(ValueError, match=r"sequence length 9 .*n_ctx=8"):
+    with pytest.raises(
+        ValueError, match=r"tokens is invalid: a sequence length in \[1, n_ctx=8\], got 9"
+    ):
         model(torch.zeros(2, 9, dtype=torch.long))
-    with pytest.raises(ValueError, match=r"sequence length 0 "):
+    with pytest.raises(ValueError, match=r"sequence length in \[1, n_ctx=8\], got 0;"):
         model(torch.zeros(2, 0, dtype=torch.long))
 
 
@@ -522,14 +524,16 @@ def test_bad_shapes_and_padding_masks_raise():
     tokens = random_tokens()
     with pytest.raises(ValueError, match=r"\[batch, pos\], got shape \(1, 3, 8\)"):
         model(tokens[None])
-    with pytest.raises(ValueError, match=r"padding_mask must have the tokens' shape \(3, 8\).*"
+    with pytest.raises(ValueError, match=r"padding_mask is invalid: the tokens' shape \(3, 8\).*"
                        r"got \(3, 7\)"):  # fmt: skip
         model(tokens, padding_mask=torch.ones(3, 7, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"padding_mask must be a bool tensor"):
+    with pytest.raises(ValueError, match=r"padding_mask is invalid: a bool tensor"):
         model(tokens, padding_mask=torch.ones(3, 8))
-    with pytest.raises(ValueError, match=r"return_type='probs'.*allowed"):
+    with pytest.raises(ValueError, match=r"return_type='probs' is invalid: one of 'logits'"):
         model(tokens, return_type="probs")
-    with pytest.raises(ValueError, match=r"needs targets="):
+    with pytest.raises(
+        ValueError, match=r"targets=None is invalid: a targets tensor when return_type="
+    ):
         model(tokens, return_type="loss")
 
 
@@ -560,7 +564,9 @@ def test_to_tokens_parses_strings_and_lists(seq, expected):
 
 def test_to_tokens_rejects_what_it_cannot_read():
     model = make_model()
-    with pytest.raises(ValueError, match=r"cannot read 'a b'.*integers separated by spaces"):
+    with pytest.raises(
+        ValueError, match=r"tokens='a b' is invalid: integer ids separated by spaces"
+    ):
         model.to_tokens("a b")
     with pytest.raises(ValueError, match=r"d_vocab=10"):
         model.to_tokens("3 12")
@@ -761,9 +767,12 @@ def test_to_tokens_takes_lists_of_strings_and_rejects_ragged_rows():
     model = make_model()
     assert model.to_tokens(["1 2 3", "3 2 1"]).tolist() == [[1, 2, 3], [3, 2, 1]]
     assert model.to_tokens(["1,2", "3 4"]).shape == (2, 2)
-    with pytest.raises(ValueError, match=r"different lengths \[2, 3\].*padding_mask"):
+    with pytest.raises(
+        ValueError,
+        match=r"seq is invalid: equal-length sequences, got lengths \[2, 3\].*padding_mask",
+    ):
         model.to_tokens(["1 2", "3 4 5"])
-    with pytest.raises(ValueError, match=r"different lengths"):
+    with pytest.raises(ValueError, match=r"equal-length sequences, got lengths"):
         model.to_tokens([[1, 2], [3]])
     assert model.to_single_token("7") == 7
     with pytest.raises(ValueError, match="one token id"):
@@ -790,7 +799,9 @@ def test_optional_hook_flags_follow_transformer_lens_rules():
     assert seen == []  # they exist (no error) but fire only behind their flags
     model.set_use_attn_in(True)
     model.set_use_hook_mlp_in(True)
-    with pytest.raises(ValueError, match="mutually exclusive"):
+    with pytest.raises(
+        ValueError, match="use_split_qkv_input=True is invalid: False while use_attn_in is on"
+    ):
         model.set_use_split_qkv_input(True)
     logits = model.run_with_hooks(random_tokens(), fwd_hooks=[(n, record) for n in names])
     assert seen == ["blocks.0.hook_attn_in", "blocks.0.hook_mlp_in"]

@@ -304,18 +304,25 @@ def test_bad_arguments(model, tokens):
         ValueError, match="one of 'js', 'pattern_corr', 'cka', 'ov', 'qk', 'separation'"
     ):
         head_similarity(model, tokens, "cosine")
-    with pytest.raises(ValueError, match="needs tokens"):
+    with pytest.raises(
+        ValueError,
+        match=r"data=None is invalid: tokens \(a Task, a Batch or \[n, pos\] .* method='js'",
+    ):
         head_similarity(model, method="js")
-    with pytest.raises(ValueError, match="reference is only used"):
+    with pytest.raises(
+        ValueError, match="method='js' is invalid: 'separation' when a reference is given"
+    ):
         head_similarity(model, tokens, "js", reference=model)
-    with pytest.raises(ValueError, match="one-head model"):
+    with pytest.raises(ValueError, match="reference is invalid: a one-head model"):
         head_separation(model, tokens, reference=model)
     with pytest.raises(ValueError, match="one of 'js', 'pattern_corr', 'cka'"):
         cross_model_similarity(model, model, tokens, "ov")
     other = handbuilt_model(["self", "previous"], seq_len=T, d_vocab=V, d_head=32)
-    with pytest.raises(ValueError, match="same d_model"):
+    with pytest.raises(
+        ValueError, match=r"model_b is invalid: a model with model_a's d_model=\d+ \(cka"
+    ):
         cross_model_similarity(model, other, tokens, "cka")
-    with pytest.raises(ValueError, match="square"):
+    with pytest.raises(ValueError, match="similarity is invalid: a square table"):
         cluster_heads(pd.DataFrame(np.ones((2, 3))))
     with pytest.raises(TypeError, match="HookedMHATransformer"):
         head_similarity("model", tokens)

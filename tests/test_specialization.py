@@ -697,11 +697,11 @@ def test_verdict_counts_equal_the_head_table(hand_result):
 def test_settings_and_input_errors(multi_task):
     with pytest.raises(ValueError, match="alpha=0 is invalid"):
         SpecializationSettings(alpha=0)
-    with pytest.raises(ValueError, match="correction='bonferroni' is invalid; allowed: holm"):
+    with pytest.raises(ValueError, match="correction='bonferroni' is invalid: one of 'holm'"):
         SpecializationSettings(correction="bonferroni")
     with pytest.raises(ValueError, match="method='median' is invalid"):
         SpecializationSettings(ablation_method="median")
-    with pytest.raises(ValueError, match="task= is required"):
+    with pytest.raises(ValueError, match="task=None is invalid: a Task when a model"):
         specialization_test(multi_relation_model(["dead"], d_head=48))
     with pytest.raises(TypeError, match="run_or_runs must be"):
         specialization_test(42, multi_task)
@@ -1125,5 +1125,7 @@ def test_a_division_table_survives_saving(previous_task, tmp_path):
     assert loaded.division[["run", "by", "p"]].values.tolist() == [["model0", "position", 0.002]]
     assert loaded.verdict.runs[0].specialized_axes == ["position"]
     assert loaded.verdict.text == result.verdict.text
-    with pytest.raises(ValueError, match="division lacks columns"):
+    with pytest.raises(
+        ValueError, match=r"division is invalid: a table with columns .* missing \['null_index'\]"
+    ):
         attach_division(result, index.drop(columns="null_index"))

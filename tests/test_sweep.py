@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.runs import RunFolderError
 from mhainterp.stats import describe, welch_test
 from mhainterp.sweep import EXECUTORS, execute_run, run_sweep, summarize
 
@@ -183,7 +184,7 @@ def test_sweep_defaults_to_runs_task_folder(tmp_path, monkeypatch):
 def test_sweep_refuses_a_folder_of_another_sweep(tmp_path):
     run_sweep(TINY, tmp_path, progress=False)
     other = SweepConfig(**{**TINY.__dict__, "seeds": [5, 6]})
-    with pytest.raises(ValueError, match="holds a different sweep"):
+    with pytest.raises(RunFolderError, match="holds a different sweep"):
         run_sweep(other, tmp_path, progress=False)
 
 

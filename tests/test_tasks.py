@@ -708,9 +708,12 @@ def test_batch_validation() -> None:
         Batch(**{**ok, "tokens": torch.zeros(2, 3, dtype=torch.int32)})
     with pytest.raises(TypeError, match="mask must be bool"):
         Batch(**{**ok, "mask": torch.ones(2, 3)})
-    with pytest.raises(ValueError, match="padding_mask must have the shape"):
+    with pytest.raises(
+        ValueError,
+        match=r"Batch.padding_mask is invalid: the shape of tokens \(2, 3\), got \(2, 4\)",
+    ):
         Batch(**{**ok, "padding_mask": torch.ones(2, 4, dtype=torch.bool)})
-    with pytest.raises(ValueError, match="targets must have shape"):
+    with pytest.raises(ValueError, match="Batch.targets is invalid: shape"):
         Batch(**{**ok, "targets": torch.zeros(2, 4, dtype=torch.int64)})
     with pytest.raises(TypeError, match=r"must be a torch\.Tensor"):
         Batch(**{**ok, "tokens": [[0, 0, 0]]})
@@ -758,9 +761,13 @@ def test_induction_too_short() -> None:
 
 def test_bad_inputs_to_targets_and_relations() -> None:
     task = get_task("reverse", seq_len=4, d_vocab=5)
-    with pytest.raises(ValueError, match=r"tokens have 3 positions but .* has seq_len=4"):
+    with pytest.raises(
+        ValueError, match=r"tokens is invalid: 4 positions \(.* has seq_len=4\), got 3"
+    ):
         task.targets_for(torch.tensor([[1, 2, 3]]))
-    with pytest.raises(ValueError, match=r"must lie in \[0, 5\).*\[7\]"):
+    with pytest.raises(
+        ValueError, match=r"tokens is invalid: real \(non-padding\) ids in \[0, 5\).*\[7\]"
+    ):
         task.targets_for(torch.tensor([[1, 2, 3, 7]]))
     with pytest.raises(TypeError, match="integer dtype"):
         task.relations(torch.tensor([[1.0, 2.0, 3.0, 4.0]]))

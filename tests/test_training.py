@@ -159,5 +159,7 @@ def test_model_must_fit_task():
     small = build_model(get_task("reverse", seq_len=4, d_vocab=5), **SMALL, n_heads=2)
     with pytest.raises(ValueError, match="n_ctx=4 < task seq_len=8"):
         train(small, task, FAST, progress=False)
-    with pytest.raises(ValueError, match="needs at least 2"):
+    with pytest.raises(
+        ValueError, match="n_layers=1 is invalid: an integer >= 2 for task 'induction'"
+    ):
         build_model(get_task("induction", seq_len=8, d_vocab=8), n_layers=1)

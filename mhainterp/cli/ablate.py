@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, TextIO
 from mhainterp.cli.options import add_choice, add_n_eval, add_seed
 from mhainterp.cli.static import ABLATION_METHODS
 from mhainterp.cli.task_modules import add_task_module_argument
+from mhainterp.validation import ParameterError, invalid
 
 if TYPE_CHECKING:  # imported by the handler: torch is not needed for --help
     import pandas as pd
@@ -91,7 +92,10 @@ def run_ablate(args: argparse.Namespace) -> int:
     from mhainterp.training import load_run
 
     if not args.interactive and not args.heads:
-        raise ValueError("give the heads to ablate (--heads L0H1,L0H3) or use --interactive")
+        raise ParameterError(
+            "--heads is invalid: the heads to ablate (--heads L0H1,L0H3) or --interactive, "
+            "got neither"
+        )
     run = load_run(args.run)
     ablator = Ablator(
         run.model,
@@ -174,7 +178,7 @@ def _command_table(ablator: Ablator) -> dict[str, Callable[[str], bool]]:
 
     def toggle(arg: str) -> bool:
         if not arg.strip():
-            raise ValueError("toggle needs a head, e.g. 'toggle L0H2'")
+            raise invalid("toggle", arg, "a head, e.g. 'toggle L0H2'")
         ablator.toggle(_heads_argument(arg))
         return True
 
@@ -185,7 +189,7 @@ def _command_table(ablator: Ablator) -> dict[str, Callable[[str], bool]]:
     def method(arg: str) -> bool:
         if not arg.strip():
             names = ", ".join(ABLATION_METHODS)
-            raise ValueError(f"method needs a name: {names} (now {ablator.method!r})")
+            raise invalid("method", arg, f"one of {names} (now {ablator.method!r})")
         ablator.method = arg.strip()
         return True
 

@@ -30,6 +30,7 @@ from mhainterp.explore.results import SavedResults
 from mhainterp.explore.runs import RunEntry, default_run, explorable_runs
 from mhainterp.explore.session import ExploreSession
 from mhainterp.heads import head_label
+from mhainterp.validation import invalid
 
 __all__ = ["ACTIONS", "BadRequestError", "Explorer", "answer_message"]
 
@@ -75,7 +76,7 @@ class Explorer:
         threads: int | None = 1,
     ) -> None:
         if not runs:
-            raise ValueError("no runs to explore")
+            raise invalid("runs", runs, "a non-empty list of runs to explore")
         self.runs = {entry.id: entry for entry in runs}
         self.n_eval = n_eval
         self._method = method

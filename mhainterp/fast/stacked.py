@@ -50,6 +50,7 @@ from mhainterp.training import (
     lr_at,
     save_run,
 )
+from mhainterp.validation import ParameterError
 
 __all__ = ["BatchDivergedError", "ManyBatch", "sample_many", "train_many"]
 
@@ -171,9 +172,9 @@ def _check_configs(configs: Sequence[TrainConfig]) -> TrainConfig:
         other = config.to_dict()
         diff = sorted(k for k in reference if reference[k] != other[k])
         if diff:
-            raise ValueError(
-                f"configs[{i}] differs from configs[0] in {diff}; models trained together may "
-                f"differ only in {list(_FREE_TRAIN_FIELDS)}"
+            raise ParameterError(
+                f"configs[{i}] is invalid: models trained together may differ only in "
+                f"{list(_FREE_TRAIN_FIELDS)}, but configs[{i}] differs from configs[0] in {diff}"
             )
     return configs[0]
 
@@ -337,7 +338,9 @@ def train_many(
     run_dirs = [None] * len(models) if run_dirs is None else list(run_dirs)
     for name, values in (("configs", configs), ("run_dirs", run_dirs)):
         if len(values) != len(models):
-            raise ValueError(f"{name} has {len(values)} entries for {len(models)} models")
+            raise ParameterError(
+                f"{name} is invalid: one entry per model ({len(models)}), got {len(values)}"
+            )
     check_batchable(models)
     for model in models:
         _check_compatible(model, task)

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from mhainterp.config import ModelConfig
 from mhainterp.model import HookedMHATransformer
+from mhainterp.validation import ParameterError, invalid
 
 __all__ = ["StackedModels", "check_batchable"]
 
@@ -101,7 +102,7 @@ def check_batchable(models: Sequence[HookedMHATransformer]) -> None:
         >>> check_batchable([build_model(task, n_heads=h) for h in (1, 4, 8)])  # doctest: +SKIP
     """
     if len(models) == 0:
-        raise ValueError("models is empty; pass at least one model")
+        raise invalid("models", models, "a non-empty list of models")
     for i, model in enumerate(models):
         if not isinstance(model, HookedMHATransformer):
             raise TypeError(
@@ -109,26 +110,28 @@ def check_batchable(models: Sequence[HookedMHATransformer]) -> None:
             )
         hooked = [name for name, hp in model.hook_dict.items() if hp.fwd_hooks or hp.bwd_hooks]
         if hooked:
-            raise ValueError(
-                f"models[{i}] has hooks attached at {hooked[:3]}; batched training does not run "
-                "hooks. Remove them (model.reset_hooks()) or train the model with train()"
+            raise ParameterError(
+                f"models[{i}] is invalid: a model without hooks (batched training does not run "
+                f"them), got hooks attached at {hooked[:3]}. Remove them (model.reset_hooks()) "
+                "or train the model with train()"
             )
         expected = dict(_layout_of(model.cfg))
         actual = {name: tuple(p.shape) for name, p in model.named_parameters()}
         if actual != expected:
             extra = sorted(set(actual) - set(expected))
-            raise ValueError(
-                f"models[{i}] has parameters {extra or sorted(actual)} that batched training does "
-                "not know; only the standard HookedMHATransformer parameters are supported"
+            raise ParameterError(
+                f"models[{i}] is invalid: only the standard HookedMHATransformer parameters are "
+                f"supported, got parameters {extra or sorted(actual)} batched training lacks"
             )
     reference = _shape_key(models[0].cfg)
     for i, model in enumerate(models[1:], start=1):
         key = _shape_key(model.cfg)
         diff = sorted(k for k in reference if reference[k] != key.get(k))
         if diff:
-            raise ValueError(
-                f"models[{i}] differs from models[0] in {diff}; models trained together may "
-                f"differ only in {list(_FREE_MODEL_FIELDS)}. Group them by shape first"
+            raise ParameterError(
+                f"models[{i}] is invalid: models trained together may differ only in "
+                f"{list(_FREE_MODEL_FIELDS)}, but models[{i}] differs from models[0] in {diff}. "
+                "Group them by shape first"
             )
 
 

@@ -24,6 +24,7 @@ import seaborn as sns
 from matplotlib.ticker import MaxNLocator
 
 from mhainterp.io import atomic_path, write_csv
+from mhainterp.validation import ParameterError, invalid
 
 __all__ = [
     "save_figure",
@@ -127,7 +128,7 @@ def save_figure(
     """
     png_path = Path(png_path)
     if png_path.suffix != ".png":
-        raise ValueError(f"figure path must end in .png, got {png_path}")
+        raise invalid("png_path", str(png_path), "a path ending in .png")
     try:
         if data is not None:
             write_csv(png_path.with_suffix(".csv"), data)
@@ -154,8 +155,8 @@ def require_columns(df: pd.DataFrame, columns: Iterable[str], name: str, source:
         raise TypeError(f"{name} must be a pandas DataFrame ({source}), got {type(df).__name__}")
     missing = sorted(set(columns) - set(df.columns))
     if missing:
-        raise ValueError(
-            f"{name} is missing columns {missing}; expected the table from {source} "
+        raise ParameterError(
+            f"{name} is invalid: the table from {source}, but it is missing columns {missing} "
             f"(has: {', '.join(map(str, df.columns))})"
         )
 

@@ -28,6 +28,7 @@ from mhainterp.figures._common import (
     save_figure,
     sns,
 )
+from mhainterp.validation import check_option
 
 __all__ = [
     "gradient_vs_ablation_figure",
@@ -69,8 +70,7 @@ def importance_figure(importance: pd.DataFrame, *, method: str | None = None) ->
     heads = head_order(importance["head_label"])
     methods = list(dict.fromkeys(importance["method"]))
     method = methods[0] if method is None else method
-    if method not in methods:
-        raise ValueError(f"method={method!r} is not in the table; it has {methods}")
+    check_option("method", method, methods)
     targets = _target_names(importance)
     n_panels = 3 if targets else 2
     width = min(18.0, max(6.0, 0.3 * len(heads) * (len(methods) + 1) + 2.0))
@@ -133,9 +133,7 @@ def pairwise_matrix(
     _require(pairwise, ["head_a", "head_b", "metric", value, "damage_a", "damage_b"], "pairwise")
     rows = pairwise[pairwise["metric"] == metric]
     if rows.empty and not pairwise.empty:
-        raise ValueError(
-            f"metric={metric!r} is not in the table; it has {sorted(pairwise['metric'].unique())}"
-        )
+        check_option("metric", metric, sorted(pairwise["metric"].unique()))
     heads = head_order([*rows["head_a"], *rows["head_b"]])
     matrix = pd.DataFrame(np.nan, index=heads, columns=heads)
     for row in rows.itertuples(index=False):

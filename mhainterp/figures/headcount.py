@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from mhainterp.figures._common import legend_outside, new_figure, plt, sns
+from mhainterp.figures._common import legend_outside, new_figure, plt, require_columns, sns
 
 __all__ = ["plot_head_count_accuracy", "plot_training_curves"]
 
@@ -21,9 +21,9 @@ def plot_head_count_accuracy(results: pd.DataFrame, *, metric: str = "val_accura
     Example:
         >>> fig = plot_head_count_accuracy(pd.read_csv("runs/rev/results.csv"))  # doctest: +SKIP
     """
-    missing = {"task", "n_heads", "seed", metric} - set(results.columns)
-    if missing:
-        raise ValueError(f"results is missing columns {sorted(missing)}")
+    require_columns(
+        results, ["task", "n_heads", "seed", metric], "results", "a sweep's results.csv"
+    )
     tasks = list(dict.fromkeys(results["task"]))
     fig, axes = new_figure(4.2 * len(tasks), 3.8, ncols=len(tasks), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
@@ -78,9 +78,9 @@ def plot_training_curves(curves: pd.DataFrame, *, log_y: bool = True) -> plt.Fig
             ``metrics.csv`` stacked; see :func:`mhainterp.sweep.load_curves`).
         log_y: Log-scale the loss axis.
     """
-    missing = {"task", "n_heads", "seed", "step", "loss"} - set(curves.columns)
-    if missing:
-        raise ValueError(f"curves is missing columns {sorted(missing)}")
+    require_columns(
+        curves, ["task", "n_heads", "seed", "step", "loss"], "curves", "a sweep's curves"
+    )
     tasks = list(dict.fromkeys(curves["task"]))
     fig, axes = new_figure(4.6 * len(tasks), 3.6, ncols=len(tasks), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from mhainterp.figures._common import integer_axis, new_figure, plt, require_columns, save_figure
+from mhainterp.validation import ParameterError
 
 __all__ = ["plot_average_patterns", "plot_example_patterns"]
 
@@ -21,7 +22,7 @@ __all__ = ["plot_average_patterns", "plot_example_patterns"]
 def _require(df: pd.DataFrame, columns: set[str], name: str, source: str) -> None:
     require_columns(df, columns, name, f"mhainterp.capture.{source}")
     if df.empty:
-        raise ValueError(f"{name} is empty")
+        raise ParameterError(f"{name} is invalid: a non-empty table, got an empty one")
 
 
 _CMAP = "viridis"

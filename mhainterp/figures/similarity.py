@@ -18,11 +18,13 @@ from mhainterp.figures._common import (
     legend_outside,
     new_figure,
     plt,
+    require_columns,
     save_figure,
     sns,
 )
 from mhainterp.similarity import cluster_heads, similarity_frame
 from mhainterp.similarity.matrix import check_frame
+from mhainterp.validation import ParameterError
 
 __all__ = ["plot_head_map", "plot_similarity_heatmap"]
 
@@ -92,7 +94,9 @@ def plot_similarity_heatmap(
         ordered = clusters.sort_values("order")
         order = list(ordered["head_label"])
         if sorted(order) != sorted(similarity.index):
-            raise ValueError("clusters must list exactly the heads of similarity (head_label)")
+            raise ParameterError(
+                "clusters is invalid: a table listing exactly the heads of similarity (head_label)"
+            )
         cluster_of = dict(zip(ordered["head_label"], ordered["cluster"], strict=True))
         similarity = similarity.loc[order, order]
     n_rows, n_cols = similarity.shape
@@ -192,9 +196,7 @@ def plot_head_map(
     """
     if not isinstance(mds, pd.DataFrame):
         raise TypeError(f"mds must be a pandas DataFrame (from head_map_mds), got {type(mds)}")
-    missing = {"head_label", "x", "y"} - set(mds.columns)
-    if missing:
-        raise ValueError(f"mds is missing columns {sorted(missing)} (use head_map_mds)")
+    require_columns(mds, ["head_label", "x", "y"], "mds", "head_map_mds")
     data = mds[["head_label", "x", "y"]].copy()
     if clusters is not None:
         cluster_of = dict(zip(clusters["head_label"], clusters["cluster"], strict=True))

@@ -43,6 +43,7 @@ from mhainterp.model.components import (
 )
 from mhainterp.model.weight_views import ModelWeightViews
 from mhainterp.scoring import mean_loss
+from mhainterp.validation import ParameterError, check_bool, check_option, invalid
 
 __all__ = ["HookedMHATransformer"]
 
@@ -130,15 +131,12 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
             ``n_targets > 1``), the scalar loss, both, or None.
         """
         tokens, padding_mask = self.validate_inputs(tokens, padding_mask)
-        if return_type not in ("logits", "loss", "both", None):
-            raise ValueError(
-                f"return_type={return_type!r} is invalid; allowed: 'logits', 'loss', 'both', None"
-            )
+        check_option("return_type", return_type, ("logits", "loss", "both", None))
         logits = self.logits(tokens, padding_mask)
         if return_type in ("logits", None):
             return logits if return_type == "logits" else None
         if targets is None:
-            raise ValueError(f"return_type={return_type!r} needs targets= for the loss")
+            raise invalid("targets", targets, f"a targets tensor when return_type={return_type!r}")
         loss = self.loss(logits, targets, loss_mask)
         return loss if return_type == "loss" else (logits, loss)
 
@@ -189,40 +187,42 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
     def validate_inputs(
         self, tokens: Any, padding_mask: Any = None
     ) -> tuple[Tensor, Tensor | None]:
-        """Check tokens and padding mask; raise ``ValueError``/``TypeError`` a user can act on."""
+        """Check tokens and padding mask; raise a ``ParameterError`` a user can act on."""
         if not isinstance(tokens, Tensor):
             raise TypeError(
                 f"tokens must be a torch.Tensor of int64 ids, got {type(tokens).__name__}; "
                 "use model.to_tokens(...) to convert a string or list"
             )
         if tokens.is_floating_point() or tokens.dtype == torch.bool or tokens.is_complex():
-            raise ValueError(
-                f"tokens must be integer ids, got dtype {tokens.dtype}; convert with .long()"
+            raise ParameterError(
+                f"tokens is invalid: integer ids, got dtype {tokens.dtype}; convert with .long()"
             )
         if tokens.ndim == 1:
             tokens = tokens[None]
         if tokens.ndim != 2:
-            raise ValueError(f"tokens must be [batch, pos], got shape {tuple(tokens.shape)}")
+            raise ParameterError(
+                f"tokens is invalid: [batch, pos], got shape {tuple(tokens.shape)}"
+            )
         if tokens.shape[1] > self.cfg.n_ctx or tokens.shape[1] == 0:
-            raise ValueError(
-                f"sequence length {tokens.shape[1]} is outside [1, n_ctx={self.cfg.n_ctx}]; "
-                "use shorter sequences or a model with a larger n_ctx"
+            raise ParameterError(
+                f"tokens is invalid: a sequence length in [1, n_ctx={self.cfg.n_ctx}], got "
+                f"{tokens.shape[1]}; use shorter sequences or a model with a larger n_ctx"
             )
         if tokens.numel():
             low, high = torch.aminmax(tokens)
             if low < 0 or high >= self.cfg.d_vocab:
-                raise ValueError(
-                    f"token ids must lie in [0, d_vocab={self.cfg.d_vocab}), got values in "
+                raise ParameterError(
+                    f"tokens is invalid: ids in [0, d_vocab={self.cfg.d_vocab}), got values in "
                     f"[{int(low)}, {int(high)}]"
                 )
         if padding_mask is not None:
             if not isinstance(padding_mask, Tensor) or padding_mask.dtype != torch.bool:
-                raise ValueError("padding_mask must be a bool tensor, True for real tokens")
+                raise ParameterError("padding_mask is invalid: a bool tensor, True for real tokens")
             if padding_mask.ndim == 1 and tokens.shape[0] == 1:
                 padding_mask = padding_mask[None]
             if padding_mask.shape != tokens.shape:
-                raise ValueError(
-                    f"padding_mask must have the tokens' shape {tuple(tokens.shape)} "
+                raise ParameterError(
+                    f"padding_mask is invalid: the tokens' shape {tuple(tokens.shape)} "
                     f"([batch, pos], True = real token), got {tuple(padding_mask.shape)}"
                 )
         return tokens.long(), padding_mask
@@ -238,7 +238,7 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
         ``head_detector.detect_head`` calls with its ``seq`` argument.
 
         Raises:
-            ValueError: For text that is not integers, an empty sequence, rows of different
+            ParameterError: For text that is not integers, an empty sequence, rows of different
                 lengths (there is no padding here: build a ``Batch`` with a ``padding_mask``),
                 or ids outside the vocabulary.
 
@@ -253,8 +253,8 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
         if isinstance(seq, Sequence) and seq and all(isinstance(row, Sequence) for row in seq):
             lengths = sorted({len(row) for row in seq})
             if len(lengths) > 1:
-                raise ValueError(
-                    f"sequences have different lengths {lengths}; give equal-length sequences "
+                raise ParameterError(
+                    f"seq is invalid: equal-length sequences, got lengths {lengths} "
                     "(to pad, build a Batch with a padding_mask)"
                 )
         tokens = torch.as_tensor(seq)
@@ -266,7 +266,7 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
         ``ActivationCache.logit_attrs`` when given a string)."""
         ids = _parse_token_string(token) if isinstance(token, str) else [token]
         if len(ids) != 1 or not 0 <= int(ids[0]) < self.cfg.d_vocab:
-            raise ValueError(f"{token!r} is not one token id in [0, d_vocab={self.cfg.d_vocab})")
+            raise invalid("token", token, f"one token id in [0, d_vocab={self.cfg.d_vocab})")
         return int(ids[0])
 
     def tokens_to_residual_directions(
@@ -295,41 +295,37 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
     # TransformerLens's setters for its optional hooks (they set the cfg flag of the same name).
     def set_use_attn_result(self, use_attn_result: bool) -> None:
         """Compute and hook each head's residual write (``attn.hook_result``) or not."""
-        self.cfg.use_attn_result = _flag("use_attn_result", use_attn_result)
+        self.cfg.use_attn_result = check_bool("use_attn_result", use_attn_result)
 
     def set_use_split_qkv_input(self, use_split_qkv_input: bool) -> None:
         """Give Q, K and V their own per-head copies of the input (``hook_q_input``...)."""
         if use_split_qkv_input and self.cfg.use_attn_in:
-            raise ValueError("use_split_qkv_input and use_attn_in are mutually exclusive; "
-                             "call set_use_attn_in(False) first")  # fmt: skip
-        self.cfg.use_split_qkv_input = _flag("use_split_qkv_input", use_split_qkv_input)
+            raise invalid(
+                "use_split_qkv_input",
+                use_split_qkv_input,
+                "False while use_attn_in is on; call set_use_attn_in(False) first",
+            )
+        self.cfg.use_split_qkv_input = check_bool("use_split_qkv_input", use_split_qkv_input)
 
     def set_use_attn_in(self, use_attn_in: bool) -> None:
         """Give the attention one per-head copy of its input (``hook_attn_in``)."""
         if use_attn_in and self.cfg.use_split_qkv_input:
-            raise ValueError("use_attn_in and use_split_qkv_input are mutually exclusive; "
-                             "call set_use_split_qkv_input(False) first")  # fmt: skip
-        self.cfg.use_attn_in = _flag("use_attn_in", use_attn_in)
+            raise invalid("use_attn_in", use_attn_in,
+                          "False while use_split_qkv_input is on; call "
+                          "set_use_split_qkv_input(False) first")  # fmt: skip
+        self.cfg.use_attn_in = check_bool("use_attn_in", use_attn_in)
 
     def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:
         """Fire ``hook_mlp_in`` (the MLP input before ln2) or not."""
-        self.cfg.use_hook_mlp_in = _flag("use_hook_mlp_in", use_hook_mlp_in)
-
-
-def _flag(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} is invalid: must be True or False.")
-    return value
+        self.cfg.use_hook_mlp_in = check_bool("use_hook_mlp_in", use_hook_mlp_in)
 
 
 def _parse_token_string(text: str) -> list[int]:
     """``"3 1 4"`` or ``"3,1,4"`` -> ``[3, 1, 4]``."""
     parts = text.replace(",", " ").split()
     if not parts:
-        raise ValueError("cannot make tokens from an empty string; give token ids")
+        raise invalid("tokens", text, "token ids, not an empty string")
     try:
         return [int(p) for p in parts]
     except ValueError:
-        raise ValueError(
-            f"cannot read {text!r} as token ids; give integers separated by spaces or commas"
-        ) from None
+        raise invalid("tokens", text, "integer ids separated by spaces or commas") from None

@@ -33,6 +33,7 @@ from transformer_lens import FactoredMatrix
 
 from mhainterp.config import ModelConfig
 from mhainterp.heads import head_label
+from mhainterp.validation import ParameterError
 
 __all__ = ["AttentionWeightViews", "ModelWeightViews"]
 
@@ -149,7 +150,7 @@ class AttentionWeightViews:
 def _check_shape(value: Tensor, expected: tuple[int, ...], name: str) -> None:
     if not isinstance(value, Tensor) or tuple(value.shape) != expected:
         got = tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
-        raise ValueError(f"{name} must be a tensor of shape {expected}, got {got}")
+        raise ParameterError(f"{name} is invalid: a tensor of shape {expected}, got {got}")
 
 
 class ModelWeightViews:

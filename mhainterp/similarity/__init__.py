@@ -63,6 +63,7 @@ from mhainterp.similarity.measures import (
     cross_model_similarity,
 )
 from mhainterp.similarity.separation import head_separation
+from mhainterp.validation import invalid
 
 __all__ = [
     "CROSS_MODEL_METHODS",
@@ -123,12 +124,12 @@ def head_similarity(
     _check_model(model)
     _check_method(method, SIMILARITY_METHODS)
     if reference is not None and method != "separation":
-        raise ValueError(f"reference is only used by method='separation', not {method!r}")
+        raise invalid("method", method, "'separation' when a reference is given (only it uses one)")
     labels = _labels(model)
     if method in ("ov", "qk"):
         return _head_frame(_circuit_similarity(model, method), labels, labels)
     if data is None:
-        raise ValueError(f"method={method!r} needs tokens (a Task, a Batch or [n, pos] tokens)")
+        raise invalid("data", data, f"tokens (a Task, a Batch or [n, pos] tokens) for {method=}")
     run = dict(batch_size=batch_size, n_eval=n_eval, progress=progress)
     if method == "separation":
         table = head_separation(model, data, padding_mask, reference=reference, **run)

@@ -17,6 +17,8 @@ from scipy.optimize import linear_sum_assignment
 from scipy.spatial.distance import squareform
 from sklearn.manifold import MDS
 
+from mhainterp.validation import ParameterError, check_int, check_option
+
 __all__ = [
     "cluster_heads",
     "dissimilarity",
@@ -63,14 +65,14 @@ def check_frame(similarity: Any, *, square: bool = True, finite: bool = True) ->
             f"{type(similarity).__name__}"
         )
     if similarity.empty:
-        raise ValueError("similarity is empty")
+        raise ParameterError("similarity is invalid: a non-empty table, got an empty one")
     if square and list(similarity.index) != list(similarity.columns):
-        raise ValueError(
-            "similarity must be square with the same head labels on both axes (from "
+        raise ParameterError(
+            "similarity is invalid: a square table with the same head labels on both axes (from "
             "head_similarity); use match_heads for a model-A x model-B matrix"
         )
     if finite and not np.isfinite(similarity.to_numpy(dtype=float)).all():
-        raise ValueError("similarity contains NaN or infinite values")
+        raise ParameterError("similarity is invalid: finite values, got NaN or infinite ones")
 
 
 def dissimilarity(similarity: pd.DataFrame) -> pd.DataFrame:
@@ -101,10 +103,11 @@ def head_linkage(similarity: pd.DataFrame, *, method: str = "average") -> np.nda
         >>> head_linkage(m).shape
         (2, 4)
     """
-    if method not in _LINKAGE_METHODS:
-        raise ValueError(f"method={method!r} is invalid; allowed: {', '.join(_LINKAGE_METHODS)}")
+    check_option("method", method, _LINKAGE_METHODS)
     if len(similarity) < 2:
-        raise ValueError("clustering needs at least 2 heads")
+        raise ParameterError(
+            f"similarity is invalid: at least 2 heads to cluster, got {len(similarity)}"
+        )
     dist = squareform(dissimilarity(similarity).to_numpy(), checks=False)
     tree = linkage(dist, method=method)
     return optimal_leaf_ordering(tree, dist) if len(similarity) > 2 else tree
@@ -145,12 +148,8 @@ def cluster_heads(
     labels = list(similarity.index)
     if len(labels) == 1:
         return pd.DataFrame({"head_label": labels, "cluster": [1], "order": [0]})
-    if n_clusters is not None and (
-        not isinstance(n_clusters, int) or not 1 <= n_clusters <= len(labels)
-    ):
-        raise ValueError(
-            f"n_clusters={n_clusters!r} is invalid: must be an int in [1, {len(labels)}]"
-        )
+    if n_clusters is not None:
+        check_int("n_clusters", n_clusters, minimum=1, maximum=len(labels))
     tree = head_linkage(similarity, method=method)
     if n_clusters is not None:
         raw = fcluster(tree, t=n_clusters, criterion="maxclust")

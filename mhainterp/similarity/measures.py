@@ -28,7 +28,7 @@ from mhainterp.capture import (
 from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.model import HookedMHATransformer
 from mhainterp.protocol import check_model
-from mhainterp.validation import check_option
+from mhainterp.validation import ParameterError, check_option
 
 __all__ = ["CROSS_MODEL_METHODS", "SIMILARITY_METHODS", "cross_model_similarity"]
 
@@ -94,9 +94,9 @@ def _stacked_patterns(
 
 def _check_same_masking(model_a: HookedMHATransformer, model_b: HookedMHATransformer) -> None:
     if model_a.cfg.causal != model_b.cfg.causal:
-        raise ValueError(
-            f"both models must mask attention the same way; got causal={model_a.cfg.causal} "
-            f"and causal={model_b.cfg.causal}"
+        raise ParameterError(
+            f"model_b is invalid: a model that masks attention like model_a "
+            f"(causal={model_a.cfg.causal}), got causal={model_b.cfg.causal}"
         )
 
 
@@ -245,9 +245,9 @@ def _cka(
     covariance of the z's (``[L * d_model]^2``), never a ``d_model x d_model`` matrix per pair.
     """
     if model_a.cfg.d_model != model_b.cfg.d_model:
-        raise ValueError(
-            f"cka compares residual-stream writes, so both models need the same d_model; got "
-            f"{model_a.cfg.d_model} and {model_b.cfg.d_model}"
+        raise ParameterError(
+            f"model_b is invalid: a model with model_a's d_model={model_a.cfg.d_model} (cka "
+            f"compares residual-stream writes; same d_model needed), got {model_b.cfg.d_model}"
         )
     same = model_a is model_b
     names = [_z_names(model_a), _z_names(model_b)]

@@ -26,6 +26,7 @@ from mhainterp.similarity.measures import (
     _stacked_patterns,
     _stream,
 )
+from mhainterp.validation import ParameterError
 
 __all__ = ["head_separation"]
 
@@ -33,14 +34,14 @@ __all__ = ["head_separation"]
 def _check_reference(reference: Any, model: HookedMHATransformer) -> None:
     _check_model(reference, "reference")
     if reference.cfg.n_heads != 1:
-        raise ValueError(
-            f"reference must be a one-head model (the seed's single-head baseline); it has "
+        raise ParameterError(
+            f"reference is invalid: a one-head model (the seed's single-head baseline), got "
             f"n_heads={reference.cfg.n_heads}"
         )
     if reference.cfg.n_layers != model.cfg.n_layers:
-        raise ValueError(
-            f"reference must have the model's n_layers={model.cfg.n_layers} (its layer l is "
-            f"compared with layer l); it has n_layers={reference.cfg.n_layers}"
+        raise ParameterError(
+            f"reference is invalid: a model with the model's n_layers={model.cfg.n_layers} (its "
+            f"layer l is compared with layer l), got n_layers={reference.cfg.n_layers}"
         )
     _check_same_masking(model, reference)
 

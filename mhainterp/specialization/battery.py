@@ -45,6 +45,7 @@ from mhainterp.specialization.verdict.result import (
 from mhainterp.specialization.verdict.settings import SpecializationSettings
 from mhainterp.tasks import Task
 from mhainterp.training import Run, load_run
+from mhainterp.validation import invalid
 
 # The result, its columns and the combining live in .result and .combine; they are re-exported
 # here, where they have always been importable from.
@@ -63,7 +64,9 @@ def _resolve(run_or_runs: Any, task: Task | None) -> list[_RunInput]:
         else [run_or_runs]
     )
     if not items:
-        raise ValueError("run_or_runs is empty: give a run folder, a Run, a model or a list")
+        raise invalid(
+            "run_or_runs", run_or_runs, "a run folder, a Run, a model or a non-empty list"
+        )
     inputs = [_resolve_one(item, task, i) for i, item in enumerate(items)]
     names = _unique_names([i.run for i in inputs])
     for inp, name in zip(inputs, names, strict=True):
@@ -89,7 +92,7 @@ def _resolve_one(item: Any, task: Task | None, index: int) -> _RunInput:
         item, task = item
     if isinstance(item, HookedMHATransformer):
         if task is None:
-            raise ValueError("task= is required when a model (not a run folder or Run) is given")
+            raise invalid("task", task, "a Task when a model (not a run folder or Run) is given")
         return _RunInput(item, task, f"model{index}", item.cfg.seed)
     raise TypeError(
         "run_or_runs must be a run folder, a training.Run, a HookedMHATransformer (with task=), "

@@ -42,6 +42,7 @@ from tqdm.auto import tqdm
 from mhainterp.io import atomic_path
 from mhainterp.sweep.run import RunSpec
 from mhainterp.training import RUN_FILES, TrainingDivergedError
+from mhainterp.validation import check_int, invalid
 
 __all__ = [
     "RAY_ADDRESS_ENV",
@@ -82,8 +83,8 @@ def group_specs(specs: Sequence[RunSpec], max_group_size: int | None = None) -> 
         >>> [len(g) for g in group_specs(specs)]  # doctest: +SKIP
         [9]
     """
-    if max_group_size is not None and max_group_size < 1:
-        raise ValueError(f"max_group_size={max_group_size!r} is invalid: must be >= 1 or None")
+    if max_group_size is not None:
+        check_int("max_group_size", max_group_size, minimum=1)
     groups: dict[str, list[RunSpec]] = {}
     for spec in specs:
         groups.setdefault(_group_key(spec), []).append(spec)
@@ -115,13 +116,14 @@ def split_group(
     first (the costliest run to the chunk with the least work so far), which on the 9-run
     h = 1, 4, 8 grid left one worker 5% more work than the best split (measured: the best
     split trained the grid in 0.93x the time). Chunks keep the group's order inside."""
-    if parts < 1:
-        raise ValueError(f"parts={parts!r} is invalid: must be >= 1")
+    check_int("parts", parts, minimum=1)
     costs = [_relative_cost(spec) for spec in group]
     k = min(parts, len(group))
     limit = max_size or len(group)
     if limit * k < len(group):
-        raise ValueError(f"{len(group)} runs do not fit {k} chunks of at most {limit}")
+        raise invalid(
+            "max_size", max_size, f"so large that {len(group)} runs fit {k} chunks of at most it"
+        )
     if k > 1 and k ** (len(group) - 1) <= _EXACT_SPLIT_LIMIT:
         members = _best_split(costs, k, limit)
     else:
@@ -180,8 +182,7 @@ def plan_chunks(
         >>> [len(c) for c in plan_chunks([grid_of_9_runs], workers=2)]  # doctest: +SKIP
         [5, 4]
     """
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size={chunk_size!r} is invalid: must be >= 1")
+    check_int("chunk_size", chunk_size, minimum=1)
     chunks = []
     for group in groups:
         n_chunks = math.ceil(len(group) / chunk_size)
@@ -331,8 +332,7 @@ def run_batched(
         return
     if workers is None:
         workers = min(len(available_cpus()), len(specs))
-    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
-        raise ValueError(f"workers={workers!r} is invalid: must be an int >= 1 or None")
+    check_int("workers", workers, minimum=1)
     chunks = plan_chunks(group_specs(specs), workers, chunk_size)
     messages: dict[str, str] = {}
     if workers == 1 and batch:

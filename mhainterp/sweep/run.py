@@ -164,7 +164,7 @@ def _check_same_sweep(out_dir: Path, config: SweepConfig) -> None:
         return
     saved = read_json(saved_path)
     if saved != _jsonable(config.to_dict()):
-        raise ValueError(
+        raise RunFolderError(
             f"{out_dir} holds a different sweep (see {saved_path}); rerun with the same "
             "settings to resume it, or choose a new output folder"
         )

@@ -25,7 +25,7 @@ from mhainterp.scoring import IGNORE_INDEX
 from mhainterp.tasks.batch import Batch
 from mhainterp.tasks.contract import MAX_SEQ_LEN, MAX_VOCAB, check_labels, task_error
 from mhainterp.tasks.templates import check_tokens
-from mhainterp.validation import check_int, invalid
+from mhainterp.validation import ParameterError, check_int, invalid
 
 __all__ = ["Task", "init_param_names"]
 
@@ -269,9 +269,9 @@ class Task(abc.ABC):
                     f"generator must be a torch.Generator or None, got {type(generator).__name__}."
                 )
             if generator.device.type != "cpu":
-                raise ValueError(
-                    f"generator must be a CPU torch.Generator (batches are drawn on the CPU and "
-                    f"moved with Batch.to), got one on {generator.device}."
+                raise ParameterError(
+                    f"generator is invalid: a CPU torch.Generator (batches are drawn on the CPU "
+                    f"and moved with Batch.to), got one on {generator.device}."
                 )
         lengths = self.sample_lengths(n, generator)  # (n,)
         tokens = self.sample_tokens(n, lengths, generator).long()  # (n, pos)
@@ -371,17 +371,18 @@ class Task(abc.ABC):
             padding_mask = tokens != self.pad_token
         tokens, padding_mask = check_tokens(tokens, padding_mask)
         if tokens.shape[1] != self.seq_len:
-            raise ValueError(
-                f"tokens have {tokens.shape[1]} positions but {self!r} has seq_len="
-                f"{self.seq_len}; pad shorter sequences at the end and pass a padding_mask."
+            raise ParameterError(
+                f"tokens is invalid: {self.seq_len} positions ({self!r} has seq_len="
+                f"{self.seq_len}), got {tokens.shape[1]}; pad shorter sequences at the end and "
+                "pass a padding_mask."
             )
         real = tokens[padding_mask]
         bad = (real < 0) | (real >= self.d_vocab_in)
         if self.pad_token is not None:
             bad |= real == self.pad_token
         if bad.any():
-            raise ValueError(
-                f"real (non-padding) tokens must lie in [0, {self.d_vocab}) (or be special "
+            raise ParameterError(
+                f"tokens is invalid: real (non-padding) ids in [0, {self.d_vocab}) (or special "
                 f"tokens {self.special_tokens}); got {real[bad][:5].tolist()}. Mark padding "
                 f"positions False in padding_mask."
             )

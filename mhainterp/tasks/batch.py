@@ -13,6 +13,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from mhainterp.scoring import scored_positions
+from mhainterp.validation import ParameterError
 
 __all__ = ["Batch"]
 
@@ -55,8 +56,8 @@ class Batch:
             if not isinstance(value, Tensor):
                 raise TypeError(f"Batch.{name} must be a torch.Tensor, got {type(value).__name__}.")
         if self.tokens.ndim != 2:
-            raise ValueError(
-                f"Batch.tokens must have shape [n, pos], got shape {tuple(self.tokens.shape)}."
+            raise ParameterError(
+                f"Batch.tokens is invalid: shape [n, pos], got shape {tuple(self.tokens.shape)}."
             )
         shape = tuple(self.tokens.shape)
         for name, dtype in (("tokens", torch.int64), ("targets", torch.int64)):
@@ -70,12 +71,13 @@ class Batch:
             if value.dtype != torch.bool:
                 raise TypeError(f"Batch.{name} must be bool, got {value.dtype}.")
             if tuple(value.shape) != shape:
-                raise ValueError(
-                    f"Batch.{name} must have the shape of tokens {shape}, got {tuple(value.shape)}."
+                raise ParameterError(
+                    f"Batch.{name} is invalid: the shape of tokens {shape}, "
+                    f"got {tuple(value.shape)}."
                 )
         if tuple(self.targets.shape[:2]) != shape or self.targets.ndim not in (2, 3):
-            raise ValueError(
-                f"Batch.targets must have shape {shape} or {(*shape, 'n_targets')}, "
+            raise ParameterError(
+                f"Batch.targets is invalid: shape {shape} or {(*shape, 'n_targets')}, "
                 f"got {tuple(self.targets.shape)}."
             )
 

@@ -17,6 +17,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from mhainterp.validation import ParameterError, invalid
+
 __all__ = [
     "RELATION_TEMPLATES",
     "check_tokens",
@@ -63,8 +65,8 @@ def check_tokens(
     if tokens.dtype not in _INT_DTYPES:
         raise TypeError(f"tokens must have an integer dtype, got {tokens.dtype}.")
     if tokens.ndim != 2:
-        raise ValueError(
-            f"tokens must have shape [n, pos], got shape {tuple(tokens.shape)}; "
+        raise ParameterError(
+            f"tokens is invalid: shape [n, pos], got shape {tuple(tokens.shape)}; "
             f"for one sequence use tokens[None]."
         )
     tokens = tokens.long()
@@ -74,14 +76,14 @@ def check_tokens(
         got = padding_mask.dtype if isinstance(padding_mask, Tensor) else type(padding_mask)
         raise TypeError(f"padding_mask must be a bool tensor, got {got}.")
     if padding_mask.shape != tokens.shape:
-        raise ValueError(
-            f"padding_mask must have the shape of tokens {tuple(tokens.shape)}, "
+        raise ParameterError(
+            f"padding_mask is invalid: the shape of tokens {tuple(tokens.shape)}, "
             f"got {tuple(padding_mask.shape)}."
         )
     if (padding_mask[:, 1:] & ~padding_mask[:, :-1]).any():
-        raise ValueError(
-            "padding_mask must be True on a prefix of each row (padding at the END of a "
-            "sequence only); got a real token after a padding position."
+        raise ParameterError(
+            "padding_mask is invalid: True on a prefix of each row (padding at the END of a "
+            "sequence only), got a real token after a padding position."
         )
     return tokens, padding_mask.to(tokens.device)
 
@@ -150,7 +152,7 @@ def same_token_template(
         [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [1.0, 0.0, 1.0]]
     """
     if strictly_before and up_to_self:
-        raise ValueError("strictly_before and up_to_self exclude each other; pick one")
+        raise invalid("up_to_self", up_to_self, "False when strictly_before=True (pick one)")
     tokens, padding_mask = check_tokens(tokens, padding_mask)
     rel = tokens[:, :, None] == tokens[:, None, :]  # (n, q, k)
     if strictly_before or up_to_self:

@@ -20,6 +20,7 @@ from mhainterp.specialization.verdict.result import (
 )
 from mhainterp.specialization.verdict.sentences import RunVerdict, Verdict, group_key
 from mhainterp.specialization.verdict.settings import SpecializationSettings
+from mhainterp.validation import ParameterError, invalid
 
 __all__ = ["VERDICT_DIVISION_COLUMNS", "attach_division", "combine_results"]
 
@@ -95,17 +96,21 @@ def attach_division(
     runs = list(result.runs["run"])
     if "run" not in frame.columns:
         if len(runs) != 1:
-            raise ValueError(
-                f"division has no 'run' column but the result holds {len(runs)} runs; add a "
-                "'run' column naming them"
+            raise ParameterError(
+                f"division is invalid: a 'run' column naming the runs when the result holds "
+                f"{len(runs)} runs, got no 'run' column"
             )
         frame.insert(0, "run", runs[0])
     missing = [c for c in DIVISION_COLUMNS if c not in frame.columns]
     if missing:
-        raise ValueError(f"division lacks columns {missing}; needs {DIVISION_COLUMNS}")
+        raise ParameterError(
+            f"division is invalid: a table with columns {DIVISION_COLUMNS}, missing {missing}"
+        )
     unknown = sorted(set(frame["run"]) - set(runs))
     if unknown:
-        raise ValueError(f"division names runs {unknown} that the result lacks; runs: {runs}")
+        raise ParameterError(
+            f"division is invalid: rows for the result's runs {runs}, got runs {unknown}"
+        )
     carried = [*DIVISION_COLUMNS, *(c for c in VERDICT_DIVISION_COLUMNS if c in frame.columns)]
     rows = frame[carried].to_dict("records")
     verdicts = []
@@ -171,7 +176,7 @@ def combine_results(results: Sequence[SpecializationResult]) -> SpecializationRe
         >>> combined = combine_results([specialization_test(r) for r in runs])  # doctest: +SKIP
     """
     if not results:
-        raise ValueError("combine_results needs at least one result")
+        raise invalid("results", results, "a non-empty list of SpecializationResult")
     settings = results[0].settings
     stacked = {
         name: pd.concat([getattr(r, name) for r in results], ignore_index=True)

@@ -15,7 +15,7 @@ from mhainterp.ablation import check_method
 from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.similarity import SIMILARITY_METHODS
 from mhainterp.specialization.corrections import CORRECTIONS
-from mhainterp.validation import check_int
+from mhainterp.validation import check_float, check_int, check_keys, check_option, invalid
 
 __all__ = ["THRESHOLDS", "SpecializationSettings"]
 
@@ -99,23 +99,13 @@ class SpecializationSettings:
             "mix_ratio",
             "min_evenness",
         ):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0 < value <= 1:
-                raise ValueError(f"{name}={value!r} is invalid: must be a number in (0, 1]")
+            if check_float(name, getattr(self, name), minimum=0, maximum=1) == 0:
+                raise invalid(name, getattr(self, name), "a finite number > 0 and <= 1")
         for name in ("min_effect", "min_joint_damage", "dead_tol", "min_damage"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name}={value!r} is invalid: must be a number >= 0")
-        if self.correction not in CORRECTIONS:
-            raise ValueError(
-                f"correction={self.correction!r} is invalid; allowed: {', '.join(CORRECTIONS)}"
-            )
+            check_float(name, getattr(self, name), minimum=0)
+        check_option("correction", self.correction, CORRECTIONS)
         check_method(self.ablation_method)
-        if self.similarity_method not in SIMILARITY_METHODS:
-            raise ValueError(
-                f"similarity_method={self.similarity_method!r} is invalid; allowed: "
-                f"{', '.join(SIMILARITY_METHODS)}"
-            )
+        check_option("similarity_method", self.similarity_method, SIMILARITY_METHODS)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -128,8 +118,7 @@ class SpecializationSettings:
             >>> SpecializationSettings().scaled("min_similarity", 1.25).min_similarity
             1.0
         """
-        if name not in THRESHOLDS:
-            raise ValueError(f"name={name!r} is invalid: must be one of {', '.join(THRESHOLDS)}")
+        check_option("name", name, THRESHOLDS)
         value = getattr(self, name) * factor
         if name in _SHARES:
             value = min(value, 1.0)
@@ -140,10 +129,7 @@ class SpecializationSettings:
         data = dict(data)
         if "n_sequences" in data:  # the old name of n_eval, in settings saved before the rename
             data["n_eval"] = data.pop("n_sequences")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown settings {unknown}; allowed: {sorted(known)}")
+        check_keys("SpecializationSettings", data, (f.name for f in dataclasses.fields(cls)))
         return cls(**data)
 
 

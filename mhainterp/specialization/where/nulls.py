@@ -33,6 +33,7 @@ from mhainterp.config import ModelConfig
 from mhainterp.model import HookedMHATransformer
 from mhainterp.specialization.corrections import adjust_pvalues
 from mhainterp.specialization.where.roles import DESCRIPTIVE_ROLES, capture_role_sums, role_frame
+from mhainterp.validation import check_int
 
 __all__ = [
     "combine_nulls",
@@ -51,8 +52,7 @@ def matched_seeds(seed: int, n_init: int) -> list[int]:
         >>> matched_seeds(3, 4)
         [3, 4, 5, 6]
     """
-    if not isinstance(n_init, int) or isinstance(n_init, bool) or n_init < 2:
-        raise ValueError(f"n_init={n_init!r} is invalid: must be an int >= 2 (a null needs spread)")
+    check_int("n_init", n_init, minimum=2)  # a null needs spread
     return [seed + i for i in range(n_init)]
 
 

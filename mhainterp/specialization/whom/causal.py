@@ -41,6 +41,7 @@ from mhainterp.ablation import Method
 from mhainterp.model import HookedMHATransformer
 from mhainterp.specialization.whom.damage import triple_damage
 from mhainterp.tasks import Batch
+from mhainterp.validation import ParameterError, check_int
 
 __all__ = [
     "CausalSelectivity",
@@ -136,8 +137,9 @@ def target_damage(
     """
     k = batch.n_targets
     if k != model.cfg.n_targets:
-        raise ValueError(
-            f"the batch has {k} targets per position but the model predicts {model.cfg.n_targets}"
+        raise ParameterError(
+            f"batch is invalid: {model.cfg.n_targets} targets per position (the model's "
+            f"n_targets), got {k}"
         )
     names = list(target_names) if target_names is not None else [f"target{i}" for i in range(k)]
     # One implementation of "every head's damage per scored triple": the division of labour's.
@@ -172,7 +174,10 @@ def selectivity_index(
     """
     k = matrix.shape[-1]
     if k < 2:
-        raise ValueError("selectivity needs at least 2 targets (a multi-target task)")
+        raise ParameterError(
+            f"matrix is invalid: at least 2 targets (a multi-target task), got shape "
+            f"{tuple(matrix.shape)}"
+        )
     d = matrix.clamp(min=0)
     total = d.sum(-1)
     # (k * max - D) / ((k - 1) * D) >= 0; the clamp removes float round-off below 0.
@@ -261,9 +266,11 @@ def causal_selectivity(
         >>> result.selectivity, result.null_mean, result.p_value  # doctest: +SKIP
     """
     if len(damage.target_names) < 2:
-        raise ValueError("causal selectivity needs a multi-target task (at least 2 targets)")
-    if not isinstance(n_permutations, int) or n_permutations < 1:
-        raise ValueError(f"n_permutations={n_permutations!r} is invalid: must be an int >= 1")
+        raise ParameterError(
+            f"damage is invalid: a multi-target task's damage (at least 2 targets), got "
+            f"targets {list(damage.target_names)}"
+        )
+    check_int("n_permutations", n_permutations, minimum=1)
     generator = generator if generator is not None else torch.Generator().manual_seed(0)
     observed = damage.matrix  # (H, k)
     head_si = selectivity_index(observed, min_damage)  # (H,)
