@@ -43,7 +43,7 @@ from mhainterp.eval_mode import eval_mode
 from mhainterp.heads import all_heads, format_heads, head_label
 from mhainterp.scoring import position_scores
 from mhainterp.tasks import Batch
-from mhainterp.validation import check_int, check_option
+from mhainterp.validation import check_int, check_option, invalid
 
 __all__ = [
     "attribution_agreement",
@@ -171,8 +171,10 @@ def compare_importance(
         ("ablation", ablation, ablation_column),
     ):
         if column not in df.columns:
-            raise ValueError(
-                f"{name} table has no column {column!r}; columns: {', '.join(map(str, df.columns))}"
+            raise invalid(
+                name,
+                f"a table with columns {', '.join(map(str, df.columns))}",
+                f"a table with a {column!r} column",
             )
     left = gradient[["head_label", "layer", "head", gradient_column]].rename(
         columns={gradient_column: "gradient_importance"}
@@ -401,9 +403,11 @@ def attribution_patching(
         >>> attribution_patching(model, batch).nlargest(5, "attribution")  # doctest: +SKIP
     """
     if getattr(model.cfg, "objective", "next_token") != "next_token":
-        raise ValueError(
-            "attribution_patching needs a next-token model: the embedding damage has zero "
-            "gradient at the clean output; use evaluate_head_sets with a CleanOutputMetric"
+        raise invalid(
+            "model",
+            type(model).__name__,
+            "a next-token model (an embedding model's damage has "
+            "zero gradient at the clean output: use evaluate_head_sets with a CleanOutputMetric)",
         )
     methods = tuple(check_method(m) for m in methods)
     batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
@@ -492,7 +496,7 @@ def verify_attribution(
     n_random = check_int("n_random", n_random, minimum=0)
     table = attribution[attribution["method"] == method]
     if table.empty:
-        raise ValueError(f"attribution has no rows for method={method!r}; estimate it first")
+        raise invalid("method", method, "a method the attribution table was estimated for")
     ordered = table.sort_values("attribution", ascending=False, kind="stable")
     top = ordered.head(top_k)
     rest = ordered.iloc[top_k:]

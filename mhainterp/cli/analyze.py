@@ -11,6 +11,7 @@ import argparse
 
 from mhainterp.cli.options import add_n_eval, check_run_folders
 from mhainterp.cli.task_modules import add_task_module_argument
+from mhainterp.validation import invalid
 
 __all__ = ["register"]
 
@@ -52,7 +53,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     if args.model is not None:
         return _cmd_analyze_pretrained(args)
     if args.path is None:
-        raise ValueError("give a run or sweep folder, or --model NAME_OR_PATH")
+        raise invalid("path", None, "a run or sweep folder, or --model NAME_OR_PATH")
     from mhainterp.analyze import analyze_path
 
     check_run_folders(args.path)
@@ -67,8 +68,6 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 def _cmd_analyze_pretrained(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
-
-    from mhainterp.validation import invalid
 
     name = args.model
     shipped = ("smollm2", "minilm")
