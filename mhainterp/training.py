@@ -56,6 +56,7 @@ from mhainterp.runs import (
 )
 from mhainterp.scoring import Totals, position_scores, totals
 from mhainterp.tasks import Batch, Task, task_from_record, task_record
+from mhainterp.training_memory import count_parameters, itemsize, training_memory, training_what
 from mhainterp.validation import ParameterError, check_int, invalid
 
 __all__ = [
@@ -73,7 +74,6 @@ __all__ = [
     "run_config_differences",
     "saved_config_matches",
     "lr_at",
-    "training_memory",
 ]
 
 TRAIN_THREADS = 1
@@ -154,42 +154,10 @@ def build_model(task: Task, **model_overrides: Any) -> HookedMHATransformer:
             f"an integer >= {task.min_layers} for task {task.name!r}",
         )
     config = ModelConfig(**kwargs)
-    n_params = _count_parameters(config)
-    require_memory(n_params * _itemsize(config), f"a model of {n_params:,} parameters")
+    n_params = count_parameters(config)
+    require_memory(n_params * itemsize(config), f"a model of {n_params:,} parameters")
     with allocation_failures(f"building a model of {n_params:,} parameters"):
         return HookedMHATransformer(config)
-
-
-def _count_parameters(config: ModelConfig) -> int:
-    """Parameters of a model of ``config``, counted on torch's meta device (nothing allocated)."""
-    meta = ModelConfig.from_dict({**config.to_dict(), "device": "meta"})
-    with torch.device("meta"):
-        return sum(p.numel() for p in HookedMHATransformer(meta).parameters())
-
-
-def _itemsize(config: ModelConfig) -> int:
-    return torch.empty((), dtype=getattr(torch, config.to_dict()["dtype"])).element_size()
-
-
-def training_memory(config: ModelConfig, train_config: TrainConfig) -> int:
-    """A lower bound on the bytes :func:`train` allocates: weights, gradients, two AdamW
-    moments and the last good copy (5 x parameters); one step's activations, kept for the
-    backward pass; the fixed evaluation set (tokens, targets, mask: int64)."""
-    n = config.n_ctx
-    per_token = config.n_layers * (8 * config.d_model + 3 * config.n_heads * n)
-    if not config.attn_only:
-        per_token += config.n_layers * 2 * config.d_mlp
-    per_token += 2 * config.d_vocab_out * config.n_targets
-    activations = 2 * train_config.batch_size * n * per_token * _itemsize(config)
-    batch_tokens = 3 * 8 * n * (train_config.batch_size + train_config.n_eval)
-    return 5 * _count_parameters(config) * _itemsize(config) + activations + batch_tokens
-
-
-def _training_what(config: ModelConfig, train_config: TrainConfig) -> str:
-    return (
-        f"training (d_model={config.d_model}, batch_size={train_config.batch_size}, "
-        f"n_eval={train_config.n_eval})"
-    )
 
 
 def lr_at(step: int, config: TrainConfig) -> float:
@@ -313,7 +281,7 @@ def train(
         check_int("threads", threads, minimum=1)
     if run_dir is not None:  # fail before training, not after it
         ensure_writable_dir(run_dir, "run folder")
-    require_memory(training_memory(model.cfg, config), _training_what(model.cfg, config))
+    require_memory(training_memory(model.cfg, config), training_what(model.cfg, config))
     with torch_threads(threads):
         return _train(model, task, config, run_dir, progress)
 
