@@ -43,7 +43,7 @@ from mhainterp.eval_mode import eval_mode
 from mhainterp.heads import all_heads, format_heads, head_label
 from mhainterp.scoring import position_scores
 from mhainterp.tasks import Batch
-from mhainterp.validation import check_int, check_option, invalid
+from mhainterp.validation import ParameterError, check_int, check_option, invalid
 
 __all__ = [
     "attribution_agreement",
@@ -171,10 +171,9 @@ def compare_importance(
         ("ablation", ablation, ablation_column),
     ):
         if column not in df.columns:
-            raise invalid(
-                name,
-                f"a table with columns {', '.join(map(str, df.columns))}",
-                f"a table with a {column!r} column",
+            raise ParameterError(
+                f"{name} is invalid: a table with a {column!r} column, got columns "
+                f"{', '.join(map(str, df.columns))}"
             )
     left = gradient[["head_label", "layer", "head", gradient_column]].rename(
         columns={gradient_column: "gradient_importance"}
