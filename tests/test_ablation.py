@@ -395,10 +395,8 @@ def test_importance_agreement_is_spearman():
     zero = compared[compared["method"] == "zero"].set_index("head_label")
     assert zero["ablation_rank"].tolist() == [4.0, 3.0, 1.0, 2.0]
     assert zero["gradient_rank"].tolist() == [4.0, 3.0, 2.0, 1.0]
-    with pytest.raises(
-        ValueError,
-        match=r"ablation is invalid: a table with a 'delta_accuracy/x' column, got columns head_label",
-    ):
+    expected = r"ablation is invalid: a table with a 'delta_accuracy/x' column, got columns head_"
+    with pytest.raises(ValueError, match=expected):
         compare_importance(gradient, ablation, ablation_column="delta_accuracy/x")
 
 
