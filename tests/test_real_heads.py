@@ -323,6 +323,7 @@ def _cli(*args, cwd):
     )  # fmt: skip
 
 
+@pytest.mark.slow  # the whole analyze --model command on a tiny Llama (7 s); CI runs it
 def test_cli_analyze_model_writes_the_tables(tmp_path):
     folder = tiny_llama_folder(tmp_path / "llama")
     (tmp_path / "s.txt").write_text("\n".join(SENTENCES))

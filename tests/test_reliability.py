@@ -508,6 +508,7 @@ def test_a_copied_run_of_another_seed_is_refused_not_adopted(serial, tmp_path, c
     assert _files(out) == before  # nothing trained over it, results.csv not rewritten
 
 
+@pytest.mark.slow  # two full reports as another user (8 s); CI runs it
 def test_a_read_only_sweep_with_every_result_saved_reports_elsewhere_untouched(
     serial, tmp_path, capsys
 ):
