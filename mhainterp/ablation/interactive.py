@@ -76,6 +76,9 @@ class Ablator:
         generator: Resample permutation (seed 0 when None).
         n_eval: Size of a Task's evaluation set.
         cache_size: Configurations kept (least recently used dropped first).
+        metric: Score outputs with this hook instead of cross-entropy against the targets
+            (e.g. a :class:`~mhainterp.scoring.CleanOutputMetric` for an embedding model; see
+            :func:`~mhainterp.ablation.engine.run_masks`); its damage is the "loss".
 
     Attributes:
         batch_: The cached evaluation batch.
@@ -99,8 +102,10 @@ class Ablator:
         generator: torch.Generator | None = None,
         n_eval: int = DEFAULT_N_EVAL,
         cache_size: int = DEFAULT_CACHE_SIZE,
+        metric: Any = None,
     ) -> None:
         self.model = model
+        self.metric = metric
         self._method = check_method(method)
         self.cache_size = check_int("cache_size", cache_size, minimum=1)
         self.batch_ = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
@@ -306,7 +311,7 @@ class Ablator:
         masks = head_masks(self.model, [heads for _, heads in keys])
         sums, scores = run_masks(
             self.model, self.batch_, masks, self._replacement(method),
-            per_position=per_position, cache=self._clean,
+            per_position=per_position, cache=self._clean, metric=self.metric,
         )  # fmt: skip
         for c, key in enumerate(keys):
             totals = Totals(sums.loss_sum[c : c + 1], sums.correct[c : c + 1], sums.scored)

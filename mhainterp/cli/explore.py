@@ -2,6 +2,7 @@
 
     mhainterp explore runs/quickstart/reverse/runs/h4_seed0
     mhainterp explore runs/quickstart/reverse --port 8800 --no-browser
+    mhainterp explore --model smollm2 --text stdlib --n-eval 16
 
 Serves a local page (127.0.0.1 unless --host says otherwise) and opens it in the browser. The
 page is up at once and shows "loading" until the model has loaded; it opens on the largest head
@@ -14,16 +15,22 @@ import argparse
 import sys
 import threading
 import webbrowser
+from pathlib import Path
 
-from mhainterp.cli.options import Checked, add_choice, add_n_eval
+from mhainterp.cli.options import Checked, add_choice, add_count
 from mhainterp.cli.static import ABLATION_METHODS
 from mhainterp.cli.task_modules import add_task_module_argument
-from mhainterp.validation import check_port
+from mhainterp.data import DEFAULT_N_EVAL
+from mhainterp.validation import check_port, invalid
 
 __all__ = ["register", "run_explore"]
 
 DEFAULT_PORT = 8765
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+SHIPPED_MODELS = ("smollm2", "minilm")
+PRETRAINED_N_EVAL = 16
+"""Sentences a pretrained model is explored on by default: a click re-runs the model from the
+first ablated layer on all of them (SmolLM2 on 16 sentences: about a second on 2 busy cores)."""
 
 EXPLORE_DESCRIPTION = """\
 Open the explorer of a run (or of every run of a sweep, with a picker over h x seed) in the
@@ -36,10 +43,18 @@ head attends from it. Everything is served from this machine: no internet needed
 A sweep opens on its largest head count (of the first task); pick another run in the page,
 or give its run folder. A run of your own task needs the module that registers it.
 
+With --model, a pretrained model on real text instead (smollm2, minilm or a Hugging Face
+folder; --text stdlib or a text file, one sentence per line): the metric is the next-token
+cross-entropy (an encoder's: the damage to the sentence embedding, 1 - cos), the example
+sentence shows each token coloured by the change in log-probability of it as the next token,
+and each head's number is its attribution estimate (one forward + backward at load); a click
+ablates the current set exactly.
+
 examples:
   mhainterp explore runs/quickstart/reverse/runs/h4_seed0
   mhainterp explore runs/quickstart/reverse --port 8800 --no-browser
   mhainterp explore runs/my_sweep --task-module my_tasks.py
+  mhainterp explore --model smollm2 --text stdlib --n-eval 16
 """
 
 
@@ -51,7 +66,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=EXPLORE_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("path", metavar="RUN_OR_SWEEP", help="a run folder or a sweep folder")
+    parser.add_argument(
+        "path", metavar="RUN_OR_SWEEP", nargs="?", help="a run folder or a sweep folder"
+    )
+    parser.add_argument(
+        "--model", help="instead of a run: a pretrained model (smollm2, minilm or a folder)"
+    )
+    parser.add_argument(
+        "--text", default="stdlib", help="with --model: 'stdlib' or a text file (one sentence "
+        "per line; default stdlib)"
+    )  # fmt: skip
     parser.add_argument(
         "--port",
         type=int,
@@ -66,7 +90,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="address to listen on (default 127.0.0.1: this machine only)",
     )
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser")
-    add_n_eval(parser)
+    add_count(parser, "--n-eval", f"evaluation sequences (default {DEFAULT_N_EVAL}; with --model: "
+              f"sentences, default {PRETRAINED_N_EVAL})", default=None)  # fmt: skip
     add_choice(parser, "--method", "initial ablation method", ABLATION_METHODS, default="zero")
     add_task_module_argument(parser)
     parser.set_defaults(func=run_explore)
@@ -92,8 +117,16 @@ def run_explore(args: argparse.Namespace) -> int:
         )
     except ImportError as error:
         return _fail(f'{error}; install the explorer with: pip install "mhainterp[explore]"')
-    runs = explorable_runs(args.path)  # a folder that is neither: one line, exit 2
-    first = default_run(runs)
+    if args.model is not None:
+        build, what = _pretrained_builder(args)
+        shown = f"{args.model} on {args.text}"
+    elif args.path is None:
+        raise invalid("RUN_OR_SWEEP", None, "a run or sweep folder, or --model NAME_OR_PATH")
+    else:
+        runs = explorable_runs(args.path)  # a folder that is neither: one line, exit 2
+        first = default_run(runs)
+        build, what = (lambda: _build(runs, first.id, args)), first.id
+        shown = f"{len(runs)} run(s) from {args.path}"
     if args.host not in LOCAL_HOSTS:
         print(
             f"mhainterp explore: warning: --host {args.host} lets anyone who can reach this "
@@ -104,12 +137,12 @@ def run_explore(args: argparse.Namespace) -> int:
         sock = bind(args.host, args.port)
     except PortInUseError as error:
         return _fail(str(error))
-    loader = ExplorerLoader(lambda: _build(runs, first.id, args), what=first.id)
+    loader = ExplorerLoader(build, what=what)
     try:
         with ServerThread(build_app(loader, host=args.host), host=args.host, sock=sock) as server:
             loader.start()
-            print(f"mhainterp explore: {len(runs)} run(s) from {args.path} at {server.url}  "
-                  f"(showing {first.id}; Ctrl-C stops)")  # fmt: skip
+            print(f"mhainterp explore: {shown} at {server.url}  "
+                  f"(showing {what}; Ctrl-C stops)")  # fmt: skip
             sys.stdout.flush()
             if not args.no_browser:
                 threading.Timer(0.5, webbrowser.open, args=(server.url,)).start()
@@ -123,12 +156,49 @@ def run_explore(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pretrained_builder(args: argparse.Namespace) -> tuple[object, str]:
+    """Check ``--model`` and ``--text`` (one line each when wrong) and return the builder of
+    the pretrained model's explorer and what the page says is loading."""
+    if args.path is not None:
+        raise invalid("--model", args.model, f"a pretrained model or a run folder "
+                      f"({args.path}), not both")  # fmt: skip
+    name = args.model
+    if name not in SHIPPED_MODELS and not Path(name).is_dir():
+        raise invalid("--model", name, f"one of {', '.join(SHIPPED_MODELS)} or a Hugging Face "
+                      "folder (no such folder)")  # fmt: skip
+    if args.text != "stdlib" and not Path(args.text).is_file():
+        raise invalid("--text", args.text, "'stdlib' or a text file (no such file)")
+    return (lambda: _build_pretrained(args)), name
+
+
+def _build_pretrained(args: argparse.Namespace) -> object:
+    """The explorer of ``--model`` on ``--text``, its first answer computed (clean forward,
+    average patterns, every head's attribution)."""
+    from mhainterp.analyze_pretrained import sentences_of
+    from mhainterp.explore.app import Explorer
+    from mhainterp.pretrained import load_pretrained
+    from mhainterp.tasks.text import text_batch
+
+    try:
+        model = load_pretrained(args.model)
+    except ModuleNotFoundError as error:  # a shipped model's wheel: the message says how
+        raise ValueError(str(error)) from None
+    n_eval = args.n_eval or PRETRAINED_N_EVAL
+    batch = text_batch(model, sentences_of(args.text)[:n_eval])
+    text = "stdlib sentences" if args.text == "stdlib" else Path(args.text).name
+    explorer = Explorer.from_model(
+        model, batch, name=Path(args.model).name, task=text, n_eval=len(batch), method=args.method
+    )
+    explorer.state()
+    return explorer
+
+
 def _build(runs: list, run_id: str, args: argparse.Namespace) -> object:
     """The explorer with ``run_id`` open and its first answer computed (clean forward,
     patterns, single-head importance), so the page's first request is fast."""
     from mhainterp.explore.app import Explorer
 
-    explorer = Explorer(runs, n_eval=args.n_eval, method=args.method)
+    explorer = Explorer(runs, n_eval=args.n_eval or DEFAULT_N_EVAL, method=args.method)
     explorer.open(run_id)
     explorer.state()
     return explorer

@@ -6,7 +6,9 @@ raises :class:`BadRequestError` (a ``ValueError``) with a message for the user; 
 (``server.py``, HTTP 400) and the notebook widget (``widget.py``) call it, so they behave alike.
 
 Actions: ``state`` (everything the page draws), ``toggle {head}``, ``method {method}``,
-``reset``, ``example {index} | {draw: true}``, ``run {run}`` (switch run; answers ``state``).
+``reset``, ``example {index} | {draw: true}``, ``run {run}`` (switch run; answers ``state``),
+``attention {query}`` (where every head attends from one position of the shown example:
+a large model's example carries no patterns).
 
 Example:
     >>> explorer = Explorer.from_model(model, task)  # doctest: +SKIP
@@ -29,12 +31,20 @@ from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.explore.results import SavedResults
 from mhainterp.explore.runs import RunEntry, default_run, explorable_runs
 from mhainterp.explore.session import ExploreSession
+from mhainterp.explore.text import AXIS_TITLES
 from mhainterp.heads import head_label
 from mhainterp.validation import invalid
 
 __all__ = ["ACTIONS", "BadRequestError", "Explorer", "answer_message"]
 
-ACTIONS = ("state", "toggle", "method", "reset", "example", "run")
+ACTIONS = ("state", "toggle", "method", "reset", "example", "run", "attention")
+
+LOSS_NAMES = {
+    "classes": "loss",
+    "next_token": "next-token cross-entropy",
+    "embedding": "embedding damage (1 − cos)",
+}
+"""What the page calls the session's loss, by model objective."""
 
 
 class BadRequestError(ValueError):
@@ -50,6 +60,7 @@ class _Opened:
     session: ExploreSession
     saved: SavedResults
     thumbnails: dict[str, list[list[float]]]
+    note: str = ""
 
 
 class Explorer:
@@ -103,17 +114,30 @@ class Explorer:
         *,
         name: str = "model",
         saved: SavedResults | None = None,
+        task: str | None = None,
+        importance: str | None = None,
         **options: Any,
     ) -> Explorer:
         """The explorer of an in-memory model on ``data`` (a Task or Batch).
 
-        ``saved``: per-head results to show (default: none; see :class:`SavedResults`).
+        Args:
+            model: Our own model, or a pretrained one (``load_pretrained``) with a text batch.
+            data: A Task or a Batch.
+            name: What the page calls the model.
+            saved: Per-head results to show (default: none; see :class:`SavedResults`).
+            task: What the page calls the data (default: the task's name, or ``"Batch"``).
+            importance: ``"exact"`` or ``"attribution"`` (default: see
+                :class:`ExploreSession`).
+            **options: The explorer's (``n_eval``, ``method``, ``seed``, ``threads``).
         """
         explorer = cls([RunEntry(id=name, path=Path("."), n_heads=None, seed=None)], **options)
-        task = getattr(data, "name", type(data).__name__)
+        task = task or getattr(data, "name", type(data).__name__)
         with _torch_threads(explorer.threads):
-            session = ExploreSession(model, data, n_eval=explorer.n_eval, method=explorer._method)
-        explorer._install(name, task, session, saved or SavedResults())
+            session = ExploreSession(
+                model, data, n_eval=explorer.n_eval, method=explorer._method,
+                importance=importance,
+            )  # fmt: skip
+        explorer._install(name, task, session, saved or SavedResults(), _note(model))
         return explorer
 
     # -- runs ----------------------------------------------------------------------------------
@@ -146,10 +170,12 @@ class Explorer:
             session = ExploreSession(run.model, run.task, n_eval=self.n_eval, method=self._method)
         self._install(run_id, run.task.name, session, SavedResults.load(entry.path))
 
-    def _install(self, name: str, task: str, session: ExploreSession, saved: SavedResults) -> None:
+    def _install(
+        self, name: str, task: str, session: ExploreSession, saved: SavedResults, note: str = ""
+    ) -> None:
         with _torch_threads(self.threads):
             thumbnails = session.average_patterns()
-        opened = _Opened(name, task, session, saved, thumbnails)
+        opened = _Opened(name, task, session, saved, thumbnails, note)
         self._opened[name] = self._current = opened
         self._example = 0
 
@@ -183,6 +209,10 @@ class Explorer:
                 self.session.reset()
             elif action == "example":
                 self._example = self._pick_example(body)
+            elif action == "attention":
+                query = _field(body, "query", int)
+                return {"index": self._example, "query": query,
+                        "attention": self.session.attention(self._example, query)}  # fmt: skip
             return self.view()
         except BadRequestError:
             raise
@@ -217,6 +247,17 @@ class Explorer:
             "n_heads": model.cfg.n_heads,
             "n_eval": len(opened.session.batch),
             "causal": bool(getattr(model.cfg, "causal", False)),
+            "objective": opened.session.objective,
+            "note": opened.note,
+            "metric": {
+                "loss": LOSS_NAMES.get(opened.session.objective, "loss"),
+                "accuracy": opened.session.objective != "embedding",
+            },
+            "axes": [{"key": a, "name": AXIS_TITLES.get(a, a)} for a in opened.session.axes],
+            "importance": {
+                "source": opened.session.importance_source,
+                "quantity": opened.session.importance_quantity,
+            },
             "methods": list(METHODS),
             "heads": heads,
             "thumbnails": opened.thumbnails,
@@ -235,12 +276,18 @@ class Explorer:
         }
 
     def importance(self) -> dict[str, float]:
-        """Single-head change in accuracy for the current method: saved, else computed once."""
+        """Single-head importance for the current method (see
+        :meth:`ExploreSession.importance`): a run's saved change in accuracy, else computed
+        once."""
         assert self._current is not None
-        saved = self._current.saved.importance.get(self.session.method)
-        if saved and set(saved) == set(self.session.valid_heads):
+        session = self.session
+        saved = self._current.saved.importance.get(session.method)
+        exact_accuracy = (session.importance_source, session.importance_quantity) == (
+            "exact", "accuracy",
+        )  # fmt: skip
+        if exact_accuracy and saved and set(saved) == set(session.valid_heads):
             return saved
-        return self.session.importance()
+        return session.importance()
 
     def _pick_example(self, body: dict[str, Any]) -> int:
         n = len(self.session.batch)
@@ -250,6 +297,16 @@ class Explorer:
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
             raise BadRequestError(f"index={index!r} is invalid: an integer in [0, {n})")
         return index
+
+
+def _note(model: Any) -> str:
+    """What the page says about a pretrained model's weights (source, quantisation)."""
+    provenance = getattr(model, "provenance", None) or {}
+    if not provenance:
+        return ""
+    source = provenance.get("upstream") or provenance.get("source", "")
+    quantisation = provenance.get("quantisation")
+    return f"{source} · weights: {quantisation}" if quantisation else str(source)
 
 
 @contextmanager

@@ -9,6 +9,16 @@ importance. Reading a view never changes the state. Every configuration is one e
 from the first ablated layer on (the clean prefix is kept), cached by the Ablator's LRU;
 the single heads of a method are precomputed in one batched pass.
 
+On a pretrained model (a :class:`~mhainterp.protocol.BridgedModel` on a text batch) the same
+session shows real text: the metric is the next-token cross-entropy (an encoder's: the
+embedding damage ``1 - cos`` of the pooled output to the clean one), the groups are the text
+axes (:mod:`mhainterp.explore.text`), the example carries the decoded tokens and each next
+token's change in log-probability, and the per-head "importance alone" of a next-token model
+is the attribution estimate of its loss change (:func:`~mhainterp.attribution.
+attribution_patching`: one forward + backward at load for every head and method), so only
+the clicked configuration is ever ablated exactly. Attention of a large model (more than
+:data:`INLINE_ATTENTION_HEADS` heads) is sent for one query at a time (:meth:`attention`).
+
 Example:
     >>> from mhainterp.handbuilt import handbuilt_model
     >>> from mhainterp.tasks import get_task
@@ -27,17 +37,33 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mhainterp.ablation import Ablator, check_method
+from mhainterp.ablation import METHODS, Ablator, check_method
 from mhainterp.ablation.interactive import DEFAULT_CACHE_SIZE
+from mhainterp.analyze_pretrained import _embedding_metric
+from mhainterp.attribution import attribution_patching
 from mhainterp.capture import average_patterns
-from mhainterp.data import DEFAULT_N_EVAL
+from mhainterp.data import DEFAULT_N_EVAL, as_batch, batch_for_model
+from mhainterp.explore.text import text_axis_values, token_strings
 from mhainterp.heads import all_heads, head_label
-from mhainterp.model import HookedMHATransformer
+from mhainterp.protocol import BridgedModel
 from mhainterp.scoring import PositionScores
-from mhainterp.specialization.whom.damage import AXES, axis_values
+from mhainterp.specialization.whom.damage import axis_values
 from mhainterp.tasks import Batch, Task
+from mhainterp.validation import check_option
 
-__all__ = ["ExploreSession"]
+__all__ = ["IMPORTANCE_SOURCES", "INLINE_ATTENTION_HEADS", "ExploreSession"]
+
+IMPORTANCE_SOURCES = ("exact", "attribution")
+"""Where the per-head "importance alone" numbers come from: exact single-head ablation (one
+batched engine pass per method) or attribution patching (one forward + backward for all)."""
+
+INLINE_ATTENTION_HEADS = 64
+"""Up to this many heads the example carries every head's full pattern; a larger model's
+patterns are sent one query at a time (:meth:`ExploreSession.attention`): SmolLM2's 270 heads
+would put ~2 MB of JSON in every click's answer."""
+
+ATTRIBUTION_BATCH = 16
+"""Sequences per forward + backward of the attribution at load."""
 
 
 class ExploreSession(Ablator):
@@ -51,6 +77,13 @@ class ExploreSession(Ablator):
             resample take their reference activations from the evaluation batch itself.
         target_names: Names of the targets (default: the task's, or ``target0..``).
         cache_size: Configurations the Ablator keeps (LRU; see ``DEFAULT_CACHE_SIZE``).
+        importance: ``"exact"`` or ``"attribution"`` (see :data:`IMPORTANCE_SOURCES`); default:
+            attribution for a pretrained next-token model, else exact.
+
+    Attributes:
+        objective: ``"classes"`` (our own models), ``"next_token"`` or ``"embedding"``.
+        tokenizer: A pretrained model's tokenizer (None for our own models).
+        axes: The axes of ``metrics()["by"]``.
 
     Example:
         >>> session = ExploreSession(model, task)  # doctest: +SKIP
@@ -60,25 +93,45 @@ class ExploreSession(Ablator):
 
     def __init__(
         self,
-        model: HookedMHATransformer,
+        model: Any,
         data: Task | Batch,
         *,
         n_eval: int = DEFAULT_N_EVAL,
         method: str = "zero",
         target_names: Sequence[str] | None = None,
         cache_size: int = DEFAULT_CACHE_SIZE,
+        importance: str | None = None,
     ) -> None:
         if not isinstance(data, (Task, Batch)):
             raise TypeError(f"data must be a Task or a Batch, got {type(data).__name__}")
+        self.objective = str(getattr(model.cfg, "objective", "classes"))
+        self.tokenizer = model.tokenizer if isinstance(model, BridgedModel) else None
+        default = "attribution" if self.objective == "next_token" else "exact"
+        self.importance_source = check_option("importance", importance or default,
+                                              IMPORTANCE_SOURCES)  # fmt: skip
+        metric = None
+        if self.objective == "embedding":  # no targets: damage to the clean sentence embedding
+            batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
+            metric = _embedding_metric(model, batch)
         super().__init__(
-            model.eval(), data, method=check_method(method), n_eval=n_eval, cache_size=cache_size
-        )
+            model.eval(), data, method=check_method(method), n_eval=n_eval,
+            cache_size=cache_size, metric=metric,
+        )  # fmt: skip
         k = self.batch_.n_targets
         names = data.target_names if isinstance(data, Task) else [f"target{i}" for i in range(k)]
         self.target_names = list(target_names) if target_names is not None else list(names)
         self._scored = self.batch_.scored  # (n, T, k)
         self._targets = self.batch_.targets.reshape(self._scored.shape)  # (n, T, k)
-        self._values, self._value_names = axis_values(self.batch_, self._scored, self.target_names)
+        if self.tokenizer is not None:
+            self._values, self._value_names = text_axis_values(
+                self.batch_, self.tokenizer, self._scored,
+                next_token=self.objective == "next_token",
+            )  # fmt: skip
+        else:
+            self._values, self._value_names = axis_values(
+                self.batch_, self._scored, self.target_names
+            )
+        self.axes = tuple(self._values)
         self._counts = {
             axis: torch.bincount(ids, minlength=len(self._value_names[axis]))
             for axis, ids in self._values.items()
@@ -86,6 +139,7 @@ class ExploreSession(Ablator):
         clean = self.position_scores(heads=[])
         self._clean_sums = self._sums(clean)
         self._importance: dict[str, dict[str, float]] = {}
+        self._patterns: tuple[Any, Tensor] | None = None  # (index, method, heads) -> patterns
 
     @property
     def batch(self) -> Batch:
@@ -99,7 +153,7 @@ class ExploreSession(Ablator):
         Returns:
             ``{"method", "ablated", "overall", "by"}``. ``overall`` is ``{"loss": {"clean",
             "ablated"}, "accuracy": {...}, "n_scored"}``; ``by[axis]`` (axis one of
-            :data:`AXES`) is a list of rows ``{"key", "n", "loss": {"clean", "ablated"},
+            :attr:`axes`) is a list of rows ``{"key", "n", "loss": {"clean", "ablated"},
             "accuracy": {...}}``, one per value of the axis that has scored pairs (key: the
             value's name as the division of labour writes it, a string). With no head
             ablated, ``ablated`` equals ``clean`` exactly.
@@ -127,50 +181,132 @@ class ExploreSession(Ablator):
             lists per target; a pair that is not scored has target -1 and ``correct`` False.
             ``attention[label][q]`` is where head ``label`` attends from query ``q`` (a list
             over keys), under the current ablation (only heads after an ablated layer can
-            change).
+            change). For a model of more than :data:`INLINE_ATTENTION_HEADS` heads it is None
+            (ask :meth:`attention` for one query).
+
+            On real text (a pretrained model) also ``"text"``: ``{"tokens"`` (each token as its
+            string), ``"delta_logprob"`` (per position, the change in log-probability of the
+            actual next token, ablated minus clean; None where not scored) and
+            ``"predictions", "clean_predictions"`` (the top next token's string)``}``; for an
+            encoder ``"damage"`` instead: the sentence's ``1 - cos`` to its clean embedding.
 
         Raises:
             ValueError: for an index outside ``[0, n_eval)``.
         """
-        n = len(self.batch_)
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
-            raise ValueError(f"index={index!r} is invalid: an integer in [0, {n})")
+        self._check_index(index)
         current = self.position_scores()
+        clean = self.position_scores(heads=[])
         scored = self._scored[index]  # (T, k)
         targets = self._targets[index]
-        return {
+        inline = self.model.cfg.n_layers * self.model.cfg.n_heads <= INLINE_ATTENTION_HEADS
+        out = {
             "index": index,
             "tokens": self.batch_.tokens[index].tolist(),
             "real": self.batch_.padding_mask[index].tolist(),
             "targets": torch.where(scored, targets, -1).tolist(),
             "scored": scored.tolist(),
             "predictions": current.predictions[index].tolist(),
-            "clean_predictions": self.position_scores(heads=[]).predictions[index].tolist(),
+            "clean_predictions": clean.predictions[index].tolist(),
             "correct": current.correct[index].tolist(),
-            "attention": _per_head(self.patterns(index)),
+            "attention": _per_head(self._current_patterns(index)) if inline else None,
         }
+        if self.tokenizer is not None:
+            out["text"] = self._text_view(index, current, clean)
+        return out
+
+    def attention(self, index: int, query: int) -> dict[str, list[float]]:
+        """Where each head attends from position ``query`` of sequence ``index`` (a list over
+        keys per head label), under the current ablation: ``example``'s ``attention`` for one
+        query (one forward of that sequence per configuration, then kept).
+
+        Raises:
+            ValueError: for an index or query out of range.
+        """
+        self._check_index(index)
+        T = self.batch_.tokens.shape[1]
+        if isinstance(query, bool) or not isinstance(query, int) or not 0 <= query < T:
+            raise ValueError(f"query={query!r} is invalid: an integer in [0, {T})")
+        rows = self._current_patterns(index)[:, :, query]  # (L, h, T)
+        rounded = (torch.round(rows.double() * 1000) / 1000).tolist()
+        return {
+            head_label(layer, head): rounded[layer][head]
+            for layer in range(rows.shape[0])
+            for head in range(rows.shape[1])
+        }
+
+    def _check_index(self, index: Any) -> None:
+        n = len(self.batch_)
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
+            raise ValueError(f"index={index!r} is invalid: an integer in [0, {n})")
+
+    def _current_patterns(self, index: int) -> Float[Tensor, "L h T T"]:
+        """:meth:`patterns` of ``index`` under the current state, the last one kept."""
+        key = (index, self.method if self.head_pairs else "none", tuple(self.head_pairs))
+        if self._patterns is None or self._patterns[0] != key:
+            self._patterns = (key, self.patterns(index))
+        return self._patterns[1]
+
+    def _text_view(
+        self, index: int, current: PositionScores, clean: PositionScores
+    ) -> dict[str, Any]:
+        """The decoded tokens of sequence ``index`` and what the ablation does to each."""
+        ids = self.batch_.tokens[index].tolist()
+        view: dict[str, Any] = {"tokens": token_strings(self.tokenizer, ids)}
+        scored = self._scored[index, :, 0].tolist()
+        if self.objective == "embedding":
+            damage = current.nll[index, :, 0][self._scored[index, :, 0]]
+            view["damage"] = float(damage[0]) if len(damage) else 0.0
+            return view
+        # log p(next) = -nll, so the change is clean nll - ablated nll (negative: it hurts)
+        change = (clean.nll[index, :, 0] - current.nll[index, :, 0]).double().tolist()
+        view["delta_logprob"] = [round(d, 4) if s else None for d, s in zip(change, scored)]
+        view["clean_logprob"] = [
+            round(-v, 4) if s else None
+            for v, s in zip(clean.nll[index, :, 0].double().tolist(), scored)
+        ]
+        for key, scores in (("predictions", current), ("clean_predictions", clean)):
+            view[key] = token_strings(self.tokenizer, scores.predictions[index, :, 0].tolist())
+        return view
 
     def average_patterns(self) -> dict[str, list[list[float]]]:
         """Each head's dataset-average pattern ``[q][k]`` on the batch (clean model)."""
         return _per_head(average_patterns(self.model, self.batch_))
 
-    def importance(self, method: str | None = None) -> dict[str, float]:
-        """Change in accuracy when each head alone is ablated (``method``: default current).
+    @property
+    def importance_quantity(self) -> str:
+        """What :meth:`importance` measures: ``"accuracy"`` (exact, our own models) or
+        ``"loss"`` (the attribution estimate, or a pretrained model's loss or damage)."""
+        exact_accuracy = self.importance_source == "exact" and self.objective == "classes"
+        return "accuracy" if exact_accuracy else "loss"
 
-        The single heads are scored once per method in one batched pass, per position, into
-        the Ablator's cache: the first click on any head is then a cache hit.
+    def importance(self, method: str | None = None) -> dict[str, float]:
+        """Each head's importance alone: the change in :attr:`importance_quantity` when it
+        alone is ablated with ``method`` (default: the current one).
+
+        Exact (:attr:`importance_source`): the single heads are scored once per method in one
+        batched pass, per position, into the Ablator's cache, so the first click on any head
+        is a cache hit. Attribution: every method's estimate from one forward + backward
+        (:func:`~mhainterp.attribution.attribution_patching` on the evaluation batch, which is
+        also the mean and resample reference, as for the exact ablation).
         """
         method = check_method(method or self.method)
-        if method not in self._importance:
-            singles = [
-                [pair] for pair in all_heads(self.model.cfg.n_layers, self.model.cfg.n_heads)
-            ]
-            self.precompute(singles, method=method)
-            self._importance[method] = {
-                head_label(*pair): self.evaluate(heads, method=method)["delta_accuracy"]
-                for heads in singles
-                for pair in heads
-            }
+        if method in self._importance:
+            return self._importance[method]
+        if self.importance_source == "attribution":
+            table = attribution_patching(
+                self.model, self.batch_, METHODS, batch_size=ATTRIBUTION_BATCH
+            )
+            for name, rows in table.groupby("method", sort=False):
+                self._importance[str(name)] = dict(zip(rows["head_label"], rows["attribution"]))
+            return self._importance[method]
+        singles = [[pair] for pair in all_heads(self.model.cfg.n_layers, self.model.cfg.n_heads)]
+        self.precompute(singles, method=method)
+        delta = f"delta_{self.importance_quantity}"
+        self._importance[method] = {
+            head_label(*pair): self.evaluate(heads, method=method)[delta]
+            for heads in singles
+            for pair in heads
+        }
         return self._importance[method]
 
     # -- grouping ------------------------------------------------------------------------------
@@ -190,7 +326,7 @@ class ExploreSession(Ablator):
         """Per axis, one row ``{key, n, loss, accuracy}`` per value (clean and current)."""
         sums = self._sums(current)
         out = {}
-        for axis in AXES:
+        for axis in self.axes:
             (clean_loss, clean_right), (loss, right) = self._clean_sums[axis], sums[axis]
             counts: Int[Tensor, " K"] = self._counts[axis]
             out[axis] = [

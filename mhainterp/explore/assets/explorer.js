@@ -151,6 +151,7 @@ export function mount(root, call) {
         { class: "mhx-bar" },
         h("strong", {}, "mhainterp explore"),
         h("span", { class: "mhx-run" }, `${s.run} · ${s.task} · ${s.n_layers}×${s.n_heads} heads · ${s.n_eval} sequences`),
+        s.note ? h("span", { class: "mhx-note", "data-note": "weights" }, s.note) : null,
         runPicker,
         h("span", { class: "mhx-hint", "data-hint": "run" }, hint),
         methods,
@@ -177,7 +178,8 @@ export function mount(root, call) {
   }
 
   function headGrid(s) {
-    const grid = h("div", { class: "mhx-grid", style: `grid-template-columns: auto repeat(${s.n_heads}, 1fr)` });
+    const big = s.n_layers * s.n_heads > 64; // a pretrained model: smaller cells
+    const grid = h("div", { class: `mhx-grid${big ? " mhx-grid-big" : ""}`, style: `grid-template-columns: auto repeat(${s.n_heads}, 1fr)` });
     for (let layer = 0; layer < s.n_layers; layer++) {
       grid.append(h("div", { class: "mhx-layer" }, `L${layer}`));
       for (const head of s.heads.filter((x) => x.layer === layer)) {
@@ -261,6 +263,15 @@ export function mount(root, call) {
     );
   }
 
+  // What the per-head number is: exact Δaccuracy, or the attribution estimate of Δloss.
+  function importanceText(method, short) {
+    const imp = ui.state.importance || { source: "exact", quantity: "accuracy" };
+    const what = imp.quantity === "accuracy" ? "acc" : "loss";
+    if (short) return imp.source === "attribution" ? `Δ${what}≈ (${method})` : `Δ${what} alone (${method})`;
+    const how = imp.source === "attribution" ? "attribution estimate (one backward at load) of " : "";
+    return `${how}Δ${imp.quantity === "accuracy" ? "accuracy" : ui.state.metric.loss} when this head alone is ablated (${method})`;
+  }
+
   function showDetail(head) {
     const box = root.querySelector(".mhx-detail");
     const imp = ui.view.importance[head.label];
@@ -271,7 +282,7 @@ export function mount(root, call) {
         h("strong", {}, head.label),
         head.role ? ` · ${head.role}` : "",
         head.finding ? ` · ${head.finding}` : "",
-        ` · Δaccuracy when this head alone is ablated (${ui.view.method}): ${signed(imp)}`,
+        ` · ${importanceText(ui.view.method, false)}: ${signed(imp, 4)}`,
         ui.view.ablated.includes(head.label) ? " · ablated now" : "",
       ),
     ];
@@ -295,8 +306,9 @@ export function mount(root, call) {
       cell.classList.toggle("ablated", ablated.has(cell.dataset.head));
     }
     for (const node of root.querySelectorAll("[data-importance]")) {
-      node.textContent = `Δacc alone (${v.method}) ${signed(v.importance[node.dataset.importance], 2)}`;
-      node.title = `change in accuracy when ${node.dataset.importance} alone is ablated (${v.method})`;
+      const digits = (ui.state.importance || {}).quantity === "loss" ? 3 : 2;
+      node.textContent = `${importanceText(v.method, true)} ${signed(v.importance[node.dataset.importance], digits)}`;
+      node.title = `${node.dataset.importance}: ${importanceText(v.method, false)}`;
     }
     if (ui.detail) showDetail(ui.detail); // the method or the ablated set changed: not stale
     for (const button of root.querySelectorAll("[data-method]")) {
@@ -313,17 +325,21 @@ export function mount(root, call) {
   function renderMetrics(m) {
     const box = root.querySelector(".mhx-metrics");
     const o = m.overall;
-    const metric = (name, pair, better) =>
+    const metric = (name, pair, better, title = name) =>
       h(
         "div",
         { class: "mhx-big" },
-        h("div", { class: "mhx-big-name" }, name),
+        h("div", { class: "mhx-big-name" }, title),
         h("div", { class: "mhx-big-value", "data-metric": name, "data-value": String(pair.ablated) }, fmt(pair.ablated, 4)),
         h("div", { class: "mhx-big-clean", "data-metric-clean": name }, `clean ${fmt(pair.clean, 4)} · Δ ${signed(pair.ablated - pair.clean, 4)}`),
         h("div", { class: `mhx-bar-outer` }, bar(pair, better)),
       );
-    // The division of labour's axes (ExploreSession.metrics()["by"]).
-    const groups = { target_class: "target class", token: "query token", position: "position" };
+    // The division of labour's axes, or the text axes of a pretrained model (state.axes).
+    const axes = (ui.state.axes || []).filter((a) => a.key !== "target");
+    const groups = Object.fromEntries(axes.map((a) => [a.key, a.name]));
+    if (!(ui.groupBy in groups) && axes.length) ui.groupBy = axes[0].key;
+    const withAccuracy = !ui.state.metric || ui.state.metric.accuracy;
+    const lossName = ui.state.metric ? ui.state.metric.loss : "loss";
     const switcher = h(
       "span",
       { class: "mhx-groups" },
@@ -332,13 +348,20 @@ export function mount(root, call) {
       ),
     );
     const rows = (list) =>
-      list.map((r) => [r.key, r.n, fmt(r.accuracy.clean), fmt(r.accuracy.ablated), signed(r.accuracy.ablated - r.accuracy.clean), fmt(r.loss.ablated)]);
-    const head = ["", "n", "acc clean", "acc now", "Δ", "loss now"];
+      withAccuracy
+        ? list.map((r) => [r.key, r.n, fmt(r.accuracy.clean), fmt(r.accuracy.ablated), signed(r.accuracy.ablated - r.accuracy.clean), fmt(r.loss.ablated)])
+        : list.map((r) => [r.key, r.n, fmt(r.loss.clean, 4), fmt(r.loss.ablated, 4), signed(r.loss.ablated - r.loss.clean, 4)]);
+    const head = withAccuracy ? ["", "n", "acc clean", "acc now", "Δ", "loss now"] : ["", "n", "clean", "now", "Δ"];
     fill(
       box,
-      h("h3", {}, `Metrics vs clean (${o.n_scored} scored pairs)`),
-      h("div", { class: "mhx-bigs" }, metric("accuracy", o.accuracy, "high"), metric("loss", o.loss, "low")),
-      m.by.target.length > 1 ? h("div", {}, h("h4", {}, "per target"), table(head, rows(m.by.target), "target")) : null,
+      h("h3", {}, `Metrics vs clean (${o.n_scored} scored ${ui.state.objective === "classes" || !ui.state.objective ? "pairs" : "tokens"})`),
+      h(
+        "div",
+        { class: "mhx-bigs" },
+        withAccuracy ? metric("accuracy", o.accuracy, "high") : null,
+        metric("loss", o.loss, "low", lossName),
+      ),
+      m.by.target && m.by.target.length > 1 ? h("div", {}, h("h4", {}, "per target"), table(head, rows(m.by.target), "target")) : null,
       h("h4", {}, "by ", switcher),
       table(head, rows(m.by[ui.groupBy]), ui.groupBy),
     );
@@ -365,7 +388,54 @@ export function mount(root, call) {
     );
   }
 
+  // Real text: the sentence's tokens, each coloured by the change in log-probability of that
+  // token as the next token (red: the ablation makes it less likely, blue: more likely).
+  function renderTextExample(ex) {
+    const box = root.querySelector(".mhx-example");
+    const text = ex.text;
+    const row = h("div", { class: "mhx-tokens mhx-text", "data-text-row": String(ex.index) });
+    const deltas = text.delta_logprob || [];
+    const scale = Math.max(0.05, ...deltas.filter((d) => d !== null).map((d) => Math.abs(d)));
+    for (let t = 0; t < ex.tokens.length; t++) {
+      if (!ex.real[t]) continue;
+      const delta = t > 0 ? deltas[t - 1] : null; // position t-1 predicts token t
+      const strength = delta === null || delta === undefined ? 0 : Math.min(1, Math.abs(delta) / scale);
+      const colour = delta < 0 ? `rgba(176,0,32,${strength})` : `rgba(38,84,166,${strength})`;
+      const tip = delta === null || delta === undefined
+        ? `position ${t}: not predicted`
+        : `position ${t}: Δ log p = ${signed(delta, 4)} (clean log p ${fmt(text.clean_logprob[t - 1], 3)}); top next token now ${JSON.stringify(text.predictions[t - 1])}, clean ${JSON.stringify(text.clean_predictions[t - 1])}`;
+      row.append(
+        h(
+          "span",
+          {
+            class: "mhx-token mhx-text-token",
+            "data-pos": t,
+            "data-delta": delta === null || delta === undefined ? "" : String(delta),
+            title: tip,
+            style: `background: ${colour}; color: ${strength > 0.5 ? "#fff" : "inherit"}`,
+            onmouseenter: () => { ui.hoverQuery = t; renderAttention(ex); },
+            onmouseleave: () => { ui.hoverQuery = null; renderAttention(ex); },
+            onclick: () => { ui.lockedQuery = ui.lockedQuery === t ? null : t; renderAttention(ex); },
+          },
+          text.tokens[t].replace(/ /g, "\u00a0"),
+        ),
+      );
+    }
+    const summary =
+      text.damage !== undefined
+        ? `embedding damage of this sentence (1 − cos to clean): ${fmt(text.damage, 4)}`
+        : `each token coloured by Δ log p of it as the next token (ablated − clean; red: less likely, blue: more likely; scale ±${fmt(scale, 3)})`;
+    box.replaceChildren(
+      h("h3", {}, `Example sentence #${ex.index} `, h("button", { "data-action": "draw", onclick: () => update("example", { draw: true }) }, "draw another")),
+      h("div", { class: "mhx-sub" }, summary),
+      row,
+      h("div", { class: "mhx-attn" }),
+    );
+    renderAttention(ex);
+  }
+
   function renderExample(ex) {
+    if (ex.text) return renderTextExample(ex);
     const box = root.querySelector(".mhx-example");
     const T = ex.tokens.length;
     const tokenRow = h("div", { class: "mhx-tokens" });
@@ -422,6 +492,28 @@ export function mount(root, call) {
       box.replaceChildren(h("div", { class: "mhx-sub" }, "hover a token to see where each head attends from it; click to lock"));
       return;
     }
+    if (!ex.attention) {
+      // A large model: ask for this one query's row of every head (then draw it).
+      const wanted = `${ex.index}:${query}:${ui.view.method}:${ui.view.ablated.join(",")}`;
+      if (ui.attentionKey !== wanted) {
+        ui.attentionKey = wanted;
+        call("attention", { query }).then((answer) => {
+          if (ui.attentionKey !== wanted) return;
+          ui.attentionRows = answer.attention;
+          renderAttentionRows(ex, query, answer.attention);
+        }).catch((error) => showError(error.message));
+        box.replaceChildren(h("div", { class: "mhx-sub" }, `where each head attends from position ${query}: loading…`));
+        return;
+      }
+      if (ui.attentionRows) renderAttentionRows(ex, query, ui.attentionRows);
+      return;
+    }
+    renderAttentionRows(ex, query, Object.fromEntries(Object.entries(ex.attention).map(([label, p]) => [label, p[query]])));
+  }
+
+  function renderAttentionRows(ex, query, rowsByHead) {
+    const box = root.querySelector(".mhx-attn");
+    const tokenText = (k) => (ex.text ? ex.text.tokens[k] : ex.tokens[k]);
     const locked = ui.lockedQuery !== null ? " · locked, click the token again to unlock" : "";
     const ablated = new Set(ui.view.ablated);
     const causal = ui.state.causal;
@@ -429,26 +521,26 @@ export function mount(root, call) {
     ex.tokens.forEach((_, k) => {
       if (ex.real[k]) positions.append(h("span", { class: "mhx-attn-cell mhx-posnum", "data-key-pos": k }, k));
     });
-    const rows = Object.entries(ex.attention).map(([label, pattern]) => {
+    const rows = Object.entries(rowsByHead).map(([label, weights]) => {
       const off = ablated.has(label);
       const row = h(
         "div",
         { class: `mhx-attn-row${off ? " ablated" : ""}`, "data-attn": label, title: off ? `${label} is ablated: its output is replaced, the pattern is what it would compute` : null },
         h("span", { class: "mhx-attn-name" }, label),
       );
-      pattern[query].forEach((w, k) => {
+      weights.forEach((w, k) => {
         if (!ex.real[k]) return;
         if (causal && k > query) {
-          row.append(h("span", { class: "mhx-attn-cell masked", title: `${label}: position ${k} is masked (after the query)` }, ex.tokens[k]));
+          row.append(h("span", { class: "mhx-attn-cell masked", title: `${label}: position ${k} is masked (after the query)` }, tokenText(k)));
           return;
         }
         const style = `background: rgba(38,84,166,${Math.sqrt(Math.max(0, w))}); color: ${w > 0.4 ? "#fff" : "inherit"}`;
-        row.append(h("span", { class: "mhx-attn-cell", title: `${label}: ${fmt(w)} on position ${k}`, style }, ex.tokens[k]));
+        row.append(h("span", { class: "mhx-attn-cell", title: `${label}: ${fmt(w)} on position ${k}`, style }, tokenText(k)));
       });
       return row;
     });
     box.replaceChildren(
-      h("div", { class: "mhx-sub" }, `where each head attends from position ${query} (token ${ex.tokens[query]})${locked}; hatched = masked, greyed row = ablated head`),
+      h("div", { class: "mhx-sub" }, `where each head attends from position ${query} (token ${tokenText(query)})${locked}; hatched = masked, greyed row = ablated head`),
       positions,
       ...rows,
     );
