@@ -21,6 +21,7 @@ from mhainterp.cli.options import Checked, add_choice, add_count
 from mhainterp.cli.static import ABLATION_METHODS
 from mhainterp.cli.task_modules import add_task_module_argument
 from mhainterp.data import DEFAULT_N_EVAL
+from mhainterp.explore import TEXT_N_EVAL
 from mhainterp.validation import check_port, invalid
 
 __all__ = ["register", "run_explore"]
@@ -28,9 +29,6 @@ __all__ = ["register", "run_explore"]
 DEFAULT_PORT = 8765
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 SHIPPED_MODELS = ("smollm2", "minilm")
-PRETRAINED_N_EVAL = 16
-"""Sentences a pretrained model is explored on by default: a click re-runs the model from the
-first ablated layer on all of them (SmolLM2 on 16 sentences: about a second on 2 busy cores)."""
 
 EXPLORE_DESCRIPTION = """\
 Open the explorer of a run (or of every run of a sweep, with a picker over h x seed) in the
@@ -91,7 +89,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser")
     add_count(parser, "--n-eval", f"evaluation sequences (default {DEFAULT_N_EVAL}; with --model: "
-              f"sentences, default {PRETRAINED_N_EVAL})", default=None)  # fmt: skip
+              f"sentences, default {TEXT_N_EVAL})", default=None)  # fmt: skip
     add_choice(parser, "--method", "initial ablation method", ABLATION_METHODS, default="zero")
     add_task_module_argument(parser)
     parser.set_defaults(func=run_explore)
@@ -174,23 +172,17 @@ def _pretrained_builder(args: argparse.Namespace) -> tuple[object, str]:
 def _build_pretrained(args: argparse.Namespace) -> object:
     """The explorer of ``--model`` on ``--text``, its first answer computed (clean forward,
     average patterns, every head's attribution)."""
-    from mhainterp.analyze_pretrained import sentences_of
     from mhainterp.explore.app import Explorer
     from mhainterp.pretrained import load_pretrained
-    from mhainterp.tasks.text import text_batch
 
     try:
         model = load_pretrained(args.model)
     except ModuleNotFoundError as error:  # a shipped model's wheel: the message says how
         raise ValueError(str(error)) from None
-    n_eval = args.n_eval or PRETRAINED_N_EVAL
-    batch = text_batch(model, sentences_of(args.text)[:n_eval])
-    text = "stdlib sentences" if args.text == "stdlib" else Path(args.text).name
-    explorer = Explorer.from_model(
-        model, batch, name=Path(args.model).name, task=text, n_eval=len(batch), method=args.method
+    n_eval = args.n_eval or TEXT_N_EVAL
+    return Explorer.from_text(
+        model, args.text, n_eval=n_eval, name=Path(args.model).name, method=args.method
     )
-    explorer.state()
-    return explorer
 
 
 def _build(runs: list, run_id: str, args: argparse.Namespace) -> object:

@@ -31,7 +31,12 @@ if TYPE_CHECKING:
     from mhainterp.explore.app import BadRequestError, Explorer
     from mhainterp.explore.session import ExploreSession
 
-__all__ = ["BadRequestError", "ExploreSession", "Explorer", "explore"]
+__all__ = ["TEXT_N_EVAL", "BadRequestError", "ExploreSession", "Explorer", "explore"]
+
+TEXT_N_EVAL = 16
+"""Sentences of a text a pretrained model is explored on by default: a click re-runs the model
+from the first ablated layer on all of them (SmolLM2 on 16 sentences: about a second on 2
+busy cores; see analysis/bench_explore.py)."""
 
 _LAZY = {
     "BadRequestError": "mhainterp.explore.app",
@@ -49,14 +54,16 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def explore(run: Any, task: Any = None, *, n_eval: int = 1024, method: str = "zero") -> Any:
+def explore(run: Any, task: Any = None, *, n_eval: int | None = None, method: str = "zero") -> Any:
     """The explorer as a notebook widget: display it (last line of a cell) to use it inline.
 
     Args:
         run: A run folder or sweep folder (path), a loaded ``Run``, or a model (then give
-            ``task``).
-        task: With a model: the Task (its fixed evaluation set) or a Batch to evaluate on.
-        n_eval: Evaluation sequences.
+            ``task``): our own, or a pretrained one from ``load_pretrained``.
+        task: With a model: the Task (its fixed evaluation set) or a Batch to evaluate on;
+            with a pretrained model also ``"stdlib"`` or a text file (its first ``n_eval``
+            sentences, :func:`~mhainterp.tasks.text.text_batch`).
+        n_eval: Evaluation sequences (default 1,024; sentences of a text: 16).
         method: Initial ablation method: ``"zero"``, ``"mean"`` or ``"resample"``.
 
     Returns:
@@ -66,9 +73,12 @@ def explore(run: Any, task: Any = None, *, n_eval: int = 1024, method: str = "ze
         >>> from mhainterp import explore, handbuilt_model, get_task
         >>> task = get_task("previous_token", seq_len=16, d_vocab=10)
         >>> view = explore(handbuilt_model(["previous", "uniform"]), task)  # doctest: +SKIP
+        >>> view = explore(load_pretrained("smollm2"), "stdlib", n_eval=16)  # doctest: +SKIP
     """
+    from mhainterp.data import DEFAULT_N_EVAL
     from mhainterp.explore.app import Explorer
     from mhainterp.explore.results import SavedResults
+    from mhainterp.protocol import BridgedModel
     from mhainterp.training import Run
 
     try:
@@ -78,7 +88,10 @@ def explore(run: Any, task: Any = None, *, n_eval: int = 1024, method: str = "ze
             f'the notebook explorer needs anywidget ({error}): pip install "mhainterp[explore]"'
         ) from error
 
-    options = {"n_eval": n_eval, "method": method}
+    options = {"n_eval": n_eval or DEFAULT_N_EVAL, "method": method}
+    if isinstance(run, BridgedModel) and isinstance(task, (str, os.PathLike)):
+        return ExplorerWidget(Explorer.from_text(run, task, n_eval=n_eval or TEXT_N_EVAL,
+                                                 method=method))  # fmt: skip
     if isinstance(run, (str, os.PathLike)):
         explorer = Explorer.from_path(run, **options)
     elif isinstance(run, Run):

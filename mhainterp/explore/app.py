@@ -28,12 +28,13 @@ import torch
 
 from mhainterp.ablation import METHODS
 from mhainterp.data import DEFAULT_N_EVAL
+from mhainterp.explore import TEXT_N_EVAL
 from mhainterp.explore.results import SavedResults
 from mhainterp.explore.runs import RunEntry, default_run, explorable_runs
 from mhainterp.explore.session import ExploreSession
 from mhainterp.explore.text import AXIS_TITLES
 from mhainterp.heads import head_label
-from mhainterp.validation import invalid
+from mhainterp.validation import check_int, invalid
 
 __all__ = ["ACTIONS", "BadRequestError", "Explorer", "answer_message"]
 
@@ -138,6 +139,34 @@ class Explorer:
                 importance=importance,
             )  # fmt: skip
         explorer._install(name, task, session, saved or SavedResults(), _note(model))
+        return explorer
+
+    @classmethod
+    def from_text(
+        cls,
+        model: Any,
+        text: str | os.PathLike[str],
+        *,
+        n_eval: int = TEXT_N_EVAL,
+        max_len: int = 48,
+        **options: Any,
+    ) -> Explorer:
+        """The explorer of a pretrained model on the first ``n_eval`` sentences of ``text``
+        (``"stdlib"`` or a text file, one sentence per line; see
+        :func:`~mhainterp.tasks.text.text_batch`), its first answer computed.
+
+        ``options``: :meth:`from_model`'s (``method``, ``importance``, ``threads``, ...).
+        """
+        from mhainterp.analyze_pretrained import sentences_of
+        from mhainterp.tasks.text import text_batch
+
+        n_eval = check_int("n_eval", n_eval, minimum=1)
+        batch = text_batch(model, sentences_of(text)[:n_eval], max_len=max_len)
+        folder = (getattr(model, "provenance", None) or {}).get("folder") or "model"
+        shown = "stdlib sentences" if str(text) == "stdlib" else Path(text).name
+        options = {"name": Path(str(folder)).name, "task": shown, **options}
+        explorer = cls.from_model(model, batch, n_eval=len(batch), **options)
+        explorer.state()  # attribution and patterns now, so the first request is fast
         return explorer
 
     # -- runs ----------------------------------------------------------------------------------

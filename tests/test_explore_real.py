@@ -1,0 +1,269 @@
+"""The explorer on pretrained models and real text: tiny random Llama / BERT folders built from a
+``transformers`` config (no download), compared with direct ``hook_z`` edits."""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is local; never wait on the Hub
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from test_real_heads import SENTENCES, tiny_bert_folder, tiny_llama_folder  # noqa: E402
+
+from mhainterp import cli  # noqa: E402
+from mhainterp.ablation import METHODS  # noqa: E402
+from mhainterp.attribution import attribution_patching  # noqa: E402
+from mhainterp.explore import Explorer, ExploreSession  # noqa: E402
+from mhainterp.explore import session as session_module  # noqa: E402
+from mhainterp.explore.text import position_bucket_names  # noqa: E402
+from mhainterp.pretrained import load_pretrained  # noqa: E402
+from mhainterp.scoring import embedding_damage, pooled_output  # noqa: E402
+from mhainterp.tasks.text import TOKEN_CLASSES, text_batch  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    model = load_pretrained(tiny_llama_folder(tmp_path_factory.mktemp("llama")))
+    return model, text_batch(model, SENTENCES)
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    model = load_pretrained(tiny_bert_folder(tmp_path_factory.mktemp("bert")))
+    return model, text_batch(model, SENTENCES)
+
+
+def _zeroing(model, heads):
+    """Forward hooks that zero ``heads`` (``{layer: [head, ...]}``) at ``hook_z``."""
+
+    def edit(z, hook, layer):
+        z = z.clone()
+        z[:, :, heads[layer]] = 0.0
+        return z
+
+    return [
+        (f"blocks.{layer}.attn.hook_z", lambda z, hook, layer=layer: edit(z, hook, layer))
+        for layer in heads
+    ]
+
+
+def _next_token_logprobs(model, batch, hooks=()):
+    """``log p(actual next token)`` at every position ``[n, T]`` with ``hooks`` in place."""
+    with torch.no_grad(), model.hooks(fwd_hooks=list(hooks)):
+        logits = model.logits(batch.tokens, batch.padding_mask)
+    index = batch.targets.clamp(min=0)[..., None]
+    return logits.float().log_softmax(-1).gather(-1, index)[..., 0]
+
+
+# ----------------------------------------------------------------------------- session
+
+
+def test_a_click_changes_each_tokens_log_prob_as_a_direct_hook_z_ablation(llama):
+    """Zeroing L0H1 and L1H2 through the session moves each next token's log-probability by
+    what zeroing them directly at hook_z does; the loss is the mean cross-entropy."""
+    model, batch = llama
+    session = ExploreSession(model, batch)
+    session.toggle("L0H1,L1H2")
+    clean = _next_token_logprobs(model, batch)
+    ablated = _next_token_logprobs(model, batch, _zeroing(model, {0: [1], 1: [2]}))
+    expected = ablated - clean  # (n, T)
+    for index in range(len(batch)):
+        shown = session.example(index)["text"]["delta_logprob"]
+        for t, scored in enumerate(batch.mask[index].tolist()):
+            if scored:
+                assert shown[t] == pytest.approx(float(expected[index, t]), abs=6e-5)
+            else:
+                assert shown[t] is None
+    loss = session.metrics()["overall"]["loss"]
+    assert loss["ablated"] == pytest.approx(float(-ablated[batch.mask].mean()), abs=1e-5)
+    assert loss["clean"] == pytest.approx(float(-clean[batch.mask].mean()), abs=1e-5)
+    assert loss["ablated"] != pytest.approx(loss["clean"], abs=1e-4)
+
+
+def test_restoring_the_heads_gives_zero_change_exactly(llama):
+    model, batch = llama
+    session = ExploreSession(model, batch)
+    session.toggle("L1H0")
+    assert any(d for d in session.example(0)["text"]["delta_logprob"] if d is not None)
+    session.toggle("L1H0")
+    for index in range(len(batch)):
+        assert {d for d in session.example(index)["text"]["delta_logprob"] if d is not None} == {
+            0.0
+        }
+    overall = session.metrics()["overall"]
+    assert overall["loss"]["ablated"] == overall["loss"]["clean"]
+    assert overall["accuracy"]["ablated"] == overall["accuracy"]["clean"]
+
+
+def test_the_example_shows_the_tokenizers_strings_and_predictions(llama):
+    model, batch = llama
+    text = ExploreSession(model, batch).example(3)["text"]
+    ids = batch.tokens[3].tolist()
+    assert text["tokens"] == [f"w{i}" for i in ids]  # the word vocabulary: id i is "w{i}"
+    assert text["tokens"][0] == "w0"  # BOS
+    clean = _next_token_logprobs(model, batch)
+    last = int(batch.padding_mask[3].sum()) - 1
+    assert text["clean_logprob"][0] == pytest.approx(float(clean[3, 0]), abs=6e-5)
+    assert text["clean_logprob"][last] is None  # the last real token: nothing to predict
+    with torch.no_grad():
+        top = model.logits(batch.tokens, batch.padding_mask)[3].argmax(-1).tolist()
+    assert text["clean_predictions"][:3] == [f"w{i}" for i in top[:3]]
+
+
+def test_metrics_group_by_the_text_axes(llama):
+    """Position buckets of sentence 0 (7 tokens with BOS, 6 scored): 0 | 1-3 | 4-7."""
+    model, batch = llama
+    session = ExploreSession(model, batch)
+    assert session.axes == ("token_class", "position", "target_frequency")
+    by = session.metrics()["by"]
+    n_scored = int(batch.mask.sum())
+    for axis in session.axes:
+        assert sum(row["n"] for row in by[axis]) == n_scored
+    positions = {row["key"]: row["n"] for row in by["position"]}
+    assert set(positions) <= set(position_bucket_names())
+    assert positions["0"] == len(SENTENCES)  # every sentence predicts from its BOS
+    assert {row["key"] for row in by["token_class"]} <= set(TOKEN_CLASSES)
+
+
+def test_thumbnail_numbers_are_the_attribution_estimates(llama):
+    """A next-token model's per-head numbers are attribution_patching's, per method."""
+    model, batch = llama
+    explorer = Explorer.from_model(model, batch)
+    state = explorer.state()
+    assert state["importance"] == {"source": "attribution", "quantity": "loss"}
+    assert state["objective"] == "next_token"
+    table = attribution_patching(model, batch, METHODS)
+    for method in METHODS:
+        shown = explorer.handle("method", {"method": method})["importance"]
+        expected = table[table["method"] == method].set_index("head_label")["attribution"]
+        assert set(shown) == set(model.head_labels)
+        for label, value in shown.items():
+            assert value == pytest.approx(float(expected[label]), rel=1e-5, abs=1e-7)
+
+
+def test_exact_importance_on_request_is_the_single_head_loss_change(llama):
+    model, batch = llama
+    session = ExploreSession(model, batch, importance="exact")
+    assert session.importance_quantity == "loss"
+    expected = session.evaluate(["L1H3"])["delta_loss"]
+    assert session.importance()["L1H3"] == expected
+
+
+def test_a_large_models_attention_comes_one_query_at_a_time(llama, monkeypatch):
+    model, batch = llama
+    monkeypatch.setattr(session_module, "INLINE_ATTENTION_HEADS", 4)  # 8 heads: "large"
+    explorer = Explorer.from_model(model, batch)
+    view = explorer.handle("toggle", {"head": "L0H0"})
+    assert view["example"]["attention"] is None
+    answer = explorer.handle("attention", {"query": 2})
+    patterns = explorer.session.patterns(0)  # (L, h, T, T), L0H0 ablated
+    assert answer["query"] == 2 and set(answer["attention"]) == set(model.head_labels)
+    for layer in range(2):
+        for head in range(4):
+            row = answer["attention"][f"L{layer}H{head}"]
+            assert row == pytest.approx(patterns[layer, head, 2].tolist(), abs=6e-4)
+    with pytest.raises(ValueError, match="query=99"):
+        explorer.handle("attention", {"query": 99})
+
+
+def test_an_encoder_is_scored_by_its_embedding_damage(bert):
+    """MiniLM-style: zeroing L1H2 costs each sentence 1 - cos of its pooled output, as a
+    direct hook_z edit computes; accuracy and the frequency axis are not shown."""
+    model, batch = bert
+    explorer = Explorer.from_model(model, batch)
+    state = explorer.state()
+    assert state["objective"] == "embedding" and state["metric"]["accuracy"] is False
+    assert state["importance"] == {"source": "exact", "quantity": "loss"}
+    assert [axis["key"] for axis in state["axes"]] == ["token_class", "position"]
+    with torch.no_grad():
+        clean = pooled_output(model.logits(batch.tokens, batch.padding_mask), batch.padding_mask)
+        with model.hooks(fwd_hooks=_zeroing(model, {1: [2]})):
+            hidden = model.logits(batch.tokens, batch.padding_mask)
+    damage = embedding_damage(clean, hidden, batch.padding_mask)  # (n,)
+    view = explorer.handle("toggle", {"head": "L1H2"})
+    assert view["example"]["text"]["damage"] == pytest.approx(float(damage[0]), abs=1e-5)
+    lengths = batch.mask.sum(-1).double()
+    expected = float((damage.double() * lengths).sum() / lengths.sum())  # per scored token
+    assert view["metrics"]["overall"]["loss"]["ablated"] == pytest.approx(expected, abs=1e-5)
+    assert view["metrics"]["overall"]["loss"]["clean"] == pytest.approx(0.0, abs=1e-6)
+    assert view["importance"]["L1H2"] == pytest.approx(expected - 0.0, abs=1e-5)
+
+
+# ----------------------------------------------------------------------------- server, CLI
+
+
+def test_server_state_and_toggle_on_a_bridged_model(llama):
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    import http.client
+
+    from mhainterp.explore.server import ServerThread, build_app
+
+    model, batch = llama
+    explorer = Explorer.from_model(model, batch, name="tiny-llama", task="eight sentences")
+
+    def request(method, path, body=None):
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        connection.request(method, path, body=body, headers={})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+
+    with ServerThread(build_app(explorer)) as server:
+        status, state = request("GET", "/api/state")
+        assert status == 200 and state["run"] == "tiny-llama" and state["task"] == "eight sentences"
+        assert state["note"].endswith(" · weights: stored float32")
+        ids = batch.tokens[0].tolist()
+        assert state["view"]["example"]["text"]["tokens"] == [f"w{i}" for i in ids]
+        status, view = request("POST", "/api/toggle", json.dumps({"head": "L1H2"}))
+        assert status == 200 and view["ablated"] == ["L1H2"]
+        direct = explorer.session.example(0)["text"]["delta_logprob"]
+        assert view["example"]["text"]["delta_logprob"] == direct
+        status, error = request("POST", "/api/attention", json.dumps({"query": "x"}))
+        assert status == 400 and "query='x'" in error["error"]
+
+
+@pytest.fixture
+def explore_command(monkeypatch):
+    monkeypatch.setattr(cli, "COMMAND_MODULES", ("mhainterp.cli.explore",))
+
+
+def test_cli_refuses_a_model_and_a_run_folder_together(explore_command, tmp_path, capsys):
+    assert cli.main(["explore", str(tmp_path), "--model", "smollm2", "--no-browser"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "--model='smollm2' is invalid: a pretrained model or a run folder" in err[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "no/such/folder"], "--model='no/such/folder' is invalid: one of smollm2"),
+        (["--model", "smollm2", "--text", "missing.txt"], "--text='missing.txt' is invalid"),
+        ([], "RUN_OR_SWEEP=None is invalid: a run or sweep folder, or --model"),
+    ],
+)
+def test_cli_bad_model_or_text_is_one_line(explore_command, capsys, argv, message):
+    assert cli.main(["explore", *argv, "--no-browser"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_notebook_widget_of_a_pretrained_model_on_a_text_file(llama, tmp_path):
+    pytest.importorskip("anywidget")
+    from mhainterp import explore
+
+    model, batch = llama
+    text = tmp_path / "sentences.txt"
+    text.write_text("\n".join(SENTENCES[:3]) + "\n")
+    widget = explore(model, text, n_eval=2)
+    state = widget.explorer.state()
+    assert state["n_eval"] == 2 and state["task"] == "sentences.txt"
+    first = text_batch(model, SENTENCES[:2]).tokens[0].tolist()
+    assert state["view"]["example"]["text"]["tokens"] == [f"w{i}" for i in first]
+    assert explore(model, batch).explorer.state()["n_eval"] == len(SENTENCES)
