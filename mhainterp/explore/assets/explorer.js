@@ -282,7 +282,7 @@ export function mount(root, call) {
         h("strong", {}, head.label),
         head.role ? ` · ${head.role}` : "",
         head.finding ? ` · ${head.finding}` : "",
-        ` · ${importanceText(ui.view.method, false)}: ${signed(imp, 4)}`,
+        ` · ${importanceText(ui.view.method, false)}: ${signed(imp, (ui.state.importance || {}).quantity === "loss" ? 4 : 3)}`,
         ui.view.ablated.includes(head.label) ? " · ablated now" : "",
       ),
     ];
