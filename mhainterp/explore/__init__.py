@@ -6,11 +6,18 @@ resample) and reset, live loss and accuracy against the clean model (overall, pe
 target class or query token), and one example sequence with right/wrong predictions; hovering a
 token shows where each head attends from it (click to lock). For a sweep, a picker over runs.
 
+On a pretrained model and real text (``explore(load_pretrained("smollm2"), "stdlib")``,
+``mhainterp explore --model smollm2 --text stdlib``) the same page shows the next-token
+cross-entropy (an encoder's embedding damage), the example sentence's tokens coloured by the
+change in log-probability of each as the next token, and per head the attribution estimate
+of its loss change, computed once at load; a click ablates the current set exactly.
+
 Modules, each with one job::
 
     session.py   ExploreSession: the only caller of the ablation and scoring code
     app.py       Explorer: runs, sessions and the one request handler
     results.py   saved per-head results (labels, importance, division of labour)
+    text.py      what differs on real text: the text axes, tokens as strings
     runs.py      which runs a folder holds
     server.py    Starlette app and socket binding (the CLI, tests)
     widget.py    the anywidget notebook view
