@@ -88,6 +88,10 @@ def assert_real_heads_section(cells, ran: bool) -> None:
     assert [chosen for _, chosen, _, _ in rows] == ["top_k"] * 4 + ["random"] * 2
     estimates = [float(a) for _, chosen, a, _ in rows if chosen == "top_k"]
     assert estimates == sorted(estimates, reverse=True)
+    claim = _source(cells[cells.index(_cell_with(code, "verify_attribution(")) + 1])
+    assert "within 0.015 of the" in claim and "same sign" in claim
+    pairs = [(float(a), float(e)) for _, _, a, e in rows]
+    assert all(abs(a - e) < 0.015 and a * e > 0 for a, e in pairs), pairs
     (share,) = PREVIOUS_SHARE.findall(pattern)
     assert float(share) > 0.5
 
