@@ -27,10 +27,11 @@ model saved to a temporary run folder; the speed does not depend on the weights)
 ``pretrained``  with ``--model NAME``: the explorer of a pretrained model on 16 and 32 stdlib
              sentences (``Explorer.from_text``): time to load (clean forward, attribution of
              every head, average patterns), the state's JSON size, and the session click
-             (toggle + view + JSON) next to one clean forward of the same batch, as a ratio
-             (a click reruns the model from the first ablated layer: 0.5 means half a
-             forward), one torch thread (the explorer's default) and torch's default side by
-             side; heads are toggled in a seeded random order, so first layers vary
+             (toggle + view + JSON) next to one clean forward of the same batch under the
+             same torch threads, as a ratio (a click reruns the model from the first ablated
+             layer: 0.5 means half a forward); one torch thread (the explorer's default) and,
+             on 16 sentences, torch's default side by side; heads are toggled in a seeded
+             random order, so first layers vary
 
 Each click toggles a head so that the set of ablated heads is new (no cache hit): it walks
 through the heads in a fixed order that visits each subset once before any repeats. Timings
@@ -337,45 +338,44 @@ def bench_pretrained(name: str, clicks: int) -> pd.DataFrame:
 
     model = load_pretrained(name)
     rows = []
-    for n_eval in (16, 32):
-        for threads in (1, None):
-            start = time.perf_counter()
-            explorer = Explorer.from_text(model, "stdlib", n_eval=n_eval, threads=threads)
-            load_s = time.perf_counter() - start
-            state_bytes = len(json_bytes(explorer.state()))
-            batch = explorer.session.batch
-            with torch.no_grad():
-                forward = []
-                for _ in range(3):
-                    start = time.perf_counter()
-                    model.logits(batch.tokens, batch.padding_mask)
-                    forward.append(time.perf_counter() - start)
-            order = torch.randperm(
-                len(model.head_labels), generator=torch.Generator().manual_seed(0)
-            )
-            labels = [model.head_labels[i] for i in order.tolist()]
-            times, firsts = [], []
-            for head in gray_code_heads(labels, clicks):
+    for n_eval, threads in ((16, 1), (32, 1), (16, None)):
+        start = time.perf_counter()
+        explorer = Explorer.from_text(model, "stdlib", n_eval=n_eval, threads=threads)
+        load_s = time.perf_counter() - start
+        state_bytes = len(json_bytes(explorer.state()))
+        batch = explorer.session.batch
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads or before)  # the forward under the clicks' setting
+        with torch.no_grad():
+            forward = []
+            for _ in range(3):
                 start = time.perf_counter()
-                view = explorer.handle("toggle", {"head": head})
-                json_bytes(view)
-                times.append(time.perf_counter() - start)
-                firsts.append(min((int(h[1 : h.index("H")]) for h in view["ablated"]), default=0))
-            click = summary(f"pretrained click, {n_eval} sentences", times)
-            rows.append(
-                {
-                    **click,
-                    "threads": "1" if threads == 1 else f"torch ({torch.get_num_threads()})",
-                    "tokens": int(batch.padding_mask.sum()),
-                    "clean_forward_ms": round(1000 * statistics.median(forward), 1),
-                    "click_over_forward": round(
-                        statistics.median(times) / statistics.median(forward), 2
-                    ),
-                    "mean_first_layer": round(statistics.mean(firsts), 1),
-                    "load_s": round(load_s, 1),
-                    "state_kib": round(state_bytes / 1024),
-                }
-            )
+                model.logits(batch.tokens, batch.padding_mask)
+                forward.append(time.perf_counter() - start)
+        torch.set_num_threads(before)
+        order = torch.randperm(len(model.head_labels), generator=torch.Generator().manual_seed(0))
+        labels = [model.head_labels[i] for i in order.tolist()]
+        times, firsts = [], []
+        for head in gray_code_heads(labels, clicks):
+            start = time.perf_counter()
+            view = explorer.handle("toggle", {"head": head})
+            json_bytes(view)
+            times.append(time.perf_counter() - start)
+            firsts.append(min((int(h[1 : h.index("H")]) for h in view["ablated"]), default=0))
+        rows.append(
+            {
+                **summary(f"pretrained click, {n_eval} sentences", times),
+                "threads": "1" if threads == 1 else f"torch ({before})",
+                "tokens": int(batch.padding_mask.sum()),
+                "clean_forward_ms": round(1000 * statistics.median(forward), 1),
+                "click_over_forward": round(
+                    statistics.median(times) / statistics.median(forward), 2
+                ),
+                "mean_first_layer": round(statistics.mean(firsts), 1),
+                "load_s": round(load_s, 1),
+                "state_kib": round(state_bytes / 1024),
+            }
+        )
     return pd.DataFrame(rows)
 
 
