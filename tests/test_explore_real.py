@@ -254,6 +254,18 @@ def test_cli_bad_model_or_text_is_one_line(explore_command, capsys, argv, messag
     assert len(err) == 1 and message in err[0]
 
 
+def test_cli_model_explores_16_sentences_unless_n_eval_is_typed():
+    from mhainterp.cli.explore import sentences_wanted
+    from mhainterp.data import DEFAULT_N_EVAL
+
+    parser = cli.build_parser()
+    plain = parser.parse_args(["explore", "--model", "smollm2"])
+    typed = parser.parse_args(["explore", "--model", "smollm2", "--n-eval", str(DEFAULT_N_EVAL)])
+    assert plain.n_eval == DEFAULT_N_EVAL  # the toolkit's one default, for a run folder
+    assert sentences_wanted(plain) == 16
+    assert sentences_wanted(typed) == DEFAULT_N_EVAL
+
+
 def test_notebook_widget_of_a_pretrained_model_on_a_text_file(llama, tmp_path):
     pytest.importorskip("anywidget")
     from mhainterp import explore

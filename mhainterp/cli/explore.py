@@ -16,13 +16,13 @@ import sys
 import threading
 import webbrowser
 from pathlib import Path
+from typing import Any
 
-from mhainterp.cli.options import Checked, add_choice, add_count
-from mhainterp.cli.static import ABLATION_METHODS
+from mhainterp.cli.options import MAX_COUNT, Checked, add_choice
+from mhainterp.cli.static import ABLATION_METHODS, DEFAULT_N_EVAL
 from mhainterp.cli.task_modules import add_task_module_argument
-from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.explore import TEXT_N_EVAL
-from mhainterp.validation import check_port, invalid
+from mhainterp.validation import check_int, check_port, invalid
 
 __all__ = ["register", "run_explore"]
 
@@ -88,11 +88,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="address to listen on (default 127.0.0.1: this machine only)",
     )
     parser.add_argument("--no-browser", action="store_true", help="do not open a browser")
-    add_count(parser, "--n-eval", f"evaluation sequences (default {DEFAULT_N_EVAL}; with --model: "
-              f"sentences, default {TEXT_N_EVAL})", default=None)  # fmt: skip
+    parser.add_argument(
+        "--n-eval",
+        type=int,
+        action=_GivenCount,
+        check=_check_count,
+        default=DEFAULT_N_EVAL,
+        metavar="N",
+        help=f"evaluation sequences (an integer >= 1, default {DEFAULT_N_EVAL}; with --model: "
+        f"sentences, default {TEXT_N_EVAL})",
+    )
     add_choice(parser, "--method", "initial ablation method", ABLATION_METHODS, default="zero")
     add_task_module_argument(parser)
     parser.set_defaults(func=run_explore)
+
+
+class _GivenCount(Checked):
+    """:class:`Checked` that also records that the option was typed (``n_eval_given``): with
+    ``--model`` an untyped ``--n-eval`` means :data:`TEXT_N_EVAL` sentences, not the toolkit's
+    one default (a click re-runs the model on all of them)."""
+
+    def __call__(self, parser: Any, namespace: Any, values: Any, option_string: Any = None):
+        super().__call__(parser, namespace, values, option_string)
+        namespace.n_eval_given = True
+
+
+def _check_count(name: str, value: int) -> int:
+    return check_int(name, value, minimum=1, maximum=MAX_COUNT)
 
 
 def run_explore(args: argparse.Namespace) -> int:
@@ -179,10 +201,18 @@ def _build_pretrained(args: argparse.Namespace) -> object:
         model = load_pretrained(args.model)
     except ModuleNotFoundError as error:  # a shipped model's wheel: the message says how
         raise ValueError(str(error)) from None
-    n_eval = args.n_eval or TEXT_N_EVAL
     return Explorer.from_text(
-        model, args.text, n_eval=n_eval, name=Path(args.model).name, method=args.method
+        model,
+        args.text,
+        n_eval=sentences_wanted(args),
+        name=Path(args.model).name,
+        method=args.method,
     )
+
+
+def sentences_wanted(args: argparse.Namespace) -> int:
+    """Sentences ``--model`` explores: ``--n-eval`` when typed, else :data:`TEXT_N_EVAL`."""
+    return args.n_eval if getattr(args, "n_eval_given", False) else TEXT_N_EVAL
 
 
 def _build(runs: list, run_id: str, args: argparse.Namespace) -> object:
@@ -190,7 +220,7 @@ def _build(runs: list, run_id: str, args: argparse.Namespace) -> object:
     patterns, single-head importance), so the page's first request is fast."""
     from mhainterp.explore.app import Explorer
 
-    explorer = Explorer(runs, n_eval=args.n_eval or DEFAULT_N_EVAL, method=args.method)
+    explorer = Explorer(runs, n_eval=args.n_eval, method=args.method)
     explorer.open(run_id)
     explorer.state()
     return explorer
