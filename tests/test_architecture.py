@@ -232,7 +232,6 @@ PLAIN_VALUE_ERRORS = {
     "capture/statistics.py": (1, "not converted yet"),
     "cli/train.py": (1, "not converted yet"),
     "data.py": (3, "not converted yet"),
-    "explore/session.py": (1, "not converted yet"),
     "runs.py": (1, "not converted yet"),
     "scoring.py": (3, "not converted yet"),
 }

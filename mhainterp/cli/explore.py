@@ -200,7 +200,7 @@ def _build_pretrained(args: argparse.Namespace) -> object:
     try:
         model = load_pretrained(args.model)
     except ModuleNotFoundError as error:  # a shipped model's wheel: the message says how
-        raise ValueError(str(error)) from None
+        raise invalid("--model", args.model, f"an installed model ({error})") from None
     return Explorer.from_text(
         model,
         args.text,

@@ -49,7 +49,7 @@ from mhainterp.protocol import BridgedModel
 from mhainterp.scoring import PositionScores
 from mhainterp.specialization.whom.damage import axis_values
 from mhainterp.tasks import Batch, Task
-from mhainterp.validation import check_option
+from mhainterp.validation import check_option, invalid
 
 __all__ = ["IMPORTANCE_SOURCES", "INLINE_ATTENTION_HEADS", "ExploreSession"]
 
@@ -191,7 +191,7 @@ class ExploreSession(Ablator):
             encoder ``"damage"`` instead: the sentence's ``1 - cos`` to its clean embedding.
 
         Raises:
-            ValueError: for an index outside ``[0, n_eval)``.
+            ParameterError: for an index outside ``[0, n_eval)``.
         """
         self._check_index(index)
         current = self.position_scores()
@@ -220,12 +220,12 @@ class ExploreSession(Ablator):
         query (one forward of that sequence per configuration, then kept).
 
         Raises:
-            ValueError: for an index or query out of range.
+            ParameterError: for an index or query out of range.
         """
         self._check_index(index)
         T = self.batch_.tokens.shape[1]
         if isinstance(query, bool) or not isinstance(query, int) or not 0 <= query < T:
-            raise ValueError(f"query={query!r} is invalid: an integer in [0, {T})")
+            raise invalid("query", query, f"an integer in [0, {T})")
         rows = self._current_patterns(index)[:, :, query]  # (L, h, T)
         rounded = (torch.round(rows.double() * 1000) / 1000).tolist()
         return {
@@ -237,7 +237,7 @@ class ExploreSession(Ablator):
     def _check_index(self, index: Any) -> None:
         n = len(self.batch_)
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
-            raise ValueError(f"index={index!r} is invalid: an integer in [0, {n})")
+            raise invalid("index", index, f"an integer in [0, {n})")
 
     def _current_patterns(self, index: int) -> Float[Tensor, "L h T T"]:
         """:meth:`patterns` of ``index`` under the current state, the last one kept."""
