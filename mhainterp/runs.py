@@ -44,6 +44,7 @@ from typing import Any, Literal
 import pandas as pd
 
 from mhainterp.io import read_json, write_csv, write_json
+from mhainterp.validation import check_option
 
 __all__ = [
     "ANALYSIS_DIR",
@@ -210,8 +211,7 @@ WEIGHT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 def check_dtype_name(name: Any) -> None:
     """A saved ``model.dtype`` names a torch floating dtype (ModelConfig would look it up)."""
-    if name not in WEIGHT_DTYPES:
-        raise ValueError(f"model.dtype={name!r} is invalid: one of {', '.join(WEIGHT_DTYPES)}")
+    check_option("model.dtype", name, WEIGHT_DTYPES)
 
 
 def check_tensors(

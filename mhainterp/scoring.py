@@ -32,6 +32,8 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from mhainterp.validation import ParameterError
+
 __all__ = [
     "FORWARD_MEMORY_BUDGET",
     "IGNORE_INDEX",
@@ -136,7 +138,9 @@ class Totals:
         """
         n_scored = float(self.scored.sum())
         if n_scored == 0:
-            raise ValueError("the batch has no scored positions (mask is all False)")
+            raise ParameterError(
+                "mask is invalid: at least one scored position, got none (it is all False)"
+            )
         rows = []
         for c in range(self.loss_sum.shape[0]):
             row = {
@@ -176,13 +180,15 @@ def mean_loss(
     ``mask=None`` scores every position whose target is not :data:`IGNORE_INDEX`.
     """
     if not isinstance(targets, Tensor) or targets.is_floating_point():
-        raise ValueError(
-            f"targets must be an integer tensor of class ids ({IGNORE_INDEX} = ignore)"
+        got = getattr(targets, "dtype", type(targets).__name__)
+        raise ParameterError(
+            f"targets is invalid: an integer tensor of class ids ({IGNORE_INDEX} = ignore), "
+            f"got {got}"
         )
     if targets.numel() != logits[..., 0].numel():
-        raise ValueError(
-            f"targets of shape {tuple(targets.shape)} do not match logits "
-            f"{tuple(logits.shape)}: expected {tuple(logits.shape[:-1])}"
+        raise ParameterError(
+            f"targets is invalid: shape {tuple(logits.shape[:-1])} to match the logits "
+            f"{tuple(logits.shape)}, got {tuple(targets.shape)}"
         )
     targets = targets.long().reshape(logits.shape[:-1])
     if mask is not None:

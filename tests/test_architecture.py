@@ -224,17 +224,6 @@ PLAIN_VALUE_ERRORS = {
     "fast/stacked_params.py": (1, "the flat parameter layout disagrees with itself (invariant)"),
     "specialization/where/roles.py": (1, "output_ratio asked of sums captured without outputs"),
     "tasks/registry.py": (2, "a saved folder names a task whose module is not loaded"),
-    # Not converted yet (owned by other passes of issue 17 item 3); lower these as they are:
-    "ablation/engine.py": (3, "not converted yet"),
-    "ablation/tables.py": (1, "not converted yet"),
-    "capture/core.py": (1, "not converted yet"),
-    "capture/patterns.py": (4, "not converted yet"),
-    "capture/statistics.py": (1, "not converted yet"),
-    "cli/train.py": (1, "not converted yet"),
-    "data.py": (3, "not converted yet"),
-    "explore/session.py": (1, "not converted yet"),
-    "runs.py": (1, "not converted yet"),
-    "scoring.py": (3, "not converted yet"),
 }
 
 

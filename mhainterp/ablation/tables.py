@@ -35,6 +35,7 @@ from mhainterp.data import DEFAULT_N_EVAL, Data
 from mhainterp.heads import HeadSpec, all_heads, format_heads, head_label, resolve_heads
 from mhainterp.protocol import HookedModel
 from mhainterp.scoring import metric_names
+from mhainterp.validation import invalid
 
 __all__ = [
     "ablate_sets",
@@ -221,7 +222,7 @@ def pairwise_ablation(
     else:
         pairs = sorted({tuple(resolve_heads(model, list(pair))) for pair in pairs})
         if any(len(pair) != 2 for pair in pairs):
-            raise ValueError("each of pairs= must name two different heads")
+            raise invalid("pairs", [format_heads(p) for p in pairs], "two different heads each")
         chosen = sorted({head for pair in pairs for head in pair})
     _, baseline, results, names = _with_clean(
         model, data, [[h] for h in chosen] + [list(pair) for pair in pairs], method, reference,

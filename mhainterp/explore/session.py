@@ -36,6 +36,7 @@ from mhainterp.model import HookedMHATransformer
 from mhainterp.scoring import PositionScores
 from mhainterp.specialization.whom.damage import AXES, axis_values
 from mhainterp.tasks import Batch, Task
+from mhainterp.validation import invalid
 
 __all__ = ["ExploreSession"]
 
@@ -130,11 +131,11 @@ class ExploreSession(Ablator):
             change).
 
         Raises:
-            ValueError: for an index outside ``[0, n_eval)``.
+            ParameterError: for an index outside ``[0, n_eval)``.
         """
         n = len(self.batch_)
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
-            raise ValueError(f"index={index!r} is invalid: an integer in [0, {n})")
+            raise invalid("index", index, f"an integer in [0, {n})")
         current = self.position_scores()
         scored = self._scored[index]  # (T, k)
         targets = self._targets[index]
