@@ -15,6 +15,7 @@ import pytest
 from mhainterp.cli import report as report_cli
 from mhainterp.cli import specialize as specialize_cli
 from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.figures.saved import save_folder_figures
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.io import read_json
 from mhainterp.render import format_value
@@ -56,6 +57,7 @@ def sweeps(tmp_path_factory):
 @pytest.fixture(scope="module")
 def report(sweeps):
     specialize_folder(sweeps, n_eval=N_SEQUENCES, progress=False)  # the report only reads
+    save_folder_figures(sweeps)  # and embeds
     md, html = write_report(sweeps, n_eval=N_SEQUENCES)
     return md.read_text(encoding="utf-8"), html.read_text(encoding="utf-8")
 
@@ -150,6 +152,13 @@ def test_report_computes_nothing_and_says_what_is_missing(sweeps, tmp_path):
     md = md_path.read_text(encoding="utf-8")
     assert f"Not in this report: {sweep} has no saved sweep-level specialization results" in md
     assert f"`mhainterp specialize {sweep}`" in md
+    # Nor does it draw: the figures that are not there are named, with the command.
+    assert (
+        "Figures not drawn yet: head_count_accuracy.png, training_curves.png. Draw them with "
+        f"`mhainterp specialize {sweep}`"
+    ) in md
+    assert sorted(p.name for p in sweep.iterdir()) == ["report.html", "report.md", "results.csv",
+                                                       "sweep.json"]  # fmt: skip
     # The seed table and its tests are computed and saved by the sweep summary, not here.
     assert f"Not in this report: {sweep} has no saved seed table" in md
     assert not (sweep / "specialization_notes.json").exists()
@@ -217,6 +226,7 @@ def test_a_result_missing_a_table_is_recomputed_not_misread(sweeps, tmp_path):
 def test_run_report(sweeps, tmp_path):
     run_dir = sweeps / "multi_relation" / "runs" / "h2_seed1"
     specialize_folder(run_dir, n_eval=N_SEQUENCES, progress=False)
+    save_folder_figures(run_dir)
     md_path, html_path = write_report(run_dir, tmp_path, n_eval=N_SEQUENCES)
     md = md_path.read_text(encoding="utf-8")
     result = cached_specialization(run_dir, SpecializationSettings(n_eval=N_SEQUENCES))

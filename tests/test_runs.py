@@ -16,7 +16,6 @@ import pandas as pd
 import pytest
 
 from mhainterp.cli import main
-from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.io import remove_stale_temps
 from mhainterp.runs import (
     RunFolderError,
@@ -29,42 +28,26 @@ from mhainterp.runs import (
     read_table,
     resolve_run_dir,
 )
-from mhainterp.sweep import run_sweep
 
-TINY = SweepConfig(
-    task="reverse",
-    task_params={"seq_len": 6, "d_vocab": 4},
-    n_heads=[1, 2],
-    seeds=[0, 1],
-    model={"d_model": 8},
-    train=TrainConfig(steps=8, batch_size=8, warmup_steps=2, log_every=4, n_eval=32),
-)
 NAMES = ["h1_seed0", "h1_seed1", "h2_seed0", "h2_seed1"]
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("runs_sweep") / "rev"
-    run_sweep(TINY, out, executor="local", progress=False)
-    return out
-
-
-def test_folder_kinds(sweep, tmp_path):
-    assert folder_kind(sweep) == "sweep"
-    assert folder_kind(sweep / "runs" / "h2_seed0") == "run"
-    assert folder_kind(sweep.parent) == "study"
+def test_folder_kinds(tiny_sweep, tmp_path):
+    assert folder_kind(tiny_sweep) == "sweep"
+    assert folder_kind(tiny_sweep / "runs" / "h2_seed0") == "run"
+    assert folder_kind(tiny_sweep.parent) == "study"
     with pytest.raises(FileNotFoundError, match="is not a run folder"):
         folder_kind(tmp_path)
 
 
 def test_a_runs_folder_in_the_current_directory_is_never_read_for_another_sweep(
-    sweep, tmp_path, monkeypatch
+    tiny_sweep, tmp_path, monkeypatch
 ):
     """The bug of issue 17: with ./runs/h1_seed0 present, `report other/` read ./runs."""
     here, other = tmp_path / "here", tmp_path / "other"
-    shutil.copytree(sweep, other)
+    shutil.copytree(tiny_sweep, other)
     decoy = here / "runs" / "h1_seed0"
-    shutil.copytree(sweep / "runs" / "h2_seed1", decoy)  # another run under the same name
+    shutil.copytree(tiny_sweep / "runs" / "h2_seed1", decoy)  # another run under the same name
     monkeypatch.chdir(here)
     table = pd.read_csv(other / "results.csv")
     table["run_dir"] = [f"runs/{n}" for n in NAMES]  # as stored: relative to other/
@@ -84,20 +67,20 @@ def test_a_runs_folder_in_the_current_directory_is_never_read_for_another_sweep(
     assert not (decoy / "analysis").exists()  # the decoy was never analysed
 
 
-def test_discovery_follows_a_linked_run_folder_once(sweep, tmp_path):
+def test_discovery_follows_a_linked_run_folder_once(tiny_sweep, tmp_path):
     study = tmp_path / "study"
     (study / "runs").mkdir(parents=True)
     for name in NAMES[:3]:
-        shutil.copytree(sweep / "runs" / name, study / "runs" / name)
-    os.symlink(sweep / "runs" / "h2_seed1", study / "runs" / "h2_seed1")  # a linked run
+        shutil.copytree(tiny_sweep / "runs" / name, study / "runs" / name)
+    os.symlink(tiny_sweep / "runs" / "h2_seed1", study / "runs" / "h2_seed1")  # a linked run
     os.symlink(study, study / "runs" / "loop")  # and a link back up the tree
     found = find_runs(study)
     assert [p.relative_to(study).as_posix() for p in found] == [f"runs/{n}" for n in NAMES]
 
 
-def test_duplicated_results_rows_are_counted_once_with_a_warning(sweep, tmp_path):
+def test_duplicated_results_rows_are_counted_once_with_a_warning(tiny_sweep, tmp_path):
     copy = tmp_path / "dup"
-    shutil.copytree(sweep, copy)
+    shutil.copytree(tiny_sweep, copy)
     table = pd.read_csv(copy / "results.csv")
     pd.concat([table, table.iloc[[0]]]).to_csv(copy / "results.csv", index=False)
     with pytest.warns(UserWarning, match="repeats 1 row"):
@@ -113,9 +96,9 @@ def test_duplicated_results_rows_are_counted_once_with_a_warning(sweep, tmp_path
     ("content", "what"),
     [(b"", "is empty (0 bytes)"), (b"task,n_heads,seed\nreverse,1,0\n", "lacks the run_dir")],
 )
-def test_a_broken_results_csv_is_one_line_naming_it(sweep, tmp_path, capsys, content, what):
+def test_a_broken_results_csv_is_one_line_naming_it(tiny_sweep, tmp_path, capsys, content, what):
     copy = tmp_path / "broken"
-    shutil.copytree(sweep, copy)
+    shutil.copytree(tiny_sweep, copy)
     (copy / "results.csv").write_bytes(content)
     with pytest.raises(RunFolderError) as error:
         read_results(copy)
@@ -125,12 +108,12 @@ def test_a_broken_results_csv_is_one_line_naming_it(sweep, tmp_path, capsys, con
     assert len(lines) == 1 and str(copy / "results.csv") in lines[0] and what in lines[0]
 
 
-def test_migrate_config_and_folder(sweep, tmp_path):
+def test_migrate_config_and_folder(tiny_sweep, tmp_path):
     assert migrate_config({"train": {"eval_size": 64, "steps": 3}}) == {
         "train": {"n_eval": 64, "steps": 3}
     }
     old = tmp_path / "old"
-    shutil.copytree(sweep, old)
+    shutil.copytree(tiny_sweep, old)
     config_path = old / "runs" / "h1_seed0" / "config.json"
     config = json.loads(config_path.read_text())
     config["train"]["eval_size"] = config["train"].pop("n_eval")
@@ -184,15 +167,15 @@ def test_stale_temp_files_of_dead_writers_are_removed_live_ones_kept(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
 
 
-def test_overwritten_weights_make_saved_analyses_stale(sweep, tmp_path):
+def test_overwritten_weights_make_saved_analyses_stale(tiny_sweep, tmp_path):
     from mhainterp.specialization import specialize_folder
     from mhainterp.specialization.seeds.over_sweep import saved_specialization
 
     run = tmp_path / "run"
-    shutil.copytree(sweep / "runs" / "h2_seed0", run)
+    shutil.copytree(tiny_sweep / "runs" / "h2_seed0", run)
     specialize_folder(run, n_eval=16, progress=False, by=())
     assert saved_specialization(run) is not None and analysis_is_current(run)
-    shutil.copy(sweep / "runs" / "h2_seed1" / "model.safetensors", run / "model.safetensors")
+    shutil.copy(tiny_sweep / "runs" / "h2_seed1" / "model.safetensors", run / "model.safetensors")
     assert not analysis_is_current(run)
     assert saved_specialization(run) is None  # the report shows it as missing
     with warnings.catch_warnings(record=True) as caught:

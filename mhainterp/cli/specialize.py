@@ -73,13 +73,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_specialize(args: argparse.Namespace) -> int:
+    from mhainterp.figures.saved import save_folder_figures
     from mhainterp.render import markdown_table
     from mhainterp.specialization import SpecializationResult, specialize_folder
 
     path = Path(args.path)
     check_run_folders(path)
     settings, by = settings_from_args(args), by_axes(args)
-    for folder, result in specialize_folder(path, settings, progress=not args.quiet, by=by):
+    specialized = specialize_folder(path, settings, progress=not args.quiet, by=by)
+    save_folder_figures(path)  # beside the tables, for the report to embed
+    for folder, result in specialized:
         if isinstance(result, SpecializationResult):  # a run folder
             print(markdown_table(result.heads[HEAD_COLUMNS]))
             print()
