@@ -33,13 +33,16 @@ from mhainterp.sweep import run_sweep, summarize
 from mhainterp.tasks import get_task
 from mhainterp.training import evaluate, save_run
 
-N_SEQUENCES = 48
+N_SEQUENCES = 32
 TASKS = ("count_previous", "multi_relation")
+BY = ("position",)
+"""The division of labour's axes here: one keeps its heatmaps (the slowest figures) small."""
 
 
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory):
-    """Two tiny trained sweeps (h = 1, 2; seeds 0, 1; 20 steps) in one folder."""
+    """Two tiny trained sweeps (h = 1, 2; seeds 0, 1; 10 steps) in one folder: a report needs
+    their tables, not well-trained models."""
     root = tmp_path_factory.mktemp("sweeps")
     for task in TASKS:
         config = SweepConfig(
@@ -48,15 +51,15 @@ def sweeps(tmp_path_factory):
             n_heads=[1, 2],
             seeds=[0, 1],
             model={"d_model": 16, "n_layers": 1},
-            train=TrainConfig(steps=20, batch_size=16, warmup_steps=2, n_eval=64, log_every=5),
+            train=TrainConfig(steps=10, batch_size=16, warmup_steps=2, n_eval=64, log_every=5),
         )
-        run_sweep(config, root / task, progress=False)
+        run_sweep(config, root / task, executor="local", progress=False)  # no process pool
     return root
 
 
 @pytest.fixture(scope="module")
 def report(sweeps):
-    specialize_folder(sweeps, n_eval=N_SEQUENCES, progress=False)  # the report only reads
+    specialize_folder(sweeps, n_eval=N_SEQUENCES, progress=False, by=BY)  # the report reads
     save_folder_figures(sweeps)  # and embeds
     md, html = write_report(sweeps, n_eval=N_SEQUENCES)
     return md.read_text(encoding="utf-8"), html.read_text(encoding="utf-8")
@@ -225,7 +228,7 @@ def test_a_result_missing_a_table_is_recomputed_not_misread(sweeps, tmp_path):
 
 def test_run_report(sweeps, tmp_path):
     run_dir = sweeps / "multi_relation" / "runs" / "h2_seed1"
-    specialize_folder(run_dir, n_eval=N_SEQUENCES, progress=False)
+    specialize_folder(run_dir, n_eval=N_SEQUENCES, progress=False, by=BY)
     save_folder_figures(run_dir)
     md_path, html_path = write_report(run_dir, tmp_path, n_eval=N_SEQUENCES)
     md = md_path.read_text(encoding="utf-8")
@@ -251,7 +254,9 @@ def _cli(argv: list[str]) -> int:
 
 def test_specialize_command_prints_the_verdict(sweeps, capsys):
     run_dir = sweeps / "count_previous" / "runs" / "h1_seed1"
-    code = _cli(["specialize", str(run_dir), "--n-eval", str(N_SEQUENCES), "--quiet"])
+    code = _cli(
+        ["specialize", str(run_dir), "--n-eval", str(N_SEQUENCES), "--quiet", "--by", ",".join(BY)]
+    )
     out = capsys.readouterr().out
     assert code == 0
     saved = read_json(run_dir / "analysis" / "specialization.json")
@@ -269,6 +274,8 @@ def test_report_command_writes_both_files(sweeps, tmp_path, capsys):
             "--n-eval",
             str(N_SEQUENCES),
             "--quiet",
+            "--by",
+            ",".join(BY),
         ]
     )
     assert code == 0
@@ -283,7 +290,7 @@ def test_run_report_shows_groups_tested_as_a_whole(tmp_path):
     metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
     saved = {**evaluate(model, task, n_eval=64), "status": "finished"}
     save_run(tmp_path / "run", model, task, TrainConfig(steps=1), metrics, saved)
-    specialize_folder(tmp_path / "run", n_eval=64, progress=False)
+    specialize_folder(tmp_path / "run", n_eval=64, progress=False, by=())  # groups only
     md_path, html_path = write_report(tmp_path / "run", tmp_path / "report", n_eval=64)
     md = md_path.read_text(encoding="utf-8")
     assert "Groups of three or more heads" in md
