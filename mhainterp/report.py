@@ -37,6 +37,7 @@ from typing import Any
 
 import pandas as pd
 
+from mhainterp.figures.division import SWEEP_FIGURE
 from mhainterp.figures.saved import (
     FIGURE_COMMAND,
     OWN_FIGURES,
@@ -277,7 +278,7 @@ def _division_blocks(run_dirs: list[Path], sweep_dir: Path | None, level: int) -
     ]
     captions = []
     for path in division_figures(saved, sweep_dir):
-        if path.parent == sweep_dir:
+        if path.name == SWEEP_FIGURE:
             captions.append((path, "Division index vs h (points = seeds, band = null)."))
         else:
             run_name = path.parent.parent.name

@@ -5,7 +5,8 @@
 
 Prints the per-head table (label and evidence) and the verdict of a run, or the per-head-count
 table and verdicts of a sweep (or of every sweep of a folder), then the division of labour, and
-saves the tables under the runs' ``analysis/`` folders (reused when the settings match).
+saves the tables under the runs' ``analysis/`` folders (reused when the settings match) with
+the figures the report embeds.
 """
 
 from __future__ import annotations
