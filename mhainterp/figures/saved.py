@@ -195,7 +195,8 @@ def save_folder_figures(path: str | os.PathLike[str]) -> list[Path]:
     kind = folder_kind(path)
     if kind == "run":
         result = saved_specialization(path)
-        paths = [] if result is None else save_specialization_figures(result, path / "analysis")
+        analysis = path / "analysis"
+        paths = [] if result is None else run_specialization_figures(result, analysis, draw=True)
         return paths + division_figures(saved_divisions([path]), draw=True)
     sweeps = [path] if kind == "sweep" else sweep_folders(path)
     return [p for sweep in sweeps for p in _sweep(sweep)]
