@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from mhainterp.ablation import ablate_sets, pairwise_ablation
+from mhainterp.ablation import evaluate_head_sets, head_sets_table, pairwise_ablation
 from mhainterp.heads import HEAD_SET_SEPARATOR
 from mhainterp.model import HookedMHATransformer
 from mhainterp.similarity import head_similarity
@@ -263,7 +263,8 @@ def redundancy_groups(
     for group in groups:
         head_sets.append(group)  # remove the whole group
         head_sets += [[h for h in group if h != keep] for keep in group]  # keep one member
-    table = ablate_sets(model, batch, head_sets, settings.ablation_method)
+    result = evaluate_head_sets(model, batch, [[], *head_sets], settings.ablation_method)
+    table = head_sets_table(result).iloc[1:]  # after the clean model
     damage = table["delta_loss"].to_numpy()
     rows, start = [], 0
     for group in groups:
