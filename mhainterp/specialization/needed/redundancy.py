@@ -49,7 +49,6 @@ __all__ = [
     "redundant_under",
     "similar_groups",
     "redundancy_pairs",
-    "redundant_partners",
 ]
 
 REDUNDANCY_COLUMNS = [
@@ -287,33 +286,6 @@ def redundancy_groups(
             }
         )
     return pd.DataFrame(rows, columns=GROUP_COLUMNS)
-
-
-def redundant_partners(
-    pairs: pd.DataFrame, groups: pd.DataFrame | None = None
-) -> dict[str, list[str]]:
-    """Head label -> the heads it is redundant with (only heads that have some), from
-    redundant pairs and, if given, redundant groups (every member with every other).
-
-    Example:
-        >>> pairs = pd.DataFrame({"head_a": ["L0H0", "L0H0"], "head_b": ["L0H1", "L0H2"],
-        ...                       "redundant": [True, False]})
-        >>> redundant_partners(pairs)
-        {'L0H0': ['L0H1'], 'L0H1': ['L0H0']}
-    """
-    flagged = pairs[pairs["redundant"].astype(bool)]
-    linked = list(zip(flagged["head_a"], flagged["head_b"], strict=True))
-    if groups is not None:
-        for members, redundant in zip(groups["heads"], groups["redundant"], strict=True):
-            if bool(redundant):
-                heads = _split_heads(members)
-                linked += [(a, b) for i, a in enumerate(heads) for b in heads[i + 1 :]]
-    partners: dict[str, list[str]] = {}
-    for a, b in linked:
-        for head, other in ((a, b), (b, a)):
-            if other not in partners.setdefault(head, []):
-                partners[head].append(other)
-    return partners
 
 
 def _split_heads(members: str) -> list[str]:
