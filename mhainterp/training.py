@@ -499,6 +499,12 @@ def run_folder_state(
     return "same unfinished"
 
 
+def _saved_config(run_dir: str | os.PathLike[str]) -> Any:
+    """``run_dir/config.json`` in the current format (:func:`~mhainterp.runs.migrate_config`)."""
+    saved = read_json(Path(run_dir) / "config.json")
+    return migrate_config(saved) if isinstance(saved, dict) else saved
+
+
 def saved_config_matches(
     run_dir: str | os.PathLike[str],
     model: HookedMHATransformer | ModelConfig,
@@ -508,7 +514,7 @@ def saved_config_matches(
     """Whether ``run_dir/config.json`` records this run (its model, train and task sections;
     False when it cannot be read)."""
     try:
-        saved = read_json(Path(run_dir) / "config.json")
+        saved = _saved_config(run_dir)
     except (OSError, ValueError):
         return False
     wanted = json.loads(json.dumps(run_config(model, task, train_config), default=list))
@@ -525,7 +531,7 @@ def run_config_differences(
     """How the run saved in ``run_dir`` differs from this one, for messages
     (``"task: 'reverse' there, 'sort' here; model.n_heads: 8 there, 4 here"``)."""
     try:
-        saved = read_json(Path(run_dir) / "config.json")
+        saved = _saved_config(run_dir)
     except (OSError, ValueError) as error:
         return f"its config.json cannot be read: {error}"
     if not isinstance(saved, dict):

@@ -1088,9 +1088,7 @@ def test_group_verdict_reads_the_division_of_every_seed():
     }
 
 
-def test_settings_read_the_old_name_and_scale_within_bounds():
-    old = SpecializationSettings.from_dict({"n_sequences": 32})
-    assert old.n_eval == 32
+def test_settings_scale_within_bounds():
     assert SpecializationSettings().scaled("backup_ratio", 1.25).backup_ratio == 0.625
     assert SpecializationSettings().scaled("min_similarity", 1.25).min_similarity == 1.0
     with pytest.raises(ValueError, match="name='alpha' is invalid"):

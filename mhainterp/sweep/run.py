@@ -40,6 +40,7 @@ from mhainterp.io import (
 from mhainterp.runs import (
     RunFolderError,
     is_finished_run,
+    migrate_config,
     read_eval,
     relative_run_dir,
     run_status,
@@ -100,6 +101,8 @@ def _check_same_sweep(out_dir: Path, config: SweepConfig) -> None:
     if not saved_path.is_file():
         return
     saved = read_json(saved_path)
+    if isinstance(saved, dict):
+        saved = migrate_config(saved)  # a sweep.json's train section, as a run's
     if saved != _jsonable(config.to_dict()):
         raise RunFolderError(
             f"{out_dir} holds a different sweep (see {saved_path}); rerun with the same "

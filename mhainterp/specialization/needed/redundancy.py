@@ -289,8 +289,9 @@ def redundancy_groups(
 
 
 def _split_heads(members: str) -> list[str]:
-    """A saved head set back into labels; reads the old ``;`` separator too."""
-    return [h for h in members.replace(";", HEAD_SET_SEPARATOR).split(HEAD_SET_SEPARATOR) if h]
+    """A saved head set back into labels (old ``;`` sets are migrated on reading,
+    :func:`mhainterp.runs.migrate_results`)."""
+    return [h for h in members.split(HEAD_SET_SEPARATOR) if h]
 
 
 def redundant_under(
