@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mhainterp.scoring import IGNORE_INDEX
+from mhainterp.model.loss import IGNORE_INDEX
 from mhainterp.tasks import Batch, Task
 from mhainterp.validation import ParameterError, check_int
 

@@ -57,16 +57,10 @@ LAYERS: dict[str, int] = {
 }
 
 # (importer, imported) pairs that break the order today, with why they are tolerated.
-KNOWN_BACK_ARROWS: dict[tuple[str, str], str] = {
-    # The model's return_type="loss" (TransformerLens's API) computes the loss in scoring.
-    ("mhainterp.model.transformer", "mhainterp.scoring"): "TL's return_type='loss'",
-}
+KNOWN_BACK_ARROWS: dict[tuple[str, str], str] = {}
 
 # Module cycles tolerated today (the list only shrinks).
-KNOWN_CYCLES: list[list[str]] = [
-    # run.py starts the executors on use, and they import its RunSpec / execute_run.
-    ["mhainterp.sweep.executors", "mhainterp.sweep.run"],
-]
+KNOWN_CYCLES: list[list[str]] = []
 
 
 def _module_name(path: Path) -> str:

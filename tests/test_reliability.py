@@ -63,7 +63,7 @@ def test_written_files_honour_the_umask(tmp_path, umask, mode):
         write_csv(tmp_path / "b.csv", pd.DataFrame({"a": [1]}))
         task = get_task("reverse", seq_len=6, d_vocab=4)
         model = build_model(task, d_model=8, n_heads=2)
-        training.save_run(tmp_path / "run", model, task, TrainConfig(), pd.DataFrame(), {})
+        training.save_run(model, task, tmp_path / "run", TrainConfig(), pd.DataFrame(), {})
     finally:
         os.umask(old)
     for path in (tmp_path / "a.txt", tmp_path / "b.csv", tmp_path / "run" / "model.safetensors"):

@@ -289,7 +289,7 @@ def test_run_report_shows_groups_tested_as_a_whole(tmp_path):
     model = handbuilt_model(["previous"] * 3, d_head=18)
     metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
     saved = {**evaluate(model, task, n_eval=64), "status": "finished"}
-    save_run(tmp_path / "run", model, task, TrainConfig(steps=1), metrics, saved)
+    save_run(model, task, tmp_path / "run", TrainConfig(steps=1), metrics, saved)
     specialize_folder(tmp_path / "run", n_eval=64, progress=False, by=())  # groups only
     md_path, html_path = write_report(tmp_path / "run", tmp_path / "report", n_eval=64)
     md = md_path.read_text(encoding="utf-8")

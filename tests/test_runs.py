@@ -14,8 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import TINY_SWEEP
 
 from mhainterp.cli import main
+from mhainterp.config import TrainConfig
+from mhainterp.handbuilt import handbuilt_model
 from mhainterp.io import remove_stale_temps
 from mhainterp.runs import (
     RunFolderError,
@@ -24,10 +27,17 @@ from mhainterp.runs import (
     folder_kind,
     migrate_config,
     migrate_folder,
+    migrate_results,
+    migrate_settings,
     read_results,
     read_table,
     resolve_run_dir,
 )
+from mhainterp.specialization import SpecializationSettings, specialization_test
+from mhainterp.specialization.verdict.result import SpecializationResult
+from mhainterp.sweep import run_sweep
+from mhainterp.tasks import get_task
+from mhainterp.training import load_run
 
 NAMES = ["h1_seed0", "h1_seed1", "h2_seed0", "h2_seed1"]
 
@@ -126,8 +136,6 @@ def test_migrate_config_and_folder(tiny_sweep, tmp_path):
     heads.parent.mkdir()
     pd.DataFrame({"members": ["L0H0;L0H1"], "value": [1.0]}).to_csv(heads, index=False)
     # the old folder reads as it is ...
-    from mhainterp.training import load_run
-
     assert load_run(config_path.parent).train_config.n_eval == 32
     # ... and is rewritten in the current format on request
     changed = migrate_folder(old)
@@ -140,6 +148,87 @@ def test_migrate_config_and_folder(tiny_sweep, tmp_path):
     assert json.loads(config_path.read_text())["train"]["n_eval"] == 32
     assert pd.read_csv(heads)["members"].tolist() == ["L0H0,L0H1"]
     assert migrate_folder(old) == []  # nothing left to change
+
+
+def test_readers_read_only_the_current_format_after_the_one_migration():
+    """The old names are read by runs.migrate_* alone; the config readers refuse them."""
+    with pytest.raises(ValueError, match=r"TrainConfig keys=\['eval_size'\] is invalid"):
+        TrainConfig.from_dict({"eval_size": 64})
+    assert TrainConfig.from_dict(migrate_config({"train": {"eval_size": 64}})["train"]).n_eval == 64
+    with pytest.raises(ValueError, match=r"keys=\['n_sequences'\] is invalid"):
+        SpecializationSettings.from_dict({"n_sequences": 32})
+    assert SpecializationSettings.from_dict(migrate_settings({"n_sequences": 32})).n_eval == 32
+    old = pd.DataFrame({"heads": ["L0H0;L0H2", "L0H1", ""], "size": [2, 1, 0]})
+    assert migrate_results(old)["heads"].tolist() == ["L0H0,L0H2", "L0H1", ""]
+    assert old["heads"][0] == "L0H0;L0H2"  # a copy: the input is not changed
+
+
+@pytest.fixture(scope="module")
+def saved_result(tmp_path_factory) -> Path:
+    """A specialization result with a redundant group of three heads, saved."""
+    task = get_task("previous_token", seq_len=16, d_vocab=10)
+    model = handbuilt_model(["previous", "previous", "previous", "dead"])
+    result = specialization_test(model, task, n_eval=32)
+    assert result.redundancy_groups["heads"].tolist() == ["L0H0,L0H1,L0H2"]
+    out = tmp_path_factory.mktemp("saved_result")
+    result.save(out)
+    return out
+
+
+def _old_spellings(sweep: Path, saved_result: Path, old: Path) -> Path:
+    """A copy of ``sweep`` in every old spelling: ``train.eval_size`` in its sweep.json and in
+    one run's config.json, ``n_sequences`` in saved settings, a head set written with ``;``.
+    Returns the saved result's folder."""
+    shutil.copytree(sweep, old)
+    for path in (old / "sweep.json", old / "runs" / "h1_seed0" / "config.json"):
+        saved = json.loads(path.read_text())
+        saved["train"]["eval_size"] = saved["train"].pop("n_eval")
+        path.write_text(json.dumps(saved))
+    analysis = old / "runs" / "h1_seed1" / "analysis"
+    shutil.copytree(saved_result, analysis)
+    meta = json.loads((analysis / "specialization.json").read_text())
+    meta["settings"]["n_sequences"] = meta["settings"].pop("n_eval")
+    (analysis / "specialization.json").write_text(json.dumps(meta))
+    groups = analysis / "specialization_redundancy_groups.csv"
+    groups.write_text(groups.read_text().replace("L0H0,L0H1,L0H2", "L0H0;L0H1;L0H2"))
+    return analysis
+
+
+def test_an_old_folder_loads_through_the_migration_and_is_rewritten(
+    tiny_sweep, saved_result, tmp_path
+):
+    old = tmp_path / "old"
+    analysis = _old_spellings(tiny_sweep, saved_result, old)
+    # the old folder reads as it is (every reader goes through runs.migrate_*) ...
+    loaded = SpecializationResult.load(analysis)
+    assert loaded.settings.n_eval == 32
+    assert loaded.redundancy_groups["heads"].tolist() == ["L0H0,L0H1,L0H2"]
+    assert load_run(old / "runs" / "h1_seed0").train_config.n_eval == 32
+    # ... and is rewritten in the current format on request, once
+    changed = migrate_folder(old)
+    assert sorted(p.relative_to(old).as_posix() for p in changed) == [
+        "runs/h1_seed0/config.json",
+        "runs/h1_seed1/analysis/specialization.json",
+        "runs/h1_seed1/analysis/specialization_redundancy_groups.csv",
+        "sweep.json",
+    ]
+    assert json.loads((old / "sweep.json").read_text())["train"]["n_eval"] == 32
+    assert json.loads((analysis / "specialization.json").read_text())["settings"]["n_eval"] == 32
+    assert pd.read_csv(analysis / "specialization_redundancy_groups.csv")["heads"].tolist() == [
+        "L0H0,L0H1,L0H2"
+    ]
+    assert migrate_folder(old) == []
+
+
+def test_an_old_sweep_resumes_without_retraining(tiny_sweep, saved_result, tmp_path):
+    """sweep.json and config.json with ``train.eval_size`` are the same sweep and runs."""
+    old = tmp_path / "old"
+    _old_spellings(tiny_sweep, saved_result, old)
+    weights = sorted((old / "runs").rglob("model.safetensors"))
+    before = [path.stat().st_mtime_ns for path in weights]
+    table = run_sweep(TINY_SWEEP, old, executor="local", progress=False)
+    assert [path.stat().st_mtime_ns for path in weights] == before
+    assert len(table) == len(NAMES)
 
 
 def test_read_table_refuses_a_zero_byte_file_and_reads_a_saved_empty_table(tmp_path):
