@@ -292,8 +292,8 @@ def division_of_labour(
     heads_parts, index_rows, profile_parts, basis_parts = [], [], [], []
     for axis in axes:
         ev = _axis_evidence(
-            axis, passes, noisy, sequence, values[axis], value_names[axis], counts[axis],
-            weights, s,
+            axis, passes, noisy, rows, sequence, values[axis], value_names[axis],
+            counts[axis], weights, s,
         )  # fmt: skip
         index_rows.append(index_row(ev, configs, gate, basis, s))
         heads_parts.append(
@@ -326,6 +326,7 @@ def _axis_evidence(
     axis: str,
     passes: dict[str, PassScores],
     noisy: list[PassScores],
+    rows: list[int],
     sequence: torch.Tensor,
     values: torch.Tensor,
     value_names: list[str],
@@ -335,8 +336,8 @@ def _axis_evidence(
 ) -> AxisEvidence:
     """One axis's per-value accuracies: every method's pass on the resamples ``weights``
     ``[B, n]``, and the null's passes (the original and one noisy copy, or the copies) on the
-    even and the odd sequences of each resample; each pass is summed per (sequence, value)
-    once, whatever the number of weight tables (one product)."""
+    even and the odd sequences of each resample, on the basis's ``rows`` only (NaN
+    elsewhere); a pass's weight tables are one product."""
     K, B = len(value_names), weights.shape[0]
     even = (torch.arange(weights.shape[1]) % 2 == 0).float()
     halves = [weights * even, weights * (1.0 - even)]  # the null's split halves
@@ -345,10 +346,10 @@ def _axis_evidence(
         return list(pass_means(p, sequence, values, K, torch.cat(tables)).split(B))
 
     primary = passes[s.method]
-    one_copy = len(noisy) == 1  # the original is the null's other copy
-    own = means_of(primary, [weights, *halves] if one_copy else [weights])
-    means = {m: own[0] if m == s.method else means_of(p, [weights])[0] for m, p in passes.items()}
-    null = ([own[1:]] if one_copy else []) + [means_of(p, halves) for p in noisy]
+    means = {m: means_of(p, [weights])[0] for m, p in passes.items()}
+    # With one copy the original is the null's other copy (on the basis's rows).
+    original = [PassScores(s.method, primary.correct, primary.nll, rows=rows)]
+    null = [means_of(p, halves) for p in (original if len(noisy) == 1 else []) + noisy]
     loss = value_means(primary.nll, sequence, values, K, weights[:1])[0]
     return AxisEvidence(
         axis=axis, value_names=value_names, counts=counts, keep=counts >= s.min_count,
