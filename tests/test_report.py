@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -313,3 +315,34 @@ def test_report_reads_as_a_document(report):
     assert (
         first.startswith("- count_previous: h=1 (1 head, 2 seeds): ") and " h=2 (2 heads, " in first
     )
+
+
+def test_run_report_shows_the_saved_headline_stability_and_refuses_a_damaged_one(sweeps, tmp_path):
+    """The headline stability (opt-in, ``specialize --headline-stability``) is read from its
+    saved files: the counts of the table, the perturbations that changed the sentence."""
+    divided = "divided by position"
+    run_dir = tmp_path / "h2_seed1"
+    shutil.copytree(sweeps / "multi_relation" / "runs" / "h2_seed1", run_dir)
+    specialize_folder(run_dir, n_eval=N_SEQUENCES, progress=False, by=BY)
+    table = pd.DataFrame(
+        {
+            "perturbation": ["min_effect x 0.8", "min_effect x 1.25", "method zero", "n_eval x 2"],
+            "headline": [divided, "nothing divided", divided, divided],
+            "changed": [False, True, False, False],
+            "n_labels": [2, 2, 2, 2],
+            "n_labels_changed": [0, 1, 0, 0],
+            "share_labels_changed": [0.0, 0.5, 0.0, 0.0],
+        }
+    )  # fmt: skip
+    analysis = run_dir / "analysis"
+    table.to_csv(analysis / "headline_stability.csv", index=False)
+    summary = {"headline": divided, "n_perturbations": 4,
+               "share_sentences_changed": 0.25, "share_labels_changed": 0.125}  # fmt: skip
+    (analysis / "headline_stability.json").write_text(json.dumps(summary))
+    md = write_report(run_dir, tmp_path / "report", n_eval=N_SEQUENCES)[0].read_text()
+    assert "the verdict sentence changes in 1 of 4 (25%); 12% of head labels change." in md
+    assert "| min_effect x 1.25 | nothing divided |" in md
+    assert "| method zero |" not in md  # unchanged perturbations are counted, not listed
+    table.drop(columns="changed").to_csv(analysis / "headline_stability.csv", index=False)
+    with pytest.raises(ValueError, match=r"headline_stability\.csv lacks the column\(s\) changed"):
+        write_report(run_dir, tmp_path / "report2", n_eval=N_SEQUENCES)
