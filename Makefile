@@ -30,8 +30,10 @@ setup: $(VENV)/.installed
 demo: setup
 	$(BIN)/mhainterp demo --out $(OUT)
 
+# The fast suite runs on every core (pytest-xdist; a file's tests stay on one worker, so its
+# module fixtures are built once). test-all stays serial: its fault-injection tests time signals.
 test: setup
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 test-all: setup
 	$(BIN)/python -m pytest -q -m ""

@@ -93,7 +93,7 @@ def make_run(folder: Path) -> Path:
     metrics = pd.DataFrame({"step": [0], "loss": [float("nan")]})
     run = folder / "h8_seed0"
     save_run(
-        run, model, task, TrainConfig(), metrics, {**evaluate(model, task), "status": "finished"}
+        model, task, run, TrainConfig(), metrics, {**evaluate(model, task), "status": "finished"}
     )
     return run
 
@@ -230,7 +230,7 @@ def make_wide_run(folder: Path, n_heads: int = 16) -> Path:
     run = folder / f"h{n_heads}_seed0"
     metrics = pd.DataFrame({"step": [0], "loss": [float("nan")]})
     save_run(
-        run, model, task, TrainConfig(), metrics, {**evaluate(model, task), "status": "finished"}
+        model, task, run, TrainConfig(), metrics, {**evaluate(model, task), "status": "finished"}
     )
     return run
 

@@ -824,8 +824,8 @@ def _division_rows(settings: BenchSettings, threads: int, echo: Callable) -> lis
     # both sides of that round's ratio; the ratio reported is the median over rounds.
     paired = sorted(d / i for i, d in zip(samples[0], samples[1], strict=True))
     note = (
-        f"all axes, 3 methods, kept/group profiles, same-function null, gates off, {size} "
-        f"sequences, h = {h} (untrained: cost, not findings); ratio ="
+        f"all axes, 3 methods, kept/group profiles, same-function null (1 noisy copy), gates "
+        f"off, {size} sequences, h = {h} (untrained: cost, not findings); ratio ="
         f" median of {len(paired)} paired rounds (range {paired[0]:.2f}-{paired[-1]:.2f})"
     )
     # division: time relative to head_importance (lower is better; the target is <= 4)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.demo import run_sweep_with_figures
+from mhainterp.figures.saved import save_folder_figures
 from mhainterp.report import write_report
 from mhainterp.specialization import SpecializationSettings, specialize_folder
 from mhainterp.sweep import fastest_executor
@@ -70,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         print(summary.to_markdown())
     settings = SpecializationSettings(n_eval=args.n_eval)
     specialize_folder(args.out, settings, progress=progress)  # the report reads these results
+    save_folder_figures(args.out)  # and embeds these figures
     md, html = write_report(args.out, settings=settings)
     print(f"report: {md}\n        {html}")
     return 0

@@ -21,6 +21,7 @@ from pathlib import Path
 from mhainterp.analyze import analyze_run
 from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.demo import run_sweep_with_figures
+from mhainterp.figures.saved import save_folder_figures
 from mhainterp.report import write_report
 from mhainterp.specialization import SpecializationSettings, specialize_folder
 from mhainterp.sweep import fastest_executor
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         ((_, spec),) = specialize_folder(sweep_dir, settings, progress=progress)
         print(spec.to_markdown())
         print("\n".join(spec.result.verdict.lines))
+    save_folder_figures(args.out)  # beside the tables, for the report to embed
     md, html = write_report(args.out, settings=settings)
     print(f"report: {md}\n        {html}")
     return 0

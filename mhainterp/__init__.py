@@ -22,9 +22,9 @@ if TYPE_CHECKING:  # what static tools and IDEs see: the same names, imported ea
     from mhainterp.ablation import (
         Ablator,
         ablate,
-        ablate_sets,
         evaluate_head_sets,
         head_importance,
+        head_sets_table,
         pairwise_ablation,
     )
     from mhainterp.analyze import (
@@ -114,10 +114,10 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     "ablate": "mhainterp.ablation",
-    "ablate_sets": "mhainterp.ablation",
     "Ablator": "mhainterp.ablation",
     "evaluate_head_sets": "mhainterp.ablation",
     "head_importance": "mhainterp.ablation",
+    "head_sets_table": "mhainterp.ablation",
     "pairwise_ablation": "mhainterp.ablation",
     "analyze_run": "mhainterp.analyze",
     "gradient_importance": "mhainterp.attribution",
@@ -187,7 +187,6 @@ __all__ = [
     "sweep_specialization",
     "write_report",
     "ablate",
-    "ablate_sets",
     "analyze_run",
     "average_patterns",
     "cluster_heads",
@@ -196,6 +195,7 @@ __all__ = [
     "explore",
     "gradient_importance",
     "head_importance",
+    "head_sets_table",
     "head_map_mds",
     "head_similarity",
     "head_statistics",

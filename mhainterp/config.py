@@ -253,9 +253,6 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any]) -> TrainConfig:
-        if "eval_size" in config_dict:  # the field's name in runs saved before it was n_eval
-            config_dict = {**config_dict}
-            config_dict.setdefault("n_eval", config_dict.pop("eval_size"))
         check_keys("TrainConfig", config_dict, _field_names(cls))
         return cls(**config_dict)
 

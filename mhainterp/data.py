@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mhainterp.scoring import IGNORE_INDEX
+from mhainterp.model.loss import IGNORE_INDEX
 from mhainterp.tasks import Batch, Task
 from mhainterp.validation import ParameterError, check_int
 
@@ -119,18 +119,21 @@ def batch_for_model(model: Any, batch: Batch, *, scored: bool = True) -> Batch:
     model.validate_inputs(batch.tokens, batch.padding_mask)
     if scored:
         if batch.n_targets != model.cfg.n_targets:
-            raise ValueError(
-                f"the batch has {batch.n_targets} target(s) per position but the model predicts "
-                f"n_targets={model.cfg.n_targets}; use a batch of the model's task"
+            raise ParameterError(
+                f"data is invalid: a batch of the model's task, with n_targets="
+                f"{model.cfg.n_targets} target(s) per position, got {batch.n_targets}"
             )
         targets = batch.targets[batch.targets != IGNORE_INDEX]
         if targets.numel() and int(targets.max()) >= model.cfg.d_vocab_out:
-            raise ValueError(
-                f"targets reach class {int(targets.max())} but the model has "
-                f"d_vocab_out={model.cfg.d_vocab_out}; use a batch of the model's task"
+            raise ParameterError(
+                f"data is invalid: a batch of the model's task, with target classes below "
+                f"d_vocab_out={model.cfg.d_vocab_out}, got class {int(targets.max())}"
             )
         if not batch.has_targets:
-            raise ValueError("the batch has no scored positions (mask is all False)")
+            raise ParameterError(
+                "data is invalid: a batch with at least one scored position, got none "
+                "(its mask is all False)"
+            )
     return batch.to(next(model.parameters()).device)
 
 

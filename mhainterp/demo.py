@@ -53,6 +53,7 @@ def run_demo(
     Returns:
         The path of ``report.md``.
     """
+    from mhainterp.figures.saved import save_folder_figures
     from mhainterp.report import write_report
     from mhainterp.specialization import SpecializationSettings, specialize_folder
 
@@ -75,6 +76,7 @@ def run_demo(
     labels = SpecializationSettings(n_eval=DEMO_LABEL_N_EVAL)
     for sweep, spec in specialize_folder(out, labels, progress=progress):
         echo(f"### {sweep.name}: do the heads specialize?\n\n{spec.to_markdown()}")
+    save_folder_figures(out)
     markdown, html = write_report(out)
     echo(f"report: {markdown} and {html}")
     return markdown

@@ -1,7 +1,7 @@
 """Head names: ``L{layer}H{head}`` for one head, ``"L0H1,L0H3"`` for a set, everywhere.
 
 A set written by one function (a table's ``heads`` column, a pruning step) can be fed back to
-any other (``ablate_sets``, ``Ablator.set``, the CLI's ``--heads``): one separator, ``","``.
+any other (``evaluate_head_sets``, ``Ablator.set``, the CLI's ``--heads``): one separator, ``","``.
 
 Example:
     >>> head_label(0, 3)

@@ -9,7 +9,7 @@ of sweeps, with every finding and caveat generated from the numbers.
   left in ``analysis/``;
 - a **sweep** folder (``sweep.json`` + ``results.csv``; see :mod:`mhainterp.sweep`): the seed
   table of the head-count experiment (:func:`mhainterp.sweep.summarize`), its figures
-  (``head_count_accuracy.png``, ``training_curves.png``; drawn if missing), specialization,
+  (``head_count_accuracy.png``, ``training_curves.png``), specialization,
   redundancy and accuracy against head count
   (:func:`~mhainterp.specialization.sweep_specialization`), cross-seed consistency, and the
   ``analysis/`` figures of any run that has them;
@@ -21,8 +21,10 @@ come from :func:`~mhainterp.specialization.specialize_folder` (``mhainterp speci
 ``mhainterp report`` command and the demo run it first), under each run's ``analysis/`` and, for
 a sweep, in the sweep folder. Where they are missing (or were made with other settings than the
 ``settings`` asked for), the report says so in their place and names the command that writes
-them. The report draws its figures from the saved tables, and the sweep's seed table is
-:func:`mhainterp.sweep.summarize` of ``results.csv``. The Markdown refers to the figures by
+them. It draws no figure either: the figures are drawn beside their tables by
+:func:`mhainterp.figures.saved.save_folder_figures` (``mhainterp specialize``, ``mhainterp
+report`` and the demo call it after computing); a figure that is not there is named, with the
+command that draws it. The Markdown refers to the figures by
 relative path; the HTML embeds them as base64 PNG and has no external ``src`` or ``href``, so it
 can be mailed as one file.
 """
@@ -35,6 +37,16 @@ from typing import Any
 
 import pandas as pd
 
+from mhainterp.figures.division import SWEEP_FIGURE
+from mhainterp.figures.saved import (
+    FIGURE_COMMAND,
+    OWN_FIGURES,
+    division_figures,
+    head_count_figures,
+    run_specialization_figures,
+    saved_divisions,
+    sweep_specialization_figures,
+)
 from mhainterp.io import read_json, write_text
 from mhainterp.render import (
     Block,
@@ -46,7 +58,14 @@ from mhainterp.render import (
     render_html,
     render_markdown,
 )
-from mhainterp.runs import analysis_is_current, folder_kind, read_results, sweep_folders
+from mhainterp.runs import (
+    RunFolderError,
+    folder_kind,
+    read_results,
+    read_saved_meta,
+    read_table,
+    sweep_folders,
+)
 from mhainterp.specialization import (
     SpecializationResult,
     SpecializationSettings,
@@ -54,11 +73,9 @@ from mhainterp.specialization import (
     saved_specialization,
 )
 from mhainterp.specialization.seeds.over_sweep import SweepSpecialization
+from mhainterp.specialization.verdict.headline import HEADLINE_FILE
 
 __all__ = ["write_report"]
-
-OWN_FIGURES = ("role_scores", "causal_matrix", "consistency", "division_profiles")
-"""Figure stems the report draws itself (kept out of the list of ``analyze`` figures)."""
 
 SWEEP_ANALYSIS_FIGURES = (
     "average_patterns",
@@ -73,6 +90,22 @@ SWEEP_HEADING = "Do the heads specialize, and how does that change with h?"
 
 
 # ----------------------------------------------------------------------------- sections
+
+
+def _figures(figures: list[tuple[Path, str]], folder: Path) -> list[Block]:
+    """The figures that exist, embedded with their captions, and a note naming the missing
+    ones and the command that draws them."""
+    blocks: list[Block] = [Image(path, caption) for path, caption in figures if path.is_file()]
+    missing = [path.name for path, _ in figures if not path.is_file()]
+    if missing:
+        blocks.append(
+            Paragraph(
+                f"Figures not drawn yet: {', '.join(missing)}. Draw them with "
+                f"`{FIGURE_COMMAND} {folder}` (`mhainterp report` does this before writing), "
+                "then write the report again."
+            )
+        )
+    return blocks
 
 
 def _caveats(verdict_caveats: list[str]) -> list[Block]:
@@ -153,6 +186,40 @@ _GROUP_CAPTION = (
 )
 
 
+def _headline_stability_blocks(analysis_dir: Path) -> list[Block]:
+    """The saved headline stability (``mhainterp specialize --headline-stability``), if any:
+    the share of perturbations that change the verdict sentence, beside the share of labels,
+    and the perturbations that change it."""
+    table_path = analysis_dir / HEADLINE_FILE
+    summary_path = table_path.with_suffix(".json")
+    if not summary_path.is_file() or not table_path.is_file():
+        return []
+    keys = ("headline", "n_perturbations", "share_sentences_changed", "share_labels_changed")
+    summary = read_saved_meta(summary_path, keys)
+    n = summary["n_perturbations"]
+    table = read_table(table_path)
+    missing = [c for c in ("perturbation", "headline", "changed") if c not in table.columns]
+    if missing:
+        raise RunFolderError(
+            f"{table_path} lacks the column(s) {', '.join(missing)}; delete it and run "
+            "mhainterp specialize --headline-stability again"
+        )
+    changed = table[table["changed"].astype(bool)]
+    text = (
+        f"Headline stability: with each gate moved x 0.8 and x 1.25, n_eval halved and doubled, "
+        f"and each other ablation method ({n} perturbations), the verdict sentence changes in "
+        f"{len(changed)} of {n} ({summary['share_sentences_changed']:.0%}); "
+        f"{summary['share_labels_changed']:.0%} of head labels change."
+    )
+    blocks: list[Block] = [Paragraph(text)]
+    if len(changed):
+        shown = changed[["perturbation", "headline"]].rename(
+            columns={"headline": "headline under it"}
+        )
+        blocks.append(Table(shown, f"Unperturbed: {summary['headline']}"))
+    return blocks
+
+
 def _group_table(result: SpecializationResult) -> pd.DataFrame:
     columns = {
         "basis": "grouped by",
@@ -165,12 +232,8 @@ def _group_table(result: SpecializationResult) -> pd.DataFrame:
     return result.redundancy_groups[list(columns)].rename(columns=columns)
 
 
-def _specialization_blocks(
-    result: SpecializationResult, figure_dir: Path, level: int
-) -> list[Block]:
-    from mhainterp.figures.specialization import save_specialization_figures
-
-    paths = save_specialization_figures(result, figure_dir)
+def _specialization_blocks(result: SpecializationResult, run_dir: Path, level: int) -> list[Block]:
+    paths = run_specialization_figures(result, run_dir / "analysis")
     blocks: list[Block] = [
         Heading(RUN_HEADING, level),
         Paragraph(
@@ -184,6 +247,7 @@ def _specialization_blocks(
     stability = _stability_table(result)
     if stability is not None:
         blocks.append(Table(stability, _STABILITY_CAPTION))
+    blocks += _headline_stability_blocks(run_dir / "analysis")
     if len(result.redundancy_groups):
         blocks.append(Table(_group_table(result), _GROUP_CAPTION))
     captions = {
@@ -191,8 +255,7 @@ def _specialization_blocks(
         "causal_matrix": "Accuracy lost on each target when one head is removed.",
         "consistency": "Cross-seed consistency of role profiles vs its nulls.",
     }
-    blocks += [Image(p, captions.get(p.stem, p.stem)) for p in paths]
-    return blocks
+    return blocks + _figures([(p, captions[p.stem]) for p in paths], run_dir)
 
 
 def _missing(
@@ -230,7 +293,7 @@ def _run_blocks(
     if result is None:
         blocks += _missing(RUN_HEADING, run_dir, "specialization results", settings, level)
     else:
-        blocks += _specialization_blocks(result, run_dir / "analysis", level)
+        blocks += _specialization_blocks(result, run_dir, level)
     blocks += _division_blocks([run_dir], None, level)
     blocks += _analysis_blocks(run_dir, level)
     return blocks, result.verdict if result is not None else Verdict([])
@@ -238,15 +301,9 @@ def _run_blocks(
 
 def _division_blocks(run_dirs: list[Path], sweep_dir: Path | None, level: int) -> list[Block]:
     """Whom the heads serve: the saved division of labour (``analysis/division_*`` per run,
-    ``division_sweep.csv`` per sweep) as the index vs h and one heatmap per run; nothing when
-    none is saved."""
-    from mhainterp.figures._common import save_figure
-    from mhainterp.figures.division import division_vs_heads, save_division_figures
-    from mhainterp.specialization import saved_division
-
-    saved = [
-        (d, r) for d in run_dirs if analysis_is_current(d) and (r := saved_division(d)) is not None
-    ]
+    ``division_sweep.csv`` per sweep) as the index vs h and the heatmaps
+    :func:`~mhainterp.figures.saved.division_figures` draws; nothing when none is saved."""
+    saved = saved_divisions(run_dirs)
     if not saved:
         return []
     blocks: list[Block] = [
@@ -262,26 +319,14 @@ def _division_blocks(run_dirs: list[Path], sweep_dir: Path | None, level: int) -
         ),
         Bullets([f"{d.name}: {r.summary_line()}" for d, r in saved]),
     ]
-    sweep_csv = sweep_dir / "division_sweep.csv" if sweep_dir is not None else None
-    if sweep_csv is not None and sweep_csv.is_file():
-        table = pd.read_csv(sweep_csv)
-        path = save_figure(division_vs_heads(table), sweep_dir / "division_sweep.png")
-        blocks.append(Image(path, "Division index vs h (points = seeds, band = null)."))
-    # A run report draws its heatmap; a sweep report those of its analysed runs (as it embeds
-    # their analyze figures), else of the last run (most heads): one per run would be 9+ per sweep.
-    drawn = saved
-    if sweep_dir is not None:
-        drawn = [(d, r) for d, r in saved if _analysed(d)] or saved[-1:]
-    for run_dir, result in drawn:
-        for path in save_division_figures(run_dir / "analysis", result):
-            blocks.append(Image(path, f"{run_dir.name}: accuracy lost per value (* = serves)."))
-    return blocks
-
-
-def _analysed(run_dir: Path) -> bool:
-    """Whether ``mhainterp analyze`` wrote figures into the run's ``analysis/`` folder."""
-    folder = run_dir / "analysis"
-    return any(p.stem not in OWN_FIGURES for p in folder.glob("*.png"))
+    captions = []
+    for path in division_figures(saved, sweep_dir):
+        if path.name == SWEEP_FIGURE:
+            captions.append((path, "Division index vs h (points = seeds, band = null)."))
+        else:
+            run_name = path.parent.parent.name
+            captions.append((path, f"{run_name}: accuracy lost per value (* = serves)."))
+    return blocks + _figures(captions, sweep_dir if sweep_dir is not None else run_dirs[0])
 
 
 def _params(params: dict[str, Any]) -> str:
@@ -347,7 +392,7 @@ def _sweep_blocks(
         blocks += _missing("Head count vs accuracy", sweep_dir, "seed table", None, level)
     else:
         blocks += _seed_table_blocks(summary, level)
-    blocks += [Image(p, c) for p, c in _sweep_figures(sweep_dir, results)]
+    blocks += _figures(_head_count_captions(results, sweep_dir), sweep_dir)
     spec = _saved_sweep(sweep_dir, settings)
     if spec is None:
         what = "sweep-level specialization results"
@@ -389,20 +434,9 @@ def _findings(spec: SweepSpecialization, evidence: list[str]) -> list[str]:
     return [*out, *evidence, *comparisons]
 
 
-def _sweep_figures(sweep_dir: Path, results: pd.DataFrame) -> list[tuple[Path, str]]:
-    """The sweep's accuracy and training-curve figures, drawn if they are missing."""
-    from mhainterp.figures._common import save_figure
-    from mhainterp.figures.headcount import plot_head_count_accuracy, plot_training_curves
-    from mhainterp.sweep import load_curves
-
-    accuracy = sweep_dir / "head_count_accuracy.png"
-    if not accuracy.is_file():
-        data = results.drop(columns=["run_dir"], errors="ignore")
-        save_figure(plot_head_count_accuracy(results), accuracy, data)
-    curves = sweep_dir / "training_curves.png"
-    if not curves.is_file():
-        table = load_curves(results)
-        save_figure(plot_training_curves(table), curves, table)
+def _head_count_captions(results: pd.DataFrame, sweep_dir: Path) -> list[tuple[Path, str]]:
+    """The sweep's accuracy and training-curve figures with their captions."""
+    accuracy, curves = head_count_figures(results, sweep_dir)
     return [
         (accuracy, "Validation accuracy per head count (points = seeds, bars = mean ± std)."),
         (curves, "Training loss, one line per run."),
@@ -425,16 +459,19 @@ def _sweep_stability_blocks(result: SpecializationResult) -> list[Block]:
     return [Table(frame.round(3), _STABILITY_CAPTION.replace("(any", "per head count (any"))]
 
 
+_SWEEP_CAPTIONS = {
+    "specialization_vs_heads": "Relations covered and heads per relation (counts), backed-up and "
+    "dead shares of heads, and accuracy vs h (points = seeds).",
+    "consistency": "Cross-seed consistency of role profiles vs random matching and the null the "
+    "p is computed against: heads shuffled across seeds (role marginals kept).",
+    "role_scores": "Role scores of the first seed of each head count.",
+    "causal_matrix": "Head x target damage, first seed of each head count.",
+}
+
+
 def _sweep_specialization_blocks(
     spec: SweepSpecialization, sweep_dir: Path, level: int
 ) -> list[Block]:
-    from mhainterp.figures._common import save_figure
-    from mhainterp.figures.specialization import (
-        causal_matrix_figure,
-        consistency_figure,
-        role_heatmap,
-        specialization_vs_heads,
-    )
     from mhainterp.specialization.seeds.summary import display_summary
 
     result = spec.result
@@ -446,54 +483,8 @@ def _sweep_specialization_blocks(
         Bullets(result.verdict.lines),
     ]
     blocks += _sweep_stability_blocks(result)
-    figures = [
-        (
-            save_figure(
-                specialization_vs_heads(spec.runs),
-                sweep_dir / "specialization_vs_heads.png",
-                spec.runs,
-            ),
-            "Relations covered and heads per relation (counts), backed-up and dead shares of "
-            "heads, and accuracy vs h (points = seeds).",
-        )
-    ]
-    if len(result.consistency):
-        figures.append(
-            (
-                save_figure(
-                    consistency_figure(result.consistency),
-                    sweep_dir / "consistency.png",
-                    result.consistency,
-                ),
-                "Cross-seed consistency of role profiles vs random matching and the null "
-                "the p is computed against: heads shuffled across seeds (role marginals kept).",
-            )
-        )
-    first_seed = spec.runs.groupby("n_heads", sort=True).head(1)["run"].tolist()
-    roles = result.roles[result.roles["run"].isin(first_seed)]
-    figures.append(
-        (
-            save_figure(
-                role_heatmap(roles, alpha=result.settings.alpha, max_runs=len(first_seed)),
-                sweep_dir / "role_scores.png",
-                roles,
-            ),
-            "Role scores of the first seed of each head count.",
-        )
-    )
-    causal = result.causal[result.causal["run"].isin(first_seed)]
-    if len(causal) and causal["target"].nunique() > 1:
-        figures.append(
-            (
-                save_figure(
-                    causal_matrix_figure(causal, max_runs=len(first_seed)),
-                    sweep_dir / "causal_matrix.png",
-                    causal,
-                ),
-                "Head x target damage, first seed of each head count.",
-            )
-        )
-    return blocks + [Image(p, c) for p, c in figures]
+    paths = sweep_specialization_figures(spec, sweep_dir)
+    return blocks + _figures([(p, _SWEEP_CAPTIONS[p.stem]) for p in paths], sweep_dir)
 
 
 # ----------------------------------------------------------------------------- public API
@@ -525,8 +516,10 @@ def write_report(
         FileNotFoundError: If ``path`` is not one of the three kinds of folder.
 
     Example:
+        >>> from mhainterp.figures.saved import save_folder_figures
         >>> from mhainterp.specialization import specialize_folder
         >>> specialize_folder("runs/quickstart")  # doctest: +SKIP
+        >>> save_folder_figures("runs/quickstart")  # doctest: +SKIP
         >>> md, html_path = write_report("runs/quickstart")  # doctest: +SKIP
     """
     path = Path(path)

@@ -19,8 +19,10 @@ Rules every reader follows through this module:
   records their SHA-256 (:func:`record_analysis_source`); results of other weights are not
   reused (:func:`analysis_is_current`) but set aside (:func:`set_aside_stale_analysis`).
 
-Old run folders load through one function, :func:`migrate_config`, and are rewritten in the
-current format on disk by :func:`migrate_folder`.
+Old folders load through one migration, applied by every reader: :func:`migrate_config`
+(``config.json``), :func:`migrate_settings` (saved specialization settings) and
+:func:`migrate_results` (saved tables); :func:`migrate_folder` rewrites a folder in the current
+format on disk. Nothing else reads an old format.
 
 Example:
     >>> folder_kind("runs/quickstart")  # doctest: +SKIP
@@ -44,6 +46,7 @@ from typing import Any, Literal
 import pandas as pd
 
 from mhainterp.io import read_json, write_csv, write_json
+from mhainterp.validation import check_option
 
 __all__ = [
     "ANALYSIS_DIR",
@@ -210,8 +213,7 @@ WEIGHT_DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 def check_dtype_name(name: Any) -> None:
     """A saved ``model.dtype`` names a torch floating dtype (ModelConfig would look it up)."""
-    if name not in WEIGHT_DTYPES:
-        raise ValueError(f"model.dtype={name!r} is invalid: one of {', '.join(WEIGHT_DTYPES)}")
+    check_option("model.dtype", name, WEIGHT_DTYPES)
 
 
 def check_tensors(
@@ -448,18 +450,30 @@ _OLD_SEPARATOR = ";"
 _HEAD_SET = re.compile(r"^L\d+H\d+(;L\d+H\d+)+$")
 
 
-def migrate_results(table: pd.DataFrame, table_dir: str | os.PathLike[str]) -> pd.DataFrame:
-    """A sweep's table with every ``run_dir`` resolved from ``table_dir`` (absolute paths and
-    paths relative to where an old sweep was started included, see :func:`resolve_run_dir`)."""
-    if "run_dir" not in table.columns:
-        return table
-    table = table.copy()
-    table["run_dir"] = [str(resolve_run_dir(r, table_dir)) for r in table["run_dir"]]
+def migrate_results(
+    table: pd.DataFrame, table_dir: str | os.PathLike[str] | None = None
+) -> pd.DataFrame:
+    """A saved table in the current format (a copy; the input is not changed).
+
+    What older versions wrote, and what it becomes:
+
+    - head sets separated by ``;`` (``L0H1;L0H3``) -> ``L0H1,L0H3``, in every text column;
+    - with ``table_dir`` (a sweep's ``results.csv``): every ``run_dir`` resolved from it,
+      absolute paths and paths relative to where an old sweep was started included
+      (:func:`resolve_run_dir`).
+
+    Example:
+        >>> migrate_results(pd.DataFrame({"heads": ["L0H1;L0H3", "L0H2"]}))["heads"].tolist()
+        ['L0H1,L0H3', 'L0H2']
+    """
+    table = _migrate_head_sets(table)
+    if table_dir is not None and "run_dir" in table.columns:
+        table["run_dir"] = [str(resolve_run_dir(r, table_dir)) for r in table["run_dir"]]
     return table
 
 
 def _migrate_head_sets(table: pd.DataFrame) -> pd.DataFrame:
-    """Head sets written ``L0H1;L0H3`` (the old separator) as ``L0H1,L0H3``."""
+    """A copy with head sets written ``L0H1;L0H3`` (the old separator) as ``L0H1,L0H3``."""
     table = table.copy()
     for column in table.columns:
         values = table[column]
@@ -476,11 +490,13 @@ def migrate_folder(path: str | os.PathLike[str]) -> list[Path]:
     """Rewrite an old run, sweep or study folder in the current format, in place (atomically,
     file by file); return the files changed.
 
-    Changes: ``config.json``'s ``train.eval_size`` (:func:`migrate_config`); ``n_sequences`` in
-    saved specialization settings (:func:`migrate_settings`); head sets separated by ``;`` in
-    ``analysis/*.csv``; absolute or start-relative ``run_dir`` entries in ``results.csv``
-    (written relative to the sweep folder). Reading needs none of this: the readers apply the
-    same functions.
+    Changes: ``train.eval_size`` in ``config.json`` and ``sweep.json`` (:func:`migrate_config`);
+    ``n_sequences`` in saved specialization settings (:func:`migrate_settings`); head sets
+    separated by ``;`` in ``analysis/*.csv`` (:func:`migrate_results`); absolute or
+    start-relative ``run_dir`` entries in ``results.csv`` (written relative to the sweep
+    folder). Reading needs none of this: the
+    readers (``load_run``, :func:`read_results`, :func:`read_table`, the saved specialization
+    result) apply the same functions, and read only the current format after them.
 
     Example:
         >>> migrate_folder("runs/old_sweep")  # doctest: +SKIP
@@ -499,7 +515,7 @@ def migrate_folder(path: str | os.PathLike[str]) -> list[Path]:
             )
             if not fixed.equals(table):
                 changed.append(write_csv(results, fixed))
-    for config_path in sorted(path.rglob("config.json")):
+    for config_path in sorted([*path.rglob("config.json"), *path.rglob(SWEEP_FILE)]):
         config = read_json(config_path)
         if isinstance(config, dict) and migrate_config(config) != config:
             changed.append(write_json(config_path, migrate_config(config)))
@@ -513,7 +529,7 @@ def migrate_folder(path: str | os.PathLike[str]) -> list[Path]:
         if csv_path.stat().st_size == 0:
             continue
         table = pd.read_csv(csv_path)
-        fixed = _migrate_head_sets(table)
+        fixed = migrate_results(table)
         if not fixed.equals(table):
             changed.append(write_csv(csv_path, fixed))
     return changed
@@ -636,7 +652,8 @@ _RECOMPUTE = "delete it and run mhainterp specialize (or analyze) again to rewri
 
 
 def read_table(path: str | os.PathLike[str]) -> pd.DataFrame:
-    """A saved CSV table. A table saved empty reads as an empty DataFrame.
+    """A saved CSV table, in the current format (:func:`migrate_results`). A table saved empty
+    reads as an empty DataFrame.
 
     Raises:
         RunFolderError: the file has 0 bytes (no writer here leaves that: damaged) or does
@@ -646,9 +663,10 @@ def read_table(path: str | os.PathLike[str]) -> pd.DataFrame:
     if path.stat().st_size == 0:
         raise RunFolderError(f"{path} is empty (0 bytes); {_RECOMPUTE}")
     try:
-        return pd.read_csv(path)
+        table = pd.read_csv(path)
     except pd.errors.EmptyDataError:
         return pd.DataFrame()
     except (ValueError, UnicodeDecodeError) as error:  # ParserError
         reason = " ".join(str(error).split())
         raise RunFolderError(f"{path} is not a readable CSV table ({reason})") from None
+    return migrate_results(table)

@@ -5,7 +5,9 @@ explorer all score through this module, so "accuracy" means the same thing every
 
 - a (sequence, position, target) triple is **scored** when the batch's ``mask`` is True at the
   position and the target is not :data:`IGNORE_INDEX`;
-- **loss** is the mean cross-entropy over scored triples; **accuracy** the share of scored
+- **loss** is the mean cross-entropy over scored triples (the differentiable training loss,
+  :func:`~mhainterp.model.loss.mean_loss`, and :data:`IGNORE_INDEX` live below the model, in
+  :mod:`mhainterp.model.loss`, for its ``return_type="loss"``); **accuracy** the share of scored
   triples whose argmax logit is the target; ``accuracy/<target>`` the same per target.
 
 Shapes: C copies (ablation configurations), n sequences, T positions, k targets, V classes.
@@ -32,14 +34,15 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from mhainterp.model.loss import IGNORE_INDEX
+from mhainterp.validation import ParameterError
+
 __all__ = [
     "FORWARD_MEMORY_BUDGET",
-    "IGNORE_INDEX",
     "OUTPUT_KINDS",
     "CleanOutputMetric",
     "PositionScores",
     "Totals",
-    "mean_loss",
     "metric_names",
     "position_scores",
     "scored_positions",
@@ -50,9 +53,6 @@ __all__ = [
     "rows_for_outputs",
     "totals",
 ]
-
-IGNORE_INDEX = -100
-"""Target value at unscored positions (``torch.nn.functional.cross_entropy``'s ``ignore_index``)."""
 
 
 def scored_positions(
@@ -136,7 +136,9 @@ class Totals:
         """
         n_scored = float(self.scored.sum())
         if n_scored == 0:
-            raise ValueError("the batch has no scored positions (mask is all False)")
+            raise ParameterError(
+                "mask is invalid: at least one scored position, got none (it is all False)"
+            )
         rows = []
         for c in range(self.loss_sum.shape[0]):
             row = {
@@ -164,33 +166,6 @@ def totals(scores: PositionScores) -> Totals:
 def metric_names(target_names: Sequence[str] = ()) -> list[str]:
     """``["loss", "accuracy", "accuracy/<name>"...]``: the metric columns of every table."""
     return ["loss", "accuracy", *(f"accuracy/{name}" for name in target_names)]
-
-
-def mean_loss(
-    logits: Float[Tensor, "n T *k V"],
-    targets: Int[Tensor, "n T *k"],
-    mask: Bool[Tensor, "n T"] | None = None,
-) -> Float[Tensor, ""]:
-    """Mean cross-entropy over scored triples (differentiable; the training loss).
-
-    ``mask=None`` scores every position whose target is not :data:`IGNORE_INDEX`.
-    """
-    if not isinstance(targets, Tensor) or targets.is_floating_point():
-        raise ValueError(
-            f"targets must be an integer tensor of class ids ({IGNORE_INDEX} = ignore)"
-        )
-    if targets.numel() != logits[..., 0].numel():
-        raise ValueError(
-            f"targets of shape {tuple(targets.shape)} do not match logits "
-            f"{tuple(logits.shape)}: expected {tuple(logits.shape[:-1])}"
-        )
-    targets = targets.long().reshape(logits.shape[:-1])
-    if mask is not None:
-        keep = mask if targets.ndim == mask.ndim else mask[..., None]
-        targets = targets.masked_fill(~keep.expand_as(targets), IGNORE_INDEX)
-    return F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX
-    )
 
 
 # ----------------------------------------------------------------------------- real models

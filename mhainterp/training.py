@@ -370,7 +370,7 @@ def _train(
     eval_metrics["status"] = "finished"
     saved = None
     if run_dir is not None:
-        saved = save_run(run_dir, model, task, config, metrics_df, eval_metrics)
+        saved = save_run(model, task, run_dir, config, metrics_df, eval_metrics)
     return Run(saved, model, task, model.cfg, config, metrics_df, eval_metrics)
 
 
@@ -396,23 +396,39 @@ def _diverged(
     model.eval()
     if run_dir is not None:
         status = {"status": "diverged", "message": message, "last_good_step": good_step}
-        save_run(run_dir, model, task, config, pd.DataFrame(rows), status)
+        save_run(model, task, run_dir, config, pd.DataFrame(rows), status)
         message += f" Last good weights saved in {run_dir}."
     raise TrainingDivergedError(message)
 
 
 def save_run(
-    run_dir: str | os.PathLike[str],
     model: HookedMHATransformer,
     task: Task,
+    run_dir: str | os.PathLike[str],
     train_config: TrainConfig,
     metrics: pd.DataFrame,
     eval_metrics: dict[str, Any],
 ) -> Path:
-    """Write a run folder atomically, file by file, with ``eval.json`` last.
+    """Write ``model``'s run folder ``run_dir`` atomically, file by file, ``eval.json`` last.
 
-    ``model.safetensors`` carries the :data:`ARCHITECTURE_FIELDS` in its metadata.
+    ``config.json`` records the configs and the task (by name and module, never as code);
+    ``model.safetensors`` carries the :data:`ARCHITECTURE_FIELDS` in its metadata; ``metrics``
+    is the training curve (an empty frame keeps the header), ``eval_metrics`` the final
+    evaluation and status. Returns ``run_dir`` as a ``Path``.
+
+    Example:
+        >>> import tempfile
+        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.tasks import get_task
+        >>> model = handbuilt_model(["previous", "dead"], d_head=18)
+        >>> task = get_task("previous_token", seq_len=16, d_vocab=10)
+        >>> with tempfile.TemporaryDirectory() as folder:
+        ...     run = save_run(model, task, Path(folder, "run"), TrainConfig(), pd.DataFrame(), {})
+        ...     sorted(path.name for path in run.iterdir())
+        ['config.json', 'eval.json', 'metrics.csv', 'model.safetensors']
     """
+    if not isinstance(model, HookedMHATransformer):
+        raise invalid("model", model, "a HookedMHATransformer: save_run(model, task, run_dir, ...)")
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / "config.json", run_config(model, task, train_config))
@@ -483,6 +499,12 @@ def run_folder_state(
     return "same unfinished"
 
 
+def _saved_config(run_dir: str | os.PathLike[str]) -> Any:
+    """``run_dir/config.json`` in the current format (:func:`~mhainterp.runs.migrate_config`)."""
+    saved = read_json(Path(run_dir) / "config.json")
+    return migrate_config(saved) if isinstance(saved, dict) else saved
+
+
 def saved_config_matches(
     run_dir: str | os.PathLike[str],
     model: HookedMHATransformer | ModelConfig,
@@ -492,7 +514,7 @@ def saved_config_matches(
     """Whether ``run_dir/config.json`` records this run (its model, train and task sections;
     False when it cannot be read)."""
     try:
-        saved = read_json(Path(run_dir) / "config.json")
+        saved = _saved_config(run_dir)
     except (OSError, ValueError):
         return False
     wanted = json.loads(json.dumps(run_config(model, task, train_config), default=list))
@@ -509,7 +531,7 @@ def run_config_differences(
     """How the run saved in ``run_dir`` differs from this one, for messages
     (``"task: 'reverse' there, 'sort' here; model.n_heads: 8 there, 4 here"``)."""
     try:
-        saved = read_json(Path(run_dir) / "config.json")
+        saved = _saved_config(run_dir)
     except (OSError, ValueError) as error:
         return f"its config.json cannot be read: {error}"
     if not isinstance(saved, dict):

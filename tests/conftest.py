@@ -1,10 +1,19 @@
-"""Shared test settings.
+"""Shared test settings and fixtures.
 
 The models under test are tiny: on a 2-core machine torch's default of 2 threads makes their
 small matmuls several times slower (thread hand-off dominates), so tests run single-threaded.
+
+``tiny_sweep`` is the one small trained sweep that the folder, reliability and report-kill
+tests read (trained once per session): copy it (``shutil.copytree``) before writing into it.
 """
 
+import time
+from pathlib import Path
+
 import torch
+
+from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.sweep import run_sweep
 
 torch.set_num_threads(1)
 
@@ -63,3 +72,35 @@ def user_task_file(tmp_path):
 def user_task_source() -> str:
     """The source of :func:`user_task_file` (a module that defines and registers two_back)."""
     return USER_TASK_SOURCE
+
+
+# ----- one small trained sweep, shared (read only) -----------------------------------------------
+TINY_SWEEP = SweepConfig(
+    task="reverse",
+    task_params={"seq_len": 6, "d_vocab": 4},
+    n_heads=[1, 2],
+    seeds=[0, 1],
+    model={"d_model": 8},
+    train=TrainConfig(steps=12, batch_size=8, warmup_steps=2, log_every=4, n_eval=32),
+)
+"""Two head counts x two seeds of reverse, 12 steps: the runs ``h1_seed0 .. h2_seed1``."""
+
+
+@pytest.fixture(scope="session")
+def _tiny_sweep_timed(tmp_path_factory) -> tuple[Path, float]:
+    out = tmp_path_factory.mktemp("tiny_sweep") / "rev"  # its parent folder is a study
+    start = time.perf_counter()
+    run_sweep(TINY_SWEEP, out, executor="local", progress=False)
+    return out, time.perf_counter() - start
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(_tiny_sweep_timed) -> Path:
+    """The sweep folder of :data:`TINY_SWEEP`, trained once (read only: copy it to write)."""
+    return _tiny_sweep_timed[0]
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep_seconds(_tiny_sweep_timed) -> float:
+    """How long training :data:`TINY_SWEEP` took here (where a kill can land)."""
+    return _tiny_sweep_timed[1]

@@ -15,9 +15,10 @@ from mhainterp.ablation import (
     METHODS,
     Ablator,
     ablate,
-    ablate_sets,
     ablation_tables,
+    evaluate_head_sets,
     head_importance,
+    head_sets_table,
     pairwise_ablation,
     resolve_heads,
 )
@@ -121,8 +122,9 @@ def test_both_previous_heads_destroy_accuracy(model, batch):
     assert ablator.evaluate()["accuracy"] == pytest.approx(expected, abs=1e-12)
 
 
-def test_ablate_sets_known_answers(model, batch):
-    table = ablate_sets(model, batch, [[PREV_A, PREV_B], [UNIFORM], [], "L0H2,L0H0"], "zero")
+def test_head_sets_table_known_answers(model, batch):
+    result = evaluate_head_sets(model, batch, [[PREV_A, PREV_B], [UNIFORM], [], "L0H2,L0H0"])
+    table = head_sets_table(result)
     assert table["heads"].tolist() == ["L0H0,L0H2", "L0H1", "", "L0H0,L0H2"]
     assert table["n_ablated"].tolist() == [2, 1, 0, 2]
     assert table.loc[0, "accuracy"] == pytest.approx(uniform_only_accuracy(batch), abs=1e-12)
@@ -132,9 +134,12 @@ def test_ablate_sets_known_answers(model, batch):
         joint = evaluate(model, batch)
     assert table.loc[3, "loss"] == pytest.approx(joint["loss"], abs=1e-5)
     with pytest.raises(TypeError, match="head_sets must be a list of head sets"):
-        ablate_sets(model, batch, "L0H0")
+        evaluate_head_sets(model, batch, "L0H0")
     with pytest.raises(ValueError, match="L0H9"):
-        ablate_sets(model, batch, [["L0H9"]])
+        evaluate_head_sets(model, batch, [["L0H9"]])
+    no_clean = evaluate_head_sets(model, batch, [[UNIFORM]])
+    with pytest.raises(ValueError, match=r"result=.*'L0H1'.* is invalid: .*include the clean"):
+        head_sets_table(no_clean)
 
 
 def test_pairwise_shows_backup(model, batch):

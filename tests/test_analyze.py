@@ -46,9 +46,9 @@ def handbuilt_run(tmp_path):
     run_dir = tmp_path / "sweep" / "runs" / "h3_seed0"
     metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
     save_run(
-        run_dir,
         model,
         task,
+        run_dir,
         TrainConfig(steps=1, warmup_steps=0),
         metrics,
         {"status": "finished", "accuracy": 1.0, "loss": 0.0, "final_train_loss": 0.0},

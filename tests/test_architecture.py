@@ -57,16 +57,10 @@ LAYERS: dict[str, int] = {
 }
 
 # (importer, imported) pairs that break the order today, with why they are tolerated.
-KNOWN_BACK_ARROWS: dict[tuple[str, str], str] = {
-    # The model's return_type="loss" (TransformerLens's API) computes the loss in scoring.
-    ("mhainterp.model.transformer", "mhainterp.scoring"): "TL's return_type='loss'",
-}
+KNOWN_BACK_ARROWS: dict[tuple[str, str], str] = {}
 
 # Module cycles tolerated today (the list only shrinks).
-KNOWN_CYCLES: list[list[str]] = [
-    # run.py starts the executors on use, and they import its RunSpec / execute_run.
-    ["mhainterp.sweep.executors", "mhainterp.sweep.run"],
-]
+KNOWN_CYCLES: list[list[str]] = []
 
 
 def _module_name(path: Path) -> str:
@@ -224,16 +218,6 @@ PLAIN_VALUE_ERRORS = {
     "fast/stacked_params.py": (1, "the flat parameter layout disagrees with itself (invariant)"),
     "specialization/where/roles.py": (1, "output_ratio asked of sums captured without outputs"),
     "tasks/registry.py": (2, "a saved folder names a task whose module is not loaded"),
-    # Not converted yet (owned by other passes of issue 17 item 3); lower these as they are:
-    "ablation/engine.py": (3, "not converted yet"),
-    "ablation/tables.py": (1, "not converted yet"),
-    "capture/core.py": (1, "not converted yet"),
-    "capture/patterns.py": (4, "not converted yet"),
-    "capture/statistics.py": (1, "not converted yet"),
-    "cli/train.py": (1, "not converted yet"),
-    "data.py": (3, "not converted yet"),
-    "runs.py": (1, "not converted yet"),
-    "scoring.py": (3, "not converted yet"),
 }
 
 

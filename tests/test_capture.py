@@ -29,6 +29,7 @@ from mhainterp.figures.patterns import plot_average_patterns, plot_example_patte
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.model import HookedMHATransformer
 from mhainterp.tasks import first_position_template, get_task
+from mhainterp.validation import ParameterError
 
 T, V = 16, 10
 # Mean over queries q = 1..T-1 of 1 / (q + 1): a causal uniform head's weight on any one key.
@@ -90,7 +91,7 @@ def test_template_mass_accumulator_by_hand():
     assert_close(mass.mean("t"), torch.tensor([[1.9 / 3, 0.0]], dtype=torch.float64))
     mass.add(patterns, {"u": template}, torch.zeros(1, 3).bool())
     assert mass.counts["u"] == 0.0 and bool(mass.mean("u").isnan().all())  # nothing counted
-    with pytest.raises(ValueError, match="relation 't' has shape"):
+    with pytest.raises(ParameterError, match=r"relations\['t'\] is invalid: \[batch, q, k\]"):
         mass.add_template("t", patterns, template[:, :2], torch.ones(1, 3).bool())
 
 
@@ -254,7 +255,7 @@ def test_bad_inputs(model, task):
         average_patterns(model, task, torch.ones(4, T, dtype=torch.bool))
     with pytest.raises(ValueError, match="batch_size"):
         average_patterns(model, task.eval_batch(4), batch_size=0)
-    with pytest.raises(ValueError, match=r"relation 'bad'"):
+    with pytest.raises(ValueError, match=r"relations\['bad'\] is invalid"):
         head_statistics(model, task.eval_batch(4), relations={"bad": torch.ones(4, T, T - 1)})
     with pytest.raises(ValueError, match="index=7"):
         example_patterns(model, task.eval_batch(4), index=7)

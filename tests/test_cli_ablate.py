@@ -29,7 +29,7 @@ def ablate_command(monkeypatch):
 def make_run(path, model, task):
     metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
     eval_metrics = {**evaluate(model, task, n_eval=128), "status": "finished"}
-    return str(save_run(path, model, task, TrainConfig(), metrics, eval_metrics))
+    return str(save_run(model, task, path, TrainConfig(), metrics, eval_metrics))
 
 
 @pytest.fixture(scope="module")

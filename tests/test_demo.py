@@ -10,6 +10,7 @@ import pytest
 
 import mhainterp.analyze
 import mhainterp.demo
+import mhainterp.figures.saved
 import mhainterp.report
 import mhainterp.specialization
 from mhainterp.cli import main
@@ -49,6 +50,8 @@ def test_demo_plan_sweeps_and_analyses_each_task_then_specializes_then_reports(
     monkeypatch.setattr(mhainterp.demo, "run_sweep_with_figures", sweep)
     monkeypatch.setattr(mhainterp.analyze, "analyze_run", analyze)
     monkeypatch.setattr(mhainterp.specialization, "specialize_folder", specialize)
+    figures = lambda path: calls.append(("figures", Path(path))) or []  # noqa: E731
+    monkeypatch.setattr(mhainterp.figures.saved, "save_folder_figures", figures)
     monkeypatch.setattr(mhainterp.report, "write_report", report)
     out = tmp_path / "quick"
     args = ["demo", "--out", str(out), "--steps", "8", "--seeds", "0,1", "--n-heads", "1,2"]
@@ -69,6 +72,7 @@ def test_demo_plan_sweeps_and_analyses_each_task_then_specializes_then_reports(
         ("analyze", runs["reverse"] / "h2_seed0", runs["reverse"] / "h1_seed0"),
         # The report only reads, so the specialization results are saved first.
         ("specialize", out),
+        ("figures", out),  # drawn beside the tables: the report only embeds them
         ("report", out),
     ]
     printed = capsys.readouterr().out
@@ -84,6 +88,7 @@ def test_demo_defaults_are_the_readme_protocol(tmp_path, monkeypatch):
         lambda config, out, executor, progress: seen.append(config) or _Summary(config.task),
     )
     monkeypatch.setattr(mhainterp.specialization, "specialize_folder", lambda *a, **k: [])
+    monkeypatch.setattr(mhainterp.figures.saved, "save_folder_figures", lambda path: [])
     monkeypatch.setattr(mhainterp.report, "write_report", lambda *a, **k: (Path(), Path()))
     mhainterp.demo.run_demo(tmp_path, analysis=False, executor="local", progress=False)
     assert [c.task for c in seen] == ["count_previous", "reverse"]

@@ -256,7 +256,7 @@ def _run_folder(path):
     model = handbuilt_model(["previous", "uniform", "dead"], d_head=18)
     metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
     saved = {**evaluate(model, task, n_eval=64), "status": "finished"}
-    return save_run(path, model, task, TrainConfig(steps=1), metrics, saved)
+    return save_run(model, task, path, TrainConfig(steps=1), metrics, saved)
 
 
 def test_specialize_command_saves_the_division_and_the_report_shows_it(tmp_path, capsys):

@@ -215,3 +215,24 @@ def test_a_clean_cache_shared_by_methods_changes_no_result():
         assert torch.equal(alone.scores.correct, shared.scores.correct)
         assert torch.equal(alone.scores.nll, shared.scores.nll)
     assert cache.donor_z is not None and len(cache.prefixes) == 1
+
+
+def test_the_methods_share_the_clean_row_and_the_clean_z():
+    from mhainterp.ablation.engine import CleanCache
+    from mhainterp.specialization.whom import profiles
+
+    model = split_heads_model([("target", [0, 1, 2, 3]), ("all", None)])
+    batch, configs, cache = split_batch(64), profiles.build_configs(1, 2), CleanCache()
+    primary, _ = profiles.run_pass(model, batch, configs.head_sets, "mean", cache=cache)
+    rows = profiles.basis_rows(configs, "single")
+    for method in ("zero", "resample"):
+        alone = profiles.run_rows(model, batch, configs, rows, method)
+        shared = profiles.run_rows(model, batch, configs, rows, method, cache, clean_from=primary)
+        assert torch.equal(alone.correct[rows], shared.correct[rows])
+        assert torch.allclose(alone.nll[rows], shared.nll[rows])
+        assert shared.correct[configs.layer].isnan().all()  # rows not run stay NaN
+    # The write norms from the cached z of the whole batch equal those from a forward.
+    first = batch[:16]
+    from_cache = profiles.write_norms(model, first, cache.donor_z)
+    assert torch.allclose(from_cache, profiles.write_norms(model, first))
+    assert (from_cache > 0).all()

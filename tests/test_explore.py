@@ -29,7 +29,7 @@ N_EVAL = 256
 def make_run(path, model, task):
     metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
     eval_metrics = {**evaluate(model, task, n_eval=N_EVAL), "status": "finished"}
-    return save_run(path, model, task, TrainConfig(seed=model.cfg.seed), metrics, eval_metrics)
+    return save_run(model, task, path, TrainConfig(seed=model.cfg.seed), metrics, eval_metrics)
 
 
 @pytest.fixture(scope="module")

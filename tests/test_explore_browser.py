@@ -68,7 +68,7 @@ def run_dir(tmp_path_factory, task):
     path = tmp_path_factory.mktemp("explore") / "h3_seed0"
     metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
     eval_metrics = {**evaluate(model, task), "status": "finished"}
-    save_run(path, model, task, TrainConfig(), metrics, eval_metrics)
+    save_run(model, task, path, TrainConfig(), metrics, eval_metrics)
     cached_specialization(path, SpecializationSettings())  # what `mhainterp specialize` saves
     # A division-of-labour table in the shape DESIGN.md gives (the explorer only reads it).
     division = pd.DataFrame(
@@ -307,7 +307,7 @@ def test_sweep_picker_switches_runs(tmp_path, task, page):
     for name, kinds in [("h1_seed0", ["previous"]), ("h3_seed0", ["previous", "uniform", "dead"])]:
         model = handbuilt_model(kinds, d_head=48 if len(kinds) == 1 else 16)
         eval_metrics = {**evaluate(model, task, n_eval=256), "status": "finished"}
-        save_run(sweep / "runs" / name, model, task, TrainConfig(), metrics, eval_metrics)
+        save_run(model, task, sweep / "runs" / name, TrainConfig(), metrics, eval_metrics)
     with ServerThread(build_app(Explorer.from_path(sweep, n_eval=256))) as server:
         driver.get(server.url)
         _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-control="run"]'))

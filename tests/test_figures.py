@@ -433,3 +433,40 @@ def test_division_profiles_of_few_heads_and_many_values_stack_instead_of_a_strip
     assert titles == ["by token", "by position", "by target_class"]
     assert [ax.get_ylabel() for ax in _data_axes(fig)] == ["head"] * 3
     plt.close(fig)
+
+
+# ----------------------------------------------------------------------------- signatures
+
+PATH_PARAMETERS = {"path", "png_path", "out_dir", "folder", "analysis_dir", "sweep_dir"}
+
+
+def test_every_figure_saver_takes_the_data_first_then_the_path():
+    """Issue 17 item 8: every public ``save_*`` / ``plot_*`` (and the ``*_figures`` planners)
+    of mhainterp.figures takes what it draws first, then where it goes, then keywords."""
+    import importlib
+    import inspect
+    import pkgutil
+
+    import mhainterp.figures
+
+    seen = {}
+    for info in pkgutil.iter_modules(mhainterp.figures.__path__):
+        module = importlib.import_module(f"mhainterp.figures.{info.name}")
+        for name in getattr(module, "__all__", []):
+            function = getattr(module, name)
+            if not inspect.isfunction(function) or not (
+                name.startswith(("save_", "plot_")) or name.endswith("_figures")
+            ):
+                continue
+            parameters = list(inspect.signature(function).parameters.values())
+            positional = [p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
+            seen[name] = positional
+    # A path comes after the data it saves; only a saver of saved results (which reads the
+    # folder itself) takes a path alone.
+    path_first = {n: ps for n, ps in seen.items() if ps and ps[0] in PATH_PARAMETERS}
+    assert path_first == {"save_folder_figures": ["path"]}, f"path before the data: {path_first}"
+    assert seen["save_division_figures"] == ["result", "folder"]
+    assert seen["save_specialization_figures"] == ["result", "out_dir"]
+    assert seen["save_ablation_figures"] == ["tables", "out_dir"]
+    assert seen["save_figure"][:3] == ["fig", "png_path", "data"]
+    assert seen["plot_roles_vs_null"] == ["roles", "path"]

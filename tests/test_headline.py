@@ -82,3 +82,54 @@ def test_a_lone_previous_head_keeps_its_headline_under_every_gate(task):
     assert table.attrs["headline"].startswith("cannot tell")
     assert len(table) == len(gate_perturbations(settings)) and not table["changed"].any()
     assert headline_summary(table)["share_labels_changed"] == 0.0
+
+
+def _run_folder(path, heads):
+    from mhainterp.config import TrainConfig
+    from mhainterp.training import evaluate, save_run
+
+    task = get_task("previous_token", seq_len=16, d_vocab=10)
+    model = handbuilt_model(heads, d_head=18)
+    metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
+    saved = {**evaluate(model, task, n_eval=64), "status": "finished"}
+    return save_run(path, model, task, TrainConfig(steps=1), metrics, saved)
+
+
+def test_specialize_prints_the_headline_stability_when_asked(tmp_path, capsys, monkeypatch):
+    from mhainterp.cli import main
+    from mhainterp.specialization.verdict import headline
+
+    run = _run_folder(tmp_path / "run", ["previous", "dead"])
+    table = pd.DataFrame({"changed": [True, False, False, False], "n_labels": [2] * 4,
+                          "n_labels_changed": [1, 0, 0, 0]})  # fmt: skip
+    asked = []
+
+    def fake(path, settings, *, by, progress):
+        asked.append((path, by, progress))
+        return [(path, table)]
+
+    monkeypatch.setattr(headline, "headline_stability_folder", fake)
+    args = ["specialize", str(run), "--by", "position", "--n-eval", "64", "--quiet"]
+    assert main(args) == 0
+    assert asked == [] and "Headline stability" not in capsys.readouterr().out  # opt-in
+    assert main([*args, "--headline-stability"]) == 0
+    out = capsys.readouterr().out
+    assert asked == [(run, ("position",), False)]
+    assert "  run: 1 of 4 perturbations change the sentence (25%); 12% of labels change" in out
+
+
+@pytest.mark.slow
+def test_headline_stability_folder_saves_the_table_and_the_shares(tmp_path):
+    import json
+
+    from mhainterp.specialization.verdict.headline import HEADLINE_FILE, headline_stability_folder
+
+    run = _run_folder(tmp_path / "run", ["previous", "dead"])
+    settings = SpecializationSettings(n_eval=64, n_permutations=50, n_init=2)
+    [(folder, table)] = headline_stability_folder(run, settings, by=("position",), progress=False)
+    assert folder == run and len(table) == len(gate_perturbations(settings))
+    saved = pd.read_csv(run / "analysis" / HEADLINE_FILE)
+    assert saved["perturbation"].tolist() == table["perturbation"].tolist()
+    summary = json.loads((run / "analysis" / "headline_stability.json").read_text())
+    assert summary["headline"].startswith("cannot tell")
+    assert summary["share_sentences_changed"] == 0.0 and summary["share_labels_changed"] == 0.0

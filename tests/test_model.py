@@ -29,6 +29,7 @@ from mhainterp.model import (
     merge_heads,
     split_heads,
 )
+from mhainterp.validation import ParameterError
 
 D_MODEL, N_HEADS, N_CTX, D_VOCAB = 32, 4, 8, 10
 D_HEAD = D_MODEL // N_HEADS
@@ -678,6 +679,17 @@ def test_loss_mask_applies_to_every_target():
     loss_mask = torch.tensor([[True, True, False]])
     expected = (nll([1, 2, 3, 0], 2) + nll([0, 3, 2, 1], 3) + nll([0, 0, 0, 0], 1)) / 3
     assert model.loss(logits, targets, loss_mask).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_loss_refuses_float_or_misshapen_targets_in_the_one_format():
+    model = make_model(d_vocab_out=4)
+    with pytest.raises(ParameterError, match=r"targets='a torch.float32 tensor' is invalid: an "):
+        model.loss(LOGITS, torch.tensor([[2.0, 1.0, 0.0]]))
+    with pytest.raises(
+        ParameterError,
+        match=r"targets='a tensor of shape \(1, 2\)' is invalid: shape \(1, 3\), matching",
+    ):
+        model.loss(LOGITS, torch.tensor([[2, 1]]))
 
 
 def test_forward_both_returns_logits_and_loss():

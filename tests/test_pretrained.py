@@ -25,9 +25,9 @@ from mhainterp.ablation.engine import ablate, evaluate_head_sets  # noqa: E402
 from mhainterp.capture import attention_patterns  # noqa: E402
 from mhainterp.config import ModelConfig  # noqa: E402
 from mhainterp.model import HookedMHATransformer  # noqa: E402
+from mhainterp.model.loss import IGNORE_INDEX  # noqa: E402
 from mhainterp.pretrained import load_pretrained  # noqa: E402
 from mhainterp.protocol import BridgedModel, check_model, expand_kv_heads  # noqa: E402
-from mhainterp.scoring import IGNORE_INDEX  # noqa: E402
 from mhainterp.tasks import Batch  # noqa: E402
 from mhainterp.tasks.text import stdlib_sentences, text_axes, text_batch, text_relations  # noqa: E402
 from mhainterp.validation import ParameterError  # noqa: E402

@@ -21,26 +21,19 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import TINY_SWEEP
 from safetensors import safe_open
 
 import mhainterp.io as mio
 import mhainterp.training as training
 from mhainterp.cli import main
-from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.config import TrainConfig
 from mhainterp.io import RunLock, RunLockedError, atomic_path, write_csv, write_text
 from mhainterp.runs import is_finished_run, read_results, resolve_run_dir
 from mhainterp.sweep import execute_run, plan_sweep, run_sweep, summarize
 from mhainterp.tasks import get_task
 from mhainterp.training import ARCHITECTURE_FIELDS, build_model, load_run
 
-TINY = SweepConfig(
-    task="reverse",
-    task_params={"seq_len": 6, "d_vocab": 4},
-    n_heads=[1, 2],
-    seeds=[0, 1],
-    model={"d_model": 8},
-    train=TrainConfig(steps=12, batch_size=8, warmup_steps=2, log_every=4, n_eval=32),
-)
 TINY_ARGS = ["--task", "reverse", "--task-param", "seq_len=6", "--task-param", "d_vocab=4",
              "--d-model", "8", "--steps", "10", "--batch-size", "8", "--warmup-steps", "2",
              "--n-eval", "32", "--quiet"]  # fmt: skip
@@ -53,19 +46,6 @@ def _files(folder: Path) -> dict[str, bytes]:
         for p in sorted(folder.rglob("*"))
         if p.is_file() and p.name in training.RUN_FILES
     }
-
-
-SERIAL_SECONDS: list[float] = []  # how long the uninterrupted sweep took: where kills can land
-
-
-@pytest.fixture(scope="module")
-def serial(tmp_path_factory) -> Path:
-    """The uninterrupted sweep every interrupted or concurrent one must equal."""
-    out = tmp_path_factory.mktemp("serial")
-    start = time.perf_counter()
-    run_sweep(TINY, out, executor="local", progress=False)
-    SERIAL_SECONDS.append(time.perf_counter() - start)
-    return out
 
 
 def _one_line(err: str) -> str:
@@ -83,7 +63,7 @@ def test_written_files_honour_the_umask(tmp_path, umask, mode):
         write_csv(tmp_path / "b.csv", pd.DataFrame({"a": [1]}))
         task = get_task("reverse", seq_len=6, d_vocab=4)
         model = build_model(task, d_model=8, n_heads=2)
-        training.save_run(tmp_path / "run", model, task, TrainConfig(), pd.DataFrame(), {})
+        training.save_run(model, task, tmp_path / "run", TrainConfig(), pd.DataFrame(), {})
     finally:
         os.umask(old)
     for path in (tmp_path / "a.txt", tmp_path / "b.csv", tmp_path / "run" / "model.safetensors"):
@@ -119,10 +99,10 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["eval.json"]
 
 
-def test_results_csv_paths_are_relative_and_identical_across_folders(serial, tmp_path):
+def test_results_csv_paths_are_relative_and_identical_across_folders(tiny_sweep, tmp_path):
     other = tmp_path / "elsewhere" / "sweep"
-    table = run_sweep(TINY, other, executor="local", progress=False)
-    assert (other / "results.csv").read_bytes() == (serial / "results.csv").read_bytes()
+    table = run_sweep(TINY_SWEEP, other, executor="local", progress=False)
+    assert (other / "results.csv").read_bytes() == (tiny_sweep / "results.csv").read_bytes()
     stored = pd.read_csv(other / "results.csv")
     assert stored["run_dir"].tolist() == ["runs/h1_seed0", "runs/h1_seed1", "runs/h2_seed0",
                                           "runs/h2_seed1"]  # fmt: skip
@@ -138,9 +118,9 @@ def test_results_csv_paths_are_relative_and_identical_across_folders(serial, tmp
     ]
 
 
-def test_old_tables_with_absolute_or_start_relative_paths_still_resolve(serial, tmp_path):
+def test_old_tables_with_absolute_or_start_relative_paths_still_resolve(tiny_sweep, tmp_path):
     sweep = tmp_path / "old"
-    shutil.copytree(serial, sweep)
+    shutil.copytree(tiny_sweep, sweep)
     table = pd.read_csv(sweep / "results.csv")
     table["run_dir"] = [str(sweep / r) for r in table["run_dir"]]  # absolute, as before
     table.to_csv(sweep / "results.csv", index=False)
@@ -153,9 +133,11 @@ def test_old_tables_with_absolute_or_start_relative_paths_still_resolve(serial, 
 
 
 # ----- 2. weights carry their architecture --------------------------------------------------------
-def test_weights_metadata_repeats_the_architecture_and_load_refuses_a_mismatch(serial, tmp_path):
+def test_weights_metadata_repeats_the_architecture_and_load_refuses_a_mismatch(
+    tiny_sweep, tmp_path
+):
     run = tmp_path / "run"
-    shutil.copytree(serial / "runs" / "h2_seed0", run)
+    shutil.copytree(tiny_sweep / "runs" / "h2_seed0", run)
     with safe_open(str(run / "model.safetensors"), "pt") as weights:
         saved = json.loads(weights.metadata()["mhainterp.model"])
     assert sorted(saved) == sorted(ARCHITECTURE_FIELDS)
@@ -171,11 +153,13 @@ def test_weights_metadata_repeats_the_architecture_and_load_refuses_a_mismatch(s
     assert str(run / "config.json") in str(error.value)
 
 
-def test_old_weights_without_metadata_load_and_warn_when_nothing_can_be_checked(serial, tmp_path):
+def test_old_weights_without_metadata_load_and_warn_when_nothing_can_be_checked(
+    tiny_sweep, tmp_path
+):
     from safetensors.torch import load_file, save_file
 
     run = tmp_path / "run"
-    shutil.copytree(serial / "runs" / "h2_seed0", run)
+    shutil.copytree(tiny_sweep / "runs" / "h2_seed0", run)
     save_file(load_file(run / "model.safetensors"), run / "model.safetensors")  # no metadata
     assert load_run(run).model.cfg.n_heads == 2  # checked by eval.json's loss: no warning
     # a run saved by hand (save_run with metrics of one's own): no status, no loss
@@ -308,20 +292,20 @@ def _fork(body) -> int:
     return pid
 
 
-def test_sigkilled_sweep_resumes_to_byte_identical_files(serial, tmp_path):
+def test_sigkilled_sweep_resumes_to_byte_identical_files(tiny_sweep, tiny_sweep_seconds, tmp_path):
     rng = random.Random(12)
     out = tmp_path / "killed"
     delays = []
     for _ in range(3):
-        delay = rng.uniform(0.0, min(1.0, SERIAL_SECONDS[0]))  # from start to about the end
+        delay = rng.uniform(0.0, min(1.0, tiny_sweep_seconds))  # from start to about the end
         delays.append(round(delay, 3))
-        pid = _fork(lambda: run_sweep(TINY, out, executor="local", progress=False))
+        pid = _fork(lambda: run_sweep(TINY_SWEEP, out, executor="local", progress=False))
         time.sleep(delay)
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-    run_sweep(TINY, out, executor="local", progress=False)
-    assert _files(out) == _files(serial), f"kill delays {delays}"
-    assert (out / "results.csv").read_bytes() == (serial / "results.csv").read_bytes()
+    run_sweep(TINY_SWEEP, out, executor="local", progress=False)
+    assert _files(out) == _files(tiny_sweep), f"kill delays {delays}"
+    assert (out / "results.csv").read_bytes() == (tiny_sweep / "results.csv").read_bytes()
     # a kill mid-write leaves a temp file; the resumed sweep removes those of its runs
     leftovers = [p.name for p in (out / "runs").rglob("*.tmp")]
     assert leftovers == [], leftovers
@@ -385,9 +369,9 @@ def test_a_lock_held_by_another_process_is_refused_and_freed_when_it_is_killed(t
 
 
 @pytest.mark.parametrize("holder", ["finishes", "is killed"])
-def test_sweep_skips_a_run_another_process_holds_then_waits(serial, tmp_path, holder):
+def test_sweep_skips_a_run_another_process_holds_then_waits(tiny_sweep, tmp_path, holder):
     out = tmp_path / "shared"
-    spec = next(s for s in plan_sweep(TINY, out) if s.run_dir.name == "h1_seed0")
+    spec = next(s for s in plan_sweep(TINY_SWEEP, out) if s.run_dir.name == "h1_seed0")
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
     then = (lambda: execute_run(spec)) if holder == "finishes" else None
@@ -395,7 +379,7 @@ def test_sweep_skips_a_run_another_process_holds_then_waits(serial, tmp_path, ho
     os.read(ready_r, 1)
     results: list[pd.DataFrame] = []
     sweep = threading.Thread(
-        target=lambda: results.append(run_sweep(TINY, out, executor="local", progress=False))
+        target=lambda: results.append(run_sweep(TINY_SWEEP, out, executor="local", progress=False))
     )
     sweep.start()
     log = out / "sweep.log"
@@ -422,8 +406,8 @@ def test_sweep_skips_a_run_another_process_holds_then_waits(serial, tmp_path, ho
     if holder == "is killed":  # its run was left unfinished: this sweep trained it
         expected = ["h1_seed0", *expected]
     assert sorted(trained_here) == expected
-    assert _files(out) == _files(serial)
-    assert (out / "results.csv").read_bytes() == (serial / "results.csv").read_bytes()
+    assert _files(out) == _files(tiny_sweep)
+    assert (out / "results.csv").read_bytes() == (tiny_sweep / "results.csv").read_bytes()
     for fd in (ready_r, ready_w, go_r, go_w):
         os.close(fd)
 
@@ -466,13 +450,13 @@ def test_describe_os_error_says_what_happened():
     )
 
 
-def test_a_resumed_sweep_removes_the_temp_files_a_killed_write_left(serial, tmp_path):
+def test_a_resumed_sweep_removes_the_temp_files_a_killed_write_left(tiny_sweep, tmp_path):
     stale = tmp_path / "runs" / "h2_seed1" / ".model.safetensors.dead0000.tmp"
     stale.parent.mkdir(parents=True)
     stale.write_bytes(b"\0" * 10)  # what SIGKILL mid-write leaves: no finally ran
-    run_sweep(TINY, tmp_path, executor="local", progress=False)
+    run_sweep(TINY_SWEEP, tmp_path, executor="local", progress=False)
     assert not stale.exists()
-    assert _files(tmp_path) == _files(serial)
+    assert _files(tmp_path) == _files(tiny_sweep)
 
 
 def test_train_into_a_run_another_process_is_writing_is_refused(tmp_path, capsys):
@@ -494,14 +478,14 @@ def test_train_into_a_run_another_process_is_writing_is_refused(tmp_path, capsys
 
 
 # ----- issue 21: foreign runs, read-only sweeps --------------------------------------------------
-def test_a_copied_run_of_another_seed_is_refused_not_adopted(serial, tmp_path, capsys):
+def test_a_copied_run_of_another_seed_is_refused_not_adopted(tiny_sweep, tmp_path, capsys):
     out = tmp_path / "sweep"
-    shutil.copytree(serial, out)
+    shutil.copytree(tiny_sweep, out)
     shutil.rmtree(out / "runs" / "h2_seed1")
-    shutil.copytree(serial / "runs" / "h2_seed0", out / "runs" / "h2_seed1")  # says seed 0
+    shutil.copytree(tiny_sweep / "runs" / "h2_seed0", out / "runs" / "h2_seed1")  # says seed 0
     before = _files(out)
     with pytest.raises(training.RunFolderError) as error:
-        run_sweep(TINY, out, executor="local", progress=False)
+        run_sweep(TINY_SWEEP, out, executor="local", progress=False)
     message = str(error.value)
     assert str(out / "runs" / "h2_seed1") in message and "holds another run" in message
     assert "model.seed: 0 there, 1 here" in message, message
@@ -510,14 +494,14 @@ def test_a_copied_run_of_another_seed_is_refused_not_adopted(serial, tmp_path, c
 
 @pytest.mark.slow  # two full reports as another user (8 s); CI runs it
 def test_a_read_only_sweep_with_every_result_saved_reports_elsewhere_untouched(
-    serial, tmp_path, capsys
+    tiny_sweep, tmp_path, capsys
 ):
     import tempfile
 
     base = Path(tempfile.mkdtemp(prefix="mhainterp-ro-"))  # in /tmp: every user can reach it
     base.chmod(0o755)
     sweep, out = base / "sweep", base / "report"
-    shutil.copytree(serial, sweep)
+    shutil.copytree(tiny_sweep, sweep)
     args = ["--n-eval", "16", "--quiet"]
     assert main(["report", str(sweep), *args, "--out", str(out)]) == 0  # every result saved
     shutil.rmtree(out)

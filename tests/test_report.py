@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -15,6 +17,7 @@ import pytest
 from mhainterp.cli import report as report_cli
 from mhainterp.cli import specialize as specialize_cli
 from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.figures.saved import save_folder_figures
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.io import read_json
 from mhainterp.render import format_value
@@ -32,13 +35,16 @@ from mhainterp.sweep import run_sweep, summarize
 from mhainterp.tasks import get_task
 from mhainterp.training import evaluate, save_run
 
-N_SEQUENCES = 48
+N_SEQUENCES = 32
 TASKS = ("count_previous", "multi_relation")
+BY = ("position",)
+"""The division of labour's axes here: one keeps its heatmaps (the slowest figures) small."""
 
 
 @pytest.fixture(scope="module")
 def sweeps(tmp_path_factory):
-    """Two tiny trained sweeps (h = 1, 2; seeds 0, 1; 20 steps) in one folder."""
+    """Two tiny trained sweeps (h = 1, 2; seeds 0, 1; 10 steps) in one folder: a report needs
+    their tables, not well-trained models."""
     root = tmp_path_factory.mktemp("sweeps")
     for task in TASKS:
         config = SweepConfig(
@@ -47,15 +53,16 @@ def sweeps(tmp_path_factory):
             n_heads=[1, 2],
             seeds=[0, 1],
             model={"d_model": 16, "n_layers": 1},
-            train=TrainConfig(steps=20, batch_size=16, warmup_steps=2, n_eval=64, log_every=5),
+            train=TrainConfig(steps=10, batch_size=16, warmup_steps=2, n_eval=64, log_every=5),
         )
-        run_sweep(config, root / task, progress=False)
+        run_sweep(config, root / task, executor="local", progress=False)  # no process pool
     return root
 
 
 @pytest.fixture(scope="module")
 def report(sweeps):
-    specialize_folder(sweeps, n_eval=N_SEQUENCES, progress=False)  # the report only reads
+    specialize_folder(sweeps, n_eval=N_SEQUENCES, progress=False, by=BY)  # the report reads
+    save_folder_figures(sweeps)  # and embeds
     md, html = write_report(sweeps, n_eval=N_SEQUENCES)
     return md.read_text(encoding="utf-8"), html.read_text(encoding="utf-8")
 
@@ -150,6 +157,13 @@ def test_report_computes_nothing_and_says_what_is_missing(sweeps, tmp_path):
     md = md_path.read_text(encoding="utf-8")
     assert f"Not in this report: {sweep} has no saved sweep-level specialization results" in md
     assert f"`mhainterp specialize {sweep}`" in md
+    # Nor does it draw: the figures that are not there are named, with the command.
+    assert (
+        "Figures not drawn yet: head_count_accuracy.png, training_curves.png. Draw them with "
+        f"`mhainterp specialize {sweep}`"
+    ) in md
+    assert sorted(p.name for p in sweep.iterdir()) == ["report.html", "report.md", "results.csv",
+                                                       "sweep.json"]  # fmt: skip
     # The seed table and its tests are computed and saved by the sweep summary, not here.
     assert f"Not in this report: {sweep} has no saved seed table" in md
     assert not (sweep / "specialization_notes.json").exists()
@@ -216,7 +230,8 @@ def test_a_result_missing_a_table_is_recomputed_not_misread(sweeps, tmp_path):
 
 def test_run_report(sweeps, tmp_path):
     run_dir = sweeps / "multi_relation" / "runs" / "h2_seed1"
-    specialize_folder(run_dir, n_eval=N_SEQUENCES, progress=False)
+    specialize_folder(run_dir, n_eval=N_SEQUENCES, progress=False, by=BY)
+    save_folder_figures(run_dir)
     md_path, html_path = write_report(run_dir, tmp_path, n_eval=N_SEQUENCES)
     md = md_path.read_text(encoding="utf-8")
     result = cached_specialization(run_dir, SpecializationSettings(n_eval=N_SEQUENCES))
@@ -241,7 +256,9 @@ def _cli(argv: list[str]) -> int:
 
 def test_specialize_command_prints_the_verdict(sweeps, capsys):
     run_dir = sweeps / "count_previous" / "runs" / "h1_seed1"
-    code = _cli(["specialize", str(run_dir), "--n-eval", str(N_SEQUENCES), "--quiet"])
+    code = _cli(
+        ["specialize", str(run_dir), "--n-eval", str(N_SEQUENCES), "--quiet", "--by", ",".join(BY)]
+    )
     out = capsys.readouterr().out
     assert code == 0
     saved = read_json(run_dir / "analysis" / "specialization.json")
@@ -259,6 +276,8 @@ def test_report_command_writes_both_files(sweeps, tmp_path, capsys):
             "--n-eval",
             str(N_SEQUENCES),
             "--quiet",
+            "--by",
+            ",".join(BY),
         ]
     )
     assert code == 0
@@ -272,8 +291,8 @@ def test_run_report_shows_groups_tested_as_a_whole(tmp_path):
     model = handbuilt_model(["previous"] * 3, d_head=18)
     metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
     saved = {**evaluate(model, task, n_eval=64), "status": "finished"}
-    save_run(tmp_path / "run", model, task, TrainConfig(steps=1), metrics, saved)
-    specialize_folder(tmp_path / "run", n_eval=64, progress=False)
+    save_run(model, task, tmp_path / "run", TrainConfig(steps=1), metrics, saved)
+    specialize_folder(tmp_path / "run", n_eval=64, progress=False, by=())  # groups only
     md_path, html_path = write_report(tmp_path / "run", tmp_path / "report", n_eval=64)
     md = md_path.read_text(encoding="utf-8")
     assert "Groups of three or more heads" in md
@@ -296,3 +315,34 @@ def test_report_reads_as_a_document(report):
     assert (
         first.startswith("- count_previous: h=1 (1 head, 2 seeds): ") and " h=2 (2 heads, " in first
     )
+
+
+def test_run_report_shows_the_saved_headline_stability_and_refuses_a_damaged_one(sweeps, tmp_path):
+    """The headline stability (opt-in, ``specialize --headline-stability``) is read from its
+    saved files: the counts of the table, the perturbations that changed the sentence."""
+    divided = "divided by position"
+    run_dir = tmp_path / "h2_seed1"
+    shutil.copytree(sweeps / "multi_relation" / "runs" / "h2_seed1", run_dir)
+    specialize_folder(run_dir, n_eval=N_SEQUENCES, progress=False, by=BY)
+    table = pd.DataFrame(
+        {
+            "perturbation": ["min_effect x 0.8", "min_effect x 1.25", "method zero", "n_eval x 2"],
+            "headline": [divided, "nothing divided", divided, divided],
+            "changed": [False, True, False, False],
+            "n_labels": [2, 2, 2, 2],
+            "n_labels_changed": [0, 1, 0, 0],
+            "share_labels_changed": [0.0, 0.5, 0.0, 0.0],
+        }
+    )  # fmt: skip
+    analysis = run_dir / "analysis"
+    table.to_csv(analysis / "headline_stability.csv", index=False)
+    summary = {"headline": divided, "n_perturbations": 4,
+               "share_sentences_changed": 0.25, "share_labels_changed": 0.125}  # fmt: skip
+    (analysis / "headline_stability.json").write_text(json.dumps(summary))
+    md = write_report(run_dir, tmp_path / "report", n_eval=N_SEQUENCES)[0].read_text()
+    assert "the verdict sentence changes in 1 of 4 (25%); 12% of head labels change." in md
+    assert "| min_effect x 1.25 | nothing divided |" in md
+    assert "| method zero |" not in md  # unchanged perturbations are counted, not listed
+    table.drop(columns="changed").to_csv(analysis / "headline_stability.csv", index=False)
+    with pytest.raises(ValueError, match=r"headline_stability\.csv lacks the column\(s\) changed"):
+        write_report(run_dir, tmp_path / "report2", n_eval=N_SEQUENCES)

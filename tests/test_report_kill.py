@@ -15,9 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from mhainterp.config import SweepConfig, TrainConfig
-from mhainterp.sweep import run_sweep
-
 pytestmark = pytest.mark.slow
 
 MHAINTERP = str(Path(sys.executable).with_name("mhainterp"))
@@ -45,26 +42,11 @@ def _outputs(folder: Path) -> dict[str, bytes]:
     }
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    config = SweepConfig(
-        task="reverse",
-        task_params={"seq_len": 6, "d_vocab": 4},
-        n_heads=[1, 2],
-        seeds=[0, 1],
-        model={"d_model": 8},
-        train=TrainConfig(steps=12, batch_size=8, warmup_steps=2, log_every=4, n_eval=32),
-    )
-    out = tmp_path_factory.mktemp("trained") / "sweep"
-    run_sweep(config, out, executor="local", progress=False)
-    return out
-
-
-def test_report_killed_at_random_moments_reruns_to_the_same_files(trained, tmp_path):
+def test_report_killed_at_random_moments_reruns_to_the_same_files(tiny_sweep, tmp_path):
     reference = tmp_path / "reference" / "sweep"
     killed = tmp_path / "killed" / "sweep"
     for folder in (reference, killed):
-        shutil.copytree(trained, folder)
+        shutil.copytree(tiny_sweep, folder)
     start = time.monotonic()
     process = _report(reference)
     _, err = process.communicate(timeout=600)

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import TINY_SWEEP
 
 from mhainterp.cli import main
-from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.config import TrainConfig
+from mhainterp.handbuilt import handbuilt_model
 from mhainterp.io import remove_stale_temps
 from mhainterp.runs import (
     RunFolderError,
@@ -25,46 +27,37 @@ from mhainterp.runs import (
     folder_kind,
     migrate_config,
     migrate_folder,
+    migrate_results,
+    migrate_settings,
     read_results,
     read_table,
     resolve_run_dir,
 )
+from mhainterp.specialization import SpecializationSettings, specialization_test
+from mhainterp.specialization.verdict.result import SpecializationResult
 from mhainterp.sweep import run_sweep
+from mhainterp.tasks import get_task
+from mhainterp.training import load_run
 
-TINY = SweepConfig(
-    task="reverse",
-    task_params={"seq_len": 6, "d_vocab": 4},
-    n_heads=[1, 2],
-    seeds=[0, 1],
-    model={"d_model": 8},
-    train=TrainConfig(steps=8, batch_size=8, warmup_steps=2, log_every=4, n_eval=32),
-)
 NAMES = ["h1_seed0", "h1_seed1", "h2_seed0", "h2_seed1"]
 
 
-@pytest.fixture(scope="module")
-def sweep(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("runs_sweep") / "rev"
-    run_sweep(TINY, out, executor="local", progress=False)
-    return out
-
-
-def test_folder_kinds(sweep, tmp_path):
-    assert folder_kind(sweep) == "sweep"
-    assert folder_kind(sweep / "runs" / "h2_seed0") == "run"
-    assert folder_kind(sweep.parent) == "study"
+def test_folder_kinds(tiny_sweep, tmp_path):
+    assert folder_kind(tiny_sweep) == "sweep"
+    assert folder_kind(tiny_sweep / "runs" / "h2_seed0") == "run"
+    assert folder_kind(tiny_sweep.parent) == "study"
     with pytest.raises(FileNotFoundError, match="is not a run folder"):
         folder_kind(tmp_path)
 
 
 def test_a_runs_folder_in_the_current_directory_is_never_read_for_another_sweep(
-    sweep, tmp_path, monkeypatch
+    tiny_sweep, tmp_path, monkeypatch
 ):
     """The bug of issue 17: with ./runs/h1_seed0 present, `report other/` read ./runs."""
     here, other = tmp_path / "here", tmp_path / "other"
-    shutil.copytree(sweep, other)
+    shutil.copytree(tiny_sweep, other)
     decoy = here / "runs" / "h1_seed0"
-    shutil.copytree(sweep / "runs" / "h2_seed1", decoy)  # another run under the same name
+    shutil.copytree(tiny_sweep / "runs" / "h2_seed1", decoy)  # another run under the same name
     monkeypatch.chdir(here)
     table = pd.read_csv(other / "results.csv")
     table["run_dir"] = [f"runs/{n}" for n in NAMES]  # as stored: relative to other/
@@ -84,20 +77,20 @@ def test_a_runs_folder_in_the_current_directory_is_never_read_for_another_sweep(
     assert not (decoy / "analysis").exists()  # the decoy was never analysed
 
 
-def test_discovery_follows_a_linked_run_folder_once(sweep, tmp_path):
+def test_discovery_follows_a_linked_run_folder_once(tiny_sweep, tmp_path):
     study = tmp_path / "study"
     (study / "runs").mkdir(parents=True)
     for name in NAMES[:3]:
-        shutil.copytree(sweep / "runs" / name, study / "runs" / name)
-    os.symlink(sweep / "runs" / "h2_seed1", study / "runs" / "h2_seed1")  # a linked run
+        shutil.copytree(tiny_sweep / "runs" / name, study / "runs" / name)
+    os.symlink(tiny_sweep / "runs" / "h2_seed1", study / "runs" / "h2_seed1")  # a linked run
     os.symlink(study, study / "runs" / "loop")  # and a link back up the tree
     found = find_runs(study)
     assert [p.relative_to(study).as_posix() for p in found] == [f"runs/{n}" for n in NAMES]
 
 
-def test_duplicated_results_rows_are_counted_once_with_a_warning(sweep, tmp_path):
+def test_duplicated_results_rows_are_counted_once_with_a_warning(tiny_sweep, tmp_path):
     copy = tmp_path / "dup"
-    shutil.copytree(sweep, copy)
+    shutil.copytree(tiny_sweep, copy)
     table = pd.read_csv(copy / "results.csv")
     pd.concat([table, table.iloc[[0]]]).to_csv(copy / "results.csv", index=False)
     with pytest.warns(UserWarning, match="repeats 1 row"):
@@ -113,9 +106,9 @@ def test_duplicated_results_rows_are_counted_once_with_a_warning(sweep, tmp_path
     ("content", "what"),
     [(b"", "is empty (0 bytes)"), (b"task,n_heads,seed\nreverse,1,0\n", "lacks the run_dir")],
 )
-def test_a_broken_results_csv_is_one_line_naming_it(sweep, tmp_path, capsys, content, what):
+def test_a_broken_results_csv_is_one_line_naming_it(tiny_sweep, tmp_path, capsys, content, what):
     copy = tmp_path / "broken"
-    shutil.copytree(sweep, copy)
+    shutil.copytree(tiny_sweep, copy)
     (copy / "results.csv").write_bytes(content)
     with pytest.raises(RunFolderError) as error:
         read_results(copy)
@@ -125,12 +118,12 @@ def test_a_broken_results_csv_is_one_line_naming_it(sweep, tmp_path, capsys, con
     assert len(lines) == 1 and str(copy / "results.csv") in lines[0] and what in lines[0]
 
 
-def test_migrate_config_and_folder(sweep, tmp_path):
+def test_migrate_config_and_folder(tiny_sweep, tmp_path):
     assert migrate_config({"train": {"eval_size": 64, "steps": 3}}) == {
         "train": {"n_eval": 64, "steps": 3}
     }
     old = tmp_path / "old"
-    shutil.copytree(sweep, old)
+    shutil.copytree(tiny_sweep, old)
     config_path = old / "runs" / "h1_seed0" / "config.json"
     config = json.loads(config_path.read_text())
     config["train"]["eval_size"] = config["train"].pop("n_eval")
@@ -143,8 +136,6 @@ def test_migrate_config_and_folder(sweep, tmp_path):
     heads.parent.mkdir()
     pd.DataFrame({"members": ["L0H0;L0H1"], "value": [1.0]}).to_csv(heads, index=False)
     # the old folder reads as it is ...
-    from mhainterp.training import load_run
-
     assert load_run(config_path.parent).train_config.n_eval == 32
     # ... and is rewritten in the current format on request
     changed = migrate_folder(old)
@@ -157,6 +148,87 @@ def test_migrate_config_and_folder(sweep, tmp_path):
     assert json.loads(config_path.read_text())["train"]["n_eval"] == 32
     assert pd.read_csv(heads)["members"].tolist() == ["L0H0,L0H1"]
     assert migrate_folder(old) == []  # nothing left to change
+
+
+def test_readers_read_only_the_current_format_after_the_one_migration():
+    """The old names are read by runs.migrate_* alone; the config readers refuse them."""
+    with pytest.raises(ValueError, match=r"TrainConfig keys=\['eval_size'\] is invalid"):
+        TrainConfig.from_dict({"eval_size": 64})
+    assert TrainConfig.from_dict(migrate_config({"train": {"eval_size": 64}})["train"]).n_eval == 64
+    with pytest.raises(ValueError, match=r"keys=\['n_sequences'\] is invalid"):
+        SpecializationSettings.from_dict({"n_sequences": 32})
+    assert SpecializationSettings.from_dict(migrate_settings({"n_sequences": 32})).n_eval == 32
+    old = pd.DataFrame({"heads": ["L0H0;L0H2", "L0H1", ""], "size": [2, 1, 0]})
+    assert migrate_results(old)["heads"].tolist() == ["L0H0,L0H2", "L0H1", ""]
+    assert old["heads"][0] == "L0H0;L0H2"  # a copy: the input is not changed
+
+
+@pytest.fixture(scope="module")
+def saved_result(tmp_path_factory) -> Path:
+    """A specialization result with a redundant group of three heads, saved."""
+    task = get_task("previous_token", seq_len=16, d_vocab=10)
+    model = handbuilt_model(["previous", "previous", "previous", "dead"])
+    result = specialization_test(model, task, n_eval=32)
+    assert result.redundancy_groups["heads"].tolist() == ["L0H0,L0H1,L0H2"]
+    out = tmp_path_factory.mktemp("saved_result")
+    result.save(out)
+    return out
+
+
+def _old_spellings(sweep: Path, saved_result: Path, old: Path) -> Path:
+    """A copy of ``sweep`` in every old spelling: ``train.eval_size`` in its sweep.json and in
+    one run's config.json, ``n_sequences`` in saved settings, a head set written with ``;``.
+    Returns the saved result's folder."""
+    shutil.copytree(sweep, old)
+    for path in (old / "sweep.json", old / "runs" / "h1_seed0" / "config.json"):
+        saved = json.loads(path.read_text())
+        saved["train"]["eval_size"] = saved["train"].pop("n_eval")
+        path.write_text(json.dumps(saved))
+    analysis = old / "runs" / "h1_seed1" / "analysis"
+    shutil.copytree(saved_result, analysis)
+    meta = json.loads((analysis / "specialization.json").read_text())
+    meta["settings"]["n_sequences"] = meta["settings"].pop("n_eval")
+    (analysis / "specialization.json").write_text(json.dumps(meta))
+    groups = analysis / "specialization_redundancy_groups.csv"
+    groups.write_text(groups.read_text().replace("L0H0,L0H1,L0H2", "L0H0;L0H1;L0H2"))
+    return analysis
+
+
+def test_an_old_folder_loads_through_the_migration_and_is_rewritten(
+    tiny_sweep, saved_result, tmp_path
+):
+    old = tmp_path / "old"
+    analysis = _old_spellings(tiny_sweep, saved_result, old)
+    # the old folder reads as it is (every reader goes through runs.migrate_*) ...
+    loaded = SpecializationResult.load(analysis)
+    assert loaded.settings.n_eval == 32
+    assert loaded.redundancy_groups["heads"].tolist() == ["L0H0,L0H1,L0H2"]
+    assert load_run(old / "runs" / "h1_seed0").train_config.n_eval == 32
+    # ... and is rewritten in the current format on request, once
+    changed = migrate_folder(old)
+    assert sorted(p.relative_to(old).as_posix() for p in changed) == [
+        "runs/h1_seed0/config.json",
+        "runs/h1_seed1/analysis/specialization.json",
+        "runs/h1_seed1/analysis/specialization_redundancy_groups.csv",
+        "sweep.json",
+    ]
+    assert json.loads((old / "sweep.json").read_text())["train"]["n_eval"] == 32
+    assert json.loads((analysis / "specialization.json").read_text())["settings"]["n_eval"] == 32
+    assert pd.read_csv(analysis / "specialization_redundancy_groups.csv")["heads"].tolist() == [
+        "L0H0,L0H1,L0H2"
+    ]
+    assert migrate_folder(old) == []
+
+
+def test_an_old_sweep_resumes_without_retraining(tiny_sweep, saved_result, tmp_path):
+    """sweep.json and config.json with ``train.eval_size`` are the same sweep and runs."""
+    old = tmp_path / "old"
+    _old_spellings(tiny_sweep, saved_result, old)
+    weights = sorted((old / "runs").rglob("model.safetensors"))
+    before = [path.stat().st_mtime_ns for path in weights]
+    table = run_sweep(TINY_SWEEP, old, executor="local", progress=False)
+    assert [path.stat().st_mtime_ns for path in weights] == before
+    assert len(table) == len(NAMES)
 
 
 def test_read_table_refuses_a_zero_byte_file_and_reads_a_saved_empty_table(tmp_path):
@@ -184,15 +256,15 @@ def test_stale_temp_files_of_dead_writers_are_removed_live_ones_kept(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
 
 
-def test_overwritten_weights_make_saved_analyses_stale(sweep, tmp_path):
+def test_overwritten_weights_make_saved_analyses_stale(tiny_sweep, tmp_path):
     from mhainterp.specialization import specialize_folder
     from mhainterp.specialization.seeds.over_sweep import saved_specialization
 
     run = tmp_path / "run"
-    shutil.copytree(sweep / "runs" / "h2_seed0", run)
+    shutil.copytree(tiny_sweep / "runs" / "h2_seed0", run)
     specialize_folder(run, n_eval=16, progress=False, by=())
     assert saved_specialization(run) is not None and analysis_is_current(run)
-    shutil.copy(sweep / "runs" / "h2_seed1" / "model.safetensors", run / "model.safetensors")
+    shutil.copy(tiny_sweep / "runs" / "h2_seed1" / "model.safetensors", run / "model.safetensors")
     assert not analysis_is_current(run)
     assert saved_specialization(run) is None  # the report shows it as missing
     with warnings.catch_warnings(record=True) as caught:

@@ -701,10 +701,20 @@ def test_settings_and_input_errors(multi_task):
         SpecializationSettings(correction="bonferroni")
     with pytest.raises(ValueError, match="method='median' is invalid"):
         SpecializationSettings(ablation_method="median")
-    with pytest.raises(ValueError, match="task=None is invalid: a Task when a model"):
+    with pytest.raises(ValueError, match="data=None is invalid: a Task when a model"):
         specialization_test(multi_relation_model(["dead"], d_head=48))
-    with pytest.raises(TypeError, match="run_or_runs must be"):
+    with pytest.raises(TypeError, match="run_or_model must be"):
         specialization_test(42, multi_task)
+
+
+def test_specialization_test_takes_model_then_data_by_name():
+    """DESIGN.md's ``specialization_test(run_or_model, data, settings=...)``, by keyword too."""
+    task = get_task("previous_token", seq_len=16, d_vocab=10)
+    model = handbuilt_model(["previous", "dead"], d_head=18)
+    result = specialization_test(
+        run_or_model=model, data=task, settings=SpecializationSettings(n_eval=32)
+    )
+    assert result.heads["label"].tolist() == ["previous", "dead"]
 
 
 def test_result_round_trips_through_files(hand_result, tmp_path):
@@ -1078,9 +1088,7 @@ def test_group_verdict_reads_the_division_of_every_seed():
     }
 
 
-def test_settings_read_the_old_name_and_scale_within_bounds():
-    old = SpecializationSettings.from_dict({"n_sequences": 32})
-    assert old.n_eval == 32
+def test_settings_scale_within_bounds():
     assert SpecializationSettings().scaled("backup_ratio", 1.25).backup_ratio == 0.625
     assert SpecializationSettings().scaled("min_similarity", 1.25).min_similarity == 1.0
     with pytest.raises(ValueError, match="name='alpha' is invalid"):

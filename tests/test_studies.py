@@ -49,12 +49,14 @@ def test_head_count_study_plan(tmp_path, monkeypatch):
 
     monkeypatch.setattr(study, "run_sweep_with_figures", sweep)
     monkeypatch.setattr(study, "specialize_folder", specialize)
+    monkeypatch.setattr(study, "save_folder_figures", lambda path: calls.append(("figures", path)))
     monkeypatch.setattr(study, "write_report", _report(calls))
     assert study.main(["--out", str(tmp_path), "--quick", "--executor", "local", "--quiet"]) == 0
     assert calls == [
         ("sweep", "count_previous", [1, 4], [0, 1, 2], 150, tmp_path / "count_previous"),
         ("sweep", "reverse", [1, 4], [0, 1, 2], 150, tmp_path / "reverse"),
         ("specialize", tmp_path, 128),  # the report only reads: computed first
+        ("figures", tmp_path),  # and drawn beside the tables
         ("report", tmp_path),
     ]
 
@@ -80,6 +82,7 @@ def test_specialization_study_plan(tmp_path, monkeypatch):
     monkeypatch.setattr(study, "run_sweep_with_figures", sweep)
     monkeypatch.setattr(study, "analyze_run", analyze)
     monkeypatch.setattr(study, "specialize_folder", specialize)
+    monkeypatch.setattr(study, "save_folder_figures", lambda path: calls.append(("figures", path)))
     monkeypatch.setattr(study, "write_report", _report(calls))
     args = ["--out", str(tmp_path), "--tasks", "reverse", "--quick", "--executor", "local"]
     assert study.main([*args, "--quiet"]) == 0
@@ -87,6 +90,7 @@ def test_specialization_study_plan(tmp_path, monkeypatch):
         ("sweep", "reverse", tmp_path / "reverse"),
         ("analyze", "h4_seed0", 256),  # --quick: only the largest head count, seed 0
         ("specialize", "reverse", 128),  # computed and saved before the report reads it
+        ("figures", tmp_path),  # drawn beside the tables
         ("report", tmp_path),
     ]
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import TINY_SWEEP
 
-from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.config import SweepConfig
 from mhainterp.runs import RunFolderError
 from mhainterp.stats import describe, welch_test
 from mhainterp.sweep import EXECUTORS, execute_run, run_sweep, summarize
@@ -121,14 +122,7 @@ def test_summarize_rejects_other_tables():
         summarize(pd.DataFrame({"task": ["x"]}))
 
 
-TINY = SweepConfig(
-    task="reverse",
-    task_params={"seq_len": 6, "d_vocab": 4},
-    n_heads=[1, 2],
-    seeds=[0, 1],
-    model={"d_model": 8},
-    train=TrainConfig(steps=12, batch_size=8, warmup_steps=2, log_every=4, n_eval=32),
-)
+TINY = TINY_SWEEP  # the shared tiny sweep's config (tests/conftest.py)
 
 
 def _numbers(df: pd.DataFrame) -> pd.DataFrame:

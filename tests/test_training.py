@@ -19,6 +19,7 @@ from mhainterp.training import (
     evaluate,
     load_run,
     lr_at,
+    save_run,
     train,
 )
 
@@ -124,6 +125,20 @@ def test_save_and_load_run_rebuilds_the_exact_model(tmp_path):
     assert saved["task"] == {
         "name": "reverse", "params": run.task.params, "module": "mhainterp.tasks.builtin"
     }  # fmt: skip
+
+
+def test_save_run_takes_model_and_task_first(tmp_path):
+    """``save_run(model, task, run_dir, ...)``: DESIGN.md's ``(model, data, ...)`` order."""
+    task = get_task("previous_token", seq_len=16, d_vocab=10)
+    model = handbuilt_model(["previous", "dead"], d_head=18)
+    saved = save_run(model, task, tmp_path / "run", TrainConfig(), pd.DataFrame(), {"x": 1})
+    assert saved == tmp_path / "run"
+    run = load_run(saved)
+    tokens = task.eval_batch(8).tokens
+    assert torch.equal(run.model(tokens), model(tokens))
+    assert run.eval == {"x": 1}
+    with pytest.raises(ValueError, match=r"model=.* is invalid: a HookedMHATransformer: save_run"):
+        save_run(tmp_path / "old", model, task, TrainConfig(), pd.DataFrame(), {})
 
 
 def test_load_run_errors_name_the_missing_files(tmp_path):

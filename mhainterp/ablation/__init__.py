@@ -2,7 +2,8 @@
 
 - :mod:`~mhainterp.ablation.engine`: the one engine (any head sets, one batched pass,
   per-position outputs) and the :func:`ablate` context manager;
-- :mod:`~mhainterp.ablation.tables`: importance, head-set and pairwise tables over it;
+- :mod:`~mhainterp.ablation.tables`: importance, head-set and pairwise tables over it (head sets
+  are evaluated by :func:`evaluate_head_sets`, :func:`head_sets_table` lays its result out);
 - :mod:`~mhainterp.ablation.interactive`: :class:`Ablator`, toggle heads and see the metrics.
 
 Gradient importance and pruning curves are in :mod:`mhainterp.attribution`.
@@ -18,9 +19,9 @@ from mhainterp.ablation.engine import (
 )
 from mhainterp.ablation.interactive import Ablator
 from mhainterp.ablation.tables import (
-    ablate_sets,
     ablation_tables,
     head_importance,
+    head_sets_table,
     pairwise_ablation,
 )
 from mhainterp.heads import resolve_heads
@@ -31,11 +32,11 @@ __all__ = [
     "Ablator",
     "Method",
     "ablate",
-    "ablate_sets",
     "ablation_tables",
     "check_method",
     "evaluate_head_sets",
     "head_importance",
+    "head_sets_table",
     "pairwise_ablation",
     "resolve_heads",
 ]

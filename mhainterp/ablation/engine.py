@@ -68,7 +68,7 @@ from mhainterp.scoring import (
     totals,
 )
 from mhainterp.tasks import Batch
-from mhainterp.validation import check_int, check_option, check_type
+from mhainterp.validation import ParameterError, check_int, check_option, check_type, invalid
 
 __all__ = [
     "DEFAULT_MAX_ROWS",
@@ -138,9 +138,9 @@ class Replacement:
             return z.new_zeros(())
         mean = self.mean_z[layer]
         if mean.shape[0] < T:
-            raise ValueError(
-                f"the reference batch has {mean.shape[0]} positions but the ablated batch has "
-                f"{T}; use a reference batch at least as long"
+            raise ParameterError(
+                f"reference is invalid: a batch at least as long as the ablated one ({T} "
+                f"positions), got {mean.shape[0]} positions"
             )
         mean = mean[:T].to(z.dtype)  # (T, h, d_head)
         if self.method == "mean":
@@ -223,13 +223,12 @@ def build_replacement(
     if method == "zero":
         return Replacement("zero")
     if reference is None:
-        raise ValueError(
-            f"method={method!r} needs reference= (a Task, Batch or tokens whose clean "
-            "activations give the replacement); method='zero' needs none"
-        )
+        allowed = "a Task, Batch or tokens whose clean activations give the replacement"
+        needs = f"method={method!r} needs reference=; method='zero' needs none"
+        raise invalid("reference", None, f"{allowed} ({needs})")
     reference = batch_for_model(model, reference, scored=False)
     if not bool(reference.padding_mask.any()):
-        raise ValueError("the reference batch has no real (non-padding) tokens")
+        raise ParameterError("reference is invalid: a batch with real tokens, got padding only")
     if cache is not None and cache.donor_z is not None:
         donor_z = cache.donor_z
     else:

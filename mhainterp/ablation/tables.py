@@ -29,18 +29,18 @@ from mhainterp.ablation.engine import (
     Method,
     check_method,
     evaluate_head_sets,
-    resolve_head_sets,
 )
 from mhainterp.data import DEFAULT_N_EVAL, Data
 from mhainterp.heads import HeadSpec, all_heads, format_heads, head_label, resolve_heads
 from mhainterp.protocol import HookedModel
 from mhainterp.scoring import metric_names
+from mhainterp.validation import invalid
 
 __all__ = [
-    "ablate_sets",
     "ablation_tables",
     "damage",
     "head_importance",
+    "head_sets_table",
     "pairwise_ablation",
     "with_deltas",
 ]
@@ -120,47 +120,50 @@ def head_importance(
     return pd.DataFrame(rows)
 
 
-def ablate_sets(
-    model: Any,
-    data: Data,
-    head_sets: Sequence[str | Sequence[HeadSpec]],
-    method: Method = "zero",
-    reference: Data | None = None,
-    *,
-    n_eval: int = DEFAULT_N_EVAL,
-    generator: torch.Generator | None = None,
-    max_rows: int | None = DEFAULT_MAX_ROWS,
-    progress: bool = False,
-) -> pd.DataFrame:
-    """Loss and accuracy with each given set of heads ablated together, in one batched pass.
+def head_sets_table(result: AblationResult) -> pd.DataFrame:
+    """:func:`~mhainterp.ablation.engine.evaluate_head_sets`'s result as a table, one row per
+    head set, with deltas against the result's clean model (its first empty set).
 
     Args:
-        model, data, method, reference, n_eval, generator, max_rows, progress: As in
-            :func:`head_importance`.
-        head_sets: Sets of heads to ablate together (each: labels like ``"L0H1"``, ``(layer,
-            head)`` pairs, or one comma-separated string); an empty set is the clean model.
+        result: An :class:`~mhainterp.ablation.engine.AblationResult` whose head sets include
+            the clean model (``[]``), e.g. ``evaluate_head_sets(model, data, [[], *sets])``.
 
     Returns:
-        One row per set, in order: ``heads`` (``"L0H1,L0H3"``, the format every function
-        accepts), ``n_ablated``, ``method``, the metrics, their ``delta_`` and ``baseline_``.
+        One row per set, in order (the clean one included): ``heads`` (``"L0H1,L0H3"``, the
+        format every function accepts), ``n_ablated``, ``method``, the metrics, their
+        ``delta_`` and ``baseline_`` columns.
+
+    Raises:
+        ParameterError: no head set of ``result`` is the clean model.
 
     Example:
-        >>> ablate_sets(model, task, [["L0H0", "L0H1"], "L0H2"], method="mean")  # doctest: +SKIP
+        >>> from mhainterp.ablation.engine import evaluate_head_sets
+        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.tasks import get_task
+        >>> model = handbuilt_model(["previous", "uniform", "previous"])
+        >>> task = get_task("previous_token", seq_len=16, d_vocab=10)
+        >>> result = evaluate_head_sets(model, task, [[], ["L0H0", "L0H2"], "L0H1"])
+        >>> table = head_sets_table(result)
+        >>> table[["heads", "n_ablated", "delta_accuracy"]].round(2).values.tolist()
+        [['', 0, 0.0], ['L0H0,L0H2', 2, -0.64], ['L0H1', 1, 0.0]]
     """
-    resolved = resolve_head_sets(model, head_sets)
-    _, baseline, results, names = _with_clean(
-        model, data, resolved, method, reference,
-        n_eval=n_eval, generator=generator, max_rows=max_rows, progress=progress,
-        desc=f"ablate sets ({method})",
-    )  # fmt: skip
+    if [] not in result.head_sets:
+        raise invalid(
+            "result",
+            f"an AblationResult of the head sets {result.labels}",
+            "one whose head sets include the clean model, []",
+        )
+    metrics = result.metrics()
+    baseline = metrics[result.head_sets.index([])]
+    names = metric_names(result.target_names)
     rows = [
         {
-            "heads": format_heads(pairs),
+            "heads": label,
             "n_ablated": len(pairs),
-            "method": method,
-            **with_deltas(metrics, baseline, names),
+            "method": result.method,
+            **with_deltas(values, baseline, names),
         }
-        for pairs, metrics in zip(resolved, results, strict=True)
+        for label, pairs, values in zip(result.labels, result.head_sets, metrics, strict=True)
     ]
     return pd.DataFrame(rows)
 
@@ -221,7 +224,7 @@ def pairwise_ablation(
     else:
         pairs = sorted({tuple(resolve_heads(model, list(pair))) for pair in pairs})
         if any(len(pair) != 2 for pair in pairs):
-            raise ValueError("each of pairs= must name two different heads")
+            raise invalid("pairs", [format_heads(p) for p in pairs], "two different heads each")
         chosen = sorted({head for pair in pairs for head in pair})
     _, baseline, results, names = _with_clean(
         model, data, [[h] for h in chosen] + [list(pair) for pair in pairs], method, reference,

@@ -26,7 +26,7 @@ from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch
 from mhainterp.model import HookedMHATransformer
 from mhainterp.protocol import HookedModel, check_model
 from mhainterp.tasks import Task
-from mhainterp.validation import check_int
+from mhainterp.validation import check_int, invalid
 
 __all__ = [
     "MIN_VISIBLE_KEYS",
@@ -127,7 +127,9 @@ def capture_activations(
     """
     unknown = [name for name in names if name not in model.hook_dict]
     if unknown:
-        raise ValueError(f"unknown hook names {unknown}; e.g. 'blocks.0.attn.hook_pattern'")
+        raise invalid(
+            "names", unknown, "hook names of the model, e.g. 'blocks.0.attn.hook_pattern'"
+        )
     store: dict[str, Tensor] = {}
     wanted = set(names)
 

@@ -25,6 +25,7 @@ from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch
 from mhainterp.heads import head_label
 from mhainterp.model import HookedMHATransformer
 from mhainterp.tasks import Task
+from mhainterp.validation import ParameterError, invalid
 
 __all__ = [
     "average_patterns",
@@ -68,7 +69,7 @@ def example_patterns(
     tokens, mask = batch.tokens, batch.padding_mask
     n = tokens.shape[0]
     if not isinstance(index, int) or not -n <= index < n:
-        raise ValueError(f"index={index!r} is invalid: the data has {n} sequences (0..{n - 1})")
+        raise invalid("index", index, f"an integer in [-{n}, {n}): the data has {n} sequences")
     tokens, mask = tokens[index : index + 1 or None], mask[index : index + 1 or None]
     length = int(mask[0].sum())
     patterns = attention_patterns(model, tokens, mask)[0, :, :, :length, :length]  # (L, h, q, k)
@@ -154,9 +155,10 @@ def _relation_templates(
         out = {}
         for name, template in relations.items():
             if not isinstance(template, Tensor) or template.ndim != 3:
-                raise ValueError(
-                    f"relation {name!r} must be a [n, q, k] tensor aligned with the data's "
-                    f"sequences, got {getattr(template, 'shape', type(template).__name__)}"
+                got = getattr(template, "shape", type(template).__name__)
+                raise ParameterError(
+                    f"relations[{name!r}] is invalid: a [n, q, k] tensor aligned with the "
+                    f"data's sequences, got {got}"
                 )
             out[name] = template[start:end]
         return out
@@ -170,9 +172,9 @@ def _relation_templates(
 
 def _check_template(name: str, template: Tensor, shape: tuple[int, ...]) -> Tensor:
     if tuple(template.shape) != shape:
-        raise ValueError(
-            f"relation {name!r} has shape {tuple(template.shape)} for this batch; expected "
-            f"[batch, q, k] = {shape} (one template per sequence of the data)"
+        raise ParameterError(
+            f"relations[{name!r}] is invalid: [batch, q, k] = {shape} for this batch (one "
+            f"template per sequence of the data), got {tuple(template.shape)}"
         )
     return template
 
@@ -232,7 +234,10 @@ def patterns_frame(average: Float[Tensor, "L h T T"]) -> pd.DataFrame:
         (8, 6)
     """
     if not isinstance(average, Tensor) or average.ndim != 4:
-        raise ValueError("average must be a [layer, head, q, k] tensor (from average_patterns)")
+        got = getattr(average, "shape", type(average).__name__)
+        raise ParameterError(
+            f"average is invalid: a [layer, head, q, k] tensor (from average_patterns), got {got}"
+        )
     return _with_head_labels(_tensor_frame(average, ["layer", "head", "query", "key"], "weight"))
 
 

@@ -33,6 +33,7 @@ from mhainterp.capture.patterns import (
 from mhainterp.data import DEFAULT_N_EVAL, Data
 from mhainterp.model import HookedMHATransformer
 from mhainterp.tasks import Task
+from mhainterp.validation import ParameterError
 
 __all__ = ["TemplateMass", "head_statistics", "offset_profile"]
 
@@ -237,7 +238,10 @@ def offset_profile(statistics: pd.DataFrame) -> pd.DataFrame:
     """
     missing = {"layer", "head", "head_label", "metric", "value"} - set(statistics.columns)
     if missing:
-        raise ValueError(f"statistics is missing columns {sorted(missing)} (use head_statistics)")
+        raise ParameterError(
+            "statistics is invalid: the table from head_statistics, but it is missing columns "
+            f"{sorted(missing)}"
+        )
     rows = statistics[statistics["metric"].str.startswith("offset_mass:")]
     out = rows[["head_label", "layer", "head"]].copy()
     out["offset"] = rows["metric"].str.split(":").str[1].astype(int)

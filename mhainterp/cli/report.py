@@ -47,13 +47,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from mhainterp.figures.saved import save_folder_figures
     from mhainterp.report import write_report
     from mhainterp.specialization import specialize_folder
 
     check_run_folders(args.path)
     settings = settings_from_args(args)
-    # The report only reads: compute (or reuse) the specialization results it shows first.
+    # The report only reads: compute (or reuse) the results it shows and draw their figures.
     specialize_folder(args.path, settings, progress=not args.quiet, by=by_axes(args))
+    save_folder_figures(args.path)
     md, html = write_report(args.path, args.out, settings=settings)
     print(f"report: {md}\n        {html}")
     return 0

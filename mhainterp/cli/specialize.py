@@ -5,13 +5,15 @@
 
 Prints the per-head table (label and evidence) and the verdict of a run, or the per-head-count
 table and verdicts of a sweep (or of every sweep of a folder), then the division of labour, and
-saves the tables under the runs' ``analysis/`` folders (reused when the settings match).
+saves the tables under the runs' ``analysis/`` folders (reused when the settings match) with
+the figures the report embeds.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from mhainterp.cli.options import (
     add_settings_args,
@@ -69,17 +71,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     specialize.add_argument("path", metavar="RUN_OR_SWEEP", help="a run, sweep or sweeps folder")
     add_settings_args(specialize)
+    specialize.add_argument(
+        "--headline-stability",
+        action="store_true",
+        help="also re-run each run's analysis with every gate moved x0.8 and x1.25, n_eval "
+        "halved and doubled and each other ablation method (36 runs of the analysis per run) "
+        "and save the share of verdict sentences that change (analysis/headline_stability.csv)",
+    )
     specialize.set_defaults(func=_cmd_specialize)
 
 
 def _cmd_specialize(args: argparse.Namespace) -> int:
+    from mhainterp.figures.saved import save_folder_figures
     from mhainterp.render import markdown_table
     from mhainterp.specialization import SpecializationResult, specialize_folder
 
     path = Path(args.path)
     check_run_folders(path)
     settings, by = settings_from_args(args), by_axes(args)
-    for folder, result in specialize_folder(path, settings, progress=not args.quiet, by=by):
+    specialized = specialize_folder(path, settings, progress=not args.quiet, by=by)
+    save_folder_figures(path)  # beside the tables, for the report to embed
+    for folder, result in specialized:
         if isinstance(result, SpecializationResult):  # a run folder
             print(markdown_table(result.heads[HEAD_COLUMNS]))
             print()
@@ -99,4 +111,22 @@ def _cmd_specialize(args: argparse.Namespace) -> int:
         print("Division of labour (index per axis vs its label-permutation null):")
         for run_dir, division in division_folder(path, settings, by=by, progress=False):
             print(f"  {run_dir.name}: {division.summary_line()}")
+    if args.headline_stability:
+        _print_headline_stability(path, settings, by, quiet=args.quiet)
     return 0
+
+
+def _print_headline_stability(path: Path, settings: Any, by: tuple[str, ...], quiet: bool) -> None:
+    from mhainterp.specialization.verdict.headline import (
+        headline_stability_folder,
+        headline_summary,
+    )
+
+    print("Headline stability (verdict sentences that change when a gate or the method moves):")
+    for run_dir, table in headline_stability_folder(path, settings, by=by, progress=not quiet):
+        s = headline_summary(table)
+        print(
+            f"  {run_dir.name}: {int(table['changed'].sum())} of {s['n_perturbations']} "
+            f"perturbations change the sentence ({s['share_sentences_changed']:.0%}); "
+            f"{s['share_labels_changed']:.0%} of labels change"
+        )

@@ -21,6 +21,7 @@ from mhainterp.cli.options import (
     print_eval,
     train_config,
 )
+from mhainterp.validation import invalid
 
 __all__ = ["register"]
 
@@ -68,9 +69,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 0
     if state == "different" and not args.overwrite:
         differences = run_config_differences(out, model, task, config)
-        raise ValueError(
-            f"--out {out} already holds another run ({differences}); to keep it, choose another "
-            "--out (to resume it, rerun the command that made it); to replace it, add --overwrite"
+        raise invalid(
+            "--out",
+            str(out),
+            f"a folder free for this run, but it already holds another run ({differences}); "
+            "to keep that one, choose another --out (to resume it, rerun the command that made "
+            "it); to replace it, add --overwrite",
         )
     with run_lock(out):  # a sweep or another train writing this folder is refused
         result = train(model, task, config, run_dir=out, progress=not args.quiet)

@@ -376,7 +376,7 @@ def _finish(group: _Group, models, task, configs, run_dirs) -> list[Run]:
         eval_metrics["status"] = "finished"
         saved: Path | None = None
         if run_dirs[i] is not None:
-            saved = save_run(run_dirs[i], model, task, configs[i], metrics_df, eval_metrics)
+            saved = save_run(model, task, run_dirs[i], configs[i], metrics_df, eval_metrics)
         results[i] = Run(saved, model, task, model.cfg, configs[i], metrics_df, eval_metrics)
     if group.messages:
         raise BatchDivergedError(results, group.messages)

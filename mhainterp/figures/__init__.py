@@ -2,8 +2,12 @@
 from, side by side.
 
 Sub-modules: ``headcount`` (the head-count experiment), ``patterns`` and ``similarity``
-(capture), ``ablation``, ``specialization``, ``division``. Every function returns a matplotlib
-Figure; ``save_figure`` (in ``_common``, the only place a figure is written) saves it. The layout
+(capture), ``ablation``, ``specialization``, ``division``, and ``saved`` (every figure of a
+run or sweep folder, drawn from its saved tables by the step that computes them, for the
+report to embed). Every function returns a matplotlib Figure; ``save_figure`` (in ``_common``,
+the only place a figure is written) saves it. Savers take what they draw first, then where it
+goes, then keywords: ``save_figure(fig, png_path, data)``, ``save_division_figures(result,
+folder)``, ``plot_roles_vs_null(roles, path, title=...)``. The layout
 rules every figure follows live there too: whole-number ticks on integer axes, tick labels and
 cell text sized to fit (cell text dropped below 6 pt), legends outside the data, count error bars
 clipped at 0.

@@ -201,12 +201,13 @@ def division_vs_heads(sweep: pd.DataFrame) -> plt.Figure:
     return fig
 
 
-def save_division_figures(folder: str | os.PathLike[str], result: object) -> list[Path]:
+def save_division_figures(result: object, folder: str | os.PathLike[str]) -> list[Path]:
     """Draw the heatmap of a :class:`DivisionResult` into ``folder/division_profiles.png``
-    (beside ``division_profiles.csv``, which :meth:`DivisionResult.save` wrote).
+    (beside ``division_profiles.csv``, which :meth:`DivisionResult.save` wrote); nothing when
+    the result has no profiles.
 
     Example:
-        >>> save_division_figures("runs/cp/runs/h8_seed0/analysis", result)  # doctest: +SKIP
+        >>> save_division_figures(result, "runs/cp/runs/h8_seed0/analysis")  # doctest: +SKIP
     """
     profiles = result.profiles  # type: ignore[attr-defined]
     if not len(profiles):

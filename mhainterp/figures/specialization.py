@@ -41,6 +41,7 @@ __all__ = [
     "consistency_figure",
     "role_heatmap",
     "save_specialization_figures",
+    "specialization_figure_stems",
     "specialization_vs_heads",
 ]
 
@@ -324,34 +325,39 @@ def consistency_figure(consistency: pd.DataFrame) -> plt.Figure:
     return fig
 
 
+def specialization_figure_stems(result: object) -> list[str]:
+    """The figures that apply to a ``SpecializationResult``: ``role_scores``, then
+    ``causal_matrix`` when the task has several targets and ``consistency`` when the result
+    has run pairs."""
+    causal = result.causal  # type: ignore[attr-defined]
+    stems = ["role_scores"]
+    if len(causal) and causal["target"].nunique() > 1:
+        stems.append("causal_matrix")
+    if len(result.consistency):  # type: ignore[attr-defined]
+        stems.append("consistency")
+    return stems
+
+
 def save_specialization_figures(
     result: object, out_dir: str | os.PathLike[str], *, prefix: str = ""
 ) -> list[Path]:
     """Draw the figures that apply to a ``SpecializationResult`` and save PNG + CSV pairs.
 
     Writes ``{prefix}role_scores.png``, ``{prefix}causal_matrix.png`` (when the task has
-    several targets) and ``{prefix}consistency.png`` (when the result has run pairs).
+    several targets) and ``{prefix}consistency.png`` (when the result has run pairs): those
+    :func:`specialization_figure_stems` names.
 
     Example:
         >>> save_specialization_figures(result, "runs/x/analysis")  # doctest: +SKIP
     """
-    out_dir = Path(out_dir)
-    roles = result.roles  # type: ignore[attr-defined]
-    causal = result.causal  # type: ignore[attr-defined]
-    consistency = result.consistency  # type: ignore[attr-defined]
-    alpha = result.settings.alpha  # type: ignore[attr-defined]
-    figure = role_heatmap(roles, alpha=alpha)
-    paths = [save_figure(figure, out_dir / f"{prefix}role_scores.png", roles)]
-    if len(causal) and causal["target"].nunique() > 1:
-        paths.append(
-            save_figure(
-                causal_matrix_figure(causal), out_dir / f"{prefix}causal_matrix.png", causal
-            )
-        )
-    if len(consistency):
-        paths.append(
-            save_figure(
-                consistency_figure(consistency), out_dir / f"{prefix}consistency.png", consistency
-            )
-        )
-    return paths
+    figures = {
+        "role_scores": lambda: role_heatmap(result.roles, alpha=result.settings.alpha),
+        "causal_matrix": lambda: causal_matrix_figure(result.causal),
+        "consistency": lambda: consistency_figure(result.consistency),
+    }
+    tables = {"role_scores": "roles", "causal_matrix": "causal", "consistency": "consistency"}
+    return [
+        save_figure(figures[stem](), Path(out_dir) / f"{prefix}{stem}.png",
+                    getattr(result, tables[stem]))
+        for stem in specialization_figure_stems(result)
+    ]  # fmt: skip

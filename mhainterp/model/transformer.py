@@ -41,8 +41,8 @@ from mhainterp.model.components import (
     _init_linear,
     _norm,
 )
+from mhainterp.model.loss import mean_loss
 from mhainterp.model.weight_views import ModelWeightViews
-from mhainterp.scoring import mean_loss
 from mhainterp.validation import ParameterError, check_bool, check_option, invalid
 
 __all__ = ["HookedMHATransformer"]
@@ -181,7 +181,8 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
     def loss(
         self, logits: Tensor, targets: Tensor, loss_mask: Tensor | None = None
     ) -> Float[Tensor, ""]:
-        """Mean cross-entropy over scored (position, target) pairs (:func:`scoring.mean_loss`)."""
+        """Mean cross-entropy over scored (position, target) pairs
+        (:func:`~mhainterp.model.loss.mean_loss`)."""
         return mean_loss(logits, targets, loss_mask)
 
     def validate_inputs(

@@ -44,7 +44,6 @@ from mhainterp.specialization.corrections import CORRECTIONS, adjust_pvalues
 from mhainterp.specialization.needed.redundancy import (
     redundancy_groups,
     redundancy_pairs,
-    redundant_partners,
     redundant_under,
     similar_groups,
 )
@@ -151,7 +150,6 @@ __all__ = [
     "profile_similarity",
     "redundancy_groups",
     "redundancy_pairs",
-    "redundant_partners",
     "similar_groups",
     "role_profiles",
     "base_relation",

@@ -57,15 +57,15 @@ __all__ = [
 # ----------------------------------------------------------------------------- inputs
 
 
-def _resolve(run_or_runs: Any, task: Task | None) -> list[_RunInput]:
+def _resolve(run_or_model: Any, task: Task | None) -> list[_RunInput]:
     items = (
-        list(run_or_runs)
-        if isinstance(run_or_runs, (list, tuple)) and not _is_model_task_pair(run_or_runs)
-        else [run_or_runs]
+        list(run_or_model)
+        if isinstance(run_or_model, (list, tuple)) and not _is_model_task_pair(run_or_model)
+        else [run_or_model]
     )
     if not items:
         raise invalid(
-            "run_or_runs", run_or_runs, "a run folder, a Run, a model or a non-empty list"
+            "run_or_model", run_or_model, "a run folder, a Run, a model or a non-empty list"
         )
     inputs = [_resolve_one(item, task, i) for i, item in enumerate(items)]
     names = _unique_names([i.run for i in inputs])
@@ -92,10 +92,10 @@ def _resolve_one(item: Any, task: Task | None, index: int) -> _RunInput:
         item, task = item
     if isinstance(item, HookedMHATransformer):
         if task is None:
-            raise invalid("task", task, "a Task when a model (not a run folder or Run) is given")
+            raise invalid("data", task, "a Task when a model (not a run folder or Run) is given")
         return _RunInput(item, task, f"model{index}", item.cfg.seed)
     raise TypeError(
-        "run_or_runs must be a run folder, a training.Run, a HookedMHATransformer (with task=), "
+        "run_or_model must be a run folder, a training.Run, a HookedMHATransformer (with data), "
         f"a (model, task) pair, or a list of these; got {type(item).__name__}"
     )
 
@@ -114,8 +114,8 @@ def _unique_names(paths: list[str]) -> list[str]:
 
 
 def specialization_test(
-    run_or_runs: Any,
-    task: Task | None = None,
+    run_or_model: Any,
+    data: Task | None = None,
     settings: SpecializationSettings | None = None,
     *,
     progress: bool = False,
@@ -125,10 +125,11 @@ def specialization_test(
     """Do the heads specialize? Label every head and state the verdict, with the evidence.
 
     Args:
-        run_or_runs: A run folder, a :class:`~mhainterp.training.Run`, a model (with
-            ``task=``), a ``(model, task)`` pair, or a list of these (e.g. the seeds of one
+        run_or_model: A run folder, a :class:`~mhainterp.training.Run`, a model (with
+            ``data``), a ``(model, task)`` pair, or a list of these (e.g. the seeds of one
             head count, which adds cross-seed consistency).
-        task: The task, when models are given (overrides a run's own task otherwise).
+        data: The :class:`~mhainterp.tasks.Task` whose relations and held-out evaluation set
+            the test reads; needed with models, optional with runs (it overrides their own).
         settings: A :class:`SpecializationSettings`; ``**overrides`` replace its fields.
         progress: Show progress bars.
         division: Optional division indices (``run, by, index, null_index, p``; the run
@@ -147,16 +148,16 @@ def specialization_test(
         >>> result.heads["label"].tolist()
         ['previous', 'dead']
     """
-    if task is not None and not isinstance(task, Task):
+    if data is not None and not isinstance(data, Task):
         raise TypeError(
-            f"specialization_test needs the Task itself, got a {type(task).__name__}: the role "
+            f"specialization_test needs the Task itself, got a {type(data).__name__}: the role "
             "templates come from task.relations() and the held-out set from task.eval_batch(); "
             "pass the Task (its evaluation size is settings.n_eval)"
         )
     settings = settings or SpecializationSettings()
     if overrides:
         settings = SpecializationSettings.from_dict({**settings.to_dict(), **overrides})
-    inputs = _resolve(run_or_runs, task)
+    inputs = _resolve(run_or_model, data)
     singles = []
     for inp in tqdm(inputs, desc="specialization", disable=not progress or len(inputs) == 1):
         singles.append(_single_result(_analyse(inp, settings, progress), settings))

@@ -1,6 +1,8 @@
 """The head-count experiment: plan, run (resumably, with any executor) and summarise a sweep.
 
 - :mod:`~mhainterp.sweep.run`: :func:`run_sweep`, the run folders, locks and ``results.csv``;
+- :mod:`~mhainterp.sweep.spec`: :class:`RunSpec`, :func:`plan_sweep` and :func:`execute_run`,
+  shared by the sweep and its executors (below both, so no cycle);
 - :mod:`~mhainterp.sweep.executors`: how runs are trained: ``"local"``, ``"batched"`` (several
   runs per step on every CPU) and ``"ray"``; :data:`EXECUTORS` names them all, nothing
   registers itself on import;
@@ -13,15 +15,8 @@ Example:
     >>> print(summarize(df))  # doctest: +SKIP
 """
 
-from mhainterp.sweep.run import (
-    EXECUTORS,
-    RunSpec,
-    collect_results,
-    execute_run,
-    fastest_executor,
-    plan_sweep,
-    run_sweep,
-)
+from mhainterp.sweep.run import EXECUTORS, collect_results, fastest_executor, run_sweep
+from mhainterp.sweep.spec import RunSpec, execute_run, plan_sweep
 from mhainterp.sweep.summary import SweepSummary, load_curves, summarize
 
 __all__ = [

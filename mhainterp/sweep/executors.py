@@ -3,8 +3,8 @@
 
 An executor is a callable ``(specs, progress) -> None`` in :data:`mhainterp.sweep.EXECUTORS`
 that leaves a finished run folder for every :class:`~mhainterp.sweep.RunSpec` (exactly what
-:func:`~mhainterp.sweep.execute_run` writes). ``EXECUTORS`` names them and imports this module
-only when one is used (nothing registers itself on import); the sweep's results table never
+:func:`~mhainterp.sweep.execute_run` writes). ``EXECUTORS`` names them all (nothing registers
+itself on import, and importing this module starts no process); the sweep's results table never
 depends on the executor or on how runs were grouped, because every run is
 trained on its own data stream and the table is read back from the run folders.
 
@@ -40,7 +40,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from mhainterp.io import atomic_path
-from mhainterp.sweep.run import RunSpec
+from mhainterp.sweep.spec import RunSpec, execute_run
 from mhainterp.training import RUN_FILES, TrainingDivergedError
 from mhainterp.validation import check_int, invalid
 
@@ -286,8 +286,6 @@ def _train_in_worker(specs: Sequence[RunSpec]) -> dict[str, str]:
 
 def _train_alone_in_worker(specs: Sequence[RunSpec]) -> dict[str, str]:
     """One run at a time with :func:`mhainterp.training.train` (the local executor's way)."""
-    from mhainterp.sweep.run import execute_run
-
     messages = {}
     for spec in specs:
         try:

@@ -20,7 +20,6 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
@@ -28,7 +27,7 @@ from typing import Any, Literal
 import pandas as pd
 from tqdm.auto import tqdm
 
-from mhainterp.config import ModelConfig, SweepConfig, TrainConfig
+from mhainterp.config import SweepConfig
 from mhainterp.io import (
     RunLock,
     ensure_writable_dir,
@@ -41,82 +40,27 @@ from mhainterp.io import (
 from mhainterp.runs import (
     RunFolderError,
     is_finished_run,
+    migrate_config,
     read_eval,
     relative_run_dir,
     run_status,
 )
 from mhainterp.sweep import fork_safety  # noqa: F401  (forked workers: a tqdm lock of their own)
-from mhainterp.tasks import Task, get_task
+from mhainterp.sweep.executors import available_cpus, run_batched, run_ray
+from mhainterp.sweep.spec import RunSpec, execute_run, plan_sweep
 from mhainterp.training import (
-    build_model,
     load_run,
     run_config_differences,
     saved_config_matches,
-    train,
 )
 from mhainterp.validation import check_option
 
 __all__ = [
     "EXECUTORS",
-    "RunSpec",
     "collect_results",
-    "execute_run",
     "fastest_executor",
-    "plan_sweep",
     "run_sweep",
 ]
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """One run of a sweep: everything needed to train it in any process."""
-
-    task_name: str
-    task_params: dict[str, Any]
-    model_config: ModelConfig
-    train_config: TrainConfig
-    run_dir: Path
-
-    @property
-    def n_heads(self) -> int:
-        return self.model_config.n_heads
-
-    @property
-    def seed(self) -> int:
-        return self.model_config.seed
-
-    def build_task(self) -> Task:
-        return get_task(self.task_name, **self.task_params)
-
-
-def plan_sweep(config: SweepConfig, out_dir: str | os.PathLike[str]) -> list[RunSpec]:
-    """The runs of a sweep, head count major, then seed."""
-    out_dir = Path(out_dir)
-    task = get_task(config.task, **config.task_params)
-    specs = []
-    for n_heads in config.n_heads:
-        for seed in config.seeds:
-            model_kwargs = {**task.model_kwargs(), "device": "cpu", **config.model}
-            model_config = ModelConfig(**{**model_kwargs, "n_heads": n_heads, "seed": seed})
-            train_config = TrainConfig.from_dict({**config.train.to_dict(), "seed": seed})
-            specs.append(
-                RunSpec(
-                    task_name=task.name,
-                    task_params=dict(task.params),
-                    model_config=model_config,
-                    train_config=train_config,
-                    run_dir=out_dir / "runs" / f"h{n_heads}_seed{seed}",
-                )
-            )
-    return specs
-
-
-def execute_run(spec: RunSpec, *, progress: bool = False) -> Path:
-    """Train one planned run and write its folder (used by every executor)."""
-    task = spec.build_task()
-    model = build_model(task, **spec.model_config.to_dict())
-    train(model, task, spec.train_config, run_dir=spec.run_dir, progress=progress)
-    return spec.run_dir
 
 
 def _run_local(specs: Sequence[RunSpec], progress: bool) -> None:
@@ -128,15 +72,11 @@ def _run_local(specs: Sequence[RunSpec], progress: bool) -> None:
 
 def _run_batched(specs: Sequence[RunSpec], progress: bool) -> None:
     """Several runs per step, one pinned worker per CPU (:mod:`mhainterp.sweep.executors`)."""
-    from mhainterp.sweep.executors import run_batched  # imported on use: it starts worker processes
-
     run_batched(specs, progress)
 
 
 def _run_ray(specs: Sequence[RunSpec], progress: bool) -> None:
     """Runs spread over a Ray cluster (the ``[ray]`` extra; :mod:`mhainterp.sweep.executors`)."""
-    from mhainterp.sweep.executors import run_ray
-
     run_ray(specs, progress)
 
 
@@ -152,8 +92,6 @@ Executor = Literal["auto", "local", "batched", "ray"]
 def fastest_executor() -> str:
     """The executor ``"auto"`` means on this machine: ``"batched"`` (measured 1.9x the local
     loop on 2 cores, README "Performance"), or ``"local"`` where only one CPU is usable."""
-    from mhainterp.sweep.executors import available_cpus
-
     return "batched" if len(available_cpus()) > 1 else "local"
 
 
@@ -163,6 +101,8 @@ def _check_same_sweep(out_dir: Path, config: SweepConfig) -> None:
     if not saved_path.is_file():
         return
     saved = read_json(saved_path)
+    if isinstance(saved, dict):
+        saved = migrate_config(saved)  # a sweep.json's train section, as a run's
     if saved != _jsonable(config.to_dict()):
         raise RunFolderError(
             f"{out_dir} holds a different sweep (see {saved_path}); rerun with the same "

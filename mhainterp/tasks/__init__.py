@@ -20,7 +20,7 @@ Layout: ``batch`` (Batch), ``templates`` (relation template builders), ``base`` 
 ``plugins`` (load_task_module, entry points), ``contract`` (the check every task passes once).
 """
 
-from mhainterp.scoring import IGNORE_INDEX
+from mhainterp.model.loss import IGNORE_INDEX
 from mhainterp.tasks.base import Task
 from mhainterp.tasks.batch import Batch
 from mhainterp.tasks.builtin import (

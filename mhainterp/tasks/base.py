@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from mhainterp.scoring import IGNORE_INDEX
+from mhainterp.model.loss import IGNORE_INDEX
 from mhainterp.tasks.batch import Batch
 from mhainterp.tasks.contract import MAX_SEQ_LEN, MAX_VOCAB, check_labels, task_error
 from mhainterp.tasks.templates import check_tokens

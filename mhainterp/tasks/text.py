@@ -32,7 +32,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from mhainterp.scoring import IGNORE_INDEX
+from mhainterp.model.loss import IGNORE_INDEX
 from mhainterp.tasks.batch import Batch
 from mhainterp.tasks.templates import (
     _finish,

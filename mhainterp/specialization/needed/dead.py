@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 
 import pandas as pd
 
-from mhainterp.ablation import ablate_sets
+from mhainterp.ablation import evaluate_head_sets, head_sets_table
 from mhainterp.data import Batch
 from mhainterp.heads import HEAD_SET_SEPARATOR
 from mhainterp.model import HookedMHATransformer
@@ -91,7 +91,8 @@ def quiet_ablations(
     sets = [s for s in dict.fromkeys(sets) if s]
     if not sets:
         return pd.DataFrame(columns=QUIET_COLUMNS)
-    table = ablate_sets(model, batch, [list(s) for s in sets], method)
+    result = evaluate_head_sets(model, batch, [[], *(list(s) for s in sets)], method)
+    table = head_sets_table(result).iloc[1:]  # after the clean model
     return pd.DataFrame(
         {
             "heads": [HEAD_SET_SEPARATOR.join(s) for s in sets],

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from mhainterp.ablation import ablate_sets, pairwise_ablation
+from mhainterp.ablation import evaluate_head_sets, head_sets_table, pairwise_ablation
 from mhainterp.heads import HEAD_SET_SEPARATOR
 from mhainterp.model import HookedMHATransformer
 from mhainterp.similarity import head_similarity
@@ -49,7 +49,6 @@ __all__ = [
     "redundant_under",
     "similar_groups",
     "redundancy_pairs",
-    "redundant_partners",
 ]
 
 REDUNDANCY_COLUMNS = [
@@ -263,7 +262,8 @@ def redundancy_groups(
     for group in groups:
         head_sets.append(group)  # remove the whole group
         head_sets += [[h for h in group if h != keep] for keep in group]  # keep one member
-    table = ablate_sets(model, batch, head_sets, settings.ablation_method)
+    result = evaluate_head_sets(model, batch, [[], *head_sets], settings.ablation_method)
+    table = head_sets_table(result).iloc[1:]  # after the clean model
     damage = table["delta_loss"].to_numpy()
     rows, start = [], 0
     for group in groups:
@@ -288,36 +288,10 @@ def redundancy_groups(
     return pd.DataFrame(rows, columns=GROUP_COLUMNS)
 
 
-def redundant_partners(
-    pairs: pd.DataFrame, groups: pd.DataFrame | None = None
-) -> dict[str, list[str]]:
-    """Head label -> the heads it is redundant with (only heads that have some), from
-    redundant pairs and, if given, redundant groups (every member with every other).
-
-    Example:
-        >>> pairs = pd.DataFrame({"head_a": ["L0H0", "L0H0"], "head_b": ["L0H1", "L0H2"],
-        ...                       "redundant": [True, False]})
-        >>> redundant_partners(pairs)
-        {'L0H0': ['L0H1'], 'L0H1': ['L0H0']}
-    """
-    flagged = pairs[pairs["redundant"].astype(bool)]
-    linked = list(zip(flagged["head_a"], flagged["head_b"], strict=True))
-    if groups is not None:
-        for members, redundant in zip(groups["heads"], groups["redundant"], strict=True):
-            if bool(redundant):
-                heads = _split_heads(members)
-                linked += [(a, b) for i, a in enumerate(heads) for b in heads[i + 1 :]]
-    partners: dict[str, list[str]] = {}
-    for a, b in linked:
-        for head, other in ((a, b), (b, a)):
-            if other not in partners.setdefault(head, []):
-                partners[head].append(other)
-    return partners
-
-
 def _split_heads(members: str) -> list[str]:
-    """A saved head set back into labels; reads the old ``;`` separator too."""
-    return [h for h in members.replace(";", HEAD_SET_SEPARATOR).split(HEAD_SET_SEPARATOR) if h]
+    """A saved head set back into labels (old ``;`` sets are migrated on reading,
+    :func:`mhainterp.runs.migrate_results`)."""
+    return [h for h in members.split(HEAD_SET_SEPARATOR) if h]
 
 
 def redundant_under(

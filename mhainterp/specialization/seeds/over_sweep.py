@@ -29,6 +29,7 @@ from mhainterp.render import markdown_table
 from mhainterp.runs import (
     analysis_is_current,
     folder_kind,
+    migrate_settings,
     read_results,
     read_saved_meta,
     record_analysis_source,
@@ -208,7 +209,7 @@ def saved_specialization(
     meta = read_saved_meta(meta_path, ("settings", "verdict"))
     if not analysis_is_current(run_dir, meta):  # computed from other weights
         return None
-    saved = meta["settings"]
+    saved = migrate_settings(meta["settings"])
     # A result saved before a table was added lacks its file: it does not count as saved.
     complete = all(
         (analysis / f"{RESULT_PREFIX}_{name}.csv").is_file() for name in SpecializationResult.TABLES

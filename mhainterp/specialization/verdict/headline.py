@@ -10,7 +10,11 @@ perturbation, whether the run's headline sentence changes and the share of head 
 flip; :func:`headline_summary` pools them: the share of verdict sentences that change beside
 the share of labels.
 
-This re-runs the model once per perturbation (about 30 for the defaults), so it is opt-in.
+This re-runs the whole analysis once per perturbation (36 for the defaults: 36 x the cost of
+the specialization test and the division of labour), so it is opt-in:
+:func:`headline_stability_folder` (``mhainterp specialize --headline-stability``) saves it per
+run as ``analysis/headline_stability.csv`` with the pooled shares in
+``analysis/headline_stability.json``.
 
 Example:
     >>> table = headline_stability(model, task, by="position")  # doctest: +SKIP
@@ -21,12 +25,17 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from tqdm.auto import tqdm
 
 from mhainterp.ablation import METHODS
+from mhainterp.io import write_csv, write_json
+from mhainterp.runs import find_runs
 from mhainterp.specialization.battery import specialization_test
 from mhainterp.specialization.seeds.combine import attach_division
 from mhainterp.specialization.verdict.result import SpecializationResult
@@ -35,12 +44,15 @@ from mhainterp.specialization.verdict.settings import THRESHOLDS, Specialization
 from mhainterp.specialization.verdict.stability import FACTORS
 from mhainterp.specialization.whom.division import division_of_labour
 from mhainterp.specialization.whom.settings import DivisionSettings
+from mhainterp.training import load_run
 
 __all__ = [
     "HEADLINE_COLUMNS",
+    "HEADLINE_FILE",
     "compare_headlines",
     "gate_perturbations",
     "headline_stability",
+    "headline_stability_folder",
     "headline_summary",
     "matching_division_settings",
 ]
@@ -55,6 +67,9 @@ HEADLINE_COLUMNS = [
 ]
 """Columns of :func:`compare_headlines`: one row per perturbation; ``headline`` is the run's
 headline clause under it, ``changed`` whether it differs from the unperturbed one."""
+HEADLINE_FILE = "headline_stability.csv"
+"""Where :func:`headline_stability_folder` saves a run's table (under ``analysis/``; the pooled
+shares and the unperturbed headline go beside it, in ``headline_stability.json``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,3 +229,33 @@ def headline_summary(table: pd.DataFrame) -> dict[str, float]:
             float(table["n_labels_changed"].sum()) / labels if labels else float("nan")
         ),
     }
+
+
+def headline_stability_folder(
+    path: str | os.PathLike[str],
+    settings: SpecializationSettings | None = None,
+    *,
+    by: Sequence[str] | str = ("token", "position", "target_class", "target"),
+    progress: bool = True,
+) -> list[tuple[Path, pd.DataFrame]]:
+    """:func:`headline_stability` of every finished run at ``path`` (a run, sweep or folder
+    of sweeps), saved as ``analysis/headline_stability.csv`` and ``.json`` (the unperturbed
+    ``headline`` and :func:`headline_summary`) per run.
+
+    Returns:
+        ``(run folder, table)`` per run.
+
+    Example:
+        >>> for run_dir, table in headline_stability_folder("runs/x"):  # doctest: +SKIP
+        ...     print(run_dir.name, headline_summary(table))
+    """
+    out = []
+    for run_dir in tqdm(find_runs(path), desc="headline stability", disable=not progress):
+        run = load_run(run_dir)
+        table = headline_stability(run.model, run.task, settings, by=by)
+        folder = Path(run_dir) / "analysis"
+        write_csv(folder / HEADLINE_FILE, table)
+        summary = {"headline": table.attrs["headline"], **headline_summary(table)}
+        write_json(folder / HEADLINE_FILE.replace(".csv", ".json"), summary)
+        out.append((Path(run_dir), table))
+    return out

@@ -17,7 +17,13 @@ from pathlib import Path
 import pandas as pd
 
 from mhainterp.io import FileSet, json_text
-from mhainterp.runs import read_saved_meta, read_table, record_analysis_source, weights_digest
+from mhainterp.runs import (
+    migrate_settings,
+    read_saved_meta,
+    read_table,
+    record_analysis_source,
+    weights_digest,
+)
 from mhainterp.specialization.verdict.sentences import Verdict
 from mhainterp.specialization.verdict.settings import SpecializationSettings
 
@@ -267,5 +273,5 @@ class SpecializationResult:
         return cls(
             **tables,
             verdict=Verdict.from_dict(meta["verdict"]),
-            settings=SpecializationSettings.from_dict(meta["settings"]),
+            settings=SpecializationSettings.from_dict(migrate_settings(meta["settings"])),
         )

@@ -39,8 +39,9 @@ class SpecializationSettings:
     """Every knob of :func:`specialization_test`, validated on construction.
 
     Args:
-        n_eval: Sequences of the task's evaluation set used (held out from training); saved
-            settings that say ``n_sequences`` (the old name) are read as ``n_eval``.
+        n_eval: Sequences of the task's evaluation set used (held out from training). Saved
+            settings that say ``n_sequences`` (the old name) load through
+            :func:`mhainterp.runs.migrate_settings`.
         alpha: Significance level after correction.
         correction: ``"holm"`` (family-wise), ``"bh"`` (false discovery rate) or ``"none"``.
         min_effect: Smallest effect size ``(score - chance) / (1 - chance)`` that counts as a
@@ -126,9 +127,6 @@ class SpecializationSettings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SpecializationSettings:
-        data = dict(data)
-        if "n_sequences" in data:  # the old name of n_eval, in settings saved before the rename
-            data["n_eval"] = data.pop("n_sequences")
         check_keys("SpecializationSettings", data, (f.name for f in dataclasses.fields(cls)))
         return cls(**data)
 

@@ -16,8 +16,10 @@ axis of "specialize" (DESIGN.md, "The question the toolkit answers") along four 
 (sequence, position, target) *triple*, the clean model, each head removed alone, each layer
 removed whole, each head *kept* alone in its layer (the rest of the layer removed) and each
 backed-up *group* removed as one unit. The primary ``method`` (default mean) runs first; then
-the other ``methods`` (zero, resample) and ``n_noise`` noisy copies of the model (below) under
-the primary method, with the same configurations.
+the other ``methods`` (zero, resample) and ``n_noise`` (1) noisy copies of the model (below)
+under the primary method, on the configurations the call's basis needs (the clean row is
+shared by the methods: it ablates nothing). The methods share one
+:class:`~mhainterp.ablation.engine.CleanCache` (the clean activations and prefixes).
 
 **Profiles** over an axis's values ``v`` (each value weighs the same whatever its count;
 values with fewer than ``min_count`` triples are kept in the tables but left out of the
@@ -46,17 +48,22 @@ defined alone, else on ``group`` when 2 or more group units are, else on ``kept`
 0 when every unit hurts the same values in the same proportions, 1 when their values are
 disjoint; values in between are a split *with overlap*.
 
-**Same-function null.** What would a model whose heads do the same jobs score? Each noisy
-copy perturbs every head's ``W_Q, W_K, W_V, W_O`` with Gaussian noise of ``noise`` (10%) x
-the RMS of that head's matrix, halved until the copy's accuracy stays within
-``max_accuracy_change`` (0.02) (``settings["noise_used"]``). The null index is the mean over
-the defined units of ``1 - cos`` between the unit's profiles in two noisy copies (in the
-original and the copy when ``n_noise`` is 1): the distance of two heads doing one job. Every
-statistic is computed on ``n_bootstrap`` (200) resamples of the sequences as well (one product
-per axis: per-sequence sums, then resample weights); ``ci_low, ci_high`` is the ``1 - alpha``
-interval of the index, ``null_high`` the null's upper ``1 - alpha`` quantile, and
-``p = (1 + #{null_b >= index}) / (1 + B)``, whose floor ``p_floor = 1 / (1 + B)`` is reported
-beside it. There is no fixed effect gate: a split is **divided** when ``ci_low > null_high``.
+**Same-function null.** What would a model whose heads do the same jobs score? A noisy copy
+perturbs every head's ``W_Q, W_K, W_V, W_O`` with Gaussian noise of ``noise`` (10%) x the RMS
+of that head's matrix, halved until the copy's accuracy stays within ``max_accuracy_change``
+(0.02) (``settings["noise_used"]``). The null index is the mean over the defined units of
+``1 - cos`` between the unit's profile in the original model on one half of the sequences
+(the even ones) and its profile in the noisy copy on the other half (the odd ones), and the
+other way round, averaged: the distance of two heads doing one job, measured on different
+inputs, so that it holds both function noise (the weights) and sampling noise (the
+sequences) -- the two things that make real heads' profiles differ without a division. With
+``n_noise`` >= 2 the copies are compared with each other instead (each copy costs one engine
+pass; the default 1 costs one). Every statistic is computed on ``n_bootstrap`` (200)
+resamples of the sequences as well (per-sequence sums, then all resamples in one product);
+``ci_low, ci_high`` is the ``1 - alpha`` interval of the index, ``null_high`` the null's upper
+``1 - alpha`` quantile, and ``p = (1 + #{null_b >= index}) / (1 + B)``, whose floor
+``p_floor = 1 / (1 + B)`` is reported beside it. There is no fixed effect gate: a split is
+**divided** when ``ci_low > null_high``.
 
 **Methods.** The index and the call are computed under each of ``methods`` on the primary
 basis (``index_mean, index_zero, index_resample``; the null is the primary method's). The
@@ -273,31 +280,20 @@ def division_of_labour(
     rows = basis_rows(configs, basis)
     passes = {s.method: primary}
     for method in tqdm(s.methods[1:] if basis else (), desc="methods", disable=not progress):
-        passes[method] = run_rows(model, batch, configs, rows, method, cache)
+        passes[method] = run_rows(model, batch, configs, rows, method, cache, clean_from=primary)
     noisy, noise_used = (
         _noisy_passes(model, batch, configs, rows, primary, s, progress) if basis else ([], 0.0)
     )
     gate = {m: gates(p, configs, s) for m, p in passes.items()}
     weights = bootstrap_weights(len(batch), s.n_bootstrap, torch.Generator().manual_seed(s.seed))
-    even = torch.arange(len(batch)) % 2 == 0
-    split = (even.float(), (~even).float())  # split halves: the null's sampling noise
     null_generator = torch.Generator().manual_seed(s.seed + 2)
-    norms = write_norms(model, batch[: s.n_attention])
+    # The mean and resample passes captured every layer's clean z of the batch: reuse it.
+    norms = write_norms(model, batch[: s.n_attention], cache.donor_z)
     heads_parts, index_rows, profile_parts, basis_parts = [], [], [], []
     for axis in axes:
-        K = len(value_names[axis])
-        means = {m: pass_means(p, sequence, values[axis], K, weights) for m, p in passes.items()}
-        halves = [weights * half for half in split]
-        null_passes = [primary, *noisy] if len(noisy) == 1 else noisy
-        noisy_means = [
-            [pass_means(p, sequence, values[axis], K, w) for w in halves] for p in null_passes
-        ]
-        observed = weights[:1]
-        loss = value_means(primary.nll, sequence, values[axis], len(value_names[axis]), observed)
-        ev = AxisEvidence(
-            axis=axis, value_names=value_names[axis], counts=counts[axis],
-            keep=counts[axis] >= s.min_count, means=means, noisy=noisy_means, loss=loss[0],
-            onehot=torch.nn.functional.one_hot(values[axis], K).float(),
+        ev = _axis_evidence(
+            axis, passes, noisy, rows, sequence, values[axis], value_names[axis],
+            counts[axis], weights, s,
         )  # fmt: skip
         index_rows.append(index_row(ev, configs, gate, basis, s))
         heads_parts.append(
@@ -324,6 +320,42 @@ def division_of_labour(
         settings=meta,
         skipped=skipped,
     )
+
+
+def _axis_evidence(
+    axis: str,
+    passes: dict[str, PassScores],
+    noisy: list[PassScores],
+    rows: list[int],
+    sequence: torch.Tensor,
+    values: torch.Tensor,
+    value_names: list[str],
+    counts: torch.Tensor,
+    weights: torch.Tensor,
+    s: DivisionSettings,
+) -> AxisEvidence:
+    """One axis's per-value accuracies: every method's pass on the resamples ``weights``
+    ``[B, n]``, and the null's passes (the original and one noisy copy, or the copies) on the
+    even and the odd sequences of each resample, on the basis's ``rows`` only (NaN
+    elsewhere); a pass's weight tables are one product."""
+    K, B = len(value_names), weights.shape[0]
+    even = (torch.arange(weights.shape[1]) % 2 == 0).float()
+    halves = [weights * even, weights * (1.0 - even)]  # the null's split halves
+
+    def means_of(p: PassScores, tables: list[torch.Tensor]) -> list[torch.Tensor]:
+        return list(pass_means(p, sequence, values, K, torch.cat(tables)).split(B))
+
+    primary = passes[s.method]
+    means = {m: means_of(p, [weights])[0] for m, p in passes.items()}
+    # With one copy the original is the null's other copy (on the basis's rows).
+    original = [PassScores(s.method, primary.correct, primary.nll, rows=rows)]
+    null = [means_of(p, halves) for p in (original if len(noisy) == 1 else []) + noisy]
+    loss = value_means(primary.nll, sequence, values, K, weights[:1])[0]
+    return AxisEvidence(
+        axis=axis, value_names=value_names, counts=counts, keep=counts >= s.min_count,
+        means=means, noisy=null, loss=loss,
+        onehot=torch.nn.functional.one_hot(values, K).float(),
+    )  # fmt: skip
 
 
 def _label(group: Sequence[tuple[int, int]]) -> str:

@@ -160,13 +160,27 @@ def run_rows(
     rows: Sequence[int],
     method: Method,
     cache: CleanCache | None = None,
+    clean_from: PassScores | None = None,
 ) -> PassScores:
     """:func:`run_pass` of the configurations ``rows`` only, laid out as a full pass (NaN in
-    the rows not run), so that every row keeps its meaning."""
-    part, _ = run_pass(model, batch, [configs.head_sets[r] for r in rows], method, cache=cache)
-    C, N = len(configs.head_sets), part.correct.shape[1]
+    the rows not run), so that every row keeps its meaning.
+
+    ``clean_from``: a pass of the same model and batch under another method, whose clean row
+    is copied instead of run again (the clean model ablates nothing: every method scores it
+    alike)."""
+    run = [r for r in rows if clean_from is None or r != configs.clean]
+    C = len(configs.head_sets)
+    if run:
+        part, _ = run_pass(model, batch, [configs.head_sets[r] for r in run], method, cache=cache)
+        N = part.correct.shape[1]
+    else:
+        N = clean_from.correct.shape[1]
     correct, nll = torch.full((C, N), math.nan), torch.full((C, N), math.nan)
-    correct[list(rows)], nll[list(rows)] = part.correct, part.nll
+    if run:
+        correct[run], nll[run] = part.correct, part.nll
+    if clean_from is not None and configs.clean in rows:
+        correct[configs.clean] = clean_from.correct[configs.clean]
+        nll[configs.clean] = clean_from.nll[configs.clean]
     return PassScores(method, correct, nll, rows=list(rows))
 
 
@@ -251,26 +265,38 @@ def value_means(
     """Per resample, configuration and value: the accuracy over the triples with that value
     (each triple weighted by how often its sequence is drawn; NaN-free: empty values give 0).
 
+    The triples are summed per (sequence, value) once, then every resample is one row of a
+    single matrix product (stack several weight tables to get them all from one call).
+
     Example:
         >>> correct = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
         >>> seq, vals = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 1, 0, 1])
         >>> value_means(correct, seq, vals, 2, torch.tensor([[1.0, 1.0], [2.0, 0.0]])).tolist()
         [[[1.0, 0.5]], [[1.0, 0.0]]]
     """
-    n = weights.shape[1]
+    B, n = weights.shape
+    C = correct.shape[0]
     key = sequence * K + values  # (N,)
-    sums = torch.zeros(correct.shape[0], n * K).index_add_(1, key, correct)
-    counts = torch.zeros(n * K).index_add_(0, key, torch.ones_like(key, dtype=torch.float32))
-    sums, counts = sums.reshape(-1, n, K), counts.reshape(n, K)
-    total = torch.einsum("bn,cnk->bck", weights, sums)
+    # (n * K, C): the configurations last, so the resamples are one (B, n) @ (n, K * C) product
+    sums = torch.zeros(n * K, C).index_add_(0, key, correct.T.float())
+    counts = torch.bincount(key, minlength=n * K).float().reshape(n, K)
+    total = (weights @ sums.reshape(n, K * C)).reshape(B, K, C).transpose(1, 2)  # (B, C, K)
     return total / (weights @ counts).clamp(min=1)[:, None, :]
 
 
 @torch.no_grad()
-def write_norms(model: Any, batch: Batch) -> Float[Tensor, " H"]:
-    """Each head's mean write norm ``|z_h W_O[h]|`` over the real positions of ``batch``."""
-    with eval_mode(model):
-        zs = capture_z(model, batch)  # per layer (n, T, h, d_head)
+def write_norms(
+    model: Any, batch: Batch, zs: Sequence[Tensor] | None = None
+) -> Float[Tensor, " H"]:
+    """Each head's mean write norm ``|z_h W_O[h]|`` over the real positions of ``batch``.
+
+    ``zs``: every layer's clean ``hook_z`` of a batch that starts with ``batch`` (a
+    :class:`~mhainterp.ablation.engine.CleanCache`'s ``donor_z``), instead of a forward.
+    """
+    if zs is None:
+        with eval_mode(model):
+            zs = capture_z(model, batch)  # per layer (n, T, h, d_head)
+    zs = [z[: len(batch)] for z in zs]
     real = batch.padding_mask.to(zs[0].device).float()  # (n, T)
     out = []
     for layer, z in enumerate(zs):

@@ -56,8 +56,9 @@ class DivisionSettings:
         alpha: 1 - the level of every interval; the null's upper quantile is 1 - alpha.
         correction: Multiple-comparison correction of the heads' ``p_adj``.
         n_bootstrap: Bootstrap resamples of the sequences (intervals and the null's spread).
-        n_noise: Noisy copies of the model in the same-function null (>= 1; with 2 or more,
-            copies are compared with each other).
+        n_noise: Noisy copies of the model in the same-function null (>= 1). With 1 (the
+            default) the original is compared with its copy; with 2 or more, the copies are
+            compared with each other (each copy is one more engine pass).
         noise: Relative weight noise of a noisy copy (std / RMS of each head's matrix).
         max_accuracy_change: A noisy copy must keep the accuracy within this; the noise is
             halved (up to 4 times) until it does.
@@ -77,7 +78,7 @@ class DivisionSettings:
     alpha: float = 0.05
     correction: str = "holm"
     n_bootstrap: int = 200
-    n_noise: int = 2
+    n_noise: int = 1
     noise: float = 0.1
     max_accuracy_change: float = 0.02
     group_similarity: float = 0.9
