@@ -92,7 +92,7 @@ def _run_folder(path, heads):
     model = handbuilt_model(heads, d_head=18)
     metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
     saved = {**evaluate(model, task, n_eval=64), "status": "finished"}
-    return save_run(path, model, task, TrainConfig(steps=1), metrics, saved)
+    return save_run(model, task, path, TrainConfig(steps=1), metrics, saved)
 
 
 def test_specialize_prints_the_headline_stability_when_asked(tmp_path, capsys, monkeypatch):
