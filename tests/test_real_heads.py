@@ -153,6 +153,45 @@ def test_vocabulary_aware_chunks_bound_every_forward(llama, monkeypatch):
     assert rows_for_outputs(49152, 48) == 18  # SmolLM2: 512-row chunks would need 14 GB
 
 
+def test_padded_text_is_chunked_longest_first_and_cut_after_its_last_real_token(llama, monkeypatch):
+    """Chunks of 3 sentences, longest first (tokens 14 13 11 | 9 8 8 | 8 7 of 14 positions):
+    every forward sees only its chunk's positions, one clean forward per chunk gives the
+    prefixes of every first layer, and the scores equal the unchunked ones, per position."""
+    model, batch = llama
+    lengths = batch.padding_mask.sum(1).tolist()
+    sets = [[], ["L0H1"], ["L1H2"], ["L0H0", "L1H3"]]
+    whole = evaluate_head_sets(model, batch, sets, "mean", per_position=True, max_rows=64)
+    widths, clean_forwards = [], []
+    resume, forward = model.logits_from_z, model.logits
+    monkeypatch.setattr(
+        model,
+        "logits_from_z",
+        lambda layer, r, z, m=None: widths.append(r.shape[1]) or resume(layer, r, z, m),
+    )
+    monkeypatch.setattr(
+        model, "logits", lambda t, m=None: clean_forwards.append(t.shape) or forward(t, m)
+    )
+    chunked = evaluate_head_sets(model, batch, sets, "mean", per_position=True, max_rows=3)
+    monkeypatch.undo()
+    assert lengths == [8, 8, 14, 7, 9, 13, 8, 11]
+    assert sorted(set(widths), reverse=True) == [14, 9, 8]
+    # the mean replacement's capture (3-row chunks, uncut), then one clean forward per chunk
+    assert [tuple(s) for s in clean_forwards] == [
+        (3, 14),
+        (3, 14),
+        (2, 14),
+        (3, 14),
+        (3, 9),
+        (2, 8),
+    ]
+    for name in ("nll", "correct"):
+        torch.testing.assert_close(getattr(chunked.scores, name), getattr(whole.scores, name))
+    assert [m["loss"] for m in chunked.metrics()] == pytest.approx(
+        [m["loss"] for m in whole.metrics()], abs=1e-6
+    )
+    assert whole.metrics()[1]["loss"] != pytest.approx(whole.metrics()[0]["loss"], abs=1e-4)
+
+
 def test_kl_and_delta_ce_through_the_engine_equal_a_hand_computation(llama):
     model, batch = llama
     with torch.no_grad():
