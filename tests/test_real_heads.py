@@ -284,6 +284,25 @@ def test_attribution_is_the_directional_derivative_of_the_loss(llama):
         assert abs(finite) > 1e-3
 
 
+def test_attribution_takes_the_mean_from_its_own_pass_and_cuts_padding(llama, monkeypatch):
+    """The default reference's zero and mean estimates come from the gradient pass itself
+    (no separate capture forward): equal to the engine's replacement path (an explicit
+    reference) and to unchunked sequences, with every forward cut to its chunk's length."""
+    model, batch = llama
+    widths = []
+    forward = model.logits
+    monkeypatch.setattr(model, "logits", lambda t, m=None: widths.append(t.shape) or forward(t, m))
+    own = attribution_patching(model, batch, ("zero", "mean"), batch_size=3)
+    monkeypatch.undo()
+    assert [tuple(w) for w in widths] == [(3, 14), (3, 9), (2, 8)]  # longest first, cut
+    general = attribution_patching(model, batch, ("zero", "mean"), reference=batch, batch_size=8)
+    torch.testing.assert_close(
+        torch.tensor(own["attribution"].values), torch.tensor(general["attribution"].values),
+        atol=1e-6, rtol=1e-4,
+    )  # fmt: skip
+    assert own["attribution"].abs().max() > 1e-3
+
+
 def test_verification_is_the_engine_and_agreement_is_reported(llama):
     model, batch = llama
     estimate = attribution_patching(model, batch, ("zero",))

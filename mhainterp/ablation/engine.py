@@ -84,7 +84,9 @@ __all__ = [
     "capture_z",
     "check_method",
     "evaluate_head_sets",
+    "length_order",
     "resolve_head_sets",
+    "rows_of",
     "run_masks",
 ]
 
@@ -369,10 +371,10 @@ def _clean_prefixes(
     return {layer: (seen[r], seen[z].contiguous()) for layer, (r, z) in names.items()}
 
 
-def _length_order(batch: Batch) -> Int[Tensor, " n"]:
+def length_order(batch: Batch) -> Int[Tensor, " n"]:
     """Sequences longest first (stable; the identity when no sequence ends in padding).
 
-    Chunks of similar length waste few positions on padding once trimmed (:func:`_rows_of`).
+    Chunks of similar length waste few positions on padding once trimmed (:func:`rows_of`).
     """
     T = batch.padding_mask.shape[1]
     positions = torch.arange(1, T + 1, device=batch.padding_mask.device)
@@ -380,7 +382,7 @@ def _length_order(batch: Batch) -> Int[Tensor, " n"]:
     return torch.argsort(-lengths, stable=True)
 
 
-def _rows_of(batch: Batch, rows: Int[Tensor, " s"]) -> Batch:
+def rows_of(batch: Batch, rows: Int[Tensor, " s"]) -> Batch:
     """Rows ``rows`` of ``batch``, cut after the last position any of them has a real token.
 
     Trailing padding changes no real position (padding keys are masked in every head, and
@@ -481,7 +483,7 @@ def run_masks(
     C = masks.shape[0]
     jobs = _plan_jobs(model, batch, _first_layers(masks), max_rows)
     masks = masks.to(_device(model))
-    order = _length_order(batch).to(masks.device)  # chunk s0:s1 holds sequences order[s0:s1]
+    order = length_order(batch).to(masks.device)  # chunk s0:s1 holds sequences order[s0:s1]
     k = batch.n_targets
     loss_sum = torch.zeros(C, dtype=torch.float64)
     correct = torch.zeros(C, k, dtype=torch.float64)
@@ -491,7 +493,7 @@ def run_masks(
     with eval_mode(model), torch.no_grad():
         for first, members, s0, s1 in tqdm(jobs, desc=desc, disable=not progress, leave=False):
             rows = order[s0:s1]
-            part = _rows_of(batch, rows)
+            part = rows_of(batch, rows)
             index = torch.tensor(members, device=masks.device)
             if (first, s0, s1) not in prefixes:  # one clean forward for the chunk's groups
                 if cache is None:
@@ -525,7 +527,7 @@ def _plan_jobs(
 
     Configurations are grouped by their first ablated layer (a cheap group is never dragged
     into a costly one) and split into forwards of at most ``max_rows`` rows; ``s0:s1`` is a
-    range of :func:`_length_order`. Sequence chunks are outermost, so one clean forward gives
+    range of :func:`length_order`. Sequence chunks are outermost, so one clean forward gives
     the prefixes of every group of a chunk (:func:`_clean_prefixes`).
     """
     n = len(batch)
