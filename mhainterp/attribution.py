@@ -42,7 +42,7 @@ from mhainterp.ablation.engine import (
 )
 from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
 from mhainterp.eval_mode import eval_mode
-from mhainterp.heads import all_heads, format_heads, head_label
+from mhainterp.heads import all_heads, format_heads, head_label, resolve_heads
 from mhainterp.scoring import position_scores
 from mhainterp.tasks import Batch
 from mhainterp.validation import ParameterError, check_int, check_option, invalid
@@ -246,6 +246,7 @@ def prune_curve(
     by: Literal["loss", "accuracy"] = "loss",
     rescore: bool = True,
     shortlist: int | None = 8,
+    heads: str | list | None = None,
     generator: torch.Generator | None = None,
     n_eval: int = DEFAULT_N_EVAL,
     max_rows: int | None = DEFAULT_MAX_ROWS,
@@ -267,6 +268,8 @@ def prune_curve(
             at their latest scoring (None: every remaining head). Exact whenever at most
             ``shortlist`` heads remain, so models of up to 8 heads get the full greedy curve;
             a 32-head model costs 32 + 31 x 8 evaluations instead of 528.
+        heads: Prune only these heads (labels, pairs or ``"L0H1,L0H3"``; the others stay);
+            None: every head. A pretrained model prunes its attribution-verified set.
 
     Returns:
         One row per step, from all heads (step 0, the clean model) to none, with columns
@@ -292,7 +295,10 @@ def prune_curve(
         sums, _ = run_masks(model, batch, masks, replacement, max_rows=max_rows, desc=desc)
         return sums.metrics(names)
 
-    heads = all_heads(model.cfg.n_layers, model.cfg.n_heads)
+    if heads is None:
+        heads = all_heads(model.cfg.n_layers, model.cfg.n_heads)
+    else:
+        heads = resolve_heads(model, heads)
     baseline = run([[]], desc="prune")[0]
     rows = [_prune_row(0, len(heads), "", [], method, baseline)]
     if not rescore:

@@ -25,6 +25,7 @@ from mhainterp.analyze_pretrained import (  # noqa: E402
     analyze_pretrained,
     clark_categories,
     text_roles,
+    verified_heads,
     zero_vs_mean,
 )
 from mhainterp.attribution import (  # noqa: E402
@@ -404,6 +405,33 @@ def test_cli_analyze_model_writes_the_tables(tmp_path):
     exact = evaluate_head_sets(model, batch, [[], [row["head_label"]]]).metrics()
     assert row["exact"] == pytest.approx(exact[1]["loss"] - exact[0]["loss"], abs=1e-5)
     assert "6 sentences" in (out / "summary.md").read_text()
+
+
+@pytest.mark.slow  # the whole battery on a tiny Llama (figures included); CI runs it
+def test_pairwise_and_pruning_run_on_the_verified_set_only(llama, tmp_path):
+    """Top-2 per method and 1 random head of the 8: pairwise ablation and the pruning curve
+    touch only those heads, and the curve's steps are the engine's exact numbers."""
+    model, _ = llama
+    analyze_pretrained(model, _sentence_file(tmp_path), tmp_path / "out", n_eval=8, n_init=1,
+                       top_k=2, n_random=1, n_pairwise=2)  # fmt: skip
+    verified = pd.read_csv(tmp_path / "out" / "verified.csv")
+    chosen = verified_heads(verified)
+    assert 3 <= len(chosen) <= 5 < 8  # 2 + 2 top (they may overlap) + 1 random
+    pairwise = pd.read_csv(tmp_path / "out" / "pairwise.csv")
+    assert set(pairwise["head_a"]) | set(pairwise["head_b"]) <= set(chosen)
+    curve = pd.read_csv(tmp_path / "out" / "prune.csv", keep_default_na=False)
+    assert len(curve) == 1 + len(chosen) and curve["n_heads_left"].tolist()[0] == len(chosen)
+    assert set(curve["removed"][1:]) == set(chosen)
+    batch = text_batch(model, SENTENCES)
+    last = curve["pruned"].iloc[-1]
+    exact = evaluate_head_sets(model, batch, [[], last], "mean").metrics()
+    assert curve["loss"].tolist()[0] == pytest.approx(exact[0]["loss"], abs=1e-6)
+    assert curve["loss"].tolist()[-1] == pytest.approx(exact[1]["loss"], abs=1e-6)
+
+
+def _sentence_file(folder):
+    (folder / "s.txt").write_text("\n".join(SENTENCES))
+    return folder / "s.txt"
 
 
 def test_cli_analyze_model_errors_are_one_line(tmp_path, monkeypatch, capsys):
