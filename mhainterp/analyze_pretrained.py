@@ -13,6 +13,8 @@
     agreement.csv         Spearman, Pearson and top-k overlap of attribution vs exact, per method
     zero_vs_mean.csv/.png both methods side by side on the verified heads; where they disagree
     pairwise.csv          joint ablation of the strongest verified heads (backup / overlap)
+    prune.csv             pruning curve over the verified heads only (mean ablation, removed
+                          in order of their exact damage; the other heads stay)
     summary.md            the headline numbers in sentences
 
 Next-token models are scored by the mean cross-entropy of the next token (the engine's
@@ -36,7 +38,12 @@ from tqdm.auto import tqdm
 
 from mhainterp.ablation.engine import CleanCache, evaluate_head_sets
 from mhainterp.ablation.tables import pairwise_ablation
-from mhainterp.attribution import attribution_agreement, attribution_patching, verify_attribution
+from mhainterp.attribution import (
+    attribution_agreement,
+    attribution_patching,
+    prune_curve,
+    verify_attribution,
+)
 from mhainterp.heads import all_heads, head_label
 from mhainterp.io import write_csv, write_json, write_text
 from mhainterp.pretrained import load_pretrained, random_init_models
@@ -60,6 +67,7 @@ __all__ = [
     "analyze_pretrained",
     "clark_categories",
     "text_roles",
+    "verified_heads",
     "zero_vs_mean",
 ]
 
@@ -260,6 +268,17 @@ def _verified(
     return pd.concat(frames, ignore_index=True)
 
 
+def verified_heads(verified: pd.DataFrame) -> list[str]:
+    """The heads ablated exactly (top-k and random sample), in their table order: the set
+    pairwise ablation and pruning of a pretrained model run on.
+
+    Example:
+        >>> verified_heads(pd.DataFrame({"head_label": ["L3H1", "L0H2", "L3H1"]}))
+        ['L3H1', 'L0H2']
+    """
+    return list(dict.fromkeys(verified["head_label"]))
+
+
 def analyze_pretrained(
     model: BridgedModel | str | os.PathLike[str],
     text: str | os.PathLike[str],
@@ -350,6 +369,9 @@ def analyze_pretrained(
         strongest = both.nlargest(n_pairwise, "delta_mean")["head_label"].tolist()
         pairwise = pairwise_ablation(model, batch, "mean", heads=strongest)
         written.append(write_csv(out / "pairwise.csv", pairwise))
+    if model.cfg.objective == "next_token":  # attribution chose the set: prune only it
+        curve = prune_curve(model, batch, "mean", heads=verified_heads(verified), rescore=False)
+        written.append(write_csv(out / "prune.csv", curve))
     steps.update()
     steps.close()
     summary = _summary(model, batch, categories, agreement, both)

@@ -36,11 +36,13 @@ from mhainterp.ablation.engine import (
     check_method,
     evaluate_head_sets,
     head_masks,
+    length_order,
+    rows_of,
     run_masks,
 )
 from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
 from mhainterp.eval_mode import eval_mode
-from mhainterp.heads import all_heads, format_heads, head_label
+from mhainterp.heads import all_heads, format_heads, head_label, resolve_heads
 from mhainterp.scoring import position_scores
 from mhainterp.tasks import Batch
 from mhainterp.validation import ParameterError, check_int, check_option, invalid
@@ -244,6 +246,7 @@ def prune_curve(
     by: Literal["loss", "accuracy"] = "loss",
     rescore: bool = True,
     shortlist: int | None = 8,
+    heads: str | list | None = None,
     generator: torch.Generator | None = None,
     n_eval: int = DEFAULT_N_EVAL,
     max_rows: int | None = DEFAULT_MAX_ROWS,
@@ -265,6 +268,8 @@ def prune_curve(
             at their latest scoring (None: every remaining head). Exact whenever at most
             ``shortlist`` heads remain, so models of up to 8 heads get the full greedy curve;
             a 32-head model costs 32 + 31 x 8 evaluations instead of 528.
+        heads: Prune only these heads (labels, pairs or ``"L0H1,L0H3"``; the others stay);
+            None: every head. A pretrained model prunes its attribution-verified set.
 
     Returns:
         One row per step, from all heads (step 0, the clean model) to none, with columns
@@ -290,7 +295,10 @@ def prune_curve(
         sums, _ = run_masks(model, batch, masks, replacement, max_rows=max_rows, desc=desc)
         return sums.metrics(names)
 
-    heads = all_heads(model.cfg.n_layers, model.cfg.n_heads)
+    if heads is None:
+        heads = all_heads(model.cfg.n_layers, model.cfg.n_heads)
+    else:
+        heads = resolve_heads(model, heads)
     baseline = run([[]], desc="prune")[0]
     rows = [_prune_row(0, len(heads), "", [], method, baseline)]
     if not rescore:
@@ -411,23 +419,26 @@ def attribution_patching(
     methods = tuple(check_method(m) for m in methods)
     batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
     batch_size = check_int("batch_size", batch_size, minimum=1)
-    ref = batch if reference is None else as_batch(reference, n_eval=n_eval, name="reference")
-    cache = CleanCache()
-    replacements = {m: build_replacement(model, m, ref, cache=cache) for m in methods}
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    estimate = {m: torch.zeros(L, H, dtype=torch.float64) for m in methods}
     n_scored = float(batch.scored.sum())
-    with eval_mode(model):
-        starts = range(0, len(batch), batch_size)
-        for start in tqdm(starts, desc="attribution", disable=not progress, leave=False):
-            part = batch[start : start + batch_size]
-            rows = torch.arange(start, start + len(part), device=part.device)
-            zs, grads = _z_and_gradients(model, part, n_scored)
-            for method, replacement in replacements.items():
-                for layer in range(L):
-                    change = replacement.values(layer, rows, zs[layer]) - zs[layer]
-                    per_head = (grads[layer] * change).double().sum((0, 1, 3))  # (h,)
-                    estimate[method][layer] += per_head.cpu()
+    order = length_order(batch)  # chunks of similar length, cut after their last real token
+    parts = [order[s : s + batch_size] for s in range(0, len(batch), batch_size)]
+    if reference is None and "resample" not in methods:
+        estimate = _own_mean_estimates(model, batch, parts, n_scored, methods, progress)
+    else:
+        ref = batch if reference is None else as_batch(reference, n_eval=n_eval, name="reference")
+        cache = CleanCache()
+        replacements = {m: build_replacement(model, m, ref, cache=cache) for m in methods}
+        estimate = {m: torch.zeros(L, H, dtype=torch.float64) for m in methods}
+        with eval_mode(model):
+            for rows in tqdm(parts, desc="attribution", disable=not progress, leave=False):
+                part = rows_of(batch, rows)
+                zs, grads = _z_and_gradients(model, part, n_scored)
+                for method, replacement in replacements.items():
+                    for layer in range(L):
+                        change = replacement.values(layer, rows, zs[layer]) - zs[layer]
+                        per_head = (grads[layer] * change).double().sum((0, 1, 3))  # (h,)
+                        estimate[method][layer] += per_head.cpu()
     rows_out = [
         {
             "head_label": head_label(layer, h),
@@ -440,6 +451,47 @@ def attribution_patching(
         for layer, h in all_heads(L, H)
     ]
     return pd.DataFrame(rows_out)
+
+
+def _own_mean_estimates(
+    model: Any,
+    batch: Batch,
+    parts: list[Tensor],
+    n_scored: float,
+    methods: tuple[Method, ...],
+    progress: bool,
+) -> dict[Method, Float[Tensor, "L h"]]:
+    """Zero and mean estimates when the reference is the evaluated batch, from ONE pass.
+
+    The mean replacement ``m[pos, h, d]`` is the same for every sequence, so
+    ``sum g (m - z) = sum_{pos, d} G m - sum g z`` with ``G = sum_seq g``: the forward that
+    gives the gradients also gives the per-position means (the engine's
+    :func:`~mhainterp.ablation.engine.build_replacement` would need a forward of its own).
+    """
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    T, d_head = batch.tokens.shape[1], model.cfg.d_head
+    g_dot_z = torch.zeros(L, H, dtype=torch.float64)
+    g_sum = torch.zeros(L, T, H, d_head, dtype=torch.float64)  # G, summed over sequences
+    z_sum = torch.zeros(L, T, H, d_head, dtype=torch.float64)  # over real tokens
+    counts = torch.zeros(T, dtype=torch.float64)
+    with eval_mode(model):
+        for rows in tqdm(parts, desc="attribution", disable=not progress, leave=False):
+            part = rows_of(batch, rows)
+            cut, real = part.tokens.shape[1], part.padding_mask.double()  # (s, cut)
+            zs, grads = _z_and_gradients(model, part, n_scored)
+            counts[:cut] += real.sum(0).cpu()
+            for layer in range(L):
+                z, g = zs[layer].double(), grads[layer].double()  # (s, cut, h, d_head)
+                g_dot_z[layer] += (g * z).sum((0, 1, 3)).cpu()
+                g_sum[layer, :cut] += g.sum(0).cpu()
+                z_sum[layer, :cut] += (z * real[:, :, None, None]).sum(0).cpu()
+    estimate = {"zero": -g_dot_z}
+    if "mean" in methods:
+        per_position = z_sum / counts.clamp(min=1)[None, :, None, None]
+        overall = z_sum.sum(1) / counts.sum().clamp(min=1)  # (L, h, d_head)
+        mean = torch.where(counts[None, :, None, None] > 0, per_position, overall[:, None])
+        estimate["mean"] = (g_sum * mean).sum((1, 3)) - g_dot_z
+    return {m: estimate[m] for m in methods}
 
 
 def _z_and_gradients(model: Any, part: Batch, n_scored: float) -> tuple[list[Tensor], list[Tensor]]:

@@ -22,6 +22,7 @@ from mhainterp.validation import ParameterError, invalid
 __all__ = [
     "HEAD_SET_SEPARATOR",
     "HeadSpec",
+    "all_head_labels",
     "all_heads",
     "format_heads",
     "head_label",
@@ -44,7 +45,13 @@ def all_heads(n_layers: int, n_heads: int) -> list[tuple[int, int]]:
     return [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
 
 
-def _labels(n_layers: int, n_heads: int) -> list[str]:
+def all_head_labels(n_layers: int, n_heads: int) -> list[str]:
+    """Every head's label, layer-major (a model's ``head_labels``).
+
+    Example:
+        >>> all_head_labels(2, 2)
+        ['L0H0', 'L0H1', 'L1H0', 'L1H1']
+    """
     return [head_label(layer, head) for layer, head in all_heads(n_layers, n_heads)]
 
 
@@ -54,7 +61,7 @@ def parse_head_label(label: str, n_layers: int, n_heads: int) -> tuple[int, int]
     Raises:
         ParameterError: for a malformed or out-of-range label, listing the valid labels.
     """
-    valid = _labels(n_layers, n_heads)
+    valid = all_head_labels(n_layers, n_heads)
     if isinstance(label, str) and label in valid:
         layer_text, head_text = label[1:].split("H")
         return int(layer_text), int(head_text)
@@ -94,7 +101,7 @@ def resolve_heads(model: Any, heads: str | Iterable[HeadSpec]) -> list[tuple[int
                 "head",
                 spec,
                 f"a label like 'L0H1' or a (layer, head) pair; valid heads for this model: "
-                f"{', '.join(_labels(n_layers, n_heads))}",
+                f"{', '.join(all_head_labels(n_layers, n_heads))}",
             )
         pairs.add(parse_head_label(spec.strip(), n_layers, n_heads))
     return sorted(pairs)

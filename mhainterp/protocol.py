@@ -35,7 +35,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
-from mhainterp.heads import head_label
+from mhainterp.heads import all_head_labels
 from mhainterp.model import HookedMHATransformer
 from mhainterp.validation import ParameterError, check_option, invalid
 
@@ -374,9 +374,7 @@ class BridgedModel(nn.Module):
     @property
     def head_labels(self) -> list[str]:
         """``["L0H0", "L0H1", ...]`` in layer-major order (query heads)."""
-        return [
-            head_label(lay, h) for lay in range(self.cfg.n_layers) for h in range(self.cfg.n_heads)
-        ]
+        return all_head_labels(self.cfg.n_layers, self.cfg.n_heads)
 
     @property
     def all_head_labels(self) -> list[str]:

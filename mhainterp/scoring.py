@@ -72,7 +72,8 @@ class PositionScores:
         nll: ``[*C, n, T, k]`` cross-entropy of the target (float32, or float64 for a float64
             model), 0 where unscored.
         correct: ``[*C, n, T, k]`` argmax == target, False where unscored.
-        predictions: ``[*C, n, T, k]`` argmax class (also where unscored).
+        predictions: ``[*C, n, T, k]`` argmax class (also where unscored, except at the
+            trailing padding the ablation engine cuts from a chunk: 0 there).
         scored: ``[n, T, k]`` which triples count (shared by every copy).
     """
 
@@ -287,12 +288,15 @@ class CleanOutputMetric:
     ) -> PositionScores:
         """Scores of ``c`` copies of the sequences ``rows`` (their targets and mask)."""
         scored = scored_positions(targets, mask)  # (s, T, 1)
+        T = mask.shape[1]  # the engine may cut a chunk's trailing padding
         clean = self.clean[rows.to(self.clean.device)]
         if self.kind == "kl":
+            clean = clean[:, :T]
             damage = kl_to_clean(clean, outputs, scored[..., 0])
             same = outputs.argmax(-1) == clean.argmax(-1)
         else:
-            per_sequence = embedding_damage(clean, outputs, self.padding_mask[rows])  # (c, s)
+            padding_mask = self.padding_mask[rows][:, :T]
+            per_sequence = embedding_damage(clean, outputs, padding_mask)  # (c, s)
             damage = torch.where(scored[..., 0], per_sequence[..., None], 0.0)
             same = torch.zeros_like(damage, dtype=torch.bool)
         return PositionScores(

@@ -176,6 +176,14 @@ def test_prune_curve_known_order(model, batch, rescore):
     assert curve["pruned"].iloc[3] == ",".join(sorted([UNIFORM, PREV_A, PREV_B]))
 
 
+@pytest.mark.parametrize("rescore", [True, False])
+def test_prune_curve_on_a_head_subset_keeps_the_others(model, batch, rescore):
+    curve = prune_curve(model, batch, "zero", rescore=rescore, heads=[PREV_A, UNIFORM])
+    assert curve["n_heads_left"].tolist() == [2, 1, 0]
+    assert curve["removed"].tolist() == ["", UNIFORM, PREV_A]  # PREV_B is never removed
+    assert curve["accuracy"].tolist() == [1.0, 1.0, 1.0]  # the kept previous head suffices
+
+
 # ----------------------------------------------------------------------------- batched == naive
 
 

@@ -24,6 +24,7 @@ from mhainterp import pretrained as pretrained_module  # noqa: E402
 from mhainterp.ablation.engine import ablate, evaluate_head_sets  # noqa: E402
 from mhainterp.capture import attention_patterns  # noqa: E402
 from mhainterp.config import ModelConfig  # noqa: E402
+from mhainterp.heads import all_head_labels  # noqa: E402
 from mhainterp.model import HookedMHATransformer  # noqa: E402
 from mhainterp.model.loss import IGNORE_INDEX  # noqa: E402
 from mhainterp.pretrained import load_pretrained  # noqa: E402
@@ -163,6 +164,12 @@ def test_bridged_config_reads_the_architecture(llama, bert):
     assert (cfg.causal, cfg.objective, cfg.d_vocab_out) == (False, "embedding", 32)
     assert llama[0].head_labels[:5] == ["L0H0", "L0H1", "L0H2", "L0H3", "L1H0"]
     assert llama[0].provenance["source"].startswith("folder:")
+
+
+def test_head_labels_have_one_home_for_both_kinds_of_model(llama):
+    ours = HookedMHATransformer(ModelConfig(d_model=16, n_heads=2, n_layers=2, n_ctx=8, d_vocab=5))
+    assert ours.head_labels == all_head_labels(2, 2) == ["L0H0", "L0H1", "L1H0", "L1H1"]
+    assert llama[0].head_labels == llama[0].all_head_labels == all_head_labels(2, 4)
 
 
 def test_unknown_keywords_are_refused_not_ignored(bert):

@@ -25,6 +25,7 @@ from mhainterp.analyze_pretrained import (  # noqa: E402
     analyze_pretrained,
     clark_categories,
     text_roles,
+    verified_heads,
     zero_vs_mean,
 )
 from mhainterp.attribution import (  # noqa: E402
@@ -153,6 +154,45 @@ def test_vocabulary_aware_chunks_bound_every_forward(llama, monkeypatch):
     assert rows_for_outputs(49152, 48) == 18  # SmolLM2: 512-row chunks would need 14 GB
 
 
+def test_padded_text_is_chunked_longest_first_and_cut_after_its_last_real_token(llama, monkeypatch):
+    """Chunks of 3 sentences, longest first (tokens 14 13 11 | 9 8 8 | 8 7 of 14 positions):
+    every forward sees only its chunk's positions, one clean forward per chunk gives the
+    prefixes of every first layer, and the scores equal the unchunked ones, per position."""
+    model, batch = llama
+    lengths = batch.padding_mask.sum(1).tolist()
+    sets = [[], ["L0H1"], ["L1H2"], ["L0H0", "L1H3"]]
+    whole = evaluate_head_sets(model, batch, sets, "mean", per_position=True, max_rows=64)
+    widths, clean_forwards = [], []
+    resume, forward = model.logits_from_z, model.logits
+    monkeypatch.setattr(
+        model,
+        "logits_from_z",
+        lambda layer, r, z, m=None: widths.append(r.shape[1]) or resume(layer, r, z, m),
+    )
+    monkeypatch.setattr(
+        model, "logits", lambda t, m=None: clean_forwards.append(t.shape) or forward(t, m)
+    )
+    chunked = evaluate_head_sets(model, batch, sets, "mean", per_position=True, max_rows=3)
+    monkeypatch.undo()
+    assert lengths == [8, 8, 14, 7, 9, 13, 8, 11]
+    assert sorted(set(widths), reverse=True) == [14, 9, 8]
+    # the mean replacement's capture (3-row chunks, uncut), then one clean forward per chunk
+    assert [tuple(s) for s in clean_forwards] == [
+        (3, 14),
+        (3, 14),
+        (2, 14),
+        (3, 14),
+        (3, 9),
+        (2, 8),
+    ]
+    for name in ("nll", "correct"):
+        torch.testing.assert_close(getattr(chunked.scores, name), getattr(whole.scores, name))
+    assert [m["loss"] for m in chunked.metrics()] == pytest.approx(
+        [m["loss"] for m in whole.metrics()], abs=1e-6
+    )
+    assert whole.metrics()[1]["loss"] != pytest.approx(whole.metrics()[0]["loss"], abs=1e-4)
+
+
 def test_kl_and_delta_ce_through_the_engine_equal_a_hand_computation(llama):
     model, batch = llama
     with torch.no_grad():
@@ -243,6 +283,25 @@ def test_attribution_is_the_directional_derivative_of_the_loss(llama):
         got = table.query("method == @method and head_label == 'L0H2'")["attribution"].item()
         assert got == pytest.approx(finite, rel=0.06)  # float32 differences of ~1e-5 nats
         assert abs(finite) > 1e-3
+
+
+def test_attribution_takes_the_mean_from_its_own_pass_and_cuts_padding(llama, monkeypatch):
+    """The default reference's zero and mean estimates come from the gradient pass itself
+    (no separate capture forward): equal to the engine's replacement path (an explicit
+    reference) and to unchunked sequences, with every forward cut to its chunk's length."""
+    model, batch = llama
+    widths = []
+    forward = model.logits
+    monkeypatch.setattr(model, "logits", lambda t, m=None: widths.append(t.shape) or forward(t, m))
+    own = attribution_patching(model, batch, ("zero", "mean"), batch_size=3)
+    monkeypatch.undo()
+    assert [tuple(w) for w in widths] == [(3, 14), (3, 9), (2, 8)]  # longest first, cut
+    general = attribution_patching(model, batch, ("zero", "mean"), reference=batch, batch_size=8)
+    torch.testing.assert_close(
+        torch.tensor(own["attribution"].values), torch.tensor(general["attribution"].values),
+        atol=1e-6, rtol=1e-4,
+    )  # fmt: skip
+    assert own["attribution"].abs().max() > 1e-3
 
 
 def test_verification_is_the_engine_and_agreement_is_reported(llama):
@@ -346,6 +405,33 @@ def test_cli_analyze_model_writes_the_tables(tmp_path):
     exact = evaluate_head_sets(model, batch, [[], [row["head_label"]]]).metrics()
     assert row["exact"] == pytest.approx(exact[1]["loss"] - exact[0]["loss"], abs=1e-5)
     assert "6 sentences" in (out / "summary.md").read_text()
+
+
+@pytest.mark.slow  # the whole battery on a tiny Llama (figures included); CI runs it
+def test_pairwise_and_pruning_run_on_the_verified_set_only(llama, tmp_path):
+    """Top-2 per method and 1 random head of the 8: pairwise ablation and the pruning curve
+    touch only those heads, and the curve's steps are the engine's exact numbers."""
+    model, _ = llama
+    analyze_pretrained(model, _sentence_file(tmp_path), tmp_path / "out", n_eval=8, n_init=1,
+                       top_k=2, n_random=1, n_pairwise=2)  # fmt: skip
+    verified = pd.read_csv(tmp_path / "out" / "verified.csv")
+    chosen = verified_heads(verified)
+    assert 3 <= len(chosen) <= 5 < 8  # 2 + 2 top (they may overlap) + 1 random
+    pairwise = pd.read_csv(tmp_path / "out" / "pairwise.csv")
+    assert set(pairwise["head_a"]) | set(pairwise["head_b"]) <= set(chosen)
+    curve = pd.read_csv(tmp_path / "out" / "prune.csv", keep_default_na=False)
+    assert len(curve) == 1 + len(chosen) and curve["n_heads_left"].tolist()[0] == len(chosen)
+    assert set(curve["removed"][1:]) == set(chosen)
+    batch = text_batch(model, SENTENCES)
+    last = curve["pruned"].iloc[-1]
+    exact = evaluate_head_sets(model, batch, [[], last], "mean").metrics()
+    assert curve["loss"].tolist()[0] == pytest.approx(exact[0]["loss"], abs=1e-6)
+    assert curve["loss"].tolist()[-1] == pytest.approx(exact[1]["loss"], abs=1e-6)
+
+
+def _sentence_file(folder):
+    (folder / "s.txt").write_text("\n".join(SENTENCES))
+    return folder / "s.txt"
 
 
 def test_cli_analyze_model_errors_are_one_line(tmp_path, monkeypatch, capsys):

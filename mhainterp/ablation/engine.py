@@ -29,7 +29,9 @@ one. When everything after ``hook_z`` is linear, the derived fast path
 :mod:`mhainterp.fast.linear_readout` scores all copies without a per-copy residual stream.
 Passes are split into forwards of at most ``max_rows`` rows (copies x sequences; by default the
 measured best for each kind of group, :data:`FULL_FORWARD_ROWS`); results do
-not depend on the split.
+not depend on the split. The sequences are chunked longest first and each chunk is cut after
+its last real token, so padded text wastes few positions, and one clean forward per chunk
+gives the prefixes of every first layer.
 
 Shapes: C configurations, n sequences, T positions, L layers, h heads, k targets.
 
@@ -82,7 +84,9 @@ __all__ = [
     "capture_z",
     "check_method",
     "evaluate_head_sets",
+    "length_order",
     "resolve_head_sets",
+    "rows_of",
     "run_masks",
 ]
 
@@ -340,25 +344,60 @@ class _PrefixDoneError(Exception):
     not needed."""
 
 
-def _clean_resid_and_z(
-    model: Any, part: Batch, layer: int
-) -> tuple[Float[Tensor, "s T d_model"], Float[Tensor, "s T h d_head"]]:
-    """Layer ``layer``'s clean ``hook_resid_pre`` and ``hook_z`` on ``part``.
+def _clean_prefixes(
+    model: Any, part: Batch, layers: Sequence[int]
+) -> dict[int, tuple[Float[Tensor, "s T d_model"], Float[Tensor, "s T h d_head"]]]:
+    """The clean ``(hook_resid_pre, hook_z)`` of every layer in ``layers`` on ``part``.
 
-    The model's own forward runs and stops at that ``hook_z``: the layers after it are the
-    copies' business, so computing them here would be wasted.
+    One forward of the model's own serves them all and stops at the deepest one's ``hook_z``:
+    the layers after it are the copies' business, so computing them here would be wasted.
     """
+    deepest = max(layers)
     seen: dict[str, Tensor] = {}
 
     def keep(value: Tensor, hook: Any) -> None:
         seen[hook.name] = value
-        if hook.name.endswith("hook_z"):
+        if hook.name == f"blocks.{deepest}.attn.hook_z":
             raise _PrefixDoneError
 
-    names = (f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.attn.hook_z")
-    with model.hooks(fwd_hooks=[(name, keep) for name in names]), suppress(_PrefixDoneError):
+    names = {
+        layer: (f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.attn.hook_z") for layer in layers
+    }
+    hooks = [(name, keep) for pair in names.values() for name in pair]
+    with model.hooks(fwd_hooks=hooks), suppress(_PrefixDoneError):
         model.logits(part.tokens, part.padding_mask)
-    return seen[names[0]], seen[names[1]].contiguous()  # hook_z is a transposed view
+    # hook_z is a transposed view: made contiguous once here, not once per copy chunk
+    return {layer: (seen[r], seen[z].contiguous()) for layer, (r, z) in names.items()}
+
+
+def length_order(batch: Batch) -> Int[Tensor, " n"]:
+    """Sequences longest first (stable; the identity when no sequence ends in padding).
+
+    Chunks of similar length waste few positions on padding once trimmed (:func:`rows_of`).
+    """
+    T = batch.padding_mask.shape[1]
+    positions = torch.arange(1, T + 1, device=batch.padding_mask.device)
+    lengths = (batch.padding_mask * positions).amax(1)  # (n,) one past the last real token
+    return torch.argsort(-lengths, stable=True)
+
+
+def rows_of(batch: Batch, rows: Int[Tensor, " s"]) -> Batch:
+    """Rows ``rows`` of ``batch``, cut after the last position any of them has a real token.
+
+    Trailing padding changes no real position (padding keys are masked in every head, and
+    each position is normalised on its own), so the cut leaves every scored value as it is.
+    """
+    part = batch[rows]
+    real = part.padding_mask.any(0)  # (T,)
+    cut = int(real.nonzero().max()) + 1 if bool(real.any()) else part.padding_mask.shape[1]
+    if cut == part.padding_mask.shape[1]:
+        return part
+    return Batch(
+        tokens=part.tokens[:, :cut],
+        targets=part.targets[:, :cut],
+        mask=part.mask[:, :cut],
+        padding_mask=part.padding_mask[:, :cut],
+    )
 
 
 def _forward_copies(
@@ -440,43 +479,33 @@ def run_masks(
     """
     if max_rows is not None:
         max_rows = check_int("max_rows", max_rows, minimum=1)
-    C, n = masks.shape[0], len(batch)
-    first_of = _first_layers(masks)
+    C = masks.shape[0]
+    jobs = _plan_jobs(model, batch, _first_layers(masks), max_rows)
     masks = masks.to(_device(model))
-    jobs = []  # (first layer, configurations, sequences s0:s1); cheap groups apart
-    for first in sorted(set(first_of), reverse=True):
-        rows = max_rows
-        if rows is None:
-            fast = linear_readout.applies(model, first)
-            rows = LINEAR_READOUT_ROWS if fast else FULL_FORWARD_ROWS
-            rows = min(rows, rows_for_outputs(model.cfg.d_vocab_out, batch.tokens.shape[1]))
-        seqs_per = min(n, rows)
-        copies_per = max(1, rows // seqs_per)
-        members = [c for c in range(C) if first_of[c] == first]
-        for s0 in range(0, n, seqs_per):  # sequences outside: one clean prefix per chunk
-            s1 = min(n, s0 + seqs_per)
-            chunks = range(0, len(members), copies_per)
-            jobs += [(first, members[i : i + copies_per], s0, s1) for i in chunks]
+    order = length_order(batch).to(masks.device)  # chunk s0:s1 holds sequences order[s0:s1]
     k = batch.n_targets
     loss_sum = torch.zeros(C, dtype=torch.float64)
     correct = torch.zeros(C, k, dtype=torch.float64)
     pieces: dict[tuple[int, int], PositionScores] = {}
-    # (first, s0, s1) -> clean prefix; without a cache only the current one is kept (memory)
+    # (first, s0, s1) -> clean prefix; without a cache only the current chunk's are kept (memory)
     prefixes = cache.prefixes if cache is not None else {}
     with eval_mode(model), torch.no_grad():
         for first, members, s0, s1 in tqdm(jobs, desc=desc, disable=not progress, leave=False):
-            part = batch[s0:s1]
-            rows = torch.arange(s0, s1, device=masks.device)
+            rows = order[s0:s1]
+            part = rows_of(batch, rows)
             index = torch.tensor(members, device=masks.device)
-            if (first, s0, s1) not in prefixes:  # shared by every copy chunk of this group
+            if (first, s0, s1) not in prefixes:  # one clean forward for the chunk's groups
                 if cache is None:
                     prefixes.clear()
-                prefixes[(first, s0, s1)] = _clean_resid_and_z(model, part, first)
+                wanted = sorted({f for f, _, a, b in jobs if (a, b) == (s0, s1)
+                                 and (f, s0, s1) not in prefixes})  # fmt: skip
+                found = _clean_prefixes(model, part, wanted)
+                prefixes.update({(f, s0, s1): found[f] for f in wanted})
             logits = _forward_copies(
                 model, part, masks[index], rows, replacement, first, prefixes[(first, s0, s1)]
             )
             if metric is None:
-                scores = position_scores(logits, part.targets, part.mask)  # (c, s, T, k)
+                scores = position_scores(logits, part.targets, part.mask)  # (c, s, T', k)
             else:
                 scores = metric(logits, part.targets, part.mask, rows)
             part_totals = totals(scores)
@@ -487,25 +516,59 @@ def run_masks(
     result = Totals(
         loss_sum=loss_sum, correct=correct, scored=batch.scored.double().sum((0, 1)).cpu()
     )
-    return result, (_assemble(pieces, jobs, C, batch) if per_position else None)
+    return result, (_assemble(pieces, jobs, order, C, batch) if per_position else None)
+
+
+def _plan_jobs(
+    model: Any, batch: Batch, first_of: list[int], max_rows: int | None
+) -> list[tuple[int, list[int], int, int]]:
+    """The forwards of :func:`run_masks`: ``(first layer, configurations, s0, s1)`` each.
+
+    Configurations are grouped by their first ablated layer (a cheap group is never dragged
+    into a costly one) and split into forwards of at most ``max_rows`` rows; ``s0:s1`` is a
+    range of :func:`length_order`. Sequence chunks are outermost, so one clean forward gives
+    the prefixes of every group of a chunk (:func:`_clean_prefixes`).
+    """
+    n = len(batch)
+    jobs = []
+    for first in sorted(set(first_of), reverse=True):
+        rows = max_rows
+        if rows is None:
+            fast = linear_readout.applies(model, first)
+            rows = LINEAR_READOUT_ROWS if fast else FULL_FORWARD_ROWS
+            rows = min(rows, rows_for_outputs(model.cfg.d_vocab_out, batch.tokens.shape[1]))
+        seqs_per = min(n, rows)
+        copies_per = max(1, rows // seqs_per)
+        members = [c for c, f in enumerate(first_of) if f == first]
+        for s0 in range(0, n, seqs_per):
+            s1 = min(n, s0 + seqs_per)
+            chunks = range(0, len(members), copies_per)
+            jobs += [(first, members[i : i + copies_per], s0, s1) for i in chunks]
+    return sorted(jobs, key=lambda job: (job[2], job[3]))  # stable: deepest first kept
 
 
 def _assemble(
-    pieces: dict[tuple[int, int], PositionScores], jobs: list, C: int, batch: Batch
+    pieces: dict[tuple[int, int], PositionScores],
+    jobs: list,
+    order: Int[Tensor, " n"],
+    C: int,
+    batch: Batch,
 ) -> PositionScores:
-    """Put the per-chunk scores back into configuration order: ``[C, n, T, k]``."""
+    """Put the per-chunk scores back into configuration and sequence order: ``[C, n, T, k]``
+    (a trimmed chunk's positions past its cut are unscored: 0 / False)."""
     n, T, k = batch.scored.shape
     device = batch.scored.device
     nll = torch.zeros(C, n, T, k, device=device)
     correct = torch.zeros(C, n, T, k, dtype=torch.bool, device=device)
     predictions = torch.zeros(C, n, T, k, dtype=torch.long, device=device)
-    for _, members, s0, _ in jobs:
+    for _, members, s0, s1 in jobs:
         piece = pieces[(members[0], s0)]
-        s1 = s0 + piece.nll.shape[1]
-        index = torch.tensor(members, device=device)
-        nll[index, s0:s1] = piece.nll
-        correct[index, s0:s1] = piece.correct
-        predictions[index, s0:s1] = piece.predictions
+        rows = order[s0:s1].to(device)[None, :]  # (1, s)
+        index = torch.tensor(members, device=device)[:, None]  # (c, 1)
+        cut = piece.nll.shape[2]
+        nll[index, rows, :cut] = piece.nll.to(nll.dtype)
+        correct[index, rows, :cut] = piece.correct
+        predictions[index, rows, :cut] = piece.predictions
     return PositionScores(nll=nll, correct=correct, predictions=predictions, scored=batch.scored)
 
 

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from transformer_lens import FactoredMatrix
 
 from mhainterp.config import ModelConfig
-from mhainterp.heads import head_label
+from mhainterp.heads import all_head_labels
 from mhainterp.validation import ParameterError
 
 __all__ = ["AttentionWeightViews", "ModelWeightViews"]
@@ -169,9 +169,7 @@ class ModelWeightViews:
     @property
     def head_labels(self) -> list[str]:
         """``["L0H0", "L0H1", ...]`` in layer-major order."""
-        return [
-            head_label(lay, h) for lay in range(self.cfg.n_layers) for h in range(self.cfg.n_heads)
-        ]
+        return all_head_labels(self.cfg.n_layers, self.cfg.n_heads)
 
     @property
     def all_head_labels(self) -> list[str]:
