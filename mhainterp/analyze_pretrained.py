@@ -66,6 +66,7 @@ __all__ = [
     "CLARK_CATEGORIES",
     "analyze_pretrained",
     "clark_categories",
+    "embedding_metric",
     "text_roles",
     "verified_heads",
     "zero_vs_mean",
@@ -202,8 +203,10 @@ def zero_vs_mean(
     return wide.sort_values(["layer", "head"], ignore_index=True)
 
 
-def _embedding_metric(model: Any, batch: Batch) -> CleanOutputMetric:
-    """The clean pooled output of every sentence (one forward), as the engine's metric."""
+def embedding_metric(model: Any, batch: Batch) -> CleanOutputMetric:
+    """The clean pooled output of every sentence (one forward), as the engine's metric: an
+    encoder without a trained output head (MiniLM) is scored by 1 - cos of its sentence embedding
+    (the explorer's clicks use it too)."""
     with torch.no_grad():
         pooled = torch.cat(
             [
@@ -354,7 +357,7 @@ def analyze_pretrained(
         verified = _verified(model, batch, attribution, top_k, n_random)
     else:
         steps.update()
-        verified = _exact_all(model, batch, _embedding_metric(model, batch))
+        verified = _exact_all(model, batch, embedding_metric(model, batch))
     steps.update()
     agreement = None
     if verified["attribution"].notna().any():

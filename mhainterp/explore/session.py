@@ -39,7 +39,7 @@ from torch import Tensor
 
 from mhainterp.ablation import METHODS, Ablator, check_method
 from mhainterp.ablation.interactive import DEFAULT_CACHE_SIZE
-from mhainterp.analyze_pretrained import _embedding_metric
+from mhainterp.analyze_pretrained import embedding_metric
 from mhainterp.attribution import attribution_patching
 from mhainterp.capture import average_patterns
 from mhainterp.data import DEFAULT_N_EVAL, as_batch, batch_for_model
@@ -112,7 +112,7 @@ class ExploreSession(Ablator):
         metric = None
         if self.objective == "embedding":  # no targets: damage to the clean sentence embedding
             batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
-            metric = _embedding_metric(model, batch)
+            metric = embedding_metric(model, batch)
         super().__init__(
             model.eval(), data, method=check_method(method), n_eval=n_eval,
             cache_size=cache_size, metric=metric,
