@@ -11,10 +11,13 @@ Skipped where chromium or chromedriver is not installed; .ci/run installs both.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -86,8 +89,10 @@ def run_dir(tmp_path_factory, task):
     return path
 
 
-@pytest.fixture(scope="module")
-def page(run_dir):
+@contextlib.contextmanager
+def browser_on(explorer: Explorer) -> Iterator[tuple[Any, Any]]:
+    """Serve ``explorer`` on a free local port and open its page in headless chromium:
+    ``(driver, server)`` (tests/test_explore_browser_real.py uses it too)."""
     pytest.importorskip("selenium")
     pytest.importorskip("uvicorn")
     from selenium import webdriver
@@ -100,7 +105,6 @@ def page(run_dir):
     options.binary_location = CHROMIUM
     for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={profile}"]:
         options.add_argument(flag)
-    explorer = Explorer.from_path(run_dir, n_eval=N_EVAL)
     with ServerThread(build_app(explorer)) as server:
         driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
         try:
@@ -111,7 +115,15 @@ def page(run_dir):
             shutil.rmtree(profile, ignore_errors=True)
 
 
-def _wait(driver, condition, timeout=30):
+@pytest.fixture(scope="module")
+def page(run_dir):
+    pytest.importorskip("selenium")
+    pytest.importorskip("uvicorn")
+    with browser_on(Explorer.from_path(run_dir, n_eval=N_EVAL)) as (driver, server):
+        yield driver, server
+
+
+def wait(driver, condition, timeout=30):
     from selenium.webdriver.support.ui import WebDriverWait
 
     return WebDriverWait(driver, timeout).until(lambda d: condition(d))
@@ -136,7 +148,7 @@ def _click_head(driver, label: str, ablated: bool) -> None:
 
     driver.find_element(By.CSS_SELECTOR, f'[data-head="{label}"]').click()
     # The head's class changes in the same render as the metrics and the example.
-    _wait(
+    wait(
         driver,
         lambda d: (
             (
@@ -154,7 +166,7 @@ def test_clicking_heads_changes_accuracy_predictions_and_returns(page, task, tmp
     from selenium.webdriver.common.by import By
 
     driver, _ = page
-    _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
     heads = [
         e.get_attribute("data-head") for e in driver.find_elements(By.CSS_SELECTOR, ".mhx-head")
     ]
@@ -172,7 +184,7 @@ def test_clicking_heads_changes_accuracy_predictions_and_returns(page, task, tmp
     ActionChains(driver).move_to_element(
         driver.find_element(By.CSS_SELECTOR, '[data-head="L0H0"]')
     ).perform()
-    _wait(driver, lambda d: _text(d, ".mhx-detail table"))
+    wait(driver, lambda d: _text(d, ".mhx-detail table"))
     rows = driver.execute_script(
         "return [...document.querySelectorAll('.mhx-detail tr')]"
         ".map(tr => [...tr.cells].map(c => c.textContent))"
@@ -199,7 +211,7 @@ def test_clicking_heads_changes_accuracy_predictions_and_returns(page, task, tmp
     # Hover position 5: the previous-token head attends to position 4 from it.
     token = driver.find_element(By.CSS_SELECTOR, '.mhx-token[data-pos="5"]')
     ActionChains(driver).move_to_element(token).perform()
-    cells = _wait(
+    cells = wait(
         driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-attn="L0H0"] .mhx-attn-cell')
     )
     assert len(cells) == 16
@@ -208,13 +220,13 @@ def test_clicking_heads_changes_accuracy_predictions_and_returns(page, task, tmp
     ActionChains(driver).move_to_element(  # and L0H0's saved division-of-labour rows
         driver.find_element(By.CSS_SELECTOR, '[data-head="L0H0"]')
     ).perform()
-    _wait(driver, lambda d: "position 3" in (_text(d, ".mhx-detail") or ""))
+    wait(driver, lambda d: "position 3" in (_text(d, ".mhx-detail") or ""))
     screenshot = Path(os.environ.get("MHAINTERP_SCREENSHOT") or tmp_path / "explorer.png")
     assert driver.save_screenshot(str(screenshot))
 
     # Mean ablation of the same two heads: the batched engine's number.
     driver.find_element(By.CSS_SELECTOR, '[data-method="mean"]').click()
-    _wait(driver, lambda d: "on" in d.find_element(By.CSS_SELECTOR, '[data-method="mean"]')
+    wait(driver, lambda d: "on" in d.find_element(By.CSS_SELECTOR, '[data-method="mean"]')
           .get_attribute("class"))  # fmt: skip
     ablator = Ablator(handbuilt_model(["previous", "uniform", "previous"]), task, method="mean")
     expected = ablator.set(["L0H0", "L0H2"]).evaluate()["accuracy"]
@@ -231,13 +243,13 @@ def test_draw_another_sequence_and_reset(page):
     from selenium.webdriver.common.by import By
 
     driver, _ = page
-    _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-action="draw"]'))
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-action="draw"]'))
     driver.find_element(By.CSS_SELECTOR, '[data-action="draw"]').click()
     expected = int(torch.randint(N_EVAL, (1,), generator=torch.Generator().manual_seed(0)))
-    _wait(driver, lambda d: f"#{expected} " in (_text(d, ".mhx-example h3") or ""))
+    wait(driver, lambda d: f"#{expected} " in (_text(d, ".mhx-example h3") or ""))
     _click_head(driver, "L0H1", ablated=True)
     driver.find_element(By.CSS_SELECTOR, '[data-action="reset"]').click()
-    _wait(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, ".mhx-head.ablated"))
+    wait(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, ".mhx-head.ablated"))
 
 
 def test_everything_loads_from_the_local_server(page):
@@ -280,16 +292,16 @@ def test_the_notebook_module_renders_and_clicks_through_widget_messages(page):
 
     driver, server = page
     driver.get(server.url)
-    _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
     assert driver.execute_async_script(MOUNT_AS_WIDGET)
-    _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '#widget [data-head="L0H2"]'))
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '#widget [data-head="L0H2"]'))
     assert driver.find_elements(By.CSS_SELECTOR, "#app") == []  # only the widget is on show
     _click_head(driver, "L0H0", ablated=True)
     _click_head(driver, "L0H2", ablated=True)
     value, _ = _accuracy(driver)
     assert value < 0.5
     driver.find_element(By.CSS_SELECTOR, '#widget [data-action="reset"]').click()
-    _wait(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, ".mhx-head.ablated"))
+    wait(driver, lambda d: not d.find_elements(By.CSS_SELECTOR, ".mhx-head.ablated"))
     assert _accuracy(driver) == (1.0, "1.0000")
 
 
@@ -310,7 +322,7 @@ def test_sweep_picker_switches_runs(tmp_path, task, page):
         save_run(model, task, sweep / "runs" / name, TrainConfig(), metrics, eval_metrics)
     with ServerThread(build_app(Explorer.from_path(sweep, n_eval=256))) as server:
         driver.get(server.url)
-        _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-control="run"]'))
+        wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-control="run"]'))
         picker = Select(driver.find_element(By.CSS_SELECTOR, '[data-control="run"]'))
         assert [o.text for o in picker.options] == ["h1_seed0", "h3_seed0"]
         assert picker.first_selected_option.text == "h3_seed0"  # the largest head count
@@ -321,7 +333,7 @@ def test_sweep_picker_switches_runs(tmp_path, task, page):
         Select(driver.find_element(By.CSS_SELECTOR, '[data-control="run"]')).select_by_visible_text(
             "h1_seed0"
         )
-        _wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "[data-head]")) == 1)
+        wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "[data-head]")) == 1)
 
 
 def _signed(x: float, digits: int) -> str:
@@ -338,7 +350,7 @@ def test_thumbnails_have_axes_a_colour_scale_and_a_hatched_causal_mask(page):
 
     driver, _ = page
     driver.get(page[1].url)
-    _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
     for label in ["L0H0", "L0H1", "L0H2"]:
         cell = f'[data-head="{label}"]'
         assert _text(driver, f"{cell} .mhx-axis-q") == "query ↓"
@@ -368,9 +380,9 @@ def test_importance_says_alone_follows_the_method_and_the_detail_refreshes(page,
 
     driver, server = page
     driver.get(server.url)
-    _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
     driver.execute_script("document.querySelector('[data-method=\"zero\"]').click()")
-    _wait(driver, lambda d: "(zero)" in (_text(d, '[data-importance="L0H1"]') or ""))
+    wait(driver, lambda d: "(zero)" in (_text(d, '[data-importance="L0H1"]') or ""))
     session = ExploreSession(handbuilt_model(["previous", "uniform", "previous"]), task)
     expected = {m: session.importance(m)["L0H1"] for m in ("zero", "mean")}
     assert (
@@ -380,10 +392,10 @@ def test_importance_says_alone_follows_the_method_and_the_detail_refreshes(page,
     ActionChains(driver).move_to_element(
         driver.find_element(By.CSS_SELECTOR, '[data-head="L0H1"]')
     ).perform()
-    _wait(driver, lambda d: "(zero)" in (_text(d, '[data-detail="L0H1"]') or ""))
+    wait(driver, lambda d: "(zero)" in (_text(d, '[data-detail="L0H1"]') or ""))
     assert "alone is ablated (zero)" in _text(driver, '[data-detail="L0H1"]')
     driver.execute_script("document.querySelector('[data-method=\"mean\"]').click()")
-    _wait(driver, lambda d: "(mean)" in (_text(d, '[data-detail="L0H1"]') or ""))
+    wait(driver, lambda d: "(mean)" in (_text(d, '[data-detail="L0H1"]') or ""))
     detail = _text(driver, '[data-detail="L0H1"]')
     assert f"alone is ablated (mean): {_signed(expected['mean'], 3)}" in detail
     assert (
@@ -391,7 +403,7 @@ def test_importance_says_alone_follows_the_method_and_the_detail_refreshes(page,
         == f"Δacc alone (mean) {_signed(expected['mean'], 2)}"
     )
     driver.execute_script("document.querySelector('[data-method=\"zero\"]').click()")
-    _wait(driver, lambda d: "(zero)" in (_text(d, '[data-detail="L0H1"]') or ""))
+    wait(driver, lambda d: "(zero)" in (_text(d, '[data-detail="L0H1"]') or ""))
 
 
 def test_attention_view_numbers_positions_greys_ablated_rows_and_hatches_the_mask(page):
@@ -400,14 +412,14 @@ def test_attention_view_numbers_positions_greys_ablated_rows_and_hatches_the_mas
 
     driver, server = page
     driver.get(server.url)
-    _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
     numbers = _js(driver, "return [...document.querySelectorAll('.mhx-token .mhx-posnum')]"
                           ".map(e => e.textContent)")  # fmt: skip
     assert numbers == [str(t) for t in range(16)]
     _click_head(driver, "L0H0", ablated=True)
     token = driver.find_element(By.CSS_SELECTOR, '.mhx-token[data-pos="5"]')
     ActionChains(driver).move_to_element(token).perform()
-    _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-attn="L0H0"]'))
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-attn="L0H0"]'))
     rows = _js(driver, "return Object.fromEntries([...document.querySelectorAll('[data-attn]')]"
                        ".map(r => [r.dataset.attn, r.classList.contains('ablated')]))")  # fmt: skip
     assert rows == {"L0H0": True, "L0H1": False, "L0H2": False}
@@ -442,10 +454,10 @@ def test_the_page_says_loading_then_shows_the_explorer(page, task):
     loader = ExplorerLoader(build, what="h2_seed0").start()
     with ServerThread(build_app(loader)) as server:
         driver.get(server.url)
-        _wait(driver, lambda d: "loading h2_seed0" in (_text(d, ".mhx-loading") or ""))
+        wait(driver, lambda d: "loading h2_seed0" in (_text(d, ".mhx-loading") or ""))
         assert _js(driver, "return document.querySelector('#app').dataset.loading") == "1"
         gate.set()
-        _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
+        wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
         assert len(driver.find_elements(By.CSS_SELECTOR, "[data-head]")) == 2
         hint = _text(driver, '[data-hint="run"]')
         assert hint == "another run: mhainterp explore RUN_OR_SWEEP_FOLDER"

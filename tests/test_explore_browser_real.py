@@ -9,8 +9,6 @@ tests/test_explore_browser.py).
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -19,7 +17,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from test_explore_browser import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS, pytestmark  # noqa: F401
+from test_explore_browser import browser_on, pytestmark, wait  # noqa: F401
 from test_real_heads import SENTENCES, tiny_llama_folder
 
 from mhainterp.explore import Explorer
@@ -32,32 +30,10 @@ from mhainterp.tasks.text import text_batch
 def page(tmp_path_factory):
     pytest.importorskip("selenium")
     pytest.importorskip("uvicorn")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    from mhainterp.explore.server import ServerThread, build_app
-
     model = load_pretrained(tiny_llama_folder(tmp_path_factory.mktemp("llama")))
     explorer = Explorer.from_model(model, text_batch(model, SENTENCES), name="tiny-llama")
-    profile = tempfile.mkdtemp(prefix="mhx-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in [*CHROMIUM_FLAGS, f"--user-data-dir={profile}"]:
-        options.add_argument(flag)
-    with ServerThread(build_app(explorer)) as server:
-        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-        try:
-            driver.get(server.url)
-            yield driver, explorer
-        finally:
-            driver.quit()
-            shutil.rmtree(profile, ignore_errors=True)
-
-
-def _wait(driver, condition, timeout=30):
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    return WebDriverWait(driver, timeout).until(lambda d: condition(d))
+    with browser_on(explorer) as (driver, _):
+        yield driver, explorer
 
 
 def _deltas(driver) -> list[str]:
@@ -68,7 +44,7 @@ def _deltas(driver) -> list[str]:
 
 def test_a_click_recolours_the_sentence_by_the_sessions_delta_log_prob(page):
     driver, explorer = page
-    _wait(driver, lambda d: d.execute_script("return !!document.querySelector('[data-text-row]')"))
+    wait(driver, lambda d: d.execute_script("return !!document.querySelector('[data-text-row]')"))
     words = driver.execute_script(
         "return [...document.querySelectorAll('.mhx-text-token')].map(e => e.textContent)"
     )
@@ -84,14 +60,14 @@ def test_a_click_recolours_the_sentence_by_the_sessions_delta_log_prob(page):
         "return document.querySelector('.mhx-metrics').textContent"
     )
     driver.execute_script("document.querySelector('[data-head=\"L1H2\"]').click()")
-    _wait(driver, lambda d: set(_deltas(d)[1:]) != {"0"})
-    _wait(driver, lambda d: d.execute_script("return !document.querySelector('.mhx[data-busy]')"))
+    wait(driver, lambda d: set(_deltas(d)[1:]) != {"0"})
+    wait(driver, lambda d: d.execute_script("return !document.querySelector('.mhx[data-busy]')"))
     expected = explorer.session.example(0)["text"]["delta_logprob"]
     shown = _deltas(driver)
     n_real = len(ids)
     assert [float(x) for x in shown[1:]] == [float(d) for d in expected[: n_real - 1]]
     driver.execute_script("document.querySelector('[data-head=\"L1H2\"]').click()")
-    _wait(driver, lambda d: set(_deltas(d)[1:]) == {"0"})
+    wait(driver, lambda d: set(_deltas(d)[1:]) == {"0"})
 
 
 def test_attention_of_a_large_model_arrives_for_the_hovered_token(page, monkeypatch):
@@ -101,10 +77,10 @@ def test_attention_of_a_large_model_arrives_for_the_hovered_token(page, monkeypa
     driver, explorer = page
     monkeypatch.setattr(session_module, "INLINE_ATTENTION_HEADS", 4)  # 8 heads: "large"
     driver.get(driver.current_url)  # reload: the state now carries no patterns
-    _wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '.mhx-text-token[data-pos="2"]'))
+    wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '.mhx-text-token[data-pos="2"]'))
     token = driver.find_element(By.CSS_SELECTOR, '.mhx-text-token[data-pos="2"]')
     ActionChains(driver).move_to_element(token).click().perform()  # hover and lock
-    _wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "[data-attn]")) == 8)
+    wait(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, "[data-attn]")) == 8)
     title = driver.execute_script(
         "return document.querySelector('[data-attn=\"L0H1\"] .mhx-attn-cell').title"
     )
