@@ -885,6 +885,21 @@ def test_custom_task_with_bad_targets_is_caught() -> None:
         Broken().sample(4, gen(0))
 
 
+def test_a_task_whose_tokens_leave_its_vocabulary_is_refused_when_registered() -> None:
+    class OutOfVocabulary(ShiftTask):
+        def sample_tokens(self, n, lengths, generator):
+            return torch.full((n, self.seq_len), self.d_vocab_in)  # one past the last id
+
+    message = (
+        r"task 'test_out_of_vocabulary': sample_tokens is invalid: "
+        r"tokens must lie in \[0, d_vocab_in=5\), got \[5, 5, 5, 5, 5\]"
+    )
+    with pytest.raises(InvalidTaskError, match=message):
+        register_task("test_out_of_vocabulary", OutOfVocabulary)
+    with pytest.raises(ValueError, match="a registered task"):
+        get_task("test_out_of_vocabulary")  # the refused task was not registered
+
+
 def test_direct_construction_equals_registry() -> None:
     assert InductionTask(seq_len=8) == get_task("induction", seq_len=8)
     assert list(get_task("induction", seq_len=8).block_lengths) == [2, 3, 4]

@@ -102,6 +102,7 @@ def validate_task(task: Task) -> Task:
     batch = _call(
         task, "sample", lambda: task.sample(_CHECK_SIZE, torch.Generator().manual_seed(0))
     )
+    _check_tokens(task, batch.tokens, batch.padding_mask)  # else an embedding IndexError later
     relations = _call(
         task, "compute_relations", lambda: task.relations(batch.tokens, batch.padding_mask)
     )
