@@ -46,8 +46,6 @@ __all__ = [
     "HookedModel",
     "check_model",
     "expand_kv_heads",
-    "is_causal",
-    "z_hook_names",
 ]
 
 Objective = Literal["next_token", "embedding"]
@@ -104,11 +102,6 @@ def check_model(model: Any, name: str = "model") -> Any:
         f"{name} must be a HookedMHATransformer or a BridgedModel (load_pretrained), "
         f"got {type(model).__name__}"
     )
-
-
-def is_causal(model: Any) -> bool:
-    """Whether ``model``'s queries see only keys at or before them."""
-    return bool(model.cfg.causal)
 
 
 def expand_kv_heads(weight: Tensor, n_heads: int) -> Tensor:
@@ -448,8 +441,3 @@ def _wanted(name: str, names_filter: Any) -> bool:
     if callable(names_filter):
         return bool(names_filter(name))
     return name in names_filter
-
-
-def z_hook_names(model: Any) -> list[str]:
-    """``["blocks.0.attn.hook_z", ...]``, one per layer."""
-    return [f"blocks.{layer}.attn.hook_z" for layer in range(model.cfg.n_layers)]
