@@ -761,3 +761,43 @@ def test_the_page_is_served_while_the_model_loads(backed_up, task):
     with ServerThread(build_app(failed)) as running:
         status, body = _get(running.port, "/api/state")
         assert status == 500 and "cannot load h9_seed0" in json.loads(body)["error"]
+
+
+def _tgkill(pid: int, tid: int, signum: int) -> None:
+    """Send ``signum`` to one thread of another process (Linux's tgkill; Python has none)."""
+    import ctypes
+    import platform
+
+    number = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
+    if number is None:
+        pytest.skip(f"tgkill's syscall number is not known here ({platform.machine()})")
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(number, pid, tid, signum) == 0, ctypes.get_errno()
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_explorer_whichever_thread_the_kernel_hands_it_to(sweep_dir):
+    """The kernel may deliver a Ctrl-C to any thread. Python runs its handler only in the
+    main thread, which used to sit in an untimed join of the server thread and never woke:
+    in CI two explore processes hung after Ctrl-C. Sent to a thread other than the main one,
+    it still ends the command at once with its one line and exit 130."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    pytest.importorskip("uvicorn")
+    port = _free_port()
+    command = [sys.executable, "-m", "mhainterp.cli", "explore", str(sweep_dir)]
+    command += ["--no-browser", "--port", str(port), "--n-eval", str(N_EVAL)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait_for_state(port)[0] == 200
+        others = [int(t) for t in os.listdir(f"/proc/{process.pid}/task") if int(t) != process.pid]
+        _tgkill(process.pid, others[0], signal.SIGINT)
+        _, err = process.communicate(timeout=30)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 130
+    assert err.strip().splitlines() == ["mhainterp explore: stopped"]

@@ -166,14 +166,23 @@ def run_explore(args: argparse.Namespace) -> int:
             sys.stdout.flush()
             if not args.no_browser:
                 threading.Timer(0.5, webbrowser.open, args=(server.url,)).start()
-            loader.wait()
+            # Timed waits: the kernel may hand SIGINT to the server's thread, and an untimed
+            # join then never returns to the interpreter, which runs the Ctrl-C handler only in
+            # the main thread (seen in CI: two explore processes hung after Ctrl-C).
+            while not loader.wait(_POLL_S):
+                pass
             if loader.error is not None:
                 raise loader.error
-            server.thread.join()
+            while server.thread.is_alive():
+                server.thread.join(_POLL_S)
     except KeyboardInterrupt:
         print("mhainterp explore: stopped", file=sys.stderr)
         return 130
     return 0
+
+
+_POLL_S = 0.25
+"""How often the waiting main thread looks for a Ctrl-C (seconds)."""
 
 
 def _pretrained_builder(args: argparse.Namespace) -> tuple[object, str]:
