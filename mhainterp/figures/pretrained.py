@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -44,6 +45,12 @@ def plot_roles_vs_null(
     return save_figure(fig, path, roles)
 
 
+def _diagonal(ax: Any, values: np.ndarray) -> None:
+    """The y = x line across the range of ``values`` (where two estimates would agree)."""
+    low, high = float(np.nanmin(values)), float(np.nanmax(values))
+    ax.plot([low, high], [low, high], color="grey", lw=0.8, ls="--")
+
+
 def plot_attribution_vs_exact(
     verified: pd.DataFrame, path: str | os.PathLike[str], *, title: str = ""
 ) -> Path:
@@ -52,9 +59,7 @@ def plot_attribution_vs_exact(
     fig, ax = new_figure(5.0, 5.0)
     for method, group in verified.groupby("method", sort=False):
         ax.scatter(group["exact"], group["attribution"], label=method, s=18)
-    values = verified[["exact", "attribution"]].to_numpy()
-    low, high = float(np.nanmin(values)), float(np.nanmax(values))
-    ax.plot([low, high], [low, high], color="grey", lw=0.8, ls="--")
+    _diagonal(ax, verified[["exact", "attribution"]].to_numpy())
     ax.set_xlabel("exact delta loss (engine)")
     ax.set_ylabel("attribution patching estimate")
     ax.set_title(title or "attribution vs exact ablation")
@@ -71,9 +76,7 @@ def plot_zero_vs_mean(
     ax.scatter(table["delta_mean"], table["delta_zero"], s=18)
     for _, row in table[table["disagree"]].iterrows():
         ax.annotate(row["head_label"], (row["delta_mean"], row["delta_zero"]), fontsize=7)
-    values = table[["delta_mean", "delta_zero"]].to_numpy()
-    low, high = float(np.nanmin(values)), float(np.nanmax(values))
-    ax.plot([low, high], [low, high], color="grey", lw=0.8, ls="--")
+    _diagonal(ax, table[["delta_mean", "delta_zero"]].to_numpy())
     ax.set_xlabel("mean ablation: damage")
     ax.set_ylabel("zero ablation: damage")
     ax.set_title(title or "zero vs mean ablation")
