@@ -11,6 +11,7 @@ import itertools
 
 import numpy as np
 import pandas as pd
+import pytest
 from matplotlib.container import ErrorbarContainer
 
 from mhainterp.figures._common import (
@@ -470,3 +471,26 @@ def test_every_figure_saver_takes_the_data_first_then_the_path():
     assert seen["save_ablation_figures"] == ["tables", "out_dir"]
     assert seen["save_figure"][:3] == ["fig", "png_path", "data"]
     assert seen["plot_roles_vs_null"] == ["roles", "path"]
+
+
+def test_pretrained_agreement_scatters_are_saved_beside_their_tables(tmp_path):
+    from mhainterp.figures.pretrained import plot_attribution_vs_exact, plot_zero_vs_mean
+
+    table = pd.DataFrame(
+        {
+            "head_label": ["L0H0", "L0H1", "L1H0"],
+            "delta_zero": [0.40, 0.01, 0.20],
+            "delta_mean": [0.01, 0.01, 0.19],
+            "disagree": [True, False, False],
+        }
+    )
+    png = plot_zero_vs_mean(table, tmp_path / "zero_vs_mean.png")
+    assert png.is_file() and pd.read_csv(png.with_suffix(".csv")).equals(table)
+    verified = pd.DataFrame(
+        {"method": ["zero", "zero", "mean"], "head_label": ["L0H0", "L0H1", "L0H0"],
+         "attribution": [0.3, 0.0, 0.02], "exact": [0.4, 0.01, 0.01]}
+    )  # fmt: skip
+    png = plot_attribution_vs_exact(verified, tmp_path / "attribution.png")
+    assert pd.read_csv(png.with_suffix(".csv")).equals(verified)
+    with pytest.raises(ValueError, match="exact"):
+        plot_attribution_vs_exact(verified.drop(columns="exact"), tmp_path / "bad.png")
