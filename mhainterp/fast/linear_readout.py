@@ -78,7 +78,8 @@ def copy_logits(
     readout = attn.W_O @ model.W_U  # (h, d_head, V)
     change = torch.einsum("sthd,hdv->hstv", values - z, readout)  # (h, s, T, V)
     weights = copy_masks.to(change.dtype)  # (c, h)
-    logits = clean.reshape(s, T, -1)[None] + torch.einsum("ch,hstv->cstv", weights, change)
+    # clean + weights @ change as one addmm over the flattened (s, T, V) entries
+    logits = torch.addmm(clean.reshape(1, -1), weights, change.reshape(len(change), -1))
     logits = logits.reshape(len(copy_masks), *clean.shape)  # the model's shape: (c, s, T, [k,] V)
     unsure = _near_ties(logits, part)  # (c, s)
     if bool(unsure.any()):
@@ -101,7 +102,11 @@ def _near_ties(logits: Float[Tensor, "c s T *out"], part: Any) -> Bool[Tensor, "
     scored = part.scored  # (s, T, k)
     k = scored.shape[-1]
     grouped = logits.reshape(c, s, T, k, -1)
-    low, high = torch.aminmax(grouped, dim=-1)  # (c, s, T, k); cheaper than topk(2)
+    # amax and amin apart are faster than aminmax or topk(2) on CPU
+    high, low = grouped.amax(-1), grouped.amin(-1)  # (c, s, T, k)
     tolerance = TIE_TOLERANCE * (1.0 + torch.maximum(high.abs(), low.abs()))
-    contenders = (grouped >= (high - tolerance)[..., None]).sum(-1)  # the max counts itself
+    near = grouped >= (high - tolerance)[..., None]  # the max counts itself
+    # Count in the narrowest integer that cannot overflow: a uint8 sum is 2x an int64 one.
+    count = torch.uint8 if near.shape[-1] < 256 else torch.int32
+    contenders = near.to(count).sum(-1, dtype=count)
     return ((contenders >= 2) & scored).any(dim=(2, 3))
