@@ -346,7 +346,10 @@ def test_hand_model_verdict_text(hand_result):
     assert "0 backed up, 1 dead." in text
     assert "Division of labour not measured (no division table)" in text
     assert "Labels are stable: none changes with any threshold x 0.8 or x 1.25." in text
-    assert "Labels: 0 backed up by a partner (none); 1 dead (L0H2); 0 unspecialized (none)." in text
+    assert (
+        "Labels: 0 backed up by a partner (none); 1 dead (L0H2); 0 unspecialized in where they "
+        "look (none)."
+    ) in text
     null = hand_result.runs.iloc[0]["causal_null"]
     assert f"Causal selectivity 1.00 vs permutation null {null:.2f} (p = 0.001)" in text
     assert "Ablation backs 2 of 2 role heads" in text
@@ -365,7 +368,7 @@ def test_a_head_that_mixes_two_relations_is_unspecialized(multi_task):
     assert scores["mirror"] == pytest.approx(9 / 16, abs=1e-6)
     assert heads.loc["L0H1", "roles"].split(";") == ["previous", "mirror"]
     assert heads.loc["L0H1", "mixed_roles"] == "mirror+previous"
-    assert "1 unspecialized (L0H1 mixes mirror+previous)" in result.verdict.text
+    assert "1 unspecialized in where they look (L0H1 mixes mirror+previous)" in result.verdict.text
 
 
 def test_handbuilt_bidirectional_previous_mirror_dead(previous_task):
@@ -623,7 +626,7 @@ def test_verdict_text_is_generated_from_the_numbers():
     ).text
     assert "1 of 4 heads holds 1 relation (mirror: 1 head (L0H1)" in changed
     assert "Benjamini-Hochberg" in changed
-    assert "3 unspecialized (L0H0, L0H2, L0H3)" in changed
+    assert "3 unspecialized in where they look (L0H0, L0H2, L0H3)" in changed
     assert "Causal selectivity 0.35 vs permutation null 0.31 (p = 0.2)" in changed
     assert changed != text
     assert "Causal selectivity: not applicable (one target)." in _verdict(n_targets=1).text

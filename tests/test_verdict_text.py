@@ -109,6 +109,14 @@ def test_per_head_findings_say_what_each_head_does_on_every_axis():
         "looks at no known relation; serves every value alike; not needed",
         "looks at no known relation; serves every value alike; dead",
     ]
+    # The run's specialization.md: its per-head table leads with the finding, and its label
+    # column and sentence say they are about where a head looks (issue 19 item 8: "divide the
+    # work" above a table of "unspecialized" heads read as a contradiction).
+    markdown = attached.to_markdown()
+    header = next(line for line in markdown.splitlines() if line.startswith("| run |"))
+    assert header.startswith("| run | head_label | finding | attention label |"), header
+    assert "| looks at no known relation; serves every value alike; not needed |" in markdown
+    assert "1 unspecialized in where they look (L0H1)" in markdown
 
 
 def test_an_axis_with_no_basis_names_none():

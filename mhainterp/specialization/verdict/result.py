@@ -200,12 +200,15 @@ class SpecializationResult:
         """The verdict, its caveats and the per-head table as Markdown."""
         from mhainterp.render import markdown_table
 
-        columns = ["run", "head_label", "label", "holds", "needed", "backed_up", "dead"]
-        columns += ["top_role", "top_effect", "top_p_adj", "explained", "unexplained"]
+        # The finding (every axis) leads; the label says where a head looks and is named so,
+        # or "unspecialized" reads as contradicting a headline that the heads divide the work.
+        columns = ["run", "head_label", "finding", "label", "holds", "needed", "backed_up"]
+        columns += ["dead", "top_role", "top_effect", "top_p_adj", "explained", "unexplained"]
         columns += ["total_damage", "causal_target", "causal_selectivity"]
+        heads = self.heads.reindex(columns=columns).rename(columns={"label": "attention label"})
         lines = ["**Verdict.** " + line for line in self.verdict.lines]
         lines += ["", *[f"- {c}" for c in self.verdict.caveats], ""]
-        lines.append(markdown_table(self.heads[columns]))
+        lines.append(markdown_table(heads))
         return "\n".join(lines) + "\n"
 
     def save(

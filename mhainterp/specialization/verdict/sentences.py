@@ -354,7 +354,9 @@ class RunVerdict:
         parts = [
             f"Labels: {self.n_redundant} backed up by a partner ({_join(groups)})",
             f"{len(self.dead)} dead ({_join(self.dead)})",
-            f"{len(self.unspecialized)} unspecialized ({_join(unspecialized)})",
+            # "unspecialized" is about where a head looks only: the headline may still say the
+            # heads divide the work (whom they serve), so the sentence names the axis.
+            f"{len(self.unspecialized)} unspecialized in where they look ({_join(unspecialized)})",
         ]
         text = "; ".join(parts) + "."
         if self.weak:
