@@ -110,6 +110,8 @@ def test_saved_tour_has_its_outputs_and_its_text_matches_them():
         assert _cell_with(code, snippet)["outputs"], snippet
     assert_ablation_claim_matches(cells)
     assert "half a minute" not in json.dumps(cells[0]["source"])
+    text = json.dumps([c["source"] for c in cells])
+    assert "redundant share" not in text and "harder settings" not in text  # one vocabulary
     assert_real_heads_section(cells, ran=True)  # the saved copy is executed with SmolLM2
 
 

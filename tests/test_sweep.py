@@ -109,6 +109,8 @@ def test_summarize_says_too_easy_and_no_difference():
     assert any(
         "too easy" not in note and "cannot separate head counts" in note for note in summary.notes
     )
+    # no untested hint (issue 19 item 16: the suggested settings separated nothing)
+    assert not any("harder" in note or "fewer steps" in note for note in summary.notes)
     assert any("no accuracy difference between head counts" in note for note in summary.notes)
 
 
