@@ -28,7 +28,12 @@ Measures, side by side in one process, with interleaved repeats and medians:
    off, so that an untrained model runs every pass a trained one does) against
    ``head_importance`` with mean ablation, same h = 8 model and sequences; ``ratio`` = time /
    time(head_importance), the target is <= 4 (issue 18).
-6. ``job`` (optional, ``--job-demo`` or ``--job CMD``): wall time and peak memory of a command.
+6. ``explore`` (opt-in, ``--sections explore``): the explorer click (toggle a head, metrics,
+   example, JSON) on a 16-head ``reverse`` run with 1,024 sequences and one torch thread (the
+   explorer's default), every click a head set not seen before (no cache hit), idle and beside
+   ``--explore-loads`` busy processes; ``ratio`` = the 200 ms budget / the median (> 1: within
+   it). ``analysis/bench_explore.py`` measures the rest (HTTP, browser, start-up, page weight).
+7. ``job`` (optional, ``--job-demo`` or ``--job CMD``): wall time and peak memory of a command.
 
 Writes ``bench.csv`` (one row per measurement) and ``bench.md`` to ``--out``. Ratios are the
 claims; absolute times depend on the machine and on what else runs on it (the load average
@@ -110,6 +115,8 @@ class BenchSettings:
         sections: Which sections to run.
         job: A command to time (``section job``), or None.
         boot_native: Include TransformerLens's boot_native rows.
+        explore_loads: Busy processes beside the explorer clicks, one row each (0: idle).
+        explore_clicks: Clicks per explorer row.
     """
 
     steps: int = 100
@@ -123,11 +130,14 @@ class BenchSettings:
     sections: tuple[str, ...] = ("train", "peak", "cache", "ablation", "engine", "division")
     job: list[str] | None = None
     boot_native: bool = True
+    explore_loads: tuple[int, ...] = (0, 4, 8)
+    explore_clicks: int = 40
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchSettings:
         """Tiny sizes for a smoke test (numbers are not meaningful)."""
-        return replace(cls(steps=4, repeats=2, n_eval=64), **overrides)
+        quick = cls(steps=4, repeats=2, n_eval=64, explore_loads=(0,), explore_clicks=4)
+        return replace(quick, **overrides)
 
 
 # ----- (a) the seed-000 reference ----------------------------------------------------------------
@@ -839,6 +849,63 @@ def _division_rows(settings: BenchSettings, threads: int, echo: Callable) -> lis
     return rows
 
 
+EXPLORE_BUDGET_MS = 200.0
+"""Issue 19 item 12: an explorer click answers in under 200 ms on a busy machine."""
+
+
+def _bench_explore() -> Any:
+    """``analysis/bench_explore.py`` (beside this file), the one home of the explorer's
+    benchmark helpers: the test run, the Gray-code click order, the busy processes."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent / "bench_explore.py"
+    spec = importlib.util.spec_from_file_location("bench_explore", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _running_processes() -> str:
+    """Runnable processes right now (``/proc/loadavg``'s fourth field), or "?" elsewhere."""
+    try:
+        return Path("/proc/loadavg").read_text().split()[3].split("/")[0]
+    except (OSError, IndexError):
+        return "?"
+
+
+def _explore_rows(settings: BenchSettings, echo: Callable) -> list[dict]:
+    """Explorer click latency, idle and beside busy processes (see the module docstring)."""
+    from mhainterp.explore import Explorer
+
+    helpers = _bench_explore()
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        run = helpers.make_wide_run(Path(folder), n_heads=16)
+        for load in settings.explore_loads:
+            explorer = Explorer.from_path(run)  # answers on one torch thread, its default
+            labels = explorer.session.valid_heads
+            json.dumps(explorer.handle("state"))
+            times = []
+            with helpers.BusyLoad(load):
+                for head in helpers.gray_code_heads(labels, settings.explore_clicks):
+                    start = time.perf_counter()
+                    json.dumps(explorer.handle("toggle", {"head": head}))
+                    times.append(time.perf_counter() - start)
+                running = _running_processes()  # now: the 1-minute load average lags
+            ms = sorted(1e3 * t for t in times)
+            median, p90 = statistics.median(ms), ms[int(0.9 * (len(ms) - 1))]
+            case = _Case("explore", f"click_busy_{load}", (16,), 1, 0, 1, lambda k: 0.0)
+            note = (
+                f"16 heads, 1,024 sequences, {len(ms)} new head sets, {load} busy processes "
+                f"({running} runnable on {len(_cpus())} CPUs); p90 {p90:.0f} ms"
+            )
+            row = _row(case, median, "ms", len(ms), note)
+            row["ratio"], row["ratio_to"] = EXPLORE_BUDGET_MS / median, "200 ms budget"
+            rows.append(row)
+            echo(f"explore, {load} busy: median {median:.0f} ms, p90 {p90:.0f} ms")
+    return rows
+
+
 def _job_rows(command: list[str]) -> list[dict]:
     result = _run_job(command)
     case = _Case("job", "command", (), 0, 0, torch.get_num_threads(), lambda k: 0.0)
@@ -899,6 +966,8 @@ def run_bench(
         rows += _division_rows(settings, threads, echo)
     if "real" in settings.sections:  # not in the default sections: needs the SmolLM2 wheel
         rows += _real_rows(settings, threads, echo)
+    if "explore" in settings.sections:  # not in the default sections: it spins busy processes
+        rows += _explore_rows(settings, echo)
     if settings.job:
         rows += _job_rows(settings.job)
     return pd.DataFrame(rows + notes, columns=COLUMNS)
@@ -964,7 +1033,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=None, help="batched executor workers")
     parser.add_argument(
         "--sections", default=None,
-        help="comma-separated subset of train,peak,cache,ablation,engine,division (default: all)",
+        help="comma-separated subset of train,peak,cache,ablation,engine,division (default: "
+        "all), or explore, real (opt-in)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--explore-loads", default=None,
+        help="busy processes beside the explorer clicks, comma-separated (default 0,4,8)",
     )  # fmt: skip
     parser.add_argument("--job", default=None, help="also time this command (quoted)")
     parser.add_argument(
@@ -989,13 +1063,23 @@ def settings_from_args(args: argparse.Namespace, out: Path) -> BenchSettings:
             overrides[name] = value
     if args.sections:
         sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
-        allowed = {"train", "peak", "cache", "ablation", "engine", "division", "real"}
+        allowed = {"train", "peak", "cache", "ablation", "engine", "division", "real", "explore"}
         unknown = sorted(set(sections) - allowed)
         if unknown:
             raise ValueError(
                 f"--sections has unknown {unknown}; allowed: {','.join(sorted(allowed))}"
             )
         overrides["sections"] = sections
+    if args.explore_loads:
+        try:
+            loads = tuple(int(n) for n in args.explore_loads.split(","))
+        except ValueError:
+            loads = (-1,)
+        if any(n < 0 for n in loads):
+            raise ValueError(
+                f"--explore-loads={args.explore_loads!r} is invalid: integers >= 0, comma-separated"
+            )
+        overrides["explore_loads"] = loads
     if args.job:
         overrides["job"] = shlex.split(args.job)
     elif args.job_demo:
@@ -1025,6 +1109,7 @@ examples:
   python analysis/benchmark.py --out runs/bench                the full benchmark (minutes)
   python analysis/benchmark.py --quick --out runs/bench_quick  a smoke test (numbers not meaningful)
   python analysis/benchmark.py --sections train --steps 300    only training throughput, longer
+  python analysis/benchmark.py --sections explore --out runs/bench_explore   explorer clicks, busy
   python analysis/benchmark.py --job-demo --out runs/bench     also time `mhainterp demo`
 """
 

@@ -139,6 +139,28 @@ def test_settings_from_args_and_errors(tmp_path):
         bench.settings_from_args(_args(tmp_path, "--steps", "0"), tmp_path)
 
 
+def test_explore_section_is_opt_in_with_its_loads(tmp_path):
+    assert "explore" not in BenchSettings().sections  # it spins busy processes
+    assert BenchSettings().explore_loads == (0, 4, 8)
+    settings = bench.settings_from_args(
+        _args(tmp_path, "--sections", "explore", "--explore-loads", "0,2"), tmp_path
+    )
+    assert settings.sections == ("explore",) and settings.explore_loads == (0, 2)
+    with pytest.raises(ValueError, match=r"--explore-loads='x' is invalid: integers >= 0"):
+        bench.settings_from_args(_args(tmp_path, "--explore-loads", "x"), tmp_path)
+
+
+@pytest.mark.slow
+def test_explore_section_times_new_head_sets_against_the_budget():
+    settings = BenchSettings(sections=("explore",), explore_loads=(0, 1), explore_clicks=3)
+    table = bench.run_bench(settings)
+    assert table.case.tolist() == ["click_busy_0", "click_busy_1"]
+    assert set(table.unit) == {"ms"} and table.repeats.tolist() == [3, 3]
+    for row in table.itertuples():
+        assert row.ratio == pytest.approx(bench.EXPLORE_BUDGET_MS / row.value)
+        assert "16 heads, 1,024 sequences, 3 new head sets" in row.note
+
+
 @pytest.mark.slow
 def test_script_writes_the_table_and_the_markdown(tmp_path, capsys):
     assert bench.main(["--quick", "--sections", "cache", "--out", str(tmp_path)]) == 0
