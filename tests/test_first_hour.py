@@ -227,6 +227,56 @@ def test_cli_task_module_calling_sys_exit_exits_2_naming_it(tmp_path):
     )
 
 
+# ----- item 2: a relation covering the whole causal prefix (its effect is NaN) ------------------
+MAJORITY_TASK = """
+import torch
+from mhainterp.tasks import Task, register_task
+
+
+class MajoritySoFar(Task):
+    name = "majority"
+    causal = True
+
+    @property
+    def d_vocab_out(self):
+        return 2
+
+    def compute_targets(self, tokens, padding_mask):
+        ones = (tokens == 1).long().cumsum(-1)
+        return (2 * ones > torch.arange(1, tokens.shape[1] + 1)).long(), padding_mask
+
+    def compute_relations(self, tokens, padding_mask):
+        n, pos = tokens.shape
+        return {"prefix": torch.tril(torch.ones(pos, pos)).expand(n, pos, pos).clone()}
+
+
+register_task("majority", MajoritySoFar)
+"""
+
+
+@pytest.mark.slow
+def test_specialize_and_report_a_user_task_whose_relation_covers_the_prefix(tmp_path):
+    """The natural template of "majority token so far" covers every visible key: chance is 1,
+    its effect NaN, and the sweep's consistency step used to raise KeyError ['prefix']."""
+    module = tmp_path / "majority.py"
+    module.write_text(MAJORITY_TASK)
+    sweep, task = tmp_path / "maj", ["--task-module", str(module)]
+    code, _, err = run_command(
+        "sweep", *task, "--task", "majority", "--task-param", "seq_len=6",
+        "--task-param", "d_vocab=2", "--n-heads", "1,2", "--seeds", "0,1", "--d-model", "8",
+        "--steps", "20", "--batch-size", "16", "--n-eval", "32", "--executor", "local",
+        "--quiet", "--out", str(sweep),
+    )  # fmt: skip
+    assert code == 0, err
+    for command in ("specialize", "report"):
+        code, _, err = run_command(command, str(sweep), *task, "--n-eval", "32", "--quiet")
+        assert code == 0 and "Traceback" not in err, (command, err)
+    roles = (sweep / "specialization_sweep_roles.csv").read_text().splitlines()
+    prefix = [line for line in roles if ",prefix,True," in line]
+    assert len(prefix) == 6  # 1 + 2 heads x 2 seeds, each kept with its undefined effect
+    assert "## Findings" in (sweep / "report.md").read_text()
+
+
 # ----- item 4: a minimal user task, in analysis/my_task.py and in the README --------------------
 def test_the_example_task_copies_the_first_token(clean_registry):
     try:
