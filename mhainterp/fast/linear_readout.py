@@ -74,7 +74,6 @@ def copy_logits(
     block = model.blocks[layer]
     attn = block.attn
     clean = model.logits_from_resid(block.after_attention(resid_pre, attn.output_from_z(z)))
-    s, T = z.shape[:2]
     readout = attn.W_O @ model.W_U  # (h, d_head, V)
     change = torch.einsum("sthd,hdv->hstv", values - z, readout)  # (h, s, T, V)
     weights = copy_masks.to(change.dtype)  # (c, h)
