@@ -57,6 +57,7 @@ __all__ = [
     "RunLockedError",
     "NotEnoughMemoryError",
     "available_memory",
+    "allocation_failure",
     "allocation_failures",
     "format_bytes",
     "remove_stale_temps",
@@ -454,14 +455,33 @@ def allocation_failures(what: str) -> Iterator[None]:
         yield
     except NotEnoughMemoryError:
         raise
-    except MemoryError:
-        raise NotEnoughMemoryError(_failed(what, None)) from None
-    except RuntimeError as error:
-        text = str(error)
-        if "can't allocate memory" not in text and "out of memory" not in text:
+    except (MemoryError, RuntimeError) as error:
+        message = allocation_failure(error, what)
+        if message is None:
             raise
-        asked = re.search(r"allocate (\d+) bytes", text)
-        raise NotEnoughMemoryError(_failed(what, int(asked.group(1)) if asked else None)) from None
+        raise NotEnoughMemoryError(message) from None
+
+
+def allocation_failure(error: BaseException, what: str) -> str | None:
+    """The one line for ``error`` when it is a failed allocation (torch's "can't allocate
+    memory" or "out of memory", ``MemoryError``), else None. The CLI's backstop for any
+    command: an allocation no estimate foresaw still ends in one line, not a traceback.
+
+    Example:
+        >>> allocation_failure(KeyError("x"), "this") is None
+        True
+    """
+    if isinstance(error, NotEnoughMemoryError):
+        return str(error)
+    if isinstance(error, MemoryError):
+        return _failed(what, None)
+    text = str(error)
+    if not isinstance(error, RuntimeError) or not (
+        "can't allocate memory" in text or "out of memory" in text
+    ):
+        return None
+    asked = re.search(r"allocate (\d+) bytes", text)
+    return _failed(what, int(asked.group(1)) if asked else None)
 
 
 def _failed(what: str, asked: int | None) -> str:

@@ -286,13 +286,26 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (6 * 2**30, 6 * 2**30))
 
 
+HUGE = "1000000000"
+RUN_COMMANDS = {  # a command that reads a run, and the options it needs besides --n-eval
+    "analyze": ["--quiet", "--no-ablation"],
+    "specialize": ["--quiet"],
+    "report": ["--quiet"],
+    "ablate": ["--heads", "L0H1"],
+    "explore": ["--no-browser", "--port", "8951"],
+}
+
+
 @pytest.mark.parametrize(
     ("command", "size"),
     [
         ("train", ["--d-model", "200000", "--n-heads", "4"]),
-        ("train", ["--batch-size", "1000000000"]),
-        ("train", ["--n-eval", "1000000000"]),
-        ("analyze", ["--n-eval", "1000000000"]),
+        ("train", ["--batch-size", HUGE]),
+        ("train", ["--n-eval", HUGE]),
+        ("sweep", ["--d-model", "200000"]),
+        ("sweep", ["--batch-size", HUGE]),
+        ("sweep", ["--n-eval", HUGE]),
+        *[(command, ["--n-eval", HUGE]) for command in RUN_COMMANDS],
     ],
 )
 def test_sizes_that_cannot_fit_are_one_line_saying_how_much(reference, tmp_path, command, size):
@@ -300,13 +313,34 @@ def test_sizes_that_cannot_fit_are_one_line_saying_how_much(reference, tmp_path,
     if command == "train":
         argv = [*[a for a in SWEEP_ARGS if a not in ("--n-heads", "1,2,4", "--seeds", "0,1")],
                 *size, "--out", str(tmp_path / "run")]  # fmt: skip
+    elif command == "sweep":
+        argv = [*SWEEP_ARGS, *size, "--out", str(tmp_path / "sweep")]
     else:
-        argv = [str(ref / "runs" / "h2_seed0"), *size, "--quiet", "--no-ablation"]
+        argv = [str(ref / "runs" / "h2_seed0"), *size, *RUN_COMMANDS[command]]
     result = _cli(command, *argv, preexec_fn=_limit_memory)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert lines[0].startswith(f"mhainterp {command}: error: "), lines[0]
     assert "needs about" in lines[0] and "are available" in lines[0], lines[0]
+    assert list(tmp_path.rglob("eval.json")) == []  # refused before training anything
+
+
+def test_an_allocation_no_estimate_foresaw_is_one_line(reference):
+    """Above the sampled batch, an analysis allocates what no estimate counts (activations):
+    the CLI's backstop turns the allocator's failure into one line, not a traceback."""
+    ref, _ = reference
+
+    def small_limit() -> None:  # room for the imports and the batch, not for the analysis
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
+
+    run = str(ref / "runs" / "h2_seed0")
+    result = _cli("specialize", run, "--n-eval", "3000000", "--quiet", preexec_fn=small_limit)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("mhainterp specialize: error: "), lines[0]
+    assert "memory" in lines[0] and "lower the sizes asked for" in lines[0], lines[0]
 
 
 def test_specialize_after_train_overwrite_does_not_reuse_the_old_result(tmp_path):

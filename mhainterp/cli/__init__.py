@@ -5,8 +5,9 @@ Each module in ``COMMAND_MODULES`` (one per command, in ``--help`` order) expose
 parsed args and returns an exit code. ``options`` holds the argument groups they share.
 
 Errors (DESIGN.md, "Errors"): the user's input (an option out of its documented range included),
-a damaged file, a full disk or a folder that cannot be written end with one line on stderr and
-exit code 2; Ctrl-C with one line and 130. ``MHAINTERP_DEBUG=1`` shows the traceback instead.
+a damaged file, a full disk, a folder that cannot be written or an allocation that fails end
+with one line on stderr and exit code 2; Ctrl-C with one line and 130. ``MHAINTERP_DEBUG=1``
+shows the traceback instead.
 
 Start-up: ``--help`` of every command and ``mhainterp tasks`` import no torch (the command
 modules import the library inside their handlers; :mod:`mhainterp.cli.static` holds what help
@@ -101,7 +102,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prefix}: error: {_one_line(describe_os_error(error))}", file=sys.stderr)
         return 2
     except Exception as error:
-        if not isinstance(error, _user_errors()) or os.environ.get("MHAINTERP_DEBUG"):
+        if os.environ.get("MHAINTERP_DEBUG"):
+            raise
+        memory = _allocation_failure(error, prefix)
+        if memory is not None:  # an allocation no estimate foresaw: still one line
+            print(f"{prefix}: error: {_one_line(memory)}", file=sys.stderr)
+            return 2
+        if not isinstance(error, _user_errors()):
             raise
         # The user's input or a damaged run folder: one clear line, no traceback.
         print(f"{prefix}: error: {_one_line(str(error))}", file=sys.stderr)
@@ -121,6 +128,17 @@ def _user_errors() -> tuple[type[BaseException], ...]:
 
 
 _DIVERGED = "TrainingDivergedError"
+
+
+def _allocation_failure(error: BaseException, prefix: str) -> str | None:
+    """The one line for a failed allocation (:func:`mhainterp.io.allocation_failure`), else
+    None. Only an error raised while the command ran gets here, so importing io costs
+    ``--help`` nothing."""
+    if not isinstance(error, (MemoryError, RuntimeError)):
+        return None
+    from mhainterp.io import allocation_failure
+
+    return allocation_failure(error, prefix.removeprefix("mhainterp "))
 
 
 def _one_line(message: str) -> str:

@@ -33,6 +33,7 @@ from mhainterp.io import (
     ensure_writable_dir,
     read_json,
     remove_stale_temps,
+    require_memory,
     terminate_as_interrupt,
     write_csv,
     write_json,
@@ -53,6 +54,7 @@ from mhainterp.training import (
     run_config_differences,
     saved_config_matches,
 )
+from mhainterp.training_memory import training_memory, training_what
 from mhainterp.validation import check_option
 
 __all__ = [
@@ -159,6 +161,10 @@ def run_sweep(
     write_json(out_dir / "sweep.json", config.to_dict())
     specs = plan_sweep(config, out_dir)
     _refuse_foreign_runs(specs)
+    for spec in specs:  # a size that cannot fit: one line before any run starts
+        if run_status(spec.run_dir) != "finished":
+            needed = training_memory(spec.model_config, spec.train_config)
+            require_memory(needed, training_what(spec.model_config, spec.train_config))
     with terminate_as_interrupt():  # SIGTERM (kill, timeout, Slurm) ends it as Ctrl-C does
         _train_missing(specs, executor, progress, _SweepLog(out_dir / "sweep.log"))
     results = collect_results(specs)

@@ -21,6 +21,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from mhainterp.io import require_memory
 from mhainterp.model.loss import IGNORE_INDEX
 from mhainterp.tasks.batch import Batch
 from mhainterp.tasks.contract import MAX_SEQ_LEN, MAX_VOCAB, check_labels, task_error
@@ -31,6 +32,7 @@ __all__ = ["Task", "init_param_names"]
 
 _EVAL_SALT = "mhainterp/eval-set/v1"
 _EVAL_SEED_OFFSET = 2**32  # eval seeds lie in [2**32, 2**63): never equal to a user's 32-bit seed
+_CHECKED_BATCH_BYTES = 64 * 2**20  # batches larger than this are checked against free memory
 
 
 def init_param_names(cls: type) -> list[str] | None:
@@ -273,6 +275,7 @@ class Task(abc.ABC):
                     f"generator is invalid: a CPU torch.Generator (batches are drawn on the CPU "
                     f"and moved with Batch.to), got one on {generator.device}."
                 )
+        self._require_memory(n)
         lengths = self.sample_lengths(n, generator)  # (n,)
         tokens = self.sample_tokens(n, lengths, generator).long()  # (n, pos)
         padding_mask = torch.arange(self.seq_len)[None, :] < lengths[:, None]  # (n, pos)
@@ -280,6 +283,16 @@ class Task(abc.ABC):
             tokens = tokens.masked_fill(~padding_mask, self.pad_token)
         targets, mask = self._label(tokens, padding_mask)
         return Batch(tokens=tokens, targets=targets, mask=mask, padding_mask=padding_mask)
+
+    def _require_memory(self, n: int) -> None:
+        """Refuse ``n`` sequences that cannot fit, before allocating them (one line saying how
+        much: ``--n-eval 1000000000`` asked of any command). The batch holds int64 tokens and
+        targets and two bool masks, twice over while it is labelled; small batches (every
+        training step's) skip the check, which reads /proc."""
+        needed = 2 * n * self.seq_len * (8 + 8 * self.n_targets + 2)
+        if needed > _CHECKED_BATCH_BYTES:
+            what = f"sampling {n:,} sequences of {self.name!r} (n_eval or batch_size)"
+            require_memory(needed, what)
 
     def eval_batch(self, n: int = 1024) -> Batch:
         """The fixed evaluation set: ``sample(n)`` from a generator seeded with ``eval_seed``.
