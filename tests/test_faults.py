@@ -156,6 +156,20 @@ def test_ctrl_c_while_the_command_still_imports_is_one_line_exit_130(tmp_path, d
     assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("delay", [0.4, 1.0, 2.0])
+def test_sigterm_while_the_command_still_imports_is_one_line_exit_130(tmp_path, delay):
+    # Training's own SIGTERM handler starts with training: before it (the imports, the
+    # plan) a SIGTERM ended the command silently with 143. From its first moment it is Ctrl-C.
+    process = _sweep(tmp_path / "sweep")
+    time.sleep(delay)
+    process.send_signal(signal.SIGTERM)
+    code, _, err = _finish(process, timeout=60)
+    lines = err.strip().splitlines()
+    assert code == 130, err
+    assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err, err
+    assert list(tmp_path.rglob("*.tmp")) == [] and list(tmp_path.rglob("eval.json")) == []
+
+
 def test_ctrl_c_in_the_interactive_ablate_session(reference, tmp_path):
     ref, _ = reference
     process = subprocess.Popen(
@@ -361,3 +375,4 @@ def test_specialize_after_train_overwrite_does_not_reuse_the_old_result(tmp_path
     runs = pd.read_csv(run / "analysis" / "specialization_runs.csv")
     accuracy = json.loads((run / "eval.json").read_text())["accuracy"]
     assert runs["accuracy"].iloc[0] == pytest.approx(accuracy, abs=0.1)  # of the new weights
+
