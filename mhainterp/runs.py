@@ -368,8 +368,9 @@ def read_results(sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
 
     Raises:
         FileNotFoundError: there is no results.csv.
-        RunFolderError: it is empty, not a CSV table, lacks ``run_dir``, or two of its rows
-            disagree about one run.
+        RunFolderError: it is empty, not a CSV table, lacks ``run_dir``, two of its rows
+            disagree about one run, or a row's accuracy or loss is not what its run's
+            ``eval.json`` says now (the run was retrained after the sweep).
 
     Example:
         >>> summarize(read_results("runs/rev"))  # doctest: +SKIP
@@ -398,7 +399,35 @@ def read_results(sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
             f"{path} has different rows for one run ({', '.join(runs)}); rerun the same "
             "mhainterp sweep to rewrite it"
         )
+    _check_rows_match_runs(path, table)
     return table
+
+
+_ROW_NUMBERS = {"val_accuracy": "accuracy", "val_loss": "loss"}  # results.csv <- eval.json
+
+
+def _check_rows_match_runs(path: Path, table: pd.DataFrame) -> None:
+    """Refuse a row whose numbers are not those its run's eval.json holds now: the run was
+    retrained (``train --overwrite`` with other settings) after the sweep wrote the table,
+    and a summary of the old numbers beside analyses of the new weights would mix two
+    models without a word."""
+    columns = [c for c in _ROW_NUMBERS if c in table.columns]
+    for row in table.itertuples(index=False):
+        run_dir = Path(row.run_dir)
+        if not columns or not (run_dir / "eval.json").is_file():
+            continue
+        saved = read_eval(run_dir)
+        if saved.get("status") != "finished":
+            continue
+        for column in columns:
+            recorded, now = getattr(row, column), saved[_ROW_NUMBERS[column]]
+            if not math.isclose(float(recorded), float(now), rel_tol=1e-9, abs_tol=1e-12):
+                raise RunFolderError(
+                    f"{path} says {column}={float(recorded):.4g} for {run_dir.name}, but "
+                    f"{run_dir / 'eval.json'} says {_ROW_NUMBERS[column]}={float(now):.4g}: "
+                    "the run was retrained after the sweep; retrain it with the sweep's "
+                    "settings (or move it out), then rerun the same mhainterp sweep"
+                )
 
 
 def _read_results_table(path: Path) -> pd.DataFrame:

@@ -156,6 +156,20 @@ def test_ctrl_c_while_the_command_still_imports_is_one_line_exit_130(tmp_path, d
     assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("delay", [0.4, 1.0, 2.0])
+def test_sigterm_while_the_command_still_imports_is_one_line_exit_130(tmp_path, delay):
+    # Training's own SIGTERM handler starts with training: before it (the imports, the
+    # plan) a SIGTERM ended the command silently with 143. From its first moment it is Ctrl-C.
+    process = _sweep(tmp_path / "sweep")
+    time.sleep(delay)
+    process.send_signal(signal.SIGTERM)
+    code, _, err = _finish(process, timeout=60)
+    lines = err.strip().splitlines()
+    assert code == 130, err
+    assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err, err
+    assert list(tmp_path.rglob("*.tmp")) == [] and list(tmp_path.rglob("eval.json")) == []
+
+
 def test_ctrl_c_in_the_interactive_ablate_session(reference, tmp_path):
     ref, _ = reference
     process = subprocess.Popen(
@@ -361,3 +375,69 @@ def test_specialize_after_train_overwrite_does_not_reuse_the_old_result(tmp_path
     runs = pd.read_csv(run / "analysis" / "specialization_runs.csv")
     accuracy = json.loads((run / "eval.json").read_text())["accuracy"]
     assert runs["accuracy"].iloc[0] == pytest.approx(accuracy, abs=0.1)  # of the new weights
+
+
+# ----- issue 21 items 4-5: tampered files, through the installed command ------------------------
+@pytest.fixture(scope="module")
+def specialized(reference, tmp_path_factory) -> Path:
+    """A run of the reference sweep with its specialization saved by the command."""
+    run = tmp_path_factory.mktemp("specialized") / "h2_seed0"
+    shutil.copytree(reference[0] / "runs" / "h2_seed0", run)
+    result = _cli("specialize", str(run), "--n-eval", "16", "--quiet")
+    assert result.returncode == 0, result.stderr
+    return run
+
+
+def _drop_column(path: Path, column: str) -> None:
+    table = pd.read_csv(path)
+    table.drop(columns=column).to_csv(path, index=False)
+
+
+def _change_accuracy(path: Path) -> None:
+    table = pd.read_csv(path)
+    table.loc[table["run_dir"] == "runs/h2_seed0", "val_accuracy"] = 0.123
+    table.to_csv(path, index=False)
+
+
+def _foreign_run(sweep: Path) -> None:
+    shutil.rmtree(sweep / "runs" / "h2_seed1")
+    shutil.copytree(sweep / "runs" / "h2_seed0", sweep / "runs" / "h2_seed1")  # says seed 0
+
+
+# case -> (folder: sweep or run, tamper, command, file the one line names, what it says)
+TAMPERED = {
+    "results.csv-0-bytes": ("sweep", lambda f: (f / "results.csv").write_bytes(b""), "report",
+                            "results.csv", "is empty (0 bytes)"),
+    "results.csv-no-run_dir": ("sweep", lambda f: _drop_column(f / "results.csv", "run_dir"),
+                               "report", "results.csv", "lacks the run_dir column"),
+    "results.csv-other-accuracy": ("sweep", lambda f: _change_accuracy(f / "results.csv"),
+                                   "report", "results.csv", "was retrained after the sweep"),
+    "copied-run-of-another-seed": ("sweep", _foreign_run, "sweep", "runs/h2_seed1",
+                                   "holds another run"),
+    "specialization.json-[]": ("run", lambda f: (f / "analysis" / "specialization.json")
+                               .write_text("[]"), "specialize", "analysis/specialization.json",
+                               "is not a JSON object"),
+    "specialization_heads.csv-0-bytes": ("run", lambda f: (f / "analysis" /
+                                         "specialization_heads.csv").write_bytes(b""),
+                                         "report", "analysis/specialization_heads.csv",
+                                         "is empty (0 bytes)"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(TAMPERED))
+def test_a_tampered_file_is_one_line_naming_it_and_changes_nothing(
+    case, reference, specialized, tmp_path
+):
+    kind, tamper, command, named, what = TAMPERED[case]
+    folder = tmp_path / kind
+    shutil.copytree(reference[0] if kind == "sweep" else specialized, folder)
+    tamper(folder)
+    before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    args = [*SWEEP_ARGS, "--out"] if command == "sweep" else ["--n-eval", "16", "--quiet"]
+    result = _cli(command, *args, str(folder))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"mhainterp {command}: error: {folder / named}"), lines[0]
+    assert what in lines[0] and "Traceback" not in result.stderr, lines[0]
+    after = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+    assert after == before  # refused, not recomputed over

@@ -20,7 +20,6 @@ pytestmark = pytest.mark.slow
 MHAINTERP = str(Path(sys.executable).with_name("mhainterp"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # the same arithmetic in every process
 REPORT_ARGS = ["--n-eval", "32", "--by", "token,position", "--quiet"]
-COMPARED = (".md", ".csv", ".json", ".html")
 
 
 def _report(sweep: Path) -> subprocess.Popen:
@@ -34,12 +33,10 @@ def _report(sweep: Path) -> subprocess.Popen:
 
 
 def _outputs(folder: Path) -> dict[str, bytes]:
-    """Every table, note and report file under ``folder`` (temp files of killed writes aside)."""
-    return {
-        str(p.relative_to(folder)): p.read_bytes()
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.suffix in COMPARED and not p.name.startswith(".")
-    }
+    """Every file under ``folder``: tables, notes, figures (PNG and PDF), the report, and any
+    temp file a killed write left (there must be none)."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}  # fmt: skip
 
 
 def test_report_killed_at_random_moments_reruns_to_the_same_files(tiny_sweep, tmp_path):
@@ -68,3 +65,4 @@ def test_report_killed_at_random_moments_reruns_to_the_same_files(tiny_sweep, tm
     assert got.keys() == want.keys(), delays
     differ = [name for name, data in want.items() if got[name] != data]
     assert differ == [], f"differ after kills at {delays} s: {differ}"
+    assert list(killed.rglob("*.tmp")) == [], delays

@@ -274,3 +274,33 @@ def test_overwritten_weights_make_saved_analyses_stale(tiny_sweep, tmp_path):
     assert analysis_is_current(run) and saved_specialization(run) is not None
     stale = [p for p in (run / "analysis").iterdir() if p.name.startswith("stale-")]
     assert len(stale) == 1 and (stale[0] / "specialization.json").is_file()  # kept aside
+
+
+def test_a_sweep_whose_run_was_retrained_is_refused_not_summarised_with_old_numbers(
+    tiny_sweep, tmp_path, capsys
+):
+    """Issue 21 item 3 for a sweep: ``train --overwrite`` on one of its runs (accuracy 0.29 ->
+    0.95 on the issue's machine) left results.csv with the old numbers, and the report put
+    them beside analyses of the new weights."""
+    sweep = tmp_path / "sweep"
+    shutil.copytree(tiny_sweep, sweep)
+    run = sweep / "runs" / "h2_seed0"
+    retrain = ["train", "--task", "reverse", "--task-param", "seq_len=6", "--task-param",
+               "d_vocab=4", "--d-model", "8", "--n-heads", "2", "--steps", "40", "--batch-size",
+               "8", "--warmup-steps", "2", "--n-eval", "32", "--quiet", "--overwrite"]  # fmt: skip
+    assert main([*retrain, "--out", str(run)]) == 0
+    capsys.readouterr()
+    recorded = pd.read_csv(sweep / "results.csv").set_index("run_dir")
+    old = recorded.loc["runs/h2_seed0", "val_accuracy"]
+    now = json.loads((run / "eval.json").read_text())["accuracy"]
+    assert old != now
+    for command in ("report", "specialize"):
+        assert main([command, str(sweep), "--n-eval", "16", "--quiet", "--by", ""]) == 2
+        line = capsys.readouterr().err.strip()
+        assert "\n" not in line and line.startswith(f"mhainterp {command}: error: "), line
+        assert f"{sweep / 'results.csv'} says val_accuracy={old:.4g} for h2_seed0" in line, line
+        assert f"{run / 'eval.json'} says accuracy={now:.4g}" in line, line
+    assert not (sweep / "report.md").exists()
+    for name in ("model.safetensors", "eval.json", "metrics.csv", "config.json"):
+        shutil.copy(tiny_sweep / "runs" / "h2_seed0" / name, run / name)  # the sweep's run again
+    assert read_results(sweep)["run_dir"].tolist() == [str(sweep / "runs" / n) for n in NAMES]

@@ -6,8 +6,8 @@ parsed args and returns an exit code. ``options`` holds the argument groups they
 
 Errors (DESIGN.md, "Errors"): the user's input (an option out of its documented range included),
 a damaged file, a full disk, a folder that cannot be written or an allocation that fails end
-with one line on stderr and exit code 2; Ctrl-C with one line and 130. ``MHAINTERP_DEBUG=1``
-shows the traceback instead.
+with one line on stderr and exit code 2; Ctrl-C, and SIGTERM, with one line and 130.
+``MHAINTERP_DEBUG=1`` shows the traceback instead.
 
 Start-up: ``--help`` of every command and ``mhainterp tasks`` import no torch (the command
 modules import the library inside their handlers; :mod:`mhainterp.cli.static` holds what help
@@ -17,10 +17,13 @@ and the task list show).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from mhainterp.cli.task_modules import load_task_modules
@@ -77,6 +80,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mhainterp`` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((word for word in argv if not word.startswith("-")), None)
+    with _terminate_as_interrupt(command):
+        return _main(argv, command)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt(command: str | None) -> Iterator[None]:
+    """SIGTERM (``kill``, ``timeout``, ``docker stop``, Slurm) ends the command as Ctrl-C does
+    from its first moment: one line, exit 130, no half-written file. Training installs the
+    same handler (:func:`mhainterp.io.terminate_as_interrupt`), but only once it starts: a
+    SIGTERM during the imports ended the command silently with 143. Not for ``explore``,
+    whose server has its own way of stopping; a handler the caller set is kept."""
+    install = (
+        command != "explore"
+        and threading.current_thread() is threading.main_thread()
+        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    )
+    if install:
+        signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        yield
+    finally:
+        if install:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _main(argv: list[str], command: str | None) -> int:
     prefix = f"mhainterp {command}" if command else "mhainterp"
     started = False  # whether the command itself began (its Ctrl-C message says how to resume)
     try:
