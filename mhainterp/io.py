@@ -6,7 +6,8 @@ disk (``fsync``), renamed onto the target, and the folder's entry flushed too. A
 mid-write, or a power cut, leaves either the old file or the new one, never half of one, so a
 resumed sweep can trust every file it finds. The temp file is named ``.<name>.<pid>.<hex>.tmp``;
 one left by a process that was killed (its pid no longer runs) is removed by
-:func:`remove_stale_temps`, which every writer of a folder calls before it writes there.
+:func:`remove_stale_temps`, which :func:`atomic_path` runs on a folder the first time this
+process writes there (so no writer can forget it: a killed ``report`` left one in the sweep).
 
 :func:`require_memory` refuses, before allocating, work that cannot fit in the memory this
 process may still use (RAM available, the cgroup's limit, ``RLIMIT_AS``);
@@ -83,6 +84,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps_once(path.parent)
     try:
         tmp = _create_temp(path)
     except OSError as error:
@@ -140,6 +142,21 @@ def _create_temp(path: Path) -> Path:
         os.close(fd)
         return tmp
     raise FileExistsError(f"could not create a temp file beside {path}")  # pragma: no cover
+
+
+_SWEPT_FOLDERS: set[tuple[int, Path]] = set()  # (pid, folder): a forked worker sweeps anew
+_SWEPT_LOCK = threading.Lock()
+
+
+def _remove_stale_temps_once(folder: Path) -> None:
+    """:func:`remove_stale_temps` on ``folder`` the first time this process writes there."""
+    key = (os.getpid(), folder.resolve())
+    with _SWEPT_LOCK:
+        if key in _SWEPT_FOLDERS:
+            return
+        _SWEPT_FOLDERS.add(key)
+    with contextlib.suppress(OSError):  # a folder we cannot list or clean still gets its write
+        remove_stale_temps(folder)
 
 
 _TEMP_NAME = re.compile(r"^\..+?(?:\.(?P<pid>\d+))?\.[0-9a-f]{8}\.tmp$")

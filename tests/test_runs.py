@@ -256,6 +256,21 @@ def test_stale_temp_files_of_dead_writers_are_removed_live_ones_kept(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
 
 
+def test_the_first_atomic_write_into_a_folder_removes_its_stale_temps(tmp_path):
+    # A killed report left .role_scores.png.<pid>.<hex>.tmp in the sweep root: report never
+    # called remove_stale_temps there. atomic_path now does it for every writer.
+    from mhainterp.io import write_text
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    dead = tmp_path / f".role_scores.png.{pid}.0fe07c20.tmp"
+    dead.write_text("half a png")
+    write_text(tmp_path / "notes.txt", "hello")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
 def test_overwritten_weights_make_saved_analyses_stale(tiny_sweep, tmp_path):
     from mhainterp.specialization import specialize_folder
     from mhainterp.specialization.seeds.over_sweep import saved_specialization
