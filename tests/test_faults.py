@@ -441,3 +441,42 @@ def test_a_tampered_file_is_one_line_naming_it_and_changes_nothing(
     assert what in lines[0] and "Traceback" not in result.stderr, lines[0]
     after = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     assert after == before  # refused, not recomputed over
+
+
+# ----- issue 21 item 4: a duplicated row and a linked run folder, through the command ------------
+@pytest.fixture(scope="module")
+def small_sweep(tmp_path_factory) -> Path:
+    """A 2 x 2 sweep, small enough to report in seconds."""
+    out = tmp_path_factory.mktemp("small") / "sweep"
+    args = [*SWEEP_ARGS[: SWEEP_ARGS.index("--n-heads")], "--n-heads", "1,2", "--seeds", "0,1",
+            "--steps", "20", *SWEEP_ARGS[SWEEP_ARGS.index("--batch-size"):]]  # fmt: skip
+    result = _cli("sweep", *args, "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_a_duplicated_results_row_is_counted_once_with_one_warning_line(small_sweep, tmp_path):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(small_sweep, sweep)
+    table = pd.read_csv(sweep / "results.csv")
+    pd.concat([table, table.iloc[[0]]]).to_csv(sweep / "results.csv", index=False)
+    result = _cli("report", str(sweep), "--n-eval", "16", "--quiet")
+    assert result.returncode == 0, result.stderr
+    warned = [line for line in result.stderr.splitlines() if "warning" in line]
+    assert warned == [
+        f"mhainterp report: warning: {sweep / 'results.csv'} repeats 1 row(s) word for word; "
+        "each run is counted once (rerun the same mhainterp sweep to rewrite the table)"
+    ], result.stderr
+    assert pd.read_csv(sweep / "summary_table.csv")["n"].tolist() == [2, 2]  # not 3 seeds at h=1
+
+
+def test_analyze_of_a_sweep_follows_a_linked_run_folder(small_sweep, tmp_path):
+    sweep, elsewhere = tmp_path / "sweep", tmp_path / "elsewhere"
+    shutil.copytree(small_sweep, sweep)
+    shutil.move(sweep / "runs" / "h2_seed1", elsewhere)
+    os.symlink(elsewhere, sweep / "runs" / "h2_seed1")  # 3 of 4 runs were analysed before
+    result = _cli("analyze", str(sweep), "--n-eval", "16", "--no-ablation", "--quiet")
+    assert result.returncode == 0, result.stderr
+    analysed = sorted(p.name for p in (sweep / "runs").iterdir() if (p / "analysis").is_dir())
+    assert analysed == ["h1_seed0", "h1_seed1", "h2_seed0", "h2_seed1"], result.stderr
+    assert (elsewhere / "analysis" / "head_statistics.csv").is_file()

@@ -23,6 +23,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
@@ -80,8 +81,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mhainterp`` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((word for word in argv if not word.startswith("-")), None)
-    with _terminate_as_interrupt(command):
+    with _terminate_as_interrupt(command), _warnings_as_lines(command):
         return _main(argv, command)
+
+
+@contextlib.contextmanager
+def _warnings_as_lines(command: str | None) -> Iterator[None]:
+    """A warning is one line, ``mhainterp report: warning: ...``, printed once per message.
+    Python's default printed the file, the line number and the source line, once per place
+    that warned (a duplicated results.csv row was reported twice, four lines each)."""
+    if os.environ.get("MHAINTERP_DEBUG"):
+        yield
+        return
+    prefix = f"mhainterp {command}" if command else "mhainterp"
+    said: set[str] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        text = _one_line(str(message))
+        if text not in said:
+            said.add(text)
+            print(f"{prefix}: warning: {text}", file=file or sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 @contextlib.contextmanager
