@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -21,6 +25,17 @@ TINY_TRAIN = [
     "32",
     "--quiet",
 ]
+
+
+def test_a_reader_that_closes_the_pipe_early_gets_no_error_line():
+    # `mhainterp tasks | head` printed "mhainterp tasks: error: Broken pipe" and exit 2
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line is written
+    command = [str(Path(sys.executable).with_name("mhainterp")), "tasks"]
+    result = subprocess.run(command, stdout=write_end, stderr=subprocess.PIPE, text=True,
+                            timeout=120)  # fmt: skip
+    os.close(write_end)
+    assert (result.returncode, result.stderr) == (141, "")
 
 
 def test_tasks_lists_every_task_with_its_relations(capsys):

@@ -150,6 +150,10 @@ def _main(argv: list[str], command: str | None) -> int:
         resume = "; run the same command again to resume" if started else ""
         print(f"{prefix}: interrupted{resume}", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `mhainterp tasks | head`: the reader has all it wanted
+        # Python's docs recipe: point stdout at /dev/null so the exit-time flush stays quiet
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a C tool killed by the closed pipe would return
     except OSError as error:  # a full disk, a read-only folder, a file where a folder belongs
         if os.environ.get("MHAINTERP_DEBUG"):
             raise
