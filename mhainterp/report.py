@@ -421,7 +421,18 @@ def _seed_table_blocks(summary: Any, level: int) -> list[Block]:
             f"group varies), Holm-corrected over the task's comparisons at {summary.alpha:g}."
         )
         blocks.append(Table(shown, caption))
-    return [*blocks, Bullets(summary.notes)]
+    return [*blocks, Bullets(_without_power_note(summary.notes))]
+
+
+def _is_power_note(note: str) -> bool:
+    """Whether ``note`` is :func:`mhainterp.stats.seed_power_note`'s sentence."""
+    return " per head count: " in note
+
+
+def _without_power_note(notes: list[str]) -> list[str]:
+    """``notes`` less what n seeds can show: Findings says it once (it was said three times,
+    and once more per task in a report of several sweeps)."""
+    return [n for n in notes if not _is_power_note(n)]
 
 
 def _findings(spec: SweepSpecialization, evidence: list[str]) -> list[str]:
@@ -431,7 +442,11 @@ def _findings(spec: SweepSpecialization, evidence: list[str]) -> list[str]:
     for task, headlines in spec.result.verdict.headlines().items():
         out.append(f"{task}: " + " ".join(headlines))
     comparisons = [n for n in spec.notes if "smallest vs largest h" in n]
-    return [*out, *evidence, *comparisons]
+    # One power note: the specialization block's, which counts the most comparisons for Holm
+    power = [n for n in spec.notes if _is_power_note(n)] or [
+        n for n in evidence if _is_power_note(n)
+    ]
+    return [*out, *_without_power_note(evidence), *power[:1], *comparisons]
 
 
 def _head_count_captions(results: pd.DataFrame, sweep_dir: Path) -> list[tuple[Path, str]]:
@@ -478,7 +493,7 @@ def _sweep_specialization_blocks(
     blocks: list[Block] = [
         Heading(SWEEP_HEADING, level),
         *[Table(table, f"{caption}.") for caption, table in display_summary(spec.summary)],
-        Bullets(spec.notes),
+        Bullets(_without_power_note(spec.notes)),
         Paragraph("Verdicts per head count:"),
         Bullets(result.verdict.lines),
     ]
@@ -541,7 +556,7 @@ def write_report(
         for sweep in sweep_folders(path):
             body, sweep_verdict, sweep_findings = _sweep_blocks(sweep, settings, 3)
             sections += [Heading(f"Sweep {sweep.name}", 2), *body]
-            findings += sweep_findings
+            findings += [f for f in sweep_findings if f not in findings]  # one power note
             runs += sweep_verdict.runs
         verdict = Verdict(runs)
         blocks += [Heading("Findings", 2), Bullets(findings), *sections]

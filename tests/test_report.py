@@ -31,6 +31,7 @@ from mhainterp.specialization import (
     specialize_folder,
     sweep_specialization,
 )
+from mhainterp.stats import seed_power_note
 from mhainterp.sweep import run_sweep, summarize
 from mhainterp.tasks import get_task
 from mhainterp.training import evaluate, save_run
@@ -315,6 +316,11 @@ def test_report_reads_as_a_document(report):
     assert (
         first.startswith("- count_previous: h=1 (1 head, 2 seeds): ") and " h=2 (2 heads, " in first
     )
+    # What 2 seeds can show is said once per task, in its Findings (it was said 3 times per
+    # task); the tasks' Holm families differ (6 and 7 comparisons), so each keeps its own
+    power = [line for line in md.splitlines() if seed_power_note(2)[:60] in line]
+    assert len(power) == len(TASKS) == len(set(power))
+    assert all(line in findings for line in power)
 
 
 def test_run_report_shows_the_saved_headline_stability_and_refuses_a_damaged_one(sweeps, tmp_path):
