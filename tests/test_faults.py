@@ -156,6 +156,34 @@ def test_ctrl_c_while_the_command_still_imports_is_one_line_exit_130(tmp_path, d
     assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err, err
 
 
+# A Ctrl-C sent at the moment numpy's import begins, wherever that import comes from
+CTRL_C_AT_NUMPY = """
+import os, signal, sys
+class CtrlCAtNumpy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "numpy":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+sys.meta_path.insert(0, CtrlCAtNumpy())
+from mhainterp.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_ctrl_c_inside_torchs_numpy_import_still_stops_the_command(tmp_path):
+    # torch's C start-up imports numpy and clears what that import raises: a Ctrl-C landing
+    # there was swallowed, numpy stayed half-imported, and the sweep failed seconds later with
+    # "error: too many values to unpack (expected 2)" (exit 2), 1 in ~30 random moments.
+    argv = [sys.executable, "-c", CTRL_C_AT_NUMPY, "sweep", *SWEEP_ARGS,
+            "--out", str(tmp_path / "sweep")]  # fmt: skip
+    result = subprocess.run(argv, capture_output=True, text=True, env=ENV, timeout=300)
+    assert result.returncode == 130, result.stderr
+    assert result.stderr.strip() == (
+        "mhainterp sweep: interrupted; run the same command again to resume"
+    ), result.stderr
+
+
 @pytest.mark.parametrize("delay", [0.4, 1.0, 2.0])
 def test_sigterm_while_the_command_still_imports_is_one_line_exit_130(tmp_path, delay):
     # Training's own SIGTERM handler starts with training: before it (the imports, the

@@ -132,6 +132,28 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _import_numerics() -> None:
+    """Import numpy and torch with Ctrl-C and SIGTERM held until both are in, then act on them.
+
+    torch's C start-up imports numpy and clears any error that import raises, so a Ctrl-C
+    landing there was swallowed and left numpy half-imported: the command went on and failed
+    later with "too many values to unpack" (matplotlib's colormaps over a numpy without
+    ``subtract``) instead of stopping. Holding the signal costs at most the import time."""
+    if "torch" in sys.modules or threading.current_thread() is not threading.main_thread():
+        return
+    held: list[int] = []
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, frame: held.append(signum)) for s in signals}
+    try:
+        import numpy  # noqa: F401  (first, whole, before torch's C code imports it)
+        import torch  # noqa: F401
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if held:
+        raise KeyboardInterrupt(f"signal {held[0]}")
+
+
 def _main(argv: list[str], command: str | None) -> int:
     prefix = f"mhainterp {command}" if command else "mhainterp"
     started = False  # whether the command itself began (its Ctrl-C message says how to resume)
@@ -142,6 +164,8 @@ def _main(argv: list[str], command: str | None) -> int:
             parser.print_help()
             return 2
         prefix, started = f"mhainterp {args.command}", True
+        if args.command not in ("tasks", "explore"):  # explore serves its page before torch
+            _import_numerics()
         load_task_modules(args)  # --task-module: the user's own tasks, before anything else
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
