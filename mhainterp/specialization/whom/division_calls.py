@@ -134,7 +134,6 @@ class AxisEvidence:
     means: dict[str, Float[Tensor, "B C K"]]
     noisy: list[list[Float[Tensor, "B C K"]]]  # per copy: the two split halves
     loss: Float[Tensor, "C K"]
-    onehot: Float[Tensor, "N K"]
 
 
 def combine_calls(calls: dict[str, str]) -> str:
@@ -271,7 +270,7 @@ def heads_rows(
     job_sel = selectivity(job[..., keep], torch.ones(job.shape[1], dtype=torch.bool))[:, layer_of]
     # The null: the layer's whole job's shape, and the head's own damage spread evenly over
     # the values with its sampling noise (labels shuffled), whichever is more selective.
-    shuffled = normal_null_means(_triples(scores, configs, use_kept), {"a": ev.onehot}, B,
+    shuffled = normal_null_means(_triples(scores, configs, use_kept), {"a": ev.counts}, B,
                                  generator)["a"][..., keep]  # fmt: skip
     shuffled_sel = selectivity(shuffled, defined)  # (B, H)
     null_high = torch.fmax(upper(job_sel, s.alpha), _quantile(shuffled_sel, 1 - s.alpha))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,10 +38,11 @@ __all__ = [
     "bootstrap_weights",
     "build_configs",
     "noisy_copy",
-    "pass_means",
+    "passes_means",
     "run_pass",
     "run_rows",
     "value_means",
+    "axes_value_means",
     "write_norms",
 ]
 
@@ -239,19 +240,33 @@ def bootstrap_weights(n: int, n_resamples: int, generator: torch.Generator) -> F
     return torch.cat([torch.ones(1, n), counts])
 
 
-def pass_means(
-    scores: PassScores,
+def passes_means(
+    passes: Sequence[PassScores],
     sequence: Int[Tensor, " N"],
-    values: Int[Tensor, " N"],
-    K: int,
+    values: Mapping[str, Int[Tensor, " N"]],
+    sizes: Mapping[str, int],
     weights: Float[Tensor, "B n"],
-) -> Float[Tensor, "B C K"]:
-    """:func:`value_means` of a pass's correctness, computed on the rows it ran (NaN else)."""
-    if scores.rows is None:
-        return value_means(scores.correct, sequence, values, K, weights)
-    part = value_means(scores.correct[scores.rows], sequence, values, K, weights)
-    out = torch.full((weights.shape[0], scores.correct.shape[0], K), math.nan)
-    out[:, scores.rows] = part
+) -> list[dict[str, Float[Tensor, "B C K"]]]:
+    """Per pass and axis, :func:`value_means` of the pass's correctness on the rows it ran (NaN
+    else): every pass's rows and every axis side by side, so all of it is one product.
+
+    Identical to one call per pass and axis: the sums are whole counts (exact in float32)."""
+    if not passes or not values:
+        return [{} for _ in passes]
+    parts = [p.correct if p.rows is None else p.correct[p.rows] for p in passes]
+    means = axes_value_means(torch.cat(parts), sequence, values, sizes, weights)
+    out = []
+    start = 0
+    for p, part in zip(passes, parts, strict=True):
+        rows = slice(None) if p.rows is None else p.rows
+        stop = start + len(part)
+        tables = {}
+        for axis, table in means.items():  # (B, sum of the passes' rows, K)
+            full = torch.full((weights.shape[0], p.correct.shape[0], sizes[axis]), math.nan)
+            full[:, rows] = table[:, start:stop]
+            tables[axis] = full
+        out.append(tables)
+        start = stop
     return out
 
 
@@ -274,14 +289,33 @@ def value_means(
         >>> value_means(correct, seq, vals, 2, torch.tensor([[1.0, 1.0], [2.0, 0.0]])).tolist()
         [[[1.0, 0.5]], [[1.0, 0.0]]]
     """
+    return axes_value_means(correct, sequence, {"": values}, {"": K}, weights)[""]
+
+
+def axes_value_means(
+    correct: Float[Tensor, "C N"],
+    sequence: Int[Tensor, " N"],
+    values: Mapping[str, Int[Tensor, " N"]],
+    sizes: Mapping[str, int],
+    weights: Float[Tensor, "B n"],
+) -> dict[str, Float[Tensor, "B C K"]]:
+    """:func:`value_means` of several axes at once: their values side by side (K_all, the sum
+    of the axes' K), so that the sums are one ``index_add_`` and the resamples one product."""
     B, n = weights.shape
     C = correct.shape[0]
-    key = sequence * K + values  # (N,)
-    # (n * K, C): the configurations last, so the resamples are one (B, n) @ (n, K * C) product
-    sums = torch.zeros(n * K, C).index_add_(0, key, correct.T.float())
-    counts = torch.bincount(key, minlength=n * K).float().reshape(n, K)
-    total = (weights @ sums.reshape(n, K * C)).reshape(B, K, C).transpose(1, 2)  # (B, C, K)
-    return total / (weights @ counts).clamp(min=1)[:, None, :]
+    axes = list(values)
+    offsets = [0]
+    for axis in axes:
+        offsets.append(offsets[-1] + sizes[axis])
+    K_all = offsets[-1]
+    # (A * N,): each triple once per axis, at its (sequence, axis value) slot
+    key = torch.cat([sequence * K_all + start + values[a] for a, start in zip(axes, offsets)])
+    # (n * K_all, C): the configurations last, so the resamples are one (B, n) @ (n, K_all * C)
+    sums = torch.zeros(n * K_all, C).index_add_(0, key, correct.T.float().repeat(len(axes), 1))
+    counts = torch.bincount(key, minlength=n * K_all).float().reshape(n, K_all)
+    total = (weights @ sums.reshape(n, K_all * C)).reshape(B, K_all, C).transpose(1, 2)
+    means = total / (weights @ counts).clamp(min=1)[:, None, :]  # (B, C, K_all)
+    return {a: means[..., offsets[i] : offsets[i + 1]] for i, a in enumerate(axes)}
 
 
 @torch.no_grad()
