@@ -337,8 +337,7 @@ def _evidence(
     even and the odd sequences of each resample, on the basis's ``rows`` only (NaN
     elsewhere); every axis and pass side by side, so that each weight table is one product."""
     B = weights.shape[0]
-    even = (torch.arange(weights.shape[1]) % 2 == 0).float()
-    halves = torch.cat([weights * even, weights * (1.0 - even)])  # the null's split halves
+    even = torch.arange(weights.shape[1]) % 2 == 0  # the null's split halves
     asked = {a: values[a] for a in axes}
     sizes = {a: len(value_names[a]) for a in axes}
     primary = passes[s.method]
@@ -347,7 +346,7 @@ def _evidence(
     # With one copy the original is the null's other copy (on the basis's rows).
     original = [PassScores(s.method, primary.correct, primary.nll, rows=rows)]
     null = passes_means((original if len(noisy) == 1 else []) + noisy, sequence, asked, sizes,
-                        halves)  # fmt: skip
+                        weights, halves=even)  # fmt: skip
     evidence = {}
     for a in axes:
         evidence[a] = AxisEvidence(
