@@ -76,10 +76,11 @@ def _unit(profiles: Tensor) -> Tensor:
 
 
 def division_index(
-    profiles: Float[Tensor, "... U K"], defined: Bool[Tensor, " U"]
+    profiles: Float[Tensor, "... U K"], defined: Bool[Tensor, "... U"]
 ) -> Float[Tensor, "..."]:
     """``1 - mean pairwise cosine`` of the clipped profiles of the ``defined`` units (NaN with
-    fewer than 2 such units whose clipped profile is not all zero).
+    fewer than 2 such units whose clipped profile is not all zero). ``defined`` broadcasts
+    against the leading dims (one mask per method of a stack).
 
     Example:
         >>> p = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.3, 0.3]])
@@ -165,8 +166,9 @@ def normal_null_means(
 
 def interval(draws: Float[Tensor, " B ..."], alpha: float) -> tuple[Tensor, Tensor]:
     """The ``1 - alpha`` percentile interval of the resamples ``draws[1:]`` (NaN-aware)."""
-    rest = draws[1:].double()
-    return torch.nanquantile(rest, alpha / 2, dim=0), torch.nanquantile(rest, 1 - alpha / 2, dim=0)
+    q = torch.tensor([alpha / 2, 1 - alpha / 2], dtype=torch.float64)
+    low, high = torch.nanquantile(draws[1:].double(), q, dim=0)  # one sort for both ends
+    return low, high
 
 
 def upper(draws: Float[Tensor, " B ..."], alpha: float) -> Tensor:
