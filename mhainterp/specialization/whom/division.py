@@ -150,7 +150,7 @@ from mhainterp.specialization.whom.profiles import (
     bootstrap_weights,
     build_configs,
     noisy_copy,
-    pass_means,
+    passes_means,
     run_pass,
     run_rows,
     value_means,
@@ -290,11 +290,9 @@ def division_of_labour(
     # The mean and resample passes captured every layer's clean z of the batch: reuse it.
     norms = write_norms(model, batch[: s.n_attention], cache.donor_z)
     heads_parts, index_rows, profile_parts, basis_parts = [], [], [], []
-    for axis in axes:
-        ev = _axis_evidence(
-            axis, passes, noisy, rows, sequence, values[axis], value_names[axis],
-            counts[axis], weights, s,
-        )  # fmt: skip
+    evidence = _evidence(axes, passes, noisy, rows, sequence, values, value_names, counts,
+                         weights, s)  # fmt: skip
+    for ev in evidence.values():
         index_rows.append(index_row(ev, configs, gate, basis, s))
         heads_parts.append(
             heads_rows(ev, configs, gate[s.method], primary, norms, s, null_generator)
@@ -322,40 +320,42 @@ def division_of_labour(
     )
 
 
-def _axis_evidence(
-    axis: str,
+def _evidence(
+    axes: list[str],
     passes: dict[str, PassScores],
     noisy: list[PassScores],
     rows: list[int],
     sequence: torch.Tensor,
-    values: torch.Tensor,
-    value_names: list[str],
-    counts: torch.Tensor,
+    values: dict[str, torch.Tensor],
+    value_names: dict[str, list[str]],
+    counts: dict[str, torch.Tensor],
     weights: torch.Tensor,
     s: DivisionSettings,
-) -> AxisEvidence:
-    """One axis's per-value accuracies: every method's pass on the resamples ``weights``
+) -> dict[str, AxisEvidence]:
+    """Each axis's per-value accuracies: every method's pass on the resamples ``weights``
     ``[B, n]``, and the null's passes (the original and one noisy copy, or the copies) on the
     even and the odd sequences of each resample, on the basis's ``rows`` only (NaN
-    elsewhere); a pass's weight tables are one product."""
-    K, B = len(value_names), weights.shape[0]
-    even = (torch.arange(weights.shape[1]) % 2 == 0).float()
-    halves = [weights * even, weights * (1.0 - even)]  # the null's split halves
-
-    def means_of(p: PassScores, tables: list[torch.Tensor]) -> list[torch.Tensor]:
-        return list(pass_means(p, sequence, values, K, torch.cat(tables)).split(B))
-
+    elsewhere); every axis and pass side by side, so that each weight table is one product."""
+    B = weights.shape[0]
+    even = torch.arange(weights.shape[1]) % 2 == 0  # the null's split halves
+    asked = {a: values[a] for a in axes}
+    sizes = {a: len(value_names[a]) for a in axes}
     primary = passes[s.method]
-    means = {m: means_of(p, [weights])[0] for m, p in passes.items()}
+    by_method = dict(zip(passes, passes_means(list(passes.values()), sequence, asked, sizes,
+                                             weights), strict=True))  # fmt: skip
     # With one copy the original is the null's other copy (on the basis's rows).
     original = [PassScores(s.method, primary.correct, primary.nll, rows=rows)]
-    null = [means_of(p, halves) for p in (original if len(noisy) == 1 else []) + noisy]
-    loss = value_means(primary.nll, sequence, values, K, weights[:1])[0]
-    return AxisEvidence(
-        axis=axis, value_names=value_names, counts=counts, keep=counts >= s.min_count,
-        means=means, noisy=null, loss=loss,
-        onehot=torch.nn.functional.one_hot(values, K).float(),
-    )  # fmt: skip
+    null = passes_means((original if len(noisy) == 1 else []) + noisy, sequence, asked, sizes,
+                        weights, halves=even)  # fmt: skip
+    evidence = {}
+    for a in axes:
+        evidence[a] = AxisEvidence(
+            axis=a, value_names=value_names[a], counts=counts[a], keep=counts[a] >= s.min_count,
+            means={m: tables[a] for m, tables in by_method.items()},
+            noisy=[list(tables[a].split(B)) for tables in null],
+            loss=value_means(primary.nll, sequence, values[a], sizes[a], weights[:1])[0],
+        )  # fmt: skip
+    return evidence
 
 
 def _label(group: Sequence[tuple[int, int]]) -> str:

@@ -111,16 +111,16 @@ def choose_basis(g: Gates) -> str:
     return ""
 
 
-def unit_profiles(means: Float[Tensor, "B C K"], configs: Configs, basis: str) -> Tensor:
-    """``[B, U, K]`` unclipped profiles of ``basis``'s units (see :meth:`Gates.units`)."""
-    clean = means[:, configs.clean][:, None]  # (B, 1, K)
-    single = clean - means[:, configs.single]
+def unit_profiles(means: Float[Tensor, "... C K"], configs: Configs, basis: str) -> Tensor:
+    """``[..., U, K]`` unclipped profiles of ``basis``'s units (see :meth:`Gates.units`)."""
+    clean = means[..., configs.clean, :][..., None, :]  # (..., 1, K)
+    single = clean - means[..., configs.single, :]
     if basis == "single":
         return single
     if basis == "kept":
         layer_of = [configs.layer[p[0]] for p in configs.pairs]
-        return means[:, configs.kept] - means[:, layer_of]
-    return torch.cat([clean - means[:, configs.group], single], 1)
+        return means[..., configs.kept, :] - means[..., layer_of, :]
+    return torch.cat([clean - means[..., configs.group, :], single], -2)
 
 
 @dataclass
@@ -134,7 +134,6 @@ class AxisEvidence:
     means: dict[str, Float[Tensor, "B C K"]]
     noisy: list[list[Float[Tensor, "B C K"]]]  # per copy: the two split halves
     loss: Float[Tensor, "C K"]
-    onehot: Float[Tensor, "N K"]
 
 
 def combine_calls(calls: dict[str, str]) -> str:
@@ -192,11 +191,13 @@ def index_row(
     null = _null_draws(ev, configs, basis, defined)
     null_high = float(upper(null, s.alpha))
     calls = {}
-    for m, means in ev.means.items():
-        draws = division_index(
-            unit_profiles(means, configs, basis)[..., keep], gate[m].units(basis)
-        )
-        low, high = (float(x) for x in interval(draws, s.alpha))
+    # Every method at once: (M, B, U, K) profiles, (M, B) indices, (M,) interval ends.
+    profiles = unit_profiles(torch.stack(list(ev.means.values())), configs, basis)[..., keep]
+    units = torch.stack([gate[m].units(basis) for m in ev.means])[:, None]  # (M, 1, U)
+    all_draws = division_index(profiles, units)
+    lows, highs = interval(all_draws.T, s.alpha)
+    for i, m in enumerate(ev.means):
+        draws, low, high = all_draws[i], float(lows[i]), float(highs[i])
         index = float(draws[0])
         calls[m] = _call(index, low, null_high)
         row[f"index_{m}"], row[f"call_{m}"] = index, calls[m]
@@ -271,7 +272,7 @@ def heads_rows(
     job_sel = selectivity(job[..., keep], torch.ones(job.shape[1], dtype=torch.bool))[:, layer_of]
     # The null: the layer's whole job's shape, and the head's own damage spread evenly over
     # the values with its sampling noise (labels shuffled), whichever is more selective.
-    shuffled = normal_null_means(_triples(scores, configs, use_kept), {"a": ev.onehot}, B,
+    shuffled = normal_null_means(_triples(scores, configs, use_kept), {"a": ev.counts}, B,
                                  generator)["a"][..., keep]  # fmt: skip
     shuffled_sel = selectivity(shuffled, defined)  # (B, H)
     null_high = torch.fmax(upper(job_sel, s.alpha), _quantile(shuffled_sel, 1 - s.alpha))

@@ -21,7 +21,7 @@ import math
 from collections.abc import Mapping
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 __all__ = [
@@ -76,10 +76,11 @@ def _unit(profiles: Tensor) -> Tensor:
 
 
 def division_index(
-    profiles: Float[Tensor, "... U K"], defined: Bool[Tensor, " U"]
+    profiles: Float[Tensor, "... U K"], defined: Bool[Tensor, "... U"]
 ) -> Float[Tensor, "..."]:
     """``1 - mean pairwise cosine`` of the clipped profiles of the ``defined`` units (NaN with
-    fewer than 2 such units whose clipped profile is not all zero).
+    fewer than 2 such units whose clipped profile is not all zero). ``defined`` broadcasts
+    against the leading dims (one mask per method of a stack).
 
     Example:
         >>> p = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.3, 0.3]])
@@ -128,7 +129,7 @@ def _psd_sqrt(cov: Float[Tensor, "d d"]) -> Float[Tensor, "d d"]:
 
 def normal_null_means(
     damage: Float[Tensor, "H N"],
-    onehots: Mapping[str, Float[Tensor, "N K"]],
+    counts: Mapping[str, Int[Tensor, " K"]],
     m_total: int,
     generator: torch.Generator,
 ) -> dict[str, Float[Tensor, "M H K"]]:
@@ -142,7 +143,8 @@ def normal_null_means(
 
     with ``sigma`` the heads' covariance of the damage over the triples. Draws are
     ``n xbar + A Z B^T`` (``A A^T = sigma``, ``B B^T`` the value part, ``Z`` standard normal):
-    O(M H K) work instead of O(M H N).
+    O(M H K) work instead of O(M H N). ``counts``: per axis, the ``n_v`` (triples of each
+    value; they sum to N).
     """
     x = damage.double()
     H, N = x.shape
@@ -151,11 +153,11 @@ def normal_null_means(
     A = _psd_sqrt(centred @ centred.T / N)  # (H, H)
     # One float32 draw shared by the axes (sliced to each K): float64 draws cost 6x more, and
     # each axis's null only needs its own marginal (as the exact null shares one permutation).
-    K_max = max((o.shape[1] for o in onehots.values()), default=0)
+    K_max = max((len(c) for c in counts.values()), default=0)
     Z_all = torch.randn(m_total, H, K_max, generator=generator).double()
     out = {}
-    for axis, onehot in onehots.items():
-        n = onehot.double().sum(0)  # (K,)
+    for axis, per_value in counts.items():
+        n = per_value.double()  # (K,)
         B = _psd_sqrt((torch.diag(n) - torch.outer(n, n) / N) * N / max(N - 1, 1))
         sums = mean[:, None] * n[None] + A @ Z_all[..., : len(n)] @ B.T  # (M, H, K)
         out[axis] = sums / n.clamp(min=1)
@@ -164,8 +166,9 @@ def normal_null_means(
 
 def interval(draws: Float[Tensor, " B ..."], alpha: float) -> tuple[Tensor, Tensor]:
     """The ``1 - alpha`` percentile interval of the resamples ``draws[1:]`` (NaN-aware)."""
-    rest = draws[1:].double()
-    return torch.nanquantile(rest, alpha / 2, dim=0), torch.nanquantile(rest, 1 - alpha / 2, dim=0)
+    q = torch.tensor([alpha / 2, 1 - alpha / 2], dtype=torch.float64)
+    low, high = torch.nanquantile(draws[1:].double(), q, dim=0)  # one sort for both ends
+    return low, high
 
 
 def upper(draws: Float[Tensor, " B ..."], alpha: float) -> Tensor:
