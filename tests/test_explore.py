@@ -486,6 +486,7 @@ def _free_port():
 
 
 @pytest.mark.slow
+@pytest.mark.signals
 def test_cli_explores_a_run_of_a_users_task_with_task_module(user_task_file, tmp_path):
     """The real command in fresh processes: without --task-module one line says to pass it;
     with it, the user's task is served and clicks answer."""
@@ -520,6 +521,7 @@ def test_cli_explores_a_run_of_a_users_task_with_task_module(user_task_file, tmp
 
 
 @pytest.mark.slow
+@pytest.mark.signals
 def test_cli_serves_a_run_and_stops_on_ctrl_c(sweep_dir):
     """The real command in a subprocess: it serves, answers clicks, and Ctrl-C ends it (130)."""
     import signal
@@ -776,6 +778,7 @@ def _tgkill(pid: int, tid: int, signum: int) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.signals
 def test_ctrl_c_stops_the_explorer_whichever_thread_the_kernel_hands_it_to(sweep_dir):
     """The kernel may deliver a Ctrl-C to any thread. Python runs its handler only in the
     main thread, which used to sit in an untimed join of the server thread and never woke:

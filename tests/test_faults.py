@@ -83,6 +83,7 @@ def reference_local(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.signals
 def test_sweep_killed_three_times_at_random_points_resumes_byte_identical(reference, tmp_path):
     ref, seconds = reference
     out = tmp_path / "killed"
@@ -118,6 +119,7 @@ def test_two_sweeps_at_once_train_each_run_once_and_equal_the_serial_table(refer
     assert _run_files(out) == _run_files(ref)
 
 
+@pytest.mark.signals
 @pytest.mark.parametrize("executor", ["local", "batched"])
 def test_ctrl_c_in_sweep_is_one_line_exit_130_and_resumable(reference, tmp_path, executor, request):
     ref, _ = reference
@@ -143,6 +145,7 @@ def test_ctrl_c_in_sweep_is_one_line_exit_130_and_resumable(reference, tmp_path,
     assert _run_files(out) == _run_files(expected)
 
 
+@pytest.mark.signals
 @pytest.mark.parametrize("delay", [0.4, 1.0, 2.0])
 def test_ctrl_c_while_the_command_still_imports_is_one_line_exit_130(tmp_path, delay):
     # Building the parser imports torch and TransformerLens (seconds on this machine): a
@@ -171,6 +174,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.signals
 def test_ctrl_c_inside_torchs_numpy_import_still_stops_the_command(tmp_path):
     # torch's C start-up imports numpy and clears what that import raises: a Ctrl-C landing
     # there was swallowed, numpy stayed half-imported, and the sweep failed seconds later with
@@ -184,6 +188,7 @@ def test_ctrl_c_inside_torchs_numpy_import_still_stops_the_command(tmp_path):
     ), result.stderr
 
 
+@pytest.mark.signals
 @pytest.mark.parametrize("delay", [0.4, 1.0, 2.0])
 def test_sigterm_while_the_command_still_imports_is_one_line_exit_130(tmp_path, delay):
     # Training's own SIGTERM handler starts with training: before it (the imports, the
@@ -198,6 +203,7 @@ def test_sigterm_while_the_command_still_imports_is_one_line_exit_130(tmp_path, 
     assert list(tmp_path.rglob("*.tmp")) == [] and list(tmp_path.rglob("eval.json")) == []
 
 
+@pytest.mark.signals
 def test_ctrl_c_in_the_interactive_ablate_session(reference, tmp_path):
     ref, _ = reference
     process = subprocess.Popen(
@@ -262,6 +268,7 @@ def _analysis_files(run: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted((run / "analysis").iterdir()) if p.is_file()}
 
 
+@pytest.mark.signals
 def test_analyze_killed_while_writing_then_rerun_equals_an_uninterrupted_analyze(
     reference, tmp_path
 ):
@@ -300,6 +307,7 @@ def _wait_for(process: subprocess.Popen, text: bytes) -> bytes:
     return seen
 
 
+@pytest.mark.signals
 @pytest.mark.parametrize("command", ["train", "sweep"])
 def test_sigterm_ends_train_and_sweep_as_ctrl_c_does(tmp_path, command):
     out = tmp_path / "out"

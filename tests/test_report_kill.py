@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.signals]
 
 MHAINTERP = str(Path(sys.executable).with_name("mhainterp"))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # the same arithmetic in every process
