@@ -98,10 +98,9 @@ def position_scores(
     index = targets.reshape(n, T, k).clamp(min=0)
     # float32 at least (half-precision log-softmax loses the loss), float64 kept as it is.
     precise = grouped if grouped.dtype == torch.float64 else grouped.float()
-    # logsumexp minus the target's logit: the log-softmax's value at the target without
-    # writing the whole (*C, n, T, k, V) table (3.5x faster on CPU; equal within 1 ulp)
-    target_logit = precise.gather(-1, index.expand(*lead, n, T, k)[..., None]).squeeze(-1)
-    nll = precise.logsumexp(-1) - target_logit  # (*C, n, T, k)
+    nll = (
+        -precise.log_softmax(-1).gather(-1, index.expand(*lead, n, T, k)[..., None]).squeeze(-1)
+    )  # (*C, n, T, k)
     predictions = grouped.max(-1).indices  # argmax's first-index rule, about 40% faster on CPU
     return PositionScores(
         nll=torch.where(scored, nll, 0.0),
