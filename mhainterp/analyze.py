@@ -27,12 +27,8 @@ from tqdm.auto import tqdm
 
 from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.io import allocation_failures, remove_stale_temps, require_memory, write_csv
-from mhainterp.runs import (
-    find_runs,
-    is_finished_run,
-    record_analysis_source,
-    set_aside_stale_analysis,
-)
+from mhainterp.provenance import record_analysis_source, set_aside_stale_analysis
+from mhainterp.runs import find_runs, is_finished_run
 from mhainterp.training import Run, load_run
 
 __all__ = ["analyze_run", "analyze_path", "analysis_memory"]

@@ -15,9 +15,8 @@ Rules every reader follows through this module:
 - A damaged file raises :class:`RunFolderError` with one line naming the file and what is wrong;
   a missing one raises ``FileNotFoundError``. A killed write never leaves a damaged file (the
   writes are atomic, :mod:`mhainterp.io`), so a damaged file is refused rather than redone.
-- A saved analysis belongs to the weights it was computed from: ``analysis/source.json``
-  records their SHA-256 (:func:`record_analysis_source`); results of other weights are not
-  reused (:func:`analysis_is_current`) but set aside (:func:`set_aside_stale_analysis`).
+- A saved analysis belongs to the weights it was computed from (:mod:`mhainterp.provenance`:
+  ``analysis/source.json`` records their SHA-256; results of other weights are set aside).
 
 Old folders load through one migration, applied by every reader: :func:`migrate_config`
 (``config.json``), :func:`migrate_settings` (saved specialization settings) and
@@ -33,8 +32,6 @@ Example:
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import math
 import os
 import re
@@ -60,11 +57,8 @@ __all__ = [
     "check_dtype_name",
     "check_metrics",
     "check_tensors",
-    "analysis_is_current",
     "read_saved_meta",
     "read_table",
-    "record_analysis_source",
-    "set_aside_stale_analysis",
     "find_runs",
     "folder_kind",
     "is_finished_run",
@@ -78,15 +72,12 @@ __all__ = [
     "resolve_run_dir",
     "run_status",
     "sweep_folders",
-    "weights_digest",
 ]
 
 RUN_FILES = ("config.json", "model.safetensors", "metrics.csv", "eval.json")
 SWEEP_FILE = "sweep.json"
 RESULTS_FILE = "results.csv"
 ANALYSIS_DIR = "analysis"
-SOURCE_FILE = "source.json"
-"""In ``analysis/``: the digest of the weights the saved analyses were computed from."""
 
 FolderKind = Literal["run", "sweep", "study"]
 
@@ -562,97 +553,6 @@ def migrate_folder(path: str | os.PathLike[str]) -> list[Path]:
         if not fixed.equals(table):
             changed.append(write_csv(csv_path, fixed))
     return changed
-
-
-# ----- analyses belong to their weights -------------------------------------------------------
-_digests: dict[tuple[str, int, int], str] = {}
-
-
-def weights_digest(run_dir: str | os.PathLike[str]) -> str | None:
-    """SHA-256 (hex) of ``run_dir/model.safetensors``, or None when there is none (cached per
-    file size and modification time within a process)."""
-    path = Path(run_dir) / "model.safetensors"
-    try:
-        info = path.stat()
-    except OSError:
-        return None
-    key = (str(path.resolve()), info.st_size, info.st_mtime_ns)
-    if key not in _digests:
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        _digests[key] = digest.hexdigest()
-    return _digests[key]
-
-
-def _recorded_digest(run_dir: Path) -> str | None:
-    path = run_dir / ANALYSIS_DIR / SOURCE_FILE
-    if not path.is_file():
-        return None
-    try:
-        source = read_json(path)
-    except ValueError:
-        return ""  # damaged: matches no weights
-    return source.get("weights_sha256", "") if isinstance(source, dict) else ""
-
-
-def analysis_is_current(
-    run_dir: str | os.PathLike[str], meta: dict[str, Any] | None = None
-) -> bool:
-    """Whether the analyses saved in ``run_dir/analysis`` were computed from the weights now
-    in ``run_dir``: ``analysis/source.json`` and, when given, a saved result's own metadata
-    (``meta["weights_sha256"]``) name their digest. Results saved before analyses recorded
-    their weights count as current (nothing tells otherwise); a damaged record does not."""
-    run_dir = Path(run_dir)
-    current = weights_digest(run_dir)
-    recorded = [_recorded_digest(run_dir)]
-    if isinstance(meta, dict) and "weights_sha256" in meta:
-        recorded.append(str(meta["weights_sha256"]))
-    return all(r is None or r == current for r in recorded)
-
-
-_DERIVED = (".csv", ".json", ".md", ".png", ".pdf", ".svg", ".html")
-
-
-def set_aside_stale_analysis(run_dir: str | os.PathLike[str]) -> list[Path]:
-    """Move the results in ``run_dir/analysis`` that ``source.json`` says were computed from
-    other weights into ``analysis/stale-<their digest>/`` (with a warning), so that nothing
-    reuses them and nothing is lost; return the files moved. Call it before computing
-    anything saved there; a current folder is not touched."""
-    run_dir = Path(run_dir)
-    folder = run_dir / ANALYSIS_DIR
-    recorded = _recorded_digest(run_dir)
-    if recorded is None or recorded == weights_digest(run_dir):
-        return []
-    aside = folder / f"stale-{(recorded or 'unknown')[:12]}"
-    aside.mkdir(exist_ok=True)
-    moved = []
-    for path in sorted(folder.iterdir()):
-        if path.is_file() and path.suffix in _DERIVED:
-            moved.append(path.replace(aside / path.name))
-    warnings.warn(
-        f"{folder}: its {len(moved)} saved results were computed from other weights than "
-        f"{run_dir / 'model.safetensors'} holds now; moved to {aside}, computing them again",
-        stacklevel=2,
-    )
-    return moved
-
-
-def record_analysis_source(run_dir: str | os.PathLike[str]) -> None:
-    """Write ``run_dir/analysis/source.json``: the digest of the weights the results saved
-    there were computed from (call it after saving them). A folder that cannot be written
-    keeps what it has (the results in it were then saved by someone else)."""
-    run_dir = Path(run_dir)
-    digest = weights_digest(run_dir)
-    if digest is None or _recorded_digest(run_dir) == digest:
-        return
-    record = {"weights_sha256": digest, "weights": "../model.safetensors"}
-    try:
-        write_json(run_dir / ANALYSIS_DIR / SOURCE_FILE, record)
-    except OSError as error:
-        if error.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
-            raise
 
 
 def read_saved_meta(path: str | os.PathLike[str], keys: tuple[str, ...]) -> dict[str, Any]:

@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "scoring": 2,
     "data": 2,
     "runs": 2,
+    "provenance": 2,  # saved analyses tied to their weights (reads runs' ANALYSIS_DIR)
     "handbuilt": 2,
     "handbuilt_split": 2,
     "handbuilt_induction": 2,

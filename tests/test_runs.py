@@ -20,9 +20,9 @@ from mhainterp.cli import main
 from mhainterp.config import TrainConfig
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.io import remove_stale_temps
+from mhainterp.provenance import analysis_is_current
 from mhainterp.runs import (
     RunFolderError,
-    analysis_is_current,
     find_runs,
     folder_kind,
     migrate_config,

@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from mhainterp.runs import analysis_is_current
+from mhainterp.provenance import analysis_is_current
 
 __all__ = ["DIVISION_COLUMNS", "SavedResults"]
 

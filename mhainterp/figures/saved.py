@@ -38,7 +38,8 @@ from mhainterp.figures.specialization import (
     specialization_figure_stems,
     specialization_vs_heads,
 )
-from mhainterp.runs import analysis_is_current, folder_kind, read_results, sweep_folders
+from mhainterp.provenance import analysis_is_current
+from mhainterp.runs import folder_kind, read_results, sweep_folders
 from mhainterp.specialization import SpecializationResult, saved_division, saved_specialization
 from mhainterp.specialization.seeds.over_sweep import SweepSpecialization
 from mhainterp.specialization.whom.division_result import DivisionResult

@@ -25,15 +25,17 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from mhainterp.io import FileSet, read_json, write_csv
+from mhainterp.provenance import (
+    analysis_is_current,
+    record_analysis_source,
+    set_aside_stale_analysis,
+)
 from mhainterp.render import markdown_table
 from mhainterp.runs import (
-    analysis_is_current,
     folder_kind,
     migrate_settings,
     read_results,
     read_saved_meta,
-    record_analysis_source,
-    set_aside_stale_analysis,
     sweep_folders,
 )
 from mhainterp.specialization.battery import specialization_test

@@ -17,13 +17,8 @@ from pathlib import Path
 import pandas as pd
 
 from mhainterp.io import FileSet, json_text
-from mhainterp.runs import (
-    migrate_settings,
-    read_saved_meta,
-    read_table,
-    record_analysis_source,
-    weights_digest,
-)
+from mhainterp.provenance import record_analysis_source, weights_digest
+from mhainterp.runs import migrate_settings, read_saved_meta, read_table
 from mhainterp.specialization.verdict.sentences import Verdict
 from mhainterp.specialization.verdict.settings import SpecializationSettings
 
