@@ -74,6 +74,7 @@ from mhainterp.specialization import (
 )
 from mhainterp.specialization.seeds.over_sweep import SweepSpecialization
 from mhainterp.specialization.verdict.headline import HEADLINE_FILE
+from mhainterp.stats import POWER_NOTE_MARK
 
 __all__ = ["write_report"]
 
@@ -426,7 +427,7 @@ def _seed_table_blocks(summary: Any, level: int) -> list[Block]:
 
 def _is_power_note(note: str) -> bool:
     """Whether ``note`` is :func:`mhainterp.stats.seed_power_note`'s sentence."""
-    return " per head count: " in note
+    return POWER_NOTE_MARK in note
 
 
 def _without_power_note(notes: list[str]) -> list[str]:
@@ -556,7 +557,8 @@ def write_report(
         for sweep in sweep_folders(path):
             body, sweep_verdict, sweep_findings = _sweep_blocks(sweep, settings, 3)
             sections += [Heading(f"Sweep {sweep.name}", 2), *body]
-            findings += [f for f in sweep_findings if f not in findings]  # one power note
+            # a sentence two sweeps share (what n seeds can show) is said once
+            findings += [f for f in sweep_findings if f not in findings]
             runs += sweep_verdict.runs
         verdict = Verdict(runs)
         blocks += [Heading("Findings", 2), Bullets(findings), *sections]

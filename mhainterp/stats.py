@@ -36,6 +36,7 @@ from mhainterp.validation import check_float, check_option, invalid
 
 __all__ = [
     "OUTCOME_KINDS",
+    "POWER_NOTE_MARK",
     "as_pvalues",
     "benjamini_hochberg",
     "holm",
@@ -280,6 +281,11 @@ def smallest_p(n_a: int, n_b: int) -> float:
     return min(1.0, 2.0 / math.comb(n_a + n_b, n_a))
 
 
+POWER_NOTE_MARK = " per head count: "
+"""In every :func:`seed_power_note` sentence, right after ``n seed(s)``: how a reader that
+states it once (the report) knows it among other notes."""
+
+
 def seed_power_note(n_seeds: int, alpha: float = 0.05, n_comparisons: int = 1) -> str:
     """One sentence on what ``n_seeds`` seeds per group can and cannot show.
 
@@ -289,13 +295,13 @@ def seed_power_note(n_seeds: int, alpha: float = 0.05, n_comparisons: int = 1) -
     """
     if n_seeds < 2:
         return (
-            f"{n_seeds} seed per head count: no seed spread is known, so no difference between "
+            f"{n_seeds} seed{POWER_NOTE_MARK}no seed spread is known, so no difference between "
             "head counts can be tested; rerun with 3 or more seeds."
         )
     floor = smallest_p(n_seeds, n_seeds)
     reach = "cannot" if floor >= alpha else "can"
     text = (
-        f"{n_seeds} seeds per head count: an exact test of {n_seeds} vs {n_seeds} seeds "
+        f"{n_seeds} seeds{POWER_NOTE_MARK}an exact test of {n_seeds} vs {n_seeds} seeds "
         f"{reach} reach p < {alpha:g} (its smallest p is {floor:.2g}), so a yes/no outcome "
         f"(a seed divides the work or not) {reach} differ significantly between head counts"
     )
