@@ -668,6 +668,29 @@ def test_state_with_a_nan_in_a_saved_table_is_valid_json(tmp_path, task):
     assert state["view"]["importance"] == {"L0H0": -0.5, "L0H1": None, "L0H2": 0.0}
 
 
+
+def test_server_stops_cleanly_when_its_thread_claims_to_have_ended(backed_up, task, monkeypatch):
+    """On Python < 3.13 a Ctrl-C inside ``Thread.join`` can mark a running thread as stopped
+    (CPython gh-90882): join and is_alive then answer at once. The shutdown used to trust them
+    and close the socket while uvicorn still served it, and uvicorn's own close raised in its
+    thread (``Invalid file descriptor: -1``, a traceback after "stopped" in CI). Here the
+    thread lies the same way; the server must still stop with no error in any thread."""
+    import threading
+
+    from mhainterp.explore.server import ServerThread, build_app
+
+    raised = []
+    monkeypatch.setattr(threading, "excepthook", lambda hook_args: raised.append(hook_args))
+    running = ServerThread(build_app(Explorer.from_model(backed_up, task, n_eval=N_EVAL)))
+    with running:
+        assert _get(running.port, "/api/state")[0] == 200
+        monkeypatch.setattr(running.thread, "join", lambda timeout=None: None)
+        monkeypatch.setattr(running.thread, "is_alive", lambda: False)
+    threading.Thread.join(running.thread, timeout=30)  # the real end of the thread
+    assert not threading.Thread.is_alive(running.thread)
+    assert [repr(hook_args.exc_value) for hook_args in raised] == []
+    assert running.sock.fileno() == -1  # closed once the server had stopped
+
 # ----------------------------------------------------------------------------- over the Ablator
 
 

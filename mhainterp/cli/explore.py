@@ -167,14 +167,14 @@ def run_explore(args: argparse.Namespace) -> int:
             if not args.no_browser:
                 threading.Timer(0.5, webbrowser.open, args=(server.url,)).start()
             # Timed waits: the kernel may hand SIGINT to the server's thread, and an untimed
-            # join then never returns to the interpreter, which runs the Ctrl-C handler only in
+            # wait then never returns to the interpreter, which runs the Ctrl-C handler only in
             # the main thread (seen in CI: two explore processes hung after Ctrl-C).
             while not loader.wait(_POLL_S):
                 pass
             if loader.error is not None:
                 raise loader.error
-            while server.thread.is_alive():
-                server.thread.join(_POLL_S)
+            while not server.wait(_POLL_S):
+                pass
     except KeyboardInterrupt:
         print("mhainterp explore: stopped", file=sys.stderr)
         return 130

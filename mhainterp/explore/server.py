@@ -353,17 +353,35 @@ class ServerThread:
         self.url = f"http://{shown}:{self.port}/"
         config = uvicorn.Config(app, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
-        )
+        self._finished = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        try:
+            self.server.run(sockets=[self.sock])
+        finally:
+            self._finished.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the server has stopped (or ``timeout`` seconds); True once it has.
+
+        Use this, not ``thread.join``/``is_alive``: on Python < 3.13 a Ctrl-C that lands inside
+        ``join`` can mark a thread that still runs as stopped (CPython gh-90882), and the
+        shutdown then closed the socket under uvicorn, whose own close raised in its thread
+        (``ValueError: Invalid file descriptor: -1``, a traceback after "stopped" in CI).
+        """
+        return self._finished.wait(timeout)
 
     def __enter__(self) -> ServerThread:
         self.thread.start()
-        while not self.server.started and self.thread.is_alive():
+        while not self.server.started and not self._finished.is_set():
             time.sleep(0.01)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.sock.close()
+        # uvicorn's shutdown closes the socket itself; closing it first, while the server may
+        # still stop serving it, is what raised. A server that has not stopped in 10 s is a
+        # daemon thread: it ends with the process, and the socket with it.
+        if self.wait(timeout=10):
+            self.sock.close()
