@@ -668,7 +668,6 @@ def test_state_with_a_nan_in_a_saved_table_is_valid_json(tmp_path, task):
     assert state["view"]["importance"] == {"L0H0": -0.5, "L0H1": None, "L0H2": 0.0}
 
 
-
 def test_server_stops_cleanly_when_its_thread_claims_to_have_ended(backed_up, task, monkeypatch):
     """On Python < 3.13 a Ctrl-C inside ``Thread.join`` can mark a running thread as stopped
     (CPython gh-90882): join and is_alive then answer at once. The shutdown used to trust them
@@ -690,6 +689,7 @@ def test_server_stops_cleanly_when_its_thread_claims_to_have_ended(backed_up, ta
     assert not threading.Thread.is_alive(running.thread)
     assert [repr(hook_args.exc_value) for hook_args in raised] == []
     assert running.sock.fileno() == -1  # closed once the server had stopped
+
 
 # ----------------------------------------------------------------------------- over the Ablator
 
