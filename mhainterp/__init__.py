@@ -228,9 +228,10 @@ __all__ = [
 ]
 
 
-# ``explore`` is also the name of a subpackage: importing that subpackage (the CLI does) sets
-# ``mhainterp.explore`` to the module unless the function is bound here first, as it always was.
-from mhainterp.explore import explore  # noqa: E402  (light: the explorer loads on use)
+# ``explore`` is the subpackage, callable as its function (``mhainterp.explore(run)``): one
+# object, so ``import mhainterp.explore.server as server`` works too. Light: the explorer loads
+# on use.
+from mhainterp import explore  # noqa: E402  (the subpackage, see mhainterp/explore)
 
 
 def __getattr__(name: str) -> Any:

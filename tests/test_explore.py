@@ -251,6 +251,29 @@ def test_explorable_runs_of_a_sweep_sorted_by_heads(sweep_dir):
     ]
 
 
+def test_the_explore_package_is_its_callable_and_its_modules_import_by_dotted_name():
+    """``mhainterp.explore(run)`` is the call users make, and ``mhainterp.explore`` is also a
+    subpackage: when the name was the function, ``import mhainterp.explore.server as server``
+    (the TransformerLens habit, ``import transformer_lens.utils as utils``) failed with
+    "cannot import name 'server' from 'explore'"."""
+    import inspect
+    import sys
+
+    import mhainterp
+    import mhainterp.explore.server as server
+
+    assert server.__name__ == "mhainterp.explore.server"
+    assert mhainterp.explore is sys.modules["mhainterp.explore"]
+    assert list(inspect.signature(mhainterp.explore).parameters) == [
+        "run",
+        "task",
+        "n_eval",
+        "method",
+    ]
+    with pytest.raises(TypeError, match="run must be a run or sweep folder"):
+        mhainterp.explore(object())
+
+
 def test_not_a_run_or_sweep(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a run folder"):
         explorable_runs(tmp_path)

@@ -1,6 +1,7 @@
 """The package's top level: every public name resolves, and importing it is light."""
 
 import importlib
+import inspect
 import subprocess
 import sys
 
@@ -11,7 +12,11 @@ def test_every_public_name_resolves_to_its_module():
     assert sorted(mhainterp.__all__) == sorted(mhainterp._EXPORTS)
     for name in mhainterp.__all__:
         module = importlib.import_module(mhainterp._EXPORTS[name])
-        assert getattr(mhainterp, name) is getattr(module, name), name
+        if name == "explore":  # the subpackage itself, callable as its function
+            assert mhainterp.explore is module and callable(module)
+            assert module.__signature__ == inspect.signature(module.explore)
+        else:
+            assert getattr(mhainterp, name) is getattr(module, name), name
     assert set(mhainterp.__all__) <= set(dir(mhainterp))
 
 

@@ -31,7 +31,10 @@ Example:
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -113,3 +116,21 @@ def explore(run: Any, task: Any = None, *, n_eval: int | None = None, method: st
             f"{type(run).__name__}"
         )
     return ExplorerWidget(explorer)
+
+
+class _CallablePackage(types.ModuleType):
+    """This package, callable as :func:`explore`.
+
+    ``mhainterp.explore`` is both the subpackage and the function users call
+    (``mhainterp.explore(run)``). When the name was bound to the function,
+    ``import mhainterp.explore.server as server`` failed ("cannot import name 'server' from
+    'explore'"): that import form looks each part up as an attribute. The package itself,
+    callable, serves both.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return explore(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallablePackage
+__signature__ = inspect.signature(explore)  # what help() and IDEs show for the call
