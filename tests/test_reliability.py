@@ -260,6 +260,33 @@ def test_ctrl_c_in_train_is_one_line_and_exit_130(tmp_path, capsys):
     assert not (out / "eval.json").exists()
 
 
+def test_an_interrupt_as_the_training_bar_appears_leaves_the_message_alone_on_its_line(
+    tmp_path, capsys, monkeypatch
+):
+    """SIGTERM sent as the bar appeared (CI) landed inside tqdm's constructor, just after its
+    first display: tqdm's close() then takes the bar for never shown and clears nothing, and
+    the message followed the bar on its line. Here the constructor's first clock read, which
+    comes right after that display, is where the interrupt lands."""
+    import tqdm.std
+
+    reads = []
+
+    def clock() -> float:
+        reads.append(1)
+        if len(reads) == 1:
+            raise KeyboardInterrupt
+        return time.time()
+
+    monkeypatch.setattr(tqdm.std, "time", clock)
+    args = [a for a in TINY_ARGS if a != "--quiet"]  # the bar on
+    assert main(["train", *args, "--out", str(tmp_path / "run")]) == 130
+    err = capsys.readouterr().err
+    assert "train reverse h=" in err  # the bar was shown...
+    # ...and what a terminal shows after the last carriage return is the message alone
+    message = "mhainterp train: interrupted; run the same command again to resume"
+    assert err.rsplit("\r", 1)[-1].strip() == message, repr(err)
+
+
 # ----- 1. train refuses to overwrite --------------------------------------------------------------
 def test_train_refuses_to_overwrite_a_finished_run_unless_asked(tmp_path, capsys):
     out = tmp_path / "run"

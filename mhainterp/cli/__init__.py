@@ -172,6 +172,7 @@ def _main(argv: list[str], command: str | None) -> int:
         if os.environ.get("MHAINTERP_DEBUG"):
             raise
         resume = "; run the same command again to resume" if started else ""
+        _clear_progress_bars()
         print(f"{prefix}: interrupted{resume}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `mhainterp tasks | head`: the reader has all it wanted
@@ -197,6 +198,25 @@ def _main(argv: list[str], command: str | None) -> int:
         # The user's input or a damaged run folder: one clear line, no traceback.
         print(f"{prefix}: error: {_one_line(str(error))}", file=sys.stderr)
         return 2
+
+
+def _clear_progress_bars() -> None:
+    """Blank the progress bars an interrupt left on screen, so its message has the line alone.
+
+    tqdm clears a bar (``leave=False``) when the loop over it ends, but not one whose
+    constructor the signal interrupted just after its first display: its ``close()`` then
+    finds no ``last_print_t`` and takes it for never shown. Seen in CI: SIGTERM sent as the
+    bar appeared gave "train reverse h=4:   0%|  | 0/100000 [...]mhainterp train: interrupted".
+    """
+    std = sys.modules.get("tqdm.std")
+    if std is None:  # no bar was ever made
+        return
+    for bar in list(std.tqdm._instances):  # live bars (a weak set), half-built ones included
+        with contextlib.suppress(AttributeError, ValueError, OSError):  # a closed stream
+            if getattr(bar, "sp", None) is not None and not hasattr(bar, "last_print_t"):
+                bar.sp("")  # '\r' and blanks over the text it showed
+                bar.fp.write("\r")
+            bar.close()
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
