@@ -251,6 +251,47 @@ def test_linear_readout_equals_the_full_forward(method):
             assert not _readout_is_linear(model, 0), name  # a user's hook must see every copy
 
 
+@pytest.mark.parametrize("method", ["mean", "resample"])
+@pytest.mark.parametrize("which", ["linear_readout", "two_layers"])
+def test_the_batch_as_its_own_reference_runs_its_clean_forward_once(which, method, model, batch):
+    """Mean and resample ablation of a batch against itself: the clean forward that gives the
+    replacement also gives the copies' clean prefix, so the model runs clean once, not twice,
+    and every score is bit-identical to the two-forward path (an explicit reference, which is
+    not the evaluated batch object, takes that path). Several chunks keep their own."""
+    m, b = model, batch
+    if which == "two_layers":  # the full per-copy forward, from either layer
+        two = get_task("count_previous", seq_len=8, d_vocab=5)
+        m, b = build_model(two, d_model=32, n_heads=4, n_layers=2, seed=3), two.eval_batch(64)
+    sets = [[], [(0, 0)], [(0, 1), (m.cfg.n_layers - 1, 2)]]
+    calls = []
+    original = m.logits
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    m.logits = counted  # the clean forwards; the copies run from the prefix on
+    try:
+        once = evaluate_head_sets(m, b, sets, method, per_position=True)
+        n_once = len(calls)
+        calls.clear()
+        twice = evaluate_head_sets(m, b, sets, method, reference=b, per_position=True)
+        n_twice = len(calls)
+        calls.clear()
+        chunked = evaluate_head_sets(m, b, sets, method, per_position=True, max_rows=16)
+    finally:
+        del m.logits
+    assert (n_once, n_twice) == (1, 2)
+    assert len(calls) > 2  # several chunks: the prefixes are each chunk's own forward
+    assert torch.equal(once.totals.loss_sum, twice.totals.loss_sum)
+    assert torch.equal(once.totals.correct, twice.totals.correct)
+    assert torch.equal(once.scores.nll, twice.scores.nll)
+    assert torch.equal(once.scores.correct, twice.scores.correct)
+    # other chunk shapes sum in another order: equal to rounding, not to the bit
+    assert_close(once.scores.nll, chunked.scores.nll, rtol=1e-6, atol=1e-6)
+    assert torch.equal(once.totals.correct, chunked.totals.correct)
+
+
 def test_pairwise_equals_naive_joint_ablation(multi_model, multi_batch):
     table = pairwise_ablation(multi_model, multi_batch, "mean", max_rows=150)
     row = table[(table["head_a"] == "L0H1") & (table["head_b"] == "L1H3")]

@@ -132,6 +132,7 @@ class Replacement:
     donor_z: list[Float[Tensor, "m T h d_head"]] | None = None
     donor_real: Bool[Tensor, "m T"] | None = None
     sigma: Int[Tensor, " m"] | None = None
+    reference_prefix: ReferencePrefix | None = None
 
     def values(
         self, layer: int, rows: Int[Tensor, " s"], z: Float[Tensor, "s T h d_head"]
@@ -156,26 +157,65 @@ class Replacement:
 
 
 def capture_z(
-    model: Any, batch: Batch, max_rows: int | None = None
+    model: Any, batch: Batch, max_rows: int | None = None, resid_pre: list | None = None
 ) -> list[Float[Tensor, "m T h d_head"]]:
     """Every layer's clean ``hook_z`` on ``batch``, in chunks of ``max_rows`` sequences (the
-    forward stops at the last layer's ``hook_z``)."""
+    forward stops at the last layer's ``hook_z``).
+
+    ``resid_pre``: an empty list to receive every layer's clean ``hook_resid_pre`` of the same
+    forward (``[m, T, d_model]`` each), when ``batch`` is one chunk; left empty otherwise.
+    """
     max_rows = max_rows or LINEAR_READOUT_ROWS
     n_layers = model.cfg.n_layers
     chunks: list[list[Tensor]] = [[] for _ in range(n_layers)]
+    resids: list[Tensor | None] = [None] * n_layers
+    one_chunk = resid_pre is not None and len(batch) <= max_rows
 
     def keep(z: Tensor, hook: Any, layer: int) -> None:
         chunks[layer].append(z.detach())
         if layer == n_layers - 1:  # the rest of the forward is not needed
             raise _PrefixDoneError
 
+    def keep_resid(resid: Tensor, hook: Any, layer: int) -> None:
+        resids[layer] = resid.detach()
+
     hooks = [(f"blocks.{lay}.attn.hook_z", partial(keep, layer=lay)) for lay in range(n_layers)]
+    if one_chunk:
+        hooks += [(f"blocks.{lay}.hook_resid_pre", partial(keep_resid, layer=lay))
+                  for lay in range(n_layers)]  # fmt: skip
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         for start in range(0, len(batch), max_rows):
             part = batch[start : start + max_rows]
             with suppress(_PrefixDoneError):
                 model.logits(part.tokens, part.padding_mask)
+    if one_chunk:
+        resid_pre.extend(resids)
     return [torch.cat(layer_chunks) for layer_chunks in chunks]
+
+
+@dataclass
+class ReferencePrefix:
+    """The reference's clean ``(hook_resid_pre, hook_z)`` of every layer, from the forward that
+    gave the mean/resample replacement. When the evaluated batch is that reference in one
+    chunk, these ARE its clean prefixes (the same forward on the same tensors), and
+    :func:`run_masks` takes them instead of running that forward a second time."""
+
+    tokens: Tensor
+    padding_mask: Bool[Tensor, "m T"]
+    resid_pre: list[Float[Tensor, "m T d_model"]]
+    z: list[Float[Tensor, "m T h d_head"]]
+
+    def prefixes_of(self, part: Batch, layers: Sequence[int]) -> dict | None:
+        """``{layer: (resid_pre, z)}`` when ``part`` is the reference itself, else None."""
+        same = (
+            part.tokens.shape == self.tokens.shape
+            and part.padding_mask.shape == self.padding_mask.shape
+            and torch.equal(part.tokens, self.tokens)
+            and torch.equal(part.padding_mask, self.padding_mask)
+        )
+        if not same:
+            return None
+        return {layer: (self.resid_pre[layer], self.z[layer].contiguous()) for layer in layers}
 
 
 def _per_position_mean(
@@ -220,9 +260,15 @@ def build_replacement(
     generator: torch.Generator | None = None,
     max_rows: int | None = DEFAULT_MAX_ROWS,
     cache: CleanCache | None = None,
+    keep_prefix: bool = False,
 ) -> Replacement:
     """The replacement values of ``method``, from the model's clean run on ``reference``
-    (its ``hook_z`` taken from, or kept in, ``cache`` when one is given)."""
+    (its ``hook_z`` taken from, or kept in, ``cache`` when one is given).
+
+    ``keep_prefix``: the reference is also the batch about to be evaluated; keep the clean
+    run's prefixes on the replacement (:class:`ReferencePrefix`) when it was one chunk, so the
+    evaluation does not repeat that forward. The caller drops the replacement after.
+    """
     method = check_method(method)
     if method == "zero":
         return Replacement("zero")
@@ -233,19 +279,24 @@ def build_replacement(
     reference = batch_for_model(model, reference, scored=False)
     if not bool(reference.padding_mask.any()):
         raise ParameterError("reference is invalid: a batch with real tokens, got padding only")
+    resid_pre: list[Tensor] = []
     if cache is not None and cache.donor_z is not None:
         donor_z = cache.donor_z
     else:
         with eval_mode(model):
-            donor_z = capture_z(model, reference, max_rows)
+            donor_z = capture_z(model, reference, max_rows, resid_pre if keep_prefix else None)
         if cache is not None:
             cache.donor_z = donor_z
+    prefix = None
+    if resid_pre:
+        prefix = ReferencePrefix(reference.tokens, reference.padding_mask, resid_pre, donor_z)
     real = reference.padding_mask
     means = [_per_position_mean(z, real) for z in donor_z]
     if method == "mean":
-        return Replacement("mean", mean_z=means)
+        return Replacement("mean", mean_z=means, reference_prefix=prefix)
     sigma = _single_cycle(len(reference), _generator(generator)).to(real.device)
-    return Replacement("resample", mean_z=means, donor_z=donor_z, donor_real=real, sigma=sigma)
+    return Replacement("resample", mean_z=means, donor_z=donor_z, donor_real=real, sigma=sigma,
+                       reference_prefix=prefix)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- ablate()
@@ -499,7 +550,10 @@ def run_masks(
                     prefixes.clear()
                 wanted = sorted({f for f, _, a, b in jobs if (a, b) == (s0, s1)
                                  and (f, s0, s1) not in prefixes})  # fmt: skip
-                found = _clean_prefixes(model, part, wanted)
+                known = replacement.reference_prefix
+                found = known.prefixes_of(part, wanted) if known is not None else None
+                if found is None:
+                    found = _clean_prefixes(model, part, wanted)
                 prefixes.update({(f, s0, s1): found[f] for f in wanted})
             logits = _forward_copies(
                 model, part, masks[index], rows, replacement, first, prefixes[(first, s0, s1)]
@@ -669,9 +723,16 @@ def evaluate_head_sets(
     resolved = resolve_head_sets(model, head_sets)
     batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
     ref = batch if reference is None else as_batch(reference, n_eval=n_eval, name="reference")
-    replacement = build_replacement(model, method, ref, generator, max_rows, cache)
+    masks = head_masks(model, resolved)
+    # The batch is its own reference and is evaluated in one chunk: the replacement's clean
+    # forward is also the copies' clean prefix (kept only then: it holds every layer's).
+    one_chunk = {(a, b) for _, _, a, b in _plan_jobs(model, batch, _first_layers(masks),
+                                                     max_rows)} == {(0, len(batch))}  # fmt: skip
+    replacement = build_replacement(
+        model, method, ref, generator, max_rows, cache, keep_prefix=reference is None and one_chunk
+    )
     result, scores = run_masks(
-        model, batch, head_masks(model, resolved), replacement,
+        model, batch, masks, replacement,
         per_position=per_position, max_rows=max_rows, progress=progress, desc=desc, cache=cache,
         metric=metric,
     )  # fmt: skip
