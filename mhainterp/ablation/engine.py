@@ -31,7 +31,9 @@ Passes are split into forwards of at most ``max_rows`` rows (copies x sequences;
 measured best for each kind of group, :data:`FULL_FORWARD_ROWS`); results do
 not depend on the split. The sequences are chunked longest first and each chunk is cut after
 its last real token, so padded text wastes few positions, and one clean forward per chunk
-gives the prefixes of every first layer.
+gives the prefixes of every first layer. When the batch is its own mean/resample reference and
+fits one chunk, the forward that gives the replacement is that clean forward too
+(:class:`ReferencePrefix`).
 
 Shapes: C configurations, n sequences, T positions, L layers, h heads, k targets.
 
