@@ -724,7 +724,8 @@ def _engine_head_sets(model: Any) -> list[list[tuple[int, int]]]:
 
 
 def _time_engine(model: Any, batch: Any, head_sets: list) -> float:
-    from mhainterp.ablation.engine import build_replacement, head_masks, run_masks
+    from mhainterp.ablation.engine import head_masks, run_masks
+    from mhainterp.ablation.replacement import build_replacement
 
     replacement = build_replacement(model, "mean", batch)
     start = time.perf_counter()

@@ -36,7 +36,8 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from mhainterp.ablation.engine import CleanCache, evaluate_head_sets
+from mhainterp.ablation.engine import evaluate_head_sets
+from mhainterp.ablation.replacement import CleanCache
 from mhainterp.ablation.tables import pairwise_ablation
 from mhainterp.attribution import (
     attribution_agreement,

@@ -29,16 +29,18 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from mhainterp.ablation.engine import (
-    DEFAULT_MAX_ROWS,
-    CleanCache,
-    Method,
-    build_replacement,
-    check_method,
     evaluate_head_sets,
     head_masks,
     length_order,
     rows_of,
     run_masks,
+)
+from mhainterp.ablation.replacement import (
+    DEFAULT_MAX_ROWS,
+    CleanCache,
+    Method,
+    build_replacement,
+    check_method,
 )
 from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
 from mhainterp.eval_mode import eval_mode
@@ -466,7 +468,7 @@ def _own_mean_estimates(
     The mean replacement ``m[pos, h, d]`` is the same for every sequence, so
     ``sum g (m - z) = sum_{pos, d} G m - sum g z`` with ``G = sum_seq g``: the forward that
     gives the gradients also gives the per-position means (the engine's
-    :func:`~mhainterp.ablation.engine.build_replacement` would need a forward of its own).
+    :func:`~mhainterp.ablation.replacement.build_replacement` would need a forward of its own).
     """
     L, H = model.cfg.n_layers, model.cfg.n_heads
     T, d_head = batch.tokens.shape[1], model.cfg.d_head

@@ -204,7 +204,8 @@ def test_untrained_models_are_rarely_divided_with_the_gates_off():
 
 
 def test_a_clean_cache_shared_by_methods_changes_no_result():
-    from mhainterp.ablation.engine import CleanCache, evaluate_head_sets
+    from mhainterp.ablation.engine import evaluate_head_sets
+    from mhainterp.ablation.replacement import CleanCache
 
     model = split_heads_model([("target", [0, 1, 2, 3]), ("all", None)])
     batch = split_batch(64)
@@ -218,7 +219,7 @@ def test_a_clean_cache_shared_by_methods_changes_no_result():
 
 
 def test_the_methods_share_the_clean_row_and_the_clean_z():
-    from mhainterp.ablation.engine import CleanCache
+    from mhainterp.ablation.replacement import CleanCache
     from mhainterp.specialization.whom import profiles
 
     model = split_heads_model([("target", [0, 1, 2, 3]), ("all", None)])

@@ -263,7 +263,7 @@ def test_attribution_is_the_directional_derivative_of_the_loss(llama):
     table = attribution_patching(model, batch, ("zero", "mean"))
     assert len(table) == 2 * 8 and set(table["method"]) == {"zero", "mean"}
     eps, (layer, head) = 1e-2, (0, 2)  # float32 losses: a smaller step is mostly noise
-    from mhainterp.ablation.engine import build_replacement
+    from mhainterp.ablation.replacement import build_replacement
 
     for method in ("zero", "mean"):
         replacement = build_replacement(model, method, batch)

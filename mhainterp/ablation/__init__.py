@@ -2,6 +2,8 @@
 
 - :mod:`~mhainterp.ablation.engine`: the one engine (any head sets, one batched pass,
   per-position outputs) and the :func:`ablate` context manager;
+- :mod:`~mhainterp.ablation.replacement`: the methods (zero, mean, resample) and the values an
+  ablated head's z becomes, from one clean capture of the reference;
 - :mod:`~mhainterp.ablation.tables`: importance, head-set and pairwise tables over it (head sets
   are evaluated by :func:`evaluate_head_sets`, :func:`head_sets_table` lays its result out);
 - :mod:`~mhainterp.ablation.interactive`: :class:`Ablator`, toggle heads and see the metrics.
@@ -9,15 +11,9 @@
 Gradient importance and pruning curves are in :mod:`mhainterp.attribution`.
 """
 
-from mhainterp.ablation.engine import (
-    METHODS,
-    AblationResult,
-    Method,
-    ablate,
-    check_method,
-    evaluate_head_sets,
-)
+from mhainterp.ablation.engine import AblationResult, ablate, evaluate_head_sets
 from mhainterp.ablation.interactive import Ablator
+from mhainterp.ablation.replacement import METHODS, Method, check_method
 from mhainterp.ablation.tables import (
     ablation_tables,
     head_importance,

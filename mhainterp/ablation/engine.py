@@ -51,15 +51,26 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from mhainterp.ablation.replacement import (
+    DEFAULT_MAX_ROWS,
+    FULL_FORWARD_ROWS,
+    LINEAR_READOUT_ROWS,
+    CleanCache,
+    Method,
+    PrefixDoneError,
+    Replacement,
+    build_replacement,
+    check_method,
+)
 from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
 from mhainterp.eval_mode import eval_mode
 from mhainterp.fast import linear_readout
@@ -72,19 +83,11 @@ from mhainterp.scoring import (
     totals,
 )
 from mhainterp.tasks import Batch
-from mhainterp.validation import ParameterError, check_int, check_option, check_type, invalid
+from mhainterp.validation import check_int
 
 __all__ = [
-    "DEFAULT_MAX_ROWS",
-    "METHODS",
     "AblationResult",
-    "CleanCache",
-    "Method",
-    "Replacement",
     "ablate",
-    "build_replacement",
-    "capture_z",
-    "check_method",
     "evaluate_head_sets",
     "length_order",
     "resolve_head_sets",
@@ -92,213 +95,9 @@ __all__ = [
     "run_masks",
 ]
 
-Method = Literal["zero", "mean", "resample"]
-METHODS: tuple[Method, ...] = ("zero", "mean", "resample")
-"""The ablation methods (see the module docstring)."""
-
-DEFAULT_MAX_ROWS: int | None = None
-"""Rows (copies x sequences) per forward when none is asked: ``FULL_FORWARD_ROWS`` where the
-copies run the rest of the network, ``LINEAR_READOUT_ROWS`` on the linear-readout fast path."""
-FULL_FORWARD_ROWS = 512
-"""Measured (analysis/benchmark.py, 2 x 16 heads, 1,024 sequences, 2 cores): 0.93x a plain
-forward per configuration at 512 rows, 1.1x at 1,024, 1.5x at 2,048 and 1.9x at 16,384; big
-chunks leave the cache and the allocator returns their memory to the system every time."""
-LINEAR_READOUT_ROWS = 16384
-"""The fast path's copies are one einsum each; there big chunks win (3.3 vs 6.0 ms at 1,024)."""
-RESAMPLE_SEED = 0
-
-
-def check_method(method: Any) -> Method:
-    """``method`` if it is one of :data:`METHODS`.
-
-    Example:
-        >>> check_method("mean")
-        'mean'
-    """
-    return check_option("method", method, METHODS)
-
 
 def _device(model: Any) -> torch.device:
     return next(model.parameters()).device
-
-
-# ----------------------------------------------------------------------------- replacements
-
-
-@dataclass
-class Replacement:
-    """What an ablated head's z becomes, per layer (see the module docstring)."""
-
-    method: Method
-    mean_z: list[Float[Tensor, "T h d_head"]] | None = None
-    donor_z: list[Float[Tensor, "m T h d_head"]] | None = None
-    donor_real: Bool[Tensor, "m T"] | None = None
-    sigma: Int[Tensor, " m"] | None = None
-    reference_prefix: ReferencePrefix | None = None
-
-    def values(
-        self, layer: int, rows: Int[Tensor, " s"], z: Float[Tensor, "s T h d_head"]
-    ) -> Tensor:
-        """Replacement z for rows ``rows`` of the evaluated batch, broadcastable to ``z``."""
-        T = z.shape[1]
-        if self.method == "zero":
-            return z.new_zeros(())
-        mean = self.mean_z[layer]
-        if mean.shape[0] < T:
-            raise ParameterError(
-                f"reference is invalid: a batch at least as long as the ablated one ({T} "
-                f"positions), got {mean.shape[0]} positions"
-            )
-        mean = mean[:T].to(z.dtype)  # (T, h, d_head)
-        if self.method == "mean":
-            return mean[None]  # (1, T, h, d_head)
-        donors = self.sigma[rows % self.sigma.shape[0]]  # (s,)
-        donor = self.donor_z[layer][donors, :T].to(z.dtype)  # (s, T, h, d_head)
-        real = self.donor_real[donors, :T, None, None]  # (s, T, 1, 1)
-        return torch.where(real, donor, mean[None])
-
-
-def capture_z(
-    model: Any, batch: Batch, max_rows: int | None = None, resid_pre: list | None = None
-) -> list[Float[Tensor, "m T h d_head"]]:
-    """Every layer's clean ``hook_z`` on ``batch``, in chunks of ``max_rows`` sequences (the
-    forward stops at the last layer's ``hook_z``).
-
-    ``resid_pre``: an empty list to receive every layer's clean ``hook_resid_pre`` of the same
-    forward (``[m, T, d_model]`` each), when ``batch`` is one chunk; left empty otherwise.
-    """
-    max_rows = max_rows or LINEAR_READOUT_ROWS
-    n_layers = model.cfg.n_layers
-    chunks: list[list[Tensor]] = [[] for _ in range(n_layers)]
-    resids: list[Tensor | None] = [None] * n_layers
-    one_chunk = resid_pre is not None and len(batch) <= max_rows
-
-    def keep(z: Tensor, hook: Any, layer: int) -> None:
-        chunks[layer].append(z.detach())
-        if layer == n_layers - 1:  # the rest of the forward is not needed
-            raise _PrefixDoneError
-
-    def keep_resid(resid: Tensor, hook: Any, layer: int) -> None:
-        resids[layer] = resid.detach()
-
-    hooks = [(f"blocks.{lay}.attn.hook_z", partial(keep, layer=lay)) for lay in range(n_layers)]
-    if one_chunk:
-        hooks += [(f"blocks.{lay}.hook_resid_pre", partial(keep_resid, layer=lay))
-                  for lay in range(n_layers)]  # fmt: skip
-    with torch.no_grad(), model.hooks(fwd_hooks=hooks):
-        for start in range(0, len(batch), max_rows):
-            part = batch[start : start + max_rows]
-            with suppress(_PrefixDoneError):
-                model.logits(part.tokens, part.padding_mask)
-    if one_chunk:
-        resid_pre.extend(resids)
-    return [torch.cat(layer_chunks) for layer_chunks in chunks]
-
-
-@dataclass
-class ReferencePrefix:
-    """The reference's clean ``(hook_resid_pre, hook_z)`` of every layer, from the forward that
-    gave the mean/resample replacement. When the evaluated batch is that reference in one
-    chunk, these ARE its clean prefixes (the same forward on the same tensors), and
-    :func:`run_masks` takes them instead of running that forward a second time."""
-
-    tokens: Tensor
-    padding_mask: Bool[Tensor, "m T"]
-    resid_pre: list[Float[Tensor, "m T d_model"]]
-    z: list[Float[Tensor, "m T h d_head"]]
-
-    def prefixes_of(self, part: Batch, layers: Sequence[int]) -> dict | None:
-        """``{layer: (resid_pre, z)}`` when ``part`` is the reference itself, else None."""
-        same = (
-            part.tokens.shape == self.tokens.shape
-            and part.padding_mask.shape == self.padding_mask.shape
-            and torch.equal(part.tokens, self.tokens)
-            and torch.equal(part.padding_mask, self.padding_mask)
-        )
-        if not same:
-            return None
-        return {layer: (self.resid_pre[layer], self.z[layer].contiguous()) for layer in layers}
-
-
-def _per_position_mean(
-    z: Float[Tensor, "m T h d_head"], real: Bool[Tensor, "m T"]
-) -> Float[Tensor, "T h d_head"]:
-    """Mean over the real tokens at each position; the overall real mean where none exist."""
-    weights = real.to(z.dtype)[:, :, None, None]  # (m, T, 1, 1)
-    counts = weights.sum(0)  # (T, 1, 1)
-    per_position = (z * weights).sum(0) / counts.clamp(min=1)  # (T, h, d_head)
-    overall = (z * weights).sum((0, 1)) / weights.sum().clamp(min=1)  # (h, d_head)
-    return torch.where(counts > 0, per_position, overall[None])
-
-
-def _single_cycle(m: int, generator: torch.Generator) -> Int[Tensor, " m"]:
-    """A random permutation made of one cycle (no fixed points when m > 1)."""
-    order = torch.randperm(m, generator=generator)
-    sigma = torch.empty(m, dtype=torch.int64)
-    sigma[order] = order.roll(-1)
-    return sigma
-
-
-def _generator(generator: torch.Generator | None) -> torch.Generator:
-    if generator is None:
-        return torch.Generator().manual_seed(RESAMPLE_SEED)
-    return check_type("generator", generator, torch.Generator, "a torch.Generator or None")
-
-
-@dataclass
-class CleanCache:
-    """Clean activations shared by several passes over ONE model, batch and reference (e.g.
-    the same head sets under mean, zero and resample ablation): the reference's ``hook_z``
-    (mean and resample replacements) and the clean prefixes of the copies."""
-
-    donor_z: list[Tensor] | None = None
-    prefixes: dict[tuple[int, int, int], tuple[Tensor, Tensor]] = field(default_factory=dict)
-
-
-def build_replacement(
-    model: Any,
-    method: Method,
-    reference: Batch | None,
-    generator: torch.Generator | None = None,
-    max_rows: int | None = DEFAULT_MAX_ROWS,
-    cache: CleanCache | None = None,
-    keep_prefix: bool = False,
-) -> Replacement:
-    """The replacement values of ``method``, from the model's clean run on ``reference``
-    (its ``hook_z`` taken from, or kept in, ``cache`` when one is given).
-
-    ``keep_prefix``: the reference is also the batch about to be evaluated; keep the clean
-    run's prefixes on the replacement (:class:`ReferencePrefix`) when it was one chunk, so the
-    evaluation does not repeat that forward. The caller drops the replacement after.
-    """
-    method = check_method(method)
-    if method == "zero":
-        return Replacement("zero")
-    if reference is None:
-        allowed = "a Task, Batch or tokens whose clean activations give the replacement"
-        needs = f"method={method!r} needs reference=; method='zero' needs none"
-        raise invalid("reference", None, f"{allowed} ({needs})")
-    reference = batch_for_model(model, reference, scored=False)
-    if not bool(reference.padding_mask.any()):
-        raise ParameterError("reference is invalid: a batch with real tokens, got padding only")
-    resid_pre: list[Tensor] = []
-    if cache is not None and cache.donor_z is not None:
-        donor_z = cache.donor_z
-    else:
-        with eval_mode(model):
-            donor_z = capture_z(model, reference, max_rows, resid_pre if keep_prefix else None)
-        if cache is not None:
-            cache.donor_z = donor_z
-    prefix = None
-    if resid_pre:
-        prefix = ReferencePrefix(reference.tokens, reference.padding_mask, resid_pre, donor_z)
-    real = reference.padding_mask
-    means = [_per_position_mean(z, real) for z in donor_z]
-    if method == "mean":
-        return Replacement("mean", mean_z=means, reference_prefix=prefix)
-    sigma = _single_cycle(len(reference), _generator(generator)).to(real.device)
-    return Replacement("resample", mean_z=means, donor_z=donor_z, donor_real=real, sigma=sigma,
-                       reference_prefix=prefix)  # fmt: skip
 
 
 # ----------------------------------------------------------------------------- ablate()
@@ -391,12 +190,6 @@ def _mask_hook(
     return out.reshape(c * s, *z.shape[2:])
 
 
-class _PrefixDoneError(Exception):
-    """Raised by a capture hook once the last ``hook_z`` it needs is known (the clean prefix
-    of layer ``first``, or every layer's z for the replacement): the rest of the forward is
-    not needed."""
-
-
 def _clean_prefixes(
     model: Any, part: Batch, layers: Sequence[int]
 ) -> dict[int, tuple[Float[Tensor, "s T d_model"], Float[Tensor, "s T h d_head"]]]:
@@ -411,13 +204,13 @@ def _clean_prefixes(
     def keep(value: Tensor, hook: Any) -> None:
         seen[hook.name] = value
         if hook.name == f"blocks.{deepest}.attn.hook_z":
-            raise _PrefixDoneError
+            raise PrefixDoneError
 
     names = {
         layer: (f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.attn.hook_z") for layer in layers
     }
     hooks = [(name, keep) for pair in names.values() for name in pair]
-    with model.hooks(fwd_hooks=hooks), suppress(_PrefixDoneError):
+    with model.hooks(fwd_hooks=hooks), suppress(PrefixDoneError):
         model.logits(part.tokens, part.padding_mask)
     # hook_z is a transposed view: made contiguous once here, not once per copy chunk
     return {layer: (seen[r], seen[z].contiguous()) for layer, (r, z) in names.items()}

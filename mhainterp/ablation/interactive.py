@@ -18,14 +18,13 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from mhainterp.ablation.engine import (
+from mhainterp.ablation.engine import head_masks, run_masks
+from mhainterp.ablation.replacement import (
     CleanCache,
     Method,
     Replacement,
     build_replacement,
     check_method,
-    head_masks,
-    run_masks,
 )
 from mhainterp.ablation.tables import with_deltas
 from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names

@@ -22,14 +22,8 @@ from typing import Any
 import pandas as pd
 import torch
 
-from mhainterp.ablation.engine import (
-    DEFAULT_MAX_ROWS,
-    METHODS,
-    AblationResult,
-    Method,
-    check_method,
-    evaluate_head_sets,
-)
+from mhainterp.ablation.engine import AblationResult, evaluate_head_sets
+from mhainterp.ablation.replacement import DEFAULT_MAX_ROWS, METHODS, Method, check_method
 from mhainterp.data import DEFAULT_N_EVAL, Data
 from mhainterp.heads import HeadSpec, all_heads, format_heads, head_label, resolve_heads
 from mhainterp.protocol import HookedModel

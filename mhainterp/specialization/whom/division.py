@@ -19,7 +19,7 @@ backed-up *group* removed as one unit. The primary ``method`` (default mean) run
 the other ``methods`` (zero, resample) and ``n_noise`` (1) noisy copies of the model (below)
 under the primary method, on the configurations the call's basis needs (the clean row is
 shared by the methods: it ablates nothing). The methods share one
-:class:`~mhainterp.ablation.engine.CleanCache` (the clean activations and prefixes).
+:class:`~mhainterp.ablation.replacement.CleanCache` (the clean activations and prefixes).
 
 **Profiles** over an axis's values ``v`` (each value weighs the same whatever its count;
 values with fewer than ``min_count`` triples are kept in the tables but left out of the
@@ -120,7 +120,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from mhainterp.ablation.engine import CleanCache
+from mhainterp.ablation.replacement import CleanCache
 from mhainterp.data import Data, as_batch, batch_for_model, target_names
 from mhainterp.heads import head_label, resolve_heads
 from mhainterp.specialization.corrections import adjust_pvalues

@@ -26,7 +26,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from mhainterp.ablation import Method, evaluate_head_sets
-from mhainterp.ablation.engine import CleanCache, capture_z
+from mhainterp.ablation.replacement import CleanCache, capture_z
 from mhainterp.eval_mode import eval_mode
 from mhainterp.heads import all_heads
 from mhainterp.tasks import Batch
@@ -339,7 +339,7 @@ def write_norms(
     """Each head's mean write norm ``|z_h W_O[h]|`` over the real positions of ``batch``.
 
     ``zs``: every layer's clean ``hook_z`` of a batch that starts with ``batch`` (a
-    :class:`~mhainterp.ablation.engine.CleanCache`'s ``donor_z``), instead of a forward.
+    :class:`~mhainterp.ablation.replacement.CleanCache`'s ``donor_z``), instead of a forward.
     """
     if zs is None:
         with eval_mode(model):
