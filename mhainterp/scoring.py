@@ -98,16 +98,39 @@ def position_scores(
     index = targets.reshape(n, T, k).clamp(min=0)
     # float32 at least (half-precision log-softmax loses the loss), float64 kept as it is.
     precise = grouped if grouped.dtype == torch.float64 else grouped.float()
-    nll = (
-        -precise.log_softmax(-1).gather(-1, index.expand(*lead, n, T, k)[..., None]).squeeze(-1)
-    )  # (*C, n, T, k)
-    predictions = grouped.max(-1).indices  # argmax's first-index rule, about 40% faster on CPU
+    classes = len(lead)  # where the class axis goes in class-major order: (*C, V, n, T, k)
+    if precise.movedim(-1, classes).is_contiguous() and V > 1:
+        # Class-major memory (the linear readout's copies): every reduction over the classes
+        # is elementwise over contiguous rows; the same quantities, rounded in another order.
+        nll, predictions = _class_major_scores(precise.movedim(-1, classes), index, classes)
+    else:
+        nll = -precise.log_softmax(-1).gather(-1, index.expand(*lead, n, T, k)[..., None])
+        nll = nll.squeeze(-1)  # (*C, n, T, k)
+        predictions = grouped.max(-1).indices  # argmax's first-index rule, 40% faster on CPU
     return PositionScores(
         nll=torch.where(scored, nll, 0.0),
         correct=(predictions == index) & scored,
         predictions=predictions,
         scored=scored,
     )
+
+
+def _class_major_scores(
+    major: Float[Tensor, "*C V n T k"], index: Int[Tensor, "n T k"], classes: int
+) -> tuple[Float[Tensor, "*C n T k"], Int[Tensor, "*C n T k"]]:
+    """:func:`position_scores`' cross-entropy and argmax (first index among equal maxima)
+    from logits whose class axis ``classes`` is outermost in memory."""
+    V = major.shape[classes]
+    target = index.expand(*major.shape[:classes], 1, *index.shape)  # (*C, 1, n, T, k)
+    nll = -major.log_softmax(classes).gather(classes, target).squeeze(classes)
+    high = major.amax(classes, keepdim=True)
+    # The first maximum: V - max over classes of (V - v) where the class holds the maximum.
+    rank = torch.arange(V, 0, -1, dtype=torch.uint8 if V < 256 else torch.int32)
+    rank = rank.reshape(V, *[1] * (major.ndim - classes - 1))
+    first = ((major == high) * rank).amax(classes)  # 0: no class equals the max (NaN logits)
+    if bool((first == 0).any()):
+        return nll, major.movedim(classes, -1).max(-1).indices
+    return nll, V - first.long()
 
 
 @dataclass

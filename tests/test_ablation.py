@@ -22,6 +22,7 @@ from mhainterp.ablation import (
     pairwise_ablation,
     resolve_heads,
 )
+from mhainterp.ablation.replacement import CleanCache
 from mhainterp.attribution import (
     compare_importance,
     gradient_importance,
@@ -38,6 +39,7 @@ from mhainterp.figures.ablation import (
     save_ablation_figures,
 )
 from mhainterp.handbuilt import handbuilt_model
+from mhainterp.scoring import position_scores
 from mhainterp.tasks import get_task
 from mhainterp.training import build_model, evaluate
 
@@ -593,3 +595,85 @@ def test_prune_shortlist_is_exact_while_few_heads_remain(model, batch, multi_mod
     assert short["removed"].tolist() == ["", UNIFORM, PREV_A, PREV_B]
     with pytest.raises(ValueError, match="shortlist=0 is invalid: an integer >= 1"):
         prune_curve(model, batch, shortlist=0)
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_class_major_scores_equal_the_model_layout(k):
+    """The linear readout hands the scorer class-major logits (the class axis outermost in
+    memory): the same argmax (the first of equal maxima, as torch.max), the same correctness,
+    and the same cross-entropy to rounding; NaN logits fall back to torch.max's answer."""
+    generator = torch.Generator().manual_seed(0)
+    shape = (3, 5, 7, k, 6) if k > 1 else (3, 5, 7, 6)
+    logits = torch.randn(shape, generator=generator)
+    logits[0, 0, 0, ..., 2] = logits[0, 0, 0, ..., 4] = 9.0  # an exact tie: class 2 wins
+    targets = torch.randint(0, 6, shape[1:-1], generator=generator)
+    mask = torch.ones(5, 7, dtype=torch.bool)
+    mask[1, 3:] = False
+    major = logits.movedim(-1, 1).contiguous().movedim(1, -1)  # same values, class-major memory
+    assert not major.is_contiguous() and torch.equal(major, logits)
+    for weird in (False, True):
+        if weird:
+            logits[2, 1, 1] = major[2, 1, 1] = float("nan")
+        model_layout = position_scores(logits, targets, mask)
+        class_major = position_scores(major, targets, mask)
+        assert torch.equal(class_major.predictions, model_layout.predictions)
+        assert torch.equal(class_major.correct, model_layout.correct)
+        assert_close(class_major.nll, model_layout.nll, rtol=1e-6, atol=1e-6, equal_nan=True)
+    assert model_layout.predictions[0, 0, 0].tolist() == [2] * k
+
+
+def test_copies_split_into_chunks_share_one_readout_basis(model, batch, monkeypatch):
+    """Copies over the same sequences, split into several forwards, build the linear readout's
+    basis (clean logits and every head's change) once, and score as one forward does."""
+    from mhainterp.fast import linear_readout
+
+    built = []
+    original = linear_readout.readout_basis
+    monkeypatch.setattr(
+        linear_readout, "readout_basis", lambda *a, **kw: built.append(1) or original(*a, **kw)
+    )
+    sets = [[], [(0, 0)], [(0, 1)], [(0, 2)], [(0, 0), (0, 2)]]
+    whole = evaluate_head_sets(model, batch, sets, "mean", per_position=True)
+    assert len(built) == 1
+    built.clear()
+    split = evaluate_head_sets(
+        model, batch, sets, "mean", per_position=True, max_rows=2 * len(batch)
+    )
+    assert len(built) == 1  # three forwards of copies (2 + 2 + 1), one basis
+    assert torch.equal(split.scores.correct, whole.scores.correct)
+    assert_close(split.scores.nll, whole.scores.nll, rtol=1e-6, atol=1e-6)
+
+
+def test_a_shared_clean_cache_computes_clean_logits_and_means_once(model, batch, monkeypatch):
+    """Passes of several methods over one model and batch (the division test's) share the
+    clean logits of the linear readout and the per-position means through their CleanCache,
+    and score exactly as passes without one."""
+    from mhainterp.ablation import replacement as replacement_module
+    from mhainterp.fast import linear_readout
+
+    sets = [[], [(0, 0)], [(0, 1), (0, 2)]]
+    alone = {m: evaluate_head_sets(model, batch, sets, m, per_position=True) for m in METHODS}
+    counted = {"clean logits": 0, "means": 0}
+    original_means = replacement_module._per_position_mean
+    original_basis = linear_readout.readout_basis
+
+    def means(*args):
+        counted["means"] += 1
+        return original_means(*args)
+
+    def basis(model, layer, resid_pre, z, values, clean=None):
+        counted["clean logits"] += clean is None
+        return original_basis(model, layer, resid_pre, z, values, clean)
+
+    monkeypatch.setattr(replacement_module, "_per_position_mean", means)
+    monkeypatch.setattr(linear_readout, "readout_basis", basis)
+    cache = CleanCache()
+    shared = {
+        m: evaluate_head_sets(model, batch, sets, m, per_position=True, cache=cache)
+        for m in ("mean", "zero", "resample")
+    }
+    # one layer: one clean-logits product and one mean table for the three methods
+    assert counted == {"clean logits": 1, "means": 1}
+    for m in METHODS:
+        assert torch.equal(shared[m].scores.correct, alone[m].scores.correct)
+        assert torch.equal(shared[m].scores.nll, alone[m].scores.nll)

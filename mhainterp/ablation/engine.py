@@ -254,16 +254,29 @@ def _forward_copies(
     replacement: Replacement,
     first: int,
     prefix: tuple[Tensor, Tensor],
+    bases: dict,
+    clean_logits: dict | None = None,
 ) -> Float[Tensor, "c s T *out"]:
     """Logits of ``c`` copies of ``part``: copy ``i`` ablates ``chunk[i]``, from ``first`` on.
 
     ``prefix`` is the clean ``(hook_resid_pre, hook_z)`` of layer ``first`` on ``part``.
+    ``bases``: the linear readout's :class:`~mhainterp.fast.linear_readout.ReadoutBasis` of
+    ``(first, part)``, kept by the caller for the next chunk of copies over the same rows;
+    ``clean_logits``: that chunk's clean logits from another method's pass (a
+    :class:`~mhainterp.ablation.replacement.CleanCache`'s, keyed by ``first``), filled here.
     """
     c = chunk.shape[0]
     resid_pre, z = prefix
     values = replacement.values(first, rows, z)  # broadcastable to (s, T, h, d_head)
     if linear_readout.applies(model, first):
-        return linear_readout.copy_logits(model, first, resid_pre, z, values, chunk[:, first], part)
+        if first not in bases:
+            known = None if clean_logits is None else clean_logits.get(first)
+            bases[first] = linear_readout.readout_basis(model, first, resid_pre, z, values, known)
+            if clean_logits is not None:
+                clean_logits[first] = bases[first].clean
+        return linear_readout.copy_logits(
+            model, first, resid_pre, z, values, chunk[:, first], part, basis=bases[first]
+        )
     # Broadcasting the clean z over copies writes each copy once (no repeat, then overwrite).
     z = torch.where(chunk[:, first, None, None, :, None], values[None], z[None])
     z = z.reshape(c * len(part), *z.shape[2:])  # (c * s, T, h, d_head), copy-major
@@ -335,10 +348,16 @@ def run_masks(
     pieces: dict[tuple[int, int], PositionScores] = {}
     # (first, s0, s1) -> clean prefix; without a cache only the current chunk's are kept (memory)
     prefixes = cache.prefixes if cache is not None else {}
+    # The linear readout's bases of the current sequence chunk (jobs are ordered by chunk, so
+    # every chunk of copies over these rows follows; one chunk's are kept at a time: memory).
+    bases: dict[int, Any] = {}
+    rows_of_bases = None
     with eval_mode(model), torch.no_grad():
         for first, members, s0, s1 in tqdm(jobs, desc=desc, disable=not progress, leave=False):
             rows = order[s0:s1]
             part = rows_of(batch, rows)
+            if rows_of_bases != (s0, s1):
+                bases, rows_of_bases = {}, (s0, s1)
             index = torch.tensor(members, device=masks.device)
             if (first, s0, s1) not in prefixes:  # one clean forward for the chunk's groups
                 if cache is None:
@@ -350,9 +369,11 @@ def run_masks(
                 if found is None:
                     found = _clean_prefixes(model, part, wanted)
                 prefixes.update({(f, s0, s1): found[f] for f in wanted})
+            prefix = prefixes[(first, s0, s1)]
             logits = _forward_copies(
-                model, part, masks[index], rows, replacement, first, prefixes[(first, s0, s1)]
-            )
+                model, part, masks[index], rows, replacement, first, prefix, bases,
+                None if cache is None else cache.readout_clean.setdefault((s0, s1), {}),
+            )  # fmt: skip
             if metric is None:
                 scores = position_scores(logits, part.targets, part.mask)  # (c, s, T', k)
             else:

@@ -205,7 +205,11 @@ class CleanCache:
     (mean and resample replacements) and the clean prefixes of the copies."""
 
     donor_z: list[Tensor] | None = None
+    mean_z: list[Tensor] | None = None  # per layer, the per-position mean of donor_z
     prefixes: dict[tuple[int, int, int], tuple[Tensor, Tensor]] = field(default_factory=dict)
+    # (s0, s1) -> {first: the linear readout's clean logits of that chunk}: the same under
+    # every method, so a second method's pass skips that product
+    readout_clean: dict[tuple[int, int], dict[int, Tensor]] = field(default_factory=dict)
 
 
 def build_replacement(
@@ -246,7 +250,12 @@ def build_replacement(
     if resid_pre:
         prefix = ReferencePrefix(reference.tokens, reference.padding_mask, resid_pre, donor_z)
     real = reference.padding_mask
-    means = [_per_position_mean(z, real) for z in donor_z]
+    if cache is not None and cache.mean_z is not None:
+        means = cache.mean_z
+    else:
+        means = [_per_position_mean(z, real) for z in donor_z]
+        if cache is not None:
+            cache.mean_z = means
     if method == "mean":
         return Replacement("mean", mean_z=means, reference_prefix=prefix)
     sigma = _single_cycle(len(reference), _generator(generator)).to(real.device)
