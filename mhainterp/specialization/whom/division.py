@@ -146,6 +146,7 @@ from mhainterp.specialization.whom.division_result import (
 from mhainterp.specialization.whom.profiles import (
     Configs,
     PassScores,
+    axes_value_means,
     basis_rows,
     bootstrap_weights,
     build_configs,
@@ -153,7 +154,6 @@ from mhainterp.specialization.whom.profiles import (
     passes_means,
     run_pass,
     run_rows,
-    value_means,
     write_norms,
 )
 from mhainterp.specialization.whom.settings import (
@@ -347,13 +347,14 @@ def _evidence(
     original = [PassScores(s.method, primary.correct, primary.nll, rows=rows)]
     null = passes_means((original if len(noisy) == 1 else []) + noisy, sequence, asked, sizes,
                         weights, halves=even)  # fmt: skip
+    loss = axes_value_means(primary.nll, sequence, asked, sizes, weights[:1])  # (1, C, K) each
     evidence = {}
     for a in axes:
         evidence[a] = AxisEvidence(
             axis=a, value_names=value_names[a], counts=counts[a], keep=counts[a] >= s.min_count,
             means={m: tables[a] for m, tables in by_method.items()},
             noisy=[list(tables[a].split(B)) for tables in null],
-            loss=value_means(primary.nll, sequence, values[a], sizes[a], weights[:1])[0],
+            loss=loss[a][0],
         )  # fmt: skip
     return evidence
 
