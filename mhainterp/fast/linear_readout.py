@@ -7,6 +7,9 @@ logits
     clean_logits + sum over replaced heads h of (values_h - z_h) @ W_O[h] @ W_U
 
 so no per-copy residual stream is built and all single-head ablations cost about one forward.
+The clean logits and each head's change form one class-major table (:class:`ReadoutBasis`,
+built once per sequence chunk); the copies' logits are views of class-major memory, which
+:func:`mhainterp.scoring.position_scores` scores with its class-major branch.
 It is a fenced copy of :meth:`HookedMHATransformer.logits_from_z` for that case, tested equal to
 it (``tests/test_ablation.py``), and it uses only public model methods. A change to the model's
 forward after ``hook_z`` must be followed here (``model.py`` names this module).
@@ -58,10 +61,11 @@ class ReadoutBasis:
     **class-major** table (the output logits' axis first, ``V = n_targets * d_vocab_out``), so
     that a chunk of copies is one product ``[1, mask] @ table`` (no clean row broadcast first).
 
-    ``change[h]`` is what replacing head ``h``'s z by its replacement value adds to the logits,
-    ``(values_h - z_h) @ W_O[h] @ W_U``. It is the costly part of a chunk (an ``(h, V, s, T)``
-    table), so :func:`~mhainterp.ablation.engine.run_masks` builds it once per sequence chunk
-    and replacement, and every chunk of copies over those sequences reuses it.
+    Row ``1 + h`` of ``table`` is what replacing head ``h``'s z by its replacement value adds to
+    the logits, ``(values_h - z_h) @ W_O[h] @ W_U``. These rows are the costly part of a chunk
+    (an ``(h, V, s, T)`` block), so :func:`~mhainterp.ablation.engine.run_masks` builds the
+    table once per sequence chunk and replacement, and every chunk of copies over those
+    sequences reuses it.
 
     Class-major because every reduction over the classes (the tie guard here, the scoring's
     log-softmax and argmax) is then an elementwise pass over contiguous rows rather than a
