@@ -651,6 +651,30 @@ def test_copies_split_into_chunks_share_one_readout_basis(model, batch, monkeypa
     assert_close(split.scores.nll, whole.scores.nll, rtol=1e-6, atol=1e-6)
 
 
+def test_copies_are_split_into_even_forwards(model, batch, monkeypatch):
+    """Five copies at four per forward run as 3 + 2, not 4 + 1 (a big last-but-one chunk and a
+    tiny last one cost more than two even ones), and score as one forward does."""
+    from mhainterp.ablation import engine
+
+    sizes = []
+    original = engine._forward_copies
+    monkeypatch.setattr(
+        engine, "_forward_copies",
+        lambda model, part, chunk, *a, **kw: sizes.append(len(chunk))
+        or original(model, part, chunk, *a, **kw),
+    )  # fmt: skip
+    sets = [[(0, 0)], [(0, 1)], [(0, 2)], [(0, 0), (0, 2)], [(0, 1), (0, 2)]]
+    whole = evaluate_head_sets(model, batch, sets, "zero", per_position=True)
+    assert sizes == [5]
+    sizes.clear()
+    split = evaluate_head_sets(
+        model, batch, sets, "zero", per_position=True, max_rows=4 * len(batch)
+    )
+    assert sizes == [3, 2]
+    assert torch.equal(split.scores.correct, whole.scores.correct)
+    assert_close(split.scores.nll, whole.scores.nll, rtol=1e-6, atol=1e-6)
+
+
 def test_a_shared_clean_cache_computes_clean_logits_and_means_once(model, batch, monkeypatch):
     """Passes of several methods over one model and batch (the division test's) share the
     clean logits of the linear readout and the per-position means through their CleanCache,
