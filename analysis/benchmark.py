@@ -23,11 +23,11 @@ Measures, side by side in one process, with interleaved repeats and medians:
 4. ``ablation``: all single-head ablation importances at h = 8 (``head_importance``, one
    batched pass) against the naive loop (``ablate`` one head, ``evaluate``, repeat).
 5. ``division``: the full :func:`mhainterp.division_of_labour` on every axis (defaults:
-   single, kept-head and group profiles, mean, zero and resample ablation, two noisy copies
-   for the same-function null, 200 bootstrap resamples, the attention view; the damage gates
-   off, so that an untrained model runs every pass a trained one does) against
-   ``head_importance`` with mean ablation, same h = 8 model and sequences; ``ratio`` = time /
-   time(head_importance), the target is <= 4 (issue 18).
+   single, kept-head and group profiles, mean, zero and resample ablation, one noisy copy
+   against the original for the same-function null, 200 bootstrap resamples, the attention
+   view; the damage gates off, so that an untrained model runs every pass a trained one
+   does) against ``head_importance`` with mean ablation, same h = 8 model and sequences;
+   ``ratio`` = time / time(head_importance), the target is <= 4 (issue 18).
 6. ``explore`` (opt-in, ``--sections explore``): the explorer click (toggle a head, metrics,
    example, JSON) on a 16-head ``reverse`` run with 1,024 sequences and one torch thread (the
    explorer's default), every click a head set not seen before (no cache hit), idle and beside

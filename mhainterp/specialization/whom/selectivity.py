@@ -6,7 +6,8 @@ from the engine passes and the tables (formulas in that module's docstring):
 - ``effective_values``: ``n_eff = exp(H(p))`` of a clipped, normalised profile;
 - ``selectivity``: ``1 - n_eff / K`` (the share of values spared; K-invariant);
 - ``division_index``: ``1 - mean pairwise cosine`` of the defined units' profiles;
-- ``same_function_distance``: ``1 - cos`` between each unit's profiles in two noisy copies.
+- ``same_function_distance``: ``1 - cos`` between each unit's profiles in two copies of the
+  model.
 - ``normal_null_means``: each value's mean damage with the values shuffled among the scored
   triples, from the shuffle's exact mean and covariance (the heads' selectivity null for
   sampling noise);
@@ -104,9 +105,9 @@ def same_function_distance(
     first: Float[Tensor, "... U K"], second: Float[Tensor, "... U K"], defined: Bool[Tensor, " U"]
 ) -> Float[Tensor, "..."]:
     """Mean over the ``defined`` units of ``1 - cos`` between a unit's profile in ``first``
-    and in ``second`` (two noisy copies of the model): the division index that heads doing
-    the same job score. A profile that is all zero in one copy only counts as distance 1
-    (nothing in common); a unit all zero in both is left out; NaN without units.
+    and in ``second`` (two copies of the model, one or both noisy): the division index that
+    heads doing the same job score. A profile that is all zero in one copy only counts as
+    distance 1 (nothing in common); a unit all zero in both is left out; NaN without units.
 
     Example:
         >>> a = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
