@@ -7,6 +7,7 @@ small matmuls several times slower (thread hand-off dominates), so tests run sin
 tests read (trained once per session): copy it (``shutil.copytree``) before writing into it.
 """
 
+import signal
 import time
 from pathlib import Path
 
@@ -16,6 +17,13 @@ from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.sweep import run_sweep
 
 torch.set_num_threads(1)
+
+# A suite started in the background by a non-interactive shell (`make test-all &`, nohup)
+# inherits SIGINT ignored, and so do the xdist workers and every command a test starts: the
+# Ctrl-C tests then fail (a 100,000-step training ran to its end). They test how mhainterp
+# answers Ctrl-C, so they get Python's own handler whatever started the suite.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 # ----- a user's own task, in a file of its own (for the plugin tests) ---------------------------

@@ -245,6 +245,17 @@ def test_divergence_is_one_line_and_keeps_the_last_good_weights(tmp_path, capsys
     assert all(t.isfinite().all() for t in run.model.state_dict().values())
 
 
+def _ctrl_c_state() -> dict:
+    """What decides how this process answers SIGINT: its Python handler (SIG_IGN when the suite
+    was started in the background with SIGINT ignored), the main thread's blocked signals,
+    whether this is the main thread."""
+    return {
+        "python_handler": signal.getsignal(signal.SIGINT),
+        "blocked": signal.pthread_sigmask(signal.SIG_BLOCK, []),
+        "main_thread": threading.current_thread() is threading.main_thread(),
+    }
+
+
 def test_ctrl_c_in_train_is_one_line_and_exit_130(tmp_path, capsys):
     out = tmp_path / "run"
     args = [a if a != "10" else "100000" for a in TINY_ARGS]  # long enough to interrupt
@@ -254,7 +265,7 @@ def test_ctrl_c_in_train_is_one_line_and_exit_130(tmp_path, capsys):
         code = main(["train", *args, "--out", str(out)])
     finally:
         timer.cancel()
-    assert code == 130
+    assert code == 130, (capsys.readouterr(), _ctrl_c_state())
     line = _one_line(capsys.readouterr().err)
     assert line == "mhainterp train: interrupted; run the same command again to resume"
     assert not (out / "eval.json").exists()
