@@ -348,3 +348,19 @@ def test_causal_selectivity_draws_enough_for_holm_over_many_heads():
     p = result.heads["p_selectivity"].to_numpy()
     assert np.allclose(p, 1 / 2401)
     assert (adjust_pvalues(p, "holm") < 0.05).all()
+
+
+def test_attention_view_from_the_clean_run_equals_its_own_forward(monkeypatch):
+    """Mean ablation keeps the patterns of its clean run for the attention view (no forward
+    of its own); zero ablation has no clean run, and the view runs its own: the same table."""
+    import mhainterp.specialization.whom.division_attention as view
+
+    task = get_task("count_previous", seq_len=8, d_vocab=5)
+    model = build_model(task, d_model=32, n_heads=2, seed=0)
+    run = dict(n_eval=64, n_bootstrap=10, n_attention=40)
+    with monkeypatch.context() as patched:
+        patched.setattr(view, "iter_patterns", lambda *a, **k: pytest.fail("a second forward"))
+        kept = division_of_labour(model, task, method="mean", methods=("mean",), **run)
+    own = division_of_labour(model, task, method="zero", methods=("zero",), **run)
+    assert len(kept.attention) > 0
+    pd.testing.assert_frame_equal(kept.attention, own.attention, rtol=1e-6)

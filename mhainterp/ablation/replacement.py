@@ -112,19 +112,28 @@ class Replacement:
 
 
 def capture_z(
-    model: Any, batch: Batch, max_rows: int | None = None, resid_pre: list | None = None
+    model: Any,
+    batch: Batch,
+    max_rows: int | None = None,
+    resid_pre: list | None = None,
+    patterns: list | None = None,
+    pattern_rows: int = 0,
 ) -> list[Float[Tensor, "m T h d_head"]]:
     """Every layer's clean ``hook_z`` on ``batch``, in chunks of ``max_rows`` sequences (the
     forward stops at the last layer's ``hook_z``).
 
     ``resid_pre``: an empty list to receive every layer's clean ``hook_resid_pre`` of the same
     forward (``[m, T, d_model]`` each), when ``batch`` is one chunk; left empty otherwise.
+    ``patterns``: an empty list to receive every layer's ``hook_pattern`` of the first
+    ``pattern_rows`` sequences (``[rows, h, T, T]`` each), so that a caller who also wants the
+    patterns needs no forward of its own.
     """
     max_rows = max_rows or LINEAR_READOUT_ROWS
     n_layers = model.cfg.n_layers
     chunks: list[list[Tensor]] = [[] for _ in range(n_layers)]
     resids: list[Tensor | None] = [None] * n_layers
     one_chunk = resid_pre is not None and len(batch) <= max_rows
+    seen: list[list[Tensor]] = [[] for _ in range(n_layers)]  # pattern chunks, per layer
 
     def keep(z: Tensor, hook: Any, layer: int) -> None:
         chunks[layer].append(z.detach())
@@ -134,9 +143,17 @@ def capture_z(
     def keep_resid(resid: Tensor, hook: Any, layer: int) -> None:
         resids[layer] = resid.detach()
 
+    def keep_pattern(pattern: Tensor, hook: Any, layer: int) -> None:
+        missing = pattern_rows - sum(len(p) for p in seen[layer])
+        if missing > 0:
+            seen[layer].append(pattern[:missing].detach().clone())
+
     hooks = [(f"blocks.{lay}.attn.hook_z", partial(keep, layer=lay)) for lay in range(n_layers)]
     if one_chunk:
         hooks += [(f"blocks.{lay}.hook_resid_pre", partial(keep_resid, layer=lay))
+                  for lay in range(n_layers)]  # fmt: skip
+    if patterns is not None and pattern_rows > 0:
+        hooks += [(f"blocks.{lay}.attn.hook_pattern", partial(keep_pattern, layer=lay))
                   for lay in range(n_layers)]  # fmt: skip
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         for start in range(0, len(batch), max_rows):
@@ -145,6 +162,8 @@ def capture_z(
                 model.logits(part.tokens, part.padding_mask)
     if one_chunk:
         resid_pre.extend(resids)
+    if patterns is not None and pattern_rows > 0:
+        patterns.extend(torch.cat(layer_chunks) for layer_chunks in seen)
     return [torch.cat(layer_chunks) for layer_chunks in chunks]
 
 
@@ -210,6 +229,10 @@ class CleanCache:
     # (s0, s1) -> {first: the linear readout's clean logits of that chunk}: the same under
     # every method, so a second method's pass skips that product
     readout_clean: dict[tuple[int, int], dict[int, Tensor]] = field(default_factory=dict)
+    # The clean run's attention patterns of the reference's first ``pattern_rows`` sequences
+    # (per layer ``[rows, h, T, T]``), kept when asked for (0: not kept)
+    pattern_rows: int = 0
+    patterns: list[Tensor] | None = None
 
 
 def build_replacement(
@@ -242,10 +265,14 @@ def build_replacement(
     if cache is not None and cache.donor_z is not None:
         donor_z = cache.donor_z
     else:
+        patterns: list[Tensor] = []
+        rows = cache.pattern_rows if cache is not None else 0
         with eval_mode(model):
-            donor_z = capture_z(model, reference, max_rows, resid_pre if keep_prefix else None)
+            donor_z = capture_z(model, reference, max_rows, resid_pre if keep_prefix else None,
+                                patterns, rows)  # fmt: skip
         if cache is not None:
             cache.donor_z = donor_z
+            cache.patterns = patterns or None
     prefix = None
     if resid_pre:
         prefix = ReferencePrefix(reference.tokens, reference.padding_mask, resid_pre, donor_z)

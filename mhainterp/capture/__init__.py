@@ -44,6 +44,7 @@ from mhainterp.capture.core import (
     iter_activations,
     iter_patterns,
     pattern_hook_names,
+    stack_patterns,
     statistic_queries,
     visible_keys,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "pattern_hook_names",
     "patterns_frame",
     "relations_frame",
+    "stack_patterns",
     "statistic_queries",
     "visible_keys",
 ]

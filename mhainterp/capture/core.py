@@ -37,6 +37,7 @@ __all__ = [
     "capture_activations",
     "iter_activations",
     "iter_patterns",
+    "stack_patterns",
     "pattern_hook_names",
     "statistic_queries",
     "visible_keys",
@@ -265,9 +266,24 @@ def iter_patterns(
     for part in iter_activations([model], data, [names], padding_mask, **run):
         device = model.cfg.device
         tokens, mask = part.tokens.to(device), part.padding_mask.to(device)
-        patterns = torch.stack([part.activations[0][name] for name in names], dim=1)
-        # Padding queries attend to real keys like any other; their rows are meaningless.
-        yield PatternBatch(part.start, tokens, mask, patterns * mask[:, None, None, :, None])
+        patterns = stack_patterns([part.activations[0][name] for name in names], mask)
+        yield PatternBatch(part.start, tokens, mask, patterns)
+
+
+def stack_patterns(
+    layers: Sequence[Float[Tensor, "B h T T"]], padding_mask: Bool[Tensor, "B T"]
+) -> Float[Tensor, "B L h T T"]:
+    """Every layer's ``hook_pattern`` as one ``[B, layer, head, q, k]`` tensor, with the rows
+    of padding queries set to 0 (they attend to real keys like any other query; their rows are
+    meaningless).
+
+    Example:
+        >>> p = stack_patterns([torch.ones(1, 1, 2, 2)], torch.tensor([[True, False]]))
+        >>> p[0, 0, 0].tolist()
+        [[1.0, 1.0], [0.0, 0.0]]
+    """
+    patterns = torch.stack(list(layers), dim=1)
+    return patterns * padding_mask[:, None, None, :, None]
 
 
 def attention_patterns(

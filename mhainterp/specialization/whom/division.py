@@ -256,7 +256,10 @@ def division_of_labour(
     names = target_names(data, model.cfg.n_targets)
     L, h = model.cfg.n_layers, model.cfg.n_heads
     configs = build_configs(L, h)
-    cache = CleanCache()  # the methods share the clean activations of this model and batch
+    relations = data if relations is None and isinstance(data, Task) else relations
+    # The methods share the clean activations of this model and batch; the clean run also
+    # keeps the attention view's patterns.
+    cache = CleanCache(pattern_rows=s.n_attention if relations is not None else 0)
     primary, engine = run_pass(
         model, batch, configs.head_sets, s.method, progress=progress, cache=cache
     )
@@ -300,8 +303,7 @@ def division_of_labour(
         profile_parts.append(_profile_part(ev, configs, s))
         basis_parts.append(_basis_part(ev, configs, gate[s.method], s))
     td = _triple_damage(primary, configs, values, value_names, scored)
-    relations = data if relations is None and isinstance(data, Task) else relations
-    attention = attention_view(model, batch[: s.n_attention], relations, axes, td)
+    attention = attention_view(model, batch[: s.n_attention], relations, axes, td, cache.patterns)
     meta = {
         **s.to_dict(), "by_asked": _normalise_by(by), "by": list(axes), "basis": basis,
         "noise_used": noise_used, "groups": [_label(g) for g in configs.groups],

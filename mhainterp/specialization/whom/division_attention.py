@@ -2,7 +2,8 @@
 
 For each head, axis value (the query's token or position) and relation template of the task:
 the share of the head's attention on the template at the scored queries with that value, over
-the first ``n_attention`` sequences (patterns from :func:`mhainterp.capture.iter_patterns`).
+the first ``n_attention`` sequences (patterns kept from the division's clean run, else from
+:func:`mhainterp.capture.iter_patterns`).
 It describes; the damage profiles of :mod:`~mhainterp.specialization.whom.division` decide.
 
 Shapes: R relations, n sequences, T positions, L layers, h heads per layer, K values.
@@ -16,8 +17,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
+from torch import Tensor
 
-from mhainterp.capture import iter_patterns
+from mhainterp.capture import iter_patterns, stack_patterns
 from mhainterp.specialization.whom.damage import TripleDamage
 from mhainterp.specialization.whom.division_result import ATTENTION_COLUMNS, join_columns
 from mhainterp.tasks import Batch, Task
@@ -29,7 +31,12 @@ ATTENTION_AXES: tuple[str, ...] = ("token", "position")
 
 
 def attention_view(
-    model: Any, batch: Batch, relations: Any, axes: Sequence[str], td: TripleDamage
+    model: Any,
+    batch: Batch,
+    relations: Any,
+    axes: Sequence[str],
+    td: TripleDamage,
+    patterns: Sequence[Tensor] | None = None,
 ) -> pd.DataFrame:
     """Share of attention on each relation template at the scored queries of each value.
 
@@ -40,6 +47,8 @@ def attention_view(
             ``f(tokens, mask) -> dict``; None: an empty table.
         axes: The division's axes (those in :data:`ATTENTION_AXES` are used).
         td: The division's per-triple damage (for the heads and each axis's values).
+        patterns: Every layer's clean ``hook_pattern`` of ``batch`` (``[n, h, T, T]`` each),
+            when the caller kept them from a forward of its own; default a forward here.
 
     Returns:
         Columns :data:`~mhainterp.specialization.whom.division_result.ATTENTION_COLUMNS`, sorted by
@@ -72,9 +81,13 @@ def attention_view(
     )  # (R, n, T, K_all): the query's value, at the queries that count
     total = torch.zeros(len(names), model.cfg.n_layers, model.cfg.n_heads, weights.shape[-1])
     total = total.double()  # (R, L, h, K_all); float32 products, float64 sums over batches
-    for part in iter_patterns(model, tokens, mask):
-        window = slice(part.start, part.start + part.tokens.shape[0])
-        on = torch.einsum("blhqk,rbqk->rblhq", part.patterns.float().cpu(), stacked[:, window])
+    if patterns is None:
+        parts = ((p.start, p.patterns) for p in iter_patterns(model, tokens, mask))
+    else:
+        parts = [(0, stack_patterns([p.cpu() for p in patterns], mask))]
+    for start, part in parts:  # (b, L, h, T, T) patterns of sequences start, start + 1, ...
+        window = slice(start, start + part.shape[0])
+        on = torch.einsum("blhqk,rbqk->rblhq", part.float().cpu(), stacked[:, window])
         total += torch.einsum("rblhq,rbqv->rlhv", on, weights[:, window]).double()
     offsets = np.cumsum([0] + [len(value_ids[a]) for a in axes])
     span = {a: slice(offsets[i], offsets[i + 1]) for i, a in enumerate(axes)}
