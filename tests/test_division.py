@@ -19,7 +19,7 @@ from mhainterp.specialization.whom.division_result import (
     PROFILE_COLUMNS,
 )
 from mhainterp.specialization.whom.selectivity import division_index, selectivity
-from mhainterp.tasks import get_task
+from mhainterp.tasks import Batch, get_task
 from mhainterp.tasks.templates import first_position_template, previous_token_template
 from mhainterp.training import build_model
 from mhainterp.validation import ParameterError
@@ -348,6 +348,106 @@ def test_causal_selectivity_draws_enough_for_holm_over_many_heads():
     p = result.heads["p_selectivity"].to_numpy()
     assert np.allclose(p, 1 / 2401)
     assert (adjust_pvalues(p, "holm") < 0.05).all()
+
+
+# ----------------------------------------------------------------------------- every axis at once
+
+
+def test_value_means_of_every_axis_at_once_equal_each_axis_alone():
+    from mhainterp.specialization.whom.profiles import ValueMeans, bootstrap_weights, value_means
+
+    generator = torch.Generator().manual_seed(0)
+    n, N, C = 9, 60, 4
+    sequence = torch.randint(0, n, (N,), generator=generator)
+    sizes = {"a": 3, "b": 7, "c": 5}  # different K: the shorter axes are padded
+    values = {k: torch.randint(0, K, (N,), generator=generator) for k, K in sizes.items()}
+    correct = torch.randint(0, 2, (C, N), generator=generator).float()
+    weights = bootstrap_weights(n, 6, generator)  # (7, n)
+    halves = torch.arange(n) % 2 == 0
+    tables = ValueMeans(sequence, values, sizes, weights, halves=halves)
+    resampled, split = tables.resampled(correct), tables.halves(correct)  # (7, 3, C, 7), (14, ...)
+    for a, (axis, K) in enumerate(sizes.items()):
+        alone = value_means(correct, sequence, values[axis], K, weights)
+        assert torch.equal(resampled[:, a, :, :K], alone)  # whole counts: exact in any order
+        assert not resampled[:, a, :, K:].any()  # padding is zero
+        first = value_means(correct, sequence, values[axis], K, weights * halves)
+        second = value_means(correct, sequence, values[axis], K, weights * ~halves)
+        assert torch.equal(split[:, a, :, :K], torch.cat([first, second]))
+        loss = torch.stack([correct[:, values[axis] == v].double().mean(1) for v in range(K)], 1)
+        observed = tables.observed(correct)[a, :, :K]
+        assert torch.allclose(observed, torch.nan_to_num(loss), atol=1e-12)
+
+
+def test_every_axis_at_once_equals_each_axis_alone():
+    """The padded all-axes statistics give each axis the numbers it gets on its own: 10
+    tokens, 16 positions and 7 target classes here (2 under min_count), gates off so that
+    every statistic is computed on an untrained model."""
+    task = get_task("count_previous", seq_len=16, d_vocab=10)
+    model = build_model(task, d_model=64, n_heads=8, seed=0)
+    run = dict(n_eval=256, n_bootstrap=30, min_damage=0.0, min_loss_increase=-1.0)
+    together = division_of_labour(model, task, **run)
+    in_index = together.profiles.query("head_label == 'L0H0'").groupby("by").in_index
+    assert in_index.size().to_dict() == {"position": 16, "target_class": 7, "token": 10}
+    assert in_index.sum().to_dict() == {"position": 16, "target_class": 5, "token": 10}
+    assert together.index["index"].notna().all()  # the statistic itself is exercised
+    # The observed numbers from the profiles table by their formulas, on the kept values only.
+    heads = together.heads.set_index(["by", "head_label"])
+    for axis, table in together.profiles.query("in_index").groupby("by"):
+        damage = table.pivot(index="head_label", columns="value", values="damage")
+        defined = heads.loc[axis].loc[damage.index, "basis"] == "single"
+        d = damage.clip(lower=0).to_numpy(float)  # the table holds float32
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = d / d.sum(1, keepdims=True)
+            n_eff = np.exp(-np.nansum(np.where(share > 0, share * np.log(share), 0.0), 1))
+        mine = heads.loc[axis].loc[damage.index, "selectivity"].to_numpy(float)
+        single = defined.to_numpy()  # the others' selectivity is of their kept profile
+        np.testing.assert_allclose(mine[single], 1 - n_eff[single] / d.shape[1], rtol=1e-6)
+        unit = d[defined.to_numpy()] / np.linalg.norm(d[defined.to_numpy()], axis=1)[:, None]
+        cos = unit @ unit.T
+        m = len(unit)
+        index = 1 - (cos.sum() - np.trace(cos)) / (m * (m - 1))
+        observed = together.index.set_index("by").loc[axis, "index_single"]
+        assert observed == pytest.approx(index, rel=1e-6)
+    # Columns of the heads table that do not use the shuffled null's random draws, which
+    # follow the axes in order (the first axis's draws are the same either way); p_adj is
+    # adjusted over every row of the table.
+    fixed = ["selectivity", "ci_low", "ci_high", "null_selectivity", "n_eff", "serves", "p"]
+    every = [c for c in HEADS_COLUMNS if c != "p_adj"]
+    for i, axis in enumerate(together.index["by"]):
+        alone = division_of_labour(model, task, by=axis, **run)
+        pd.testing.assert_frame_equal(
+            together.index.iloc[[i]].reset_index(drop=True), alone.index, rtol=1e-12
+        )
+        columns = every if i == 0 else fixed
+        mine = together.heads.query("by == @axis")[columns].reset_index(drop=True)
+        pd.testing.assert_frame_equal(mine, alone.heads[columns], rtol=1e-12, check_dtype=False)
+
+
+def test_a_class_under_min_count_is_left_out_of_serves_selectivity_and_index(batch):
+    """Class 8 kept in 5 sequences only (5 scored triples < min_count 10): each head serves
+    its 4 classes of the 8 that count, whatever it does on class 8, in every axis's tables."""
+    tokens = batch.tokens.clone()
+    rare = tokens[5:, 1:] == 8
+    tokens[5:, 1:] = torch.where(rare, 7, tokens[5:, 1:])
+    tokens[:5, 1] = 8  # exactly 5 queries have target class 8
+    tokens[:5, 2:-1] = torch.where(tokens[:5, 2:-1] == 8, 0, tokens[:5, 2:-1])
+    targets = batch.targets.clone()
+    targets[:, 1:] = tokens[:, :-1]
+    targets[~batch.mask] = batch.targets[~batch.mask]
+    rare_batch = Batch(tokens, targets, batch.mask, batch.padding_mask)
+    model = split_heads_model([("target", A), ("target", [4, 5, 6, 7, 8])])
+    result = division_of_labour(model, rare_batch, **FAST)
+    profiles = result.profiles.query("by == 'target_class' and head_label == 'L0H1'")
+    assert profiles.set_index("value").loc["8", ["n_scored", "in_index", "damage"]].tolist() == [
+        5,
+        False,
+        1.0,
+    ]
+    first, second = _row(result, "L0H0", "target_class"), _row(result, "L0H1", "target_class")
+    assert (first.serves, second.serves) == ("0,1,2,3", "4,5,6,7")
+    assert first.selectivity == pytest.approx(0.5) and second.selectivity == pytest.approx(0.5)
+    assert (first.n_values, second.n_values) == (8, 8)
+    assert _index(result, "target_class")["index"] == pytest.approx(1.0)
 
 
 def test_attention_view_from_the_clean_run_equals_its_own_forward(monkeypatch):

@@ -128,12 +128,12 @@ from mhainterp.specialization.needed.redundancy import similar_groups
 from mhainterp.specialization.whom.damage import AXES, TripleDamage, axis_values
 from mhainterp.specialization.whom.division_attention import attention_view
 from mhainterp.specialization.whom.division_calls import (
-    AxisEvidence,
+    Evidence,
     Gates,
     choose_basis,
     gates,
     heads_rows,
-    index_row,
+    index_rows,
 )
 from mhainterp.specialization.whom.division_result import (
     BASIS_PROFILE_COLUMNS,
@@ -146,12 +146,12 @@ from mhainterp.specialization.whom.division_result import (
 from mhainterp.specialization.whom.profiles import (
     Configs,
     PassScores,
-    axes_value_means,
+    ValueMeans,
     basis_rows,
     bootstrap_weights,
     build_configs,
     noisy_copy,
-    passes_means,
+    pad_axes,
     run_pass,
     run_rows,
     write_norms,
@@ -292,16 +292,14 @@ def division_of_labour(
     null_generator = torch.Generator().manual_seed(s.seed + 2)
     # The mean and resample passes captured every layer's clean z of the batch: reuse it.
     norms = write_norms(model, batch[: s.n_attention], cache.donor_z)
-    heads_parts, index_rows, profile_parts, basis_parts = [], [], [], []
-    evidence = _evidence(axes, passes, noisy, rows, sequence, values, value_names, counts,
-                         weights, s)  # fmt: skip
-    for ev in evidence.values():
-        index_rows.append(index_row(ev, configs, gate, basis, s))
-        heads_parts.append(
-            heads_rows(ev, configs, gate[s.method], primary, norms, s, null_generator)
-        )
-        profile_parts.append(_profile_part(ev, configs, s))
-        basis_parts.append(_basis_part(ev, configs, gate[s.method], s))
+    index, heads_parts, profile_parts, basis_parts = [], [], [], []
+    if axes:
+        ev = _evidence(axes, passes, noisy, rows, sequence, values, value_names, counts,
+                       weights, s)  # fmt: skip
+        index = index_rows(ev, configs, gate, basis, s)
+        heads_parts = heads_rows(ev, configs, gate[s.method], primary, norms, s, null_generator)
+        profile_parts = [_profile_part(ev, a, configs, s) for a in range(len(axes))]
+        basis_parts = [_basis_part(ev, a, configs, gate[s.method], s) for a in range(len(axes))]
     td = _triple_damage(primary, configs, values, value_names, scored)
     attention = attention_view(model, batch[: s.n_attention], relations, axes, td, cache.patterns)
     meta = {
@@ -313,7 +311,7 @@ def division_of_labour(
     heads["p_adj"] = adjust_pvalues(heads["p"].astype(float), s.correction)
     return DivisionResult(
         heads=heads,
-        index=pd.DataFrame(index_rows, columns=INDEX_COLUMNS),
+        index=pd.DataFrame(index, columns=INDEX_COLUMNS),
         profiles=_frame(profile_parts, PROFILE_COLUMNS),
         attention=attention,
         basis_profiles=_frame(basis_parts, BASIS_PROFILE_COLUMNS),
@@ -333,32 +331,30 @@ def _evidence(
     counts: dict[str, torch.Tensor],
     weights: torch.Tensor,
     s: DivisionSettings,
-) -> dict[str, AxisEvidence]:
-    """Each axis's per-value accuracies: every method's pass on the resamples ``weights``
+) -> Evidence:
+    """Every axis's per-value accuracies: every method's pass on the resamples ``weights``
     ``[B, n]``, and the null's passes (the original and one noisy copy, or the copies) on the
     even and the odd sequences of each resample, on the basis's ``rows`` only (NaN
     elsewhere); every axis and pass side by side, so that each weight table is one product."""
     B = weights.shape[0]
     even = torch.arange(weights.shape[1]) % 2 == 0  # the null's split halves
-    asked = {a: values[a] for a in axes}
     sizes = {a: len(value_names[a]) for a in axes}
+    tables = ValueMeans(sequence, {a: values[a] for a in axes}, sizes, weights, halves=even)
     primary = passes[s.method]
-    by_method = dict(zip(passes, passes_means(list(passes.values()), sequence, asked, sizes,
-                                             weights), strict=True))  # fmt: skip
+    by_method = tables.of_passes(list(passes.values()))
     # With one copy the original is the null's other copy (on the basis's rows).
     original = [PassScores(s.method, primary.correct, primary.nll, rows=rows)]
-    null = passes_means((original if len(noisy) == 1 else []) + noisy, sequence, asked, sizes,
-                        weights, halves=even)  # fmt: skip
-    loss = axes_value_means(primary.nll, sequence, asked, sizes, weights[:1])  # (1, C, K) each
-    evidence = {}
-    for a in axes:
-        evidence[a] = AxisEvidence(
-            axis=a, value_names=value_names[a], counts=counts[a], keep=counts[a] >= s.min_count,
-            means={m: tables[a] for m, tables in by_method.items()},
-            noisy=[list(tables[a].split(B)) for tables in null],
-            loss=loss[a][0],
-        )  # fmt: skip
-    return evidence
+    null = tables.of_passes((original if len(noisy) == 1 else []) + noisy, split=True)
+    loss = tables.observed(primary.nll)  # (A, C, K)
+    K = list(sizes.values())
+    padded_counts = pad_axes(torch.cat([counts[a] for a in axes]), K)  # (A, K_max)
+    inside = torch.arange(padded_counts.shape[1])[None] < torch.tensor(K)[:, None]
+    return Evidence(
+        axes=list(axes), value_names={a: value_names[a] for a in axes},
+        counts={a: counts[a] for a in axes}, keep=inside & (padded_counts >= s.min_count),
+        means=dict(zip(passes, by_method, strict=True)),
+        noisy=[list(table.split(B)) for table in null], loss=loss,
+    )  # fmt: skip
 
 
 def _label(group: Sequence[tuple[int, int]]) -> str:
@@ -432,31 +428,36 @@ def _triple_damage(
     )  # fmt: skip
 
 
-def _profile_part(ev: AxisEvidence, configs: Configs, s: DivisionSettings) -> dict:
-    """The single-basis head x value table of the primary method (observed)."""
-    m = ev.means[s.method][0]  # (C, K)
+def _profile_part(ev: Evidence, a: int, configs: Configs, s: DivisionSettings) -> dict:
+    """The single-basis head x value table of axis ``a`` under the primary method (observed)."""
+    m = ev.observed(s.method, a)  # (C, K)
+    K = m.shape[-1]
     clean, single = m[configs.clean], m[configs.single]  # (K,), (H, K)
-    loss_profile = ev.loss[configs.single] - ev.loss[configs.clean][None]
-    H, K = single.shape
+    loss = ev.loss[a, :, :K]
+    loss_profile = loss[configs.single] - loss[configs.clean][None]
+    H = single.shape[0]
+    axis = ev.axes[a]
+    counts, keep = ev.counts[axis], ev.keep[a, :K]
     labels = np.array([head_label(*p) for p in configs.pairs], dtype=object)
     return {
         "head_label": np.repeat(labels, K),
         "layer": np.repeat([p[0] for p in configs.pairs], K),
         "head": np.repeat([p[1] for p in configs.pairs], K),
-        "by": ev.axis,
-        "value": np.tile(np.array(ev.value_names, dtype=object), H),
-        "n_scored": np.tile(ev.counts.numpy().astype(int), H),
+        "by": axis,
+        "value": np.tile(np.array(ev.value_names[axis], dtype=object), H),
+        "n_scored": np.tile(counts.numpy().astype(int), H),
         "clean_accuracy": np.tile(clean.numpy(), H),
         "ablated_accuracy": single.numpy().ravel(),
         "damage": (clean[None] - single).numpy().ravel(),
         "loss_increase": loss_profile.numpy().ravel(),
-        "in_index": np.tile(ev.keep.numpy(), H),
+        "in_index": np.tile(keep.numpy(), H),
     }
 
 
-def _basis_part(ev: AxisEvidence, configs: Configs, g: Gates, s: DivisionSettings) -> dict:
-    """Kept-alone contributions per head and group damages per group (observed)."""
-    m = ev.means[s.method][0]
+def _basis_part(ev: Evidence, a: int, configs: Configs, g: Gates, s: DivisionSettings) -> dict:
+    """Kept-alone contributions per head and group damages per group of axis ``a``
+    (observed)."""
+    m = ev.observed(s.method, a)
     layer_of = [configs.layer[p[0]] for p in configs.pairs]
     kept = m[configs.kept] - m[layer_of]  # (H, K)
     group = m[configs.clean][None] - m[configs.group]  # (G, K)
@@ -465,13 +466,14 @@ def _basis_part(ev: AxisEvidence, configs: Configs, g: Gates, s: DivisionSetting
     defined = g.kept.tolist() + g.group.tolist()
     rows = torch.cat([kept, group])
     U, K = rows.shape
+    axis = ev.axes[a]
     return {
         "unit": np.repeat(np.array(units, dtype=object), K),
-        "by": ev.axis,
+        "by": axis,
         "basis": np.repeat(np.array(basis, dtype=object), K),
-        "value": np.tile(np.array(ev.value_names, dtype=object), U),
-        "n_scored": np.tile(ev.counts.numpy().astype(int), U),
+        "value": np.tile(np.array(ev.value_names[axis], dtype=object), U),
+        "n_scored": np.tile(ev.counts[axis].numpy().astype(int), U),
         "profile": rows.numpy().ravel(),
         "defined": np.repeat(np.array(defined, dtype=bool), K),
-        "in_index": np.tile(ev.keep.numpy(), U),
+        "in_index": np.tile(ev.keep[a, :K].numpy(), U),
     }

@@ -1,10 +1,11 @@
 """The division test's decisions: gates, the basis, the calls, and the index and heads rows.
 
-Arithmetic on the per-value accuracies of :mod:`~.profiles` (every table ``[B, C, K]``: row 0
-observed, rows 1.. bootstrap resamples). The formulas are in the docstring of
-:mod:`~mhainterp.specialization.whom.division`.
+Arithmetic on the per-value accuracies of :mod:`~.profiles` (every table ``[B, A, C, K]``: row
+0 observed, rows 1.. bootstrap resamples; every axis at once, each padded to K values). The
+formulas are in the docstring of :mod:`~mhainterp.specialization.whom.division`.
 
-Shapes: B resamples, C configurations, K values, H heads, G groups, U units of a basis.
+Shapes: B resamples, A axes, C configurations, K values (the longest axis's), H heads,
+G groups, U units of a basis, M methods.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from jaxtyping import Bool, Float
+import torch.nn.functional as F
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from mhainterp.heads import head_label
@@ -33,13 +35,13 @@ from mhainterp.specialization.whom.settings import DivisionSettings
 __all__ = [
     "BASES",
     "CALLS",
-    "AxisEvidence",
+    "Evidence",
     "Gates",
     "choose_basis",
     "combine_calls",
     "gates",
     "heads_rows",
-    "index_row",
+    "index_rows",
     "unit_profiles",
 ]
 
@@ -124,16 +126,36 @@ def unit_profiles(means: Float[Tensor, "... C K"], configs: Configs, basis: str)
 
 
 @dataclass
-class AxisEvidence:
-    """One axis's per-value accuracies: per method, per noisy copy, and the observed loss."""
+class Evidence:
+    """Every axis's per-value accuracies (per method, per noisy copy) and observed loss, the
+    axes side by side and each padded to the longest axis's K values
+    (:func:`~.profiles.pad_axes`), so that one tensor operation serves all axes.
 
-    axis: str
-    value_names: list[str]
-    counts: Tensor  # (K,)
-    keep: Bool[Tensor, " K"]
-    means: dict[str, Float[Tensor, "B C K"]]
-    noisy: list[list[Float[Tensor, "B C K"]]]  # per copy: the two split halves
-    loss: Float[Tensor, "C K"]
+    ``keep`` marks the values of an axis with ``min_count`` triples, never the padding; the
+    statistics set the others to 0 (:meth:`kept`), which leaves every cosine and entropy as if
+    they were left out (selectivity divides by ``n_values``, not K).
+    """
+
+    axes: list[str]
+    value_names: dict[str, list[str]]
+    counts: dict[str, Tensor]  # per axis (K_a,)
+    keep: Bool[Tensor, "A K"]
+    means: dict[str, Float[Tensor, "B A C K"]]
+    noisy: list[list[Float[Tensor, "B A C K"]]]  # per copy: the two split halves
+    loss: Float[Tensor, "A C K"]
+
+    @property
+    def n_values(self) -> Int[Tensor, " A"]:
+        """Each axis's kept values."""
+        return self.keep.sum(-1)
+
+    def kept(self, profiles: Float[Tensor, "... A U K"]) -> Float[Tensor, "... A U K"]:
+        """``profiles`` with every value outside ``keep`` set to 0."""
+        return torch.where(self.keep[:, None, :], profiles, 0.0)
+
+    def observed(self, method: str, axis: int) -> Float[Tensor, "C K_a"]:
+        """Axis ``axis``'s observed accuracies under ``method``, without padding."""
+        return self.means[method][0, axis, :, : len(self.value_names[self.axes[axis]])]
 
 
 def combine_calls(calls: dict[str, str]) -> str:
@@ -151,12 +173,11 @@ def combine_calls(calls: dict[str, str]) -> str:
     return decided.pop() if len(decided) == 1 else "method-dependent"
 
 
-def _null_draws(ev: AxisEvidence, configs: Configs, basis: str, defined: Tensor) -> Tensor:
-    """``[B]`` same-function distance: noisy copy ``i`` on one half of the sequences vs copy
-    ``j`` on the other (both ways, averaged over pairs of copies): function noise and sampling
-    noise together. With one copy, the original is the other copy."""
-    keep = ev.keep
-    copies = [[unit_profiles(m, configs, basis)[..., keep] for m in halves] for halves in ev.noisy]
+def _null_draws(ev: Evidence, configs: Configs, basis: str, defined: Tensor) -> Tensor:
+    """``[B, A]`` same-function distance: noisy copy ``i`` on one half of the sequences vs
+    copy ``j`` on the other (both ways, averaged over pairs of copies): function noise and
+    sampling noise together. With one copy, the original is the other copy."""
+    copies = [[ev.kept(unit_profiles(m, configs, basis)) for m in halves] for halves in ev.noisy]
     draws = []
     for i in range(len(copies)):
         for j in range(i + 1, len(copies)):
@@ -165,53 +186,64 @@ def _null_draws(ev: AxisEvidence, configs: Configs, basis: str, defined: Tensor)
     return torch.stack(draws).mean(0)
 
 
-def index_row(
-    ev: AxisEvidence, configs: Configs, gate: dict[str, Gates], basis: str, s: DivisionSettings
-) -> dict:
-    """One row of :attr:`DivisionResult.index` (columns in :mod:`~.division_result`)."""
+def index_rows(
+    ev: Evidence, configs: Configs, gate: dict[str, Gates], basis: str, s: DivisionSettings
+) -> list[dict]:
+    """The rows of :attr:`DivisionResult.index`, one per axis (columns in
+    :mod:`~.division_result`); every axis's statistics computed at once."""
     primary = gate[s.method]
-    keep, B = ev.keep, s.n_bootstrap
-    row: dict = {
-        "by": ev.axis, "n_values": int(keep.sum()), "n_damaging": int(primary.single.sum()),
-        "n_kept": int(primary.kept.sum()), "n_groups": len(configs.groups),
-        "basis": basis, "p_floor": 1.0 / (1 + B), "null_init_index": math.nan,
-    }  # fmt: skip
-    observed = ev.means[s.method][:1]
-    for b in BASES:
-        prof = unit_profiles(observed, configs, b)[..., keep]
-        row[f"index_{b}"] = float(division_index(prof, primary.units(b))[0])
-    for m in ("mean", "zero", "resample"):
-        row[f"index_{m}"], row[f"call_{m}"] = math.nan, ""
-    nan_stats = dict.fromkeys(("index", "ci_low", "ci_high", "null_index", "null_high", "p"))
-    row.update({k: math.nan for k in nan_stats} | {"null_index_std": math.nan})
-    if not basis:
-        row.update(call="cannot tell", divided=False, reason=_undefined_reason(primary))
-        return row
-    defined = primary.units(basis)
-    null = _null_draws(ev, configs, basis, defined)
-    null_high = float(upper(null, s.alpha))
-    calls = {}
-    # Every method at once: (M, B, U, K) profiles, (M, B) indices, (M,) interval ends.
-    profiles = unit_profiles(torch.stack(list(ev.means.values())), configs, basis)[..., keep]
-    units = torch.stack([gate[m].units(basis) for m in ev.means])[:, None]  # (M, 1, U)
-    all_draws = division_index(profiles, units)
-    lows, highs = interval(all_draws.T, s.alpha)
-    for i, m in enumerate(ev.means):
-        draws, low, high = all_draws[i], float(lows[i]), float(highs[i])
-        index = float(draws[0])
-        calls[m] = _call(index, low, null_high)
-        row[f"index_{m}"], row[f"call_{m}"] = index, calls[m]
-        if m == s.method:
-            hits = int((null[1:] >= index - 1e-12).sum()) if not math.isnan(index) else 0
-            row.update(
-                index=index, ci_low=low, ci_high=high, null_index=float(null[0]),
-                null_high=null_high, null_index_std=float(null[1:].std()),
-                p=(1 + hits) / (1 + B) if not math.isnan(index) else math.nan,
-            )  # fmt: skip
-    call = combine_calls(calls)
-    row.update(call=call, divided=call == "divided")
-    row["reason"] = _reason(row, primary, basis, calls)
-    return row
+    B = s.n_bootstrap
+    observed = ev.means[s.method][0]  # (A, C, K)
+    first = {
+        b: division_index(ev.kept(unit_profiles(observed, configs, b)), primary.units(b))
+        for b in BASES
+    }  # (A,) each: the observed index of every basis
+    if basis:
+        defined = primary.units(basis)
+        null = _null_draws(ev, configs, basis, defined)  # (B, A)
+        null_high = upper(null, s.alpha)  # (A,)
+        null_std = null[1:].std(0)
+        # Every method and axis at once: (M, B, A, U, K) profiles, (M, B, A) indices.
+        profiles = ev.kept(unit_profiles(torch.stack(list(ev.means.values())), configs, basis))
+        units = torch.stack([gate[m].units(basis) for m in ev.means])[:, None, None]
+        all_draws = division_index(profiles, units)
+        lows, highs = interval(all_draws.transpose(0, 1), s.alpha)  # (M, A) each
+        # p: the null's resamples at least the primary index (its rows 1..).
+        index = all_draws[list(ev.means).index(s.method), 0]  # (A,)
+        hits = (null[1:] >= index[None] - 1e-12).sum(0)  # (A,)
+    rows = []
+    for a, axis in enumerate(ev.axes):
+        row: dict = {
+            "by": axis, "n_values": int(ev.n_values[a]), "n_damaging": int(primary.single.sum()),
+            "n_kept": int(primary.kept.sum()), "n_groups": len(configs.groups),
+            "basis": basis, "p_floor": 1.0 / (1 + B), "null_init_index": math.nan,
+        }  # fmt: skip
+        row.update({f"index_{b}": float(first[b][a]) for b in BASES})
+        for m in ("mean", "zero", "resample"):
+            row[f"index_{m}"], row[f"call_{m}"] = math.nan, ""
+        nan_stats = ("index", "ci_low", "ci_high", "null_index", "null_high", "p")
+        row.update(dict.fromkeys(nan_stats, math.nan) | {"null_index_std": math.nan})
+        if not basis:
+            row.update(call="cannot tell", divided=False, reason=_undefined_reason(primary))
+            rows.append(row)
+            continue
+        calls = {}
+        for i, m in enumerate(ev.means):
+            value, low = float(all_draws[i, 0, a]), float(lows[i, a])
+            calls[m] = _call(value, low, float(null_high[a]))
+            row[f"index_{m}"], row[f"call_{m}"] = value, calls[m]
+            if m == s.method:
+                row.update(
+                    index=value, ci_low=low, ci_high=float(highs[i, a]),
+                    null_index=float(null[0, a]), null_high=float(null_high[a]),
+                    null_index_std=float(null_std[a]),
+                    p=math.nan if math.isnan(value) else (1 + int(hits[a])) / (1 + B),
+                )  # fmt: skip
+        call = combine_calls(calls)
+        row.update(call=call, divided=call == "divided")
+        row["reason"] = _reason(row, primary, basis, calls)
+        rows.append(row)
+    return rows
 
 
 def _call(index: float, low: float, null_high: float) -> str:
@@ -248,72 +280,88 @@ def _reason(row: dict, g: Gates, basis: str, calls: dict[str, str]) -> str:
 
 
 def heads_rows(
-    ev: AxisEvidence,
+    ev: Evidence,
     configs: Configs,
     g: Gates,
     scores: PassScores,
     norms: Tensor,
     s: DivisionSettings,
     generator: torch.Generator,
-) -> dict:
-    """Columns of :attr:`DivisionResult.heads` for one axis (``p_adj`` added later)."""
-    keep, B = ev.keep, s.n_bootstrap
-    means = ev.means[s.method]
-    single = unit_profiles(means, configs, "single")[..., keep]
-    kept = unit_profiles(means, configs, "kept")[..., keep]
+) -> list[dict]:
+    """Columns of :attr:`DivisionResult.heads`, one dict per axis (``p_adj`` added later);
+    every axis's statistics computed at once."""
+    B, K = s.n_bootstrap, ev.n_values[:, None]  # K: (A, 1)
+    means = ev.means[s.method]  # (B, A, C, K)
+    single = unit_profiles(means, configs, "single")
+    kept = unit_profiles(means, configs, "kept")
     use_kept = g.kept & ~g.single
-    prof = torch.where(use_kept[None, :, None], kept, single)  # (B, H, K)
+    prof = ev.kept(torch.where(use_kept[:, None], kept, single))  # (B, A, H, K)
     defined = g.single | g.kept
-    sel = selectivity(prof, defined)  # (B, H)
-    n_eff = effective_values(prof[:1], defined)[0]
+    sel = selectivity(prof, defined, K)  # (B, A, H)
+    n_eff = effective_values(prof[:1], defined)[0]  # (A, H)
     low, high = interval(sel, s.alpha)
     layer_of = [p[0] for p in configs.pairs]
-    job = means[:, configs.clean][:, None] - means[:, configs.layer]  # (B, L, K)
-    job_sel = selectivity(job[..., keep], torch.ones(job.shape[1], dtype=torch.bool))[:, layer_of]
+    job = means[..., [configs.clean], :] - means[..., configs.layer, :]  # (B, A, L, K)
+    every_layer = torch.ones(job.shape[-2], dtype=torch.bool)
+    job_sel = selectivity(ev.kept(job), every_layer, K)[..., layer_of]  # (B, A, H)
     # The null: the layer's whole job's shape, and the head's own damage spread evenly over
     # the values with its sampling noise (labels shuffled), whichever is more selective.
-    shuffled = normal_null_means(_triples(scores, configs, use_kept), {"a": ev.counts}, B,
-                                 generator)["a"][..., keep]  # fmt: skip
-    shuffled_sel = selectivity(shuffled, defined)  # (B, H)
+    shuffled = normal_null_means(_triples(scores, configs, use_kept), ev.counts, B, generator)
+    K_max = ev.keep.shape[1]
+    shuffled = ev.kept(
+        torch.stack([F.pad(shuffled[a], (0, K_max - shuffled[a].shape[-1])) for a in ev.axes], 1)
+    )  # (B, A, H, K)
+    shuffled_sel = selectivity(shuffled, defined, K)  # (B, A, H)
     null_high = torch.fmax(upper(job_sel, s.alpha), _quantile(shuffled_sel, 1 - s.alpha))
     with np.errstate(invalid="ignore"):
         specialized = (low > null_high + TOLERANCE).numpy() & defined.numpy()
     hits = (job_sel[1:] >= sel[:1] - 1e-12).double().sum(0)
-    p = torch.where(sel[0].isnan(), math.nan, (1 + hits) / (1 + B))
-    K = int(keep.sum())
-    names = [v for v, k in zip(ev.value_names, keep.tolist(), strict=True) if k]
-    observed = prof[0].clamp(min=0)
-    largest = observed.max(1).values
-    serves_mask = (observed >= s.serve_share * largest[:, None]) & (observed >= s.min_damage)
+    p = torch.where(sel[0].isnan(), math.nan, (1 + hits) / (1 + B))  # (A, H)
+    observed = prof[0].clamp(min=0)  # (A, H, K)
+    largest = observed.max(-1).values
+    serves_mask = (
+        (observed >= s.serve_share * largest[..., None])
+        & (observed >= s.min_damage)
+        & ev.keep[:, None]
+    )  # (A, H, K)
     # Serving a subset means sparing a value: a head whose profile serves every kept value is
     # a generalist, however far from perfectly even its damage is (L0H6 of count_previous h=8:
     # selectivity 0.012, beyond a null of 0.005 on 30k triples, serves all 10 tokens).
-    specialized &= (serves_mask.sum(1) < K).numpy()
-    serves = [
-        ",".join(names[v] for v in row.nonzero()[:, 0].tolist()) if ok else ""
-        for row, ok in zip(serves_mask, defined.tolist(), strict=True)
-    ]
+    specialized &= (serves_mask.sum(-1) < K).numpy()
     group_of, damage_group = _head_groups(configs, g)
     layer_total = torch.zeros(len(configs.layer), dtype=torch.float64)
     layer_total.index_add_(0, torch.tensor(layer_of), norms)
-    basis = np.where(g.single.numpy(), "single", np.where(use_kept.numpy(), "kept", ""))
-    return {
+    shared = {
         "head_label": np.array([head_label(*p) for p in configs.pairs], dtype=object),
         "layer": np.array(layer_of), "head": np.array([p[1] for p in configs.pairs]),
-        "by": ev.axis, "basis": basis.astype(object),
-        "selectivity": sel[0].numpy(), "ci_low": low.numpy(), "ci_high": high.numpy(),
-        "null_selectivity": job_sel[0].numpy(), "null_mean": job_sel[0].numpy(),
-        "null_high": null_high.numpy(), "served_share": (n_eff / K).numpy(),
-        "n_eff": n_eff.numpy(), "serves": np.array(serves, dtype=object),
-        "specialized": specialized, "p": p.numpy(), "p_floor": 1.0 / (1 + B),
+        "basis": np.where(g.single.numpy(), "single",
+                          np.where(use_kept.numpy(), "kept", "")).astype(object),
+        "p_floor": 1.0 / (1 + B),
         "total_damage": g.damage_alone.numpy(), "damage_alone": g.damage_alone.numpy(),
         "loss_increase": g.loss_increase.numpy(),
         "kept_contribution": g.kept_contribution.numpy(),
         "damage_group": damage_group, "group": np.array(group_of, dtype=object),
         "write_norm": norms.numpy(),
         "write_share": (norms / layer_total[layer_of].clamp(min=1e-300)).numpy(),
-        "null_init_mean": math.nan, "n_values": K,
+        "null_init_mean": math.nan,
     }  # fmt: skip
+    parts = []
+    for a, axis in enumerate(ev.axes):
+        names = ev.value_names[axis]
+        serves = [
+            ",".join(names[v] for v in row.nonzero()[:, 0].tolist()) if ok else ""
+            for row, ok in zip(serves_mask[a], defined.tolist(), strict=True)
+        ]
+        parts.append({
+            **shared, "by": axis,
+            "selectivity": sel[0, a].numpy(), "ci_low": low[a].numpy(),
+            "ci_high": high[a].numpy(), "null_selectivity": job_sel[0, a].numpy(),
+            "null_mean": job_sel[0, a].numpy(), "null_high": null_high[a].numpy(),
+            "served_share": (n_eff[a] / K[a]).numpy(), "n_eff": n_eff[a].numpy(),
+            "serves": np.array(serves, dtype=object), "specialized": specialized[a],
+            "p": p[a].numpy(), "n_values": int(K[a]),
+        })  # fmt: skip
+    return parts
 
 
 def _triples(scores: PassScores, configs: Configs, use_kept: Tensor) -> Tensor:

@@ -4,13 +4,15 @@ One pass of the ablation engine (:func:`mhainterp.ablation.evaluate_head_sets`, 
 outputs) scores every configuration of :class:`Configs` at every scored (sequence, position,
 target) triple: the clean model, each head removed alone, each layer removed whole, each head
 kept alone in its layer (the rest of the layer removed) and each backed-up group removed as one
-unit. :func:`value_means` turns the ``[C, N]`` correctness into per-value accuracies for the
-observed sequences and for bootstrap resamples of them in one product (sums per sequence and
-value, then weights per sequence). :func:`noisy_copy` is the same-function null's model: every
-head's ``W_Q, W_K, W_V, W_O`` with relative Gaussian noise.
+unit. :class:`ValueMeans` turns the ``[C, N]`` correctness into per-value accuracies of every
+axis for the observed sequences and for bootstrap resamples of them in one product (sums per
+sequence and value, then weights per sequence). :func:`noisy_copy` is the same-function null's
+model: every head's ``W_Q, W_K, W_V, W_O`` with relative Gaussian noise.
 
-Shapes: C configurations, N scored triples, n sequences, K values of an axis, B bootstrap
-resamples (row 0 of every resampled table is the observed data), H heads, L layers, G groups.
+Shapes: C configurations, N scored triples, n sequences, A axes, K values of an axis (the
+longest one's when the axes are padded to one K; K_all the axes' values side by side), B
+bootstrap resamples (row 0 of every resampled table is the observed data), H heads, L layers,
+G groups.
 """
 
 from __future__ import annotations
@@ -38,11 +40,11 @@ __all__ = [
     "bootstrap_weights",
     "build_configs",
     "noisy_copy",
-    "passes_means",
     "run_pass",
     "run_rows",
+    "ValueMeans",
+    "pad_axes",
     "value_means",
-    "axes_value_means",
     "write_norms",
 ]
 
@@ -240,37 +242,123 @@ def bootstrap_weights(n: int, n_resamples: int, generator: torch.Generator) -> F
     return torch.cat([torch.ones(1, n), counts])
 
 
-def passes_means(
-    passes: Sequence[PassScores],
-    sequence: Int[Tensor, " N"],
-    values: Mapping[str, Int[Tensor, " N"]],
-    sizes: Mapping[str, int],
-    weights: Float[Tensor, "B n"],
-    halves: Bool[Tensor, " n"] | None = None,
-) -> list[dict[str, Float[Tensor, "B C K"]]]:
-    """Per pass and axis, :func:`axes_value_means` of the pass's correctness on the rows it ran
-    (NaN else): every pass's rows and every axis side by side, so all of it is one product.
+class ValueMeans:
+    """Per-value means of per-triple columns, for the observed sequences and bootstrap
+    resamples of them, every axis at once: each axis padded to the longest one's K values
+    (:func:`pad_axes`), so that the statistics of all axes are one tensor operation.
 
-    Identical to one :func:`value_means` per pass and axis (with ``halves``: of the weights
-    ``weights * halves`` and ``weights * ~halves`` stacked): the sums are whole counts, exact in
-    float32 in any order."""
-    if not passes or not values:
-        return [{} for _ in passes]
-    parts = [p.correct if p.rows is None else p.correct[p.rows] for p in passes]
-    means = axes_value_means(torch.cat(parts), sequence, values, sizes, weights, halves)
-    out = []
-    start = 0
-    for p, part in zip(passes, parts, strict=True):
-        rows = slice(None) if p.rows is None else p.rows
-        stop = start + len(part)
-        tables = {}
-        for axis, table in means.items():  # (B, sum of the passes' rows, K)
-            full = torch.full((len(table), p.correct.shape[0], sizes[axis]), math.nan)
-            full[:, rows] = table[:, start:stop]
-            tables[axis] = full
-        out.append(tables)
-        start = stop
-    return out
+    The triples are summed per (sequence, value) once, then every resample is one row of a
+    single matrix product. What every table shares (each triple's slot, the weighted counts)
+    is computed here once. With ``halves``, the sequences of the first half come first, so
+    that each half's product is a slice rather than a copy; the sums are whole counts, exact
+    in float32 in any order, so the order changes no value.
+
+    Args:
+        sequence: ``[N]`` each triple's sequence.
+        values: Per axis, ``[N]`` each triple's value id (< that axis's size).
+        sizes: Per axis, its number of values.
+        weights: ``[B, n]`` how often each sequence is drawn in each resample.
+        halves: ``[n]`` the null's split of the sequences (:meth:`halves`).
+
+    Example:
+        >>> seq, vals = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 1, 2, 1])
+        >>> vm = ValueMeans(seq, {"a": vals, "b": seq}, {"a": 3, "b": 2},
+        ...                 torch.tensor([[1.0, 1.0], [2.0, 0.0]]))
+        >>> vm.resampled(torch.tensor([[1.0, 0.0, 1.0, 1.0]]))[:, :, 0].tolist()
+        [[[1.0, 0.5, 1.0], [0.5, 1.0, 0.0]], [[1.0, 0.0, 0.0], [0.5, 0.0, 0.0]]]
+    """
+
+    def __init__(
+        self,
+        sequence: Int[Tensor, " N"],
+        values: Mapping[str, Int[Tensor, " N"]],
+        sizes: Mapping[str, int],
+        weights: Float[Tensor, "B n"],
+        halves: Bool[Tensor, " n"] | None = None,
+    ) -> None:
+        n = weights.shape[1]
+        self.sizes = [sizes[a] for a in values]
+        K_all = self.K_all = sum(self.sizes)
+        if halves is None:
+            halves = torch.ones(n, dtype=torch.bool)
+        order = torch.cat([halves.nonzero()[:, 0], (~halves).nonzero()[:, 0]])  # (n,)
+        self.first_half = int(halves.sum())
+        rank = torch.empty(n, dtype=torch.long)
+        rank[order] = torch.arange(n)
+        starts = torch.tensor([0, *self.sizes[:-1]]).cumsum(0).tolist()
+        # (N,) per axis: each triple's (sequence, value) slot, sequences in ``order``
+        self.keys = [rank[sequence] * K_all + start + ids
+                     for start, ids in zip(starts, values.values(), strict=True)]  # fmt: skip
+        self.value_ids = [start + ids for start, ids in zip(starts, values.values(), strict=True)]
+        counts = torch.zeros(n * K_all)
+        for key in self.keys:
+            counts += torch.bincount(key, minlength=n * K_all).float()
+        self.counts = counts.reshape(n, K_all)  # (n, K_all)
+        self.weights = weights[:, order]  # (B, n)
+        self.seen = self.weights @ self.counts  # (B, K_all)
+
+    def _sums(self, correct: Float[Tensor, "C N"]) -> Float[Tensor, "n K_all*C"]:
+        n, C = self.counts.shape[0], correct.shape[0]
+        # (n * K_all, C): the configurations last, so a resample table is one product
+        sums = torch.zeros(n * self.K_all, C)
+        rows = correct.T.float().contiguous()  # (N, C): index_add_ of a transposed view: 5x slower
+        for key in self.keys:
+            sums.index_add_(0, key, rows)
+        return sums.reshape(n, self.K_all * C)
+
+    def _padded(self, total: Float[Tensor, "B K_all*C"], seen: Float[Tensor, "B K_all"]) -> Tensor:
+        total = total.reshape(len(total), self.K_all, -1)  # (B, K_all, C)
+        means = total / seen.clamp(min=1)[..., None]
+        return pad_axes(means, self.sizes, dim=1).transpose(-1, -2)  # (B, A, C, K)
+
+    def resampled(self, correct: Float[Tensor, "C N"]) -> Float[Tensor, "B A C K"]:
+        """Each resample's mean of ``correct`` per axis, configuration and value (0 where a
+        value has no triple)."""
+        return self._padded(self.weights @ self._sums(correct), self.seen)
+
+    def halves(self, correct: Float[Tensor, "C N"]) -> Float[Tensor, "2B A C K"]:
+        """:meth:`resampled` on the first half's sequences (rows ``:B``), then on the
+        second's (rows ``B:``), each a product over its half only."""
+        sums, h = self._sums(correct), self.first_half
+        w, counts = self.weights, self.counts
+        total = torch.cat([w[:, :h] @ sums[:h], w[:, h:] @ sums[h:]])
+        seen = torch.cat([w[:, :h] @ counts[:h], w[:, h:] @ counts[h:]])
+        return self._padded(total, seen)
+
+    def observed(self, column: Float[Tensor, "C N"]) -> Float[Tensor, "A C K"]:
+        """The mean of ``column`` per axis, configuration and value over all triples, in
+        float64 (a loss: not whole numbers)."""
+        x = column.T.double().contiguous()  # (N, C)
+        sums = torch.zeros(self.K_all, x.shape[1], dtype=torch.float64)
+        for ids in self.value_ids:
+            sums.index_add_(0, ids, x)
+        seen = self.counts.sum(0).double()  # (K_all,)
+        means = sums / seen.clamp(min=1)[:, None]  # (K_all, C)
+        return pad_axes(means, self.sizes, dim=0).transpose(-1, -2)  # (A, C, K)
+
+    def of_passes(
+        self, passes: Sequence[PassScores], split: bool = False
+    ) -> list[Float[Tensor, "B A C K"]]:
+        """Per pass, :meth:`resampled` (with ``split``: :meth:`halves`) of its correctness on
+        the rows it ran (NaN in the others): every pass's rows side by side, so all of it is
+        one product."""
+        if not passes:
+            return []
+        parts = [p.correct if p.rows is None else p.correct[p.rows] for p in passes]
+        means = (self.halves if split else self.resampled)(torch.cat(parts))
+        out = []
+        start = 0
+        for p, part in zip(passes, parts, strict=True):
+            stop = start + len(part)
+            if p.rows is None:
+                out.append(means[:, :, start:stop])
+            else:
+                shape = (*means.shape[:2], p.correct.shape[0], means.shape[-1])
+                full = means.new_full(shape, math.nan)
+                full[:, :, p.rows] = means[:, :, start:stop]
+                out.append(full)
+            start = stop
+        return out
 
 
 def value_means(
@@ -282,9 +370,7 @@ def value_means(
 ) -> Float[Tensor, "B C K"]:
     """Per resample, configuration and value: the accuracy over the triples with that value
     (each triple weighted by how often its sequence is drawn; NaN-free: empty values give 0).
-
-    The triples are summed per (sequence, value) once, then every resample is one row of a
-    single matrix product (stack several weight tables to get them all from one call).
+    One axis of :class:`ValueMeans`.
 
     Example:
         >>> correct = torch.tensor([[1.0, 0.0, 1.0, 1.0]])
@@ -292,44 +378,30 @@ def value_means(
         >>> value_means(correct, seq, vals, 2, torch.tensor([[1.0, 1.0], [2.0, 0.0]])).tolist()
         [[[1.0, 0.5]], [[1.0, 0.0]]]
     """
-    return axes_value_means(correct, sequence, {"": values}, {"": K}, weights)[""]
+    return ValueMeans(sequence, {"": values}, {"": K}, weights).resampled(correct)[:, 0]
 
 
-def axes_value_means(
-    correct: Float[Tensor, "C N"],
-    sequence: Int[Tensor, " N"],
-    values: Mapping[str, Int[Tensor, " N"]],
-    sizes: Mapping[str, int],
-    weights: Float[Tensor, "B n"],
-    halves: Bool[Tensor, " n"] | None = None,
-) -> dict[str, Float[Tensor, "B C K"]]:
-    """:func:`value_means` of several axes at once: their values side by side (K_all, the sum
-    of the axes' K), so that the sums are one table and the resamples one product.
+def pad_axes(
+    table: Float[Tensor, "..."], sizes: Sequence[int], dim: int = -1
+) -> Float[Tensor, "..."]:
+    """Axes whose values sit side by side along ``dim`` (``K_all = sum(sizes)`` entries) as
+    one row per axis of ``K = max(sizes)`` values, zeros after an axis's own: ``dim`` becomes
+    the two dims ``(A, K)``.
 
-    ``halves``: each resample twice, on the sequences where it is True (rows ``:B``) and where
-    it is False (rows ``B:``), each a product over its half of the sequences only."""
-    n, C = weights.shape[1], correct.shape[0]
-    axes = list(values)
-    offsets = [0]
-    for axis in axes:
-        offsets.append(offsets[-1] + sizes[axis])
-    K_all = offsets[-1]
-    # (n * K_all, C): the configurations last, so the resamples are one (B, n) @ (n, K_all * C)
-    sums, counts = torch.zeros(n * K_all, C), torch.zeros(n * K_all)
-    rows = correct.T.float().contiguous()  # (N, C): index_add_ of a transposed view is 5x slower
-    for axis, start in zip(axes, offsets, strict=False):
-        key = sequence * K_all + start + values[axis]  # (N,) each triple's (sequence, value) slot
-        sums.index_add_(0, key, rows)
-        counts += torch.bincount(key, minlength=n * K_all).float()
-    sums, counts = sums.reshape(n, K_all * C), counts.reshape(n, K_all)
-    if halves is None:
-        total, seen = weights @ sums, weights @ counts  # (B, K_all * C), (B, K_all)
-    else:  # (2B, ...): half the work of weights * halves (zeros on the other half) @ sums
-        total = torch.cat([weights[:, h] @ sums[h] for h in (halves, ~halves)])
-        seen = torch.cat([weights[:, h] @ counts[h] for h in (halves, ~halves)])
-    total = total.reshape(len(total), K_all, C).transpose(1, 2)
-    means = total / seen.clamp(min=1)[:, None, :]  # (B, C, K_all)
-    return {a: means[..., offsets[i] : offsets[i + 1]] for i, a in enumerate(axes)}
+    Example:
+        >>> pad_axes(torch.tensor([1.0, 2.0, 3.0]), [1, 2]).tolist()
+        [[1.0, 0.0], [2.0, 3.0]]
+    """
+    dim = dim % table.ndim
+    K = max(sizes)
+    starts = torch.tensor([0, *sizes[:-1]]).cumsum(0)  # (A,)
+    k = torch.arange(K)
+    inside = k[None] < torch.tensor(sizes)[:, None]  # (A, K)
+    # Padding reads the zero entry appended after the K_all values.
+    source = torch.where(inside, starts[:, None] + k[None], table.shape[dim])
+    zero = table.new_zeros(*table.shape[:dim], 1, *table.shape[dim + 1 :])
+    padded = torch.cat([table, zero], dim).index_select(dim, source.flatten())
+    return padded.reshape(*table.shape[:dim], len(sizes), K, *table.shape[dim + 1 :])
 
 
 @torch.no_grad()

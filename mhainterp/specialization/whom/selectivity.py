@@ -56,9 +56,13 @@ def effective_values(
 
 
 def selectivity(
-    profiles: Float[Tensor, "... U K"], defined: Bool[Tensor, " U"]
+    profiles: Float[Tensor, "... U K"],
+    defined: Bool[Tensor, " U"],
+    n_values: int | Tensor | None = None,
 ) -> Float[Tensor, "... U"]:
-    """``1 - n_eff / K``: the share of the K values a profile spares.
+    """``1 - n_eff / K``: the share of the K values a profile spares (``n_values``: K when the
+    profiles are padded with zeros past their values, broadcast against ``[..., U]``; default
+    the last dimension).
 
     Example:
         >>> two = torch.tensor([[1.0, 0.0]])
@@ -68,7 +72,8 @@ def selectivity(
         >>> [round(float(selectivity(p, yes)[0]), 3) for p in (two, eight, ten)]
         [0.5, 0.5, 0.1]
     """
-    return 1.0 - effective_values(profiles, defined) / profiles.shape[-1]
+    K = profiles.shape[-1] if n_values is None else n_values
+    return 1.0 - effective_values(profiles, defined) / K
 
 
 def _unit(profiles: Tensor) -> Tensor:
@@ -152,15 +157,14 @@ def normal_null_means(
     mean = x.mean(1)  # (H,)
     centred = x - mean[:, None]
     A = _psd_sqrt(centred @ centred.T / N)  # (H, H)
-    # One float32 draw shared by the axes (sliced to each K): float64 draws cost 6x more, and
-    # each axis's null only needs its own marginal (as the exact null shares one permutation).
-    K_max = max((len(c) for c in counts.values()), default=0)
-    Z_all = torch.randn(m_total, H, K_max, generator=generator).double()
     out = {}
     for axis, per_value in counts.items():
         n = per_value.double()  # (K,)
         B = _psd_sqrt((torch.diag(n) - torch.outer(n, n) / N) * N / max(N - 1, 1))
-        sums = mean[:, None] * n[None] + A @ Z_all[..., : len(n)] @ B.T  # (M, H, K)
+        # Each axis its own float32 draw, in order (float64 draws cost 6x more): the same
+        # numbers as one call per axis with the generator passed on.
+        Z = torch.randn(m_total, H, len(n), generator=generator).double()
+        sums = mean[:, None] * n[None] + A @ Z @ B.T  # (M, H, K)
         out[axis] = sums / n.clamp(min=1)
     return out
 
