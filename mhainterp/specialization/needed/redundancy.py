@@ -194,6 +194,9 @@ def similar_groups(
     """
     dead = set(dead)
     labels = [h for h in similarity.index if h not in dead]
+    rows, columns = similarity.index.get_indexer(labels), similarity.columns.get_indexer(labels)
+    linked = similarity.to_numpy()[np.ix_(rows, columns)] >= min_similarity  # (m, m)
+    position = {h: i for i, h in enumerate(labels)}
     seen: set[str] = set()
     groups = []
     for start in labels:
@@ -203,7 +206,7 @@ def similar_groups(
         while frontier:
             head = frontier.pop()
             for other in labels:
-                if other not in component and similarity.loc[head, other] >= min_similarity:
+                if other not in component and linked[position[head], position[other]]:
                     component.add(other)
                     frontier.append(other)
         seen |= component

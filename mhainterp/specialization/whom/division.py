@@ -373,6 +373,8 @@ def _groups(primary: PassScores, configs: Configs, s: DivisionSettings) -> list[
     triple are similar (cosine >= ``group_similarity``) within a layer."""
     g = gates(primary, configs, s)
     candidates = (g.kept & ~g.single).tolist()
+    if sum(candidates) < 2:  # a group needs two of them
+        return []
     labels = [head_label(*p) for p in configs.pairs]
     layer_of = {p: configs.layer[p[0]] for p in configs.pairs}
     contrib = torch.stack(
@@ -381,11 +383,9 @@ def _groups(primary: PassScores, configs: Configs, s: DivisionSettings) -> list[
     ).double()  # fmt: skip
     unit = contrib / contrib.norm(dim=1, keepdim=True).clamp(min=1e-12)
     cos = (unit @ unit.T).numpy()
-    same_layer = [[a[0] == b[0] for b in configs.pairs] for a in configs.pairs]
-    sim = pd.DataFrame(
-        [[cos[i, j] if same_layer[i][j] else 0.0 for j in range(len(labels))]
-         for i in range(len(labels))], index=labels, columns=labels,
-    )  # fmt: skip
+    layers = np.array([p[0] for p in configs.pairs])
+    same_layer = layers[:, None] == layers[None, :]
+    sim = pd.DataFrame(np.where(same_layer, cos, 0.0), index=labels, columns=labels)
     out_of_play = [lab for lab, c in zip(labels, candidates, strict=True) if not c]
     found = similar_groups(sim, s.group_similarity, dead=out_of_play, min_size=2)
     return [[configs.pairs[labels.index(x)] for x in group] for group in found]
