@@ -348,7 +348,7 @@ def _evidence(
     loss = tables.observed(primary.nll)  # (A, C, K)
     K = list(sizes.values())
     padded_counts = pad_axes(torch.cat([counts[a] for a in axes]), K)  # (A, K_max)
-    inside = torch.arange(padded_counts.shape[1])[None] < torch.tensor(K)[:, None]
+    inside = pad_axes(torch.ones(sum(K)), K) > 0  # (A, K_max): an axis's own values
     return Evidence(
         axes=list(axes), value_names={a: value_names[a] for a in axes},
         counts={a: counts[a] for a in axes}, keep=inside & (padded_counts >= s.min_count),

@@ -15,12 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from mhainterp.heads import head_label
-from mhainterp.specialization.whom.profiles import Configs, PassScores
+from mhainterp.specialization.whom.profiles import Configs, PassScores, pad_axes
 from mhainterp.specialization.whom.selectivity import (
     division_index,
     effective_values,
@@ -307,10 +306,9 @@ def heads_rows(
     # The null: the layer's whole job's shape, and the head's own damage spread evenly over
     # the values with its sampling noise (labels shuffled), whichever is more selective.
     shuffled = normal_null_means(_triples(scores, configs, use_kept), ev.counts, B, generator)
-    K_max = ev.keep.shape[1]
-    shuffled = ev.kept(
-        torch.stack([F.pad(shuffled[a], (0, K_max - shuffled[a].shape[-1])) for a in ev.axes], 1)
-    )  # (B, A, H, K)
+    sizes = [len(ev.value_names[a]) for a in ev.axes]
+    side_by_side = torch.cat([shuffled[a] for a in ev.axes], -1)  # (B, H, K_all)
+    shuffled = ev.kept(pad_axes(side_by_side, sizes).transpose(1, 2))  # (B, A, H, K)
     shuffled_sel = selectivity(shuffled, defined, K)  # (B, A, H)
     null_high = torch.fmax(upper(job_sel, s.alpha), _quantile(shuffled_sel, 1 - s.alpha))
     with np.errstate(invalid="ignore"):
