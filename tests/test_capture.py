@@ -291,3 +291,17 @@ def test_pattern_figures_write_png_and_csv(tmp_path, model, task):
 def test_figure_rejects_wrong_table():
     with pytest.raises(ValueError, match="missing columns"):
         plot_average_patterns(pd.DataFrame({"head_label": ["L0H0"]}))
+
+
+def test_stack_patterns_refuses_no_layers_and_a_mask_of_another_shape():
+    from mhainterp.capture import stack_patterns
+    from mhainterp.validation import ParameterError
+
+    with pytest.raises(ParameterError, match="layers=\\[\\] is invalid: one"):
+        stack_patterns([], torch.ones(2, 3, dtype=torch.bool))
+    with pytest.raises(
+        ParameterError, match=r"padding_mask=\(2, 4\) is invalid: \[B, T\] = \(2, 3\)"
+    ):
+        stack_patterns([torch.ones(2, 1, 3, 3)], torch.ones(2, 4, dtype=torch.bool))
+    out = stack_patterns([torch.ones(2, 1, 3, 3)], torch.tensor([[True, True, False]] * 2))
+    assert out.shape == (2, 1, 1, 3, 3) and out[:, :, :, 2].sum() == 0

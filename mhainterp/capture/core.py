@@ -282,7 +282,16 @@ def stack_patterns(
         >>> p[0, 0, 0].tolist()
         [[1.0, 1.0], [0.0, 0.0]]
     """
-    patterns = torch.stack(list(layers), dim=1)
+    layers = list(layers)
+    if not layers:
+        raise invalid("layers", layers, "one [B, h, T, T] hook_pattern per layer, at least one")
+    patterns = torch.stack(layers, dim=1)
+    if patterns.ndim != 5 or tuple(padding_mask.shape) != tuple(patterns.shape[0:4:3]):
+        raise invalid(
+            "padding_mask", tuple(padding_mask.shape),
+            f"[B, T] = {tuple(patterns.shape[0:4:3])} for patterns of shape "
+            f"{tuple(patterns.shape)}",
+        )  # fmt: skip
     return patterns * padding_mask[:, None, None, :, None]
 
 
