@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -12,6 +14,7 @@ import pytest
 
 import mhainterp.sweep.executors as executors
 from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.io import atomic_path
 from mhainterp.sweep import EXECUTORS, plan_sweep, run_sweep
 from mhainterp.sweep.executors import (
     _lpt_split,
@@ -150,6 +153,33 @@ def test_divergence_is_reported_after_the_other_runs(tmp_path):
     statuses = {p.name: (p / "eval.json").read_text() for p in (tmp_path / "runs").iterdir()}
     assert len(statuses) == 6  # every run folder was written, diverged or not
     assert any('"diverged"' in text for text in statuses.values())
+
+
+def _write_forever_or_fail(specs) -> dict[str, str]:
+    """A pool worker: the first run's worker holds a half-written temp file; the other one
+    fails (a full disk) as soon as that temp exists."""
+    run_dir = specs[0].run_dir
+    writer_dir = run_dir.with_name("h1_seed0")
+    if run_dir == writer_dir:
+        with atomic_path(run_dir / "config.json") as tmp:
+            tmp.write_text("half")
+            time.sleep(120)
+    deadline = time.monotonic() + 60
+    while not list(writer_dir.glob(".*.tmp")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    raise OSError(errno.ENOSPC, "No space left on device", str(run_dir))
+
+
+def test_a_failed_chunk_leaves_no_temp_file_of_the_workers_it_killed(tmp_path):
+    # CI (stop 28): a worker killed while it wrote config.json left its temp file behind
+    specs = [s for s in plan_sweep(TINY, tmp_path) if s.run_dir.name in ("h1_seed0", "h1_seed1")]
+    for spec in specs:
+        spec.run_dir.mkdir(parents=True)
+    started = time.monotonic()
+    with pytest.raises(OSError, match="No space left"):
+        executors._run_in_pool([[s] for s in specs], 2, False, _write_forever_or_fail)
+    assert time.monotonic() - started < 60  # the writer was killed, not waited for
+    assert sorted(p.name for p in (tmp_path / "runs").rglob("*")) == ["h1_seed0", "h1_seed1"]
 
 
 def test_ray_missing_says_how_to_install(monkeypatch, tmp_path):

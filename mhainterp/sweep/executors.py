@@ -39,7 +39,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from mhainterp.io import atomic_path
+from mhainterp.io import atomic_path, remove_stale_temps
 from mhainterp.sweep.spec import RunSpec, execute_run
 from mhainterp.training import RUN_FILES, TrainingDivergedError
 from mhainterp.validation import check_int, invalid
@@ -384,6 +384,7 @@ def _run_in_pool(
             # Ctrl-C or a failed chunk: stop the workers now rather than let the pool's exit
             # wait for every running chunk (finished chunks' folders are already written).
             _stop_workers(pool)
+            _remove_killed_writes(chunks)
             raise
     return messages
 
@@ -395,7 +396,21 @@ def _stop_workers(pool: ProcessPoolExecutor) -> None:
     for process in processes:
         with contextlib.suppress(OSError, AttributeError):
             process.kill()
+    for process in processes:  # reaped: a zombie's pid still reads as a live writer
+        with contextlib.suppress(OSError, AttributeError, AssertionError):
+            process.join(timeout=10)
     pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _remove_killed_writes(chunks: list[list[RunSpec]]) -> None:
+    """Remove the temp files that the killed workers' writes left in the run folders (SIGKILL
+    runs no ``finally``). A rerun would remove them too, but the folder a failed or
+    interrupted sweep leaves must not show half-written files (temps of live processes,
+    such as another sweep's, are left alone)."""
+    for chunk in chunks:
+        for spec in chunk:
+            with contextlib.suppress(OSError):
+                remove_stale_temps(spec.run_dir)
 
 
 # ----- the Ray executor --------------------------------------------------------------------------
