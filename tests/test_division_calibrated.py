@@ -237,3 +237,31 @@ def test_the_methods_share_the_clean_row_and_the_clean_z():
     from_cache = profiles.write_norms(model, first, cache.donor_z)
     assert torch.allclose(from_cache, profiles.write_norms(model, first))
     assert (from_cache > 0).all()
+
+
+def test_one_noisy_copy_runs_on_the_odd_sequences_against_the_original_on_the_even(monkeypatch):
+    from mhainterp.specialization.whom import division
+
+    model = split_heads_model([("target", [0, 1, 2, 3]), ("target", [4, 5, 6, 7, 8])])
+    batch = split_batch(64)
+    ran = []
+    real = division.run_rows
+
+    def record(m, b, *args, **kwargs):
+        ran.append((m is model, b.tokens.clone()))
+        return real(m, b, *args, **kwargs)
+
+    monkeypatch.setattr(division, "run_rows", record)
+    result = division_of_labour(model, batch, by="target_class", n_bootstrap=20)
+    copies = [tokens for is_original, tokens in ran if not is_original]
+    assert len(copies) == 1 and torch.equal(copies[0], batch.tokens[1::2])  # half a pass
+    assert result.index.set_index("by").loc["target_class", "call"] == "divided"
+    # The comparisons: the original's even half against the copy's odd half, one way; two
+    # or more copies, every pair both ways round.
+    halves = [("original even", "original odd"), ("copy even", "copy odd")]
+    assert division._null_pairs(halves, with_original=True) == [("original even", "copy odd")]
+    three = [(f"{i} even", f"{i} odd") for i in range(3)]
+    assert division._null_pairs(three, with_original=False) == [
+        ("0 even", "1 odd"), ("1 even", "0 odd"), ("0 even", "2 odd"), ("2 even", "0 odd"),
+        ("1 even", "2 odd"), ("2 even", "1 odd"),
+    ]  # fmt: skip

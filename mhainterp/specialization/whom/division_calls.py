@@ -140,7 +140,9 @@ class Evidence:
     counts: dict[str, Tensor]  # per axis (K_a,)
     keep: Bool[Tensor, "A K"]
     means: dict[str, Float[Tensor, "B A C K"]]
-    noisy: list[list[Float[Tensor, "B A C K"]]]  # per copy: the two split halves
+    # The same-function comparisons: a model's accuracies on the even sequences and a
+    # same-function model's on the odd ones (a noisy copy; with one copy, the original first)
+    null_pairs: list[tuple[Float[Tensor, "B A C K"], Float[Tensor, "B A C K"]]]
     loss: Float[Tensor, "A C K"]
 
     @property
@@ -173,15 +175,17 @@ def combine_calls(calls: dict[str, str]) -> str:
 
 
 def _null_draws(ev: Evidence, configs: Configs, basis: str, defined: Tensor) -> Tensor:
-    """``[B, A]`` same-function distance: noisy copy ``i`` on one half of the sequences vs
-    copy ``j`` on the other (both ways, averaged over pairs of copies): function noise and
-    sampling noise together. With one copy, the original is the other copy."""
-    copies = [[ev.kept(unit_profiles(m, configs, basis)) for m in halves] for halves in ev.noisy]
-    draws = []
-    for i in range(len(copies)):
-        for j in range(i + 1, len(copies)):
-            for a, b in ((0, 1), (1, 0)):
-                draws.append(same_function_distance(copies[i][a], copies[j][b], defined))
+    """``[B, A]`` same-function distance: a model on one half of the sequences vs a
+    same-function model on the other (:attr:`Evidence.null_pairs`, averaged over them):
+    function noise and sampling noise together."""
+    draws = [
+        same_function_distance(
+            ev.kept(unit_profiles(even, configs, basis)),
+            ev.kept(unit_profiles(odd, configs, basis)),
+            defined,
+        )
+        for even, odd in ev.null_pairs
+    ]
     return torch.stack(draws).mean(0)
 
 

@@ -57,8 +57,9 @@ class DivisionSettings:
         correction: Multiple-comparison correction of the heads' ``p_adj``.
         n_bootstrap: Bootstrap resamples of the sequences (intervals and the null's spread).
         n_noise: Noisy copies of the model in the same-function null (>= 1). With 1 (the
-            default) the original is compared with its copy; with 2 or more, the copies are
-            compared with each other (each copy is one more engine pass).
+            default) the original on the even sequences is compared with its copy on the odd
+            ones (half an engine pass); with 2 or more, the copies are compared with each other
+            both ways round (each copy is one more engine pass on every sequence).
         noise: Relative weight noise of a noisy copy (std / RMS of each head's matrix).
         max_accuracy_change: A noisy copy must keep the accuracy within this; the noise is
             halved (up to 4 times) until it does.
