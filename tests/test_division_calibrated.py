@@ -265,3 +265,15 @@ def test_one_noisy_copy_runs_on_the_odd_sequences_against_the_original_on_the_ev
         ("0 even", "1 odd"), ("1 even", "0 odd"), ("0 even", "2 odd"), ("2 even", "0 odd"),
         ("1 even", "2 odd"), ("2 even", "1 odd"),
     ]  # fmt: skip
+
+
+def test_one_sequence_has_no_odd_half_and_the_null_cannot_tell():
+    # The copy runs on the odd sequences: with one sequence there are none, which must read
+    # as an undefined null ("cannot tell"), as before, not as an empty batch's error.
+    model = split_heads_model([("target", [0, 1, 2, 3]), ("target", [4, 5, 6, 7, 8])])
+    result = division_of_labour(
+        model, split_batch(1), n_bootstrap=10, min_count=1, min_damage=0.0, min_loss_increase=-1.0
+    )
+    assert result.settings["basis"] == "single"
+    assert set(result.index["call"]) == {"cannot tell"}
+    assert result.index["null_high"].isna().all()

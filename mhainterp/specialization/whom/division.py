@@ -441,6 +441,9 @@ def _noisy_passes(
     alone = s.n_noise == 1
     on = odd[sequence] if alone else torch.ones(len(sequence), dtype=torch.bool)  # (N,)
     run_on = batch[odd.nonzero()[:, 0]] if alone else batch
+    if not bool(on.any()):  # one sequence: no odd half to run on, so the null is undefined
+        nothing = torch.full(primary.correct.shape, math.nan)
+        return [PassScores(s.method, nothing, nothing.clone(), rows=rows)], s.noise
     clean_accuracy = float(primary.correct[configs.clean][on].mean())
     generator = torch.Generator().manual_seed(s.seed + 1)
     for attempt in range(5):  # the copies' own clean rows check the accuracy: no extra forward
