@@ -43,8 +43,8 @@ from mhainterp.ablation.replacement import (
     check_method,
 )
 from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
-from mhainterp.eval_mode import eval_mode
 from mhainterp.heads import all_heads, format_heads, head_label, resolve_heads
+from mhainterp.runtime import eval_mode
 from mhainterp.scoring import position_scores
 from mhainterp.tasks import Batch
 from mhainterp.validation import ParameterError, check_int, check_option, invalid

@@ -27,7 +27,6 @@ import os
 import re
 import resource
 import secrets
-import signal
 import stat
 import tempfile
 import threading
@@ -63,7 +62,6 @@ __all__ = [
     "format_bytes",
     "remove_stale_temps",
     "require_memory",
-    "terminate_as_interrupt",
 ]
 
 
@@ -507,35 +505,6 @@ def _failed(what: str, asked: int | None) -> str:
         f"{what} ran out of memory{size}; {format_bytes(available_memory())} are available; "
         "lower the sizes asked for"
     )
-
-
-# ----- signals -----------------------------------------------------------------------------------
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-@contextmanager
-def terminate_as_interrupt() -> Iterator[None]:
-    """Inside, SIGTERM (what ``kill``, ``timeout``, ``docker stop`` and Slurm send) raises
-    ``KeyboardInterrupt``: the work ends as on Ctrl-C (temp files removed, no half-written
-    file, one line from the CLI, exit 130). Only in the main thread, and only where SIGTERM
-    has its default action (a handler of the caller's is kept).
-
-    Example:
-        >>> with terminate_as_interrupt():  # doctest: +SKIP
-        ...     train(model, task, config, run_dir="runs/rev_h4")
-    """
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
-    ):
-        yield
-        return
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 # ----- per-run locks ------------------------------------------------------------------------------

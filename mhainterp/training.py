@@ -12,13 +12,12 @@ A run folder (DESIGN.md, "Results and files")::
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,14 +30,12 @@ from tqdm.auto import tqdm
 
 from mhainterp.config import ModelConfig, TrainConfig
 from mhainterp.data import DEFAULT_N_EVAL, as_batch, target_names
-from mhainterp.eval_mode import eval_mode
 from mhainterp.io import (
     allocation_failures,
     atomic_path,
     ensure_writable_dir,
     read_json,
     require_memory,
-    terminate_as_interrupt,
     write_csv,
     write_json,
 )
@@ -54,6 +51,7 @@ from mhainterp.runs import (
     read_eval,
     run_status,
 )
+from mhainterp.runtime import eval_mode, terminate_as_interrupt, torch_threads
 from mhainterp.scoring import Totals, position_scores, totals
 from mhainterp.tasks import Batch, Task, task_from_record, task_record
 from mhainterp.training_memory import count_parameters, itemsize, training_memory, training_what
@@ -61,7 +59,6 @@ from mhainterp.validation import ParameterError, check_int, invalid
 
 __all__ = [
     "TRAIN_THREADS",
-    "torch_threads",
     "ARCHITECTURE_FIELDS",
     "TrainingDivergedError",
     "Run",
@@ -284,25 +281,6 @@ def train(
     require_memory(training_memory(model.cfg, config), training_what(model.cfg, config))
     with torch_threads(threads):
         return _train(model, task, config, run_dir, progress)
-
-
-@contextlib.contextmanager
-def torch_threads(threads: int | None) -> Iterator[None]:
-    """Run the block with ``threads`` torch threads (None: unchanged), then restore the setting.
-
-    Example:
-        >>> with torch_threads(1):
-        ...     torch.get_num_threads()
-        1
-    """
-    previous = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        if threads is not None:
-            torch.set_num_threads(previous)
 
 
 def _train(

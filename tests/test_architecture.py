@@ -24,7 +24,7 @@ LAYERS: dict[str, int] = {
     "heads": 0,
     "io": 0,
     "stats": 0,
-    "eval_mode": 0,
+    "runtime": 0,
     # Markdown / HTML blocks from DataFrames: formatting only (it imports nothing of ours), so
     # the summaries that save their text (sweep, specialization) and the report all use it.
     "render": 0,

@@ -72,9 +72,9 @@ from mhainterp.ablation.replacement import (
     check_method,
 )
 from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
-from mhainterp.eval_mode import eval_mode
 from mhainterp.fast import linear_readout
 from mhainterp.heads import HeadSpec, format_heads, resolve_heads
+from mhainterp.runtime import eval_mode
 from mhainterp.scoring import (
     PositionScores,
     Totals,

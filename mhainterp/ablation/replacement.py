@@ -23,7 +23,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from mhainterp.data import batch_for_model
-from mhainterp.eval_mode import eval_mode
+from mhainterp.runtime import eval_mode
 from mhainterp.tasks import Batch
 from mhainterp.validation import ParameterError, check_option, check_type, invalid
 

@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from mhainterp.cli.task_modules import load_task_modules
+from mhainterp.runtime import terminate_as_interrupt
 
 __all__ = ["OneLineParser", "build_parser", "main"]
 
@@ -81,7 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``mhainterp`` console script; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((word for word in argv if not word.startswith("-")), None)
-    with _terminate_as_interrupt(command), _warnings_as_lines(command):
+    # SIGTERM (kill, timeout, docker stop, Slurm) ends the command as Ctrl-C does from its
+    # first moment, imports included; not for explore, whose server has its own way of stopping.
+    sigterm = contextlib.nullcontext() if command == "explore" else terminate_as_interrupt()
+    with sigterm, _warnings_as_lines(command):
         return _main(argv, command)
 
 
@@ -105,31 +109,6 @@ def _warnings_as_lines(command: str | None) -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.showwarning = show
         yield
-
-
-@contextlib.contextmanager
-def _terminate_as_interrupt(command: str | None) -> Iterator[None]:
-    """SIGTERM (``kill``, ``timeout``, ``docker stop``, Slurm) ends the command as Ctrl-C does
-    from its first moment: one line, exit 130, no half-written file. Training installs the
-    same handler (:func:`mhainterp.io.terminate_as_interrupt`), but only once it starts: a
-    SIGTERM during the imports ended the command silently with 143. Not for ``explore``,
-    whose server has its own way of stopping; a handler the caller set is kept."""
-    install = (
-        command != "explore"
-        and threading.current_thread() is threading.main_thread()
-        and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    )
-    if install:
-        signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        yield
-    finally:
-        if install:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _raise_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _import_numerics() -> None:

@@ -18,8 +18,6 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ from mhainterp.explore.runs import RunEntry, default_run, explorable_runs
 from mhainterp.explore.session import ExploreSession
 from mhainterp.explore.text import AXIS_TITLES
 from mhainterp.heads import head_label
+from mhainterp.runtime import torch_threads
 from mhainterp.validation import check_int, invalid
 
 __all__ = ["ACTIONS", "BadRequestError", "Explorer", "answer_message"]
@@ -133,7 +132,7 @@ class Explorer:
         """
         explorer = cls([RunEntry(id=name, path=Path("."), n_heads=None, seed=None)], **options)
         task = task or getattr(data, "name", type(data).__name__)
-        with _torch_threads(explorer.threads):
+        with torch_threads(explorer.threads):
             session = ExploreSession(
                 model, data, n_eval=explorer.n_eval, method=explorer._method,
                 importance=importance,
@@ -188,7 +187,7 @@ class Explorer:
             self._example = 0
             return
         entry = self.runs[run_id]
-        with _torch_threads(self.threads):
+        with torch_threads(self.threads):
             try:
                 run = load_run(entry.path)
             except Exception as error:  # a damaged file: name the folder, keep serving others
@@ -202,7 +201,7 @@ class Explorer:
     def _install(
         self, name: str, task: str, session: ExploreSession, saved: SavedResults, note: str = ""
     ) -> None:
-        with _torch_threads(self.threads):
+        with torch_threads(self.threads):
             thumbnails = session.average_patterns()
         opened = _Opened(name, task, session, saved, thumbnails, note)
         self._opened[name] = self._current = opened
@@ -214,7 +213,7 @@ class Explorer:
         body = body if isinstance(body, dict) else {}
         if action not in ACTIONS:
             raise BadRequestError(f"action={action!r} is invalid: one of {', '.join(ACTIONS)}")
-        with _torch_threads(self.threads):
+        with torch_threads(self.threads):
             return self._handle(action, body)
 
     def _handle(self, action: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -336,19 +335,6 @@ def _note(model: Any) -> str:
     source = provenance.get("upstream") or provenance.get("source", "")
     quantisation = provenance.get("quantisation")
     return f"{source} · weights: {quantisation}" if quantisation else str(source)
-
-
-@contextmanager
-def _torch_threads(threads: int | None) -> Iterator[None]:
-    """Run with ``threads`` torch threads, then restore the caller's setting."""
-    before = torch.get_num_threads()
-    if threads is not None and threads != before:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        if torch.get_num_threads() != before:
-            torch.set_num_threads(before)
 
 
 def _field(body: dict[str, Any], name: str, kind: type) -> Any:

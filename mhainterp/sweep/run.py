@@ -34,7 +34,6 @@ from mhainterp.io import (
     read_json,
     remove_stale_temps,
     require_memory,
-    terminate_as_interrupt,
     write_csv,
     write_json,
 )
@@ -46,6 +45,7 @@ from mhainterp.runs import (
     relative_run_dir,
     run_status,
 )
+from mhainterp.runtime import terminate_as_interrupt
 from mhainterp.sweep import fork_safety  # noqa: F401  (forked workers: a tqdm lock of their own)
 from mhainterp.sweep.executors import available_cpus, run_batched, run_ray
 from mhainterp.sweep.spec import RunSpec, execute_run, plan_sweep

@@ -29,8 +29,8 @@ from torch import Tensor
 
 from mhainterp.ablation import Method, evaluate_head_sets
 from mhainterp.ablation.replacement import CleanCache, capture_z
-from mhainterp.eval_mode import eval_mode
 from mhainterp.heads import all_heads
+from mhainterp.runtime import eval_mode
 from mhainterp.tasks import Batch
 
 __all__ = [
