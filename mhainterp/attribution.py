@@ -109,16 +109,16 @@ def gradient_importance(
     batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
     batch_size = check_int("batch_size", batch_size, minimum=1)
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    total = torch.zeros(L, H, dtype=torch.float64)
+    total = torch.zeros(L, H, dtype=torch.float64, device=batch.device)
     n_sequences = 0
     with eval_mode(model):
         starts = range(0, len(batch), batch_size)
         for start in tqdm(starts, desc="gradient importance", disable=not progress, leave=False):
             part = batch[start : start + batch_size]
             grads, has_scored = _gate_gradients(model, part)  # (s, L, H), (s,)
-            total += grads[has_scored].abs().double().sum(0).cpu()
+            total += grads[has_scored].abs().double().sum(0)
             n_sequences += int(has_scored.sum())
-    raw = total / max(1, n_sequences)  # (L, H)
+    raw = total.cpu() / max(1, n_sequences)  # (L, H), handed back as a table
     scores = raw / raw.norm(dim=1, keepdim=True).clamp(min=1e-30) if normalize else raw
     rows = [
         {
@@ -431,7 +431,7 @@ def attribution_patching(
         ref = batch if reference is None else as_batch(reference, n_eval=n_eval, name="reference")
         cache = CleanCache()
         replacements = {m: build_replacement(model, m, ref, cache=cache) for m in methods}
-        estimate = {m: torch.zeros(L, H, dtype=torch.float64) for m in methods}
+        estimate = {m: torch.zeros(L, H, dtype=torch.float64, device=batch.device) for m in methods}
         with eval_mode(model):
             for rows in tqdm(parts, desc="attribution", disable=not progress, leave=False):
                 part = rows_of(batch, rows)
@@ -440,7 +440,8 @@ def attribution_patching(
                     for layer in range(L):
                         change = replacement.values(layer, rows, zs[layer]) - zs[layer]
                         per_head = (grads[layer] * change).double().sum((0, 1, 3))  # (h,)
-                        estimate[method][layer] += per_head.cpu()
+                        estimate[method][layer] += per_head
+    estimate = {m: values.cpu() for m, values in estimate.items()}  # for the table
     rows_out = [
         {
             "head_label": head_label(layer, h),
@@ -472,21 +473,22 @@ def _own_mean_estimates(
     """
     L, H = model.cfg.n_layers, model.cfg.n_heads
     T, d_head = batch.tokens.shape[1], model.cfg.d_head
-    g_dot_z = torch.zeros(L, H, dtype=torch.float64)
-    g_sum = torch.zeros(L, T, H, d_head, dtype=torch.float64)  # G, summed over sequences
-    z_sum = torch.zeros(L, T, H, d_head, dtype=torch.float64)  # over real tokens
-    counts = torch.zeros(T, dtype=torch.float64)
+    sums = {"dtype": torch.float64, "device": batch.device}  # accumulated where z lives
+    g_dot_z = torch.zeros(L, H, **sums)
+    g_sum = torch.zeros(L, T, H, d_head, **sums)  # G, summed over sequences
+    z_sum = torch.zeros(L, T, H, d_head, **sums)  # over real tokens
+    counts = torch.zeros(T, **sums)
     with eval_mode(model):
         for rows in tqdm(parts, desc="attribution", disable=not progress, leave=False):
             part = rows_of(batch, rows)
             cut, real = part.tokens.shape[1], part.padding_mask.double()  # (s, cut)
             zs, grads = _z_and_gradients(model, part, n_scored)
-            counts[:cut] += real.sum(0).cpu()
+            counts[:cut] += real.sum(0)
             for layer in range(L):
                 z, g = zs[layer].double(), grads[layer].double()  # (s, cut, h, d_head)
-                g_dot_z[layer] += (g * z).sum((0, 1, 3)).cpu()
-                g_sum[layer, :cut] += g.sum(0).cpu()
-                z_sum[layer, :cut] += (z * real[:, :, None, None]).sum(0).cpu()
+                g_dot_z[layer] += (g * z).sum((0, 1, 3))
+                g_sum[layer, :cut] += g.sum(0)
+                z_sum[layer, :cut] += (z * real[:, :, None, None]).sum(0)
     estimate = {"zero": -g_dot_z}
     if "mean" in methods:
         per_position = z_sum / counts.clamp(min=1)[None, :, None, None]

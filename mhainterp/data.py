@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from mhainterp.model.loss import IGNORE_INDEX
+from mhainterp.runtime import model_device
 from mhainterp.tasks import Batch, Task
 from mhainterp.validation import ParameterError, check_int
 
@@ -134,7 +135,7 @@ def batch_for_model(model: Any, batch: Batch, *, scored: bool = True) -> Batch:
                 "data is invalid: a batch with at least one scored position, got none "
                 "(its mask is all False)"
             )
-    return batch.to(next(model.parameters()).device)
+    return batch.to(model_device(model))
 
 
 def target_names(data: Any, n_targets: int) -> list[str]:

@@ -140,7 +140,7 @@ def handbuilt_model(
         causal=causal,
         attn_only=True,
         normalization_type=None,
-        device="cpu",
+        device="cpu",  # weights set by hand on the CPU; .to(device) moves the model
     )
     model, (tok, pos, copy) = feature_model(cfg)
     attn = model.blocks[0].attn

@@ -40,7 +40,7 @@ def _config(n_layers: int, seq_len: int, d_vocab: int) -> ModelConfig:
         causal=True,
         attn_only=True,
         normalization_type=None,
-        device="cpu",
+        device="cpu",  # weights set by hand on the CPU; .to(device) moves the model
     )
 
 

@@ -100,7 +100,8 @@ def split_heads_model(
         raise invalid("d_head", d_head, f">= {max(T, V)} and n_heads * d_head >= {2 * V + T}")
     cfg = ModelConfig(
         d_model=d_model, n_heads=n_heads, n_layers=1, n_ctx=T, d_vocab=V, d_vocab_out=V,
-        causal=True, attn_only=True, normalization_type=None, device="cpu",
+        causal=True, attn_only=True, normalization_type=None,
+        device="cpu",  # weights set by hand on the CPU; .to(device) moves the model
     )  # fmt: skip
     model, (_, pos, copy) = feature_model(cfg)
     attn = model.blocks[0].attn

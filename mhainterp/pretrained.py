@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from mhainterp.protocol import BridgedModel, Objective
+from mhainterp.runtime import model_device, resolve_device
 from mhainterp.validation import invalid
 
 __all__ = [
@@ -184,7 +185,7 @@ def load_pretrained(
     name_or_path: str | os.PathLike,
     *,
     objective: Objective | None = None,
-    device: str | None = None,
+    device: Any = "auto",
 ) -> BridgedModel:
     """A pretrained model that satisfies :mod:`mhainterp.protocol`, with its provenance.
 
@@ -193,7 +194,8 @@ def load_pretrained(
             (needs the network).
         objective: ``"next_token"`` or ``"embedding"``; default: next-token for causal models,
             the embedding for encoders.
-        device: Where to run it (default: the CPU).
+        device: Where to run it: ``auto`` (CUDA when available, else the CPU), ``cpu``,
+            ``cuda``, ``cuda:N``, ``mps`` (:func:`mhainterp.runtime.resolve_device`).
 
     Returns:
         A :class:`~mhainterp.protocol.BridgedModel` in evaluation mode, fp32, with
@@ -208,6 +210,7 @@ def load_pretrained(
         >>> model.cfg.n_heads, model.provenance["quantisation"]  # doctest: +SKIP
         (9, 'dequantised Q4_1 GGUF (fp32)')
     """
+    device = str(resolve_device(device))  # before any conversion: a bad device is one line
     name = os.fspath(name_or_path)
     if name in PRETRAINED:
         folder, provenance = pretrained_folder(name)
@@ -229,7 +232,7 @@ def load_pretrained(
     return BridgedModel(bridge, objective=objective, provenance=provenance).eval()
 
 
-def _boot(folder: str, device: str | None, load_weights: bool = True) -> Any:
+def _boot(folder: str, device: str, load_weights: bool = True) -> Any:
     from transformer_lens.model_bridge import TransformerBridge
 
     bridge = TransformerBridge.boot_transformers(
@@ -252,12 +255,12 @@ def random_init_models(model: BridgedModel, seeds: Sequence[int]) -> list[Bridge
         'random init (seed 0)'
     """
     folder = model.provenance.get("folder") or model.provenance["source"].split(":", 1)[-1]
-    device = str(model.cfg.device) if model.cfg.device is not None else None
+    device = str(model_device(model))
     out = []
     for seed in seeds:
         torch.manual_seed(int(seed))
         bridge = _boot(str(folder), device, load_weights=False)
-        bridge = bridge.to(device or "cpu").float().eval()
+        bridge = bridge.to(device).float().eval()
         provenance = {**model.provenance, "quantisation": f"random init (seed {int(seed)})"}
         out.append(BridgedModel(bridge, objective=model.cfg.objective, provenance=provenance))
     return out

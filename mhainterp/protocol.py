@@ -154,7 +154,7 @@ class BridgedConfig:
     n_ctx: int
     causal: bool
     objective: Objective
-    device: Any = "cpu"
+    device: Any = None  # where the bridge was booted; model_device() is where it is now
     architecture: str = ""
     n_targets: int = 1
     attn_only: bool = False

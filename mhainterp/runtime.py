@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # annotations only: the module stays importable without torch
 
 __all__ = [
     "ANALYSIS_THREADS",
+    "DRAW_DEVICE",
     "DEVICE_CHOICES",
     "DEVICE_ENV",
     "eval_mode",
@@ -46,6 +47,11 @@ __all__ = [
 
 DEVICE_CHOICES = "auto|cpu|cuda|cuda:N|mps"
 """What ``--device`` and every ``device=`` accept (``auto``: CUDA when available, else CPU)."""
+
+DRAW_DEVICE = "cpu"  # the one place data is drawn: the same seed, the same batch on every device
+"""Where every random draw of data happens (tasks' and resampling's CPU ``torch.Generator``);
+a batch is then moved to the model's device once (``Batch.to``,
+:func:`mhainterp.data.batch_for_model`)."""
 
 DEVICE_ENV = "MHAINTERP_DEVICE"
 """Environment variable that ``auto`` reads first: set it to ``cpu`` to keep everything on the
@@ -93,7 +99,7 @@ def resolve_device(device: Any = "auto") -> torch.device:
     if name == "auto":
         name = os.environ.get(DEVICE_ENV, "").strip().lower() or "auto"
         if name == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")  # auto
     if not _DEVICE_PATTERN.match(name) or name == "auto":
         raise ParameterError(f"device={device!r} is invalid: one of {DEVICE_CHOICES}")
     resolved = torch.device(name)
@@ -135,7 +141,8 @@ def model_device(model: Any) -> torch.device:
     except StopIteration:  # a model without parameters: its config says where it lives
         import torch
 
-        return torch.device(getattr(getattr(model, "cfg", None), "device", None) or "cpu")
+        device = getattr(getattr(model, "cfg", None), "device", None)
+        return torch.device(device or "cpu")  # no parameters and no config: torch's default
 
 
 @contextmanager

@@ -125,7 +125,9 @@ def _class_major_scores(
     nll = -major.log_softmax(classes).gather(classes, target).squeeze(classes)
     high = major.amax(classes, keepdim=True)
     # The first maximum: V - max over classes of (V - v) where the class holds the maximum.
-    rank = torch.arange(V, 0, -1, dtype=torch.uint8 if V < 256 else torch.int32)
+    rank = torch.arange(
+        V, 0, -1, dtype=torch.uint8 if V < 256 else torch.int32, device=major.device
+    )
     rank = rank.reshape(V, *[1] * (major.ndim - classes - 1))
     first = ((major == high) * rank).amax(classes)  # 0: no class equals the max (NaN logits)
     if bool((first == 0).any()):

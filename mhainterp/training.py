@@ -51,7 +51,7 @@ from mhainterp.runs import (
     read_eval,
     run_status,
 )
-from mhainterp.runtime import eval_mode, terminate_as_interrupt, torch_threads
+from mhainterp.runtime import eval_mode, resolve_device, terminate_as_interrupt, torch_threads
 from mhainterp.scoring import Totals, position_scores, totals
 from mhainterp.tasks import Batch, Task, task_from_record, task_record
 from mhainterp.training_memory import count_parameters, itemsize, training_memory, training_what
@@ -134,8 +134,13 @@ class Run:
     eval: dict[str, Any] = field(default_factory=dict)
 
 
-def build_model(task: Task, **model_overrides: Any) -> HookedMHATransformer:
-    """A model shaped for ``task`` (context, vocabularies, targets, causality, min layers).
+def build_model(
+    task: Task, *, device: Any = "auto", **model_overrides: Any
+) -> HookedMHATransformer:
+    """A model shaped for ``task`` (context, vocabularies, targets, causality, min layers),
+    on ``device`` (``auto``: CUDA when available, else the CPU;
+    :func:`mhainterp.runtime.resolve_device`). The weights are the same on every device: they
+    are drawn on the CPU from the config's seed, then moved.
 
     Example:
         >>> from mhainterp.tasks import get_task
@@ -143,7 +148,7 @@ def build_model(task: Task, **model_overrides: Any) -> HookedMHATransformer:
         >>> build_model(task, d_model=64, n_heads=8, seed=0).cfg.d_head
         8
     """
-    kwargs = {**task.model_kwargs(), "device": "cpu", **model_overrides}
+    kwargs = {**task.model_kwargs(), **model_overrides, "device": str(resolve_device(device))}
     if kwargs["n_layers"] < task.min_layers:
         raise invalid(
             "n_layers",
@@ -483,6 +488,19 @@ def _saved_config(run_dir: str | os.PathLike[str]) -> Any:
     return migrate_config(saved) if isinstance(saved, dict) else saved
 
 
+NOT_THE_RUN = ("device",)
+"""Model-config fields that say where a run was trained, not what it is: a run trained on a GPU
+is the same run on the CPU, so comparing a saved config with a planned one ignores them."""
+
+
+def _what_the_run_is(config: Any) -> Any:
+    """A run config without :data:`NOT_THE_RUN` (for comparisons)."""
+    if isinstance(config, dict) and isinstance(config.get("model"), dict):
+        model = {k: v for k, v in config["model"].items() if k not in NOT_THE_RUN}
+        return {**config, "model": model}
+    return config
+
+
 def saved_config_matches(
     run_dir: str | os.PathLike[str],
     model: HookedMHATransformer | ModelConfig,
@@ -492,10 +510,11 @@ def saved_config_matches(
     """Whether ``run_dir/config.json`` records this run (its model, train and task sections;
     False when it cannot be read)."""
     try:
-        saved = _saved_config(run_dir)
+        saved = _what_the_run_is(_saved_config(run_dir))
     except (OSError, ValueError):
         return False
     wanted = json.loads(json.dumps(run_config(model, task, train_config), default=list))
+    wanted = _what_the_run_is(wanted)
     keys = ("model", "train", "task")
     return isinstance(saved, dict) and all(saved.get(k) == wanted[k] for k in keys)
 
@@ -514,7 +533,9 @@ def run_config_differences(
         return f"its config.json cannot be read: {error}"
     if not isinstance(saved, dict):
         return "its config.json is not a run config"
+    saved = _what_the_run_is(saved)
     wanted = json.loads(json.dumps(run_config(model, task, train_config), default=list))
+    wanted = _what_the_run_is(wanted)
     diffs = []
     for section in ("task", "model", "train"):
         there, here = saved.get(section), wanted[section]
@@ -532,8 +553,12 @@ def run_config_differences(
     return "; ".join(diffs[:4]) + (f"; and {len(diffs) - 4} more" if len(diffs) > 4 else "")
 
 
-def load_run(path: str | os.PathLike[str], *, device: str = "cpu", verify: bool = True) -> Run:
+def load_run(path: str | os.PathLike[str], *, device: Any = "auto", verify: bool = True) -> Run:
     """Rebuild the exact model, task and configs of a saved run, refusing a damaged folder.
+
+    The model is loaded on ``device`` (``auto``: CUDA when available, else the CPU; see
+    :func:`mhainterp.runtime.resolve_device`), whatever device the run was trained on: its
+    ``config.json`` records that device, and loading never needs it.
 
     Checks: every run file is readable; ``config.json`` is a valid config; ``model.safetensors``
     is a whole safetensors file whose tensors fit the config; its metadata (written since the
@@ -558,6 +583,7 @@ def load_run(path: str | os.PathLike[str], *, device: str = "cpu", verify: bool 
             f"{path} is not a complete run folder: missing {', '.join(missing)}"
         )
     config_path, weights_path = path / "config.json", path / "model.safetensors"
+    device = str(resolve_device(device))
     model_config, train_config, task = _read_config(config_path, device)
     state, metadata = _read_weights(weights_path, device)
     if metadata is not None:

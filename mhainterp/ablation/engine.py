@@ -74,7 +74,7 @@ from mhainterp.ablation.replacement import (
 from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
 from mhainterp.fast import linear_readout
 from mhainterp.heads import HeadSpec, format_heads, resolve_heads
-from mhainterp.runtime import eval_mode
+from mhainterp.runtime import eval_mode, model_device
 from mhainterp.scoring import (
     PositionScores,
     Totals,
@@ -94,10 +94,6 @@ __all__ = [
     "rows_of",
     "run_masks",
 ]
-
-
-def _device(model: Any) -> torch.device:
-    return next(model.parameters()).device
 
 
 # ----------------------------------------------------------------------------- ablate()
@@ -149,7 +145,7 @@ def ablate(
     pairs = resolve_heads(model, heads)
     ref = None if reference is None else as_batch(reference, n_eval=n_eval, name="reference")
     replacement = build_replacement(model, method, ref, generator)
-    mask = head_masks(model, [pairs])[0].to(_device(model))  # (L, h)
+    mask = head_masks(model, [pairs])[0]  # (L, h)
     hooks = [
         (
             f"blocks.{layer}.attn.hook_z",
@@ -167,7 +163,8 @@ def ablate(
 
 def head_masks(model: Any, head_sets: Sequence[Sequence[tuple[int, int]]]) -> Bool[Tensor, "C L h"]:
     """One ``[L, h]`` mask per head set (True = ablated)."""
-    masks = torch.zeros(len(head_sets), model.cfg.n_layers, model.cfg.n_heads, dtype=torch.bool)
+    shape = (len(head_sets), model.cfg.n_layers, model.cfg.n_heads)
+    masks = torch.zeros(shape, dtype=torch.bool, device=model_device(model))
     for c, pairs in enumerate(head_sets):
         for layer, head in pairs:
             masks[c, layer, head] = True
@@ -340,11 +337,11 @@ def run_masks(
         max_rows = check_int("max_rows", max_rows, minimum=1)
     C = masks.shape[0]
     jobs = _plan_jobs(model, batch, _first_layers(masks), max_rows)
-    masks = masks.to(_device(model))
+    masks = masks.to(model_device(model))
     order = length_order(batch).to(masks.device)  # chunk s0:s1 holds sequences order[s0:s1]
     k = batch.n_targets
-    loss_sum = torch.zeros(C, dtype=torch.float64)
-    correct = torch.zeros(C, k, dtype=torch.float64)
+    loss_sum = torch.zeros(C, dtype=torch.float64, device=masks.device)
+    correct = torch.zeros(C, k, dtype=torch.float64, device=masks.device)
     pieces: dict[tuple[int, int], PositionScores] = {}
     # (first, s0, s1) -> clean prefix; without a cache only the current chunk's are kept (memory)
     prefixes = cache.prefixes if cache is not None else {}

@@ -23,7 +23,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from mhainterp.data import batch_for_model
-from mhainterp.runtime import eval_mode
+from mhainterp.runtime import DRAW_DEVICE, eval_mode
 from mhainterp.tasks import Batch
 from mhainterp.validation import ParameterError, check_option, check_type, invalid
 
@@ -205,8 +205,8 @@ def _per_position_mean(
 
 def _single_cycle(m: int, generator: torch.Generator) -> Int[Tensor, " m"]:
     """A random permutation made of one cycle (no fixed points when m > 1)."""
-    order = torch.randperm(m, generator=generator)
-    sigma = torch.empty(m, dtype=torch.int64)
+    order = torch.randperm(m, generator=generator, device=DRAW_DEVICE)
+    sigma = torch.empty(m, dtype=torch.int64, device=DRAW_DEVICE)
     sigma[order] = order.roll(-1)
     return sigma
 

@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch
 from mhainterp.model import HookedMHATransformer
 from mhainterp.protocol import HookedModel, check_model
+from mhainterp.runtime import model_device
 from mhainterp.tasks import Task
 from mhainterp.validation import check_int, invalid
 
@@ -225,7 +226,7 @@ def iter_activations(
         part, part_mask = tokens[start : start + batch_size], mask[start : start + batch_size]
         captured: dict[int, dict[str, Tensor]] = {}
         for key, (model, wanted) in unique.items():
-            device = model.cfg.device
+            device = model_device(model)
             run_mask = part_mask.to(device) if has_padding else None
             captured[key] = capture_activations(model, part.to(device), run_mask, sorted(wanted))
         yield ActivationBatch(start, part, part_mask, [captured[id(m)] for m in models])
@@ -264,7 +265,7 @@ def iter_patterns(
     names = pattern_hook_names(model) if isinstance(model, HookedModel) else []
     run = dict(batch_size=batch_size, n_eval=n_eval, progress=progress, desc="capture patterns")
     for part in iter_activations([model], data, [names], padding_mask, **run):
-        device = model.cfg.device
+        device = model_device(model)
         tokens, mask = part.tokens.to(device), part.padding_mask.to(device)
         patterns = stack_patterns([part.activations[0][name] for name in names], mask)
         yield PatternBatch(part.start, tokens, mask, patterns)

@@ -105,6 +105,16 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
                 if isinstance(module, LayerNorm):
                     module.reset_parameters()
 
+    def _apply(self, fn: Any, recurse: bool = True) -> Any:
+        """``.to()``, ``.cuda()``, ``.cpu()``, ``.half()`` all end here: keep ``cfg.device`` and
+        ``cfg.dtype`` equal to where the parameters are (TransformerLens's ``cfg.device``
+        habit), so a saved config records the device the run was trained on."""
+        module = super()._apply(fn, recurse)
+        weight = self.embed.weight
+        self.cfg.device = str(weight.device)
+        self.cfg.dtype = weight.dtype
+        return module
+
     # ----- forward ----------------------------------------------------------------------------
     def forward(
         self,
@@ -132,12 +142,17 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
         """
         tokens, padding_mask = self.validate_inputs(tokens, padding_mask)
         check_option("return_type", return_type, ("logits", "loss", "both", None))
+        # Inputs follow the model, as in TransformerLens: CPU tokens work on a CUDA model.
+        device = self.embed.weight.device
+        tokens = tokens.to(device)
+        padding_mask = None if padding_mask is None else padding_mask.to(device)
         logits = self.logits(tokens, padding_mask)
         if return_type in ("logits", None):
             return logits if return_type == "logits" else None
         if targets is None:
             raise invalid("targets", targets, f"a targets tensor when return_type={return_type!r}")
-        loss = self.loss(logits, targets, loss_mask)
+        loss_mask = None if loss_mask is None else loss_mask.to(device)
+        loss = self.loss(logits, targets.to(device), loss_mask)
         return loss if return_type == "loss" else (logits, loss)
 
     def logits(self, tokens: Tensor, padding_mask: Tensor | None = None) -> Tensor:
@@ -258,9 +273,9 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
                     f"seq is invalid: equal-length sequences, got lengths {lengths} "
                     "(to pad, build a Batch with a padding_mask)"
                 )
-        tokens = torch.as_tensor(seq)
+        tokens = torch.as_tensor(seq, device="cpu")  # parsed here, then moved to the model
         tokens, _ = self.validate_inputs(tokens)
-        return tokens.to(self.cfg.device)
+        return tokens.to(self.embed.weight.device)
 
     def to_single_token(self, token: str | int) -> int:
         """``"3"`` or ``3`` -> ``3``: one token id (TransformerLens's name, used by

@@ -123,7 +123,7 @@ def _js_sums(
     """
     plogp_a = torch.special.xlogy(xa, xa).sum(-1)  # (HA,)
     plogp_b = torch.special.xlogy(xb, xb).sum(-1)  # (HB,)
-    out = torch.zeros(xa.shape[0], xb.shape[0], dtype=torch.float64)
+    out = torch.zeros(xa.shape[0], xb.shape[0], dtype=torch.float64, device=xa.device)
     for cols in _row_chunks(xa.shape[1], xb.shape[0]):
         for i in range(xa.shape[0]):
             first = i if symmetric else 0  # JS is symmetric: fill j >= i, mirror below

@@ -18,6 +18,7 @@ from mhainterp.capture import Data, pattern_hook_names, statistic_queries, visib
 from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.heads import head_label
 from mhainterp.model import HookedMHATransformer
+from mhainterp.runtime import model_device
 from mhainterp.similarity.measures import (
     _check_model,
     _check_same_masking,
@@ -189,10 +190,11 @@ def head_separation(
     layers = [lay for lay in range(model.cfg.n_layers) for _ in range(model.cfg.n_heads)]
     if reference is not None:
         layers += list(range(reference.cfg.n_layers))
-    layer_of = torch.tensor(layers)
+    device = model_device(model)
+    layer_of = torch.tensor(layers, device=device)
     H = len(labels)
-    dist_sum = torch.zeros(H, H, dtype=torch.float64)
-    scaled_sum = torch.zeros(H, H, dtype=torch.float64)
+    dist_sum = torch.zeros(H, H, dtype=torch.float64, device=device)
+    scaled_sum = torch.zeros(H, H, dtype=torch.float64, device=device)
     n_queries = 0.0
     run = dict(batch_size=batch_size, n_eval=n_eval, progress=progress)
     for mask, captured in _stream(models, tokens, padding_mask, names, **run):
@@ -210,7 +212,7 @@ def head_separation(
             scaled_sum += sums[1]
             n_queries += sums[2]
     denom = max(n_queries, 1.0)
-    mean_dist, mean_scaled = dist_sum / denom, scaled_sum / denom
+    mean_dist, mean_scaled = (dist_sum / denom).cpu(), (scaled_sum / denom).cpu()  # the table's
     grid_a, grid_b = np.meshgrid(np.arange(H), np.arange(H), indexing="ij")
     return pd.DataFrame(
         {

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mhainterp.config import ModelConfig, SweepConfig, TrainConfig
+from mhainterp.runtime import resolve_device
 from mhainterp.tasks import Task, get_task
 from mhainterp.training import build_model, train
 
@@ -54,7 +55,8 @@ def plan_sweep(config: SweepConfig, out_dir: str | os.PathLike[str]) -> list[Run
     specs = []
     for n_heads in config.n_heads:
         for seed in config.seeds:
-            model_kwargs = {**task.model_kwargs(), "device": "cpu", **config.model}
+            device = str(resolve_device("auto"))  # recorded in each run's config
+            model_kwargs = {**task.model_kwargs(), "device": device, **config.model}
             model_config = ModelConfig(**{**model_kwargs, "n_heads": n_heads, "seed": seed})
             train_config = TrainConfig.from_dict({**config.train.to_dict(), "seed": seed})
             specs.append(

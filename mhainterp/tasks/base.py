@@ -23,6 +23,7 @@ from torch import Tensor
 
 from mhainterp.io import require_memory
 from mhainterp.model.loss import IGNORE_INDEX
+from mhainterp.runtime import DRAW_DEVICE
 from mhainterp.tasks.batch import Batch
 from mhainterp.tasks.contract import MAX_SEQ_LEN, MAX_VOCAB, check_labels, task_error
 from mhainterp.tasks.templates import check_tokens
@@ -234,15 +235,18 @@ class Task(abc.ABC):
     def sample_lengths(self, n: int, generator: torch.Generator | None) -> Int[Tensor, " n"]:
         """Real length of each sequence: uniform on ``[min_len, seq_len]`` (no draw if fixed)."""
         if not self.variable_length:
-            return torch.full((n,), self.seq_len, dtype=torch.int64)
-        return torch.randint(self.min_len, self.seq_len + 1, (n,), generator=generator)
+            return torch.full((n,), self.seq_len, dtype=torch.int64, device=DRAW_DEVICE)
+        return torch.randint(
+            self.min_len, self.seq_len + 1, (n,), generator=generator, device=DRAW_DEVICE
+        )
 
     def sample_tokens(
         self, n: int, lengths: Int[Tensor, " n"], generator: torch.Generator | None
     ) -> Int[Tensor, "n pos"]:
         """Tokens at every position (padding is written over them afterwards): uniform on
         ``[0, d_vocab)`` unless a subclass says otherwise."""
-        return torch.randint(0, self.d_vocab, (n, self.seq_len), generator=generator)
+        shape = (n, self.seq_len)
+        return torch.randint(0, self.d_vocab, shape, generator=generator, device=DRAW_DEVICE)
 
     # ------------------------------------------------------------------ public API
 
@@ -270,7 +274,7 @@ class Task(abc.ABC):
                 raise TypeError(
                     f"generator must be a torch.Generator or None, got {type(generator).__name__}."
                 )
-            if generator.device.type != "cpu":
+            if generator.device != torch.device(DRAW_DEVICE):
                 raise ParameterError(
                     f"generator is invalid: a CPU torch.Generator (batches are drawn on the CPU "
                     f"and moved with Batch.to), got one on {generator.device}."
@@ -278,7 +282,8 @@ class Task(abc.ABC):
         self._require_memory(n)
         lengths = self.sample_lengths(n, generator)  # (n,)
         tokens = self.sample_tokens(n, lengths, generator).long()  # (n, pos)
-        padding_mask = torch.arange(self.seq_len)[None, :] < lengths[:, None]  # (n, pos)
+        positions = torch.arange(self.seq_len, device=lengths.device)
+        padding_mask = positions[None, :] < lengths[:, None]  # (n, pos)
         if self.pad_token is not None:
             tokens = tokens.masked_fill(~padding_mask, self.pad_token)
         targets, mask = self._label(tokens, padding_mask)

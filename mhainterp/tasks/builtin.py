@@ -9,6 +9,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from mhainterp.runtime import DRAW_DEVICE
 from mhainterp.tasks.base import Task
 from mhainterp.tasks.templates import (
     induction_template,
@@ -128,8 +129,8 @@ class HistogramTask(Task):
 
     def compute_targets(self, tokens: Tensor, padding_mask: Tensor) -> Targets:
         binned = tokens.masked_fill(~padding_mask, self.d_vocab)  # padding -> its own bin
-        per_value = torch.zeros(tokens.shape[0], self.d_vocab + 1, dtype=torch.int64)
-        per_value = per_value.to(tokens.device).scatter_add_(1, binned, torch.ones_like(binned))
+        per_value = binned.new_zeros(tokens.shape[0], self.d_vocab + 1)
+        per_value = per_value.scatter_add_(1, binned, torch.ones_like(binned))
         return per_value.gather(1, binned), padding_mask  # (n, pos): count of own token
 
     def compute_relations(self, tokens: Tensor, padding_mask: Tensor) -> Relations:
@@ -257,16 +258,17 @@ class InductionTask(Task):
 
     def sample_tokens(self, n: int, lengths: Tensor, generator: torch.Generator | None) -> Tensor:
         T, V = self.seq_len, self.d_vocab
-        sizes = torch.tensor(list(self.block_lengths))
-        B = sizes[torch.randint(0, len(sizes), (n,), generator=generator)]  # (n,)
-        perm = torch.rand(n, V, generator=generator).argsort(dim=-1)  # (n, V) distinct values
-        pos = torch.arange(T)[None, :]  # (1, T)
+        draw = {"generator": generator, "device": DRAW_DEVICE}
+        sizes = torch.tensor(list(self.block_lengths), device=DRAW_DEVICE)
+        B = sizes[torch.randint(0, len(sizes), (n,), **draw)]  # (n,)
+        perm = torch.rand(n, V, **draw).argsort(dim=-1)  # (n, V) distinct values
+        pos = torch.arange(T, device=DRAW_DEVICE)[None, :]  # (1, T)
         start = T - 2 * B[:, None]  # (n, 1): first position of the first copy
         in_blocks = pos >= start
         index_in_block = (pos - start) % B[:, None]  # (n, T), meaningful inside the blocks
         block_tokens = perm.gather(1, index_in_block.clamp(max=V - 1))
         # Prefix tokens: drawn with replacement from the values the block does not use.
-        spare = torch.randint(0, V, (n, T), generator=generator) % (V - B[:, None]).clamp(min=1)
+        spare = torch.randint(0, V, (n, T), **draw) % (V - B[:, None]).clamp(min=1)
         prefix_tokens = perm.gather(1, (B[:, None] + spare).clamp(max=V - 1))
         return torch.where(in_blocks, block_tokens, prefix_tokens)  # (n, T)
 

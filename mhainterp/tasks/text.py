@@ -327,8 +327,9 @@ def text_axes(
             word = _surface(tokenizer.convert_ids_to_tokens(token_id)).lower()
             value = 1 if word in FUNCTION_WORDS else 2
         classes.view(-1)[index] = value
-    positions = torch.arange(tokens.shape[1]).expand_as(tokens).contiguous()
-    buckets = torch.bucketize(positions, torch.tensor(POSITION_BUCKETS[1:]), right=True)
+    positions = torch.arange(tokens.shape[1], device=tokens.device).expand_as(tokens).contiguous()
+    edges = torch.tensor(POSITION_BUCKETS[1:], device=tokens.device)
+    buckets = torch.bucketize(positions, edges, right=True)
     return {
         "token_class": classes.masked_fill(~real, -1),
         "position": buckets.masked_fill(~real, -1),
@@ -342,11 +343,13 @@ def _frequency_buckets(batch: Batch, n_buckets: int) -> Int[Tensor, "n T"]:
     scored = batch.mask
     targets = batch.targets[scored]
     counts = Counter(targets.tolist())
-    per_target = torch.tensor([counts[t] for t in targets.tolist()], dtype=torch.float64)
-    out = torch.full(batch.tokens.shape, -1, dtype=torch.int64)
+    device = batch.tokens.device
+    per_target = torch.tensor(
+        [counts[t] for t in targets.tolist()], dtype=torch.float64, device=device
+    )
+    out = torch.full(batch.tokens.shape, -1, dtype=torch.int64, device=device)
     if per_target.numel():
-        edges = torch.quantile(
-            per_target, torch.arange(1, n_buckets, dtype=torch.float64) / n_buckets
-        )
+        quantiles = torch.arange(1, n_buckets, dtype=torch.float64, device=device) / n_buckets
+        edges = torch.quantile(per_target, quantiles)
         out[scored] = torch.bucketize(per_target, edges)  # a count at an edge goes below it
     return out
