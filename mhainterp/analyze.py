@@ -29,6 +29,7 @@ from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.io import allocation_failures, remove_stale_temps, require_memory, write_csv
 from mhainterp.provenance import record_analysis_source, set_aside_stale_analysis
 from mhainterp.runs import find_runs, is_finished_run
+from mhainterp.runtime import uses_work_threads
 from mhainterp.training import Run, load_run
 
 __all__ = ["analyze_run", "analyze_path", "analysis_memory"]
@@ -36,6 +37,7 @@ __all__ = ["analyze_run", "analyze_path", "analysis_memory"]
 DEFAULT_METHODS = ("js", "pattern_corr", "cka", "ov", "qk", "separation")
 
 
+@uses_work_threads
 def analyze_run(
     run: Run | str | os.PathLike[str],
     *,

@@ -44,7 +44,7 @@ from mhainterp.ablation.replacement import (
 )
 from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
 from mhainterp.heads import all_heads, format_heads, head_label, resolve_heads
-from mhainterp.runtime import eval_mode
+from mhainterp.runtime import eval_mode, uses_work_threads
 from mhainterp.scoring import position_scores
 from mhainterp.tasks import Batch
 from mhainterp.validation import ParameterError, check_int, check_option, invalid
@@ -73,6 +73,7 @@ def _gate_hook(z: Tensor, hook: Any, *, xi: Float[Tensor, "s h"]) -> Tensor:
     return z * xi[:, None, :, None]
 
 
+@uses_work_threads
 def gradient_importance(
     model: Any,
     data: Data,
@@ -239,6 +240,7 @@ def _spearman(x: pd.Series, y: pd.Series) -> tuple[float, float]:
     return float(result.statistic), float(result.pvalue)
 
 
+@uses_work_threads
 def prune_curve(
     model: Any,
     data: Data,
@@ -375,6 +377,7 @@ def _prune_row(
 # ----------------------------------------------------------------------------- at scale
 
 
+@uses_work_threads
 def attribution_patching(
     model: Any,
     data: Data,

@@ -8,8 +8,11 @@ imports it), so each function imports torch when it is called.
   ``torch.device`` that exists on this machine, or raises one line saying what does.
 - :func:`model_device` is THE device rule (DESIGN.md, "Devices"): a model's device is where its
   parameters are, and every function that takes a model follows it.
-- :func:`torch_threads` runs a block with a chosen number of torch threads; ``ANALYSIS_THREADS``
-  is what the analyses use unless told otherwise.
+- :func:`torch_threads` runs a block with a chosen number of torch threads;
+  :func:`work_threads` is the rule ``train()`` and the analyses follow (``threads=None``:
+  ``$MHAINTERP_THREADS``, else :data:`DEFAULT_THREADS`).
+- :func:`command_settings` is how ``--device`` and ``--threads`` reach every function a
+  command calls (they set what ``auto`` and ``threads=None`` mean for the block).
 - :func:`eval_mode` puts a model in evaluation mode for a block.
 - :func:`terminate_as_interrupt` makes SIGTERM end the work as Ctrl-C does.
 
@@ -20,13 +23,15 @@ Example:
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import re
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from mhainterp.validation import ParameterError
 
@@ -34,16 +39,23 @@ if TYPE_CHECKING:  # annotations only: the module stays importable without torch
     import torch
 
 __all__ = [
-    "ANALYSIS_THREADS",
+    "DEFAULT_THREADS",
     "DRAW_DEVICE",
     "DEVICE_CHOICES",
     "DEVICE_ENV",
+    "THREADS_ENV",
+    "check_device_name",
+    "command_settings",
     "eval_mode",
     "model_device",
     "resolve_device",
     "terminate_as_interrupt",
     "torch_threads",
+    "uses_work_threads",
+    "work_threads",
 ]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 DEVICE_CHOICES = "auto|cpu|cuda|cuda:N|mps"
 """What ``--device`` and every ``device=`` accept (``auto``: CUDA when available, else CPU)."""
@@ -57,13 +69,30 @@ DEVICE_ENV = "MHAINTERP_DEVICE"
 """Environment variable that ``auto`` reads first: set it to ``cpu`` to keep everything on the
 CPU on a machine with a GPU (the test suite does, so its exact CPU tables stay exact)."""
 
-ANALYSIS_THREADS = 1
-"""torch threads the analyses use by default (``threads=None``), as ``train()`` does. Their
-tensors are small: on a 2-core machine with other work running, torch's default of one thread
-per core made ``division_of_labour`` 5-11x slower than one thread (threads contend for the
-cores; see the README's Performance section). ``threads=0`` keeps torch's own setting."""
+DEFAULT_THREADS = 1
+"""torch threads that ``train()`` and the analyses use when not told (``threads=None``). Their
+tensors are small, so handing their matmuls to more threads costs more than it saves: on a
+2-core machine with other work running, torch's default of one thread per core made
+``division_of_labour`` 5-11x slower than one thread and ``train()`` 5.8-20x slower (threads
+contend for the cores; the README's Performance section). ``threads=0`` keeps torch's own."""
+
+THREADS_ENV = "MHAINTERP_THREADS"
+"""Environment variable that ``threads=None`` reads first (what ``--threads`` sets)."""
 
 _DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def check_device_name(name: Any) -> str:
+    """``name`` if it is one of :data:`DEVICE_CHOICES` in form (whether this machine has it is
+    :func:`resolve_device`'s question); what ``--device`` checks while parsing, without torch.
+
+    Example:
+        >>> check_device_name("cuda:1")
+        'cuda:1'
+    """
+    if not isinstance(name, str) or not _DEVICE_PATTERN.match(name.strip().lower()):
+        raise ParameterError(f"device={name!r} is invalid: one of {DEVICE_CHOICES}")
+    return name.strip().lower()
 
 
 def resolve_device(device: Any = "auto") -> torch.device:
@@ -101,7 +130,8 @@ def resolve_device(device: Any = "auto") -> torch.device:
         if name == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")  # auto
     if not _DEVICE_PATTERN.match(name) or name == "auto":
-        raise ParameterError(f"device={device!r} is invalid: one of {DEVICE_CHOICES}")
+        source = f" (from ${DEVICE_ENV})" if device in (None, "auto") else ""
+        raise ParameterError(f"device={device!r}{source} is invalid: one of {DEVICE_CHOICES}")
     resolved = torch.device(name)
     _require_present(resolved, device)
     return resolved
@@ -165,6 +195,99 @@ def torch_threads(threads: int | None) -> Iterator[None]:
     finally:
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
+
+
+@contextmanager
+def work_threads(threads: int | None = None) -> Iterator[None]:
+    """Run the block with the threads ``train()`` and the analyses use: ``threads`` if given
+    (0: torch's own setting), else ``$MHAINTERP_THREADS``, else :data:`DEFAULT_THREADS`.
+
+    Example:
+        >>> import torch
+        >>> with work_threads():
+        ...     torch.get_num_threads()
+        1
+    """
+    if threads is None:
+        threads = _threads_from_environment()
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
+        raise ParameterError(f"threads={threads!r} is invalid: an integer >= 0 (0: torch's own)")
+    with torch_threads(threads):
+        yield
+
+
+def uses_work_threads(function: F) -> F:
+    """Give an analysis the keyword ``threads=None`` and run it under :func:`work_threads`.
+
+    One rule for every public analysis (``head_importance``, ``division_of_labour``,
+    ``specialization_test``, ...), as ``train()`` has it: ``threads=None`` is
+    ``$MHAINTERP_THREADS`` or :data:`DEFAULT_THREADS`, an integer that many, 0 torch's own.
+    The signature shows the keyword (``help()``, ``inspect.signature``).
+
+    Example:
+        >>> import torch
+        >>> @uses_work_threads
+        ... def count():
+        ...     return torch.get_num_threads()
+        >>> count(), str(inspect.signature(count))
+        (1, '(*, threads: int | None = None)')
+    """
+
+    @functools.wraps(function)
+    def run(*args: Any, threads: int | None = None, **kwargs: Any) -> Any:
+        with work_threads(threads):
+            return function(*args, **kwargs)
+
+    signature = inspect.signature(function)
+    keyword = inspect.Parameter(
+        "threads", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=int | None
+    )
+    params = list(signature.parameters.values())
+    at = next((i for i, p in enumerate(params) if p.kind is p.VAR_KEYWORD), len(params))
+    run.__signature__ = signature.replace(parameters=[*params[:at], keyword, *params[at:]])
+    return run  # type: ignore[return-value]
+
+
+def _threads_from_environment() -> int:
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if not text:
+        return DEFAULT_THREADS
+    try:
+        return int(text)
+    except ValueError:
+        raise ParameterError(
+            f"{THREADS_ENV}={text!r} is invalid: an integer >= 0 (0: torch's own)"
+        ) from None
+
+
+@contextmanager
+def command_settings(device: str | None = None, threads: int | None = None) -> Iterator[None]:
+    """Inside, ``device="auto"`` means ``device`` and ``threads=None`` means ``threads``: how
+    a command's ``--device`` and ``--threads`` reach every model it loads or builds and every
+    analysis it runs, down to the sweep's worker processes (they inherit the environment).
+    The device is checked first, so one that does not exist is one line before any work.
+
+    Example:
+        >>> with command_settings(device="cpu"):
+        ...     str(resolve_device("auto"))
+        'cpu'
+    """
+    wanted = {}
+    if device is not None:
+        resolve_device(device)  # a device this machine lacks: one line, now
+        wanted[DEVICE_ENV] = check_device_name(device)
+    if threads is not None:
+        wanted[THREADS_ENV] = str(threads)
+    before = {name: os.environ.get(name) for name in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextmanager

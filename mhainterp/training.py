@@ -51,14 +51,13 @@ from mhainterp.runs import (
     read_eval,
     run_status,
 )
-from mhainterp.runtime import eval_mode, resolve_device, terminate_as_interrupt, torch_threads
+from mhainterp.runtime import eval_mode, resolve_device, terminate_as_interrupt, work_threads
 from mhainterp.scoring import Totals, position_scores, totals
 from mhainterp.tasks import Batch, Task, task_from_record, task_record
 from mhainterp.training_memory import count_parameters, itemsize, training_memory, training_what
 from mhainterp.validation import ParameterError, check_int, invalid
 
 __all__ = [
-    "TRAIN_THREADS",
     "ARCHITECTURE_FIELDS",
     "TrainingDivergedError",
     "Run",
@@ -72,11 +71,6 @@ __all__ = [
     "saved_config_matches",
     "lr_at",
 ]
-
-TRAIN_THREADS = 1
-"""torch threads :func:`train` uses, as each worker of the sweep executors does: the models are
-small, so handing their matmuls to more threads costs more than it saves, and on a busy machine
-several times more (``analysis/benchmark.py``)."""
 
 METADATA_KEY = "mhainterp.model"
 """The one safetensors metadata key (one key: safetensors writes several in random order, and
@@ -249,7 +243,7 @@ def train(
     *,
     run_dir: str | os.PathLike[str] | None = None,
     progress: bool = True,
-    threads: int | None = TRAIN_THREADS,
+    threads: int | None = None,
 ) -> Run:
     """Train ``model`` on fresh batches of ``task`` with AdamW; evaluate; optionally save.
 
@@ -262,8 +256,9 @@ def train(
         config: Training settings (defaults: :class:`TrainConfig`).
         run_dir: If given, the run folder to write (see module docstring).
         progress: Show a tqdm progress bar.
-        threads: torch threads while training (restored afterwards): :data:`TRAIN_THREADS`,
-            as the sweep executors' workers use; None keeps torch's current setting.
+        threads: torch threads while training (restored afterwards); None:
+            ``$MHAINTERP_THREADS``, else :data:`mhainterp.runtime.DEFAULT_THREADS` (1), as the
+            sweep executors' workers use; 0 keeps torch's current setting.
 
     Raises:
         TrainingDivergedError: the loss became NaN/inf. The model is restored to the last good
@@ -280,11 +275,11 @@ def train(
     config = config or TrainConfig()
     _check_compatible(model, task)
     if threads is not None:
-        check_int("threads", threads, minimum=1)
+        check_int("threads", threads, minimum=0)
     if run_dir is not None:  # fail before training, not after it
         ensure_writable_dir(run_dir, "run folder")
     require_memory(training_memory(model.cfg, config), training_what(model.cfg, config))
-    with torch_threads(threads):
+    with work_threads(threads):
         return _train(model, task, config, run_dir, progress)
 
 

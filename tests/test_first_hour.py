@@ -463,7 +463,7 @@ def test_train_uses_one_thread_and_restores_the_setting():
         assert seen == [1, 1, 1] and torch.get_num_threads() == 2  # 2 steps, then evaluation
         seen.clear()
         task = Watched(seq_len=4, d_vocab=3)  # a fresh task: the evaluation set is built again
-        train(build_model(task, n_heads=1, d_model=4), task, config, progress=False, threads=None)
+        train(build_model(task, n_heads=1, d_model=4), task, config, progress=False, threads=0)
         assert seen == [2, 2, 2]
     finally:
         torch.set_num_threads(previous)

@@ -74,7 +74,7 @@ from mhainterp.ablation.replacement import (
 from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
 from mhainterp.fast import linear_readout
 from mhainterp.heads import HeadSpec, format_heads, resolve_heads
-from mhainterp.runtime import eval_mode, model_device
+from mhainterp.runtime import eval_mode, model_device, uses_work_threads
 from mhainterp.scoring import (
     PositionScores,
     Totals,
@@ -506,6 +506,7 @@ class AblationResult:
         return [format_heads(pairs) for pairs in self.head_sets]
 
 
+@uses_work_threads
 def evaluate_head_sets(
     model: Any,
     data: Data,

@@ -27,6 +27,7 @@ from mhainterp.ablation.replacement import DEFAULT_MAX_ROWS, METHODS, Method, ch
 from mhainterp.data import DEFAULT_N_EVAL, Data
 from mhainterp.heads import HeadSpec, all_heads, format_heads, head_label, resolve_heads
 from mhainterp.protocol import HookedModel
+from mhainterp.runtime import uses_work_threads
 from mhainterp.scoring import metric_names
 from mhainterp.validation import invalid
 
@@ -64,6 +65,7 @@ def _with_clean(
     return result, metrics[0], metrics[1:], metric_names(result.target_names)
 
 
+@uses_work_threads
 def head_importance(
     model: Any,
     data: Data,
@@ -169,6 +171,7 @@ PAIRWISE_COLUMNS = [
 ]  # fmt: skip
 
 
+@uses_work_threads
 def pairwise_ablation(
     model: Any,
     data: Data,

@@ -24,6 +24,7 @@ from mhainterp.capture.core import (
 from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch
 from mhainterp.heads import head_label
 from mhainterp.model import HookedMHATransformer
+from mhainterp.runtime import uses_work_threads
 from mhainterp.tasks import Task
 from mhainterp.validation import ParameterError, invalid
 
@@ -96,6 +97,7 @@ def _with_head_labels(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+@uses_work_threads
 def average_patterns(
     model: HookedMHATransformer,
     data: Data,

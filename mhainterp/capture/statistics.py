@@ -32,6 +32,7 @@ from mhainterp.capture.patterns import (
 )
 from mhainterp.data import DEFAULT_N_EVAL, Data
 from mhainterp.model import HookedMHATransformer
+from mhainterp.runtime import uses_work_threads
 from mhainterp.tasks import Task
 from mhainterp.validation import ParameterError
 
@@ -135,6 +136,7 @@ class TemplateMass:
         return total / self.counts[name] if self.counts[name] else total * math.nan
 
 
+@uses_work_threads
 def head_statistics(
     model: HookedMHATransformer,
     data: Data,

@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from mhainterp.cli.task_modules import load_task_modules
-from mhainterp.runtime import terminate_as_interrupt
+from mhainterp.runtime import command_settings, terminate_as_interrupt
 
 __all__ = ["OneLineParser", "build_parser", "main"]
 
@@ -146,7 +146,10 @@ def _main(argv: list[str], command: str | None) -> int:
         if args.command not in ("tasks", "explore"):  # explore serves its page before torch
             _import_numerics()
         load_task_modules(args)  # --task-module: the user's own tasks, before anything else
-        return int(args.func(args) or 0)
+        # --device and --threads reach every model the command loads and every analysis it runs
+        settings = {k: getattr(args, k, None) for k in ("device", "threads")}
+        with command_settings(**settings):
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         if os.environ.get("MHAINTERP_DEBUG"):
             raise

@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
-from mhainterp.cli.options import add_choice, add_n_eval, add_seed
+from mhainterp.cli.options import add_choice, add_n_eval, add_runtime_args, add_seed
 from mhainterp.cli.static import ABLATION_METHODS
 from mhainterp.cli.task_modules import add_task_module_argument
 from mhainterp.validation import ParameterError, invalid
@@ -81,6 +81,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_n_eval(parser, "sequences of the task's fixed evaluation set")
     add_seed(parser, help="seed of the resample permutation")
     add_task_module_argument(parser)
+    add_runtime_args(parser)
     parser.set_defaults(func=run_ablate)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from mhainterp.cli.options import add_n_eval, check_run_folders
+from mhainterp.cli.options import add_n_eval, add_runtime_args, check_run_folders
 from mhainterp.cli.task_modules import add_task_module_argument
 from mhainterp.validation import invalid
 
@@ -46,6 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     analyze.add_argument("--no-ablation", action="store_true", help="skip the ablation tables")
     analyze.add_argument("--quiet", action="store_true", help="no progress bars")
     add_task_module_argument(analyze)
+    add_runtime_args(analyze)
     analyze.set_defaults(func=_cmd_analyze)
 
 

@@ -11,7 +11,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mhainterp.cli.options import EXECUTORS, add_count, add_int_list, check_executor
+from mhainterp.cli.options import (
+    EXECUTORS,
+    add_count,
+    add_int_list,
+    add_runtime_args,
+    check_executor,
+)
 from mhainterp.cli.static import DEMO_STEPS
 from mhainterp.cli.task_modules import add_task_module_argument
 
@@ -43,6 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     demo.add_argument("--no-analysis", action="store_true", help="skip the head analysis")
     add_task_module_argument(demo)
+    add_runtime_args(demo)
     demo.set_defaults(func=_cmd_demo)
 
 

@@ -18,7 +18,7 @@ import webbrowser
 from pathlib import Path
 from typing import Any
 
-from mhainterp.cli.options import MAX_COUNT, Checked, add_choice
+from mhainterp.cli.options import MAX_COUNT, Checked, add_choice, add_runtime_args
 from mhainterp.cli.static import ABLATION_METHODS, DEFAULT_N_EVAL
 from mhainterp.cli.task_modules import add_task_module_argument
 from mhainterp.explore import TEXT_N_EVAL
@@ -100,6 +100,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_choice(parser, "--method", "initial ablation method", ABLATION_METHODS, default="zero")
     add_task_module_argument(parser)
+    add_runtime_args(parser)
     parser.set_defaults(func=run_explore)
 
 

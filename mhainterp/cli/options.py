@@ -21,6 +21,7 @@ from mhainterp.cli.static import (
     TRAIN_DEFAULTS,
 )
 from mhainterp.cli.task_modules import add_task_module_argument
+from mhainterp.runtime import DEFAULT_THREADS, DEVICE_CHOICES, check_device_name
 from mhainterp.validation import (
     MAX_SEED,
     check_float,
@@ -41,6 +42,7 @@ __all__ = [
     "add_int_list",
     "add_n_eval",
     "add_seed",
+    "add_runtime_args",
     "int_list",
     "task_param",
     "add_task_args",
@@ -173,8 +175,8 @@ def add_seed(parser: Any, flag: str = "--seed", help: str = "init and data seed"
 def add_int_list(
     parser: Any, flag: str, help: str, *, default: list[int], seeds: bool = False
 ) -> None:
-    """A comma-separated list of distinct integers: head counts (>= 1) or seeds (see
-    :func:`add_seed`); help shows the default."""
+    """A comma-separated list of distinct integers, with ranges (``0-99``, ``1,4,8``,
+    ``0-4,10``): head counts (>= 1) or seeds (see :func:`add_seed`); help shows the default."""
     low, high = (0, MAX_SEED) if seeds else (1, MAX_COUNT)
 
     def check(name: str, values: list[int]) -> list[int]:
@@ -190,8 +192,33 @@ def add_int_list(
         action=Checked,
         check=check,
         default=default,
-        metavar="A,B,...",
+        metavar="A,B,C-D",
         help=f"{help} (default {','.join(map(str, default))})",
+    )
+
+
+def add_runtime_args(parser: argparse.ArgumentParser) -> None:
+    """The ``where it runs`` group of every command that runs a model: ``--device`` and
+    ``--threads`` (:func:`mhainterp.runtime.command_settings` carries them to every model the
+    command loads and every analysis it runs)."""
+    group = parser.add_argument_group("where it runs")
+    group.add_argument(
+        "--device",
+        action=Checked,
+        check=lambda name, value: check_device_name(value),
+        default="auto",
+        metavar="DEVICE",
+        help=f"{DEVICE_CHOICES} (default auto: CUDA when available, else the CPU; a device "
+        "this machine does not have is refused before any work)",
+    )
+    add_count(
+        group,
+        "--threads",
+        f"torch threads on the CPU; 0 keeps torch's default of one per core (default "
+        f"{DEFAULT_THREADS}: the models are small and more threads contend for the cores; on "
+        "a busy machine one thread was 5-20x faster)",
+        default=None,
+        minimum=0,
     )
 
 
@@ -201,14 +228,39 @@ def add_n_eval(parser: Any, help: str = "evaluation sequences") -> None:
 
 
 # ----- argument types ---------------------------------------------------------------------------
+MAX_LIST = 100_000
+"""Most values a list option expands to (``--seeds 0-99999``): a typo such as ``0-1000000000``
+is refused at once instead of planning a billion runs."""
+
+
 def int_list(text: str) -> list[int]:
-    """``1,4,8`` -> ``[1, 4, 8]`` (an argparse ``type``)."""
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from None
+    """``1,4,8`` -> ``[1, 4, 8]``, ``0-3,7`` -> ``[0, 1, 2, 3, 7]`` (an argparse ``type``).
+
+    Example:
+        >>> int_list("0-4,10")
+        [0, 1, 2, 3, 4, 10]
+    """
+    values: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        low, dash, high = part.partition("-")
+        try:
+            if dash and low.strip():  # a range A-B (a leading '-' is a negative number)
+                first, last = int(low), int(high)
+                if last < first or last - first >= MAX_LIST:
+                    raise ValueError
+                values.extend(range(first, last + 1))
+            else:
+                values.append(int(part))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated integers or ranges A-B (A <= B, at most "
+                f"{MAX_LIST:,} values), got {text!r}"
+            ) from None
+    if len(values) > MAX_LIST:
+        raise argparse.ArgumentTypeError(f"at most {MAX_LIST:,} values, got {len(values):,}")
+    return values
 
 
 def task_param(text: str) -> tuple[str, Any]:

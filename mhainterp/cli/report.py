@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from mhainterp.cli.options import (
+    add_runtime_args,
     add_settings_args,
     by_axes,
     check_run_folders,
@@ -43,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("path", metavar="RUN_OR_SWEEP", help="a run, sweep or sweeps folder")
     report.add_argument("--out", default=None, help="folder for the report (default: the path)")
     add_settings_args(report)
+    add_runtime_args(report)
     report.set_defaults(func=_cmd_report)
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from mhainterp.cli.options import (
+    add_runtime_args,
     add_settings_args,
     by_axes,
     check_run_folders,
@@ -78,6 +79,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "halved and doubled and each other ablation method (36 runs of the analysis per run) "
         "and save the share of verdict sentences that change (analysis/headline_stability.csv)",
     )
+    add_runtime_args(specialize)
     specialize.set_defaults(func=_cmd_specialize)
 
 

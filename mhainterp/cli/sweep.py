@@ -16,6 +16,7 @@ from mhainterp.cli.options import (
     EXECUTORS,
     add_int_list,
     add_model_args,
+    add_runtime_args,
     add_task_args,
     add_train_args,
     check_executor,
@@ -62,6 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_task_args(sweep)
     add_model_args(sweep)
     add_train_args(sweep)
+    add_runtime_args(sweep)
     sweep.set_defaults(func=_cmd_sweep)
 
 

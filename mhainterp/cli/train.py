@@ -14,6 +14,7 @@ from pathlib import Path
 from mhainterp.cli.options import (
     add_count,
     add_model_args,
+    add_runtime_args,
     add_seed,
     add_task_args,
     add_train_args,
@@ -47,6 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_task_args(train)
     add_model_args(train)
     add_train_args(train)
+    add_runtime_args(train)
     train.set_defaults(func=_cmd_train)
 
 

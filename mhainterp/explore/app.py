@@ -32,7 +32,7 @@ from mhainterp.explore.runs import RunEntry, default_run, explorable_runs
 from mhainterp.explore.session import ExploreSession
 from mhainterp.explore.text import AXIS_TITLES
 from mhainterp.heads import head_label
-from mhainterp.runtime import torch_threads
+from mhainterp.runtime import work_threads
 from mhainterp.validation import check_int, invalid
 
 __all__ = ["ACTIONS", "BadRequestError", "Explorer", "answer_message"]
@@ -71,10 +71,11 @@ class Explorer:
         n_eval: Evaluation sequences per run.
         method: Initial ablation method.
         seed: Seed of the "draw another sequence" generator.
-        threads: torch threads while answering (then restored); None keeps torch's setting.
-            Default 1: these models are small, and on a few busy cores handing each small
-            matmul to a second thread costs more than it gains (measured: 10 ms vs 140 ms
-            per click on 2 loaded cores; see analysis/bench_explore.py).
+        threads: torch threads while answering (then restored); None: ``--threads`` /
+            ``$MHAINTERP_THREADS``, else 1 (:func:`mhainterp.runtime.work_threads`); 0 keeps
+            torch's setting. One, because these models are small, and on a few busy cores
+            handing each small matmul to a second thread costs more than it gains (measured:
+            10 ms vs 140 ms per click on 2 loaded cores; see analysis/bench_explore.py).
     """
 
     def __init__(
@@ -84,7 +85,7 @@ class Explorer:
         n_eval: int = DEFAULT_N_EVAL,
         method: str = "zero",
         seed: int = 0,
-        threads: int | None = 1,
+        threads: int | None = None,
     ) -> None:
         if not runs:
             raise invalid("runs", runs, "a non-empty list of runs to explore")
@@ -132,7 +133,7 @@ class Explorer:
         """
         explorer = cls([RunEntry(id=name, path=Path("."), n_heads=None, seed=None)], **options)
         task = task or getattr(data, "name", type(data).__name__)
-        with torch_threads(explorer.threads):
+        with work_threads(explorer.threads):
             session = ExploreSession(
                 model, data, n_eval=explorer.n_eval, method=explorer._method,
                 importance=importance,
@@ -187,7 +188,7 @@ class Explorer:
             self._example = 0
             return
         entry = self.runs[run_id]
-        with torch_threads(self.threads):
+        with work_threads(self.threads):
             try:
                 run = load_run(entry.path)
             except Exception as error:  # a damaged file: name the folder, keep serving others
@@ -201,7 +202,7 @@ class Explorer:
     def _install(
         self, name: str, task: str, session: ExploreSession, saved: SavedResults, note: str = ""
     ) -> None:
-        with torch_threads(self.threads):
+        with work_threads(self.threads):
             thumbnails = session.average_patterns()
         opened = _Opened(name, task, session, saved, thumbnails, note)
         self._opened[name] = self._current = opened
@@ -213,7 +214,7 @@ class Explorer:
         body = body if isinstance(body, dict) else {}
         if action not in ACTIONS:
             raise BadRequestError(f"action={action!r} is invalid: one of {', '.join(ACTIONS)}")
-        with torch_threads(self.threads):
+        with work_threads(self.threads):
             return self._handle(action, body)
 
     def _handle(self, action: str, body: dict[str, Any]) -> dict[str, Any]:

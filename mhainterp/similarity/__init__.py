@@ -44,6 +44,7 @@ from torch import Tensor
 from mhainterp.capture import Data
 from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.model import HookedMHATransformer
+from mhainterp.runtime import uses_work_threads
 from mhainterp.similarity.matrix import (
     cluster_heads,
     dissimilarity,
@@ -80,6 +81,7 @@ __all__ = [
 ]
 
 
+@uses_work_threads
 def head_similarity(
     model: HookedMHATransformer,
     data: Data | None = None,

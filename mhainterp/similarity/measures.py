@@ -28,6 +28,7 @@ from mhainterp.capture import (
 from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.model import HookedMHATransformer
 from mhainterp.protocol import check_model
+from mhainterp.runtime import uses_work_threads
 from mhainterp.validation import ParameterError, check_option
 
 __all__ = ["CROSS_MODEL_METHODS", "SIMILARITY_METHODS", "cross_model_similarity"]
@@ -318,6 +319,7 @@ def _circuit_similarity(model: HookedMHATransformer, method: str) -> Tensor:
 # ----------------------------------------------------------------------------- across models
 
 
+@uses_work_threads
 def cross_model_similarity(
     model_a: HookedMHATransformer,
     model_b: HookedMHATransformer,

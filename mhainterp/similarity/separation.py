@@ -18,7 +18,7 @@ from mhainterp.capture import Data, pattern_hook_names, statistic_queries, visib
 from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.heads import head_label
 from mhainterp.model import HookedMHATransformer
-from mhainterp.runtime import model_device
+from mhainterp.runtime import model_device, uses_work_threads
 from mhainterp.similarity.measures import (
     _check_model,
     _check_same_masking,
@@ -122,6 +122,7 @@ def _separation_sums(
     )
 
 
+@uses_work_threads
 def head_separation(
     model: HookedMHATransformer,
     tokens: Data,

@@ -37,6 +37,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from mhainterp.model import HookedMHATransformer
+from mhainterp.runtime import uses_work_threads
 from mhainterp.specialization.run_analysis import _analyse, _RunInput
 from mhainterp.specialization.seeds.combine import _single_result, attach_division, combine_results
 from mhainterp.specialization.verdict.result import (
@@ -113,6 +114,7 @@ def _unique_names(paths: list[str]) -> list[str]:
 # ----------------------------------------------------------------------------- public API
 
 
+@uses_work_threads
 def specialization_test(
     run_or_model: Any,
     data: Task | None = None,

@@ -38,6 +38,7 @@ from mhainterp.runs import (
     read_saved_meta,
     sweep_folders,
 )
+from mhainterp.runtime import uses_work_threads
 from mhainterp.specialization.battery import specialization_test
 from mhainterp.specialization.seeds.combine import attach_division, combine_results
 from mhainterp.specialization.seeds.summary import (
@@ -245,6 +246,7 @@ def _load_results(sweeps: Sequence[str | os.PathLike[str]]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
+@uses_work_threads
 def sweep_specialization(
     sweep: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     settings: SpecializationSettings | None = None,
@@ -295,6 +297,7 @@ def sweep_specialization(
     return SweepSpecialization(runs, summary, combined, notes, comparisons)
 
 
+@uses_work_threads
 def specialize_folder(
     path: str | os.PathLike[str],
     settings: SpecializationSettings | None = None,

@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from mhainterp.ablation import METHODS
 from mhainterp.io import write_csv, write_json
 from mhainterp.runs import find_runs
+from mhainterp.runtime import uses_work_threads
 from mhainterp.specialization.battery import specialization_test
 from mhainterp.specialization.seeds.combine import attach_division
 from mhainterp.specialization.verdict.result import SpecializationResult
@@ -169,6 +170,7 @@ def compare_headlines(
     return pd.DataFrame(rows, columns=HEADLINE_COLUMNS)
 
 
+@uses_work_threads
 def headline_stability(
     model: Any,
     data: Any,

@@ -129,6 +129,7 @@ from tqdm.auto import tqdm
 from mhainterp.ablation.replacement import CleanCache
 from mhainterp.data import Data, as_batch, batch_for_model, target_names
 from mhainterp.heads import head_label, resolve_heads
+from mhainterp.runtime import uses_work_threads
 from mhainterp.specialization.corrections import adjust_pvalues
 from mhainterp.specialization.needed.redundancy import similar_groups
 from mhainterp.specialization.whom.damage import AXES, TripleDamage, axis_values
@@ -217,6 +218,7 @@ def _axes_that_apply(
 # ----------------------------------------------------------------------------- entry point
 
 
+@uses_work_threads
 def division_of_labour(
     model: Any,
     data: Data,
