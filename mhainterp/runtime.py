@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import os
@@ -82,7 +83,7 @@ THREADS_ENV = "MHAINTERP_THREADS"
 _DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 
-def check_device_name(name: Any) -> str:
+def check_device_name(name: Any, what: str = "device") -> str:
     """``name`` if it is one of :data:`DEVICE_CHOICES` in form (whether this machine has it is
     :func:`resolve_device`'s question); what ``--device`` checks while parsing, without torch.
 
@@ -91,7 +92,7 @@ def check_device_name(name: Any) -> str:
         'cuda:1'
     """
     if not isinstance(name, str) or not _DEVICE_PATTERN.match(name.strip().lower()):
-        raise ParameterError(f"device={name!r} is invalid: one of {DEVICE_CHOICES}")
+        raise ParameterError(f"{what}={name!r} is invalid: one of {DEVICE_CHOICES}")
     return name.strip().lower()
 
 
@@ -201,6 +202,8 @@ def torch_threads(threads: int | None) -> Iterator[None]:
 def work_threads(threads: int | None = None) -> Iterator[None]:
     """Run the block with the threads ``train()`` and the analyses use: ``threads`` if given
     (0: torch's own setting), else ``$MHAINTERP_THREADS``, else :data:`DEFAULT_THREADS`.
+    Inside another such block, ``threads=None`` keeps the outer choice (an analysis that calls
+    another does not undo its caller's ``threads=``).
 
     Example:
         >>> import torch
@@ -209,11 +212,21 @@ def work_threads(threads: int | None = None) -> Iterator[None]:
         1
     """
     if threads is None:
+        if _INSIDE_WORK.get():
+            yield
+            return
         threads = _threads_from_environment()
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
         raise ParameterError(f"threads={threads!r} is invalid: an integer >= 0 (0: torch's own)")
-    with torch_threads(threads):
-        yield
+    token = _INSIDE_WORK.set(True)
+    try:
+        with torch_threads(threads):
+            yield
+    finally:
+        _INSIDE_WORK.reset(token)
+
+
+_INSIDE_WORK: contextvars.ContextVar[bool] = contextvars.ContextVar("inside_work", default=False)
 
 
 def uses_work_threads(function: F) -> F:

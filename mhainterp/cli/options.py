@@ -205,7 +205,7 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--device",
         action=Checked,
-        check=lambda name, value: check_device_name(value),
+        check=lambda name, value: check_device_name(value, name),
         default="auto",
         metavar="DEVICE",
         help=f"{DEVICE_CHOICES} (default auto: CUDA when available, else the CPU; a device "

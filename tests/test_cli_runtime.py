@@ -1,0 +1,75 @@
+"""--device, --threads and seed ranges: where a command runs, and how many seeds it runs."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+from mhainterp import build_model, get_task, head_importance
+from mhainterp.cli import main
+from mhainterp.cli.options import MAX_LIST, int_list
+from mhainterp.runtime import command_settings, model_device, resolve_device
+
+
+def test_seed_ranges_expand():
+    assert int_list("0-3,7") == [0, 1, 2, 3, 7]
+    assert int_list("1,4,8") == [1, 4, 8]
+    assert int_list("0-99") == list(range(100))
+    for bad in ("5-3", "a-b", "0-", f"0-{MAX_LIST}", "1,,x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected comma-separated"):
+            int_list(bad)
+
+
+def test_a_device_that_is_not_a_device_is_one_line(capsys):
+    assert main(["train", "--device", "tpu", "--out", "never"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "mhainterp train: error: --device='tpu' is invalid: one of auto|cpu|cuda|cuda:N|mps"
+    ]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_a_device_this_machine_lacks_is_one_line_before_any_work(capsys, tmp_path):
+    out = tmp_path / "never"
+    assert main(["train", "--device", "cuda:0", "--steps", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no CUDA device" in err[0] and "--device cpu or auto" in err[0]
+    assert not out.exists()  # refused before any work
+
+
+def test_seed_range_on_sweep_plans_every_seed(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    argv = ["sweep", "--task", "reverse", "--n-heads", "1", "--seeds", "0-2,5", "--steps", "2",
+            "--n-eval", "8", "--quiet", "--out", str(out), "--executor", "local"]  # fmt: skip
+    assert main(argv) == 0
+    assert sorted(p.name for p in (out / "runs").iterdir() if "." not in p.name) == [
+        "h1_seed0", "h1_seed1", "h1_seed2", "h1_seed5"
+    ]  # fmt: skip
+
+
+def test_threads_reach_the_analyses():
+    """--threads sets what threads=None means; an explicit threads= wins; the default is 1."""
+    task = get_task("reverse", seq_len=6, d_vocab=4)
+    model = build_model(task, d_model=8, n_heads=2, seed=0, device="cpu")
+    seen = []
+    model.blocks[0].attn.hook_z.add_hook(lambda z, hook: seen.append(torch.get_num_threads()))
+    try:
+        before = torch.get_num_threads()
+        head_importance(model, task, n_eval=8)
+        with command_settings(threads=2):
+            head_importance(model, task, n_eval=8)
+            head_importance(model, task, n_eval=8, threads=3)
+        assert torch.get_num_threads() == before  # restored
+    finally:
+        model.reset_hooks()
+    assert set(seen[: len(seen) // 3]) == {1}
+    assert {2, 3} <= set(seen)
+
+
+def test_device_setting_reaches_auto(tmp_path):
+    with command_settings(device="cpu"):
+        assert resolve_device("auto") == torch.device("cpu")
+        model = build_model(get_task("reverse"), n_heads=2)
+    assert model_device(model).type == "cpu"
