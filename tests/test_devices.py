@@ -213,3 +213,37 @@ def test_model_to_cuda_then_forward_with_cpu_tokens(task):
     assert model.cfg.device.startswith("cuda")
     logits = model(torch.tensor([[1, 2, 3, 4]]))
     assert logits.device.type == "cuda"
+
+
+def test_the_explorer_session_follows_the_model(model, task):
+    from mhainterp.explore.session import ExploreSession
+
+    def answers(session: ExploreSession) -> list:
+        session.set(["L0H1"])
+        return [session.metrics(), session.example(0), session.attention(0, 3),
+                session.average_patterns(), session.importance()]  # fmt: skip
+
+    expected = answers(ExploreSession(model, task, n_eval=N_EVAL, method="mean"))
+    with torch.device("meta"):
+        got = answers(ExploreSession(model, task, n_eval=N_EVAL, method="mean"))
+    assert got == expected
+
+
+def test_analyze_run_follows_the_model(task, tmp_path):
+    """The whole `mhainterp analyze` of a run: every CSV equal off the default device."""
+    from mhainterp import TrainConfig, analyze_run, train
+
+    model = build_model(task, d_model=16, n_heads=2, seed=0, device="cpu")
+    train(model, task, TrainConfig(steps=3, n_eval=N_EVAL), run_dir=tmp_path / "a", progress=False)
+    import shutil
+
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    analyze_run(tmp_path / "a", n_eval=N_EVAL, progress=False)
+    with torch.device("meta"):
+        analyze_run(tmp_path / "b", n_eval=N_EVAL, progress=False)
+    tables = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").rglob("*.csv"))
+    assert len(tables) > 5
+    for table in tables:
+        pd.testing.assert_frame_equal(
+            pd.read_csv(tmp_path / "b" / table), pd.read_csv(tmp_path / "a" / table)
+        )

@@ -43,6 +43,7 @@ from mhainterp.model.components import (
 )
 from mhainterp.model.loss import mean_loss
 from mhainterp.model.weight_views import ModelWeightViews
+from mhainterp.runtime import DRAW_DEVICE
 from mhainterp.validation import ParameterError, check_bool, check_option, invalid
 
 __all__ = ["HookedMHATransformer"]
@@ -78,20 +79,30 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
         if not isinstance(cfg, ModelConfig):
             raise TypeError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
-        self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model)
-        self.hook_embed = HookPoint()  # [batch, pos, d_model]
-        self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
-        self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
-        self.ln_final = _norm(cfg)
-        self.unembed = Unembed(cfg.d_model, cfg.n_targets * cfg.d_vocab_out)
-        self.hook_unembed = HookPoint()  # [batch, pos, n_targets * d_vocab_out], TL 4.x's alias
+        # The weights are drawn on the CPU from cfg.seed (the same model on every device, and
+        # whatever torch's default device is), then moved to cfg.device.
+        with torch.device(DRAW_DEVICE):
+            self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
+            self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model)
+            self.hook_embed = HookPoint()  # [batch, pos, d_model]
+            self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
+            self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
+            self.ln_final = _norm(cfg)
+            self.unembed = Unembed(cfg.d_model, cfg.n_targets * cfg.d_vocab_out)
+            self.hook_unembed = HookPoint()  # [batch, pos, n_targets * d_vocab_out], TL's alias
         self.reset_parameters(cfg.seed)
         self.setup()  # registers hook points by name (HookedRootModule)
         self.to(device=cfg.device, dtype=cfg.dtype)
 
     def reset_parameters(self, seed: int) -> None:
-        """Re-initialise every weight from one seed, in a fixed order (bit-reproducible)."""
+        """Re-initialise every weight from one seed, in a fixed order (bit-reproducible): drawn
+        with a CPU generator, so a model on another device is re-drawn on the CPU and moved."""
+        device = self.embed.weight.device
+        if device != torch.device(DRAW_DEVICE):
+            self.to(DRAW_DEVICE)
+            self.reset_parameters(seed)
+            self.to(device)
+            return
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():
             nn.init.normal_(self.embed.weight, 0.0, 1.0, generator=generator)
