@@ -37,6 +37,7 @@ from torch import Tensor, nn
 
 from mhainterp.heads import all_head_labels
 from mhainterp.model import HookedMHATransformer
+from mhainterp.runtime import model_device
 from mhainterp.validation import ParameterError, check_option, invalid
 
 __all__ = [
@@ -305,6 +306,9 @@ class BridgedModel(nn.Module):
         return_type = check_option("return_type", kwargs.get("return_type", "logits"),
                                    ("logits", None))  # fmt: skip
         tokens, padding_mask = self.validate_inputs(tokens, padding_mask)
+        device = model_device(self)  # inputs follow the model, as on our own model
+        tokens = tokens.to(device)
+        padding_mask = None if padding_mask is None else padding_mask.to(device)
         output = self.logits(tokens, padding_mask)
         return output if return_type == "logits" else None
 
