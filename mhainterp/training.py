@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from mhainterp.config import ModelConfig, TrainConfig
-from mhainterp.data import DEFAULT_N_EVAL, as_batch, target_names
+from mhainterp.data import DEFAULT_N_EVAL, as_batch, batch_for_model, target_names
 from mhainterp.io import (
     allocation_failures,
     atomic_path,
@@ -51,7 +51,13 @@ from mhainterp.runs import (
     read_eval,
     run_status,
 )
-from mhainterp.runtime import eval_mode, resolve_device, terminate_as_interrupt, work_threads
+from mhainterp.runtime import (
+    eval_mode,
+    model_device,
+    resolve_device,
+    terminate_as_interrupt,
+    work_threads,
+)
 from mhainterp.scoring import Totals, position_scores, totals
 from mhainterp.tasks import Batch, Task, task_from_record, task_record
 from mhainterp.training_memory import count_parameters, itemsize, training_memory, training_what
@@ -206,7 +212,7 @@ def evaluate(
         >>> evaluate(model, get_task("reverse"))["accuracy"]  # doctest: +SKIP
         0.97
     """
-    batch = as_batch(data, n_eval=n_eval, needs_targets=True)
+    batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
     check_int("batch_size", batch_size, minimum=1)
     with eval_mode(model):
         result: Totals | None = None
@@ -291,7 +297,8 @@ def _train(
     progress: bool,
 ) -> Run:
     """The training loop of :func:`train` (arguments checked there)."""
-    generator = torch.Generator().manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(config.seed)  # data drawn on the CPU, then moved
+    device = model_device(model)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
     )
@@ -309,7 +316,7 @@ def _train(
         lr = lr_at(step, config)
         for group in optimizer.param_groups:
             group["lr"] = lr
-        batch = task.sample(config.batch_size, generator=generator)
+        batch = task.sample(config.batch_size, generator=generator).to(device)
         # Fixed-length tasks have no padding: skipping the all-True mask saves ~5% per step.
         padding_mask = batch.padding_mask if task.variable_length else None
         logits = model.logits(batch.tokens, padding_mask)

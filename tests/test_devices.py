@@ -11,6 +11,8 @@ outside. The tests marked ``cuda`` run the same calls on a real GPU (``make test
 
 from __future__ import annotations
 
+import copy
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -37,7 +39,7 @@ from mhainterp.attribution import attribution_patching
 from mhainterp.runtime import model_device, resolve_device
 from mhainterp.similarity import cross_model_similarity
 from mhainterp.similarity.separation import head_separation
-from mhainterp.training import evaluate
+from mhainterp.training import TrainConfig, evaluate, train
 
 PACKAGE = Path(mhainterp.__file__).parent
 N_EVAL = 48
@@ -162,6 +164,40 @@ def test_a_run_trained_elsewhere_is_the_same_run(task, tmp_path):
     assert run_config_differences(tmp_path / "run", model, task, config) == (
         "the same settings, unfinished"
     )
+
+
+# ----- inputs move to the model ----------------------------------------------------------------
+DEVICE_MIX = re.compile(r"same device|expected device|at least two devices", re.IGNORECASE)
+
+
+def _on_meta(model):
+    """A copy of ``model`` on ``meta``: a CPU tensor that meets it raises torch's device-mix
+    error, as a CPU batch meets a CUDA model (the other half of issue 30's crashes)."""
+    return copy.deepcopy(model).to("meta")
+
+
+MOVES = {
+    "forward": lambda m, t: m(t.eval_batch(4).tokens),
+    "run_with_cache": lambda m, t: m.run_with_cache(t.eval_batch(4).tokens),
+    "train": lambda m, t: train(m, t, TrainConfig(steps=2, n_eval=8), progress=False),
+    **CALLS,
+}
+
+
+@pytest.mark.parametrize("name", sorted(MOVES))
+def test_every_call_moves_its_data_to_the_model(name, model, task):
+    """Run on a model on ``meta``: a call may stop where it first needs a value (meta tensors
+    have none), but never with a device-mix error before that."""
+    try:
+        MOVES[name](_on_meta(model), task)
+    except (RuntimeError, NotImplementedError) as error:
+        assert not DEVICE_MIX.search(str(error)), f"{name}: {error}"
+
+
+def test_the_move_check_can_fail(model, task):
+    batch = task.eval_batch(4)
+    with pytest.raises(RuntimeError, match=DEVICE_MIX):
+        _on_meta(model).logits(batch.tokens, batch.padding_mask)  # logits() does not move
 
 
 # ----- nothing pins the CPU ---------------------------------------------------------------------
