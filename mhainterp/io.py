@@ -33,9 +33,10 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:  # a DataFrame is only written (df.to_csv): no pandas at import
+    import pandas as pd
 
 try:  # POSIX; elsewhere run_lock falls back to a process-local lock (see run_lock)
     import fcntl

@@ -54,10 +54,14 @@ def test_auto_reads_the_environment_first(monkeypatch):
     assert resolve_device(None) == torch.device("cpu")
 
 
-def test_runtime_imports_neither_torch_nor_pandas():
+def test_runtime_and_io_import_neither_torch_nor_pandas():
+    """The CLI's --help imports them; torch and pandas load only when a command needs them."""
     import subprocess
     import sys
 
-    code = "import sys, mhainterp.runtime; print('torch' in sys.modules, 'pandas' in sys.modules)"
+    code = (
+        "import sys, mhainterp.runtime, mhainterp.io; "
+        "print('torch' in sys.modules, 'pandas' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
