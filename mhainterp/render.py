@@ -68,20 +68,23 @@ def format_value(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
-def format_p(p: float | None, floor: float | None = None) -> str:
-    """A p-value in text: ``"p = 0.031"``; ``"p < 0.001"`` when it sits at its ``floor`` (the
-    smallest value its null can give, e.g. ``1 / (1 + M)`` for M draws: a bound, not a
-    measurement); ``"p < 1e-10"`` for tiny values; ``"p n/a"`` for NaN or None.
+def format_p(p: float | None, floor: float | None = None, *, exact: bool = False) -> str:
+    """A p-value in text: ``"p = 0.031"``; at its ``floor`` (the smallest value its null can
+    give) ``"p < 0.001"`` for a sampled null (e.g. ``1 / (1 + M)`` for M draws: a bound, not a
+    measurement) or, with ``exact`` (an exact test, whose floor is reached exactly),
+    ``"p = 0.1 (the floor)"``; ``"p < 1e-10"`` for tiny values; ``"p n/a"`` for NaN or None.
 
     Example:
         >>> format_p(0.0312), format_p(1 / 1001, 1 / 1001), format_p(float("nan"))
         ('p = 0.031', 'p < 0.001', 'p n/a')
+        >>> format_p(0.1, 0.1, exact=True)
+        'p = 0.1 (the floor)'
     """
     if p is None or math.isnan(float(p)):
         return "p n/a"
     p = float(p)
     if floor is not None and not math.isnan(float(floor)) and p <= float(floor) * (1 + 1e-9):
-        return f"p < {float(floor):.2g}"
+        return f"p = {float(floor):.2g} (the floor)" if exact else f"p < {float(floor):.2g}"
     if p < 1e-10:
         return "p < 1e-10"
     return f"p = {p:.2g}"

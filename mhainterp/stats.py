@@ -1,20 +1,32 @@
-"""Small, honest statistics for comparing groups of seeds.
+"""Small, honest statistics for comparing head counts over seeds.
 
 With 3 seeds nothing is certain; these functions report what the data allow and never hide n.
 
-- :func:`compare_seeds` is the one comparison of two groups of seeds: Welch's unequal-variance
-  t-test for graded outcomes (an exact permutation test where Welch is undefined: both groups
-  without spread), Fisher's exact test for yes/no outcomes. It never returns p = 0.
-- :func:`beyond_seed_spread` is the rule every "beyond the seed spread" sentence uses: the
-  comparisons of one Findings block are Holm-corrected together, and a difference is beyond the
-  spread when its corrected p is below ``alpha``. Under no true difference the rate of false
-  "beyond" calls is at most ``alpha`` (tests/test_seed_stats.py measures it by simulation).
-- :func:`smallest_p` says what ``n`` seeds can show at all: the smallest p an exact test of
-  ``n_a`` vs ``n_b`` seeds can reach (0.1 for 3 vs 3, so a yes/no outcome over 3 seeds per
-  head count can never be significant at 0.05).
+**Which test and interval, by n** (seeds per group; :data:`ASYMPTOTIC_MIN_SEEDS` = 10):
 
-No bootstrap interval over seeds: 3 values have 10 distinct resamples, and such an interval
-excludes 0 in about a fifth of null cases.
+- fewer than 10 seeds in either group: the **exact permutation test** of the difference of
+  means (every split of the pooled seeds; its floor :func:`smallest_p` is 0.1 for 3 vs 3, so
+  nothing can be shown with 3 seeds whatever its size, and it is stated) with **Welch's t
+  interval** of the difference (it assumes a normal seed spread; with no spread in either
+  group there is no interval). Welch's *test* at 3 seeds rests wholly on 3 values being
+  normal: one stray h = 1 seed at 0.74 made "3 seeds cannot settle h = 1 -> 4" (Holm p 0.058),
+  which seeds 3-5 turned into Holm p 7e-5. A bootstrap over 3 values has 10 distinct
+  resamples, and its interval excludes 0 in about a fifth of null cases;
+- 10 or more in both: **Welch's t test** (the exact floor is then below 1e-5, and the mean of
+  10 seeds is near normal) and a **percentile bootstrap interval** (each group resampled on
+  its own, :func:`bootstrap_interval`).
+
+Yes/no outcomes use Fisher's exact test. Undefined values (NaN: an index one head cannot have,
+a "cannot tell" call) are left out of every test, never counted as "no".
+
+- :func:`compare_seeds` is the one comparison of two groups of seeds: the difference of
+  means, its interval, the test suited to n, its floor and whether the groups are completely
+  separated. It never returns p = 0.
+- :func:`compare_head_counts` compares *adjacent* head counts of each task on every measure
+  (where the measure is defined at both), Holm-corrected over the task's block
+  (:func:`beyond_seed_spread`); :func:`comparison_sentence` writes one row.
+- :func:`seeds_to_settle` and :func:`seed_power_note` say what ``n`` seeds can show, and what
+  n would settle a comparison that is still open.
 
 Example:
     >>> compare_seeds([1.0, 1.0, 1.0], [0.0, 0.0, 0.0])["p"]  # exact: 2 of the 20 splits
@@ -27,35 +39,70 @@ import itertools
 import math
 import warnings
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
+import pandas as pd
 from scipy import stats as scipy_stats
 
+from mhainterp.render import format_p
 from mhainterp.validation import check_float, check_option, invalid
 
 __all__ = [
+    "ASYMPTOTIC_MIN_SEEDS",
+    "CONFIDENCE",
+    "EXACT_TESTS",
+    "HEAD_COUNT_COLUMNS",
     "OUTCOME_KINDS",
     "POWER_NOTE_MARK",
+    "all_seeds_equal",
     "as_pvalues",
     "benjamini_hochberg",
-    "holm",
-    "holm_block",
     "beyond_seed_spread",
+    "bootstrap_interval",
+    "compare_head_counts",
     "compare_seeds",
+    "comparison_display",
+    "comparison_sentence",
+    "defined_head_counts",
     "describe",
+    "difference_interval",
+    "difference_text",
     "exact_permutation_p",
     "fisher_p",
+    "holm",
+    "holm_block",
+    "permutation_floor",
     "seed_power_note",
+    "seeds_for_floor",
+    "seeds_for_power",
+    "seeds_to_settle",
+    "separation",
     "smallest_p",
+    "welch_interval",
     "welch_test",
 ]
 
 OUTCOME_KINDS = ("graded", "yes/no")
-"""What a per-seed outcome is: a number (Welch) or a yes/no (Fisher's exact test)."""
+"""What a per-seed outcome is: a number (exact permutation or Welch) or a yes/no (Fisher)."""
 
-_EXACT_LIMIT = 20_000
-"""Above this many splits the permutation test draws this many at random instead."""
+EXACT_TESTS = ("exact permutation", "Fisher exact")
+"""Tests whose floor is reached exactly (a p there prints "= floor"; a sampled permutation
+test's floor is a bound and prints "< floor")."""
+
+ASYMPTOTIC_MIN_SEEDS = 10
+"""From this many seeds in *both* groups, Welch's test and the bootstrap interval; below it,
+the exact permutation test and Welch's t interval (module docstring)."""
+
+_EXACT_LIMIT = 50_000
+"""Above this many splits the permutation test draws this many at random instead (9 vs 9
+seeds, 48,620 splits, are still all enumerated)."""
+
+_BOOTSTRAP_RESAMPLES = 10_000
+"""Resamples of each group in :func:`bootstrap_interval`."""
+
+_MAX_SEEDS = 100_000
+"""Beyond this many seeds per group a comparison counts as out of reach."""
 
 
 # ----------------------------------------------------------------------------- corrections
@@ -118,11 +165,16 @@ def benjamini_hochberg(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
     return out
 
 
-# ----------------------------------------------------------------------------- seeds
+# ----------------------------------------------------------------------------- two groups
 
 
 def describe(values: Sequence[float]) -> dict[str, float]:
-    """``{"mean", "std", "n"}`` with the sample std (ddof=1; NaN when n < 2)."""
+    """``{"mean", "std", "n"}`` with the sample std (ddof=1; NaN when n < 2).
+
+    Example:
+        >>> describe([1.0, 2.0, 3.0])
+        {'mean': 2.0, 'std': 1.0, 'n': 3}
+    """
     x = np.asarray(values, dtype=float)
     return {
         "mean": float(x.mean()) if x.size else math.nan,
@@ -131,11 +183,23 @@ def describe(values: Sequence[float]) -> dict[str, float]:
     }
 
 
+def _no_spread(x: np.ndarray) -> bool:
+    """Whether every value is the same, up to floating-point noise (0.001 written three
+    times has a std of 2e-19)."""
+    return bool(x.size) and float(np.ptp(x)) <= 1e-12 * max(1.0, float(np.abs(x).max()))
+
+
+def _defined(values: Sequence[float]) -> np.ndarray:
+    """The values as floats, undefined ones (NaN) left out."""
+    x = np.asarray(values, dtype=float).ravel()
+    return x[~np.isnan(x)]
+
+
 def exact_permutation_p(a: Sequence[float], b: Sequence[float], seed: int = 0) -> float:
     """Two-sided permutation p of ``|mean(a) - mean(b)|`` over every split of the pooled values
     into groups of ``len(a)`` and ``len(b)`` (random splits when there are too many).
 
-    The smallest value it can take is ``2 / C(n_a + n_b, n_a)`` (for distinct groups), never 0.
+    The smallest value it can take is :func:`permutation_floor` (for distinct groups), never 0.
 
     Example:
         >>> exact_permutation_p([1, 1, 1], [0, 0, 0])
@@ -149,12 +213,36 @@ def exact_permutation_p(a: Sequence[float], b: Sequence[float], seed: int = 0) -
     if math.comb(n, n_a) <= _EXACT_LIMIT:
         splits = np.array(list(itertools.combinations(range(n), n_a)))
         sums = pooled[splits].sum(axis=1)
-    else:
+    else:  # the observed split counts as one of the draws, so p >= 1 / (1 + draws)
         rng = np.random.default_rng(seed)
         draws = np.argsort(rng.random((_EXACT_LIMIT, n)), axis=1)[:, :n_a]
         sums = np.concatenate([[a.sum()], pooled[draws].sum(axis=1)])
     diffs = np.abs(sums / n_a - (total - sums) / (n - n_a))
     return float(np.mean(diffs >= observed - 1e-12 * max(1.0, observed)))
+
+
+def smallest_p(n_a: int, n_b: int) -> float:
+    """The smallest two-sided p an exact test of ``n_a`` vs ``n_b`` seeds can reach:
+    ``2 / C(n_a + n_b, n_a)`` (the two most extreme splits of the pooled seeds).
+
+    Example:
+        >>> smallest_p(3, 3), smallest_p(5, 5)
+        (0.1, 0.007936507936507936)
+    """
+    return min(1.0, 2.0 / math.comb(n_a + n_b, n_a))
+
+
+def permutation_floor(n_a: int, n_b: int) -> float:
+    """The smallest p :func:`exact_permutation_p` returns for ``n_a`` vs ``n_b`` seeds: the
+    exact floor :func:`smallest_p`, or ``1 / (1 + draws)`` where it draws random splits.
+
+    Example:
+        >>> permutation_floor(3, 3), permutation_floor(30, 30)
+        (0.1, 1.999960000799984e-05)
+    """
+    if math.comb(n_a + n_b, n_a) <= _EXACT_LIMIT:
+        return smallest_p(n_a, n_b)
+    return 1.0 / (1 + _EXACT_LIMIT)
 
 
 def welch_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
@@ -173,10 +261,13 @@ def welch_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.size < 2 or b.size < 2:
         return math.nan, math.nan
-    if a.std() == 0 and b.std() == 0:
-        if a.mean() == b.mean():
+    if _no_spread(a) and _no_spread(b):
+        if _no_spread(np.concatenate([a, b])):
             return 0.0, 1.0
-        return math.copysign(math.inf, a.mean() - b.mean()), exact_permutation_p(a, b)
+        # Two constant groups: only the observed split (and its mirror, for equal sizes) is
+        # as extreme, whatever n: the exact p, with no splits to draw.
+        p = (2 if a.size == b.size else 1) / math.comb(a.size + b.size, a.size)
+        return math.copysign(math.inf, a.mean() - b.mean()), p
     with warnings.catch_warnings():  # near-identical seeds trigger a harmless precision warning
         warnings.simplefilter("ignore", RuntimeWarning)
         result = scipy_stats.ttest_ind(a, b, equal_var=False)
@@ -195,41 +286,163 @@ def fisher_p(a: Sequence[float], b: Sequence[float]) -> float:
     return float(scipy_stats.fisher_exact(table).pvalue)
 
 
+def welch_interval(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95
+) -> tuple[float, float]:
+    """Welch's t interval of ``mean(b) - mean(a)`` (Welch-Satterthwaite degrees of freedom);
+    ``(nan, nan)`` when a group has fewer than 2 values or neither group varies (no spread,
+    no interval).
+
+    Example:
+        >>> [round(v, 3) for v in welch_interval([1, 2, 3], [4, 5, 6])]  # 3 +- 2.776 * 0.816
+        [0.733, 5.267]
+    """
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if x.size < 2 or y.size < 2:
+        return math.nan, math.nan
+    va, vb = x.var(ddof=1) / x.size, y.var(ddof=1) / y.size
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return math.nan, math.nan
+    df = (va + vb) ** 2 / (va**2 / (x.size - 1) + vb**2 / (y.size - 1))
+    half = float(scipy_stats.t.ppf(0.5 + confidence / 2, df)) * se
+    diff = float(y.mean() - x.mean())
+    return diff - half, diff + half
+
+
+def bootstrap_interval(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of ``mean(b) - mean(a)``: each group resampled on its own
+    (with replacement, its own size), 10,000 times, from ``seed``.
+
+    Example:
+        >>> low, high = bootstrap_interval(np.arange(30.0), np.arange(30.0) + 20)
+        >>> bool(10 < low < 20 < high < 30)
+        True
+    """
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    rng = np.random.default_rng(seed)
+    mean_x = x[rng.integers(0, x.size, (_BOOTSTRAP_RESAMPLES, x.size))].mean(axis=1)
+    mean_y = y[rng.integers(0, y.size, (_BOOTSTRAP_RESAMPLES, y.size))].mean(axis=1)
+    tail = (1 - confidence) / 2
+    low, high = np.quantile(mean_y - mean_x, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+def _large(n_a: int, n_b: int) -> bool:
+    """Whether both groups have enough seeds for Welch's test and the bootstrap."""
+    return min(n_a, n_b) >= ASYMPTOTIC_MIN_SEEDS
+
+
+def difference_interval(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95
+) -> dict[str, float | str]:
+    """The interval of ``mean(b) - mean(a)`` suited to n: ``{"low", "high", "method"}``.
+
+    Welch's t interval below :data:`ASYMPTOTIC_MIN_SEEDS` seeds in a group, the percentile
+    bootstrap from there (NaN values are left out first).
+
+    Example:
+        >>> difference_interval([1, 2, 3], [4, 5, 6])["method"]
+        'Welch t'
+        >>> difference_interval([1, 1, 1], [0, 0, 0])["method"]  # no spread: no interval
+        'none (no seed spread)'
+    """
+    check_float("confidence", confidence, minimum=0.0, maximum=1.0, inclusive=False)
+    x, y = _defined(a), _defined(b)
+    if x.size < 2 or y.size < 2:
+        return {"low": math.nan, "high": math.nan, "method": "none (n < 2)"}
+    if _no_spread(x) and _no_spread(y):
+        return {"low": math.nan, "high": math.nan, "method": "none (no seed spread)"}
+    if _large(x.size, y.size):
+        low, high = bootstrap_interval(x, y, confidence)
+        return {"low": low, "high": high, "method": "bootstrap"}
+    low, high = welch_interval(x, y, confidence)
+    return {"low": low, "high": high, "method": "Welch t"}
+
+
+def separation(a: Sequence[float], b: Sequence[float]) -> int:
+    """+1 when every value of ``b`` exceeds every value of ``a``, -1 when every one is below,
+    else 0 (NaN values left out; 0 when a group is empty).
+
+    Example:
+        >>> separation([0.1, 0.2], [0.3, 0.5]), separation([1, 1], [1, 1])
+        (1, 0)
+    """
+    x, y = _defined(a), _defined(b)
+    if not x.size or not y.size:
+        return 0
+    if y.min() > x.max():
+        return 1
+    if y.max() < x.min():
+        return -1
+    return 0
+
+
 def compare_seeds(
     a: Sequence[float],
     b: Sequence[float],
     kind: Literal["graded", "yes/no"] = "graded",
-) -> dict[str, float | str]:
-    """Compare two groups of seeds: ``{"diff", "p", "test"}`` with ``diff = mean(b) - mean(a)``.
+    confidence: float = 0.95,
+) -> dict[str, Any]:
+    """Compare two groups of seeds, ``b`` against ``a``, with the test suited to n.
+
+    Undefined values (NaN) are left out of both groups first: an outcome that cannot be
+    measured is never counted as "no".
 
     Args:
         a: One value per seed of the first group.
         b: One value per seed of the second group.
-        kind: ``"graded"`` (Welch; exact permutation when neither group varies) or
-            ``"yes/no"`` (Fisher's exact test on the counts of yes).
+        kind: ``"graded"`` (exact permutation below :data:`ASYMPTOTIC_MIN_SEEDS` seeds in a
+            group, Welch from there) or ``"yes/no"`` (Fisher's exact test on the counts of yes).
+        confidence: Level of the interval of the difference.
 
     Returns:
-        ``diff``, ``p`` (NaN with fewer than 2 seeds in a group) and ``test`` (the name of the
-        test used: ``"Welch"``, ``"exact permutation"`` or ``"Fisher exact"``).
+        ``diff`` (``mean(b) - mean(a)``), ``ci_low, ci_high, ci_method``
+        (:func:`difference_interval`), ``p`` (NaN with fewer than 2 seeds in a group),
+        ``test`` (``"exact permutation"``, ``"Welch"``, ``"Fisher exact"``), ``p_floor`` (the
+        smallest p that test can give at these n; NaN for Welch), ``separated``
+        (:func:`separation`), ``n_a, n_b`` (the defined seeds).
 
     Example:
         >>> result = compare_seeds([0, 0, 0], [1, 1, 1], kind="yes/no")
-        >>> result["diff"], round(result["p"], 12), result["test"]
-        (1.0, 0.1, 'Fisher exact')
+        >>> result["diff"], round(result["p"], 12), result["test"], result["p_floor"]
+        (1.0, 0.1, 'Fisher exact', 0.1)
+        >>> compare_seeds([0.5, 0.6, float("nan")], [0.9, 0.8, 0.7])["n_a"]
+        2
     """
     check_option("kind", kind, OUTCOME_KINDS)
-    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    diff = float(y.mean() - x.mean()) if x.size and y.size else math.nan
-    if x.size < 2 or y.size < 2:
-        return {"diff": diff, "p": math.nan, "test": "none (n < 2)"}
-    if kind == "yes/no":
-        return {"diff": diff, "p": fisher_p(x, y), "test": "Fisher exact"}
-    exact = x.std() == 0 and y.std() == 0
-    return {
-        "diff": diff,
-        "p": welch_test(y, x)[1],
-        "test": "exact permutation" if exact else "Welch",
+    x, y = _defined(a), _defined(b)
+    out: dict[str, Any] = {
+        "diff": float(y.mean() - x.mean()) if x.size and y.size else math.nan,
+        "n_a": int(x.size),
+        "n_b": int(y.size),
+        "separated": separation(x, y),
     }
+    interval = difference_interval(x, y, confidence)
+    out.update(ci_low=interval["low"], ci_high=interval["high"], ci_method=interval["method"])
+    if x.size < 2 or y.size < 2:
+        return {**out, "p": math.nan, "test": "none (n < 2)", "p_floor": math.nan}
+    if kind == "yes/no":
+        return {
+            **out,
+            "p": fisher_p(x, y),
+            "test": "Fisher exact",
+            "p_floor": smallest_p(x.size, y.size),
+        }
+    if _no_spread(x) and _no_spread(y):  # exact at any n (welch_test's constant groups)
+        floor = smallest_p(x.size, y.size)
+        return {**out, "p": welch_test(y, x)[1], "test": "exact permutation", "p_floor": floor}
+    if _large(x.size, y.size):
+        return {**out, "p": welch_test(y, x)[1], "test": "Welch", "p_floor": math.nan}
+    drawn = math.comb(x.size + y.size, x.size) > _EXACT_LIMIT
+    test = f"permutation ({_EXACT_LIMIT:,} random splits)" if drawn else "exact permutation"
+    floor = permutation_floor(x.size, y.size)
+    return {**out, "p": exact_permutation_p(x, y), "test": test, "p_floor": floor}
+
+
+# ----------------------------------------------------------------------------- families
 
 
 def beyond_seed_spread(p_values: Sequence[float], alpha: float = 0.05) -> list[bool | None]:
@@ -270,15 +483,89 @@ def holm_block(p_values: Sequence[float]) -> list[float | None]:
     return out
 
 
-def smallest_p(n_a: int, n_b: int) -> float:
-    """The smallest two-sided p an exact test of ``n_a`` vs ``n_b`` seeds can reach:
-    ``2 / C(n_a + n_b, n_a)`` (the two most extreme splits of the pooled seeds).
+# ----------------------------------------------------------------------------- what n can show
+
+
+def seeds_for_floor(alpha: float = 0.05, n_comparisons: int = 1) -> int:
+    """The fewest seeds per group whose exact-test floor (:func:`smallest_p`, n vs n) is below
+    ``alpha / n_comparisons``: the strictest step of Holm over the block, so a complete
+    separation at that n survives Holm whatever the other comparisons give.
 
     Example:
-        >>> smallest_p(3, 3), smallest_p(5, 5)
-        (0.1, 0.007936507936507936)
+        >>> seeds_for_floor(0.05), seeds_for_floor(0.05, 13)
+        (4, 6)
     """
-    return min(1.0, 2.0 / math.comb(n_a + n_b, n_a))
+    check_float("alpha", alpha, minimum=0.0, maximum=1.0, inclusive=False)
+    level = alpha / max(1, n_comparisons)
+    n = 2
+    while smallest_p(n, n) >= level:
+        n += 1
+    return n
+
+
+def seeds_for_power(diff: float, std: float, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Seeds per group a two-sided two-sample t test at level ``alpha`` needs to detect a
+    difference ``diff`` with probability ``power``, for a common seed std ``std`` (noncentral
+    t). 2 when ``std`` is 0 and ``diff`` is not; inf when ``diff`` is 0 or NaN, or more than
+    100,000 seeds would be needed.
+
+    Example:
+        >>> seeds_for_power(1.0, 1.0)  # Cohen's d = 1: 17 per group, the textbook value
+        17
+    """
+    if not math.isfinite(diff) or diff == 0 or math.isnan(std):
+        return math.inf
+    if std == 0:
+        return 2
+    effect = abs(diff) / std
+
+    def achieved(n: int) -> float:
+        df = 2 * n - 2
+        critical = scipy_stats.t.ppf(1 - alpha / 2, df)
+        shift = effect * math.sqrt(n / 2)
+        return float(
+            scipy_stats.nct.sf(critical, df, shift) + scipy_stats.nct.cdf(-critical, df, shift)
+        )
+
+    low, high = 2, 2
+    while achieved(high) < power:  # double, then bisect: the power grows with n
+        low, high = high, high * 2
+        if high > _MAX_SEEDS:
+            return math.inf
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (middle + 1, high) if achieved(middle) < power else (low, middle)
+    return high
+
+
+def seeds_to_settle(
+    diff: float,
+    std_a: float,
+    std_b: float,
+    alpha: float = 0.05,
+    n_comparisons: int = 1,
+    power: float = 0.8,
+) -> float:
+    """Seeds per head count that would settle an open comparison: the n at which a two-sample
+    t test reaches ``power`` for the observed difference and pooled seed std at level
+    ``alpha / n_comparisons`` (Holm's strictest step), and, where that n is below
+    :data:`ASYMPTOTIC_MIN_SEEDS` (the exact test would be used), at least the n whose exact
+    floor is below that level. inf when nothing differs (``diff`` 0).
+
+    Example:
+        >>> seeds_to_settle(1.0, 0.0, 0.0, 0.05, 13)  # a complete separation: the floor decides
+        6
+        >>> seeds_to_settle(0.1, 0.1, 0.1, 0.05, 1)
+        17
+    """
+    spread = [s for s in (std_a, std_b) if not math.isnan(s)]
+    if not spread:
+        return math.inf
+    pooled = math.sqrt(sum(s * s for s in spread) / len(spread))
+    n = seeds_for_power(diff, pooled, alpha / max(1, n_comparisons), power)
+    if n < ASYMPTOTIC_MIN_SEEDS:
+        n = max(n, seeds_for_floor(alpha, n_comparisons))
+    return n
 
 
 POWER_NOTE_MARK = " per head count: "
@@ -287,11 +574,15 @@ states it once (the report) knows it among other notes."""
 
 
 def seed_power_note(n_seeds: int, alpha: float = 0.05, n_comparisons: int = 1) -> str:
-    """One sentence on what ``n_seeds`` seeds per group can and cannot show.
+    """One sentence on what ``n_seeds`` seeds per head count can and cannot show: the test and
+    interval used at that n, the exact test's floor, the level Holm over ``n_comparisons``
+    asks for, and the n at which a complete separation would reach it.
 
     Example:
         >>> seed_power_note(3)[:60]
         '3 seeds per head count: an exact test of 3 vs 3 seeds cannot'
+        >>> "Welch's t test" in seed_power_note(30)
+        True
     """
     if n_seeds < 2:
         return (
@@ -299,18 +590,339 @@ def seed_power_note(n_seeds: int, alpha: float = 0.05, n_comparisons: int = 1) -
             "head counts can be tested; rerun with 3 or more seeds."
         )
     floor = smallest_p(n_seeds, n_seeds)
-    reach = "cannot" if floor >= alpha else "can"
-    text = (
-        f"{n_seeds} seeds{POWER_NOTE_MARK}an exact test of {n_seeds} vs {n_seeds} seeds "
-        f"{reach} reach p < {alpha:g} (its smallest p is {floor:.2g}), so a yes/no outcome "
-        f"(a seed divides the work or not) {reach} differ significantly between head counts"
+    level = alpha / max(1, n_comparisons)
+    holm = (
+        f"; with Holm over {n_comparisons} comparisons a difference needs p below {level:.2g}"
+        if n_comparisons > 1
+        else ""
     )
-    if n_comparisons > 1:
-        text += (
-            f"; with Holm over {n_comparisons} comparisons the smallest p needs to be below "
-            f"{alpha / n_comparisons:.2g}"
+    if n_seeds >= ASYMPTOTIC_MIN_SEEDS:
+        return (
+            f"{n_seeds} seeds{POWER_NOTE_MARK}differences between head counts use Welch's t "
+            f"test and 95% percentile bootstrap intervals over seeds (from "
+            f"{ASYMPTOTIC_MIN_SEEDS} seeds per head count; an exact test of {n_seeds} vs "
+            f"{n_seeds} seeds could reach p = {floor:.2g}, so the floor no longer binds){holm}. "
+            "A difference Welch does not find is not shown to be absent."
         )
-    return text + (
-        ". Graded outcomes use Welch's test, which assumes the seed spread is normal; a "
-        "difference it does not find is not shown to be absent."
+    reach = "cannot" if floor >= alpha else "can"
+    needed = seeds_for_floor(alpha, n_comparisons)
+    shown = (
+        "no difference between head counts can be shown at this n, whatever its size"
+        if floor >= level
+        else "a complete separation of the seeds reaches that level"
+    )
+    return (
+        f"{n_seeds} seeds{POWER_NOTE_MARK}an exact test of {n_seeds} vs {n_seeds} seeds "
+        f"{reach} reach p < {alpha:g} (its smallest p is {floor:.2g}); below "
+        f"{ASYMPTOTIC_MIN_SEEDS} seeds per head count every difference is tested exactly (a "
+        f"permutation test of the seed means){holm}, so {shown} (the exact test's floor falls "
+        f"below {level:.2g} from {needed} seeds per head count). Intervals are Welch t "
+        "intervals (they assume a normal seed spread); a difference not shown is not shown "
+        "to be absent."
+    )
+
+
+# ----------------------------------------------------------------------------- head counts
+
+CONFIDENCE = 0.95
+"""Level of every interval of a head-count comparison."""
+
+HEAD_COUNT_COLUMNS = [
+    "task",
+    "quantity",
+    "measure",
+    "n_heads_a",
+    "n_heads_b",
+    "n_a",
+    "mean_a",
+    "std_a",
+    "n_b",
+    "mean_b",
+    "std_b",
+    "diff",
+    "ci_low",
+    "ci_high",
+    "ci_method",
+    "test",
+    "p",
+    "p_floor",
+    "p_holm",
+    "n_holm",
+    "beyond",
+    "separated",
+    "n_to_settle",
+    "verdict",
+]
+"""Columns of :func:`compare_head_counts`, one row per (task, measure, adjacent pair of head
+counts ``a < b`` where the measure is defined at both): ``n_a, mean_a, std_a`` over the seeds
+where it is defined (likewise ``b``); ``diff = mean_b - mean_a`` with its 95% interval
+``ci_low, ci_high`` (``ci_method``: Welch t, bootstrap or none) ; ``test``, ``p`` and its
+``p_floor`` (:func:`compare_seeds`); ``p_holm`` over the ``n_holm`` tested rows of the task's
+block; ``beyond`` = ``p_holm < alpha`` (None when not tested); ``separated`` +1 / -1 when
+every seed of ``b`` lies above / below every seed of ``a``; ``n_to_settle`` the seeds per head
+count that would settle a comparison still open (:func:`seeds_to_settle`; inf when nothing
+differs, NaN when settled or not tested); ``verdict`` in words."""
+
+
+def defined_head_counts(per_seed: pd.DataFrame, column: str) -> list[int]:
+    """The head counts at which ``column`` has a value for some seed, ascending (h = 1 has
+    no division index: it is left out, never counted as 0).
+
+    Example:
+        >>> runs = pd.DataFrame({"n_heads": [1, 4, 8], "index": [float("nan"), 0.1, 0.3]})
+        >>> defined_head_counts(runs, "index")
+        [4, 8]
+    """
+    has_value = per_seed[column].notna()
+    return sorted(int(h) for h in per_seed.loc[has_value, "n_heads"].unique())
+
+
+def compare_head_counts(
+    per_seed: pd.DataFrame,
+    measures: Sequence[tuple[str, str]],
+    *,
+    alpha: float = 0.05,
+) -> pd.DataFrame:
+    """Adjacent head counts of each task compared on every measure (one Findings block per
+    task, Holm-corrected together).
+
+    Adjacent pairs (h = 1 vs 4 and 4 vs 8 of h in {1, 4, 8}) say *where* along h a measure
+    changes, and keep the family at ``(#head counts - 1)`` per measure, so Holm stays
+    usable; smallest vs largest would add one more per measure and say less. A measure
+    undefined at a head count (no seed has a value there) skips it: the pair is formed with
+    the next head count where it is defined.
+
+    Args:
+        per_seed: One row per run: ``task, n_heads`` and the ``measures`` columns (NaN where
+            undefined for that seed; a column it lacks is skipped).
+        measures: ``(column, words)`` pairs, in the order the block lists them.
+        alpha: Family-wise error rate of one task's block.
+
+    Returns:
+        :data:`HEAD_COUNT_COLUMNS`.
+
+    Example:
+        >>> runs = pd.DataFrame({"task": ["t"] * 6, "n_heads": [4, 4, 4, 8, 8, 8],
+        ...                      "index": [0.10, 0.11, 0.09, 0.26, 0.30, 0.22]})
+        >>> row = compare_head_counts(runs, [("index", "division index")]).iloc[0]
+        >>> row["test"], float(row["p"]), int(row["separated"]), row["verdict"]
+        ('exact permutation', 0.1, 1, 'no difference shown (complete separation at the floor)')
+    """
+    check_float("alpha", alpha, minimum=0.0, maximum=1.0, inclusive=False)
+    rows: list[dict[str, Any]] = []
+    for task, group in per_seed.groupby("task", sort=False):
+        block = [
+            row
+            for column, words in measures
+            if column in group.columns
+            for row in _adjacent_rows(str(task), group, column, words)
+        ]
+        rows += _holm_over(block, alpha)
+    return pd.DataFrame(rows, columns=HEAD_COUNT_COLUMNS)
+
+
+def _adjacent_rows(task: str, group: pd.DataFrame, column: str, words: str) -> list[dict]:
+    """One uncorrected row per adjacent pair of the head counts where ``column`` is defined."""
+    heads = defined_head_counts(group, column)
+    rows = []
+    for h_a, h_b in itertools.pairwise(heads):
+        a = _defined(group.loc[group["n_heads"] == h_a, column])
+        b = _defined(group.loc[group["n_heads"] == h_b, column])
+        result = compare_seeds(a, b, "graded", CONFIDENCE)
+        da, db = describe(a), describe(b)
+        rows.append(
+            {
+                "task": task,
+                "quantity": words,
+                "measure": column,
+                "n_heads_a": h_a,
+                "n_heads_b": h_b,
+                "mean_a": da["mean"],
+                "std_a": da["std"],
+                "mean_b": db["mean"],
+                "std_b": db["std"],
+                **result,
+            }
+        )
+    return rows
+
+
+def _holm_over(block: list[dict[str, Any]], alpha: float) -> list[dict[str, Any]]:
+    """The rows of one block with ``p_holm, n_holm, beyond``, what n would settle each open
+    one, and the verdict."""
+    p = [row["p"] for row in block]
+    tested = int(sum(not math.isnan(v) for v in p))
+    for row, adjusted, beyond in zip(
+        block, holm_block(p), beyond_seed_spread(p, alpha), strict=True
+    ):
+        row["p_holm"] = math.nan if adjusted is None else adjusted
+        row["n_holm"] = tested
+        row["beyond"] = beyond
+        row["n_to_settle"] = (
+            seeds_to_settle(row["diff"], row["std_a"], row["std_b"], alpha, tested)
+            if beyond is False
+            else math.nan
+        )
+        row["verdict"] = _verdict(row)
+    return block
+
+
+def all_seeds_equal(row: dict[str, Any] | pd.Series) -> bool:
+    """Whether every seed of both groups of a :func:`compare_head_counts` row has the same
+    value (up to floating-point noise): no difference, and nothing more seeds could settle.
+
+    Example:
+        >>> all_seeds_equal({"diff": 0.0, "std_a": 0.0, "std_b": 2e-19})
+        True
+    """
+    tiny = 1e-12
+    return abs(row["diff"]) <= tiny and row["std_a"] <= tiny and row["std_b"] <= tiny
+
+
+def _at_floor(row: dict[str, Any] | pd.Series) -> bool:
+    floor = row["p_floor"]
+    return not math.isnan(floor) and row["p"] <= floor * (1 + 1e-9)
+
+
+def _verdict(row: dict[str, Any] | pd.Series) -> str:
+    """A comparison in a few words: which head count is higher, or why none is shown."""
+    if row["beyond"] is None or (isinstance(row["beyond"], float) and math.isnan(row["beyond"])):
+        return "undetermined (n < 2)"
+    if bool(row["beyond"]):
+        return f"h={row['n_heads_b']} {'higher' if row['diff'] > 0 else 'lower'}"
+    if all_seeds_equal(row):
+        return "no difference (every seed equal)"
+    if row["separated"]:
+        at = " at the floor" if _at_floor(row) else ""
+        return f"no difference shown (complete separation{at})"
+    return "no difference shown (within the seed spread)"
+
+
+def _number(value: float, signed: bool = False) -> str:
+    """Two decimals, or two significant digits for a small non-zero value."""
+    sign = "+" if signed else ""
+    if value != 0 and abs(value) < 0.01:
+        return f"{value:{sign}.2g}"
+    return f"{value:{sign}.2f}"
+
+
+def _mean_std(mean: float, std: float) -> str:
+    return _number(mean) if math.isnan(std) else f"{_number(mean)} ± {_number(std)}"
+
+
+def difference_text(row: dict[str, Any] | pd.Series) -> str:
+    """The difference of a :func:`compare_head_counts` row with its interval.
+
+    Example:
+        >>> difference_text({"diff": 0.39, "ci_low": 0.35, "ci_high": 0.43,
+        ...                  "ci_method": "Welch t"})
+        '+0.39 [95% Welch t CI +0.35, +0.43]'
+    """
+    change = _number(row["diff"], True)
+    if math.isnan(row["ci_low"]):
+        reason = str(row["ci_method"]).removeprefix("none (").rstrip(")")
+        return f"{change} (no interval: {reason})"
+    low, high = _number(row["ci_low"], True), _number(row["ci_high"], True)
+    return f"{change} [{CONFIDENCE:.0%} {row['ci_method']} CI {low}, {high}]"
+
+
+def _seeds_each(n_a: int, n_b: int) -> str:
+    return f"{n_a} seeds each" if n_a == n_b else f"{n_a} and {n_b} seeds"
+
+
+def _test_text(row: dict[str, Any] | pd.Series) -> str:
+    """``Welch p = 2.3e-05``, or an exact p at its floor as the floor (``= 0.1, the smallest 3
+    vs 3 seeds allow``)."""
+    if _at_floor(row) and row["p"] < 1 and row["test"] in EXACT_TESTS:
+        return (
+            f"{row['test']} p = {row['p_floor']:.2g}, the smallest "
+            f"{int(row['n_a'])} vs {int(row['n_b'])} seeds allow"
+        )
+    return f"{row['test']} {format_p(row['p'], row['p_floor'])}"
+
+
+def comparison_sentence(row: dict[str, Any] | pd.Series) -> str:
+    """One comparison of :func:`compare_head_counts` in words: the two seed means, the
+    difference with its interval, and whether it is beyond the seed spread; a complete
+    separation is said as such, with the test's floor.
+
+    Example:
+        >>> runs = pd.DataFrame({"task": ["t"] * 6, "n_heads": [1, 1, 1, 4, 4, 4],
+        ...                      "needed": [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]})
+        >>> print(comparison_sentence(compare_head_counts(runs, [("needed", "needed share")])
+        ...     .iloc[0]))  # doctest: +NORMALIZE_WHITESPACE
+        needed share 1.00 ± 0.00 (h=1) → 0.00 ± 0.00 (h=4): -1.00 (no interval: no seed
+        spread); every seed at h=4 is below every seed at h=1, but with 3 seeds each the exact
+        test's floor is p = 0.1 (Holm p = 0.1 over 1): no difference shown
+    """
+    h_a, h_b = row["n_heads_a"], row["n_heads_b"]
+    head = (
+        f"{row['quantity']} {_mean_std(row['mean_a'], row['std_a'])} (h={h_a}) → "
+        f"{_mean_std(row['mean_b'], row['std_b'])} (h={h_b})"
+    )
+    if math.isnan(row["p"]):
+        return f"{head}: too few seeds to compare (n = {row['n_a']} and {row['n_b']})"
+    holm = f"Holm {format_p(row['p_holm'])} over {int(row['n_holm'])}"
+    change = difference_text(row)
+    if bool(row["beyond"]):
+        return f"{head}: {change}, beyond the seed spread ({_test_text(row)}; {holm})"
+    if all_seeds_equal(row):
+        return f"{head}: every seed equal, no difference ({_test_text(row)}; {holm})"
+    if row["separated"]:
+        where = "exceeds" if row["separated"] > 0 else "is below"
+        text = f"{head}: {change}; every seed at h={h_b} {where} every seed at h={h_a}, "
+        if _at_floor(row) and row["test"] in EXACT_TESTS:
+            seeds = _seeds_each(int(row["n_a"]), int(row["n_b"]))
+            return (
+                f"{text}but with {seeds} the exact test's floor is p = "
+                f"{row['p_floor']:.2g} ({holm}): no difference shown"
+            )
+        return f"{text}yet no difference is shown ({_test_text(row)}; {holm})"
+    return (
+        f"{head}: {change}; no difference shown, within the seed spread ({_test_text(row)}; {holm})"
+    )
+
+
+def _test_cell(row: pd.Series) -> str:
+    """``exact permutation p = 0.1 (the floor)``, or ``none (n < 2)``."""
+    if math.isnan(row["p"]):
+        return str(row["test"])
+    exact = row["test"] in EXACT_TESTS
+    return f"{row['test']} {format_p(row['p'], row['p_floor'], exact=exact)}"
+
+
+def comparison_display(rows: pd.DataFrame) -> pd.DataFrame:
+    """:func:`compare_head_counts` rows formatted for reading (7 columns: a report table does
+    not scroll): the measure, the pair, the seed means ± std (n), the difference with its
+    interval, the test's p (an exact p at its floor says so), the Holm p with the size of its
+    family, and the verdict.
+
+    Example:
+        >>> runs = pd.DataFrame({"task": ["t"] * 6, "n_heads": [1, 1, 1, 4, 4, 4],
+        ...                      "acc": [0.5, 0.52, 0.51, 0.9, 0.91, 0.92]})
+        >>> table = comparison_display(compare_head_counts(runs, [("acc", "accuracy")]))
+        >>> table.iloc[0].tolist()  # doctest: +NORMALIZE_WHITESPACE
+        ['accuracy', 'h=1 → 4', '0.51 ± 0.01 → 0.91 ± 0.01 (n = 3, 3)',
+         '+0.40 [95% Welch t CI +0.38, +0.42]', 'exact permutation p = 0.1 (the floor)', '0.1',
+         'no difference shown (complete separation at the floor)']
+    """
+    m = int(rows["n_holm"].max()) if len(rows) else 0
+    return pd.DataFrame(
+        {
+            "measure": rows["quantity"].to_numpy(),
+            "heads": [
+                f"h={a} → {b}" for a, b in zip(rows["n_heads_a"], rows["n_heads_b"], strict=True)
+            ],
+            "seed means": [
+                f"{_mean_std(r['mean_a'], r['std_a'])} → {_mean_std(r['mean_b'], r['std_b'])} "
+                f"(n = {int(r['n_a'])}, {int(r['n_b'])})"
+                for _, r in rows.iterrows()
+            ],
+            "difference": [difference_text(r) for _, r in rows.iterrows()],
+            "test": [_test_cell(r) for _, r in rows.iterrows()],
+            f"Holm p (over {m})": [
+                "" if math.isnan(p) else f"{p:.2g}" for p in rows["p_holm"].astype(float)
+            ],
+            "verdict": rows["verdict"].to_numpy(),
+        }
     )

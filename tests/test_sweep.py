@@ -62,30 +62,36 @@ def test_summarize_exact_table_and_verdicts():
     assert table.loc[4, "val_accuracy_std"] == pytest.approx(0.01)
     assert table.loc[4, "d_head"] == 16 and table.loc[8, "n"] == 3
     assert table.loc[1, "final_train_loss_mean"] == pytest.approx(0.48)
+    # Adjacent head counts only (stats.compare_head_counts); with 3 seeds each the exact
+    # permutation test is used, whose floor 2 / C(6, 3) = 0.1 a complete separation reaches.
     cmp = summary.comparisons.set_index(["n_heads_a", "n_heads_b"])
-    assert list(cmp.index) == [(1, 4), (1, 8), (4, 8)]
+    assert list(cmp.index) == [(1, 4), (4, 8)]
     assert cmp.loc[(1, 4), "diff"] == pytest.approx(0.39)
-    assert cmp.loc[(1, 4), "verdict"] == "h=4 better"
-    assert bool(cmp.loc[(1, 4), "beyond"]) is True
-    # Welch p of 1 vs 4 by hand: t = 0.39 / sqrt(0.02**2/3 + 0.01**2/3), Holm x 3 (smallest).
+    assert cmp.loc[(1, 4), "test"] == "exact permutation"
+    assert cmp.loc[(1, 4), "p"] == pytest.approx(0.1) and cmp.loc[(1, 4), "separated"] == 1
+    assert cmp.loc[(1, 4), "p_holm"] == pytest.approx(0.2)  # Holm x 2 (smallest)
+    assert bool(cmp.loc[(1, 4), "beyond"]) is False
+    assert cmp.loc[(1, 4), "verdict"] == "no difference shown (complete separation at the floor)"
+    # Welch's t interval of 1 -> 4 by hand: se = sqrt(0.02**2/3 + 0.01**2/3).
     t = 0.39 / math.sqrt((0.02**2 + 0.01**2) / 3)
-    assert cmp.loc[(1, 4), "test"] == "Welch"
-    assert cmp.loc[(1, 4), "p_holm"] == pytest.approx(min(1.0, 3 * cmp.loc[(1, 4), "p"]))
     assert welch_test([0.90, 0.91, 0.92], [0.50, 0.52, 0.54])[0] == pytest.approx(t)
+    assert cmp.loc[(1, 4), "ci_low"] < 0.39 < cmp.loc[(1, 4), "ci_high"]
     # 4 vs 8: diff 0.01 with std 0.01 and 0.036: no difference shown.
     assert cmp.loc[(4, 8), "verdict"] == "no difference shown (within the seed spread)"
     assert not any("too easy" in note for note in summary.notes)
     markdown = summary.to_markdown()
-    assert "| 1 | 64 |" in markdown and "h=4 better" in markdown
+    assert "| 1 | 64 |" in markdown and "complete separation at the floor" in markdown
 
 
 def test_non_overlapping_bars_are_not_enough():
-    # Bars do not overlap (0.006 > 0.0039 + 0.0005), but with n = 3 Welch's p is 0.12: the
-    # difference is not beyond the seed spread, and the note says so with its p.
+    # Every seed at h = 8 is above every seed at h = 4, but with n = 3 the exact test's floor
+    # is 0.1: not beyond the seed spread, and the note says it is a complete separation at
+    # that floor, never "within the seed spread".
     summary = summarize(_results({4: [0.9875, 0.9945, 0.994], 8: [0.9985, 0.9976, 0.9982]}))
     row = summary.comparisons.iloc[0]
     assert row["beyond"] == False and row["p"] > 0.05  # noqa: E712
-    assert row["verdict"] == "no difference shown (within the seed spread)"
+    assert row["verdict"] == "no difference shown (complete separation at the floor)"
+    assert any("the exact test's floor is p = 0.1" in note for note in summary.notes)
 
 
 def test_zero_variance_groups_get_an_exact_p_not_zero():

@@ -1,7 +1,8 @@
-"""Summarise a sweep: the seed table (mean, std, n per head count), the comparisons between
-head counts (Welch's test, an exact permutation p where no group varies, Holm-corrected over
-each task's comparisons: :func:`mhainterp.stats.beyond_seed_spread`), and plain-language notes
-generated from the numbers, including what the number of seeds can and cannot show.
+"""Summarise a sweep: the seed table (mean, std, n per head count), the accuracy of adjacent
+head counts compared (:func:`mhainterp.stats.compare_head_counts`: the exact permutation test
+below 10 seeds per head count, Welch from there, each difference with its 95% interval,
+Holm-corrected over each task's comparisons), and plain-language notes generated from the
+numbers, including what the number of seeds can and cannot show.
 
 :func:`summarize` computes; :meth:`SweepSummary.save` writes ``summary_table.csv``,
 ``summary_comparisons.csv`` and ``summary_notes.json`` into the sweep folder, and
@@ -13,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,13 +21,19 @@ from pathlib import Path
 import pandas as pd
 
 from mhainterp.io import FileSet, read_json
-from mhainterp.render import format_p, markdown_table
+from mhainterp.render import markdown_table
 from mhainterp.runs import resolve_run_dir
-from mhainterp.stats import beyond_seed_spread, compare_seeds, describe, holm_block, seed_power_note
+from mhainterp.stats import (
+    compare_head_counts,
+    comparison_display,
+    comparison_sentence,
+    describe,
+    seed_power_note,
+)
 from mhainterp.validation import check_float, invalid
 
 __all__ = [
-    "COMPARISON_COLUMNS",
+    "ACCURACY_BLOCK_MARK",
     "SIGNIFICANCE",
     "SUMMARY_FILES",
     "TOO_EASY_ACCURACY",
@@ -40,6 +46,8 @@ TOO_EASY_ACCURACY = 0.99
 """Every head count at or above this accuracy: the task cannot separate head counts."""
 SIGNIFICANCE = 0.05
 """Default family-wise level of a task's comparisons (``alpha`` of :func:`summarize`)."""
+ACCURACY_BLOCK_MARK = "accuracy of adjacent head counts"
+"""In the note that compares a task's head counts on accuracy: how the report finds it."""
 SUMMARY_FILES = ("summary_table.csv", "summary_comparisons.csv", "summary_notes.json")
 """What :meth:`SweepSummary.save` writes into the sweep folder (the notes last)."""
 
@@ -51,13 +59,11 @@ class SweepSummary:
     Attributes:
         table: One row per (task, n_heads): ``task, n_heads, d_head, n_params, n_attn_params,
             final_train_loss_mean, val_accuracy_mean, val_accuracy_std, n`` (+ per-target means).
-        comparisons: One row per (task, pair of head counts a < b): ``task, n_heads_a,
-            n_heads_b, n_a, n_b, diff`` (= mean_b - mean_a of val accuracy), ``test`` (Welch,
-            or exact permutation when neither group varies), ``p``, ``p_holm`` (Holm over the
-            task's pairs), ``beyond`` (``p_holm < alpha``: the difference is beyond the seed
-            spread; None when a group has fewer than 2 seeds) and ``verdict`` ("h=b better",
-            "h=a better", "no difference shown (within the seed spread)" or "undetermined (n
-            < 2)").
+        comparisons: One row per (task, adjacent head counts a < b) on the validation
+            accuracy, columns :data:`mhainterp.stats.HEAD_COUNT_COLUMNS`: ``diff`` (= mean_b -
+            mean_a) with its 95% interval, the test suited to n with its floor, ``p_holm``
+            (Holm over the task's ``n_holm`` pairs), ``beyond`` (``p_holm < alpha``; None
+            when a group has fewer than 2 seeds), ``separated`` and ``verdict``.
         notes: Plain-language findings and caveats generated from the numbers.
         alpha: The family-wise level used.
     """
@@ -108,7 +114,7 @@ class SweepSummary:
             cmp = self.comparisons[self.comparisons["task"] == task]
             if len(cmp):
                 parts.append("")
-                parts.append(markdown_table(_display_comparisons(cmp)))
+                parts.append(markdown_table(comparison_display(cmp)))
             parts.append("")
         parts.extend(f"- {note}" for note in self.notes)
         return "\n".join(parts) + "\n"
@@ -133,31 +139,19 @@ def summarize(results: pd.DataFrame, *, alpha: float = SIGNIFICANCE) -> SweepSum
     if missing:
         raise invalid("results", f"a table missing columns {sorted(missing)}", "run_sweep's table")
     target_cols = [c for c in results.columns if c.startswith("val_accuracy/")]
-    rows, comparisons, notes = [], [], []
+    rows, notes = [], []
+    accuracy = results.assign(accuracy=results["val_accuracy"])
+    comparisons = compare_head_counts(accuracy, [("accuracy", "accuracy")], alpha=alpha)
     for task, task_df in results.groupby("task", sort=False):
-        by_h = {h: g for h, g in task_df.groupby("n_heads")}
-        for h, g in by_h.items():
+        for h, g in task_df.groupby("n_heads"):
             rows.append(_table_row(task, h, g, target_cols))
-        block = _task_comparisons(task, by_h)
-        p = [c["p"] for c in block]
-        for c, adjusted, beyond in zip(block, holm_block(p), beyond_seed_spread(p, alpha)):
-            c["p_holm"] = math.nan if adjusted is None else adjusted
-            c["beyond"] = beyond
-            c["verdict"] = _verdict(c)
-        comparisons += block
-        notes.extend(_task_notes(task, rows, block, alpha))
+        notes.extend(_task_notes(task, rows, comparisons[comparisons["task"] == task], alpha))
     table = pd.DataFrame(rows)
     if len(table):
         n = int(table["n"].min())
-        notes.append(seed_power_note(n, alpha, max(1, _max_block(comparisons))))
-    return SweepSummary(table, pd.DataFrame(comparisons, columns=COMPARISON_COLUMNS), notes, alpha)
-
-
-def _max_block(comparisons: list[dict]) -> int:
-    counts: dict[str, int] = {}
-    for c in comparisons:
-        counts[c["task"]] = counts.get(c["task"], 0) + 1
-    return max(counts.values(), default=1)
+        block = comparisons.groupby("task")["n_holm"].max() if len(comparisons) else [1]
+        notes.append(seed_power_note(n, alpha, max(1, int(max(block)))))
+    return SweepSummary(table, comparisons, notes, alpha)
 
 
 def _table_row(task: str, h: int, g: pd.DataFrame, target_cols: list[str]) -> dict:
@@ -178,52 +172,7 @@ def _table_row(task: str, h: int, g: pd.DataFrame, target_cols: list[str]) -> di
     return row
 
 
-def _task_comparisons(task: str, by_h: dict[int, pd.DataFrame]) -> list[dict]:
-    """Every pair of head counts a < b of one task (val accuracy), before correction."""
-    heads, out = sorted(by_h), []
-    for i, h_a in enumerate(heads):
-        for h_b in heads[i + 1 :]:
-            a, b = by_h[h_a]["val_accuracy"], by_h[h_b]["val_accuracy"]
-            result = compare_seeds(a, b)
-            out.append(
-                {
-                    "task": task,
-                    "n_heads_a": h_a,
-                    "n_heads_b": h_b,
-                    "n_a": len(a),
-                    "n_b": len(b),
-                    "diff": result["diff"],
-                    "test": result["test"],
-                    "p": result["p"],
-                }
-            )
-    return out
-
-
-def _verdict(c: dict) -> str:
-    if c["beyond"] is None:
-        return "undetermined (n < 2)"
-    if not c["beyond"]:
-        return "no difference shown (within the seed spread)"
-    return f"h={c['n_heads_b']} better" if c["diff"] > 0 else f"h={c['n_heads_a']} better"
-
-
-COMPARISON_COLUMNS = [
-    "task",
-    "n_heads_a",
-    "n_heads_b",
-    "n_a",
-    "n_b",
-    "diff",
-    "test",
-    "p",
-    "p_holm",
-    "beyond",
-    "verdict",
-]
-
-
-def _task_notes(task: str, rows: list[dict], task_cmp: list[dict], alpha: float) -> list[str]:
+def _task_notes(task: str, rows: list[dict], task_cmp: pd.DataFrame, alpha: float) -> list[str]:
     task_rows = [r for r in rows if r["task"] == task]
     notes = []
     n_params = {r["n_params"] for r in task_rows}
@@ -241,8 +190,6 @@ def _task_notes(task: str, rows: list[dict], task_cmp: list[dict], alpha: float)
             "accuracy cannot separate head counts on it: compare what the heads do instead "
             "(mhainterp specialize)."
         )
-    real = [c for c in task_cmp if c["beyond"]]
-    undetermined = [c for c in task_cmp if c["beyond"] is None]
     if len(task_rows) == 1:
         row = task_rows[0]
         notes.append(
@@ -251,22 +198,22 @@ def _task_notes(task: str, rows: list[dict], task_cmp: list[dict], alpha: float)
             f"(std {row['val_accuracy_std']:.4f}), the seed spread a difference between head "
             "counts would have to exceed."
         )
-    elif undetermined:
+        return notes
+    if task_cmp["beyond"].isna().any():
         notes.append(f"{task}: fewer than 2 seeds per head count; no comparison is possible.")
-    elif not real:
-        notes.append(
-            f"{task}: no accuracy difference between head counts is beyond the seed spread "
-            f"(Holm-corrected over its {len(task_cmp)} comparisons at {alpha:g}); no "
-            "difference is shown, which is not the same as showing none."
+        return notes
+    sentences = [comparison_sentence(row) for _, row in task_cmp.iterrows()]
+    m = int(task_cmp["n_holm"].max())
+    text = (
+        f"{task}, {ACCURACY_BLOCK_MARK} ({m} comparison{'s' if m != 1 else ''}, "
+        f"Holm-corrected together at {alpha:g}): " + "; ".join(sentences) + "."
+    )
+    if not task_cmp["beyond"].astype(bool).any():
+        text += (
+            " Overall, no accuracy difference between head counts is beyond the seed spread: "
+            "no difference is shown, which is not the same as showing none."
         )
-    for c in real:
-        notes.append(
-            f"{task}: h={c['n_heads_b']} vs h={c['n_heads_a']}: accuracy difference "
-            f"{c['diff']:+.3f} is beyond the seed spread ({c['test']} {format_p(c['p'])}, Holm "
-            f"{format_p(c['p_holm'])} over {len(task_cmp)} comparisons; n = {c['n_a']} and "
-            f"{c['n_b']} seeds)."
-        )
-    return notes
+    return [*notes, text]
 
 
 def _display_table(group: pd.DataFrame) -> pd.DataFrame:
@@ -287,22 +234,6 @@ def _display_table(group: pd.DataFrame) -> pd.DataFrame:
             name = col.removeprefix("val_accuracy/").removesuffix("_mean")
             out[f"acc {name}"] = group[col].map(lambda v: f"{v:.4f}")
     return out
-
-
-def _display_comparisons(cmp: pd.DataFrame) -> pd.DataFrame:
-    return pd.DataFrame(
-        {
-            "comparison": [f"h={b} - h={a}" for a, b in zip(cmp["n_heads_a"], cmp["n_heads_b"])],
-            "diff": cmp["diff"].map(lambda v: f"{v:+.4f}"),
-            "test": cmp["test"],
-            "p": cmp["p"].map(lambda v: f"{v:.3g}"),
-            "Holm p": cmp["p_holm"].map(lambda v: f"{v:.3g}"),
-            "beyond seed spread?": cmp["beyond"].map(
-                lambda v: "n/a" if v is None else ("yes" if v else "no")
-            ),
-            "verdict": cmp["verdict"],
-        }
-    )
 
 
 def load_curves(
