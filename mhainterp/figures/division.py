@@ -2,8 +2,9 @@
 
 - :func:`division_heatmap`: heads x values, the accuracy lost on each value when the head is
   removed, one panel per axis; a served value is marked ``*``;
-- :func:`division_vs_heads`: the division index against the head count, every seed a point,
-  the seed mean a line, the label-permutation null as a band;
+- :func:`division_vs_heads`: the division index against the head count, every seed a point
+  (behind a box from 20 seeds), the seed mean a line, the same-function null as a band from its
+  mean to the upper quantile the call uses;
 - :func:`save_division_figures`: the heatmap of a saved run result, beside its CSV.
 
 Example:
@@ -31,6 +32,7 @@ from mhainterp.figures._common import (
     save_figure,
     sns,
 )
+from mhainterp.figures.headcount import draw_seeds
 
 __all__ = ["division_heatmap", "division_vs_heads", "save_division_figures"]
 
@@ -153,13 +155,18 @@ def _damage_panel(
 def division_vs_heads(sweep: pd.DataFrame) -> plt.Figure:
     """Division index against head count, one panel per axis (per task: one row each).
 
-    Every seed is a point, the seed mean a line; the grey band is the label-permutation null
-    (its mean ± 2 sd, averaged over the seeds of each head count). A head count without an
-    index (one head, or fewer than two heads that do damage) is marked "no index".
+    Every seed is a point (spread sideways; from
+    :data:`~mhainterp.figures.headcount.BOX_MIN_SEEDS` seeds per head count a box stands behind
+    small faint points), the seed mean a line. The grey band is the null
+    (:data:`~mhainterp.specialization.nulls.SAME_FUNCTION_NULL`) from its mean to its upper
+    quantile ``null_high``, the line a seed's index must clear to be called divided (seed
+    means; without ``null_high``, an old table, mean ± 2 sd). A head count without an index
+    (one head, or fewer than two heads that do damage) is marked "no index". Head counts
+    spanning more than a factor of 8 are spaced on a log2 axis.
 
     Args:
         sweep: ``division_sweep.csv`` (``task, n_heads, seed, by, index, null_index,
-            null_index_std``).
+            null_index_std`` and, when saved, ``null_high``).
 
     Example:
         >>> fig = division_vs_heads(pd.read_csv("runs/cp/division_sweep.csv"))  # doctest: +SKIP
@@ -174,31 +181,49 @@ def division_vs_heads(sweep: pd.DataFrame) -> plt.Figure:
         3.4 * len(axes_names), 3.0 * len(tasks), nrows=len(tasks), ncols=len(axes_names),
         squeeze=False, sharey=True,
     )  # fmt: skip
+    heads = sorted(int(h) for h in sweep["n_heads"].unique())
+    log_x = heads[-1] / heads[0] > 8
     for r, task in enumerate(tasks):
         for c, axis in enumerate(axes_names):
-            ax = axes[r][c]
             part = sweep[(sweep["task"] == task) & (sweep["by"] == axis)]
-            by_h = part.groupby("n_heads").agg(
-                index=("index", "mean"), null=("null_index", "mean"), sd=("null_index_std", "mean")
-            )
-            hs, spread = by_h.index.to_numpy(), 2 * by_h["sd"].fillna(0)
-            ax.fill_between(
-                hs, by_h["null"] - spread, by_h["null"] + spread,
-                color="0.8", alpha=0.7, label="null (mean ± 2 sd)",
-            )  # fmt: skip
-            ax.plot(hs, by_h["index"], color="black", marker="o", label="seed mean")
-            ax.scatter(part["n_heads"], part["index"], color="tab:blue", s=18, alpha=0.8,
-                       label="seeds", zorder=3)  # fmt: skip
-            ax.set_xticks(sorted(set(hs)))
-            for h in by_h.index[by_h["index"].isna()]:  # e.g. h = 1: one head divides nothing
-                ax.text(h, 0.5, "no index", rotation=90, ha="center", va="center", color="0.4")
-            ax.set_title(f"{task}: by {axis}" if len(tasks) > 1 else f"by {axis}")
-            ax.set_xlabel("heads (h)")
-            ax.set_ylabel("division index" if c == 0 else "")
-            ax.set_ylim(-0.02, 1.02)
+            _index_panel(axes[r][c], part, log_x)
+            axes[r][c].set_title(f"{task}: by {axis}" if len(tasks) > 1 else f"by {axis}")
+            axes[r][c].set_ylabel("division index" if c == 0 else "")
     legend_outside(axes[0][-1], fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def _null_band(part: pd.DataFrame) -> tuple[pd.Series, pd.Series, str]:
+    """Per head count the band's low and high edge (seed means) and its legend label."""
+    by_h = part.groupby("n_heads")
+    low = by_h["null_index"].mean()
+    if "null_high" in part.columns and part["null_high"].notna().any():
+        return low, by_h["null_high"].mean(), "null: mean to upper quantile"
+    spread = 2 * by_h["null_index_std"].mean().fillna(0)
+    return low - spread, low + spread, "null (mean ± 2 sd)"
+
+
+def _index_panel(ax: plt.Axes, part: pd.DataFrame, log_x: bool) -> None:
+    """One task x axis panel: the null band, the seeds, their mean, "no index" marks."""
+    mean = part.groupby("n_heads")["index"].mean()
+    hs = mean.index.to_numpy()
+    low, high, label = _null_band(part)
+    ax.fill_between(hs, low.to_numpy(), high.to_numpy(), color="0.8", alpha=0.7, label=label)
+    ax.plot(hs, mean.to_numpy(), color="black", marker="o", label="seed mean", zorder=4)
+    if log_x:
+        ax.set_xscale("log", base=2)
+        width = [0.35 * h for h in hs]  # the same room per head count on a log axis
+    else:
+        width = 0.35 * (float(np.diff(hs).min()) if len(hs) > 1 else 1.0)
+    groups = [part.loc[part["n_heads"] == h, "index"].to_numpy(float) for h in hs]
+    draw_seeds(ax, hs, groups, width)
+    ax.set_xticks(hs, [str(int(h)) for h in hs])
+    ax.minorticks_off()
+    for h in mean.index[mean.isna()]:  # e.g. h = 1: one head divides nothing
+        ax.text(h, 0.5, "no index", rotation=90, ha="center", va="center", color="0.4")
+    ax.set_xlabel("heads (h)")
+    ax.set_ylim(-0.02, 1.02)
 
 
 def save_division_figures(result: object, folder: str | os.PathLike[str]) -> list[Path]:

@@ -1,17 +1,78 @@
-"""Figures of the head-count experiment: accuracy by head count, training curves."""
+"""Figures of the head-count experiment: accuracy by head count, training curves, and
+:func:`draw_seeds`, how every figure shows the seeds of one head count (3 or 100 alike)."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
 from mhainterp.figures._common import legend_outside, new_figure, plt, require_columns, sns
 
-__all__ = ["plot_head_count_accuracy", "plot_training_curves"]
+__all__ = ["BOX_MIN_SEEDS", "draw_seeds", "plot_head_count_accuracy", "plot_training_curves"]
+
+BOX_MIN_SEEDS = 20
+"""From this many seeds at one head count, a box (quartiles, whiskers at 1.5 IQR) stands
+behind faint seed dots: 100 overlapping dots would hide where most of them lie."""
+
+SEED_COLOR = "tab:blue"
+
+
+def draw_seeds(
+    ax: plt.Axes,
+    positions: Sequence[float],
+    groups: Sequence[np.ndarray],
+    width: Sequence[float] | float,
+    *,
+    label: str = "seeds",
+) -> None:
+    """Draw the seeds of each group at its x position: dots spread sideways (a fixed jitter,
+    so equal values stay visible); from :data:`BOX_MIN_SEEDS` seeds a box behind them and
+    the dots small and faint.
+
+    Args:
+        ax: The axes.
+        positions: One x per group.
+        groups: One array of seed values per group (NaN values are left out).
+        width: The sideways room of each group, in data units (one number, or one per group).
+        label: Legend label of the dots.
+
+    Example:
+        >>> fig, ax = new_figure()
+        >>> draw_seeds(ax, [0, 1], [np.array([0.5, 0.6]), np.array([0.9, 0.8])], 0.3)
+    """
+    widths = np.broadcast_to(np.asarray(width, dtype=float), (len(positions),))
+    values = [np.asarray(g, dtype=float)[~np.isnan(np.asarray(g, dtype=float))] for g in groups]
+    most = max((v.size for v in values), default=0)
+    many = most >= BOX_MIN_SEEDS
+    rng = np.random.default_rng(0)  # the same jitter every time the figure is drawn
+    if many:
+        label += " (box: quartiles)"
+    for i, (x, v) in enumerate(zip(positions, values, strict=True)):
+        if not v.size:
+            continue
+        spread = rng.uniform(-0.5, 0.5, v.size) * widths[i] if v.size > 1 else np.zeros(1)
+        ax.scatter(
+            x + spread, v, color=SEED_COLOR, s=6 if many else 24, alpha=0.25 if many else 0.8,
+            linewidths=0, zorder=2, label=label,
+        )  # fmt: skip
+        label = None  # one legend entry
+    if many:
+        shown = [i for i, v in enumerate(values) if v.size]
+        ax.boxplot(
+            [values[i] for i in shown], positions=[positions[i] for i in shown],
+            widths=[float(widths[i]) for i in shown], showfliers=False, manage_ticks=False,
+            patch_artist=True, zorder=1,
+            boxprops={"facecolor": "none", "edgecolor": "0.3"},
+            medianprops={"color": "0.3"}, whiskerprops={"color": "0.3"},
+            capprops={"color": "0.3"},
+        )  # fmt: skip
 
 
 def plot_head_count_accuracy(results: pd.DataFrame, *, metric: str = "val_accuracy") -> plt.Figure:
-    """Validation accuracy per head count: every seed as a point, mean ± std as a bar.
+    """Validation accuracy per head count: every seed as a point (behind a box from
+    :data:`BOX_MIN_SEEDS` seeds), mean ± std as a bar.
 
     Args:
         results: :func:`mhainterp.sweep.run_sweep`'s table (columns ``task, n_heads, seed`` and
@@ -25,11 +86,10 @@ def plot_head_count_accuracy(results: pd.DataFrame, *, metric: str = "val_accura
         results, ["task", "n_heads", "seed", metric], "results", "a sweep's results.csv"
     )
     tasks = list(dict.fromkeys(results["task"]))
-    fig, axes = new_figure(4.2 * len(tasks), 3.8, ncols=len(tasks), squeeze=False)
+    fig, axes = new_figure(1.5 + 4.2 * len(tasks), 3.8, ncols=len(tasks), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
         df = results[results["task"] == task]
         heads = sorted(df["n_heads"].unique())
-        positions = {h: i for i, h in enumerate(heads)}
         stats = df.groupby("n_heads")[metric].agg(["mean", "std", "count"]).reindex(heads)
         x = np.arange(len(heads))
         ax.errorbar(
@@ -43,21 +103,8 @@ def plot_head_count_accuracy(results: pd.DataFrame, *, metric: str = "val_accura
             label="seed mean ± std",
             zorder=3,
         )
-        # Jitter seeds sideways so identical values stay visible.
-        seeds = sorted(df["seed"].unique())
-        offsets = {s: (i - (len(seeds) - 1) / 2) * 0.08 for i, s in enumerate(seeds)}
-        palette = sns.color_palette("tab10", len(seeds))
-        for i, seed in enumerate(seeds):
-            part = df[df["seed"] == seed]
-            ax.scatter(
-                [positions[h] + offsets[seed] for h in part["n_heads"]],
-                part[metric],
-                color=palette[i],
-                alpha=0.8,
-                s=28,
-                label=f"seed {seed}",
-                zorder=2,
-            )
+        by_h = [df.loc[df["n_heads"] == h, metric].to_numpy(float) for h in heads]
+        draw_seeds(ax, x, by_h, 0.35)
         d_model = int(df["d_model"].iloc[0]) if "d_model" in df else None
         ax.set_xticks(x, [f"h={h}\nd_head={d_model // h}" if d_model else f"h={h}" for h in heads])
         n = int(stats["count"].min())
@@ -86,6 +133,9 @@ def plot_training_curves(curves: pd.DataFrame, *, log_y: bool = True) -> plt.Fig
     for ax, task in zip(axes[0], tasks, strict=True):
         df = curves[curves["task"] == task].copy()
         df["heads"] = df["n_heads"].map(lambda h: f"h={h}")
+        # many seeds: fainter, thinner lines, so the bundle shows where most runs go
+        n_seeds = df["seed"].nunique()
+        faint = n_seeds > BOX_MIN_SEEDS // 2
         sns.lineplot(
             data=df,
             x="step",
@@ -94,8 +144,8 @@ def plot_training_curves(curves: pd.DataFrame, *, log_y: bool = True) -> plt.Fig
             units="seed",
             estimator=None,
             ax=ax,
-            alpha=0.8,
-            linewidth=1.2,
+            alpha=max(0.08, 8 / n_seeds) if faint else 0.8,
+            linewidth=0.6 if faint else 1.2,
             hue_order=[f"h={h}" for h in sorted(df["n_heads"].unique())],
         )
         if log_y:
@@ -106,5 +156,8 @@ def plot_training_curves(curves: pd.DataFrame, *, log_y: bool = True) -> plt.Fig
         if ax is not axes[0, -1] and ax.get_legend() is not None:
             ax.get_legend().remove()  # one legend, outside the last panel
     legend_outside(axes[0, -1], fontsize=8)
+    for handle in axes[0, -1].get_legend().legend_handles:  # faint lines, solid legend keys
+        handle.set_alpha(1.0)
+        handle.set_linewidth(1.5)
     fig.tight_layout()
     return fig
