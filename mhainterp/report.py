@@ -32,6 +32,7 @@ can be mailed as one file.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,9 +73,12 @@ from mhainterp.specialization import (
     Verdict,
     saved_specialization,
 )
+from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, ROLE_NULLS, SAME_FUNCTION_NULL
 from mhainterp.specialization.seeds.over_sweep import SweepSpecialization
+from mhainterp.specialization.seeds.summary import ANSWER_MARK, BLOCK_MARK, display_summary
 from mhainterp.specialization.verdict.headline import HEADLINE_FILE
-from mhainterp.stats import POWER_NOTE_MARK
+from mhainterp.stats import POWER_NOTE_MARK, comparison_display
+from mhainterp.sweep.summary import ACCURACY_BLOCK_MARK
 
 __all__ = ["write_report"]
 
@@ -87,6 +91,9 @@ SWEEP_ANALYSIS_FIGURES = (
 """The ``analyze`` figures a sweep report embeds per analysed run (a run report embeds all);
 the others are listed by name."""
 RUN_HEADING = "Do the heads specialize?"
+MAX_RUN_LINES = 12
+"""Runs listed one line each in a section; beyond, the first ones and where the rest are (a
+sweep of 100 seeds per head count would list 300)."""
 SWEEP_HEADING = "Do the heads specialize, and how does that change with h?"
 
 
@@ -239,8 +246,8 @@ def _specialization_blocks(result: SpecializationResult, run_dir: Path, level: i
         Heading(RUN_HEADING, level),
         Paragraph(
             f"Role scores on {result.settings.n_eval} held-out sequences; a role needs "
-            f"corrected p < {result.settings.alpha:g} against the permutation and "
-            f"initialisation nulls and effect ≥ {result.settings.min_effect:g}."
+            f"corrected p < {result.settings.alpha:g} against its nulls ({ROLE_NULLS}) and "
+            f"effect ≥ {result.settings.min_effect:g}."
         ),
         Bullets(result.verdict.lines),
         Table(_head_table(result), _HEAD_CAPTION),
@@ -313,21 +320,58 @@ def _division_blocks(run_dirs: list[Path], sweep_dir: Path | None, level: int) -
             "Removing one head costs accuracy on some query tokens, positions or target classes "
             "more than on others. Selectivity 0 = even damage, 1 = one value; the division "
             "index (1 - mean pairwise cosine of the heads' damage profiles) is 0 when every "
-            "head damages the same values and 1 when their values are disjoint; both are "
-            "tested against the values shuffled among the scored positions. A value that "
-            "removing any head hurts (a fragile class) makes every head look selective; the "
-            "index does not count it."
+            "head damages the same values and 1 when their values are disjoint. Both are "
+            f"tested against {SAME_FUNCTION_NULL}: an axis is divided when the index's 95% "
+            "interval lies above that null's upper 95% quantile, the number each line shows "
+            "after 'vs null'. A value that removing any head hurts (a fragile class) makes "
+            "every head look selective; the index does not count it."
         ),
-        Bullets([f"{d.name}: {r.summary_line()}" for d, r in saved]),
+        Bullets(_run_lines([f"{d.name}: {r.summary_line()}" for d, r in saved], sweep_dir)),
     ]
     captions = []
     for path in division_figures(saved, sweep_dir):
         if path.name == SWEEP_FIGURE:
-            captions.append((path, "Division index vs h (points = seeds, band = null)."))
+            captions.append(
+                (
+                    path,
+                    "Division index vs h: each seed a point (a box per head count beyond "
+                    "20 seeds), the seed mean a line; grey band: the null's mean to its upper "
+                    f"95% quantile (the null: {SAME_FUNCTION_NULL}).",
+                )
+            )
         else:
             run_name = path.parent.parent.name
             captions.append((path, f"{run_name}: accuracy lost per value (* = serves)."))
     return blocks + _figures(captions, sweep_dir if sweep_dir is not None else run_dirs[0])
+
+
+def _run_lines(lines: list[str], sweep_dir: Path | None) -> list[str]:
+    """``lines``, one per run, cut to :data:`MAX_RUN_LINES` with a last line saying where the
+    others are."""
+    if len(lines) <= MAX_RUN_LINES:
+        return lines
+    where = "division_sweep.csv" if sweep_dir is not None else "each run's analysis/ folder"
+    rest = len(lines) - MAX_RUN_LINES
+    return [
+        *lines[:MAX_RUN_LINES],
+        f"... and {rest} more runs: every run's index is in {where}; the seed table gives "
+        "them per head count.",
+    ]
+
+
+def _seeds_text(seeds: list[int]) -> str:
+    """``0-99`` for a run of consecutive seeds, ``0, 1, 5`` otherwise (cut after 10 values).
+
+    Example:
+        >>> _seeds_text(list(range(100))), _seeds_text([0, 1, 5])
+        ('0-99 (100 seeds)', '0, 1, 5')
+    """
+    ordered = sorted(seeds)
+    if len(ordered) > 3 and ordered == list(range(ordered[0], ordered[-1] + 1)):
+        return f"{ordered[0]}-{ordered[-1]} ({len(ordered)} seeds)"
+    if len(ordered) > 10:
+        return f"{', '.join(map(str, ordered[:10]))}, ... ({len(ordered)} seeds)"
+    return ", ".join(map(str, ordered))
 
 
 def _params(params: dict[str, Any]) -> str:
@@ -367,10 +411,19 @@ def _saved_sweep(
     return spec
 
 
+@dataclass
+class _SweepFindings:
+    """What a sweep adds to the report's Findings: sentences, and the table of every
+    comparison behind them (one per task)."""
+
+    lines: list[str] = field(default_factory=list)
+    tables: list[Table] = field(default_factory=list)
+
+
 def _sweep_blocks(
     sweep_dir: Path, settings: SpecializationSettings | None, level: int
-) -> tuple[list[Block], Verdict, list[str]]:
-    """A sweep's section, its verdict, and its findings (one line each)."""
+) -> tuple[list[Block], Verdict, _SweepFindings]:
+    """A sweep's section, its verdict, and its findings."""
     from mhainterp.sweep import SweepSummary
 
     config = read_json(sweep_dir / "sweep.json")
@@ -379,22 +432,22 @@ def _sweep_blocks(
         summary = SweepSummary.load(sweep_dir)
     except FileNotFoundError:
         summary = None
+    spec = _saved_sweep(sweep_dir, settings)
     train = config["train"]
     blocks: list[Block] = [
         Paragraph(
             f"Task {config['task']} ({_params(config['task_params'])}); "
             f"model {_params(config['model'])}; "
             f"h ∈ {{{', '.join(map(str, config['n_heads']))}}} × seeds "
-            f"{{{', '.join(map(str, config['seeds']))}}}; {train['steps']} steps at lr "
+            f"{{{_seeds_text(list(config['seeds']))}}}; {train['steps']} steps at lr "
             f"{train['lr']}. {_params_sentence(results)}"
         ),
     ]
     if summary is None:
         blocks += _missing("Head count vs accuracy", sweep_dir, "seed table", None, level)
     else:
-        blocks += _seed_table_blocks(summary, level)
+        blocks += _seed_table_blocks(summary, level, in_findings=spec is not None)
     blocks += _figures(_head_count_captions(results, sweep_dir), sweep_dir)
-    spec = _saved_sweep(sweep_dir, settings)
     if spec is None:
         what = "sweep-level specialization results"
         blocks += _missing(SWEEP_HEADING, sweep_dir, what, settings, level)
@@ -403,26 +456,45 @@ def _sweep_blocks(
     blocks += _division_blocks([Path(r) for r in results["run_dir"]], sweep_dir, level)
     for row in results.itertuples(index=False):
         blocks += _analysis_blocks(Path(row.run_dir), level, SWEEP_ANALYSIS_FIGURES)
-    evidence = [] if summary is None else [n for n in summary.notes if "seed spread" in n]
     if spec is None:
-        return blocks, Verdict([]), evidence
-    return blocks, spec.result.verdict, _findings(spec, evidence)
+        notes = [] if summary is None else summary.notes
+        accuracy = [n for n in notes if ACCURACY_BLOCK_MARK in n or _is_power_note(n)]
+        return blocks, Verdict([]), _SweepFindings(accuracy)
+    return blocks, spec.result.verdict, _findings(spec, sweep_dir.name)
 
 
-def _seed_table_blocks(summary: Any, level: int) -> list[Block]:
-    """The saved seed table, its comparisons (each with its test and Holm p) and notes."""
+def _seed_table_blocks(summary: Any, level: int, in_findings: bool) -> list[Block]:
+    """The saved seed table and its notes, and the accuracy comparisons unless the Findings
+    hold them (then in one Holm family with the other measures: one Holm p per comparison)."""
     blocks: list[Block] = [
         Heading("Head count vs accuracy", level),
         Table(_summary_display(summary.table), "Seed table (mean and sample std over seeds)."),
     ]
-    if len(summary.comparisons):
-        shown = summary.comparisons.drop(columns=["task"])
-        caption = (
-            "Differences between head counts: Welch's test (an exact permutation p where no "
-            f"group varies), Holm-corrected over the task's comparisons at {summary.alpha:g}."
+    notes = _without_power_note(summary.notes)
+    if in_findings:
+        notes = [n for n in notes if ACCURACY_BLOCK_MARK not in n]
+        notes.append(
+            "The accuracy of adjacent head counts is compared in the Findings, in one Holm "
+            "family with the other measures of the task."
         )
-        blocks.append(Table(shown, caption))
-    return [*blocks, Bullets(_without_power_note(summary.notes))]
+    elif len(summary.comparisons):
+        for task, rows in summary.comparisons.groupby("task", sort=False):
+            m = int(rows["n_holm"].max())
+            caption = (
+                f"{task}: accuracy of adjacent head counts. {COMPARISON_RULE} Holm over the "
+                f"{m} tested comparisons of this table at {summary.alpha:g}."
+            )
+            blocks.append(Table(comparison_display(rows), caption))
+    return [*blocks, Bullets(notes)]
+
+
+COMPARISON_RULE = (
+    "Difference of seed means (b - a) with its 95% interval (Welch t below 10 seeds per head "
+    "count, it assumes a normal seed spread; percentile bootstrap over seeds from 10); the "
+    "exact permutation test below 10 seeds per head count, whose floor is the smallest p its "
+    "n allows, Welch's test from 10."
+)
+"""How every head-count comparison is made, said once per table."""
 
 
 def _is_power_note(note: str) -> bool:
@@ -436,18 +508,29 @@ def _without_power_note(notes: list[str]) -> list[str]:
     return [n for n in notes if not _is_power_note(n)]
 
 
-def _findings(spec: SweepSpecialization, evidence: list[str]) -> list[str]:
-    """Per task: ONE headline sentence per head count (the division call, from the saved
-    verdict), then the evidence (accuracy and specialization comparisons, Holm-corrected)."""
+def _findings(spec: SweepSpecialization, sweep_name: str) -> _SweepFindings:
+    """Per task: the answer (does h matter, by how much, what n would settle the rest), then
+    ONE headline sentence per head count (the division call, from the saved verdict); the
+    power note; and per task the table of every comparison, with its Holm family's size."""
+    answers = {n.split(ANSWER_MARK)[0]: n for n in spec.notes if ANSWER_MARK in n}
     out = []
     for task, headlines in spec.result.verdict.headlines().items():
-        out.append(f"{task}: " + " ".join(headlines))
-    comparisons = [n for n in spec.notes if "smallest vs largest h" in n]
-    # One power note: the specialization block's, which counts the most comparisons for Holm
-    power = [n for n in spec.notes if _is_power_note(n)] or [
-        n for n in evidence if _is_power_note(n)
-    ]
-    return [*out, *_without_power_note(evidence), *power[:1], *comparisons]
+        if task in answers:
+            out.append(answers[task])
+        out.append(f"{task}, per head count: " + " ".join(headlines))
+    # what n seeds can show, named by sweep: a folder of sweeps has one per Holm family size
+    out += [f"{sweep_name}: {n}" for n in spec.notes if _is_power_note(n)][:1]
+    tables = []
+    for task, rows in spec.comparisons.groupby("task", sort=False):
+        m = int(rows["n_holm"].max())
+        where = task if task == sweep_name else f"{task} ({sweep_name})"
+        caption = (
+            f"{where}: every comparison behind the answer, {BLOCK_MARK} on each "
+            f"measure where it is defined at both. {COMPARISON_RULE} Holm over the {m} tested "
+            f"comparisons of this table at {spec.result.settings.alpha:g}."
+        )
+        tables.append(Table(comparison_display(rows), caption))
+    return _SweepFindings(out, tables)
 
 
 def _head_count_captions(results: pd.DataFrame, sweep_dir: Path) -> list[tuple[Path, str]]:
@@ -479,7 +562,7 @@ _SWEEP_CAPTIONS = {
     "specialization_vs_heads": "Relations covered and heads per relation (counts), backed-up and "
     "dead shares of heads, and accuracy vs h (points = seeds).",
     "consistency": "Cross-seed consistency of role profiles vs random matching and the null the "
-    "p is computed against: heads shuffled across seeds (role marginals kept).",
+    f"p is computed against: {HEADS_SHUFFLED_NULL}.",
     "role_scores": "Role scores of the first seed of each head count.",
     "causal_matrix": "Head x target damage, first seed of each head count.",
 }
@@ -488,13 +571,14 @@ _SWEEP_CAPTIONS = {
 def _sweep_specialization_blocks(
     spec: SweepSpecialization, sweep_dir: Path, level: int
 ) -> list[Block]:
-    from mhainterp.specialization.seeds.summary import display_summary
-
     result = spec.result
+    tables = display_summary(spec.summary, result.settings.alpha)
+    in_findings = (ANSWER_MARK, BLOCK_MARK)  # said in the Findings, with their table
+    notes = [n for n in _without_power_note(spec.notes) if not any(k in n for k in in_findings)]
     blocks: list[Block] = [
         Heading(SWEEP_HEADING, level),
-        *[Table(table, f"{caption}.") for caption, table in display_summary(spec.summary)],
-        Bullets(_without_power_note(spec.notes)),
+        *[Table(table, f"{caption}.") for caption, table in tables],
+        Bullets(notes),
         Paragraph("Verdicts per head count:"),
         Bullets(result.verdict.lines),
     ]
@@ -551,17 +635,18 @@ def write_report(
         blocks += body
     elif kind == "sweep":
         body, verdict, findings = _sweep_blocks(path, settings, level=2)
-        blocks += [Heading("Findings", 2), Bullets(findings), *body]
+        blocks += [Heading("Findings", 2), Bullets(findings.lines), *findings.tables, *body]
     else:
-        sections, runs, findings = [], [], []
+        sections, runs, lines, tables = [], [], [], []
         for sweep in sweep_folders(path):
             body, sweep_verdict, sweep_findings = _sweep_blocks(sweep, settings, 3)
             sections += [Heading(f"Sweep {sweep.name}", 2), *body]
             # a sentence two sweeps share (what n seeds can show) is said once
-            findings += [f for f in sweep_findings if f not in findings]
+            lines += [f for f in sweep_findings.lines if f not in lines]
+            tables += sweep_findings.tables
             runs += sweep_verdict.runs
         verdict = Verdict(runs)
-        blocks += [Heading("Findings", 2), Bullets(findings), *sections]
+        blocks += [Heading("Findings", 2), Bullets(lines), *tables, *sections]
     blocks += _caveats(verdict.caveats)
     md_path = write_text(out_dir / "report.md", render_markdown(blocks, out_dir))
     html_path = write_text(out_dir / "report.html", render_html(blocks, title))

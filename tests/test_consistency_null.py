@@ -12,7 +12,7 @@ import torch
 
 from mhainterp.handbuilt import handbuilt_model
 from mhainterp.specialization import cross_seed_consistency, role_profiles, specialization_test
-from mhainterp.specialization.seeds.consistency import NULL_NAME
+from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL
 from mhainterp.tasks import get_task
 from mhainterp.tasks.builtin import PreviousTokenTask
 
@@ -50,7 +50,7 @@ def test_every_head_sharing_one_role_is_not_consistent_beyond_the_null():
         p_values.append(summary["p_value"])
     # ... but beyond the null in no more than chance: 40 replicates, alpha 0.05.
     assert np.mean(np.array(p_values) < 0.05) <= 0.15
-    assert summary["null"] == NULL_NAME and summary["p_floor"] == pytest.approx(0.01)
+    assert summary["null"] == HEADS_SHUFFLED_NULL and summary["p_floor"] == pytest.approx(0.01)
 
 
 def test_the_same_division_in_every_seed_is_consistent_beyond_the_null():

@@ -31,6 +31,7 @@ from mhainterp.specialization import (
     specialize_folder,
     sweep_specialization,
 )
+from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, SAME_FUNCTION_NULL
 from mhainterp.stats import seed_power_note
 from mhainterp.sweep import run_sweep, summarize
 from mhainterp.tasks import get_task
@@ -310,17 +311,57 @@ def test_report_reads_as_a_document(report):
     assert max(widths) <= 8  # no table scrolls at 1,280 px
     assert re.search(r"\b1 heads\b", md) is None and "nan vs null nan" not in md
     assert "redundant (" not in md  # one vocabulary: backed up
-    # The Findings lead each task with one sentence per head count, then the evidence.
+    # The Findings lead each task with the answer (does h matter?), then one sentence per
+    # head count, then the evidence.
     findings = md.split("## Findings", 1)[1].split("\n## ", 1)[0]
-    first = findings.strip().splitlines()[0]
-    assert (
-        first.startswith("- count_previous: h=1 (1 head, 2 seeds): ") and " h=2 (2 heads, " in first
-    )
+    first, second = findings.strip().splitlines()[:2]
+    assert first.startswith("- count_previous: does h matter? ")
+    assert "accuracy" in first and "division index" in first
+    assert second.startswith("- count_previous, per head count: h=1 (1 head, 2 seeds): ")
+    assert " h=2 (2 heads, " in second
     # What 2 seeds can show is said once per task, in its Findings (it was said 3 times per
     # task); the tasks' Holm families differ (6 and 7 comparisons), so each keeps its own
     power = [line for line in md.splitlines() if seed_power_note(2)[:60] in line]
     assert len(power) == len(TASKS) == len(set(power))
     assert all(line in findings for line in power)
+
+
+def _tables_after(text: str, caption_pattern: str) -> list[tuple[re.Match, list[list[str]]]]:
+    """Every Markdown table right after a caption matching ``caption_pattern``, as rows of
+    cells (header first)."""
+    out = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        match = re.search(caption_pattern, line)
+        if match is None:
+            continue
+        rows = []
+        for row in lines[i + 2 :]:
+            if not row.startswith("|"):
+                break
+            rows.append([cell.strip() for cell in row.strip("|").split("|")])
+        out.append((match, [r for r in rows if not set("".join(r)) <= set("-")]))
+    return out
+
+
+def test_findings_state_the_holm_family_of_every_comparison_they_print(report):
+    md, _ = report
+    findings = md.split("## Findings", 1)[1].split("\n## ", 1)[0]
+    tables = _tables_after(findings, r"Holm over the (\d+) tested comparisons of this table")
+    assert len(tables) == len(TASKS)
+    for match, (header, *rows) in tables:
+        m = int(match.group(1))
+        assert header[5] == f"Holm p (over {m})"
+        tested = [row for row in rows if row[5]]  # a row with a Holm p was in the family
+        assert len(tested) == m > 0
+        # h = 1 has no division index: no division row starts at h = 1
+        assert not [r for r in rows if r[0].startswith("division index") and "h=1 →" in r[1]]
+    # Each comparison has one Holm p in the report: accuracy is compared in the Findings
+    # only, not again in the seed-table section with a family of its own.
+    assert md.count("| accuracy | h=1 → 2 |") == len(TASKS)
+    # One description of each null, the one the code uses.
+    assert "shuffled among the scored positions" not in md and "label-permutation" not in md
+    assert SAME_FUNCTION_NULL in md and HEADS_SHUFFLED_NULL in md
 
 
 def test_run_report_shows_the_saved_headline_stability_and_refuses_a_damaged_one(sweeps, tmp_path):

@@ -842,9 +842,9 @@ def test_summary_table_known_values():
     assert shown["relations covered (count)"] == ["1.00 ± 0.00", "1.00 ± 1.41"]
     assert shown["by token"] == [
         "undefined (fewer than 2 heads do damage)",
-        "0.25 ± 0.07 vs 0.02 (2/2 beyond)",
+        "0.25 ± 0.07 vs null mean 0.02 (2/2 divided)",  # no null_high saved: the mean, named
     ]
-    assert shown["by position"] == ["not measured", "0.20 ± 0.14 vs 0.05 (1/2 beyond)"]
+    assert shown["by position"] == ["not measured", "0.20 ± 0.14 vs null mean 0.05 (1/2 divided)"]
     assert "by target" not in shown  # not measured: no column
     assert "causal selectivity" not in shown  # single-target: no column
     assert shown["margin"][1] == pytest.approx(0.5)  # consistency over random matching

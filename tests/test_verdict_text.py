@@ -39,8 +39,8 @@ def test_a_kept_head_call_is_read_with_its_evidence():
     text = _run([_row()]).text
     assert "Headline: the heads divide the work along position; basis: kept-head profiles." in text
     assert (
-        "by position divided (index 0.41 [95% CI 0.35, 0.47] vs same-function null 0.05 "
-        "(p < 0.001), on kept-head profiles)"
+        "by position divided (index 0.41 [95% CI 0.35, 0.47] vs same-function null's 95% "
+        "quantile 0.09 (p < 0.001), on kept-head profiles)"
     ) in text
 
 

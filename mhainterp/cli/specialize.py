@@ -108,9 +108,13 @@ def _cmd_specialize(args: argparse.Namespace) -> int:
         print("\n".join(result.result.verdict.lines))
         print(f"\ntables saved in {folder}\n")
     if by:
+        from mhainterp.specialization.nulls import SAME_FUNCTION_NULL
         from mhainterp.specialization.seeds.over_sweep import division_folder
 
-        print("Division of labour (index per axis vs its label-permutation null):")
+        print(
+            "Division of labour (index per axis vs the upper 95% quantile of its null, "
+            f"{SAME_FUNCTION_NULL}):"
+        )
         for run_dir, division in division_folder(path, settings, by=by, progress=False):
             print(f"  {run_dir.name}: {division.summary_line()}")
     if args.headline_stability:

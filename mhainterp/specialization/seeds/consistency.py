@@ -35,19 +35,16 @@ import pandas as pd
 from scipy.optimize import linear_sum_assignment
 
 from mhainterp.similarity import match_heads
+from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL
 from mhainterp.specialization.where.roles import DESCRIPTIVE_ROLES
 from mhainterp.validation import invalid
 
 __all__ = [
     "CONSISTENCY_COLUMNS",
-    "NULL_NAME",
     "cross_seed_consistency",
     "profile_similarity",
     "role_profiles",
 ]
-
-NULL_NAME = "heads shuffled across seeds"
-"""The null the consistency p is computed against (each role's marginals kept)."""
 
 CONSISTENCY_COLUMNS = [
     "run_a",
@@ -173,7 +170,8 @@ def cross_seed_consistency(
         :data:`CONSISTENCY_COLUMNS` (``matched`` lists ``"L0H1=L0H3"`` pairs; ``null_shuffled``
         that pair's head-shuffled null mean); ``summary`` has ``consistency,
         random_matching, margin`` (consistency - random matching), ``null`` (its name,
-        :data:`NULL_NAME`), ``null_shuffled, null_high`` (the null's mean and 95% quantile),
+        :data:`~mhainterp.specialization.nulls.HEADS_SHUFFLED_NULL`), ``null_shuffled,
+        null_high`` (the null's mean and 95% quantile),
         ``p_value, p_floor, label_agreement, label_agreement_random, n_runs, n_pairs`` (means
         over run pairs).
 
@@ -219,7 +217,7 @@ def cross_seed_consistency(
         "consistency": observed,
         "random_matching": random_matching,
         "margin": observed - random_matching,
-        "null": NULL_NAME,
+        "null": HEADS_SHUFFLED_NULL,
         "null_shuffled": float(null.mean()),
         "null_high": float(np.quantile(null, 0.95)),
         "p_value": float((1 + (null >= observed - 1e-12).sum()) / (1 + n_shuffles)),

@@ -43,9 +43,9 @@ from mhainterp.specialization.battery import specialization_test
 from mhainterp.specialization.seeds.combine import attach_division, combine_results
 from mhainterp.specialization.seeds.summary import (
     display_summary,
+    head_count_comparisons,
     specialization_summary,
     summary_notes,
-    trend_comparisons,
 )
 from mhainterp.specialization.verdict.result import RUN_COLUMNS, SpecializationResult
 from mhainterp.specialization.verdict.settings import SpecializationSettings
@@ -82,8 +82,9 @@ class SweepSpecialization:
         summary: One row per (task, n_heads), columns :data:`SUMMARY_COLUMNS`.
         result: The stacked :class:`~mhainterp.specialization.battery.SpecializationResult`.
         notes: Findings generated from the numbers, one per task (+ caveats).
-        comparisons: The tests behind every "beyond the seed spread" in the notes
-            (:func:`~.summary.trend_comparisons`).
+        comparisons: The head-count comparisons behind the notes' answer
+            (:func:`~.summary.head_count_comparisons`, columns
+            :data:`mhainterp.stats.HEAD_COUNT_COLUMNS`).
     """
 
     runs: pd.DataFrame
@@ -97,7 +98,7 @@ class SweepSpecialization:
         parts = []
         for task, group in self.summary.groupby("task", sort=False):
             parts += [f"## {task}", ""]
-            for caption, table in display_summary(group):
+            for caption, table in display_summary(group, self.result.settings.alpha):
                 parts += [f"*{caption}*", "", markdown_table(table), ""]
         parts += [f"- {note}" for note in self.notes]
         return "\n".join(parts) + "\n"
@@ -138,6 +139,10 @@ class SweepSpecialization:
         runs = pd.read_csv(out_dir / "specialization_runs.csv")
         summary = pd.read_csv(out_dir / "specialization_summary.csv")
         comparisons = pd.read_csv(out_dir / COMPARISONS_FILE)
+        if "beyond" in comparisons.columns:  # True / False, None where not tested
+            comparisons["beyond"] = comparisons["beyond"].map(
+                lambda v: None if pd.isna(v) else str(v) == "True"
+            )
         notes = list(read_json(out_dir / NOTES_FILE)["notes"])
         return cls(runs, summary, result, notes, comparisons)
 
@@ -292,7 +297,7 @@ def sweep_specialization(
     ]
     runs["val_accuracy"] = results["val_accuracy"].to_numpy()
     summary = specialization_summary(runs, combined.verdict.consistency, combined.division)
-    comparisons = trend_comparisons(runs, combined.division, alpha=settings.alpha)
+    comparisons = head_count_comparisons(runs, combined.division, alpha=settings.alpha)
     notes = summary_notes(summary, comparisons, alpha=settings.alpha)
     return SweepSpecialization(runs, summary, combined, notes, comparisons)
 

@@ -1,15 +1,20 @@
 """The sweep-level summary of the specialization test: per (task, h) the verdict's graded
-numbers over seeds, and the comparisons between head counts behind every "beyond the seed
-spread" statement.
+numbers over seeds, and the comparisons between head counts that answer "does h matter?".
 
-:func:`specialization_summary` is the table (:data:`SUMMARY_COLUMNS`);
-:func:`trend_comparisons` compares the smallest and the largest head count of each task on
-every graded number and yes/no outcome (:func:`mhainterp.stats.compare_seeds`: Welch, exact
-permutation where no group varies, Fisher's exact test for yes/no outcomes), Holm-corrected over
-the comparisons of the task's Findings block (:func:`mhainterp.stats.beyond_seed_spread`);
-:func:`summary_notes` writes the findings from those rows. All of it is computed when the
-sweep is specialized and saved (:meth:`~.over_sweep.SweepSpecialization.save`); the report reads
-it.
+- :func:`specialization_summary` is the table (:data:`SUMMARY_COLUMNS`);
+- :func:`head_count_comparisons` compares *adjacent* head counts of each task on every
+  measure of :data:`FINDINGS_MEASURES` (accuracy, relations covered, heads per relation, the
+  needed and backed-up shares, the division index per axis) with
+  :func:`mhainterp.stats.compare_head_counts`: each difference of seed means with its 95%
+  interval, the exact permutation test below 10 seeds per head count (its floor stated) and
+  Welch from there, Holm over the task's block. A measure undefined at a head count (h = 1
+  has no division index) is left out there, never counted as 0 or "no";
+- :func:`answer_sentence` says per task whether h changes the accuracy and the division, by
+  how much, and what n would settle what is still open; :func:`summary_notes` writes it, the
+  block and the consistency notes.
+
+All of it is computed when the sweep is specialized and saved
+(:meth:`~.over_sweep.SweepSpecialization.save`); the report reads it.
 """
 
 from __future__ import annotations
@@ -17,20 +22,32 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from mhainterp.render import format_p
+from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, SAME_FUNCTION_NULL
 from mhainterp.specialization.verdict.sentences import UNDEFINED_INDEX, group_key
 from mhainterp.specialization.whom.damage import AXES
-from mhainterp.stats import beyond_seed_spread, compare_seeds, describe, holm_block, seed_power_note
+from mhainterp.stats import (
+    all_seeds_equal,
+    compare_head_counts,
+    comparison_sentence,
+    describe,
+    difference_text,
+    seed_power_note,
+)
 
 __all__ = [
-    "COMPARISON_COLUMNS",
+    "ANSWER_MARK",
+    "BLOCK_MARK",
+    "FINDINGS_MEASURES",
     "SUMMARY_COLUMNS",
+    "answer_sentence",
     "display_summary",
+    "head_count_comparisons",
     "specialization_summary",
     "summary_notes",
-    "trend_comparisons",
 ]
 
 _GRADED = [  # run-table column -> summary prefix: mean and std over seeds of each
@@ -43,7 +60,7 @@ _GRADED = [  # run-table column -> summary prefix: mean and std over seeds of ea
     ("frac_label_flips", "frac_label_flips"),
     ("causal_selectivity", "causal_selectivity"),
 ]
-_DIVISION_STATS = ("mean", "std", "null", "n_measured", "n_defined", "n_beyond")
+_DIVISION_STATS = ("mean", "std", "null", "null_high", "n_measured", "n_defined", "n_beyond")
 SUMMARY_COLUMNS = [
     "task",
     "n_heads",
@@ -65,17 +82,21 @@ live head holds) and ``heads_per_relation`` (over the ``n_seeds_with_relation`` 
 have one) are counts; ``frac_*`` are shares of all heads (needed, backed up, dead,
 labels that change with a threshold x 0.8 or x 1.25). ``division_{axis}_*`` per axis of the
 division of labour: of the ``n_measured`` seeds where it was measured, the index's seed
-``mean`` and ``std`` over the ``n_defined`` where it is defined (two or more heads do damage),
-its label-permutation ``null`` (seed mean) and ``n_beyond``, the seeds whose index beats its
-null (the verdict's "divided"). ``accuracy`` is the sweep's ``val_accuracy`` when
+``mean`` and ``std`` over the ``n_defined`` where it is defined (two or more heads or groups
+do the work), its null (same-function heads: noisy copies of the model compared on split
+halves of the sequences): ``null`` the seed mean of the null's mean, ``null_high`` the seed
+mean of its upper ``1 - alpha`` quantile, the line each seed's call uses, and ``n_beyond``,
+the seeds whose call is "divided". ``accuracy`` is the sweep's ``val_accuracy`` when
 known; the consistency columns are NaN with fewer than 2 seeds."""
 
 
-def display_summary(group: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+def display_summary(group: pd.DataFrame, alpha: float = 0.05) -> list[tuple[str, pd.DataFrame]]:
     """:data:`SUMMARY_COLUMNS` rows formatted for reading, as ``(caption, table)`` pairs of at
     most 8 columns each (a table wider than that scrolls in a report): counts, shares of
-    heads, one column per measured division axis (``index ± std vs null (seeds beyond it /
-    seeds)``), and the causal selectivity and cross-seed consistency.
+    heads, one column per measured division axis (``index ± std vs null q95 (seeds divided /
+    seeds)``, the null's upper ``1 - alpha`` quantile, the line the call uses), and the causal
+    selectivity and cross-seed consistency. One row per head count whatever the number of
+    seeds: seeds enter as mean ± std and counts, never as columns.
 
     Example:
         >>> [caption for caption, _ in display_summary(spec.summary)]  # doctest: +SKIP
@@ -109,12 +130,18 @@ def display_summary(group: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         ),
     ]
     division = {
-        f"by {axis}": [_division_cell(row, axis) for _, row in group.iterrows()]
+        f"by {axis}": [_division_cell(row, axis, alpha) for _, row in group.iterrows()]
         for axis in AXES
         if (group[f"division_{axis}_n_measured"] > 0).any()  # not measured at any h: no column
     }
     if division:
-        tables.append(("Division index (seeds beyond the null / seeds)", {**h, **division}))
+        level = round(100 * (1 - alpha))
+        caption = (
+            f"Division index (seed mean ± std) vs q{level}, the seed mean of the null's upper "
+            f"{level}% quantile, the line each seed's call must clear (the null: "
+            f"{SAME_FUNCTION_NULL}); seeds divided / seeds measured"
+        )
+        tables.append((caption, {**h, **division}))
     other: dict[str, Any] = {}
     if group["causal_selectivity_mean"].notna().any():
         other["causal selectivity"] = pm("causal_selectivity")
@@ -123,7 +150,7 @@ def display_summary(group: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
         other["consistency"] = group["consistency"].to_numpy()
         other["random matching"] = group["random_matching"].to_numpy()
         other["margin"] = (group["consistency"] - group["random_matching"]).to_numpy()
-        other["head-shuffled null"] = group["null_shuffled"].to_numpy()
+        other["null: heads shuffled"] = group["null_shuffled"].to_numpy()
         other["p"] = [
             format_p(p, floor)
             for p, floor in zip(group["consistency_p"], group["consistency_p_floor"], strict=True)
@@ -133,17 +160,23 @@ def display_summary(group: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
     return [(caption, pd.DataFrame(columns)) for caption, columns in tables]
 
 
-def _division_cell(row: pd.Series, axis: str) -> str:
-    """``0.25 ± 0.06 vs 0.00 (3/3 beyond)``, or why there is no index."""
-    d = {stat: row[f"division_{axis}_{stat}"] for stat in _DIVISION_STATS}
+def _division_cell(row: pd.Series, axis: str, alpha: float = 0.05) -> str:
+    """``0.25 ± 0.06 vs q95 0.03 (2/3 divided; 1 undefined)``: the index against the null's
+    upper quantile the call uses (its mean, named so, where an old table lacks the quantile),
+    or why there is no index."""
+    d = {stat: row.get(f"division_{axis}_{stat}", math.nan) for stat in _DIVISION_STATS}
     if not d["n_measured"]:
         return "not measured"
     if not d["n_defined"]:
         return UNDEFINED_INDEX
-    return (
-        f"{_fmt(d['mean'], d['std'])} vs {d['null']:.2f} "
-        f"({int(d['n_beyond'])}/{int(d['n_measured'])} beyond)"
-    )
+    if isinstance(d["null_high"], float) and not math.isnan(d["null_high"]):
+        null = f"q{round(100 * (1 - alpha))} {d['null_high']:.2f}"  # the line the call uses
+    else:
+        null = f"null mean {d['null']:.2f}"
+    undefined = int(d["n_measured"]) - int(d["n_defined"])
+    seeds = f"{int(d['n_beyond'])}/{int(d['n_measured'])} divided"
+    text = f"{_fmt(d['mean'], d['std'])} vs {null} ({seeds}"
+    return text + (f"; {undefined} undefined)" if undefined else ")")
 
 
 def specialization_summary(
@@ -214,161 +247,242 @@ def _division_summary(group: pd.DataFrame, division: pd.DataFrame | None) -> dic
         index = rows["index"].dropna() if len(rows) else pd.Series(dtype=float)
         stats = describe(index)
         out[f"division_{axis}_mean"], out[f"division_{axis}_std"] = stats["mean"], stats["std"]
-        null = rows["null_index"].dropna() if len(rows) else pd.Series(dtype=float)
-        out[f"division_{axis}_null"] = float(null.mean()) if len(null) else math.nan
+        for stat, column in (("null", "null_index"), ("null_high", "null_high")):
+            null = rows[column].dropna() if column in rows.columns else pd.Series(dtype=float)
+            out[f"division_{axis}_{stat}"] = float(null.mean()) if len(null) else math.nan
         out[f"division_{axis}_n_measured"] = int(rows["run"].nunique()) if len(rows) else 0
         out[f"division_{axis}_n_defined"] = len(index)
         out[f"division_{axis}_n_beyond"] = int(sum(axis in a.split(",") for a in along))
     return out
 
 
-TRENDS = (
-    ("accuracy", "accuracy", "graded"),
-    ("n_relations", "relations covered (a count)", "graded"),
-    ("heads_per_relation", "heads per relation (a count)", "graded"),
-    ("frac_needed", "needed share", "graded"),
-    ("frac_backed_up", "backed-up share", "graded"),
-    ("frac_dead", "dead share", "graded"),
-    ("causal_selectivity", "causal selectivity", "graded"),
+FINDINGS_MEASURES = (
+    ("accuracy", "accuracy"),
+    ("n_relations", "relations covered (a count)"),
+    ("heads_per_relation", "heads per relation (a count)"),
+    ("frac_needed", "needed share"),
+    ("frac_backed_up", "backed-up share"),
+    *((f"division_{axis}", f"division index by {axis}") for axis in AXES),
 )
-"""``(run-table column, words, kind)`` of every number the Findings compare across h."""
+"""``(per-seed column, words)`` of every measure the Findings compare across h. The dead
+share and the causal selectivity stay in the seed table but out of the block: every measure
+added to it is one more Holm comparison per pair of head counts."""
 
-COMPARISON_COLUMNS = [
-    "task",
-    "quantity",
-    "kind",
-    "n_heads_a",
-    "n_heads_b",
-    "mean_a",
-    "std_a",
-    "n_a",
-    "mean_b",
-    "std_b",
-    "n_b",
-    "diff",
-    "test",
-    "p",
-    "p_holm",
-    "beyond",
-]
-"""Columns of :func:`trend_comparisons`: one row per (task, quantity), the smallest head count
-``a`` against the largest ``b``; ``diff = mean_b - mean_a``; ``p_holm`` Holm-corrected over the
-task's rows; ``beyond`` = ``p_holm < alpha`` (None when no test could be made)."""
+ANSWER_MARK = ": does h matter? "
+"""In every :func:`answer_sentence`, right after the task: how the report finds it."""
+BLOCK_MARK = "adjacent head counts"
+"""In the note that lists a task's comparisons: how the report finds it."""
+
+_DIVISION_PREFIX = "division_"
 
 
 def _per_seed(runs: pd.DataFrame, division: pd.DataFrame | None) -> pd.DataFrame:
-    """``runs`` with one column per division axis: ``division_{axis}`` (the index, NaN when
-    undefined) and ``divided_{axis}`` (1.0 when the seed divides the work along it)."""
+    """``runs`` with ``accuracy`` and one ``division_{axis}`` column per measured axis: the
+    seed's index, NaN where it is undefined (one head; "cannot tell")."""
     runs = runs.copy()
     if "val_accuracy" in runs.columns:
         runs["accuracy"] = runs["val_accuracy"]
-    along = runs.get("specialized_along", pd.Series([""] * len(runs), index=runs.index))
-    along = along.fillna("").astype(str)
+    if division is None:
+        return runs
     for axis in AXES:
-        rows = pd.DataFrame() if division is None else division[division["by"] == axis]
-        index = dict(zip(rows.get("run", []), rows.get("index", []), strict=True))
-        measured = runs["run"].isin(index)
-        runs[f"division_{axis}"] = runs["run"].map(index).astype(float)
-        runs[f"divided_{axis}"] = [
-            float(axis in a.split(",")) if m else math.nan
-            for a, m in zip(along, measured, strict=True)
-        ]
+        rows = division[division["by"] == axis]
+        if len(rows):
+            index = dict(zip(rows["run"], rows["index"], strict=True))
+            runs[f"{_DIVISION_PREFIX}{axis}"] = runs["run"].map(index).astype(float)
     return runs
 
 
-def trend_comparisons(
+def head_count_comparisons(
     runs: pd.DataFrame, division: pd.DataFrame | None = None, *, alpha: float = 0.05
 ) -> pd.DataFrame:
-    """The smallest vs the largest head count of each task on every Findings quantity.
+    """Adjacent head counts of each task on every :data:`FINDINGS_MEASURES` measure, Holm over
+    the task's block (:func:`mhainterp.stats.compare_head_counts`).
 
     Args:
-        runs: The per-run table (``task, n_heads, run`` and the :data:`TRENDS` columns; those
-            it lacks are skipped).
+        runs: The per-run table (``task, n_heads, run`` and the measures' columns; those it
+            lacks are skipped).
         division: Division indices per run and axis (``run, by, index``), or None.
-        alpha: Family-wise error rate of one task's block of comparisons.
+        alpha: Family-wise error rate of one task's block.
 
     Returns:
-        One row per (task, quantity) with a defined value in both groups, columns
-        :data:`COMPARISON_COLUMNS`.
+        :data:`mhainterp.stats.HEAD_COUNT_COLUMNS`, one row per (task, measure, adjacent pair
+        of head counts where the measure is defined at both).
 
     Example:
-        >>> runs = pd.DataFrame({"task": ["t"] * 6, "n_heads": [1, 1, 1, 8, 8, 8],
+        >>> runs = pd.DataFrame({"task": ["t"] * 6, "n_heads": [1, 1, 1, 4, 4, 4],
         ...     "run": list("abcdef"), "accuracy": [0.5, 0.52, 0.51, 0.9, 0.91, 0.92]})
-        >>> row = trend_comparisons(runs).iloc[0]
-        >>> row["test"], bool(row["beyond"])
-        ('Welch', True)
+        >>> division = pd.DataFrame({"run": list("abcdef"), "by": ["token"] * 6,
+        ...     "index": [float("nan")] * 3 + [0.1, 0.2, 0.15]})
+        >>> table = head_count_comparisons(runs, division)
+        >>> table["quantity"].tolist()  # h = 1 has no index: nothing to compare it with
+        ['accuracy']
+        >>> table.loc[0, "verdict"]
+        'no difference shown (complete separation at the floor)'
     """
     division = division if division is not None and len(division) else None
-    runs = _per_seed(runs, division)
-    quantities = [q for q in TRENDS if q[0] in runs.columns]
-    quantities += [(f"division_{a}", f"division index by {a}", "graded") for a in AXES]
-    quantities += [(f"divided_{a}", f"seeds divided by {a}", "yes/no") for a in AXES]
-    rows = []
-    for task, group in runs.groupby("task", sort=False):
-        heads = sorted(group["n_heads"].unique())
-        if len(heads) < 2:
-            continue
-        a, b = group[group["n_heads"] == heads[0]], group[group["n_heads"] == heads[-1]]
-        block = []
-        for column, words, kind in quantities:
-            x, y = a[column].dropna().to_numpy(float), b[column].dropna().to_numpy(float)
-            if not x.size or not y.size:
-                continue
-            da, db = describe(x), describe(y)
-            block.append(
-                {
-                    "task": task,
-                    "quantity": words,
-                    "kind": kind,
-                    "n_heads_a": int(heads[0]),
-                    "n_heads_b": int(heads[-1]),
-                    "mean_a": da["mean"],
-                    "std_a": da["std"],
-                    "n_a": da["n"],
-                    "mean_b": db["mean"],
-                    "std_b": db["std"],
-                    "n_b": db["n"],
-                    **compare_seeds(x, y, kind),
-                }
+    per_seed = _per_seed(runs, division)
+    return compare_head_counts(per_seed, FINDINGS_MEASURES, alpha=alpha)
+
+
+def _is_division(rows: pd.DataFrame) -> pd.Series:
+    return rows["measure"].astype(str).str.startswith(_DIVISION_PREFIX)
+
+
+def _change(row: pd.Series) -> str:
+    """``by token h=4 → 8 +0.16 [95% Welch t CI +0.03, +0.29]``."""
+    what = str(row["measure"]).removeprefix(_DIVISION_PREFIX)
+    name = f"by {what} " if str(row["measure"]).startswith(_DIVISION_PREFIX) else ""
+    return f"{name}h={row['n_heads_a']} → {row['n_heads_b']} {difference_text(row)}"
+
+
+def _why_not_shown(row: pd.Series) -> str:
+    """Why a difference is not shown: a complete separation at the test's floor, or the seed
+    spread, with the Holm p."""
+    holm = f"Holm {format_p(row['p_holm'])} over {int(row['n_holm'])}"
+    if row["separated"]:
+        side = "above" if row["separated"] > 0 else "below"
+        floor = row["p_floor"]
+        if isinstance(floor, float) and not math.isnan(floor) and row["p"] <= floor * (1 + 1e-9):
+            return (
+                f"every seed at h={row['n_heads_b']} {side} every seed at h={row['n_heads_a']}, "
+                f"at the exact test's floor p = {floor:.2g}; {holm}"
             )
-        p = [r["p"] for r in block]
-        for row, adjusted, beyond in zip(
-            block, holm_block(p), beyond_seed_spread(p, alpha), strict=True
-        ):
-            row["p_holm"] = math.nan if adjusted is None else adjusted
-            row["beyond"] = beyond
-        rows += block
-    return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
+        return f"every seed {side}, {holm}"
+    return f"within the seed spread, {holm}"
 
 
-def comparison_text(row: pd.Series | dict[str, Any]) -> str:
-    """``"accuracy 0.51 ± 0.01 (h=1) -> 0.91 ± 0.01 (h=8): beyond the seed spread (Welch p =
-    3e-05, Holm p = 0.0002)"``.
+def _shown(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows[rows["beyond"].map(lambda v: v is True or v == True)]  # noqa: E712
+
+
+def _largest(rows: pd.DataFrame) -> pd.Series:
+    return rows.loc[rows["diff"].abs().idxmax()]
+
+
+def _accuracy_answer(rows: pd.DataFrame) -> str:
+    if not len(rows):
+        return "accuracy not compared"
+    shown = _shown(rows)
+    if len(shown):
+        changes = [f"{_change(r)} (Holm {format_p(r['p_holm'])})" for _, r in shown.iterrows()]
+        return "h changes the accuracy: " + ", ".join(changes)
+    if rows.apply(all_seeds_equal, axis=1).all():
+        return f"the accuracy is the same at every h (every seed {rows['mean_a'].iloc[0]:.2f})"
+    largest = _largest(rows)
+    return (
+        f"no change of the accuracy with h is shown (largest: {_change(largest)}; "
+        f"{_why_not_shown(largest)})"
+    )
+
+
+def _division_answer(rows: pd.DataFrame, undefined_at: list[int]) -> str:
+    undefined = (
+        f"; it is undefined at h = {', '.join(map(str, undefined_at))} (fewer than 2 heads or "
+        "groups do the work: left out, not counted as 0)"
+        if undefined_at
+        else ""
+    )
+    if not len(rows):
+        return "the division index cannot be compared between head counts" + undefined
+    shown = _shown(rows)
+    if len(shown):
+        changes = [f"{_change(r)} (Holm {format_p(r['p_holm'])})" for _, r in shown.iterrows()]
+        axes = {str(m).removeprefix(_DIVISION_PREFIX) for m in shown["measure"]}
+        rest = sorted({str(m).removeprefix(_DIVISION_PREFIX) for m in rows["measure"]} - axes)
+        text = "h changes the division of labour: " + ", ".join(changes)
+        if rest:
+            text += f"; no change shown by {', '.join(rest)}"
+        return text + undefined
+    largest = _largest(rows)
+    return (
+        f"no change of the division index with h is shown (largest: {_change(largest)}; "
+        f"{_why_not_shown(largest)}){undefined}"
+    )
+
+
+def _open_answer(rows: pd.DataFrame, alpha: float) -> str:
+    """What n would settle the comparisons still open: tested, not beyond the spread, and not
+    equal in every seed (nothing would settle those)."""
+    tested = rows[rows["beyond"].notna()]
+    not_shown = tested["beyond"].map(lambda v: not bool(v))
+    equal = tested.apply(all_seeds_equal, axis=1).astype(bool)
+    still = tested[not_shown & ~equal]
+    n_to_settle = still["n_to_settle"].astype(float)
+    finite = still[np.isfinite(n_to_settle)]
+    rest = []
+    if len(still) > len(finite):
+        rest.append(f"{len(still) - len(finite)} show no difference of the seed means at all")
+    if equal.any():
+        rest.append(f"{int(equal.sum())} show every seed equal")
+    tail = "".join(f"; {r}" for r in rest)
+    if not len(finite):
+        return f"no comparison is still open{tail}" if not len(still) else tail.lstrip("; ")
+    m = int(tested["n_holm"].max())
+    worst = finite.loc[finite["n_to_settle"].astype(float).idxmax()]
+    low, high = int(finite["n_to_settle"].min()), int(finite["n_to_settle"].max())
+    span = f"n = {low}" if low == high else f"n = {low} to {high}"
+    return (
+        f"{len(finite)} of {len(tested)} comparisons still open{tail}; about {span} seeds per "
+        f"head count would settle {'it' if len(finite) == 1 else 'them'} (80% power of a "
+        f"two-sample t test at α = {alpha:g}/{m} on each observed difference and spread, with "
+        f"an exact floor below that α; the most for {worst['quantity']} "
+        f"h={worst['n_heads_a']} → {worst['n_heads_b']})"
+    )
+
+
+def answer_sentence(
+    task: str, comparisons: pd.DataFrame, undefined_at: list[int], alpha: float = 0.05
+) -> str:
+    """One sentence for ``task`` that leads its Findings: whether h changes the accuracy,
+    whether it changes the division of labour, along which axis and by how much (with its
+    interval), and what n would settle what is still open.
+
+    Args:
+        task: The task's name.
+        comparisons: Its rows of :func:`head_count_comparisons`.
+        undefined_at: Head counts where the division index was measured but is undefined in
+            every seed (h = 1).
+        alpha: The block's family-wise error rate.
 
     Example:
-        >>> print(comparison_text({"quantity": "accuracy", "mean_a": 0.5, "std_a": 0.1,
-        ...     "n_heads_a": 1, "mean_b": 0.6, "std_b": 0.1, "n_heads_b": 4, "test": "Welch",
-        ...     "p": 0.3, "p_holm": 0.6, "beyond": False}))  # doctest: +NORMALIZE_WHITESPACE
-        accuracy 0.50 ± 0.10 (h=1) -> 0.60 ± 0.10 (h=4): within the seed spread
-        (Welch p = 0.3, Holm p = 0.6)
+        >>> runs = pd.DataFrame({"task": ["t"] * 6, "n_heads": [1, 1, 1, 4, 4, 4],
+        ...     "run": list("abcdef"), "accuracy": [0.5, 0.52, 0.51, 0.9, 0.91, 0.92]})
+        >>> print(answer_sentence("t", head_count_comparisons(runs), [1])
+        ...       )  # doctest: +NORMALIZE_WHITESPACE +ELLIPSIS
+        t: does h matter? no change of the accuracy with h is shown (largest: h=1 → 4 +0.40
+        [95% Welch t CI +0.38, +0.42]; every seed at h=4 above every seed at h=1, at the exact
+        test's floor p = 0.1; Holm p = 0.1 over 1); the division index cannot be compared
+        between head counts; it is undefined at h = 1 (...); 1 of 1 comparisons still
+        open; about n = 4 seeds per head count would settle it (80% power ...; the most for
+        accuracy h=1 → 4).
     """
-    text = (
-        f"{row['quantity']} {_fmt(row['mean_a'], row['std_a'])} (h={row['n_heads_a']}) -> "
-        f"{_fmt(row['mean_b'], row['std_b'])} (h={row['n_heads_b']})"
-    )
-    if row["beyond"] is None or (isinstance(row["beyond"], float) and math.isnan(row["beyond"])):
-        return text + " (too few seeds to compare)"
-    where = "beyond" if bool(row["beyond"]) else "within"
-    return (
-        f"{text}: {where} the seed spread ({row['test']} {format_p(row['p'])}, Holm "
-        f"{format_p(row['p_holm'])})"
-    )
+    division = _is_division(comparisons)
+    parts = [
+        _accuracy_answer(comparisons[comparisons["measure"] == "accuracy"]),
+        _division_answer(comparisons[division], undefined_at),
+        _open_answer(comparisons, alpha),
+    ]
+    return f"{task}{ANSWER_MARK}" + "; ".join(p for p in parts if p) + "."
+
+
+def _undefined_at(group: pd.DataFrame) -> list[int]:
+    """Head counts of a summary group where some axis was measured and no seed has an index."""
+    out = []
+    for row in group.itertuples(index=False):
+        measured = [getattr(row, f"division_{a}_n_measured", 0) for a in AXES]
+        defined = [getattr(row, f"division_{a}_n_defined", 0) for a in AXES]
+        if any(m > 0 for m in measured) and not any(d > 0 for d in defined):
+            out.append(int(row.n_heads))
+    return out
 
 
 def summary_notes(
     summary: pd.DataFrame, comparisons: pd.DataFrame, *, alpha: float = 0.05
 ) -> list[str]:
-    """The Findings of a sweep's specialization, one block per task, from the saved rows.
+    """The Findings of a sweep's specialization from the saved rows: per task the answer
+    (:func:`answer_sentence`), the block of comparisons (every one in words, with the size of
+    the Holm family it was corrected in), and the cross-seed consistency per head count; then
+    what the number of seeds can show (:func:`mhainterp.stats.seed_power_note`).
 
     Example:
         >>> notes = summary_notes(spec.summary, spec.comparisons)  # doctest: +SKIP
@@ -379,24 +493,26 @@ def summary_notes(
             notes.append(f"{task}: a single head count (h={group['n_heads'].iloc[0]}); no trend.")
             continue
         mine = comparisons[comparisons["task"] == task]
-        parts = [comparison_text(row) for _, row in mine.iterrows()]
-        if parts:
+        notes.append(answer_sentence(str(task), mine, _undefined_at(group), alpha))
+        if len(mine):
+            m = int(mine["n_holm"].max())
+            parts = [comparison_sentence(row) for _, row in mine.iterrows()]
             notes.append(
-                f"{task} (smallest vs largest h; {len(parts)} comparisons, Holm-corrected "
-                f"together at {alpha:g}): " + "; ".join(parts) + "."
+                f"{task} ({BLOCK_MARK}; {m} comparisons, Holm-corrected together at "
+                f"{alpha:g}): " + "; ".join(parts) + "."
             )
         for row in group.dropna(subset=["consistency"]).itertuples(index=False):
             margin = row.consistency - row.random_matching
             notes.append(
                 f"{task}, h={row.n_heads}: role profiles match across {row.n_seeds} seeds at "
                 f"{row.consistency:.2f}, {margin:+.2f} over a random matching "
-                f"({row.random_matching:.2f}); against the null actually tested, heads "
-                f"shuffled across seeds (each role's marginals kept), {row.null_shuffled:.2f} "
+                f"({row.random_matching:.2f}); against the null actually tested, "
+                f"{HEADS_SHUFFLED_NULL}, {row.null_shuffled:.2f} "
                 f"({format_p(row.consistency_p, row.consistency_p_floor)})."
             )
     n = summary["n_seeds"]
-    per_task = comparisons.groupby("task").size() if len(comparisons) else pd.Series([1])
-    note = seed_power_note(int(n.min()), alpha, int(per_task.max()))
+    block = int(comparisons["n_holm"].max()) if len(comparisons) else 1
+    note = seed_power_note(int(n.min()), alpha, max(1, block))
     if n.min() != n.max():
         note += f" Seeds per head count range from {n.min()} to {n.max()}."
     notes.append(note)

@@ -106,6 +106,20 @@ def _finite(value: Any) -> bool:
         return False
 
 
+def _per_seed(values: list[int], most: int = 10) -> str:
+    """``; per seed 1, 1, 0`` while there are at most ``most`` seeds, else nothing (the mean
+    and std say it; 100 seeds would list 100 numbers)."""
+    return f"; per seed {', '.join(map(str, values))}" if len(values) <= most else ""
+
+
+def _null_text(d: dict[str, Any], null: str) -> str:
+    """``same-function null's 95% quantile 0.09``, the line the call uses, where the row has
+    it; else the null's mean (older tables), ``null 0.05``."""
+    if _finite(d.get("null_high")):
+        return f"{null}'s 95% quantile {float(d['null_high']):.2f}"
+    return f"{null} {float(d['null_index']):.2f}"
+
+
 def _index_text(d: dict[str, Any]) -> str:
     """The evidence of one axis: index with its CI against the null, or why it is undefined."""
     if not _finite(d.get("index")):
@@ -117,7 +131,7 @@ def _index_text(d: dict[str, Any]) -> str:
     null = "same-function null" if "call" in d else "null"
     floor = float(d["p_floor"]) if _finite(d.get("p_floor")) else None
     p = float(d["p"]) if _finite(d.get("p")) else math.nan
-    text += f" vs {null} {float(d['null_index']):.2f} ({format_p(p, floor)})"
+    text += f" vs {_null_text(d, null)} ({format_p(p, floor)})"
     basis = d.get("basis")
     if isinstance(basis, str) and basis and basis != "single":
         text += f", on {basis}-head profiles"
@@ -460,8 +474,8 @@ class Verdict:
         text = (
             f"{first.task}, h={first.n_heads}, {_plural(total, 'head')}, {_plural(n, 'seed')} "
             "(mean ± std): "
-            f"relations covered {_mean_std([float(r.n_relations) for r in runs])} (a count; "
-            f"per seed {', '.join(str(r.n_relations) for r in runs)}), heads per relation "
+            f"relations covered {_mean_std([float(r.n_relations) for r in runs])} (a count"
+            f"{_per_seed([r.n_relations for r in runs])}), heads per relation "
             f"{_mean_std([r.heads_per_relation for r in runs])} (a count{with_relation}); "
             "needed share "
             f"{share([float(len(r.needed)) for r in runs])} (needed but holding no known "
@@ -523,10 +537,16 @@ class Verdict:
         """ONE sentence for a task and head count over its seeds (the report's headline)."""
         first, n = runs[0], len(runs)
         calls = self.group_calls(runs)
-        counts = [
-            f"{sum(r.calls.get(axis) == 'divided' for r in runs)}/{n} seeds divided by {axis}"
-            for axis in calls
-        ]
+        counts = []
+        for axis in calls:  # an undefined call ("cannot tell") is not counted as "no"
+            undefined = sum(r.calls.get(axis) == "cannot tell" for r in runs)
+            if undefined == n:
+                continue
+            divided = sum(r.calls.get(axis) == "divided" for r in runs)
+            counts.append(
+                f"{divided}/{n} seeds divided by {axis}"
+                + (f" ({undefined} undefined)" if undefined else "")
+            )
         evidence = f" ({', '.join(counts)})" if counts and n > 1 else ""
         basis = _basis_text([d for r in runs for d in r.division])
         return (
@@ -556,9 +576,12 @@ class Verdict:
             beats = sum(axis in r.specialized_axes for r in runs)
             defined = [d for d in rows if _finite(d.get("index"))]
             if defined:
+                quantile = all(_finite(d.get("null_high")) for d in defined)
+                null = "null's 95% quantile" if quantile else "null"
+                column = "null_high" if quantile else "null_index"
                 index = (
-                    f"{_mean_std([float(d['index']) for d in defined])} vs null "
-                    f"{_mean_std([float(d['null_index']) for d in defined])}"
+                    f"{_mean_std([float(d['index']) for d in defined])} vs {null} "
+                    f"{_mean_std([float(d[column]) for d in defined])}"
                 )
             else:
                 index = UNDEFINED_INDEX

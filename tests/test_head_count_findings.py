@@ -1,0 +1,159 @@
+"""The head-count Findings of a sweep from per-run tables (no training): the answer sentence,
+the block of comparisons and the seed table at n = 3 and n = 30, and every table, sentence and
+figure at 100 seeds per head count."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mhainterp.figures._common import plt
+from mhainterp.figures.division import division_vs_heads
+from mhainterp.figures.headcount import BOX_MIN_SEEDS, plot_head_count_accuracy
+from mhainterp.specialization.seeds.summary import (
+    ANSWER_MARK,
+    BLOCK_MARK,
+    display_summary,
+    head_count_comparisons,
+    specialization_summary,
+    summary_notes,
+)
+
+HEADS = (1, 4, 8)
+
+
+def _tables(n: int, seed: int = 0) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per-run and division tables shaped like the demo's reverse: accuracy 1.00 at every h,
+    every head needed at h = 1 and backed up from h = 4, the index by position rising from
+    0.13 (h = 4) to 0.28 (h = 8), undefined at h = 1; by token 0.001 everywhere."""
+    rng = np.random.default_rng(seed)
+    runs, division = [], []
+    for h in HEADS:
+        for s in range(n):
+            run = f"h{h}_seed{s}"
+            runs.append(
+                {"run": run, "task": "reverse", "n_heads": h, "seed": s, "accuracy": 1.0,
+                 "n_relations": 1, "heads_per_relation": float(h),
+                 "frac_needed": 1.0 if h == 1 else 0.0, "frac_backed_up": 0.0 if h == 1 else 1.0,
+                 "frac_dead": 0.0, "specialized_along": "" if h == 1 else "position"}
+            )  # fmt: skip
+            position = {1: math.nan, 4: 0.13, 8: 0.28}[h] + (0 if h == 1 else rng.normal(0, 0.02))
+            token = math.nan if h == 1 else 0.001
+            for by, index in (("position", position), ("token", token)):
+                division.append(
+                    {"run": run, "by": by, "index": index, "null_index": 0.005,
+                     "null_high": 0.01, "p": 0.005}
+                )  # fmt: skip
+    return pd.DataFrame(runs), pd.DataFrame(division)
+
+
+def _findings(n: int) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
+    runs, division = _tables(n)
+    summary = specialization_summary(runs, division=division)
+    comparisons = head_count_comparisons(runs, division)
+    return summary, comparisons, summary_notes(summary, comparisons)
+
+
+def test_at_3_seeds_the_answer_states_the_separations_and_what_n_settles_them():
+    _, comparisons, notes = _findings(3)
+    answer = next(n for n in notes if ANSWER_MARK in n)
+    assert answer.startswith("reverse: does h matter? the accuracy is the same at every h")
+    assert "no change of the division index with h is shown (largest: by position h=4 → 8" in answer
+    assert "every seed at h=8 above every seed at h=4, at the exact test's floor p = 0.1" in answer
+    assert "it is undefined at h = 1" in answer  # left out, never counted as 0
+    # 5 measures x 2 pairs + 2 axes x 1 pair (h = 1 has no index) = 12 rows, all tested
+    assert len(comparisons) == 12 and set(comparisons["n_holm"]) == {12}
+    assert not comparisons["beyond"].any()
+    assert "about n = 6 seeds per head count would settle them" in answer  # 2/C(12,6) < .05/12
+    block = next(n for n in notes if BLOCK_MARK in n)
+    assert "12 comparisons, Holm-corrected together" in block
+    assert block.count("over 12)") == 12 and "within the seed spread" not in block
+
+
+def test_at_30_seeds_the_answer_says_h_changes_the_division_by_how_much():
+    _, comparisons, notes = _findings(30)
+    answer = next(n for n in notes if ANSWER_MARK in n)
+    assert "h changes the division of labour: by position h=4 → 8 +0.1" in answer
+    assert "[95% bootstrap CI +0.1" in answer and "no change shown by token" in answer
+    assert "no comparison is still open; 7 show every seed equal" in answer
+    row = comparisons[comparisons["measure"] == "division_position"].iloc[0]
+    assert row["test"] == "Welch" and row["beyond"] and 0.13 < row["ci_low"] < row["ci_high"] < 0.17
+    needed = comparisons[
+        (comparisons["measure"] == "frac_needed") & (comparisons["n_heads_a"] == 1)
+    ]
+    # no spread in either group: the exact test, at its floor 2 / C(60, 30), beyond
+    assert needed["test"].item() == "exact permutation" and needed["p"].item() < 1e-15
+    assert "30 seeds per head count: differences between head counts use Welch's t" in notes[-1]
+
+
+def test_seed_table_prints_the_null_quantile_the_call_uses_and_names_it():
+    summary, _, _ = _findings(3)
+    tables = dict(display_summary(summary, alpha=0.05))
+    (caption,) = [c for c in tables if c.startswith("Division index")]
+    assert "q95, the seed mean of the null's upper 95% quantile" in caption
+    assert "same-function heads" in caption
+    cells = tables[caption]["by position"].tolist()
+    assert cells[0].startswith("undefined") and cells[2].startswith("0.28 ± 0.0")
+    assert cells[2].endswith(" vs q95 0.01 (3/3 divided)")
+
+
+def test_100_seeds_stay_readable():
+    summary, comparisons, notes = _findings(100)
+    assert len(summary) == len(HEADS)  # one row per head count, never one per seed
+    assert all(len(t.columns) <= 8 and len(t) == len(HEADS) for _, t in display_summary(summary))
+    assert len(comparisons) == 12  # the block does not grow with n
+    text = " ".join(notes)
+    assert "seed 57" not in text and "h4_seed" not in text
+    three = " ".join(_findings(3)[2])
+    assert len(text) < 1.2 * len(three)  # the same sentences, other numbers
+
+
+@pytest.mark.parametrize("n", [3, 100])
+def test_figures_show_seeds_as_dots_or_boxes(n):
+    runs, division = _tables(n)
+    division = division.merge(runs[["run", "task", "n_heads", "seed"]], on="run")
+    division["null_index_std"] = 0.002
+    fig = division_vs_heads(division)
+    ax = fig.axes[0]
+    dots = [c for c in ax.collections if c.get_label().startswith("seeds")]
+    assert len(dots) == 1 and dots[0].get_alpha() == (0.25 if n >= BOX_MIN_SEEDS else 0.8)
+    boxes = [p for p in ax.patches if type(p).__name__ == "PathPatch"]
+    assert len(boxes) == (2 if n >= BOX_MIN_SEEDS else 0)  # h = 4 and 8: h = 1 has no index
+    # the null band runs from the null's mean to the upper quantile the call uses
+    (band,) = [c for c in ax.collections if c.get_label() == "null: mean to upper quantile"]
+    assert band.get_paths()[0].vertices[:, 1].max() == pytest.approx(0.01)
+    plt.close(fig)
+    accuracy = runs.assign(val_accuracy=runs["accuracy"] - 0.01 * runs["seed"] % 0.05)
+    fig = plot_head_count_accuracy(accuracy)
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert len(labels) == 2  # seeds and the mean, not one entry per seed
+    plt.close(fig)
+
+
+def test_an_undefined_call_is_not_counted_as_not_divided_in_the_headline():
+    from mhainterp.specialization import RunVerdict, Verdict
+
+    undefined = {"by": "token", "call": "cannot tell", "index": math.nan, "null_index": math.nan,
+                 "p": math.nan, "basis": "", "reason": "fewer than 2 heads do damage"}  # fmt: skip
+    divided = {**undefined, "call": "divided", "index": 0.3, "null_index": 0.01,
+               "null_high": 0.02, "p": 0.005, "basis": "single"}  # fmt: skip
+    runs = [
+        RunVerdict(run=f"h1_s{s}", task="t", n_heads=1, n_layers=1, seed=s, division=[undefined])
+        for s in range(3)
+    ] + [
+        RunVerdict(
+            run=f"h4_s{s}",
+            task="t",
+            n_heads=4,
+            n_layers=1,
+            seed=s,
+            division=[divided if s else undefined],
+        )
+        for s in range(3)
+    ]
+    one, four = Verdict(runs).headlines()["t"]
+    assert "seeds divided" not in one  # h = 1: every seed undefined, no "0/3 divided"
+    assert "2/3 seeds divided by token (1 undefined)" in four
