@@ -63,7 +63,7 @@ from mhainterp.specialization import (
 from mhainterp.specialization.seeds.summary import display_summary
 from mhainterp.specialization.verdict.stability import RunEvidence, relabel, run_stability
 from mhainterp.specialization.where.roles import RoleSums, role_frame
-from mhainterp.tasks import get_task
+from mhainterp.tasks import get_task, uniform_template
 from mhainterp.tasks.builtin import CountPreviousTask
 from mhainterp.training import build_model, evaluate
 
@@ -281,19 +281,21 @@ def test_init_null_matches_the_runs_starting_point(multi_task):
 
 
 def test_init_p_value_is_the_predictive_t_test():
-    roles = pd.DataFrame({"role": ["a", "uniform"], "score": [0.9, 0.9]})
+    roles = pd.DataFrame({"role": ["a", "uniform", "uniform+sink"], "score": [0.9, 0.9, 0.9]})
     summary = pd.DataFrame(
         {
-            "role": ["a", "uniform"],
-            "init_mean": [0.1, 0.1],
-            "init_std": [0.1, 0.1],
-            "init_n": [8, 8],
+            "role": ["a", "uniform", "uniform+sink"],
+            "init_mean": [0.1, 0.1, 0.1],
+            "init_std": [0.1, 0.1, 0.1],
+            "init_n": [8, 8, 8],
         }
     )
     out = init_p_values(roles, summary)
     assert out.loc[0, "z_init"] == pytest.approx(8.0)
     assert out.loc[0, "p_init"] == pytest.approx(stats.t.sf(8.0 / math.sqrt(1 + 1 / 8), df=7))
     assert math.isnan(out.loc[1, "p_init"])  # descriptive role: not tested
+    # uniform+sink (counting over every key) has no permutation null: untrained heads alone
+    assert out.loc[2, "p_init"] == pytest.approx(out.loc[0, "p_init"])
     combined = combine_nulls(
         pd.DataFrame({"p_perm": [0.001, 0.02, 0.5], "p_init": [0.004, 0.001, 0.001]}).assign(
             effect=[0.9, 0.9, 0.1]
@@ -927,6 +929,62 @@ def test_nesting_is_decided_on_the_queries_both_roles_count():
     assert nested_roles({"inner": inner, "apart": apart}, visible) == set()
 
 
+class _LengthTask(CountPreviousTask):
+    """tracr's ``length``: a BOS (token 0) at position 0, then tokens of a random length; the
+    target at every position is the length. Its selector is always true: the relation
+    ``select_all`` marks every token but the BOS."""
+
+    name = "length_bos"
+    causal = False
+
+    @property
+    def d_vocab_out(self) -> int:
+        return self.seq_len + 1
+
+    def sample_tokens(self, n, lengths, generator):
+        tokens = torch.randint(1, self.d_vocab, (n, self.seq_len), generator=generator)
+        tokens[:, 0] = 0
+        return tokens
+
+    def compute_targets(self, tokens, padding_mask):
+        return padding_mask.sum(-1, keepdim=True).expand_as(tokens).clone(), padding_mask
+
+    def compute_relations(self, tokens, padding_mask):
+        every = uniform_template(tokens, padding_mask)
+        every[..., 0] = 0.0
+        return {"select_all": every}
+
+
+def test_a_selector_width_head_counts_over_every_key():
+    # tracr's SelectorWidth of an always-true selector: uniform over the BOS and every token,
+    # so the BOS's share 1 / (n + 1) encodes the length. Its mass on any set is chance (no
+    # permutation test can see it); more even than any untrained head, it counts.
+    task = _LengthTask(seq_len=8, d_vocab=9, min_len=3)
+    model = handbuilt_model(["uniform", "previous"], causal=False, d_head=18, seq_len=8)
+    result = specialization_test(model, task, n_eval=128, n_permutations=100)
+    heads = result.heads.set_index("head_label")
+    assert heads["label"].tolist() == ["count:uniform+sink", "previous"]
+    assert heads.loc["L0H0", "role_evenness"] == pytest.approx(1.0, abs=1e-6)
+    roles = result.roles.query("head_label == 'L0H0'").set_index("role")
+    assert roles.loc["select_all", "effect"] == pytest.approx(0.0, abs=1e-6)  # mass = chance
+    every = roles.loc["uniform+sink"]
+    assert math.isnan(every["p_perm"]) and every["p_adj"] < 0.05 and every["effect"] == 1.0
+    assert result.verdict.runs[0].relations == {"uniform": ["L0H0"], "previous": ["L0H1"]}
+    # An untrained model of that architecture is among its own untrained null: no counting.
+    untrained = HookedMHATransformer(model.cfg)
+    labels = specialization_test(untrained, task, n_eval=128, n_permutations=100).heads["label"]
+    assert not labels.str.startswith("count:").any()
+    # Without a BOS a uniform head averages, it counts nothing: no uniform+sink role.
+    plain = specialization_test(
+        handbuilt_model(["uniform", "previous"], d_head=18),
+        get_task("previous_token"),
+        n_eval=64,
+        n_permutations=100,
+    )
+    assert plain.heads["label"].tolist() == ["unspecialized", "previous"]
+    assert "uniform+sink" not in set(plain.roles["role"])
+
+
 # ----------------------------------------------------------------------------- stability
 
 
@@ -983,6 +1041,19 @@ def test_relabelling_counts_exactly_the_labels_that_move():
     # Clear margins: only the similarity gate capped at 1 (above 0.95) still moves the pair.
     stable = run_stability("r", _evidence(0.9, 0.9), labels, settings)
     assert stable.loc[stable["threshold"] != "min_similarity", "n_changed"].sum() == 0
+
+
+def test_a_needed_head_is_never_backed_up():
+    # L0H1 and L0H2 pass the redundancy test (backup 0.9), but removing L0H1 alone costs 0.17
+    # accuracy: it is needed, so not backed up (the README's definitions exclude both); its
+    # partner L0H2, which costs nothing alone, is backed up by it.
+    evidence = _evidence(effect=0.9, backup=0.9)
+    evidence.max_damage = {"L0H0": 0.2, "L0H1": 0.17}
+    decisions, needed, _ = relabel(evidence, SpecializationSettings())
+    labels = {h: d.label for h, d in decisions.items()}
+    assert labels == {"L0H0": "previous", "L0H1": "previous", "L0H2": "backed up"}
+    assert needed == {"L0H0": True, "L0H1": True, "L0H2": False}
+    assert decisions["L0H1"].partners == [] and decisions["L0H2"].partners == ["L0H1"]
 
 
 def test_saved_results_relabel_to_the_same_table(previous_task, tmp_path):

@@ -95,7 +95,7 @@ def test_per_head_findings_say_what_each_head_does_on_every_axis():
     assert result.heads["finding"].tolist() == [
         "looks at previous; whom it serves not measured; needed",
         "looks at no known relation; whom it serves not measured; not needed",
-        "looks at no known relation; whom it serves not measured; dead",
+        "dead",  # only that: it writes nothing and removing it costs nothing
     ]
     index = pd.DataFrame([_row(basis="single")])
     heads = pd.DataFrame({
@@ -107,7 +107,7 @@ def test_per_head_findings_say_what_each_head_does_on_every_axis():
     assert attached.heads["finding"].tolist() == [
         "looks at previous; serves position: 1,2,3; needed",
         "looks at no known relation; serves every value alike; not needed",
-        "looks at no known relation; serves every value alike; dead",
+        "dead",
     ]
     # The run's specialization.md: its per-head table leads with the finding, and its label
     # column and sentence say they are about where a head looks (issue 19 item 8: "divide the

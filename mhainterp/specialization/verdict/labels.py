@@ -2,10 +2,13 @@
 
 - ``"dead"``: dead by function (:mod:`~mhainterp.specialization.needed.dead`): it writes
   (almost) nothing into the residual stream (``output_ratio < dead_tol``) AND removing it
-  costs nothing, alone and with the other quiet heads; never dead and needed together;
-- ``"backed up"``: it is redundant with another live head (:mod:`.redundancy`): removing it
-  alone costs nothing because a partner carries its work ("redundant" is not a separate
-  state: one vocabulary). It may still *hold* a relation (column ``role``);
+  costs nothing, alone and with the other quiet heads; never dead and needed together, and a
+  dead head holds no relation (where it looks carries nothing: a hand-set head with no
+  weights is exactly uniform, which is not counting);
+- ``"backed up"``: it is redundant with another live head (:mod:`.redundancy`) and not
+  needed: removing it alone costs nothing because a partner carries its work ("redundant" is
+  not a separate state: one vocabulary). A needed head is never backed up, whatever its
+  partners: removing it alone costs accuracy. It may still *hold* a relation (column ``role``);
 - a role name (e.g. ``"previous"``): its best significant role (largest effect among the roles
   with corrected ``p < alpha`` against both nulls and ``effect >= min_effect``; among roles
   within 0.01 of that effect the most specific one, the smallest ``chance``), unless the head
@@ -15,7 +18,9 @@
   distinct role;
 - ``"count:<set>"`` (e.g. ``count:same_token_upto+sink``): the best role is a set of several
   keys (with or without the sink) and the head spreads over it evenly, ``evenness >=
-  min_evenness`` (:mod:`.roles`): a counting head;
+  min_evenness`` (:mod:`.roles`): a counting head. ``count:uniform+sink`` is a head spread
+  evenly over every visible key, a BOS sink among them, beyond untrained heads (tracr's
+  SelectorWidth of an always-true selector, its ``length`` program);
 - ``"unspecialized"``: none of the above (mixing heads included; ``mixed_roles`` says which).
 
 Nesting matters because some templates contain others (``self`` is inside
@@ -24,8 +29,8 @@ high on both, which is not mixing.
 
 Besides the one label, every head gets the verdict's flags (:data:`FLAG_COLUMNS`): it
 ``holds`` a relation (its distinct role, even when backed up), is ``needed`` (removing it alone
-costs at least ``min_damage`` accuracy on some target), ``backed_up`` (redundant; or holding a
-relation, not needed, in a tested group of heads holding it whose joint removal costs at least
+costs at least ``min_damage`` accuracy on some target), ``backed_up`` (not needed, and redundant;
+or holding a relation in a tested group of heads holding it whose joint removal costs at least
 ``min_joint_damage``: the others carry its work, though no single survivor carries all of it,
 as with eight mirror heads any one of which can go), or ``dead``;
 whom it *serves* is the division test's (:mod:`.division`, column ``serves`` there).
@@ -89,7 +94,9 @@ class HeadDecision:
 
 def head_finding(holds: str, serves: str | None, needed: bool, backed_up: bool, dead: bool) -> str:
     """What a head does on every axis, in one phrase: where it looks, whom it serves, whether
-    it is needed.
+    it is needed. A dead head's finding is "dead" alone: it writes almost nothing and removing
+    it costs nothing, so where it looks and whom it "serves" (every value alike, vacuously)
+    would describe nothing.
 
     Args:
         holds: The relation it holds ("" for none).
@@ -102,13 +109,17 @@ def head_finding(holds: str, serves: str | None, needed: bool, backed_up: bool, 
         'looks at previous; serves position: 1,2,3; needed'
         >>> head_finding("", None, False, True, False)
         'looks at no known relation; whom it serves not measured; backed up'
+        >>> head_finding("", "", False, False, True)
+        'dead'
     """
+    if dead:
+        return "dead"
     where = f"looks at {holds}" if holds else "looks at no known relation"
     if serves is None:
         whom = "whom it serves not measured"
     else:
         whom = f"serves {serves}" if serves else "serves every value alike"
-    need = "dead" if dead else "needed" if needed else BACKED_UP if backed_up else "not needed"
+    need = "needed" if needed else BACKED_UP if backed_up else "not needed"
     return f"{where}; {whom}; {need}"
 
 
@@ -183,6 +194,7 @@ def decide_labels(
     settings: SpecializationSettings,
     nested: Collection[tuple[str, str]] = (),
     dead: Collection[str] | None = None,
+    needed: Collection[str] = (),
 ) -> dict[str, HeadDecision]:
     """The label of every head from saved evidence (no forward pass): the rules of the module
     docstring under ``settings``.
@@ -197,6 +209,8 @@ def decide_labels(
         dead: The dead heads (:func:`~mhainterp.specialization.needed.dead.dead_heads`: quiet
             AND costing nothing when removed); None: every quiet head (``output_ratio <
             dead_tol``), the nomination alone, for callers without damage evidence.
+        needed: The needed heads (removing one alone costs ``min_damage`` accuracy on some
+            target): never backed up, so their partners are dropped.
 
     Returns:
         Head label -> :class:`HeadDecision`, in the role table's head order.
@@ -215,11 +229,13 @@ def decide_labels(
         ]
     if dead is None:
         dead = {h for h, r in output_ratio.items() if r < settings.dead_tol}
-    dead_set = set(dead)
+    dead_set, needed_set = set(dead), set(needed)
     out = {}
     for label in dict.fromkeys(roles["head_label"]):
         is_dead = label in dead_set
+        # A needed head is not backed up (removing it alone costs accuracy): no partners.
         partner = [p for p in partners.get(label, []) if p not in dead_set]
+        partner = [] if label in needed_set else partner
         significant = significant_all[significant_all["head_label"] == label]
         mixed = mixed_roles(significant, nested, settings.mix_ratio)
         best = _best_role(significant) if len(significant) and not mixed else ""
@@ -228,8 +244,8 @@ def decide_labels(
             evenness = float(significant.set_index("role").loc[best, "evenness"])
             if not math.isnan(evenness) and evenness >= settings.min_evenness:
                 role = COUNT_PREFIX + best
-        if is_dead:
-            name = "dead"
+        if is_dead:  # it writes nothing and removing it costs nothing: it holds nothing
+            name, role = "dead", ""
         elif partner:
             name = BACKED_UP
         else:
@@ -304,14 +320,15 @@ def label_heads(
         role head hurts its relation's target most (None for heads without a role).
     """
     top = _top_rows(roles)
-    decisions = decide_labels(roles, output_ratio, partners, settings, nested, dead)
+    by_target = damage.pivot(index="head_label", columns="target", values="damage")
+    needed_heads = [h for h, m in by_target.max(axis=1).items() if float(m) >= settings.min_damage]
+    decisions = decide_labels(roles, output_ratio, partners, settings, nested, dead, needed_heads)
     by_role = roles.set_index(["head_label", "role"])
     explained = by_role.xs("explained", level="role") if "explained" in set(roles["role"]) else None
     causal = causal_heads.set_index("head_label")
     causal["causal_p_adj"] = adjust_pvalues(
         causal["p_selectivity"].to_numpy(float), settings.correction
     )
-    by_target = damage.pivot(index="head_label", columns="target", values="damage")
     records = []
     for label, d in decisions.items():
         layer, head = (int(x) for x in label[1:].split("H"))
@@ -350,7 +367,8 @@ def label_heads(
                 "holds": role,
                 "needed": needed,
                 "backed_up": not d.dead
-                and (bool(d.partners) or (bool(role) and not needed and label in covered)),
+                and not needed
+                and (bool(d.partners) or (bool(role) and label in covered)),
                 "dead": d.dead,
                 "redundant_with": HEAD_SET_SEPARATOR.join(d.partners),
                 "total_damage": float(c["total_damage"]),

@@ -115,8 +115,11 @@ def relabel(
     role_of = {h: d.role for h, d in first.items()}
     partners, untested = redundant_under(evidence.pairs, evidence.groups, settings, dead, role_of)
     untested += untested_dead
-    decisions = decide_labels(evidence.roles, ratio, partners, settings, evidence.nested, dead)
-    needed = {h: evidence.max_damage.get(h, 0.0) >= settings.min_damage for h in decisions}
+    needed = {h: evidence.max_damage.get(h, 0.0) >= settings.min_damage for h in first}
+    decisions = decide_labels(
+        evidence.roles, ratio, partners, settings, evidence.nested, dead,
+        needed=[h for h, n in needed.items() if n],
+    )  # fmt: skip
     return decisions, needed, untested
 
 

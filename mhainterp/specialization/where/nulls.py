@@ -13,9 +13,13 @@ which is exact when the pool is normal (its mean and sd are estimated from the `
 
 **Combining the nulls.** A head holds a role only if it beats *both* nulls, so the p-value of
 the head x role hypothesis is ``max(p_perm, p_init)`` (an intersection-union test: valid for the
-union of the two null hypotheses). These p-values are adjusted over every testable head x role
-pair of a run (Holm by default, :mod:`mhainterp.specialization.corrections`), and a role is
-*significant* when ``p_adj < alpha`` and its effect size is at least ``min_effect``.
+union of the two null hypotheses). A role without a permutation null
+(:data:`~.roles.INIT_ONLY_ROLES`: ``uniform+sink``, scored by an overlap no key shuffle changes) is
+tested against the initialisation null alone, ``p = p_init``, with the effect measured from the
+untrained heads: ``(score - init_mean) / (1 - init_mean)``, the share of the way from an
+untrained head's spread to perfectly even. These p-values are adjusted over every testable
+head x role pair of a run (Holm by default, :mod:`mhainterp.specialization.corrections`), and a
+role is *significant* when ``p_adj < alpha`` and its effect size is at least ``min_effect``.
 """
 
 from __future__ import annotations
@@ -32,7 +36,12 @@ from tqdm.auto import tqdm
 from mhainterp.config import ModelConfig
 from mhainterp.model import HookedMHATransformer
 from mhainterp.specialization.corrections import adjust_pvalues
-from mhainterp.specialization.where.roles import DESCRIPTIVE_ROLES, capture_role_sums, role_frame
+from mhainterp.specialization.where.roles import (
+    DESCRIPTIVE_ROLES,
+    INIT_ONLY_ROLES,
+    capture_role_sums,
+    role_frame,
+)
 from mhainterp.validation import check_int
 
 __all__ = [
@@ -160,19 +169,33 @@ def init_p_values(roles: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
 def combine_nulls(
     roles: pd.DataFrame, *, alpha: float, correction: str, min_effect: float
 ) -> pd.DataFrame:
-    """Add ``p`` (= max of ``p_perm`` and ``p_init``), ``p_adj`` (corrected over the table's
-    testable rows) and ``significant`` (``p_adj < alpha`` and ``effect >= min_effect``).
+    """Add ``p`` (= max of ``p_perm`` and ``p_init``; ``p_init`` alone for
+    :data:`~.roles.INIT_ONLY_ROLES`, whose ``effect`` is then measured from the untrained
+    heads), ``p_adj`` (corrected over the table's testable rows) and ``significant`` (``p_adj <
+    alpha`` and ``effect >= min_effect``).
 
     Example:
         >>> t = pd.DataFrame({"p_perm": [0.001, 0.02], "p_init": [0.004, 0.001],
         ...                   "effect": [0.9, 0.9]})
         >>> combine_nulls(t, alpha=0.05, correction="holm", min_effect=0.3).p_adj.tolist()
         [0.008, 0.02]
+        >>> u = pd.DataFrame({"role": ["uniform+sink"], "p_perm": [np.nan], "p_init": [1e-6],
+        ...                   "effect": [np.nan], "score": [1.0], "init_mean": [0.76]})
+        >>> row = combine_nulls(u, alpha=0.05, correction="holm", min_effect=0.3).iloc[0]
+        >>> float(row.p), float(row.effect), bool(row.significant)
+        (1e-06, 1.0, True)
     """
     out = roles.copy()
     p_perm = out["p_perm"].to_numpy(dtype=float)
     p_init = out["p_init"].to_numpy(dtype=float)
     p = np.where(np.isnan(p_perm) | np.isnan(p_init), np.nan, np.fmax(p_perm, p_init))
+    if "role" in out.columns:  # no permutation null: the initialisation null alone
+        init_only = out["role"].isin(INIT_ONLY_ROLES).to_numpy()
+        p = np.where(init_only, p_init, p)
+        mean = out["init_mean"].to_numpy(dtype=float) if "init_mean" in out.columns else p * np.nan
+        with np.errstate(divide="ignore", invalid="ignore"):
+            from_init = (out["score"].to_numpy(dtype=float) - mean) / (1.0 - mean)
+        out["effect"] = np.where(init_only, from_init, out["effect"].to_numpy(dtype=float))
     out["p"] = p
     out["p_adj"] = adjust_pvalues(p, correction)
     effect = out["effect"].to_numpy(dtype=float)

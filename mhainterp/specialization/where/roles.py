@@ -16,9 +16,20 @@ to the visible keys.
 
 ``uniform`` is scored differently: its template is every visible key, so the share would be 1 for
 every head. Its score is instead the overlap of the head's distribution with the uniform one,
-``sum_k min(pattern[q, k], 1 / n_visible)`` (1 = uniform, ``1 / n_visible`` = one-hot). It is a
-descriptive score, never a role: shuffling keys does not change it (no permutation null) and
-initialised heads are already near-uniform.
+``sum_k min(pattern[q, k], 1 / n_visible)`` (1 = uniform, ``1 / n_visible`` = one-hot), which is
+also its ``evenness``. It is a descriptive score, never a role: shuffling keys does not change it
+(no permutation null), and without a sink a head spread evenly over every key averages what it
+reads rather than counting anything.
+
+**Counting over every key** (``uniform+sink``, :data:`EVERY_KEY`). When the first position is a
+sink, a BOS whose token no later position of its sequence holds, uniform attention over every
+key counts them: the BOS's share ``1 / (n + 1)`` encodes ``n``. That is tracr's SelectorWidth of
+an always-true selector (its ``length`` program: uniform over the BOS and every token). On such
+data the role ``uniform+sink`` (every visible key, the sink among them) is scored like
+``uniform``, by its overlap, and tested against the initialisation null alone
+(:data:`INIT_ONLY_ROLES`, :mod:`.nulls`): untrained heads are near-uniform (overlap 0.75-0.78,
+spread 0.02, in the demo's models), so a head beyond them counts over every key (label
+``count:uniform+sink``).
 
 **Counting** (a head that attends uniformly over a selected set, usually with a sink). Two
 scores describe it, and a head counts when both hold (:mod:`.labels`):
@@ -96,13 +107,17 @@ from mhainterp.tasks import (
 __all__ = [
     "COUNT_PREFIX",
     "DESCRIPTIVE_ROLES",
+    "EVERY_KEY",
     "GENERIC_ROLES",
+    "INIT_ONLY_ROLES",
+    "OVERLAP_ROLES",
     "SINK",
     "ROLE_COLUMNS",
     "RoleSums",
     "base_relation",
     "capture_role_sums",
     "generic_templates",
+    "has_sink",
     "nested_roles",
     "permutation_null_samples",
     "role_frame",
@@ -115,6 +130,18 @@ GENERIC_ROLES = ("previous", "self", "first_position", "same_token", "mirror", "
 
 DESCRIPTIVE_ROLES = ("uniform", "explained")
 """Roles reported as scores but never tested or used as labels (see the module docstring)."""
+
+EVERY_KEY = "uniform+sink"
+"""The role of every visible key on data whose first position is a sink (a BOS): a head
+spread evenly over it counts the keys (the module docstring)."""
+
+INIT_ONLY_ROLES = (EVERY_KEY,)
+"""Roles scored by their overlap with uniform attention, which no key shuffle changes: tested
+against the initialisation null alone (:func:`~.nulls.combine_nulls`)."""
+
+OVERLAP_ROLES = ("uniform", *INIT_ONLY_ROLES)
+"""Roles whose template is every visible key, scored by the overlap with uniform attention."""
+
 
 SINK = "+sink"
 """Suffix of a role that adds the sink (first position) to a set's template."""
@@ -232,10 +259,26 @@ def role_templates(
         if any(torch.equal(sink * visible, other * visible) for other in out.values()):
             continue
         out[name + SINK] = sink
-    testable = [t for name, t in out.items() if name not in DESCRIPTIVE_ROLES]
+    if has_sink(tokens, mask):  # uniform over every key then counts them (module docstring)
+        out[EVERY_KEY] = uniform_template(tokens, mask)
+    # explained: the union of the relations' templates (every key would explain everything)
+    testable = [t for name, t in out.items() if name not in (*DESCRIPTIVE_ROLES, EVERY_KEY)]
     if testable:
         out["explained"] = torch.stack(testable).amax(0)
     return out
+
+
+def has_sink(tokens: Tensor, padding_mask: Tensor | None = None) -> bool:
+    """Whether the first position of every sequence is a sink: a real token that no later real
+    position of its sequence holds (a BOS).
+
+    Example:
+        >>> has_sink(torch.tensor([[9, 1, 2], [9, 2, 2]])), has_sink(torch.tensor([[1, 1, 2]]))
+        (True, False)
+    """
+    mask = torch.ones_like(tokens, dtype=torch.bool) if padding_mask is None else padding_mask
+    again = (tokens[:, 1:] == tokens[:, :1]) & mask[:, 1:]
+    return bool(mask[:, 0].all()) and not bool(again.any())
 
 
 def nested_roles(
@@ -326,7 +369,7 @@ class RoleSums:
             min=0
         )  # (B, L, h, T)
         for role, template in templates.items():
-            if role == "uniform":
+            if role in OVERLAP_ROLES:
                 self._add_uniform(role, p, vis, n_vis, queries)
                 continue
             on = template.to(p.device).double() * vis  # (B, T, T): reachable template keys
@@ -365,7 +408,10 @@ class RoleSums:
         self, role: str, p: Tensor, vis: Tensor, n_vis: Tensor, queries: Tensor
     ) -> None:
         share = (1.0 / n_vis.clamp(min=1))[:, None, None, :, None] * vis[:, None, None]
-        self.mass.add_values(role, torch.minimum(p, share).sum(-1), queries)  # overlap
+        overlap = torch.minimum(p, share).sum(-1)  # (B, L, h, T)
+        self.mass.add_values(role, overlap, queries)
+        if role in INIT_ONLY_ROLES:  # a counting set: every visible key, so the within-set
+            self.evenness.add_values(role, overlap, queries)  # distribution is the head's own
         zeros = torch.zeros(p.shape[1:3], dtype=torch.float64, device=p.device)
         self._add_null(role, zeros, math.nan)
 
@@ -467,8 +513,8 @@ def role_frame(sums: RoleSums, task_relations: list[str] | tuple[str, ...] = ())
     for role in sums.mass.sums:
         n = sums.mass.counts[role]
         score = sums.mass.mean(role).numpy()
-        descriptive = role in DESCRIPTIVE_ROLES
-        chance = math.nan if role == "uniform" or not n else sums.chance_sum[role] / n
+        descriptive = role in DESCRIPTIVE_ROLES or role in INIT_ONLY_ROLES  # no permutation null
+        chance = math.nan if role in OVERLAP_ROLES or not n else sums.chance_sum[role] / n
         sd = (sums.perm_var_sum[role].clamp(min=0).sqrt() / n).numpy() if n else score * np.nan
         even = (
             sums.evenness.mean(role).numpy()
