@@ -347,7 +347,13 @@ def _division_blocks(run_dirs: list[Path], sweep_dir: Path | None, level: int) -
 
 def _run_lines(lines: list[str], sweep_dir: Path | None) -> list[str]:
     """``lines``, one per run, cut to :data:`MAX_RUN_LINES` with a last line saying where the
-    others are."""
+    others are.
+
+    Example:
+        >>> lines = _run_lines([f"h4_seed{s}: ..." for s in range(100)], Path("sweep"))
+        >>> len(lines), lines[-1][:39]
+        (13, "... and 88 more runs: every run's index")
+    """
     if len(lines) <= MAX_RUN_LINES:
         return lines
     where = "division_sweep.csv" if sweep_dir is not None else "each run's analysis/ folder"
@@ -537,7 +543,11 @@ def _head_count_captions(results: pd.DataFrame, sweep_dir: Path) -> list[tuple[P
     """The sweep's accuracy and training-curve figures with their captions."""
     accuracy, curves = head_count_figures(results, sweep_dir)
     return [
-        (accuracy, "Validation accuracy per head count (points = seeds, bars = mean ± std)."),
+        (
+            accuracy,
+            "Validation accuracy per head count (points = seeds, with a quartile box from 20 "
+            "seeds; bars = mean ± std).",
+        ),
         (curves, "Training loss, one line per run."),
     ]
 
