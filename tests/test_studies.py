@@ -35,30 +35,34 @@ def _report(calls: list[tuple]):
     return report
 
 
-def test_head_count_study_plan(tmp_path, monkeypatch):
-    # The study's steps in order, the heavy ones recorded instead of run.
+def test_head_count_study_picks_its_grid_by_device():
     study = _load("head_count_study")
-    calls: list[tuple] = []
+    full = study.choose_grid(study.parse_args([]), on_gpu=True)
+    assert full.tasks == ("count_previous", "histogram", "induction", "multi_relation",
+                          "previous_token", "reverse", "sort")  # fmt: skip
+    assert full.n_heads == (1, 2, 4, 8, 16, 32, 64) and full.seeds == tuple(range(30))
+    assert full.n_runs == 7 * 7 * 30
+    cpu = study.choose_grid(study.parse_args([]), on_gpu=False)
+    assert cpu.name == "cpu" and cpu.n_heads == (1, 2, 4, 8) and len(cpu.seeds) == 5
+    custom = study.choose_grid(study.parse_args(["--seeds", "0-99", "--grid", "cpu"]), False)
+    assert custom.seeds == tuple(range(100)) and custom.name == "cpu*"
 
-    def sweep(config, out, executor, progress):
-        calls.append(("sweep", config.task, config.n_heads, config.seeds, config.train.steps, out))
-        return _printable()
 
-    def specialize(path, settings, progress):
-        calls.append(("specialize", path, settings.n_eval))
-
-    monkeypatch.setattr(study, "run_sweep_with_figures", sweep)
-    monkeypatch.setattr(study, "specialize_folder", specialize)
-    monkeypatch.setattr(study, "save_folder_figures", lambda path: calls.append(("figures", path)))
-    monkeypatch.setattr(study, "write_report", _report(calls))
-    assert study.main(["--out", str(tmp_path), "--quick", "--executor", "local", "--quiet"]) == 0
-    assert calls == [
-        ("sweep", "count_previous", [1, 4], [0, 1, 2], 150, tmp_path / "count_previous"),
-        ("sweep", "reverse", [1, 4], [0, 1, 2], 150, tmp_path / "reverse"),
-        ("specialize", tmp_path, 128),  # the report only reads: computed first
-        ("figures", tmp_path),  # and drawn beside the tables
-        ("report", tmp_path),
-    ]
+def test_head_count_study_answers_from_the_comparisons():
+    """The lead sentence says what changed with h, by how much, and what n would settle the
+    rest; an axis defined at one head count only is said to be untested."""
+    study = _load("head_count_study")
+    runs = pd.DataFrame({  # 6 seeds per h: a complete separation can reach p < 0.05 / 2
+        "task": ["t"] * 18, "n_heads": [1] * 6 + [4] * 6 + [8] * 6,
+        "accuracy": [0.50, 0.52, 0.51, 0.49, 0.50, 0.51] + [0.90, 0.91, 0.92, 0.90, 0.91, 0.92]
+        + [0.91, 0.90, 0.92, 0.93, 0.90, 0.91],
+        "index_token": [float("nan")] * 12 + [0.2, 0.3, 0.25, 0.28, 0.22, 0.26],
+    })  # fmt: skip
+    comparisons = study.compare_head_counts(runs, study.MEASURES)
+    lead = study.lead_sentence("t", comparisons)
+    assert lead.startswith("**t**: h changes the accuracy (accuracy h=1→4 +0.41")
+    assert "the division index is defined at fewer than two head counts (untested)" in lead
+    assert "seeds per head count" in lead  # h=4→8 is open: the n that would settle it
 
 
 def test_specialization_study_plan(tmp_path, monkeypatch):
@@ -96,35 +100,24 @@ def test_specialization_study_plan(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_head_count_study_writes_seed_tables_and_report(tmp_path):
+def test_head_count_study_writes_its_answer_and_resumes(tmp_path, monkeypatch):
     study = _load("head_count_study")
-    args = [
-        "--out",
-        str(tmp_path),
-        "--tasks",
-        "reverse",
-        "--n-heads",
-        "1,2",
-        "--seeds",
-        "0,1",
-        "--steps",
-        "6",
-        "--d-model",
-        "8",
-        "--seq-len",
-        "6",
-        "--d-vocab",
-        "4",
-        "--executor",
-        "local",
-        "--n-eval",
-        "32",
-        "--quiet",
-    ]
+    args = ["--out", str(tmp_path), "--tasks", "reverse", "--n-heads", "1,2", "--seeds", "0-2",
+            "--steps", "6", "--verdict-seeds", "2", "--executor", "local", "--quiet"]  # fmt: skip
     assert study.main(args) == 0
     results = pd.read_csv(tmp_path / "reverse" / "results.csv")
-    assert results[["n_heads", "seed"]].values.tolist() == [[1, 0], [1, 1], [2, 0], [2, 1]]
-    assert (tmp_path / "report.md").is_file() and (tmp_path / "report.html").is_file()
+    assert results[["n_heads", "seed"]].values.tolist() == [
+        [1, 0], [1, 1], [1, 2], [2, 0], [2, 1], [2, 2]
+    ]  # fmt: skip
+    division = pd.read_csv(tmp_path / "division_runs.csv")
+    assert sorted(set(division["seed"])) == [0, 1] and set(division["n_heads"]) == {2}
+    table = pd.read_csv(tmp_path / "does_h_matter.csv")
+    assert table[["n_heads", "n_seeds"]].values.tolist() == [[1, 3], [2, 3]]
+    assert (tmp_path / "does_h_matter.png").is_file() and (tmp_path / "does_h_matter.pdf").is_file()
+    assert (tmp_path / "study.md").read_text().startswith("# Does h matter?")
+    # resumed: nothing is trained or divided again
+    monkeypatch.setattr(study, "division_of_labour", lambda *a, **k: pytest.fail("recomputed"))
+    assert study.main(args) == 0
 
 
 @pytest.mark.slow
