@@ -15,7 +15,10 @@ into the copy block that the unembedding reads), restricted in one of three ways
     acts only at query *positions* in ``S`` (at the others it attends to the BOS token).
 
 Repeating a head gives copies that back each other up: each writes the full answer, so
-removing one of two costs nothing and removing both costs everything it served.
+removing one of two costs nothing and removing both costs everything it served. With
+``n_layers`` > 1 every layer holds the same heads, reading only the token and position
+features (never what an earlier layer wrote): each layer alone does the whole job, so the layers
+back each other up (the cross-layer case of the division's kept profiles).
 
 The data is :func:`split_batch`: position 0 holds the BOS token ``d_vocab - 1``, positions
 ``1..`` random tokens ``0 .. d_vocab - 2``, the target at ``t`` is ``tokens[t - 1]``, scored from
@@ -75,8 +78,9 @@ def split_heads_model(
     d_vocab: int = 10,
     d_head: int = 16,
     sharpness: float = 30.0,
+    n_layers: int = 1,
 ) -> HookedMHATransformer:
-    """A one-layer attention-only causal model; head ``i`` is ``heads[i] = (kind, set)``.
+    """An attention-only causal model; head ``i`` of every layer is ``heads[i] = (kind, set)``.
 
     Args:
         heads: ``("all", None)``, ``("target", tokens)``, ``("query", tokens)`` or
@@ -85,26 +89,30 @@ def split_heads_model(
         d_vocab: Tokens including the BOS token ``d_vocab - 1``; also the output classes.
         d_head: Head width (>= ``max(seq_len, d_vocab)``).
         sharpness: Attention logit of the intended key; 30 gives > 0.999 weight.
+        n_layers: Layers, each holding ``heads`` (each layer alone does the whole job).
 
     Example:
         >>> split_heads_model([("query", [0, 1]), ("all", None)]).cfg.n_heads
         2
+        >>> same_job = split_heads_model([("all", None)] * 2, n_layers=2)
+        >>> same_job.cfg.n_layers, same_job.head_labels
+        (2, ['L0H0', 'L0H1', 'L1H0', 'L1H1'])
     """
     heads = list(heads)
     if not heads or any(kind not in SPLIT_KINDS for kind, _ in heads):
         raise invalid("heads", heads, f"(kind, set) pairs with kind in {SPLIT_KINDS}")
     n_heads, T, V = len(heads), seq_len, d_vocab
+    n_layers = check_int("n_layers", n_layers, minimum=1)
     bos = V - 1
     d_model = n_heads * d_head
     if d_head < max(T, V) or d_model < 2 * V + T:
         raise invalid("d_head", d_head, f">= {max(T, V)} and n_heads * d_head >= {2 * V + T}")
     cfg = ModelConfig(
-        d_model=d_model, n_heads=n_heads, n_layers=1, n_ctx=T, d_vocab=V, d_vocab_out=V,
+        d_model=d_model, n_heads=n_heads, n_layers=n_layers, n_ctx=T, d_vocab=V, d_vocab_out=V,
         causal=True, attn_only=True, normalization_type=None,
         device="cpu",  # weights set by hand on the CPU; .to(device) moves the model
     )  # fmt: skip
     model, (_, pos, copy) = feature_model(cfg)
-    attn = model.blocks[0].attn
     scale = sharpness * d_head**0.5  # undo the 1/sqrt(d_head) score scaling
     with torch.no_grad():
         W_Q = torch.zeros(n_heads, d_model, d_head)
@@ -125,7 +133,9 @@ def split_heads_model(
                 for q in set(range(T)) - set(members or ()):
                     W_Q[h, V + q, 0] += 2 * scale  # other query positions look at BOS
             W_O[h, :V, copy] = torch.eye(V)
-        attn.W_Q, attn.W_K, attn.W_V, attn.W_O = W_Q, W_K, W_V, W_O
+        for block in model.blocks:  # every layer the same heads
+            attn = block.attn
+            attn.W_Q, attn.W_K, attn.W_V, attn.W_O = (w.clone() for w in (W_Q, W_K, W_V, W_O))
         model.unembed.weight[:V, copy] = 20.0 * torch.eye(V)
         model.unembed.bias[bos] = 1.0  # nothing written -> the never-correct BOS class wins
     return model.eval()

@@ -86,7 +86,8 @@ def test_heads_that_split_the_target_classes(batch):
         for head in ("L0H0", "L0H1"):
             row = _row(result, head, by)
             assert not row.specialized and row.selectivity < 0.01
-    assert _row(result, "L0H0", "token").serves == "0,1,2,3,4,5,6,7,8"  # every token alike
+    assert _row(result, "L0H0", "token").served_values == "0,1,2,3,4,5,6,7,8"  # every token
+    assert _row(result, "L0H0", "token").serves == ""  # alike: no subset of its own
     assert _index(result, "target_class")["index"] == pytest.approx(1.0)
     assert _index(result, "target_class").call == "divided"
     for by in ("token", "position"):
@@ -129,7 +130,11 @@ def test_a_lone_useful_head_is_not_called_on_single_ablation(batch):
     model = split_heads_model([("all", None), ("target", A)])  # L0H1 is backed up on A
     result = division_of_labour(model, batch, **FAST)
     row = _row(result, "L0H0", "target_class")
-    assert row.serves == "4,5,6,7,8" and row.basis == "single"
+    assert row.served_values == "4,5,6,7,8" and row.basis == "single"
+    # Removed alone it loses only what L0H1 cannot cover (B); kept alone it carries every
+    # class (kept_selectivity 0): it serves no subset of its own, so it is not specialized.
+    assert row.kept_selectivity == pytest.approx(0.0, abs=1e-9)
+    assert (row.specialized, row.serves) == (False, "")
     assert _row(result, "L0H1", "target_class").basis == "kept"  # backed up: its kept profile
     assert (result.index.n_damaging == 1).all() and (result.index.basis == "kept").all()
     # Kept alone, the all-doer serves every class and the A head serves A: a split with overlap.
@@ -411,8 +416,9 @@ def test_every_axis_at_once_equals_each_axis_alone():
     # Columns of the heads table that do not use the shuffled null's random draws, which
     # follow the axes in order (the first axis's draws are the same either way); p_adj is
     # adjusted over every row of the table.
-    fixed = ["selectivity", "ci_low", "ci_high", "null_selectivity", "n_eff", "serves", "p"]
-    every = [c for c in HEADS_COLUMNS if c != "p_adj"]
+    # (specialized and serves follow p_adj; p and the gain use the shuffled null's draws.)
+    fixed = ["selectivity", "ci_low", "ci_high", "null_selectivity", "n_eff", "served_values"]
+    every = [c for c in HEADS_COLUMNS if c not in ("p_adj", "specialized", "serves")]
     for i, axis in enumerate(together.index["by"]):
         alone = division_of_labour(model, task, by=axis, **run)
         pd.testing.assert_frame_equal(

@@ -125,15 +125,19 @@ def test_an_all_doer_among_specialists_is_a_split_with_overlap():
     assert row["index"] == pytest.approx(expected, abs=1e-3)
     heads = _heads(result, "target_class")
     assert heads.specialized.tolist() == [False, True, True]
-    assert heads.serves.tolist() == ["0,1,2,3,4,5,6,7,8", "0,1,2,3", "4,5,6,7,8"]
+    assert heads.served_values.tolist() == ["0,1,2,3,4,5,6,7,8", "0,1,2,3", "4,5,6,7,8"]
+    assert heads.serves.tolist() == ["", "0,1,2,3", "4,5,6,7,8"]  # only a specialized head
 
 
 def test_exact_copies_of_a_specialist_are_not_divided():
     model = head_copies_model(split_heads_model([("target", [0, 1, 2]), ("all", None)]), 0)
     result = division_of_labour(model, split_batch(256), "token,position,target_class", **FAST)
     assert (result.index.call == "not divided").all()
-    # Both copies serve the same classes: each is specialized, the pair divides nothing.
-    assert _heads(result, "target_class").serves.tolist() == ["0,1,2", "0,1,2"]
+    # Both copies serve the classes their layer serves: the pair divides nothing, and neither
+    # serves a subset of its own (its layer's job in small), so no row is specialized.
+    heads = _heads(result, "target_class")
+    assert heads.served_values.tolist() == ["0,1,2", "0,1,2"]
+    assert heads.serves.tolist() == ["", ""] and not result.heads.specialized.any()
 
 
 def test_calls_under_every_method_and_the_dead_inputs():
@@ -173,14 +177,19 @@ def test_noisy_copies_of_a_trained_head_are_not_divided(trained_two_heads):
     # The head whose two copies do the task best (head 1 here: 0.97; head 0: 0.89).
     accuracy = [evaluate(head_copies_model(model, h), task, n_eval=256)["accuracy"] for h in (0, 1)]
     source = max((0, 1), key=lambda h: accuracy[h])
-    calls = []
+    calls, specialized = [], []
     for noise, seed in [(0.0, 0), (0.05, 0), (0.05, 1), (0.1, 2), (0.1, 3)]:
         copies = head_copies_model(model, source, noise, seed=seed)
         assert evaluate(copies, task, n_eval=256)["accuracy"] > 0.9
-        result = division_of_labour(copies, task, "token,position,target_class", n_eval=256,
-                                    n_bootstrap=100)  # fmt: skip
-        calls += result.index.call.tolist()
+        for method in ("mean", "zero", "resample"):  # each primary, each against its own null
+            result = division_of_labour(copies, task, "token,position,target_class",
+                                        n_eval=256, n_bootstrap=100, method=method)  # fmt: skip
+            calls += result.index.call.tolist()
+            calls += [c for m in ("mean", "zero", "resample") for c in result.index[f"call_{m}"]]
+            if noise == 0.0:  # exact copies: no head serves a subset of its own
+                specialized += result.heads.query("specialized").head_label.tolist()
     assert "divided" not in calls and "method-dependent" not in calls
+    assert specialized == []
 
 
 @pytest.mark.slow
@@ -247,14 +256,16 @@ def test_one_noisy_copy_runs_on_the_odd_sequences_against_the_original_on_the_ev
     ran = []
     real = division.run_rows
 
-    def record(m, b, *args, **kwargs):
-        ran.append((m is model, b.tokens.clone()))
-        return real(m, b, *args, **kwargs)
+    def record(m, b, configs, rows, method, *args, **kwargs):
+        ran.append((m is model, method, b.tokens.clone()))
+        return real(m, b, configs, rows, method, *args, **kwargs)
 
     monkeypatch.setattr(division, "run_rows", record)
     result = division_of_labour(model, batch, by="target_class", n_bootstrap=20)
-    copies = [tokens for is_original, tokens in ran if not is_original]
-    assert len(copies) == 1 and torch.equal(copies[0], batch.tokens[1::2])  # half a pass
+    copies = [(method, tokens) for is_original, method, tokens in ran if not is_original]
+    # One copy, scored under every method (each method's own null), each on half a pass.
+    assert [method for method, _ in copies] == ["mean", "zero", "resample"]
+    assert all(torch.equal(tokens, batch.tokens[1::2]) for _, tokens in copies)
     assert result.index.set_index("by").loc["target_class", "call"] == "divided"
     # The comparisons: the original's even half against the copy's odd half, one way; two
     # or more copies, every pair both ways round.

@@ -33,6 +33,8 @@ from mhainterp.specialization.needed.dead import QUIET_COLUMNS, dead_heads
 from mhainterp.specialization.needed.redundancy import GROUP_COLUMNS, redundant_under
 from mhainterp.specialization.verdict.labels import HeadDecision, decide_labels
 from mhainterp.specialization.verdict.settings import THRESHOLDS, SpecializationSettings
+from mhainterp.specialization.whom.division_calls import specialized_rule
+from mhainterp.specialization.whom.settings import DivisionSettings
 
 if TYPE_CHECKING:  # run_analysis imports this module
     from mhainterp.specialization.verdict.result import SpecializationResult
@@ -41,6 +43,7 @@ __all__ = [
     "FACTORS",
     "STABILITY_COLUMNS",
     "RunEvidence",
+    "division_stability",
     "label_stability",
     "relabel",
     "run_stability",
@@ -204,6 +207,71 @@ def label_stability(
     if not tables:
         return pd.DataFrame(columns=STABILITY_COLUMNS)
     return pd.concat(tables, ignore_index=True)
+
+
+def division_stability(
+    heads: pd.DataFrame,
+    settings: DivisionSettings | None = None,
+    factors: Sequence[float] = FACTORS,
+) -> pd.DataFrame:
+    """The division's per-head effect gate moved: each head's ``specialized`` flags re-decided
+    from a saved heads table (:attr:`~mhainterp.specialization.DivisionResult.heads`) with
+    ``min_selectivity_gain`` x each factor (:func:`~.division_calls.specialized_rule`; no
+    forward pass), counting the heads whose specialized axes change.
+
+    Args:
+        heads: A division's heads table (``run`` optional: one block of rows per run).
+        settings: The division's settings (default :class:`DivisionSettings`): ``alpha`` and
+            ``min_selectivity_gain``.
+        factors: How far the gate moves.
+
+    Returns:
+        Columns :data:`STABILITY_COLUMNS`, ``threshold`` "min_selectivity_gain".
+
+    Example:
+        >>> heads = pd.DataFrame({"head_label": ["L0H0", "L0H1"], "by": ["position"] * 2,
+        ...     "basis": ["single"] * 2, "p_adj": [0.001, 0.001], "n_values": [10, 10],
+        ...     "selectivity_gain": [0.5, 0.07], "served_values": ["2,3", "2,3,4"]})
+        >>> division_stability(heads)[["factor", "changed"]].values.tolist()
+        [[0.8, 'L0H1'], [1.25, '']]
+    """
+    settings = settings or DivisionSettings()
+    rows = []
+    runs = heads.groupby("run", sort=False) if "run" in heads.columns else [("", heads)]
+    for run, own in runs:
+        decided = {f: _specialized_axes(own, settings, f) for f in (1.0, *factors)}
+        labels = list(dict.fromkeys(own["head_label"]))
+        for factor in factors:
+            changed = [h for h in labels if decided[factor][h] != decided[1.0][h]]
+            rows.append({
+                "run": run, "threshold": "min_selectivity_gain", "factor": factor,
+                "value": settings.min_selectivity_gain * factor, "n_heads": len(labels),
+                "n_changed": len(changed),
+                "share_changed": len(changed) / len(labels) if labels else math.nan,
+                "changed": HEAD_SET_SEPARATOR.join(changed), "n_untested": 0,
+            })  # fmt: skip
+    return pd.DataFrame(rows, columns=STABILITY_COLUMNS)
+
+
+def _specialized_axes(
+    heads: pd.DataFrame, settings: DivisionSettings, factor: float
+) -> dict[str, frozenset[str]]:
+    """Head label -> the axes it is specialized along with the effect gate x ``factor``."""
+    served = heads["served_values"].fillna("").astype(str)
+    n_served = served.map(lambda v: len(v.split(",")) if v else 0).to_numpy()
+    flags = specialized_rule(
+        (heads["basis"].fillna("").astype(str) != "").to_numpy(),
+        heads["p_adj"].to_numpy(float),
+        heads["selectivity_gain"].to_numpy(float),
+        n_served < heads["n_values"].to_numpy(int),
+        settings.alpha,
+        settings.min_selectivity_gain * factor,
+    )
+    out: dict[str, set[str]] = {h: set() for h in heads["head_label"]}
+    for head, axis, flag in zip(heads["head_label"], heads["by"], flags, strict=True):
+        if flag:
+            out[head].add(str(axis))
+    return {h: frozenset(a) for h, a in out.items()}
 
 
 def stability_summary(table: pd.DataFrame) -> pd.DataFrame:

@@ -14,12 +14,14 @@ axis of "specialize" (DESIGN.md, "The question the toolkit answers") along four 
 
 **Passes.** One ablation-engine pass per method (:mod:`~.profiles`) scores, at every scored
 (sequence, position, target) *triple*, the clean model, each head removed alone, each layer
-removed whole, each head *kept* alone in its layer (the rest of the layer removed) and each
+removed whole, each head *kept* alone in its layer (the rest of the layer removed), with two or
+more layers each head kept alone in the whole model and every head removed, and each
 backed-up *group* removed as one unit. The primary ``method`` (default mean) runs first; then
-the other ``methods`` (zero, resample) and ``n_noise`` (1) noisy copies of the model (below)
-under the primary method, on the configurations the call's basis needs (the clean row is
-shared by the methods: it ablates nothing). The methods share one
-:class:`~mhainterp.ablation.replacement.CleanCache` (the clean activations and prefixes).
+the other ``methods`` (zero, resample), and ``n_noise`` (1) noisy copies of the model (below)
+under every method, on the configurations the call's basis needs (the clean row is shared by
+the methods: it ablates nothing). The methods share one
+:class:`~mhainterp.ablation.replacement.CleanCache` per model (the clean activations and
+prefixes); the copies are shared by the methods.
 
 **Profiles** over an axis's values ``v`` (each value weighs the same whatever its count;
 values with fewer than ``min_count`` triples are kept in the tables but left out of the
@@ -28,12 +30,19 @@ statistics), by **basis**:
 - ``single``: ``d_hv = acc_clean(v) - acc_without_h(v)``, the accuracy lost on ``v``;
 - ``kept``: ``c_hv = acc_only_h(v) - acc_without_layer(v)``, what ``h`` alone adds on ``v``
   above its layer removed whole (it sees through backup: eight heads that each do the job
-  alone have zero single damage but full kept contributions);
+  alone have zero single damage but full kept contributions). Where that is undefined but
+  ``h`` kept alone in the *whole model* adds ``min_damage`` above every head removed, the
+  kept profile is that one (``kept_scope`` "model"): its layer is backed up by another layer
+  (removing the whole layer costs nothing), as in a two-layer model whose heads all do one
+  job. A head of a serial circuit (a layer-0 head whose output a layer-1 head reads) is
+  defined in its layer and keeps the layer's profile;
 - ``group``: ``d_gv = acc_clean(v) - acc_without_g(v)`` for each backed-up group ``g``
   (given as ``groups=``, else found: heads that do no damage alone but contribute kept alone,
   joined when their kept contributions per triple have cosine >= ``group_similarity``, by
-  :func:`~mhainterp.specialization.needed.redundancy.similar_groups`), and the single
-  profiles of the damaging heads outside every group.
+  :func:`~mhainterp.specialization.needed.redundancy.similar_groups`: within a layer, or
+  across layers among heads whose kept profiles are taken across layers; a serial circuit's
+  heads contribute on the same triples without backing each other up, so layers are not
+  otherwise joined), and the single profiles of the damaging heads outside every group.
 
 Profiles are clipped at 0. A profile is *defined* when its total (over all triples) is at
 least ``min_damage`` in accuracy and ``min_loss_increase`` in cross-entropy (an accuracy change
@@ -67,12 +76,30 @@ null's upper quantile is a median 15% higher: a little more conservative). With
 resamples in one product); ``ci_low, ci_high`` is the ``1 - alpha`` interval of the index,
 ``null_high`` the null's upper ``1 - alpha`` quantile, and
 ``p = (1 + #{null_b >= index}) / (1 + B)``, whose floor ``p_floor = 1 / (1 + B)`` is reported
-beside it. There is no fixed effect gate: a split is **divided** when ``ci_low > null_high``.
+beside it. A split is **divided** when ``ci_low > null_high`` (significance) and the index is
+at least ``min_index`` (0.02, an effect: a mean cosine of 0.98 between the profiles is no
+division, however narrow its interval).
 
 **Methods.** The index and the call are computed under each of ``methods`` on the primary
-basis (``index_mean, index_zero, index_resample``; the null is the primary method's). The
-call is the methods' common call among those where the index is defined, else
-"method-dependent".
+basis (``index_mean, index_zero, index_resample``), each against its **own** same-function
+null: the noisy copy scored under that method (``null_index_<method>, null_high_<method>``;
+``null_index, null_high`` are the primary method's). A method's ablation adds its own noise to
+the profiles (resample's random donors; zero's shift of the logits), and a same-function
+model ablated the same way shows it too: judged against the mean-ablation null, zero and
+resample read that noise as division (on the 24 demo models at h = 4 and 8, 20 of 72 axis
+calls were "method-dependent"; each method against its own null, 11 of them resolve and 4
+appear). The call is the methods' common call among those where the index is defined, else
+"method-dependent": the methods disagree, each against its own null.
+
+**The default-class artefact.** An ablation that removes what a head writes can leave the
+model falling back on one class: zero ablation removes the head's mean write too (a bias the
+readout relies on), and where nothing else writes the readout the logits tie and argmax takes
+class 0; mean ablation's replacement favours a class per position. The fallback class stays
+right without the head, so a target-class profile has a hole there and looks selective: the
+hand-set induction circuit's layer-1 head, zero-ablated, spares exactly class 0, its layer-0
+head does not, and zero ablation alone calls the target classes divided (the call is
+"method-dependent"; mean and resample ablation say not divided). The hole is no division of
+labour; read a target-class call that one method alone makes with this in mind.
 
 **Selectivity** of a head (K-invariant): with ``p_v = d_v / sum_u d_u`` over the K kept
 values::
@@ -83,13 +110,18 @@ values::
 ``selectivity`` the share of values spared: "serves 1 of 2" and "serves 4 of 8" both score 0.5,
 "serves 9 of 10" scores 0.1 and "serves 1 of 10" 0.9. A head's profile is its single profile
 when it is defined, else its kept profile (``basis``; NaN without either). Its null
-(``null_selectivity``) is the selectivity of its layer's whole job (the layer-removal profile):
-a head that does its layer's job in small is not specialized; **specialized** when the
-selectivity's ``ci_low`` is above that null's upper quantile and the head spares at least one
-value (``serves`` below). **Serves** follows from the
-profile alone: the kept values whose damage is at least ``serve_share`` of the head's largest
-and at least ``min_damage`` (a head carrying classes 2-9 serves exactly ``2,...,9``; a head
-that serves every value alike serves all of them and is not specialized).
+(``null_selectivity``) is the selectivity of its scope's whole job (its layer's removal
+profile; every head's, for a head kept across layers): a head that does that job in small is
+not specialized. A second null spreads the head's own damage evenly over the values with its
+sampling noise (values shuffled among the triples). ``p`` is one-sided against the larger of
+the two (normal approximations, no floor; ``p_adj`` over every head and axis). **Specialized**
+needs significance (``p_adj < alpha``), an effect (``selectivity_gain``, the selectivity
+above the null's mean, at least ``min_selectivity_gain``, 0.075), and a spared value; a head
+with both a single and a kept profile must pass with both (removed alone, a copy of a head
+loses only what its partner misses, which is not whom it serves). ``served_values`` follows
+from the profile alone: the kept values whose damage is at least ``serve_share`` of the head's
+largest and at least ``min_damage`` (a head carrying classes 2-9 serves exactly ``2,...,9``);
+``serves`` is the same where the head is specialized, "" elsewhere.
 
 **Dead by function** (for the labels): the heads table also has each head's ``write_norm``
 (mean ``|z_h W_O|`` over real positions of the first ``n_attention`` sequences) and
@@ -130,7 +162,6 @@ from mhainterp.ablation.replacement import CleanCache
 from mhainterp.data import Data, as_batch, batch_for_model, target_names
 from mhainterp.heads import head_label, resolve_heads
 from mhainterp.runtime import uses_work_threads
-from mhainterp.specialization.corrections import adjust_pvalues
 from mhainterp.specialization.needed.redundancy import similar_groups
 from mhainterp.specialization.whom.damage import AXES, TripleDamage, axis_values
 from mhainterp.specialization.whom.division_attention import attention_view
@@ -263,7 +294,7 @@ def division_of_labour(
     batch = batch_for_model(model, as_batch(data, n_eval=s.n_eval, needs_targets=True))
     names = target_names(data, model.cfg.n_targets)
     L, h = model.cfg.n_layers, model.cfg.n_heads
-    configs = build_configs(L, h)
+    configs = build_configs(L, h)  # with 2+ layers also every head kept alone in the model
     relations = data if relations is None and isinstance(data, Task) else relations
     # The methods share the clean activations of this model and batch; the clean run also
     # keeps the attention view's patterns.
@@ -276,10 +307,11 @@ def division_of_labour(
     sequence = scored.nonzero()[:, 0].cpu()
     counts = {a: torch.bincount(v, minlength=len(value_names[a])) for a, v in values.items()}
     axes, skipped = _axes_that_apply(by, counts, model.cfg.n_targets, s.min_count)
+    configs = _kept_scope(primary, configs, s)
     given = None if groups is None else [resolve_heads(model, g) for g in groups]
     found = _groups(primary, configs, s) if given is None else given
     if found:
-        configs = build_configs(L, h, found)
+        configs = build_configs(L, h, found).kept_across(configs.across)
         more, _ = run_pass(
             model, batch, [configs.head_sets[i] for i in configs.group], s.method, cache=cache
         )
@@ -295,7 +327,7 @@ def division_of_labour(
     noisy, noise_used = (
         _noisy_passes(model, batch, configs, rows, primary, sequence, s, progress)
         if basis
-        else ([], 0.0)
+        else ({}, 0.0)
     )
     gate = {m: gates(p, configs, s) for m, p in passes.items()}
     weights = bootstrap_weights(len(batch), s.n_bootstrap, torch.Generator().manual_seed(s.seed))
@@ -317,8 +349,7 @@ def division_of_labour(
         "noise_used": noise_used, "groups": [_label(g) for g in configs.groups],
         "groups_given": given is not None,
     }  # fmt: skip
-    heads = _frame(heads_parts, HEADS_COLUMNS)
-    heads["p_adj"] = adjust_pvalues(heads["p"].astype(float), s.correction)
+    heads = _frame(heads_parts, HEADS_COLUMNS)  # p_adj: corrected over every head and axis
     return DivisionResult(
         heads=heads,
         index=pd.DataFrame(index, columns=INDEX_COLUMNS),
@@ -333,7 +364,7 @@ def division_of_labour(
 def _evidence(
     axes: list[str],
     passes: dict[str, PassScores],
-    noisy: list[PassScores],
+    noisy: dict[str, list[PassScores]],
     rows: list[int],
     sequence: torch.Tensor,
     values: dict[str, torch.Tensor],
@@ -343,19 +374,16 @@ def _evidence(
     s: DivisionSettings,
 ) -> Evidence:
     """Every axis's per-value accuracies: every method's pass on the resamples ``weights``
-    ``[B, n]``, and the null's passes (the original and one noisy copy, or the copies) on the
-    even and the odd sequences of each resample, on the basis's ``rows`` only (NaN
-    elsewhere); every axis and pass side by side, so that each weight table is one product."""
+    ``[B, n]``, and each method's null passes (the original and one noisy copy, or the
+    copies, under that method) on the even and the odd sequences of each resample, on the
+    basis's ``rows`` only (NaN elsewhere); every axis and pass side by side, so that each
+    weight table is one product."""
     B = weights.shape[0]
     even = _even_sequences(weights.shape[1])  # the null's split halves
     sizes = {a: len(value_names[a]) for a in axes}
     tables = ValueMeans(sequence, {a: values[a] for a in axes}, sizes, weights, halves=even)
     primary = passes[s.method]
     by_method = tables.of_passes(list(passes.values()))
-    # With one copy the original is the null's other model (on the basis's rows).
-    original = [PassScores(s.method, primary.correct, primary.nll, rows=rows)]
-    null = tables.of_passes((original if len(noisy) == 1 else []) + noisy, split=True)
-    halves = [table.split(B) for table in null]  # per model: (even, odd)
     loss = tables.observed(primary.nll)  # (A, C, K)
     K = list(sizes.values())
     padded_counts = pad_axes(torch.cat([counts[a] for a in axes]), K)  # (A, K_max)
@@ -364,8 +392,32 @@ def _evidence(
         axes=list(axes), value_names={a: value_names[a] for a in axes},
         counts={a: counts[a] for a in axes}, keep=inside & (padded_counts >= s.min_count),
         means=dict(zip(passes, by_method, strict=True)),
-        null_pairs=_null_pairs(halves, len(noisy) == 1), loss=loss,
+        null_pairs=_null_tables(tables, passes, noisy, rows, B), loss=loss,
     )  # fmt: skip
+
+
+def _null_tables(
+    tables: ValueMeans,
+    passes: dict[str, PassScores],
+    noisy: dict[str, list[PassScores]],
+    rows: list[int],
+    B: int,
+) -> dict[str, list[tuple]]:
+    """Per method, its same-function comparisons (:func:`_null_pairs`) as per-value tables.
+    With one copy only the halves compared are computed: the original (its basis ``rows``)
+    on the even sequences, the copy on the odd ones (one product per half for every method);
+    with two or more copies, every copy on both halves."""
+    if any(len(ps) == 1 for ps in noisy.values()):
+        originals = [PassScores(m, passes[m].correct, passes[m].nll, rows=rows) for m in noisy]
+        even = tables.of_passes(originals, half=0)
+        odd = tables.of_passes([ps[0] for ps in noisy.values()], half=1)
+        # each model's (even, odd) halves, only the compared one computed
+        return {
+            m: _null_pairs([(e, None), (None, o)], with_original=True)
+            for m, e, o in zip(noisy, even, odd, strict=True)
+        }
+    split = iter(tables.of_passes([p for ps in noisy.values() for p in ps], split=True))
+    return {m: _null_pairs([next(split).split(B) for _ in ps], False) for m, ps in noisy.items()}
 
 
 def _even_sequences(n: int) -> torch.Tensor:
@@ -399,24 +451,37 @@ def _frame(parts: list[dict], columns: list[str]) -> pd.DataFrame:
     return pd.DataFrame(join_columns(parts, present), columns=columns)
 
 
+def _kept_scope(primary: PassScores, configs: Configs, s: DivisionSettings) -> Configs:
+    """``configs`` with each head's kept profile taken across layers where it is defined only
+    there: kept alone in its layer the head adds nothing (another layer backs its whole layer
+    up), kept alone in the model it does (:meth:`~.profiles.Configs.kept_across`). A head of a
+    serial circuit (a layer-0 head whose output a layer-1 head reads) is defined in its layer,
+    so it keeps its layer's profile."""
+    if not configs.kept_model:  # one layer: the layer is the model
+        return configs
+    in_layer = gates(primary, configs, s).kept
+    in_model = gates(primary, configs.kept_across([True] * len(configs.pairs)), s).kept
+    return configs.kept_across((~in_layer & in_model).tolist())
+
+
 def _groups(primary: PassScores, configs: Configs, s: DivisionSettings) -> list[list]:
     """Backed-up groups: heads defined kept alone but not alone, whose kept contributions per
-    triple are similar (cosine >= ``group_similarity``) within a layer."""
+    triple are similar (cosine >= ``group_similarity``) within a layer, or across layers
+    among the heads whose kept profiles are taken across layers (their layers back each other
+    up). Heads of different layers are otherwise never grouped: a serial circuit's heads
+    contribute on the same triples without backing each other up."""
     g = gates(primary, configs, s)
     candidates = (g.kept & ~g.single).tolist()
     if sum(candidates) < 2:  # a group needs two of them
         return []
     labels = [head_label(*p) for p in configs.pairs]
-    layer_of = {p: configs.layer[p[0]] for p in configs.pairs}
-    contrib = torch.stack(
-        [primary.correct[configs.kept[i]] - primary.correct[layer_of[p]]
-         for i, p in enumerate(configs.pairs)]
-    ).double()  # fmt: skip
-    unit = contrib / contrib.norm(dim=1, keepdim=True).clamp(min=1e-12)
+    contrib = (primary.correct[configs.kept] - primary.correct[configs.kept_ref]).double()
+    unit = contrib / contrib.norm(dim=1, keepdim=True).clamp(min=1e-12)  # (H, N)
     cos = (unit @ unit.T).numpy()
     layers = np.array([p[0] for p in configs.pairs])
-    same_layer = layers[:, None] == layers[None, :]
-    sim = pd.DataFrame(np.where(same_layer, cos, 0.0), index=labels, columns=labels)
+    across = np.array(configs.across)
+    same_scope = (layers[:, None] == layers[None, :]) | (across[:, None] & across[None, :])
+    sim = pd.DataFrame(np.where(same_scope, cos, 0.0), index=labels, columns=labels)
     out_of_play = [lab for lab, c in zip(labels, candidates, strict=True) if not c]
     found = similar_groups(sim, s.group_similarity, dead=out_of_play, min_size=2)
     return [[configs.pairs[labels.index(x)] for x in group] for group in found]
@@ -431,10 +496,14 @@ def _noisy_passes(
     sequence: torch.Tensor,
     s: DivisionSettings,
     progress: bool,
-) -> tuple[list[PassScores], float]:
-    """The noisy copies' passes (primary method, ``rows`` only), laid out over all ``N``
-    triples (``sequence``: each one's sequence), with the noise that keeps the accuracy.
+) -> tuple[dict[str, list[PassScores]], float]:
+    """Per method, the noisy copies' passes (``rows`` only), laid out over all ``N`` triples
+    (``sequence``: each one's sequence), with the noise that keeps the accuracy.
 
+    The same copies serve every method (each method's null is the same-function heads scored
+    under that method); a copy's clean activations are shared by its methods, and its clean
+    row is run once. The noise is chosen on the primary method's pass (the clean row, which
+    every method shares, checks the accuracy); the other methods run once, at that noise.
     One copy is compared with the original on the other half of the sequences only
     (:func:`_null_pairs`), so it runs on the odd sequences alone (NaN on the even ones), and
     its accuracy is checked against the original's there; two or more run on every sequence.
@@ -444,19 +513,25 @@ def _noisy_passes(
     on = odd[sequence] if alone else torch.ones(len(sequence), dtype=torch.bool)  # (N,)
     run_on = batch[odd.nonzero()[:, 0]] if alone else batch
     if not bool(on.any()):  # one sequence: no odd half to run on, so the null is undefined
-        nothing = torch.full(primary.correct.shape, math.nan)
-        return [PassScores(s.method, nothing, nothing.clone(), rows=rows)], s.noise
+        return {m: [] for m in s.methods}, s.noise
     clean_accuracy = float(primary.correct[configs.clean][on].mean())
     generator = torch.Generator().manual_seed(s.seed + 1)
     for attempt in range(5):  # the copies' own clean rows check the accuracy: no extra forward
         noise = s.noise / 2**attempt
         copies = [noisy_copy(model, noise, generator) for _ in range(s.n_noise)]
+        caches = [CleanCache() for _ in copies]  # each copy's clean run, shared by its methods
         bar = tqdm(copies, desc="noisy copies", disable=not progress, leave=False)
-        passes = [run_rows(c, run_on, configs, rows, s.method) for c in bar]
+        passes = [run_rows(c, run_on, configs, rows, s.method, k) for c, k in zip(bar, caches)]
         accuracy = [float(p.accuracy[configs.clean]) for p in passes]
         if all(abs(a - clean_accuracy) <= s.max_accuracy_change for a in accuracy):
             break
-    return [_on_triples(p, on) for p in passes], noise
+    by_method = {s.method: passes}
+    for method in s.methods[1:]:
+        by_method[method] = [
+            run_rows(c, run_on, configs, rows, method, k, clean_from=p)
+            for c, k, p in zip(copies, caches, passes, strict=True)
+        ]
+    return {m: [_on_triples(p, on) for p in ps] for m, ps in by_method.items()}, noise
 
 
 def _on_triples(scores: PassScores, on: torch.Tensor) -> PassScores:
@@ -512,8 +587,7 @@ def _basis_part(ev: Evidence, a: int, configs: Configs, g: Gates, s: DivisionSet
     """Kept-alone contributions per head and group damages per group of axis ``a``
     (observed)."""
     m = ev.observed(s.method, a)
-    layer_of = [configs.layer[p[0]] for p in configs.pairs]
-    kept = m[configs.kept] - m[layer_of]  # (H, K)
+    kept = m[configs.kept] - m[configs.kept_ref]  # (H, K)
     group = m[configs.clean][None] - m[configs.group]  # (G, K)
     units = [head_label(*p) for p in configs.pairs] + [_label(x) for x in configs.groups]
     basis = ["kept"] * len(configs.pairs) + ["group"] * len(configs.groups)

@@ -19,6 +19,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from mhainterp.heads import head_label
+from mhainterp.specialization.corrections import adjust_pvalues
 from mhainterp.specialization.whom.profiles import Configs, PassScores, pad_axes
 from mhainterp.specialization.whom.selectivity import (
     division_index,
@@ -36,11 +37,14 @@ __all__ = [
     "CALLS",
     "Evidence",
     "Gates",
+    "SelectivityTest",
     "choose_basis",
     "combine_calls",
     "gates",
     "heads_rows",
     "index_rows",
+    "selectivity_test",
+    "specialized_rule",
     "unit_profiles",
 ]
 
@@ -55,7 +59,8 @@ class Gates:
 
     Attributes:
         single: ``[H]`` removing the head alone costs ``min_damage`` and ``min_loss_increase``.
-        kept: ``[H]`` the head kept alone adds that much above its layer removed.
+        kept: ``[H]`` the head kept alone adds that much above its layer removed (above
+            every head removed, for a head kept across layers: ``Configs.kept_across``).
         group: ``[G]`` removing the group costs that much.
         grouped: ``[H]`` the head is in some group.
         damage_alone, kept_contribution: ``[H]`` accuracy; loss_increase: ``[H]`` nats of
@@ -83,16 +88,15 @@ class Gates:
 def gates(scores: PassScores, configs: Configs, s: DivisionSettings) -> Gates:
     """The :class:`Gates` of one pass."""
     acc, loss = scores.accuracy.double(), scores.loss.double()
-    layer_of = [configs.layer[p[0]] for p in configs.pairs]
-    clean, single, kept = configs.clean, configs.single, configs.kept
+    clean, single, kept, ref = configs.clean, configs.single, configs.kept, configs.kept_ref
     damage = acc[clean] - acc[single]
-    contribution = acc[kept] - acc[layer_of]
+    contribution = acc[kept] - acc[ref]
     group_damage = acc[clean] - acc[configs.group]
     grouped = torch.tensor([any(p in g for g in configs.groups) for p in configs.pairs])
     md, ml = s.min_damage, s.min_loss_increase
     return Gates(
         single=(damage >= md) & (loss[single] - loss[clean] >= ml),
-        kept=(contribution >= md) & (loss[layer_of] - loss[kept] >= ml),
+        kept=(contribution >= md) & (loss[ref] - loss[kept] >= ml),
         group=(group_damage >= md) & (loss[configs.group] - loss[clean] >= ml),
         grouped=grouped, damage_alone=damage, loss_increase=loss[single] - loss[clean],
         kept_contribution=contribution,
@@ -119,8 +123,7 @@ def unit_profiles(means: Float[Tensor, "... C K"], configs: Configs, basis: str)
     if basis == "single":
         return single
     if basis == "kept":
-        layer_of = [configs.layer[p[0]] for p in configs.pairs]
-        return means[..., configs.kept, :] - means[..., layer_of, :]
+        return means[..., configs.kept, :] - means[..., configs.kept_ref, :]
     return torch.cat([clean - means[..., configs.group, :], single], -2)
 
 
@@ -140,9 +143,10 @@ class Evidence:
     counts: dict[str, Tensor]  # per axis (K_a,)
     keep: Bool[Tensor, "A K"]
     means: dict[str, Float[Tensor, "B A C K"]]
-    # The same-function comparisons: a model's accuracies on the even sequences and a
-    # same-function model's on the odd ones (a noisy copy; with one copy, the original first)
-    null_pairs: list[tuple[Float[Tensor, "B A C K"], Float[Tensor, "B A C K"]]]
+    # Per method, the same-function comparisons under that method: a model's accuracies on
+    # the even sequences and a same-function model's on the odd ones (a noisy copy; with one
+    # copy, the original first)
+    null_pairs: dict[str, list[tuple[Float[Tensor, "B A C K"], Float[Tensor, "B A C K"]]]]
     loss: Float[Tensor, "A C K"]
 
     @property
@@ -174,18 +178,22 @@ def combine_calls(calls: dict[str, str]) -> str:
     return decided.pop() if len(decided) == 1 else "method-dependent"
 
 
-def _null_draws(ev: Evidence, configs: Configs, basis: str, defined: Tensor) -> Tensor:
-    """``[B, A]`` same-function distance: a model on one half of the sequences vs a
-    same-function model on the other (:attr:`Evidence.null_pairs`, averaged over them):
-    function noise and sampling noise together."""
+def _null_draws(ev: Evidence, configs: Configs, basis: str, defined: Tensor, method: str) -> Tensor:
+    """``[B, A]`` same-function distance under ``method``: a model on one half of the
+    sequences vs a same-function model on the other (:attr:`Evidence.null_pairs`, averaged
+    over them), both ablated by ``method``: function noise, sampling noise and what the
+    method itself adds (resample's random donors, zero's shift of the logits) together."""
     draws = [
         same_function_distance(
             ev.kept(unit_profiles(even, configs, basis)),
             ev.kept(unit_profiles(odd, configs, basis)),
             defined,
         )
-        for even, odd in ev.null_pairs
+        for even, odd in ev.null_pairs[method]
     ]
+    if not draws:  # no same-function model ran (one sequence: no odd half)
+        B, A = ev.means[method].shape[:2]
+        return torch.full((B, A), math.nan, dtype=torch.float64)
     return torch.stack(draws).mean(0)
 
 
@@ -202,17 +210,21 @@ def index_rows(
         for b in BASES
     }  # (A,) each: the observed index of every basis
     if basis:
-        defined = primary.units(basis)
-        null = _null_draws(ev, configs, basis, defined)  # (B, A)
-        null_high = upper(null, s.alpha)  # (A,)
+        methods = list(ev.means)
+        # Each method against its own same-function null: (M, B, A) draws, (M, A) quantiles.
+        nulls = torch.stack(
+            [_null_draws(ev, configs, basis, gate[m].units(basis), m) for m in methods]
+        )
+        null_highs = upper(nulls.transpose(0, 1), s.alpha)
+        null = nulls[methods.index(s.method)]  # (B, A): the primary method's
         null_std = null[1:].std(0)
         # Every method and axis at once: (M, B, A, U, K) profiles, (M, B, A) indices.
         profiles = ev.kept(unit_profiles(torch.stack(list(ev.means.values())), configs, basis))
-        units = torch.stack([gate[m].units(basis) for m in ev.means])[:, None, None]
+        units = torch.stack([gate[m].units(basis) for m in methods])[:, None, None]
         all_draws = division_index(profiles, units)
         lows, highs = interval(all_draws.transpose(0, 1), s.alpha)  # (M, A) each
         # p: the null's resamples at least the primary index (its rows 1..).
-        index = all_draws[list(ev.means).index(s.method), 0]  # (A,)
+        index = all_draws[methods.index(s.method), 0]  # (A,)
         hits = (null[1:] >= index[None] - 1e-12).sum(0)  # (A,)
     rows = []
     for a, axis in enumerate(ev.axes):
@@ -224,6 +236,7 @@ def index_rows(
         row.update({f"index_{b}": float(first[b][a]) for b in BASES})
         for m in ("mean", "zero", "resample"):
             row[f"index_{m}"], row[f"call_{m}"] = math.nan, ""
+            row[f"null_index_{m}"] = row[f"null_high_{m}"] = math.nan
         nan_stats = ("index", "ci_low", "ci_high", "null_index", "null_high", "p")
         row.update(dict.fromkeys(nan_stats, math.nan) | {"null_index_std": math.nan})
         if not basis:
@@ -233,12 +246,14 @@ def index_rows(
         calls = {}
         for i, m in enumerate(ev.means):
             value, low = float(all_draws[i, 0, a]), float(lows[i, a])
-            calls[m] = _call(value, low, float(null_high[a]))
+            own_high = float(null_highs[i, a])
+            calls[m] = _call(value, low, own_high, s.min_index)
             row[f"index_{m}"], row[f"call_{m}"] = value, calls[m]
+            row[f"null_index_{m}"], row[f"null_high_{m}"] = float(nulls[i, 0, a]), own_high
             if m == s.method:
                 row.update(
                     index=value, ci_low=low, ci_high=float(highs[i, a]),
-                    null_index=float(null[0, a]), null_high=float(null_high[a]),
+                    null_index=float(null[0, a]), null_high=own_high,
                     null_index_std=float(null_std[a]),
                     p=math.nan if math.isnan(value) else (1 + int(hits[a])) / (1 + B),
                 )  # fmt: skip
@@ -249,10 +264,18 @@ def index_rows(
     return rows
 
 
-def _call(index: float, low: float, null_high: float) -> str:
+def _call(index: float, low: float, null_high: float, min_index: float) -> str:
+    """Divided when the index's interval lies above its null's upper quantile (significance)
+    and the index is at least ``min_index`` (an effect).
+
+    Example:
+        >>> _call(0.30, 0.25, 0.05, 0.02), _call(0.005, 0.004, 0.001, 0.02)
+        ('divided', 'not divided')
+    """
     if math.isnan(index) or math.isnan(null_high):
         return "cannot tell"
-    return "divided" if low > null_high + TOLERANCE else "not divided"
+    beyond = low > null_high + TOLERANCE and index >= min_index - TOLERANCE
+    return "divided" if beyond else "not divided"
 
 
 def _undefined_reason(g: Gates) -> str:
@@ -276,10 +299,76 @@ def _reason(row: dict, g: Gates, basis: str, calls: dict[str, str]) -> str:
             f"alone; the others are backed up); {what}: {stats}"
         )
     if row["call"] == "method-dependent":
-        text += "; methods disagree: " + ", ".join(
-            f"{m} {row[f'index_{m}']:.2f} ({c})" for m, c in calls.items()
+        text += "; methods disagree, each against its own null: " + ", ".join(
+            f"{m} {row[f'index_{m}']:.2f} vs {row[f'null_high_{m}']:.2f} ({c})"
+            for m, c in calls.items()
         )
     return text
+
+
+@dataclass
+class SelectivityTest:
+    """One profile per head and axis against its nulls (:func:`selectivity_test`).
+
+    Attributes:
+        selectivity: ``[B, A, H]`` the profile's selectivity (row 0 observed).
+        null_mean: ``[A, H]`` the larger of the two nulls' centres (the scope's whole job's
+            selectivity; the shuffled profile's mean).
+        null_high: ``[A, H]`` the larger of the two nulls' upper ``1 - alpha`` quantiles.
+        gain: ``[A, H]`` the effect: ``selectivity - null_mean`` (observed).
+        p: ``[A, H]`` one-sided p of "more selective than both nulls" (the larger of the two).
+    """
+
+    selectivity: Float[Tensor, "B A H"]
+    null_mean: Float[Tensor, "A H"]
+    null_high: Float[Tensor, "A H"]
+    gain: Float[Tensor, "A H"]
+    p: Float[Tensor, "A H"]
+
+
+def _normal_p(difference: Tensor, sd: Tensor) -> Tensor:
+    """One-sided normal tail of ``difference / sd``; with no spread, 0 for a difference
+    above :data:`TOLERANCE` and 1 otherwise; NaN where the difference is NaN."""
+    inf = torch.full_like(difference, math.inf)
+    z = torch.where(
+        sd > 0, difference / sd.clamp(min=1e-300), torch.where(difference > TOLERANCE, inf, -inf)
+    )
+    return torch.where(difference.isnan(), math.nan, torch.special.ndtr(-z))
+
+
+def selectivity_test(
+    sel: Float[Tensor, "B A H"],
+    job_sel: Float[Tensor, "B A H"],
+    shuffled_sel: Float[Tensor, "M A H"],
+    alpha: float,
+) -> SelectivityTest:
+    """A profile's selectivity against the two nulls of the heads table, each a normal
+    approximation without a floor (so that a correction over many heads can pass one):
+
+    - the job null, paired on the bootstrap resamples: ``d_b = sel_b - job_b``, ``z = d_0 /
+      sd(d_1..)`` (a head that does its scope's job in small is not specialized);
+    - the shuffled null (the head's own damage with the values shuffled among the triples):
+      ``z = (sel_0 - mean) / sqrt(var(sel_1..) + var)`` (sampling noise of a flat profile).
+
+    ``p`` is the larger of the two (both must be beaten).
+
+    Example:
+        >>> sel = torch.tensor([0.5, 0.5, 0.5])[:, None, None]
+        >>> job = torch.tensor([0.1, 0.1, 0.1])[:, None, None]
+        >>> t = selectivity_test(sel, job, torch.zeros(4, 1, 1), alpha=0.05)
+        >>> round(float(t.gain), 6), float(t.p)
+        (0.4, 0.0)
+    """
+    sel, job_sel, shuffled_sel = sel.double(), job_sel.double(), shuffled_sel.double()
+    paired = sel - job_sel  # (B, A, H)
+    p_job = _normal_p(paired[0], paired[1:].std(0))
+    spread = (sel[1:].var(0) + shuffled_sel.var(0)).sqrt()
+    p_shuffled = _normal_p(sel[0] - shuffled_sel.mean(0), spread)
+    null_mean = torch.fmax(job_sel[0], shuffled_sel.mean(0))
+    null_high = torch.fmax(upper(job_sel, alpha), _quantile(shuffled_sel, 1 - alpha))
+    return SelectivityTest(
+        sel, null_mean, null_high, sel[0] - null_mean, torch.fmax(p_job, p_shuffled)
+    )
 
 
 def heads_rows(
@@ -291,54 +380,67 @@ def heads_rows(
     s: DivisionSettings,
     generator: torch.Generator,
 ) -> list[dict]:
-    """Columns of :attr:`DivisionResult.heads`, one dict per axis (``p_adj`` added later);
-    every axis's statistics computed at once."""
+    """Columns of :attr:`DivisionResult.heads`, one dict per axis; every axis's statistics
+    computed at once.
+
+    A head is **specialized** along an axis when its profile is significantly more selective
+    than both nulls (``p_adj < alpha``, corrected over every head and axis), by an effect of
+    at least ``min_selectivity_gain`` (``selectivity_gain``), and it spares a value (serves a
+    strict subset). A head with both a single and a kept profile must pass with both: removed
+    alone, a head can lose only the values its partners cannot cover by themselves (two exact
+    copies of a head each lose the few values half the signal misses), which says where the
+    partners fall short, not whom the head serves; kept alone, it shows what it carries.
+    """
     B, K = s.n_bootstrap, ev.n_values[:, None]  # K: (A, 1)
     means = ev.means[s.method]  # (B, A, C, K)
-    single = unit_profiles(means, configs, "single")
-    kept = unit_profiles(means, configs, "kept")
+    single = ev.kept(unit_profiles(means, configs, "single"))  # (B, A, H, K)
+    kept = ev.kept(unit_profiles(means, configs, "kept"))
     use_kept = g.kept & ~g.single
-    prof = ev.kept(torch.where(use_kept[:, None], kept, single))  # (B, A, H, K)
+    prof = torch.where(use_kept[:, None], kept, single)  # (B, A, H, K)
     defined = g.single | g.kept
+    # The job null: what the head's scope (its layer, or the model for heads kept across
+    # layers) does as a whole; a head that does that job in small is not specialized.
+    job = ev.kept(means[..., [configs.clean], :] - means[..., configs.kept_ref, :])
+    job_sel = selectivity(job, torch.ones(len(configs.pairs), dtype=torch.bool), K)
     sel = selectivity(prof, defined, K)  # (B, A, H)
+    test = selectivity_test(
+        sel, job_sel, _shuffled(ev, scores, configs, use_kept, defined, B, generator), s.alpha
+    )
+    p, gain = test.p, test.gain
+    both = g.single & g.kept
+    kept_sel = torch.full_like(sel[0], math.nan)
+    if bool(both.any()):  # a head with both profiles passes with both (docstring)
+        everywhere = torch.ones_like(use_kept)
+        own = selectivity_test(
+            selectivity(kept, g.kept, K), job_sel,
+            _shuffled(ev, scores, configs, everywhere, g.kept, B, generator), s.alpha,
+        )  # fmt: skip
+        p = torch.where(both, torch.fmax(p, own.p), p)
+        gain = torch.where(both, torch.fmin(gain, own.gain), gain)
+        kept_sel = torch.where(g.kept, own.selectivity[0], math.nan)
+    # (A, H); the frame's rows run axis by axis, heads within
+    p_adj = torch.as_tensor(adjust_pvalues(p.flatten().numpy(), s.correction)).reshape(p.shape)
     n_eff = effective_values(prof[:1], defined)[0]  # (A, H)
     low, high = interval(sel, s.alpha)
-    layer_of = [p[0] for p in configs.pairs]
-    job = means[..., [configs.clean], :] - means[..., configs.layer, :]  # (B, A, L, K)
-    every_layer = torch.ones(job.shape[-2], dtype=torch.bool)
-    job_sel = selectivity(ev.kept(job), every_layer, K)[..., layer_of]  # (B, A, H)
-    # The null: the layer's whole job's shape, and the head's own damage spread evenly over
-    # the values with its sampling noise (labels shuffled), whichever is more selective.
-    shuffled = normal_null_means(_triples(scores, configs, use_kept), ev.counts, B, generator)
-    sizes = [len(ev.value_names[a]) for a in ev.axes]
-    side_by_side = torch.cat([shuffled[a] for a in ev.axes], -1)  # (B, H, K_all)
-    shuffled = ev.kept(pad_axes(side_by_side, sizes).transpose(1, 2))  # (B, A, H, K)
-    shuffled_sel = selectivity(shuffled, defined, K)  # (B, A, H)
-    null_high = torch.fmax(upper(job_sel, s.alpha), _quantile(shuffled_sel, 1 - s.alpha))
-    with np.errstate(invalid="ignore"):
-        specialized = (low > null_high + TOLERANCE).numpy() & defined.numpy()
-    hits = (job_sel[1:] >= sel[:1] - 1e-12).double().sum(0)
-    p = torch.where(sel[0].isnan(), math.nan, (1 + hits) / (1 + B))  # (A, H)
-    observed = prof[0].clamp(min=0)  # (A, H, K)
-    largest = observed.max(-1).values
-    serves_mask = (
-        (observed >= s.serve_share * largest[..., None])
-        & (observed >= s.min_damage)
-        & ev.keep[:, None]
-    )  # (A, H, K)
+    served = _served(prof[0], ev.keep, s)  # (A, H, K)
     # Serving a subset means sparing a value: a head whose profile serves every kept value is
     # a generalist, however far from perfectly even its damage is (L0H6 of count_previous h=8:
     # selectivity 0.012, beyond a null of 0.005 on 30k triples, serves all 10 tokens).
-    specialized &= (serves_mask.sum(-1) < K).numpy()
+    spares = (served.sum(-1) < K).numpy()  # (A, H)
+    specialized = specialized_rule(defined[None].numpy(), p_adj.numpy(), gain.numpy(), spares,
+                                   s.alpha, s.min_selectivity_gain)  # fmt: skip
+    layer_of = [p[0] for p in configs.pairs]
     group_of, damage_group = _head_groups(configs, g)
     layer_total = torch.zeros(len(configs.layer), dtype=torch.float64)
     layer_total.index_add_(0, torch.tensor(layer_of), norms)
+    scope = np.where(g.kept.numpy(), np.where(configs.across, "model", "layer"), "")
     shared = {
         "head_label": np.array([head_label(*p) for p in configs.pairs], dtype=object),
         "layer": np.array(layer_of), "head": np.array([p[1] for p in configs.pairs]),
         "basis": np.where(g.single.numpy(), "single",
                           np.where(use_kept.numpy(), "kept", "")).astype(object),
-        "p_floor": 1.0 / (1 + B),
+        "kept_scope": scope.astype(object),
+        "p_floor": math.nan,  # a normal approximation: no floor
         "total_damage": g.damage_alone.numpy(), "damage_alone": g.damage_alone.numpy(),
         "loss_increase": g.loss_increase.numpy(),
         "kept_contribution": g.kept_contribution.numpy(),
@@ -350,28 +452,88 @@ def heads_rows(
     parts = []
     for a, axis in enumerate(ev.axes):
         names = ev.value_names[axis]
-        serves = [
+        values = [
             ",".join(names[v] for v in row.nonzero()[:, 0].tolist()) if ok else ""
-            for row, ok in zip(serves_mask[a], defined.tolist(), strict=True)
+            for row, ok in zip(served[a], defined.tolist(), strict=True)
         ]
         parts.append({
             **shared, "by": axis,
             "selectivity": sel[0, a].numpy(), "ci_low": low[a].numpy(),
             "ci_high": high[a].numpy(), "null_selectivity": job_sel[0, a].numpy(),
-            "null_mean": job_sel[0, a].numpy(), "null_high": null_high[a].numpy(),
+            "null_mean": test.null_mean[a].numpy(), "null_high": test.null_high[a].numpy(),
+            "selectivity_gain": gain[a].numpy(), "kept_selectivity": kept_sel[a].numpy(),
             "served_share": (n_eff[a] / K[a]).numpy(), "n_eff": n_eff[a].numpy(),
-            "serves": np.array(serves, dtype=object), "specialized": specialized[a],
-            "p": p[a].numpy(), "n_values": int(K[a]),
+            "served_values": np.array(values, dtype=object),
+            "serves": np.where(specialized[a], np.array(values, dtype=object), ""),
+            "specialized": specialized[a], "p": p[a].numpy(), "p_adj": p_adj[a].numpy(),
+            "n_values": int(K[a]),
         })  # fmt: skip
     return parts
+
+
+def specialized_rule(
+    defined: np.ndarray,
+    p_adj: np.ndarray,
+    gain: np.ndarray,
+    spares: np.ndarray,
+    alpha: float,
+    min_gain: float,
+) -> np.ndarray:
+    """The one rule of a head's **specialized** flag (arrays broadcast together): its profile
+    is defined, beats both nulls after correction (``p_adj < alpha``), by an effect of at least
+    ``min_gain`` (``selectivity_gain``), and it spares a value. The heads table decides with
+    it, and the stability check re-decides from a saved table with it.
+
+    Example:
+        >>> specialized_rule(np.array([True, True]), np.array([0.001, 0.001]),
+        ...                  np.array([0.5, 0.06]), np.array([True, True]), 0.05, 0.075)
+        array([ True, False])
+    """
+    with np.errstate(invalid="ignore"):
+        return (
+            defined.astype(bool)
+            & (np.asarray(p_adj, dtype=float) < alpha)
+            & (np.asarray(gain, dtype=float) >= min_gain - TOLERANCE)
+            & spares.astype(bool)
+        )
+
+
+def _served(observed: Float[Tensor, "A H K"], keep: Tensor, s: DivisionSettings) -> Tensor:
+    """``[A, H, K]`` the values a profile serves: damage at least ``serve_share`` of its
+    largest and at least ``min_damage``, among the kept values."""
+    observed = observed.clamp(min=0)
+    largest = observed.max(-1).values
+    return (
+        (observed >= s.serve_share * largest[..., None])
+        & (observed >= s.min_damage)
+        & keep[:, None]
+    )
+
+
+def _shuffled(
+    ev: Evidence,
+    scores: PassScores,
+    configs: Configs,
+    use_kept: Tensor,
+    defined: Tensor,
+    B: int,
+    generator: torch.Generator,
+) -> Float[Tensor, "B A H"]:
+    """The shuffled null's selectivity draws: each head's per-triple profile (kept where
+    ``use_kept``, else single) with the values shuffled among the triples
+    (:func:`~.selectivity.normal_null_means`), every axis side by side."""
+    draws = normal_null_means(_triples(scores, configs, use_kept), ev.counts, B, generator)
+    sizes = [len(ev.value_names[a]) for a in ev.axes]
+    side_by_side = torch.cat([draws[a] for a in ev.axes], -1)  # (B, H, K_all)
+    shuffled = ev.kept(pad_axes(side_by_side, sizes).transpose(1, 2))  # (B, A, H, K)
+    return selectivity(shuffled, defined, ev.n_values[:, None])
 
 
 def _triples(scores: PassScores, configs: Configs, use_kept: Tensor) -> Tensor:
     """``[H, N]`` each head's profile per triple: single damage, or kept contribution."""
     c = scores.correct
-    layer_of = [configs.layer[p[0]] for p in configs.pairs]
     single = c[configs.clean][None] - c[configs.single]
-    kept = c[configs.kept] - c[layer_of]
+    kept = c[configs.kept] - c[configs.kept_ref]
     return torch.where(use_kept[:, None], kept, single)
 
 

@@ -52,6 +52,10 @@ HEADS_COLUMNS = [
     "null_high",
     "served_share",
     "n_eff",
+    "selectivity_gain",
+    "kept_selectivity",
+    "served_values",
+    "kept_scope",
     "p_floor",
     "damage_alone",
     "damage_group",
@@ -62,9 +66,17 @@ HEADS_COLUMNS = [
 ]
 """Columns of :attr:`DivisionResult.heads`, one row per head and axis. ``selectivity`` is the
 K-invariant ``1 - n_eff / K`` on the head's ``basis`` profile, ``ci_low, ci_high`` its
-bootstrap interval; ``null_selectivity`` (= ``null_mean``) the layer's whole job's selectivity
-and ``null_high`` its upper quantile; ``specialized`` = ``ci_low > null_high``;
-``null_init_mean`` is kept NaN for old readers. ``damage_alone`` (= ``total_damage``),
+bootstrap interval; ``null_selectivity`` the selectivity of its scope's whole job (its layer's;
+the model's for a head whose ``kept_scope`` is "model"), ``null_mean`` the larger of that and
+the shuffled null's mean, ``null_high`` the larger upper quantile; ``selectivity_gain =
+selectivity - null_mean`` the effect; ``kept_selectivity`` the kept profile's selectivity where
+a head has both profiles; ``p`` (normal approximation, no floor: ``p_floor`` NaN) and ``p_adj``
+(corrected over every head and axis); ``specialized`` = ``p_adj < alpha``, ``selectivity_gain >=
+min_selectivity_gain`` and a value spared, with both profiles where a head has both;
+``served_values`` the values its profile serves (damage at least ``serve_share`` of its
+largest), ``serves`` the same where specialized and "" elsewhere; ``kept_scope`` "layer" or
+"model" (kept alone in its layer, or across layers); ``null_init_mean`` is kept NaN for old
+readers. ``damage_alone`` (= ``total_damage``),
 ``damage_group``, ``group``, ``kept_contribution``, ``write_norm`` and ``write_share`` are the
 inputs of "dead by function"."""
 INDEX_COLUMNS = [
@@ -90,6 +102,12 @@ INDEX_COLUMNS = [
     "call_mean",
     "call_zero",
     "call_resample",
+    "null_index_mean",
+    "null_index_zero",
+    "null_index_resample",
+    "null_high_mean",
+    "null_high_zero",
+    "null_high_resample",
     "index_single",
     "index_kept",
     "index_group",
@@ -100,7 +118,9 @@ INDEX_COLUMNS = [
 divided, cannot tell, method-dependent) on ``basis`` (single, kept, group; "" when no basis
 applies), ``index`` with its bootstrap ``ci_low, ci_high``, the same-function null
 (``null_index``, its upper quantile ``null_high``, ``null_index_std``), ``p`` against it with
-its floor ``p_floor``, the index and call under each method, the primary method's index on
+its floor ``p_floor``, the index and call under each method with that method's own
+same-function null (``null_index_<method>``, ``null_high_<method>``: the noisy copy scored under
+that method), the primary method's index on
 every basis, and the counts of damaging heads, heads contributing kept alone and groups.
 ``divided`` is ``call == "divided"``; ``null_init_index`` is kept NaN for old readers."""
 PROFILE_COLUMNS = [
@@ -223,7 +243,8 @@ class DivisionResult:
             if not path.is_file():  # an optional table of an older result
                 continue
             frame = pd.read_csv(path, dtype={"value": str, "unit": str})
-            for text in ("serves", "group", "basis", "reason", *(f"call_{m}" for m in METHODS)):
+            texts = ("serves", "served_values", "kept_scope", "group", "basis", "reason")
+            for text in (*texts, *(f"call_{m}" for m in METHODS)):
                 if text in frame.columns:
                     frame[text] = frame[text].fillna("").astype(str)
             tables[name] = frame

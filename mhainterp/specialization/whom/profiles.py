@@ -3,8 +3,9 @@
 One pass of the ablation engine (:func:`mhainterp.ablation.evaluate_head_sets`, per-position
 outputs) scores every configuration of :class:`Configs` at every scored (sequence, position,
 target) triple: the clean model, each head removed alone, each layer removed whole, each head
-kept alone in its layer (the rest of the layer removed) and each backed-up group removed as one
-unit. :class:`ValueMeans` turns the ``[C, N]`` correctness into per-value accuracies of every
+kept alone in its layer (the rest of the layer removed), in a model of two or more layers each
+head kept alone in the whole model and every head removed, and each backed-up group removed as
+one unit. :class:`ValueMeans` turns the ``[C, N]`` correctness into per-value accuracies of every
 axis for the observed sequences and for bootstrap resamples of them in one product (sums per
 sequence and value, then weights per sequence). :func:`noisy_copy` is the same-function null's
 model: every head's ``W_Q, W_K, W_V, W_O`` with relative Gaussian noise.
@@ -18,9 +19,10 @@ G groups.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -62,8 +64,15 @@ class Configs:
         clean: Row of the clean model.
         single: Per head, the row removing it alone.
         layer: Per layer, the row removing every head of it.
-        kept: Per head, the row keeping it alone in its layer.
+        kept: Per head, the row of its kept-alone profile: it alone in its layer (the rest of
+            the layer removed), or, for the heads :meth:`kept_across` names, it alone in the
+            whole model.
+        kept_ref: Per head, the row ``kept`` is compared with: its layer removed, or every
+            head removed (what the head alone adds above it).
         group: Per group, the row removing it.
+        kept_model: Per head, the row keeping it alone in the whole model (empty for one
+            layer, where that is ``kept``).
+        nothing: The row removing every head (None for one layer, where that is ``layer``).
     """
 
     head_sets: list[list[Pair]]
@@ -73,18 +82,46 @@ class Configs:
     single: list[int]
     layer: list[int]
     kept: list[int]
+    kept_ref: list[int]
     group: list[int]
+    kept_model: list[int] = field(default_factory=list)
+    nothing: int | None = None
+
+    def kept_across(self, heads: Sequence[bool]) -> Configs:
+        """A copy whose kept profile of each head marked in ``heads`` is taken across layers:
+        the head alone in the whole model above every head removed. A head whose layer other
+        layers back up (removing the whole layer costs nothing) adds nothing kept alone in its
+        layer; kept alone in the model, it shows what it does.
+
+        Example:
+            >>> c = build_configs(2, 1).kept_across([False, True])
+            >>> c.kept, c.kept_ref, c.kept_model, c.nothing
+            ([5, 8], [3, 9], [7, 8], 9)
+        """
+        if not self.kept_model or self.nothing is None:
+            return self
+        kept = [m if a else k for k, m, a in zip(self.kept, self.kept_model, heads, strict=True)]
+        ref = [self.nothing if a else r for r, a in zip(self.kept_ref, heads, strict=True)]
+        return dataclasses.replace(self, kept=kept, kept_ref=ref)
+
+    @property
+    def across(self) -> list[bool]:
+        """Per head, whether its kept profile is taken across layers (:meth:`kept_across`)."""
+        return [self.nothing is not None and r == self.nothing for r in self.kept_ref]
 
 
 def build_configs(n_layers: int, n_heads: int, groups: Sequence[Sequence[Pair]] = ()) -> Configs:
-    """Clean, singles, whole layers, kept-alone heads and groups, in that order.
+    """Clean, singles, whole layers, kept-alone heads (in their layer; with two or more
+    layers, then in the whole model, and every head removed) and groups, in that order.
 
     Example:
         >>> c = build_configs(1, 2, groups=[[(0, 0), (0, 1)]])
         >>> c.head_sets
         [[], [(0, 0)], [(0, 1)], [(0, 0), (0, 1)], [(0, 1)], [(0, 0)], [(0, 0), (0, 1)]]
-        >>> c.single, c.layer, c.kept, c.group
-        ([1, 2], [3], [4, 5], [6])
+        >>> c.single, c.layer, c.kept, c.kept_ref, c.group
+        ([1, 2], [3], [4, 5], [3, 3], [6])
+        >>> build_configs(2, 1).head_sets[7:]  # alone in the model; every head removed
+        [[(1, 0)], [(0, 0)], [(0, 0), (1, 0)]]
     """
     pairs = all_heads(n_layers, n_heads)
     layer_sets = [[(lay, h) for h in range(n_heads)] for lay in range(n_layers)]
@@ -92,9 +129,16 @@ def build_configs(n_layers: int, n_heads: int, groups: Sequence[Sequence[Pair]] 
     single = _append(sets, [[p] for p in pairs])
     layer = _append(sets, layer_sets)
     kept = _append(sets, [[q for q in layer_sets[p[0]] if q != p] for p in pairs])
+    kept_model: list[int] = []
+    nothing = None
+    if n_layers > 1:  # with one layer, alone in the model is alone in the layer
+        kept_model = _append(sets, [[q for q in pairs if q != p] for p in pairs])
+        nothing = _append(sets, [list(pairs)])[0]
     groups = [sorted(g) for g in groups]
     group = _append(sets, groups)
-    return Configs(sets, pairs, groups, 0, single, layer, kept, group)
+    kept_ref = [layer[p[0]] for p in pairs]
+    return Configs(sets, pairs, groups, 0, single, layer, kept, kept_ref, group, kept_model,
+                   nothing)  # fmt: skip
 
 
 def _append(sets: list[list[Pair]], more: list[list[Pair]]) -> list[int]:
@@ -198,7 +242,7 @@ def basis_rows(configs: Configs, basis: str) -> list[int]:
     if basis == "single":
         return [configs.clean, *configs.single]
     if basis == "kept":
-        return [configs.clean, *configs.layer, *configs.kept]
+        return [configs.clean, *dict.fromkeys(configs.kept_ref), *configs.kept]
     if basis == "group":
         return [configs.clean, *configs.single, *configs.group]
     return [configs.clean]
@@ -325,6 +369,14 @@ class ValueMeans:
         seen = torch.cat([w[:, :h] @ counts[:h], w[:, h:] @ counts[h:]])
         return self._padded(total, seen)
 
+    def half(self, correct: Float[Tensor, "C N"], second: bool) -> Float[Tensor, "B A C K"]:
+        """:meth:`resampled` on one half's sequences only (the first, or the ``second``): a
+        product over that half alone, for a model the null compares on that half only."""
+        sums, h = self._sums(correct), self.first_half
+        rows = slice(h, None) if second else slice(None, h)
+        w = self.weights[:, rows]
+        return self._padded(w @ sums[rows], w @ self.counts[rows])
+
     def observed(self, column: Float[Tensor, "C N"]) -> Float[Tensor, "A C K"]:
         """The mean of ``column`` per axis, configuration and value over all triples, in
         float64 (a loss: not whole numbers)."""
@@ -337,15 +389,18 @@ class ValueMeans:
         return pad_axes(means, self.sizes, dim=0).transpose(-1, -2)  # (A, C, K)
 
     def of_passes(
-        self, passes: Sequence[PassScores], split: bool = False
+        self, passes: Sequence[PassScores], split: bool = False, half: int | None = None
     ) -> list[Float[Tensor, "B A C K"]]:
-        """Per pass, :meth:`resampled` (with ``split``: :meth:`halves`) of its correctness on
-        the rows it ran (NaN in the others): every pass's rows side by side, so all of it is
-        one product."""
+        """Per pass, :meth:`resampled` (with ``split``: :meth:`halves`; with ``half`` 0 or 1:
+        :meth:`half` on the first or the second half) of its correctness on the rows it ran
+        (NaN in the others): every pass's rows side by side, so all of it is one product."""
         if not passes:
             return []
         parts = [p.correct if p.rows is None else p.correct[p.rows] for p in passes]
-        means = (self.halves if split else self.resampled)(torch.cat(parts))
+        if half is not None:
+            means = self.half(torch.cat(parts), second=bool(half))
+        else:
+            means = (self.halves if split else self.resampled)(torch.cat(parts))
         out = []
         start = 0
         for p, part in zip(passes, parts, strict=True):

@@ -34,9 +34,11 @@ DIVISION_GATES: tuple[str, ...] = (
     "alpha",
     "noise",
     "min_count",
+    "min_selectivity_gain",
+    "min_index",
 )
 """The gates :meth:`DivisionSettings.perturbations` moves x 0.8 and x 1.25."""
-_SHARES = ("serve_share", "alpha", "noise")  # capped at 1 (alpha below it)
+_SHARES = ("serve_share", "alpha", "noise", "min_selectivity_gain", "min_index")  # capped at 1
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,15 @@ class DivisionSettings:
             alone can be argmax flips at near-ties.
         min_count: Scored triples a value needs to count in the indices (10).
         serve_share: A served value's damage is at least this share of the head's largest.
+        min_selectivity_gain: The effect a head needs to be specialized along an axis: its
+            selectivity at least this much above its null's (``selectivity_gain``, 0.075):
+            significance alone is not a finding (two heads that split the target classes
+            are 0.06 more selective over positions than their layer; a head that serves 10
+            of 11 positions is 0.09 more selective than its layer's flat job).
+        min_index: The effect a split needs to be divided: a division index below this
+            (0.02, a mean cosine of 0.98 between the profiles) is no division, whatever its
+            interval; under every method, so a negligible index never makes an axis
+            "method-dependent".
         alpha: 1 - the level of every interval; the null's upper quantile is 1 - alpha.
         correction: Multiple-comparison correction of the heads' ``p_adj``.
         n_bootstrap: Bootstrap resamples of the sequences (intervals and the null's spread).
@@ -76,6 +87,8 @@ class DivisionSettings:
     min_loss_increase: float = 0.01
     min_count: int = 10
     serve_share: float = 0.5
+    min_selectivity_gain: float = 0.075
+    min_index: float = 0.02
     alpha: float = 0.05
     correction: str = "holm"
     n_bootstrap: int = 200
@@ -100,6 +113,8 @@ class DivisionSettings:
         check_float("min_loss_increase", self.min_loss_increase)
         check_int("min_count", self.min_count, minimum=1)
         check_float("serve_share", self.serve_share, minimum=0.0, maximum=1.0)
+        check_float("min_selectivity_gain", self.min_selectivity_gain, minimum=0.0, maximum=1.0)
+        check_float("min_index", self.min_index, minimum=0.0, maximum=1.0)
         check_float("alpha", self.alpha, minimum=0.0, maximum=1.0, inclusive=False)
         check_option("correction", self.correction, CORRECTIONS)
         check_int("n_bootstrap", self.n_bootstrap, minimum=10)
@@ -152,8 +167,8 @@ class DivisionSettings:
 
 
 DIVISION_DEFAULTS: dict[str, Any] = {**DivisionSettings().to_dict(), "min_gain": 0.0}
-"""The defaults as a dict. ``min_gain`` (0.0) is kept for old readers: there is no fixed effect
-gate any more, the same-function null decides."""
+"""The defaults as a dict. ``min_gain`` (0.0) is kept for old readers of rows without a call:
+the effects are now ``min_index`` (the index) and ``min_selectivity_gain`` (a head)."""
 
 _SHARED = {"alpha": "alpha", "correction": "correction", "min_damage": "min_damage",
            "seed": "seed", "ablation_method": "method", "n_eval": None}  # fmt: skip
