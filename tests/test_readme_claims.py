@@ -5,7 +5,8 @@ checked against the tables the run saves. The README claims only what held on se
 (``data/reference/quickstart/``) and on these; the pooled claims are checked on the reference
 tables and these runs together.
 
-Slow: about 5 minutes on a 2-core CPU (training, then the specialization and division tests).
+Slow: 11 min 37 s for the three tests on this project's shared 2-core machine under load
+(load average 7; the demo with its head analysis took 5 min 12 s there on a quieter machine).
 The head analysis of one run (``analysis=False``) is skipped: the section claims nothing of it.
 """
 
