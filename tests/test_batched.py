@@ -10,10 +10,17 @@ import pytest
 import torch
 
 from mhainterp.config import TrainConfig
-from mhainterp.fast.stacked import BatchDivergedError, _adamw_step, sample_many, train_many
+from mhainterp.fast.stacked import (
+    BatchDivergedError,
+    _adamw_step,
+    _label,
+    sample_many,
+    train_many,
+)
 from mhainterp.fast.stacked_forward import batched_logits, batched_loss
 from mhainterp.fast.stacked_params import StackedModels, check_batchable
-from mhainterp.tasks import get_task
+from mhainterp.runtime import model_device
+from mhainterp.tasks import get_task, list_tasks
 from mhainterp.training import TrainingDivergedError, build_model, load_run, train
 
 # b_K gets a gradient of exactly zero in exact arithmetic (softmax ignores a constant added to
@@ -257,3 +264,55 @@ def test_check_batchable_names_what_differs():
         train_many([a, copy.deepcopy(a)], task, [_config(0), _config(1, lr=1e-2)], progress=False)
     with pytest.raises(ValueError, match=r"configs is invalid: one entry per model \(2\), got 1"):
         train_many([a, copy.deepcopy(a)], task, [_config(0)], progress=False)
+
+
+# ----- devices, labels without host reads, determinism --------------------------------------------
+@pytest.mark.parametrize("name", list_tasks())
+@pytest.mark.parametrize("padded", [False, True])
+def test_labels_without_checks_equal_targets_for(name, padded):
+    """A training step labels its later batches without targets_for's data checks (they read
+    values back to the host); the labels are the same."""
+    task = get_task(name)
+    if padded:
+        if name == "induction":
+            pytest.skip("induction's blocks fill the sequence: it has no variable length")
+        task = get_task(name, min_len=task.seq_len // 2 + 1)
+    batch = task.sample(64, torch.Generator().manual_seed(0))
+    assert bool(batch.padding_mask.all()) is not padded
+    got = _label(task, batch.tokens, batch.padding_mask, checked=False)
+    expected = task.targets_for(batch.tokens, batch.padding_mask)
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_train_many_trains_where_the_models_are(tmp_path):
+    task = get_task("reverse", seq_len=6, d_vocab=4)
+    models = [
+        build_model(task, n_heads=h, seed=s, d_model=8, device="cpu") for h, s in [(1, 0), (2, 1)]
+    ]
+    configs = [_config(s, steps=4, warmup_steps=1) for s in (0, 1)]
+    runs = train_many(models, task, configs, progress=False, device=None)
+    assert [model_device(run.model).type for run in runs] == ["cpu", "cpu"]
+    models[1].to("meta")  # a model elsewhere: one line naming the devices
+    expected = (r"^models is invalid: models on one device .* got models on \['cpu', 'meta'\]; "
+                r"move them with model.to\(device\) first$")  # fmt: skip
+    with pytest.raises(ValueError, match=expected):
+        train_many(models, task, configs, progress=False)
+
+
+def test_same_seeds_give_identical_results_on_one_device(tmp_path):
+    """Determinism (issue 30): the same seeds on the same device give identical tables and
+    weights, bit for bit (here the CPU; tests/test_gpu.py does CUDA)."""
+    task = get_task("reverse", seq_len=6, d_vocab=4, min_len=3)
+    runs = [(1, 0), (4, 1), (2, 2)]
+
+    def train_once():
+        models = [build_model(task, n_heads=h, seed=s, d_model=8, device="cpu") for h, s in runs]
+        configs = [_config(s, eval_every=10) for _, s in runs]
+        return train_many(models, task, configs, progress=False)
+
+    for a, b in zip(train_once(), train_once(), strict=True):
+        pd.testing.assert_frame_equal(a.metrics, b.metrics, check_exact=True)
+        assert a.eval == b.eval
+        for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):
+            assert torch.equal(pa, pb)

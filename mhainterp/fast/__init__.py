@@ -3,7 +3,9 @@
 - :mod:`mhainterp.fast.stacked`: train many same-shaped models in one batched step
   (``train_many``; ``tests/test_batched.py`` proves logits, gradients and whole runs equal).
   Its parts: :mod:`~mhainterp.fast.stacked_params` (the ``[M, P]`` buffer, laid out from
-  ``named_parameters()``) and :mod:`~mhainterp.fast.stacked_forward` (the batched forward/loss).
+  ``named_parameters()``), :mod:`~mhainterp.fast.stacked_forward` (the batched forward/loss)
+  and :mod:`~mhainterp.fast.stacked_memory` (its device memory per model, traced on the meta
+  device). It trains on the models' device, the CPU or a GPU (``tests/test_gpu.py``).
 - :mod:`mhainterp.fast.linear_readout`: score many ablated copies through ``W_O[h] @ W_U`` when
   the readout after ``hook_z`` is linear (``tests/test_ablation.py`` proves tables equal).
 

@@ -17,15 +17,22 @@ norm, logs the same ``metrics.csv`` rows and is evaluated by the same
 fused Q/K/V/O weights have the same shape for every ``n_heads``; only the split into heads (the
 attention core) is done per head count.
 
+Devices: the group trains where its models are (``device=``). Each model's batches are drawn
+from its own CPU ``torch.Generator``, so the same seeds give the same data on every device, and
+moved once per step (pinned and asynchronous on CUDA). The step reads nothing back to the host:
+losses, their sums and the divergence flags stay on the device, and the host looks at them only
+every ``log_every`` steps, when ``metrics.csv`` gets its rows. On CUDA the matmuls run in full
+fp32 unless ``tf32=True`` (see :func:`train_many`).
+
 Shapes: M models, B batch, T positions, d d_model, h heads, P parameters per model.
 """
 
 from __future__ import annotations
 
-import math
+import contextlib
 import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +47,8 @@ from mhainterp.config import TrainConfig
 from mhainterp.fast.stacked_forward import batched_logits, batched_loss
 from mhainterp.fast.stacked_params import StackedModels, check_batchable
 from mhainterp.model import HookedMHATransformer
+from mhainterp.model.loss import IGNORE_INDEX
+from mhainterp.runtime import DRAW_DEVICE, model_device, resolve_device
 from mhainterp.tasks import Task
 from mhainterp.training import (
     Run,
@@ -80,48 +89,121 @@ class BatchDivergedError(TrainingDivergedError):
 @dataclass
 class ManyBatch:
     """Batches of ``M`` models stacked: tokens/mask/padding ``[M, B, T]``, targets
-    ``[M, B, T(, k)]``."""
+    ``[M, B, T(, k)]``; ``padded`` is False when every sequence has the full length (the
+    forward then skips the padding mask, as :func:`~mhainterp.training.train` does)."""
 
     tokens: Tensor
     targets: Tensor
     mask: Tensor
     padding_mask: Tensor
+    padded: bool = True
 
 
-def sample_many(task: Task, n: int, generators: Sequence[torch.Generator]) -> ManyBatch:
-    """One batch per generator, equal to ``task.sample(n, generator)`` for each, stacked.
+def sample_many(
+    task: Task,
+    n: int,
+    generators: Sequence[torch.Generator],
+    device: torch.device | str | None = None,
+    *,
+    checked: bool = True,
+) -> ManyBatch:
+    """One batch per generator, equal to ``task.sample(n, generator)`` for each, stacked, on
+    ``device``.
 
-    The random draws are made generator by generator, exactly as :meth:`Task.sample` makes
-    them; when the task does not override ``sample``, the (deterministic) labelling is done once
-    for all models together.
+    The random draws are made on the CPU, generator by generator, exactly as
+    :meth:`Task.sample` makes them, so the same generators give the same batch on every device;
+    the tokens are then moved once (pinned and asynchronous on CUDA). When the task does not
+    override ``sample``, the (deterministic) labelling is done once for all models together, on
+    ``device``.
+
+    Args:
+        task: The task.
+        n: Sequences per generator.
+        generators: One CPU generator per model.
+        device: Where the batch goes (None: the CPU, where it is drawn).
+        checked: Label through :meth:`Task.targets_for` with its data checks; False skips the
+            checks that read values back to the host (a training step calls them once, on its
+            first batch; see :func:`_label`).
 
     Example:
+        >>> from mhainterp.tasks import get_task
         >>> gens = [torch.Generator().manual_seed(s) for s in (0, 1)]
-        >>> sample_many(get_task("reverse"), 8, gens).tokens.shape  # doctest: +SKIP
-        torch.Size([2, 8, 16])
+        >>> batch = sample_many(get_task("reverse"), 8, gens)
+        >>> batch.tokens.shape, batch.padded
+        (torch.Size([2, 8, 16]), False)
     """
-    M = len(generators)
+    device = torch.device(DRAW_DEVICE if device is None else device)
     if type(task).sample is not Task.sample:
         batches = [task.sample(n, generator=g) for g in generators]
-        return ManyBatch(*(torch.stack([getattr(b, f) for b in batches]) for f in _BATCH_FIELDS))
-    token_rows, length_rows = [], []
-    for g in generators:
-        lengths = task.sample_lengths(n, g)  # the same draws, in the same order, as Task.sample
-        token_rows.append(task.sample_tokens(n, lengths, g).long())
-        length_rows.append(lengths)
-    tokens = torch.cat(token_rows)  # (M * n, T)
-    padding_mask = torch.arange(task.seq_len)[None, :] < torch.cat(length_rows)[:, None]
+        fields = [torch.stack([getattr(b, f) for b in batches]) for f in _BATCH_FIELDS]
+        padded = not bool(fields[-1].all())
+        return ManyBatch(*(_to_device(x, device) for x in fields), padded=padded)
+    M, T = len(generators), task.seq_len
+    tokens, lengths = _draw(task, n, generators, pin=device.type == "cuda")  # (M * n, T), (M * n,)
+    padded = task.variable_length and bool((lengths < T).any())
+    tokens, lengths = _to_device(tokens, device), _to_device(lengths, device)
+    padding_mask = torch.arange(T, device=device)[None, :] < lengths[:, None]  # (M * n, T)
     if task.pad_token is not None:
         tokens = tokens.masked_fill(~padding_mask, task.pad_token)
-    targets, mask = task.targets_for(tokens, padding_mask)
+    targets, mask = _label(task, tokens, padding_mask, checked)
 
     def split(x: Tensor) -> Tensor:
         return x.view(M, n, *x.shape[1:])
 
-    return ManyBatch(split(tokens), split(targets), split(mask), split(padding_mask))
+    return ManyBatch(split(tokens), split(targets), split(mask), split(padding_mask), padded)
 
 
 _BATCH_FIELDS = ("tokens", "targets", "mask", "padding_mask")
+
+
+def _draw(
+    task: Task, n: int, generators: Sequence[torch.Generator], pin: bool
+) -> tuple[Tensor, Tensor]:
+    """Each generator's lengths and tokens, the same draws in the same order as
+    :meth:`Task.sample`, concatenated on the CPU: ``[M * n, T]`` tokens, ``[M * n]`` lengths
+    (in pinned memory when ``pin``, so that the copy to the GPU does not wait for the host)."""
+    token_rows, length_rows = [], []
+    for g in generators:
+        lengths = task.sample_lengths(n, g)
+        token_rows.append(task.sample_tokens(n, lengths, g).long())
+        length_rows.append(lengths)
+    size = len(generators) * n
+    where = {"dtype": torch.long, "device": DRAW_DEVICE, "pin_memory": pin}
+    tokens = torch.empty((size, task.seq_len), **where)
+    lengths = torch.empty(size, **where)
+    return torch.cat(token_rows, out=tokens), torch.cat(length_rows, out=lengths)
+
+
+def _to_device(x: Tensor, device: torch.device) -> Tensor:
+    """``x`` (drawn on the CPU) on ``device``: asynchronous from pinned memory on CUDA."""
+    if x.device == device:
+        return x
+    if device.type == "cuda":
+        return (x if x.is_pinned() else x.pin_memory()).to(device, non_blocking=True)
+    return x.to(device)
+
+
+def _label(
+    task: Task, tokens: Tensor, padding_mask: Tensor, checked: bool
+) -> tuple[Tensor, Tensor]:
+    """Targets and scored mask of ``tokens``, as :meth:`Task.targets_for` returns them.
+
+    ``checked=False`` makes the same labels without ``targets_for``'s data checks (token and
+    target ranges), which read values back to the host and so would stall a GPU step: the
+    task's ``compute_targets``, the mask joined with the padding and unscored targets set to
+    ``IGNORE_INDEX``, as ``Task._label`` does (``tests/test_batched.py`` proves the two equal
+    for every built-in task). A task that overrides ``targets_for`` or ``_label`` is always
+    labelled through them.
+    """
+    own_labels = (
+        type(task).targets_for is not Task.targets_for or type(task)._label is not Task._label
+    )
+    if checked or own_labels:
+        return task.targets_for(tokens, padding_mask)
+    targets, mask = task.compute_targets(tokens, padding_mask)
+    mask = mask.bool() & padding_mask  # (N, T)
+    scored = mask if task.n_targets == 1 else mask[:, :, None].expand_as(targets)
+    return targets.long().masked_fill(~scored, IGNORE_INDEX), mask
 
 
 # ----- the optimiser -----------------------------------------------------------------------------
@@ -179,11 +261,52 @@ def _check_configs(configs: Sequence[TrainConfig]) -> TrainConfig:
     return configs[0]
 
 
-class _Group:
-    """The mutable state of one :func:`train_many` call (rows = models still training)."""
+def _training_device(
+    models: Sequence[HookedMHATransformer], device: torch.device | str | None
+) -> torch.device:
+    """Where the group trains: ``device``, or (None) where the models' parameters are; the
+    models must all be on one device either way."""
+    devices = sorted({str(model_device(model)) for model in models})
+    if len(devices) > 1:
+        raise ParameterError(
+            f"models is invalid: models on one device (a group trains in one place), got models "
+            f"on {devices}; move them with model.to(device) first"
+        )
+    return model_device(models[0]) if device is None else resolve_device(device)
 
-    def __init__(self, models, task, configs, run_dirs, order):
+
+def _sum_dtype(device: torch.device) -> torch.dtype:
+    """Loss sums in float64, as :func:`train` sums Python floats (MPS has no float64)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
+@contextlib.contextmanager
+def _matmul_tf32(device: torch.device, allow: bool) -> Iterator[None]:
+    """On CUDA, TF32 matmuls inside the block as ``allow`` says (restored after); elsewhere
+    nothing."""
+    if device.type != "cuda":
+        yield
+        return
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+class _Group:
+    """The mutable state of one :func:`train_many` call (rows = models still training).
+
+    Everything a step touches lives on the training device. A model whose loss stops being
+    finite keeps training (on its own rows: no op mixes models) until the end of the logging
+    interval, when the host looks: it then leaves with the last good weights and the message of
+    the step where its loss first went bad, as :func:`train` leaves such a model.
+    """
+
+    def __init__(self, models, task, configs, run_dirs, order, device):
         self.task = task
+        self.device = device
         self.config = configs[order[0]]
         self.index = list(order)  # row -> input index
         self.models = models
@@ -194,41 +317,89 @@ class _Group:
         self.exp_avg_sq = torch.zeros_like(self.stack.flat)
         self.generators = [torch.Generator().manual_seed(configs[i].seed) for i in order]
         self.last_good = self.stack.flat.clone()
-        self.loss_sum = torch.zeros(len(order), dtype=torch.float64)
+        M = len(order)
+        self.loss_sum = torch.zeros(M, dtype=_sum_dtype(device), device=device)
+        self.bad_step = torch.full((M,), -1, dtype=torch.long, device=device)  # -1: finite so far
+        self.bad_loss = torch.zeros(M, device=device)
         self.n_interval = 0
+        self.n_steps = 0
         self.rows: dict[int, list[dict[str, Any]]] = {i: [] for i in order}
         self.messages: dict[int, str] = {}
 
     def drop(self, keep: list[int]) -> None:
         """Keep only the given rows (models that diverged leave the group)."""
-        index = torch.as_tensor(keep, dtype=torch.long)
+        index = torch.as_tensor(keep, dtype=torch.long, device=self.device)
         self.stack = self.stack.select(keep)
-        self.exp_avg = self.exp_avg.index_select(0, index)
-        self.exp_avg_sq = self.exp_avg_sq.index_select(0, index)
-        self.last_good = self.last_good.index_select(0, index)
-        self.loss_sum = self.loss_sum.index_select(0, index)
+        for name in ("exp_avg", "exp_avg_sq", "last_good", "loss_sum", "bad_step", "bad_loss"):
+            setattr(self, name, getattr(self, name).index_select(0, index))
         self.generators = [self.generators[r] for r in keep]
         self.index = [self.index[r] for r in keep]
 
-    def diverge(self, bad: list[int], step: int, losses: list[float]) -> None:
-        """Restore the last good weights of diverged rows, save them as train() does."""
-        for row in bad:
+    def diverge(self, bad: dict[int, tuple[int, float]]) -> None:
+        """Restore the last good weights of diverged rows (row -> the step and loss where its
+        loss went bad) and save them as train() does."""
+        for row, (step, loss) in bad.items():
             i = self.index[row]
             model = self.models[i]
             self.stack.write_to(row, model, self.last_good)
             try:
                 _diverged(
-                    model,
-                    self.task,
-                    self.configs[i],
-                    self.rows[i],
-                    step,
-                    losses[row],
-                    self.run_dirs[i],
+                    model, self.task, self.configs[i], self.rows[i], step, loss, self.run_dirs[i]
                 )
             except TrainingDivergedError as error:
                 self.messages[i] = str(error)
         self.drop([r for r in range(len(self.index)) if r not in bad])
+
+    def step(self, step: int, lr: float) -> Tensor:
+        """One optimiser step of every row; returns each row's gradient norm ``[M]``, before
+        clipping. Nothing is read back to the host."""
+        config, stack = self.config, self.stack
+        # The first batch is labelled with the task's data checks; later ones skip them.
+        batch = sample_many(
+            self.task, config.batch_size, self.generators, self.device, checked=self.n_steps == 0
+        )
+        logits = batched_logits(stack, batch.tokens, batch.padding_mask if batch.padded else None)
+        losses = batched_loss(logits, batch.targets, batch.mask, stack.cfg.d_vocab_out)  # (M,)
+        self._note_bad(losses.detach(), step)
+        with warnings.catch_warnings():
+            # The gradients are row slices of one buffer (strided by design).
+            warnings.filterwarnings("ignore", message=".*gradient layout contract.*")
+            losses.sum().backward()  # rows are independent: a bad row's NaNs stay in its row
+        norms = _clip_per_model(stack.grad, config.grad_clip)
+        _adamw_step(
+            stack.flat,
+            stack.grad,
+            self.exp_avg,
+            self.exp_avg_sq,
+            step + 1,
+            lr,
+            config.betas,
+            config.weight_decay,
+        )
+        stack.grad.zero_()
+        self.loss_sum += losses.detach().to(self.loss_sum.dtype)
+        self.n_interval += 1
+        self.n_steps += 1
+        return norms
+
+    def _note_bad(self, losses: Float[Tensor, " M"], step: int) -> None:
+        """Remember, on the device, each row's first step with a loss that is not finite."""
+        first = ~losses.isfinite() & (self.bad_step < 0)
+        self.bad_step = torch.where(first, step, self.bad_step)
+        self.bad_loss = torch.where(first, losses, self.bad_loss)
+
+    def end_interval(self, step: int, lr: float, norms: Tensor) -> None:
+        """The host looks (once per ``log_every`` steps): diverged rows leave, the others get
+        their ``metrics.csv`` row (and an evaluation when ``eval_every`` says so)."""
+        first_bad = self.bad_step.tolist()
+        bad = [row for row, s in enumerate(first_bad) if s >= 0]
+        if bad:
+            losses = self.bad_loss.tolist()
+            self.diverge({row: (first_bad[row], losses[row]) for row in bad})
+            if not self.index:
+                return
+            norms = norms[[row for row in range(len(first_bad)) if row not in bad]]
+        self.log(step, lr, norms.tolist())
 
     def log(self, step: int, lr: float, norms: list[float]) -> None:
         means = (self.loss_sum / self.n_interval).tolist()
@@ -247,47 +418,6 @@ class _Group:
         self.n_interval = 0
         self.last_good.copy_(self.stack.flat)
 
-    def step(self, step: int) -> None:
-        config, stack = self.config, self.stack
-        lr = lr_at(step, config)
-        batch = sample_many(self.task, config.batch_size, self.generators)
-        logits = batched_logits(stack, batch.tokens, _padding(batch))
-        losses = batched_loss(logits, batch.targets, batch.mask, stack.cfg.d_vocab_out)
-        values = losses.tolist()
-        bad = [row for row, v in enumerate(values) if not math.isfinite(v)]
-        total = losses.sum() if not bad else torch.where(losses.isfinite(), losses, 0.0).sum()
-        with warnings.catch_warnings():
-            # The gradients are row slices of one buffer (strided by design).
-            warnings.filterwarnings("ignore", message=".*gradient layout contract.*")
-            total.backward()
-        norms = _clip_per_model(stack.grad, config.grad_clip)
-        _adamw_step(
-            stack.flat,
-            stack.grad,
-            self.exp_avg,
-            self.exp_avg_sq,
-            step + 1,
-            lr,
-            config.betas,
-            config.weight_decay,
-        )
-        stack.grad.zero_()
-        self.loss_sum += torch.tensor(values, dtype=torch.float64)
-        self.n_interval += 1
-        if bad:
-            # Like train(): the model stops at the step whose loss was not finite.
-            self.diverge(bad, step, values)
-            if not self.index:
-                return
-            norms = norms[[r for r in range(len(values)) if r not in bad]]
-        if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
-            self.log(step, lr, norms.tolist())
-
-
-def _padding(batch: ManyBatch) -> Tensor | None:
-    # Fixed-length tasks have no padding; skipping the mask keeps the fast path.
-    return None if bool(batch.padding_mask.all()) else batch.padding_mask
-
 
 def train_many(
     models: Sequence[HookedMHATransformer],
@@ -297,12 +427,15 @@ def train_many(
     run_dirs: Sequence[str | os.PathLike[str] | None] | None = None,
     progress: bool = True,
     on_step: Callable[[int], None] | None = None,
+    device: torch.device | str | None = None,
+    tf32: bool = False,
 ) -> list[Run]:
     """Train several models together; each ends as if trained alone by :func:`train`.
 
     Args:
         models: Models that fit ``task`` and differ at most in ``n_heads`` and ``seed``
-            (see :func:`check_batchable`). They are trained in place, like :func:`train` does.
+            (see :func:`check_batchable`), all on one device. They are trained in place, like
+            :func:`train` does, and handed back on the training device.
         task: The task all models learn.
         configs: One :class:`TrainConfig` per model (they may differ only in ``seed``, the
             data-order seed), or one config for all (then all models see the same data).
@@ -311,6 +444,12 @@ def train_many(
         progress: Show a tqdm progress bar.
         on_step: Called after every step with the number of models that took it (for
             progress reporting from worker processes).
+        device: Where to train (``cpu``, ``cuda``, ``cuda:N``, ``mps``, ``auto``); None: where
+            the models' parameters are. Models elsewhere are moved there first.
+        tf32: On CUDA, let the step's matmuls use TF32 (about 10 mantissa bits: logits differ
+            from fp32's by ~1e-3 relative). Off by default: these matmuls are too small for
+            the tensor cores to set the speed, and in full fp32 a CUDA run agrees with the CPU
+            run within the tolerance ``tests/test_gpu.py`` states. Evaluations are always fp32.
 
     Returns:
         One :class:`~mhainterp.training.Run` per model, in input order.
@@ -341,13 +480,17 @@ def train_many(
             raise ParameterError(
                 f"{name} is invalid: one entry per model ({len(models)}), got {len(values)}"
             )
+    device = _training_device(models, device)
     check_batchable(models)
     for model in models:
         _check_compatible(model, task)
     config = _check_configs(configs)
+    if device != model_device(models[0]):
+        for model in models:
+            model.to(device)
     # Rows sorted by head count, so each head count's attention core is one contiguous slice.
     order = sorted(range(len(models)), key=lambda i: models[i].cfg.n_heads)
-    group = _Group(models, task, configs, run_dirs, order)
+    group = _Group(models, task, configs, run_dirs, order, device)
     heads = sorted({m.cfg.n_heads for m in models})
     bar = tqdm(
         range(config.steps),
@@ -356,7 +499,11 @@ def train_many(
         leave=False,
     )
     for step in bar:
-        group.step(step)
+        lr = lr_at(step, config)
+        with _matmul_tf32(device, tf32):
+            norms = group.step(step, lr)
+        if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
+            group.end_interval(step, lr, norms)
         if on_step is not None:
             on_step(len(group.index))
         if not group.index:

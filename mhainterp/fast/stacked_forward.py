@@ -2,6 +2,10 @@
 of every model of a :class:`~mhainterp.fast.stacked_params.StackedModels` on its own batch, one
 ``bmm`` per weight for all models (a fenced copy of :meth:`HookedMHATransformer.logits`).
 
+It runs on the device of the stack's buffer. Every op is deterministic there: on CUDA the rows of
+layer 0's (token, position) table are gathered with ``F.embedding`` (its backward sums the
+gradients of repeated rows in a fixed order; ``index_select``'s accumulates them with atomics).
+
 Shapes: M models, B batch, T positions, d d_model, h heads.
 """
 
@@ -95,6 +99,23 @@ def _padded_attention(
     return z.transpose(1, 2).reshape(m, N, d)  # merge heads: (m, B * T, d)
 
 
+def _gather_rows(table: Float[Tensor, "R c"], rows: Int[Tensor, " N"]) -> Float[Tensor, "N c"]:
+    """``table[rows]``, with a backward that is deterministic on every device.
+
+    On the CPU ``index_select`` (measured faster there; its backward runs in order). Elsewhere
+    ``F.embedding``, the same gather, whose CUDA backward reduces repeated rows in a fixed
+    order: ``index_select``'s backward accumulates them with atomics, so two runs of the same
+    seeds could differ in the last bits (torch's ``use_deterministic_algorithms`` notes).
+
+    Example:
+        >>> _gather_rows(torch.arange(6.0).view(3, 2), torch.tensor([2, 0, 2])).tolist()
+        [[4.0, 5.0], [0.0, 1.0], [4.0, 5.0]]
+    """
+    if table.device.type == "cuda":
+        return F.embedding(rows, table)
+    return table.index_select(0, rows)
+
+
 def _future_mask(T: int, device: torch.device) -> Bool[Tensor, "T T"]:
     return torch.ones(T, T, dtype=torch.bool, device=device).triu(1)
 
@@ -137,7 +158,7 @@ def batched_logits(
         model_offset = torch.arange(M, device=tokens.device)[:, None, None] * (V * T)
         flat_rows = (tokens * T + positions + model_offset).reshape(-1)  # (M * B * T,)
         table = (s["embed"][:, :, None, :] + s["pos_embed"][:, None, :T, :]).reshape(M, -1, d)
-        resid = table.reshape(M * V * T, d).index_select(0, flat_rows).view(M, B * T, d)
+        resid = _gather_rows(table.reshape(M * V * T, d), flat_rows).view(M, B * T, d)
     else:
         offsets = torch.arange(M, device=tokens.device)[:, None, None] * V
         resid = F.embedding(tokens + offsets, s["embed"].reshape(M * V, d))  # (M, B, T, d)
@@ -152,7 +173,7 @@ def batched_logits(
             x = _layer_norm(x, s[p + "ln1.w"], s[p + "ln1.b"], cfg.eps)
         qkv = _linear(x, s[p + "W_qkv"], s[p + "b_qkv"])  # (M, V * T or B * T, 3d)
         if first:
-            qkv = qkv.reshape(M * V * T, 3 * d).index_select(0, flat_rows).view(M, B * T, -1)
+            qkv = _gather_rows(qkv.reshape(M * V * T, 3 * d), flat_rows).view(M, B * T, -1)
         # split (not slicing): the backward is one cat, not a zero-filled copy per group
         if padding_mask is None:
             parts = [

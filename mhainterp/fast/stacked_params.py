@@ -25,6 +25,8 @@ __all__ = ["StackedModels", "check_batchable"]
 
 # Fields that may differ between models trained together (everything else must be equal).
 _FREE_MODEL_FIELDS = ("n_heads", "d_head", "seed")
+# Not compared either: where the models are (train_many checks one device for all on its own).
+_WHERE = ("device",)
 
 # ----- parameters of M models in one buffer ------------------------------------------------------
 _FUSED_QKV = tuple(f"attn.{x}_proj.{kind}" for kind in ("weight", "bias") for x in "qkv")
@@ -89,7 +91,7 @@ def _slot_layout(cfg: ModelConfig) -> dict[str, tuple[list[str], tuple[int, ...]
 
 
 def _shape_key(cfg: ModelConfig) -> dict[str, Any]:
-    return {k: v for k, v in cfg.to_dict().items() if k not in _FREE_MODEL_FIELDS}
+    return {k: v for k, v in cfg.to_dict().items() if k not in _FREE_MODEL_FIELDS + _WHERE}
 
 
 def check_batchable(models: Sequence[HookedMHATransformer]) -> None:
