@@ -107,7 +107,7 @@ def test_sweep_prints_table_and_writes_figures(tmp_path, capsys):
     ]
     assert main(args) == 0
     printed = capsys.readouterr().out
-    assert "| n_heads | d_head |" in printed and "h=2 - h=1" in printed
+    assert "| n_heads | d_head |" in printed and "| accuracy | h=1 → 2 |" in printed
     for name in (
         "results.csv",
         "summary.md",
