@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import math
 import os
 import sys
 import time
@@ -11,20 +12,25 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 
 import mhainterp.sweep.executors as executors
+import mhainterp.sweep.run as sweep_run
 from mhainterp.config import SweepConfig, TrainConfig
-from mhainterp.io import atomic_path
-from mhainterp.sweep import EXECUTORS, plan_sweep, run_sweep
+from mhainterp.fast.stacked_memory import stacked_bytes_per_model
+from mhainterp.io import NotEnoughMemoryError, atomic_path
+from mhainterp.sweep import EXECUTORS, fastest_executor, plan_sweep, run_sweep
 from mhainterp.sweep.executors import (
     _lpt_split,
     group_specs,
     plan_chunks,
+    plan_device_groups,
     run_batched,
     run_ray,
     split_group,
     train_group,
 )
+from mhainterp.sweep.memory import device_memory, plan_group_sizes, specs_device
 
 TINY = SweepConfig(
     task="reverse",
@@ -241,3 +247,115 @@ def test_ray_killed_worker_then_rerun_completes_only_missing(
     for name, mtime in mtimes.items():
         assert (runs / name / "model.safetensors").stat().st_mtime_ns == mtime
     pd.testing.assert_frame_equal(_numbers(table), _numbers(local_table), atol=1e-5, rtol=1e-4)
+
+
+# ----- on a GPU: stacked groups sized by free memory, in this process -----------------------------
+def test_plan_group_sizes_is_the_fewest_near_equal_groups():
+    cases = {  # (runs, bytes per run, free) -> sizes; 90% of free is used
+        (9, 100, 1000): [9],
+        (10, 100, 1000): [5, 5],
+        (19, 100, 1000): [7, 6, 6],
+        (1, 900, 1000): [1],
+        (27000, 7 * 2**20, 80 * 2**30): [9000, 9000, 9000],
+    }
+    for (n, per_model, free), sizes in cases.items():
+        assert plan_group_sizes(n, per_model, free) == sizes, (n, per_model, free)
+    assert plan_group_sizes(10, 100, 1000, fixed=200) == [5, 5]  # 7 fit beside 200 fixed
+    with pytest.raises(NotEnoughMemoryError) as error:
+        plan_group_sizes(3, 2 * 2**30, 2**30, what="training one reverse run", where="cuda:0")
+    assert str(error.value) == (
+        "training one reverse run needs about 2.0 GiB of memory on cuda:0, but 921.6 MiB are "
+        "free there; lower the sizes asked for"
+    )
+
+
+def _gpu_of(monkeypatch, free: int, total: int = 80 * 2**30) -> torch.device:
+    """CUDA as the planner sees it: ``torch.cuda.mem_get_info`` says ``free`` bytes."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, total))
+    return torch.device("cuda")
+
+
+def _room_for(specs, n_models: int) -> int:
+    """Free bytes in which the plan fits exactly ``n_models`` of ``specs``' runs per group."""
+    per_model = max(stacked_bytes_per_model(s.model_config, s.train_config) for s in specs)
+    return math.ceil((n_models * per_model + executors._evaluation_bytes(specs[0])) / 0.9) + 1
+
+
+def test_device_groups_follow_the_free_memory_mem_get_info_reports(monkeypatch, tmp_path):
+    specs = plan_sweep(TINY, tmp_path, device="cpu")
+    assert device_memory(_gpu_of(monkeypatch, 123, 456)) == (123, 456)
+    for fits, sizes in ((6, [6]), (5, [3, 3]), (2, [2, 2, 2]), (1, [1] * 6)):
+        device = _gpu_of(monkeypatch, _room_for(specs, fits))
+        groups = plan_device_groups(specs, device)
+        assert [len(g) for g in groups] == sizes, fits
+        assert [s for g in groups for s in g] == specs  # every run once, in order
+    refusal = r"^training one reverse run \(h=4, batch_size=8\) in a stacked group needs about "
+    with pytest.raises(NotEnoughMemoryError, match=refusal + r".* on cuda, but"):
+        plan_device_groups(specs, _gpu_of(monkeypatch, _room_for(specs, 1) - 2))
+
+
+def _as_if_on_a_gpu(monkeypatch, free: int) -> None:
+    """The GPU path, run on the CPU: in-process stacked groups sized by ``free`` bytes, and no
+    process pool."""
+    for module in (executors, sweep_run):
+        monkeypatch.setattr(module, "trains_in_groups", lambda device: True)
+        monkeypatch.setattr(module, "device_memory", lambda device: (free, free))
+
+    def no_pool(*args, **kwargs):
+        raise AssertionError("a GPU sweep starts no process pool")
+
+    monkeypatch.setattr(executors, "_run_in_pool", no_pool)
+
+
+def test_gpu_path_trains_planned_groups_in_process_and_resumes(local_table, tmp_path, monkeypatch):
+    specs = plan_sweep(TINY, tmp_path, device="cpu")
+    _as_if_on_a_gpu(monkeypatch, _room_for(specs, 2))
+    trained: list[list[str]] = []
+    real = executors.train_group
+
+    def counting(group, progress=False, on_step=None, device=None):
+        trained.append([s.run_dir.name for s in group])
+        return real(group, progress, on_step, device)
+
+    monkeypatch.setattr(executors, "train_group", counting)
+    table = run_sweep(TINY, tmp_path, executor="auto", progress=False)  # auto: batched on a GPU
+    assert trained == [["h1_seed0", "h1_seed1"], ["h2_seed0", "h2_seed1"], ["h4_seed0", "h4_seed1"]]
+    pd.testing.assert_frame_equal(_numbers(table), _numbers(local_table), atol=1e-5, rtol=1e-4)
+    (tmp_path / "runs" / "h2_seed1" / "eval.json").unlink()  # killed before it finished
+    trained.clear()
+    resumed = run_sweep(TINY, tmp_path, executor="batched", progress=False)
+    assert trained == [["h2_seed1"]]
+    pd.testing.assert_frame_equal(_numbers(resumed), _numbers(local_table), atol=1e-5, rtol=1e-4)
+
+
+def test_gpu_path_refuses_what_cannot_fit_before_any_run_starts(tmp_path, monkeypatch):
+    specs = plan_sweep(TINY, tmp_path, device="cpu")
+    _as_if_on_a_gpu(monkeypatch, _room_for(specs, 1) - 2)
+    with pytest.raises(NotEnoughMemoryError, match="in a stacked group needs about"):
+        run_sweep(TINY, tmp_path, executor="batched", progress=False)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+def test_gpu_out_of_memory_is_one_line(tmp_path, monkeypatch):
+    specs = plan_sweep(TINY, tmp_path, device="cpu")
+    _as_if_on_a_gpu(monkeypatch, _room_for(specs, 3))
+
+    def out_of_memory(group, progress=False, on_step=None, device=None):
+        raise torch.cuda.OutOfMemoryError(
+            "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of ..."
+        )
+
+    monkeypatch.setattr(executors, "train_group", out_of_memory)
+    with pytest.raises(NotEnoughMemoryError) as error:
+        run_batched(specs, progress=False)
+    assert str(error.value) == (
+        "training a group of 3 runs ran out of memory on cpu (2.00 GiB at once); lower the "
+        "sizes asked for"
+    )
+
+
+def test_auto_executor_and_device():
+    assert fastest_executor("cpu") == (
+        "batched" if len(executors.available_cpus()) > 1 else "local"
+    )
+    assert specs_device(plan_sweep(TINY, "out", device="cpu")) == torch.device("cpu")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -197,3 +199,30 @@ def test_sweep_config_errors():
         SweepConfig(model={"n_heads": 4})
     with pytest.raises(ValueError, match="executor='nope' is invalid: one of 'auto', 'local'"):
         run_sweep(TINY, "unused", executor="nope")
+
+
+def test_a_sweep_trained_on_a_gpu_resumes_on_the_cpu(tiny_sweep, tmp_path):
+    """A run's config.json records the device it was trained on; resuming never needs it (a
+    sweep started on a GPU finishes on a CPU, and vice versa)."""
+    folder = tmp_path / "rev"
+    shutil.copytree(tiny_sweep, folder)
+    runs = sorted(run for run in (folder / "runs").iterdir() if run.is_dir())  # not the locks
+    for run in runs:  # as a GPU sweep leaves them
+        config = json.loads((run / "config.json").read_text())
+        assert config["model"]["device"] == "cpu"
+        config["model"]["device"] = "cuda:0"
+        (run / "config.json").write_text(json.dumps(config))
+    (folder / "runs" / "h2_seed0" / "eval.json").unlink()  # killed before it finished
+    kept = {run.name: (run / "model.safetensors").stat().st_mtime_ns for run in runs}
+    table = run_sweep(TINY_SWEEP, folder, executor="local", progress=False, device="cpu")
+    for run in runs:
+        retrained = (run / "model.safetensors").stat().st_mtime_ns != kept[run.name]
+        device = json.loads((run / "config.json").read_text())["model"]["device"]
+        assert (retrained, device) == (
+            (True, "cpu") if run.name == "h2_seed0" else (False, "cuda:0")
+        )
+    reference = pd.read_csv(tiny_sweep / "results.csv")
+    pd.testing.assert_frame_equal(
+        _numbers(pd.read_csv(folder / "results.csv")), _numbers(reference)
+    )
+    assert len(table) == 4

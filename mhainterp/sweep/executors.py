@@ -1,5 +1,5 @@
-"""Sweep executors beyond "local": "batched" (many runs per training step, on every CPU) and
-"ray" (runs as tasks on a Ray cluster).
+"""Sweep executors beyond "local": "batched" (many runs per training step, on every CPU, or in
+stacked groups on one GPU) and "ray" (runs as tasks on a Ray cluster).
 
 An executor is a callable ``(specs, progress) -> None`` in :data:`mhainterp.sweep.EXECUTORS`
 that leaves a finished run folder for every :class:`~mhainterp.sweep.RunSpec` (exactly what
@@ -11,7 +11,10 @@ trained on its own data stream and the table is read back from the run folders.
 - ``"batched"``: runs that share task, model shape (except ``n_heads``) and training settings
   (except the seed) are trained together by :func:`mhainterp.fast.stacked.train_many`. On a machine
   with several CPUs the models are dealt out to one worker process per CPU, each pinned to its
-  CPU with one thread (see :func:`run_batched` and ``python analysis/benchmark.py``).
+  CPU with one thread (see :func:`run_batched` and ``python analysis/benchmark.py``). On a GPU
+  (the runs' planned device, ``RunSpec.model_config.device``) there is no pool: the runs are
+  trained in this process in as few stacked groups as the device's free memory allows
+  (:func:`plan_device_groups`), one group after another.
 - ``"ray"``: each group of runs is a Ray task on an existing cluster (``address`` argument, or
   the ``MHAINTERP_RAY_ADDRESS`` environment variable, or Ray's own default). The worker sends the
   run files back and the driver writes them, so no shared file system is needed. Ray is
@@ -34,14 +37,25 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
+from mhainterp.fast.stacked_memory import stacked_bytes_per_model
 from mhainterp.io import atomic_path, remove_stale_temps
+from mhainterp.sweep.memory import (
+    device_allocation_failures,
+    device_memory,
+    plan_group_sizes,
+    specs_device,
+    trains_in_groups,
+)
 from mhainterp.sweep.spec import RunSpec, execute_run
 from mhainterp.training import RUN_FILES, TrainingDivergedError
+from mhainterp.training_memory import training_memory
 from mhainterp.validation import check_int, invalid
 
 __all__ = [
@@ -50,6 +64,7 @@ __all__ = [
     "DEFAULT_CHUNK_SIZE",
     "group_specs",
     "plan_chunks",
+    "plan_device_groups",
     "run_batched",
     "run_ray",
     "split_group",
@@ -191,15 +206,64 @@ def plan_chunks(
     return sorted(chunks, key=lambda c: -sum(_relative_cost(s) for s in c))
 
 
+def plan_device_groups(
+    specs: Sequence[RunSpec], device: torch.device, memory: tuple[int, int] | None = None
+) -> list[list[RunSpec]]:
+    """The stacked groups ``specs`` train in on a GPU: each :func:`group_specs` group, cut
+    into the fewest groups of near-equal size that fit the device's free memory (``memory``:
+    ``(free, total)`` bytes, default :func:`~mhainterp.sweep.memory.device_memory`), by the
+    stacked trainer's own estimate per model
+    (:func:`~mhainterp.fast.stacked_memory.stacked_bytes_per_model`, the costliest head count's)
+    and one model's evaluation besides.
+
+    Raises:
+        NotEnoughMemoryError: not even one run fits (one line, before any run starts).
+
+    Example:
+        >>> specs = plan_sweep(SweepConfig(seeds=list(range(30))), "out")  # doctest: +SKIP
+        >>> [len(g) for g in plan_device_groups(specs, device, (2**30, 2**30))]  # doctest: +SKIP
+        [45, 45]
+    """
+    free, _total = device_memory(device) if memory is None else memory
+    planned = []
+    for group in group_specs(specs):
+        first = group[0]
+        one_per_head_count = {spec.n_heads: spec for spec in group}.values()
+        per_model = max(
+            stacked_bytes_per_model(spec.model_config, spec.train_config)
+            for spec in one_per_head_count
+        )
+        heads = sorted({spec.n_heads for spec in group})
+        what = (f"training one {first.task_name} run (h={heads[-1]}, batch_size="
+                f"{first.train_config.batch_size}) in a stacked group")  # fmt: skip
+        sizes = plan_group_sizes(
+            len(group), per_model, free, fixed=_evaluation_bytes(first), what=what,
+            where=str(device),
+        )  # fmt: skip
+        starts = list(itertools.accumulate(sizes, initial=0))
+        planned += [list(group[a:b]) for a, b in itertools.pairwise(starts)]
+    return planned
+
+
+def _evaluation_bytes(spec: RunSpec) -> int:
+    """What a group needs besides its models: one model's evaluation on the fixed set (models
+    are evaluated one at a time, at most 1024 sequences per pass), counted as training it."""
+    train = spec.train_config
+    size = min(train.n_eval, 1024)
+    return training_memory(spec.model_config, replace(train, batch_size=size))
+
+
 # ----- training one group ------------------------------------------------------------------------
 def train_group(
     specs: Sequence[RunSpec],
     progress: bool = False,
     on_step: Callable[[int], None] | None = None,
+    device: torch.device | str | None = None,
 ) -> dict[str, str]:
     """Train runs that :func:`group_specs` put together and write their run folders.
 
-    ``on_step`` is called after every step with the number of runs that took it.
+    ``on_step`` is called after every step with the number of runs that took it. ``device``:
+    where to train (None: the runs' planned device, where their models are built).
 
     Returns:
         Run folder -> divergence message, for the runs whose loss became NaN/inf (their folders
@@ -218,6 +282,7 @@ def train_group(
             run_dirs=[spec.run_dir for spec in specs],
             progress=progress,
             on_step=on_step,
+            device=device,
         )
     except BatchDivergedError as error:
         return {str(specs[i].run_dir): message for i, message in error.messages.items()}
@@ -285,13 +350,10 @@ def _train_in_worker(specs: Sequence[RunSpec]) -> dict[str, str]:
 
 
 def _train_alone_in_worker(specs: Sequence[RunSpec]) -> dict[str, str]:
-    """One run at a time with :func:`mhainterp.training.train` (the local executor's way)."""
+    """One run at a time with :func:`mhainterp.training.train`, counting steps for the bar."""
     messages = {}
     for spec in specs:
-        try:
-            execute_run(spec)
-        except TrainingDivergedError as error:
-            messages[str(spec.run_dir)] = str(error)
+        messages.update(_train_alone([spec]))
         _count_steps(spec.train_config.steps)
     return messages
 
@@ -304,7 +366,13 @@ def run_batched(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     batch: bool = True,
 ) -> None:
-    """The "batched" executor: train groups of runs together, on every available CPU.
+    """The "batched" executor: train groups of runs together, on every available CPU, or on
+    the GPU the runs were planned for (``RunSpec.model_config.device``).
+
+    On a GPU there is no process pool: the runs are trained in this process, in the fewest
+    stacked groups that fit its free memory (:func:`plan_device_groups`; ``workers`` and
+    ``chunk_size`` do not apply), one group after another. A group's run folders are written
+    when it finishes.
 
     Args:
         specs: Runs to do.
@@ -316,17 +384,23 @@ def run_batched(
             run folders are written when it finishes, so this also bounds the work lost when
             a sweep is killed.
         batch: False trains each run alone with :func:`~mhainterp.training.train` (the local
-            executor, spread over the pinned workers); for comparison and for runs that
-            cannot be batched.
+            executor, spread over the pinned workers, or one after another on a GPU); for
+            comparison and for runs that cannot be batched.
 
     Raises:
         TrainingDivergedError: after all other runs finished, if some runs diverged.
+        NotEnoughMemoryError: on a GPU, a run that cannot fit (before any run starts), or a
+            group that ran out of memory (one line each).
 
     Example:
         >>> run_batched(plan_sweep(SweepConfig(), "runs/x"), workers=1)  # doctest: +SKIP
     """
     specs = list(specs)
     if not specs:
+        return
+    device = specs_device(specs)
+    if trains_in_groups(device):
+        _raise_diverged(_train_on_device(specs, device, progress, batch))
         return
     if workers is None:
         workers = min(len(available_cpus()), len(specs))
@@ -340,6 +414,34 @@ def run_batched(
         worker_fn = _train_in_worker if batch else _train_alone_in_worker
         messages = _run_in_pool(chunks, workers, progress, worker_fn)
     _raise_diverged(messages)
+
+
+def _train_on_device(
+    specs: Sequence[RunSpec], device: torch.device, progress: bool, batch: bool
+) -> dict[str, str]:
+    """The GPU path of :func:`run_batched`: the planned groups (or, ``batch=False``, the runs
+    one by one) in this process; an out-of-memory error is one line."""
+    chunks = plan_device_groups(specs, device) if batch else [[spec] for spec in specs]
+    messages: dict[str, str] = {}
+    desc = f"sweep (batched, {device}, {len(chunks)} groups)"
+    for chunk in tqdm(chunks, desc=desc, disable=not progress or len(chunks) < 2, leave=False):
+        with device_allocation_failures(f"training a group of {len(chunk)} runs", device):
+            if batch:
+                messages.update(train_group(chunk, progress=progress, device=device))
+            else:
+                messages.update(_train_alone(chunk))
+    return messages
+
+
+def _train_alone(specs: Sequence[RunSpec]) -> dict[str, str]:
+    """One run at a time with :func:`mhainterp.training.train` (the local executor's way)."""
+    messages = {}
+    for spec in specs:
+        try:
+            execute_run(spec)
+        except TrainingDivergedError as error:
+            messages[str(spec.run_dir)] = str(error)
+    return messages
 
 
 def _mp_context() -> Any:

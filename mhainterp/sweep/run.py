@@ -45,9 +45,10 @@ from mhainterp.runs import (
     relative_run_dir,
     run_status,
 )
-from mhainterp.runtime import terminate_as_interrupt
+from mhainterp.runtime import resolve_device, terminate_as_interrupt
 from mhainterp.sweep import fork_safety  # noqa: F401  (forked workers: a tqdm lock of their own)
-from mhainterp.sweep.executors import available_cpus, run_batched, run_ray
+from mhainterp.sweep.executors import available_cpus, plan_device_groups, run_batched, run_ray
+from mhainterp.sweep.memory import device_memory, plan_group_sizes, trains_in_groups
 from mhainterp.sweep.spec import RunSpec, execute_run, plan_sweep
 from mhainterp.training import (
     load_run,
@@ -73,7 +74,8 @@ def _run_local(specs: Sequence[RunSpec], progress: bool) -> None:
 
 
 def _run_batched(specs: Sequence[RunSpec], progress: bool) -> None:
-    """Several runs per step, one pinned worker per CPU (:mod:`mhainterp.sweep.executors`)."""
+    """Several runs per step: one pinned worker per CPU, or stacked groups on a GPU
+    (:mod:`mhainterp.sweep.executors`)."""
     run_batched(specs, progress)
 
 
@@ -91,9 +93,18 @@ EXECUTORS: dict[str, Callable[[Sequence[RunSpec], bool], None]] = {
 Executor = Literal["auto", "local", "batched", "ray"]
 
 
-def fastest_executor() -> str:
-    """The executor ``"auto"`` means on this machine: ``"batched"`` (measured 1.9x the local
-    loop on 2 cores, README "Performance"), or ``"local"`` where only one CPU is usable."""
+def fastest_executor(device: Any = None) -> str:
+    """The executor ``"auto"`` means for runs on ``device`` (None: ``auto``,
+    :func:`mhainterp.runtime.resolve_device`): ``"batched"`` on a GPU (stacked groups sized by
+    its memory) and on a CPU with several cores (measured 1.9x the local loop on 2 cores,
+    README "Performance"), ``"local"`` where only one CPU is usable.
+
+    Example:
+        >>> fastest_executor("cpu") in ("batched", "local")
+        True
+    """
+    if trains_in_groups(resolve_device(device)):
+        return "batched"
     return "batched" if len(available_cpus()) > 1 else "local"
 
 
@@ -124,6 +135,7 @@ def run_sweep(
     *,
     executor: Executor = "auto",
     progress: bool = True,
+    device: Any = None,
     **config_fields: Any,
 ) -> pd.DataFrame:
     """Run (or resume) the head-count experiment and return its per-run table.
@@ -135,6 +147,11 @@ def run_sweep(
             :func:`fastest_executor`), or one of :data:`EXECUTORS`. The table does not depend on
             it (tested).
         progress: Show progress bars.
+        device: Where the runs train: ``auto`` or None (``$MHAINTERP_DEVICE``, else CUDA when
+            available, else the CPU; :func:`mhainterp.runtime.resolve_device`), ``cpu``,
+            ``cuda``, ``cuda:N``, ``mps``. Each run's ``config.json`` records it; a sweep
+            started on one device resumes on another. On a GPU the "batched" executor trains
+            every run in as few stacked groups as its free memory allows, in this process.
         **config_fields: ``SweepConfig`` fields when ``config`` is a task name.
 
     Returns:
@@ -153,24 +170,44 @@ def run_sweep(
     elif config_fields:
         raise TypeError("pass either a SweepConfig or a task name with keywords, not both")
     check_option("executor", executor, ("auto", *EXECUTORS))
+    device = resolve_device(config.model.get("device", "auto") if device is None else device)
     if executor == "auto":
-        executor = fastest_executor()
+        executor = fastest_executor(device)
     out_dir = Path(out_dir) if out_dir is not None else Path("runs") / config.task
     _check_same_sweep(out_dir, config)
     ensure_writable_dir(out_dir, "sweep folder")
     write_json(out_dir / "sweep.json", config.to_dict())
-    specs = plan_sweep(config, out_dir)
+    specs = plan_sweep(config, out_dir, device=device)
     _refuse_foreign_runs(specs)
-    for spec in specs:  # a size that cannot fit: one line before any run starts
-        if run_status(spec.run_dir) != "finished":
-            needed = training_memory(spec.model_config, spec.train_config)
-            require_memory(needed, training_what(spec.model_config, spec.train_config))
+    # a size that cannot fit: one line before any run starts
+    _check_memory([s for s in specs if run_status(s.run_dir) != "finished"], executor, device)
     with terminate_as_interrupt():  # SIGTERM (kill, timeout, Slurm) ends it as Ctrl-C does
         _train_missing(specs, executor, progress, _SweepLog(out_dir / "sweep.log"))
     results = collect_results(specs)
     stored = results.assign(run_dir=[relative_run_dir(spec.run_dir, out_dir) for spec in specs])
     write_csv(out_dir / "results.csv", stored)
     return results
+
+
+def _check_memory(specs: Sequence[RunSpec], executor: str, device: Any) -> None:
+    """Refuse, in one line, runs that cannot fit: on a GPU the "batched" executor's group plan
+    (:func:`~mhainterp.sweep.executors.plan_device_groups`) or, for one run at a time, one
+    run's training against the device's free memory; on the CPU each run's training against
+    the host's."""
+    if not specs:
+        return
+    if not trains_in_groups(device):
+        for spec in specs:
+            needed = training_memory(spec.model_config, spec.train_config)
+            require_memory(needed, training_what(spec.model_config, spec.train_config))
+    elif executor == "batched":
+        plan_device_groups(specs, device)
+    else:
+        free, _total = device_memory(device)
+        for spec in specs:
+            needed = training_memory(spec.model_config, spec.train_config)
+            what = training_what(spec.model_config, spec.train_config)
+            plan_group_sizes(1, needed, free, what=what, where=str(device))
 
 
 def _refuse_foreign_runs(specs: Sequence[RunSpec]) -> None:
@@ -283,7 +320,7 @@ def collect_results(specs: Sequence[RunSpec]) -> pd.DataFrame:
     for spec in specs:
         if not is_finished_run(spec.run_dir):
             raise FileNotFoundError(f"run {spec.run_dir} did not finish; rerun the sweep")
-        run = load_run(spec.run_dir, verify=False)
+        run = load_run(spec.run_dir, verify=False, device="cpu")  # a table, read on the CPU
         saved, cfg = read_eval(spec.run_dir, require=("final_train_loss",)), spec.model_config
         row = {
             "task": spec.task_name,

@@ -6,9 +6,12 @@ share these, so they live below both: the executors never import the sweep that 
 
 Example:
     >>> from mhainterp.config import SweepConfig
-    >>> specs = plan_sweep(SweepConfig(task="reverse", n_heads=[1, 2], seeds=[0]), "out")
+    >>> config = SweepConfig(task="reverse", n_heads=[1, 2], seeds=[0])
+    >>> specs = plan_sweep(config, "out", device="cpu")
     >>> [(spec.n_heads, spec.seed, spec.run_dir.as_posix()) for spec in specs]
     [(1, 0, 'out/runs/h1_seed0'), (2, 0, 'out/runs/h2_seed0')]
+    >>> specs[0].model_config.device
+    'cpu'
 """
 
 from __future__ import annotations
@@ -48,15 +51,26 @@ class RunSpec:
         return get_task(self.task_name, **self.task_params)
 
 
-def plan_sweep(config: SweepConfig, out_dir: str | os.PathLike[str]) -> list[RunSpec]:
-    """The runs of a sweep, head count major, then seed."""
+def plan_sweep(
+    config: SweepConfig, out_dir: str | os.PathLike[str], *, device: Any = None
+) -> list[RunSpec]:
+    """The runs of a sweep, head count major, then seed, each to be trained on ``device``.
+
+    Args:
+        config: The sweep.
+        out_dir: The sweep folder.
+        device: Where the runs train, recorded in each run's ``ModelConfig.device`` (so in its
+            ``config.json``; loading and resuming never need it). None: the sweep's
+            ``model["device"]`` if it names one, else ``auto``
+            (:func:`mhainterp.runtime.resolve_device`).
+    """
     out_dir = Path(out_dir)
     task = get_task(config.task, **config.task_params)
+    where = str(resolve_device(config.model.get("device", "auto") if device is None else device))
     specs = []
     for n_heads in config.n_heads:
         for seed in config.seeds:
-            device = str(resolve_device("auto"))  # recorded in each run's config
-            model_kwargs = {**task.model_kwargs(), "device": device, **config.model}
+            model_kwargs = {**task.model_kwargs(), **config.model, "device": where}
             model_config = ModelConfig(**{**model_kwargs, "n_heads": n_heads, "seed": seed})
             train_config = TrainConfig.from_dict({**config.train.to_dict(), "seed": seed})
             specs.append(
