@@ -34,6 +34,12 @@ Measures, side by side in one process, with interleaved repeats and medians:
    ``--explore-loads`` busy processes; ``ratio`` = the 200 ms budget / the median (> 1: within
    it). ``analysis/bench_explore.py`` measures the rest (HTTP, browser, start-up, page weight).
 7. ``job`` (optional, ``--job-demo`` or ``--job CMD``): wall time and peak memory of a command.
+8. ``gpu`` (opt-in, ``--sections gpu``; CUDA only, else one row saying it was skipped): the
+   stacked trainer :func:`~mhainterp.fast.stacked.train_many` on CUDA against its own
+   plain-torch reference (:class:`ReferenceStack`: every model's weights stacked on a leading
+   axis, fused AdamW, fp32 with TF32 matmuls, eager), model-steps/s at h = 1 and 8 and 90 and
+   900 models, in interleaved rounds; ``ratio`` = ours / the reference's (>= 1 is the target of
+   issue 30). Ours is timed in full fp32 and with TF32.
 
 Writes ``bench.csv`` (one row per measurement) and ``bench.md`` to ``--out``. Ratios are the
 claims; absolute times depend on the machine and on what else runs on it (the load average
@@ -46,6 +52,7 @@ Example:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -59,7 +66,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -117,6 +124,9 @@ class BenchSettings:
         boot_native: Include TransformerLens's boot_native rows.
         explore_loads: Busy processes beside the explorer clicks, one row each (0: idle).
         explore_clicks: Clicks per explorer row.
+        gpu_heads: Head counts of the ``gpu`` section.
+        gpu_models: Group sizes (models trained together) of the ``gpu`` section.
+        gpu_repeats: Interleaved rounds of the ``gpu`` section.
     """
 
     steps: int = 100
@@ -132,11 +142,15 @@ class BenchSettings:
     boot_native: bool = True
     explore_loads: tuple[int, ...] = (0, 4, 8)
     explore_clicks: int = 40
+    gpu_heads: tuple[int, ...] = (1, 8)
+    gpu_models: tuple[int, ...] = (90, 900)
+    gpu_repeats: int = 3
 
     @classmethod
     def quick(cls, **overrides: Any) -> BenchSettings:
         """Tiny sizes for a smoke test (numbers are not meaningful)."""
-        quick = cls(steps=4, repeats=2, n_eval=64, explore_loads=(0,), explore_clicks=4)
+        quick = cls(steps=4, repeats=2, n_eval=64, explore_loads=(0,), explore_clicks=4,
+                    gpu_heads=(1,), gpu_models=(4,), gpu_repeats=1)  # fmt: skip
         return replace(quick, **overrides)
 
 
@@ -225,8 +239,10 @@ def _models(heads: Sequence[int], seeds: int) -> list[Any]:
     from mhainterp.training import build_model
 
     task = _task()
-    return [
-        build_model(task, d_model=D_MODEL, n_heads=h, seed=s) for h in heads for s in range(seeds)
+    return [  # on the CPU, as the seed's reference they are measured against
+        build_model(task, d_model=D_MODEL, n_heads=h, seed=s, device="cpu")
+        for h in heads
+        for s in range(seeds)
     ]
 
 
@@ -261,7 +277,7 @@ def _time_executor(
         seeds=list(range(seeds)), model={"d_model": D_MODEL}, train=_train_config(steps),
     )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="mhainterp-bench-") as tmp:
-        specs = plan_sweep(config, tmp)
+        specs = plan_sweep(config, tmp, device="cpu")  # the CPU executor: a pool of workers
         start = time.perf_counter()
         run_batched(specs, progress=False, workers=workers, batch=batch)
         return time.perf_counter() - start
@@ -907,6 +923,207 @@ def _explore_rows(settings: BenchSettings, echo: Callable) -> list[dict]:
     return rows
 
 
+# ----- (8) gpu: the stacked trainer against a plain-torch reference ------------------------------
+GPU_WARMUP_STEPS = 10
+"""Steps each gpu case trains before its timed steps (CUDA's lazy start, the allocator's first
+blocks, the first batch's checked labelling)."""
+
+
+class ReferenceStack(nn.Module):
+    """The plain-torch stacked trainer the ``gpu`` section measures ours against (issue 30):
+    ``n_models`` one-layer, attention-only, causal models of the standard shape (d_model 64, 16
+    positions, vocabulary 10, learned positions, no LayerNorm), every weight stacked on a
+    leading model axis; trained by :func:`reference_stack_step` with ``torch.optim.AdamW``
+    (fused on CUDA), fp32 with TF32 matmuls, eager, no tuning. Its fused Q/K/V columns are
+    ``[q | k | v]``, each split into heads as the model's are, so ours and it compute the same
+    function of the same weights (``tests/test_bench.py``).
+
+    Example:
+        >>> model = ReferenceStack(2, n_heads=4, device=torch.device("cpu"))
+        >>> model(torch.zeros(2, 3, SEQ_LEN, dtype=torch.long)).shape
+        torch.Size([2, 3, 16, 16])
+    """
+
+    def __init__(self, n_models: int, n_heads: int, device: torch.device, seed: int = 0):
+        super().__init__()
+        M, d, T = n_models, D_MODEL, SEQ_LEN
+        generator = torch.Generator().manual_seed(seed)
+
+        def weight(*shape: int, scale: float) -> nn.Parameter:
+            values = torch.randn(M, *shape, generator=generator) * scale
+            return nn.Parameter(values.to(device))
+
+        def bias(size: int) -> nn.Parameter:
+            return nn.Parameter(torch.zeros(M, 1, size, device=device))
+
+        self.n_heads = n_heads
+        self.embed = weight(D_VOCAB, d, scale=1.0)  # [M, V, d]
+        self.pos = weight(T, d, scale=1.0)  # [M, T, d]
+        self.W_qkv, self.b_qkv = weight(d, 3 * d, scale=d**-0.5), bias(3 * d)  # [M, d, 3d]
+        self.W_O, self.b_O = weight(d, d, scale=d**-0.5), bias(d)
+        self.W_U, self.b_U = weight(d, T, scale=d**-0.5), bias(T)  # count_previous: T classes
+        self.register_buffer("future", torch.ones(T, T, dtype=torch.bool, device=device).triu(1))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``[M, B, T]`` tokens -> ``[M, B, T, n_classes]`` logits, model ``m`` on batch ``m``."""
+        M, B, T = tokens.shape
+        d, h = D_MODEL, self.n_heads
+        models = torch.arange(M, device=tokens.device)[:, None, None]
+        x = (self.embed[models, tokens] + self.pos[:, None, :T]).reshape(M, B * T, d)
+        qkv = torch.baddbmm(self.b_qkv, x, self.W_qkv)  # [M, B * T, 3d]
+        q, k, v = qkv.view(M * B, T, 3, h, d // h).permute(2, 0, 3, 1, 4)  # [M * B, h, T, dh]
+        scores = q @ k.transpose(-1, -2) / math.sqrt(d // h)  # [M * B, h, T, T]
+        pattern = torch.softmax(scores.masked_fill(self.future[:T, :T], float("-inf")), dim=-1)
+        z = (pattern @ v).transpose(1, 2).reshape(M, B * T, d)
+        x = x + torch.baddbmm(self.b_O, z, self.W_O)
+        return torch.baddbmm(self.b_U, x, self.W_U).view(M, B, T, -1)
+
+
+def reference_stack_batch(
+    n_models: int, generator: torch.Generator, batch: int = BATCH
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count_previous`` batches for the reference, drawn where ``generator`` lives (the
+    plain way: one ``randint`` for all models on the GPU): tokens and targets ``[M, B, T]``,
+    the target at ``t`` the number of earlier positions holding the token at ``t``."""
+    shape = (n_models, batch, SEQ_LEN)
+    tokens = torch.randint(0, D_VOCAB, shape, generator=generator, device=generator.device)
+    earlier = torch.ones(SEQ_LEN, SEQ_LEN, dtype=torch.bool, device=tokens.device).tril(-1)
+    targets = ((tokens[..., :, None] == tokens[..., None, :]) & earlier).sum(-1)
+    return tokens, targets
+
+
+def reference_stack_step(
+    model: ReferenceStack, optimizer: torch.optim.Optimizer, generator: torch.Generator
+) -> None:
+    """One training step of every model of the reference: each model's mean cross-entropy,
+    summed, backward, AdamW."""
+    tokens, targets = reference_stack_batch(model.embed.shape[0], generator)
+    logits = model(tokens)
+    losses = F.cross_entropy(logits.flatten(0, 2), targets.flatten(), reduction="none")
+    optimizer.zero_grad(set_to_none=True)
+    losses.view(len(tokens), -1).mean(1).sum().backward()
+    optimizer.step()
+
+
+@contextlib.contextmanager
+def _tf32(device: torch.device, allow: bool) -> Iterator[None]:
+    """TF32 matmuls on CUDA inside the block (restored after)."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow and device.type == "cuda"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _time_reference_stack(n_heads: int, n_models: int, steps: int, device: torch.device) -> float:
+    """Model-steps/s of :class:`ReferenceStack` over ``steps`` timed steps."""
+    model = ReferenceStack(n_models, n_heads, device)
+    fused = {"fused": True} if device.type == "cuda" else {}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, **fused)
+    generator = torch.Generator(device=device).manual_seed(0)
+    with _tf32(device, True):
+        for _ in range(GPU_WARMUP_STEPS):
+            reference_stack_step(model, optimizer, generator)
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            reference_stack_step(model, optimizer, generator)
+        _sync(device)
+    return n_models * steps / (time.perf_counter() - start)
+
+
+def _time_stacked(
+    n_heads: int, n_models: int, steps: int, device: torch.device, tf32: bool
+) -> float:
+    """Model-steps/s of :func:`~mhainterp.fast.stacked.train_many` over ``steps`` timed steps
+    (after :data:`GPU_WARMUP_STEPS`; its set-up, final evaluation and saving are not timed,
+    its logging every 50 steps is)."""
+    from mhainterp.config import TrainConfig
+    from mhainterp.fast.stacked import train_many
+    from mhainterp.training import build_model
+
+    task = _task()
+    models = [
+        build_model(task, d_model=D_MODEL, n_heads=n_heads, seed=s, device=device)
+        for s in range(n_models)
+    ]
+    total = GPU_WARMUP_STEPS + steps
+    configs = [TrainConfig(steps=total, seed=s, warmup_steps=0, n_eval=64) for s in range(n_models)]
+    marks: list[float] = []
+
+    def on_step(_: int) -> None:
+        marks.append(0.0)
+        if len(marks) in (GPU_WARMUP_STEPS, total):
+            _sync(device)
+            marks[-1] = time.perf_counter()
+
+    train_many(models, task, configs, progress=False, on_step=on_step, device=device, tf32=tf32)
+    return n_models * steps / (marks[total - 1] - marks[GPU_WARMUP_STEPS - 1])
+
+
+def gpu_measure(
+    device: torch.device,
+    heads: Sequence[int],
+    n_models: Sequence[int],
+    steps: int,
+    repeats: int,
+    echo: Callable[[str], None] = lambda text: None,
+) -> list[dict]:
+    """The ``gpu`` rows: for each head count and group size, the reference, ``train_many``
+    in fp32 and ``train_many`` with TF32, in interleaved rounds; medians, and each one's ratio
+    to the reference's (> 1: faster)."""
+    cases = [
+        (h, m, name)
+        for h in heads
+        for m in n_models
+        for name in ("reference_stack", "train_many", "train_many_tf32")
+    ]
+    samples: dict[tuple, list[float]] = {case: [] for case in cases}
+    for r in range(repeats):
+        for h, m, name in cases:
+            if name == "reference_stack":
+                value = _time_reference_stack(h, m, steps, device)
+            else:
+                value = _time_stacked(h, m, steps, device, tf32=name.endswith("tf32"))
+            samples[(h, m, name)].append(value)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        echo(f"gpu round {r + 1}/{repeats} done")
+    return _gpu_table(samples, device, steps)
+
+
+def _gpu_table(samples: dict[tuple, list[float]], device: torch.device, steps: int) -> list[dict]:
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+    rows = []
+    for (h, m, name), values in samples.items():
+        case = _Case("gpu", name, (h,), m, m * steps, torch.get_num_threads(), lambda k: 0.0)
+        tf32 = "TF32 matmuls" if name != "train_many" else "fp32 matmuls (no TF32)"
+        note = f"{where}; {steps} timed steps after {GPU_WARMUP_STEPS}; {tf32}"
+        row = _row(case, statistics.median(values), "model-steps/s", len(values), note)
+        reference = statistics.median(samples[(h, m, "reference_stack")])
+        row["ratio"], row["ratio_to"] = row["value"] / reference, "reference_stack"
+        rows.append(row)
+    return rows
+
+
+def _gpu_rows(settings: BenchSettings, echo: Callable) -> list[dict]:
+    """The ``gpu`` section on CUDA; without it, one row that says the section was skipped."""
+    if not torch.cuda.is_available():
+        case = _Case("gpu", "skipped", (), 0, 0, 0, lambda k: 0.0)
+        note = "skipped: no CUDA device here (torch.cuda.is_available() is False)"
+        echo(f"gpu section {note}")
+        return [_row(case, float("nan"), "model-steps/s", 0, note)]
+    device = torch.device("cuda")
+    steps, repeats = settings.steps, settings.gpu_repeats
+    return gpu_measure(device, settings.gpu_heads, settings.gpu_models, steps, repeats, echo)
+
+
 def _job_rows(command: list[str]) -> list[dict]:
     result = _run_job(command)
     case = _Case("job", "command", (), 0, 0, torch.get_num_threads(), lambda k: 0.0)
@@ -969,6 +1186,8 @@ def run_bench(
         rows += _real_rows(settings, threads, echo)
     if "explore" in settings.sections:  # not in the default sections: it spins busy processes
         rows += _explore_rows(settings, echo)
+    if "gpu" in settings.sections:  # not in the default sections: CUDA only
+        rows += _gpu_rows(settings, echo)
     if settings.job:
         rows += _job_rows(settings.job)
     return pd.DataFrame(rows + notes, columns=COLUMNS)
@@ -1035,7 +1254,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--sections", default=None,
         help="comma-separated subset of train,peak,cache,ablation,engine,division (default: "
-        "all), or explore, real (opt-in)",
+        "all), or explore, real, gpu (opt-in)",
     )  # fmt: skip
     parser.add_argument(
         "--explore-loads", default=None,
@@ -1064,7 +1283,8 @@ def settings_from_args(args: argparse.Namespace, out: Path) -> BenchSettings:
             overrides[name] = value
     if args.sections:
         sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
-        allowed = {"train", "peak", "cache", "ablation", "engine", "division", "real", "explore"}
+        allowed = {"train", "peak", "cache", "ablation", "engine", "division", "real", "explore",
+                   "gpu"}  # fmt: skip
         unknown = sorted(set(sections) - allowed)
         if unknown:
             raise ValueError(
@@ -1112,6 +1332,8 @@ examples:
   python analysis/benchmark.py --sections train --steps 300    only training throughput, longer
   python analysis/benchmark.py --sections explore --out runs/bench_explore   explorer clicks, busy
   python analysis/benchmark.py --job-demo --out runs/bench     also time `mhainterp demo`
+  python analysis/benchmark.py --sections gpu --out runs/bench_gpu   train_many on CUDA vs a
+                                                               plain-torch stacked trainer
 """
 
 

@@ -168,3 +168,69 @@ def test_script_writes_the_table_and_the_markdown(tmp_path, capsys):
     table = pd.read_csv(tmp_path / "bench.csv")
     assert table.case.tolist() == ["forward", "run_with_cache_patterns"]
     assert (tmp_path / "bench.md").read_text().startswith("# mhainterp benchmark")
+
+
+# ----- the gpu section: its plain-torch reference runs here too -----------------------------------
+def _reference_from(models) -> "bench.ReferenceStack":
+    """A :class:`ReferenceStack` holding our models' weights (nn.Linear weights transposed)."""
+    reference = bench.ReferenceStack(len(models), models[0].cfg.n_heads, torch.device("cpu"))
+    stacked = {
+        "embed": [m.embed.weight for m in models],
+        "pos": [m.pos_embed.weight for m in models],
+        "W_qkv": [torch.cat([m.blocks[0].attn.get_submodule(f"{x}_proj").weight for x in "qkv"]).T
+                  for m in models],
+        "b_qkv": [torch.cat([m.blocks[0].attn.get_submodule(f"{x}_proj").bias for x in "qkv"])[None]
+                  for m in models],
+        "W_O": [m.blocks[0].attn.o_proj.weight.T for m in models],
+        "b_O": [m.blocks[0].attn.o_proj.bias[None] for m in models],
+        "W_U": [m.unembed.weight.T for m in models],
+        "b_U": [m.unembed.bias[None] for m in models],
+    }  # fmt: skip
+    with torch.no_grad():
+        for name, values in stacked.items():
+            getattr(reference, name).copy_(torch.stack(values))
+    return reference
+
+
+@pytest.mark.parametrize("n_heads", [1, 8])
+def test_reference_stack_computes_our_models_function(n_heads):
+    from mhainterp.training import build_model
+
+    task = bench._task()
+    models = [build_model(task, d_model=bench.D_MODEL, n_heads=n_heads, seed=s, device="cpu")
+              for s in (0, 1)]  # fmt: skip
+    tokens = torch.stack([task.sample(3, torch.Generator().manual_seed(s)).tokens for s in (0, 1)])
+    with torch.no_grad():
+        got = _reference_from(models)(tokens)
+        for i, model in enumerate(models):
+            torch.testing.assert_close(got[i], model.logits(tokens[i]), atol=1e-5, rtol=1e-5)
+
+
+def test_reference_stack_batches_are_the_tasks_labels():
+    tokens, targets = bench.reference_stack_batch(2, torch.Generator().manual_seed(0), batch=5)
+    assert tokens.shape == targets.shape == (2, 5, bench.SEQ_LEN)
+    expected, mask = bench._task().targets_for(tokens.flatten(0, 1))
+    assert bool(mask.all())  # count_previous scores every position, as the reference does
+    assert torch.equal(targets.flatten(0, 1), expected)
+
+
+def test_gpu_section_runs_here_at_tiny_size_and_is_skipped_without_cuda(monkeypatch):
+    # The measuring code is the CUDA code (device-agnostic torch); tiny sizes on the CPU.
+    rows = bench.gpu_measure(torch.device("cpu"), heads=(2,), n_models=(2,), steps=2, repeats=1)
+    assert [r["case"] for r in rows] == ["reference_stack", "train_many", "train_many_tf32"]
+    assert all(math.isfinite(r["value"]) and r["value"] > 0 for r in rows)
+    assert rows[0]["ratio"] == 1.0 and {r["ratio_to"] for r in rows} == {"reference_stack"}
+    assert [(r["n_heads"], r["n_models"], r["unit"]) for r in rows] == [
+        ("2", 2, "model-steps/s")
+    ] * 3
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    (skipped,) = bench._gpu_rows(BenchSettings(sections=("gpu",)), lambda text: None)
+    assert skipped["case"] == "skipped" and math.isnan(skipped["value"])
+    assert skipped["note"] == "skipped: no CUDA device here (torch.cuda.is_available() is False)"
+
+
+def test_gpu_section_is_opt_in_with_the_issues_sizes(tmp_path):
+    assert "gpu" not in BenchSettings().sections
+    settings = bench.settings_from_args(_args(tmp_path, "--sections", "gpu"), tmp_path)
+    assert settings.sections == ("gpu",)
+    assert (settings.gpu_heads, settings.gpu_models) == ((1, 8), (90, 900))
