@@ -12,7 +12,7 @@ TORCH  ?= torch==2.13.0
 OUT    ?= runs/quickstart
 BIN    := $(VENV)/bin
 
-.PHONY: setup demo test test-all lint clean-venv
+.PHONY: setup demo test test-all test-gpu lint clean-venv
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ test: setup
 test-all: setup
 	$(BIN)/python -m pytest -q -m "not signals" -n auto --dist loadfile
 	$(BIN)/python -m pytest -q -m signals
+
+# The tests marked `cuda` (the GPU trainer and sweep, the device twins of the CPU tests): run them
+# on a machine with a CUDA GPU. Without one they skip, so CI (no GPU) never runs them.
+test-gpu: setup
+	$(BIN)/python -m pytest -q -m cuda
 
 lint: setup
 	$(BIN)/ruff check mhainterp analysis tests
