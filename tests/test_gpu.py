@@ -22,6 +22,7 @@ import torch
 import mhainterp.sweep.executors as executors
 from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.fast.stacked import _Group, train_many
+from mhainterp.fast.stacked_memory import stacked_bytes_per_model
 from mhainterp.runtime import model_device
 from mhainterp.sweep import plan_sweep, run_sweep
 from mhainterp.tasks import get_task
@@ -114,6 +115,25 @@ def test_tf32_is_only_inside_the_trainer():
     runs = _train(task, {"d_model": 16}, "cuda", tf32=True)
     assert torch.backends.cuda.matmul.allow_tf32 == before
     assert all(run.eval["status"] == "finished" for run in runs)
+
+
+@pytest.mark.parametrize("n_heads", [1, 8])
+def test_the_memory_estimate_bounds_what_a_group_allocates(n_heads):
+    """The plan's bytes per model (:func:`stacked_bytes_per_model`) are an upper bound of what
+    a stacked group allocates per model on the GPU, and not a loose one."""
+    task = get_task("count_previous", seq_len=16, d_vocab=10)
+    n_models = 64
+    models = [build_model(task, d_model=64, n_heads=n_heads, seed=s, device="cuda")
+              for s in range(n_models)]  # fmt: skip
+    configs = [TrainConfig(steps=3, warmup_steps=0, n_eval=64, seed=s) for s in range(n_models)]
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    train_many(models, task, configs, progress=False)
+    peak = torch.cuda.max_memory_allocated() - base
+    estimate = n_models * stacked_bytes_per_model(models[0].cfg, configs[0])
+    assert peak <= estimate
+    assert estimate <= 4 * peak
 
 
 TINY = SweepConfig(
