@@ -46,6 +46,7 @@ from mhainterp.io import read_json, write_csv, write_json
 from mhainterp.validation import check_option
 
 __all__ = [
+    "CHECKPOINT_FILE",
     "ANALYSIS_DIR",
     "RESULTS_FILE",
     "RUN_FILES",
@@ -75,6 +76,9 @@ __all__ = [
 ]
 
 RUN_FILES = ("config.json", "model.safetensors", "metrics.csv", "eval.json")
+CHECKPOINT_FILE = "checkpoint.pt"
+"""An unfinished run's training state (weights, optimizer, data generator, curve so far), which
+``train`` resumes from; removed when the run finishes."""
 SWEEP_FILE = "sweep.json"
 RESULTS_FILE = "results.csv"
 ANALYSIS_DIR = "analysis"

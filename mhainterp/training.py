@@ -16,6 +16,7 @@ import functools
 import json
 import math
 import os
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from mhainterp.io import (
 )
 from mhainterp.model import HookedMHATransformer
 from mhainterp.runs import (
+    CHECKPOINT_FILE,
     METRIC_COLUMNS,
     RUN_FILES,
     RunFolderError,
@@ -250,11 +252,16 @@ def train(
     run_dir: str | os.PathLike[str] | None = None,
     progress: bool = True,
     threads: int | None = None,
+    resume: bool = True,
 ) -> Run:
     """Train ``model`` on fresh batches of ``task`` with AdamW; evaluate; optionally save.
 
     The data order comes from ``config.seed`` alone (a ``torch.Generator``); the initial weights
     from ``model.cfg.seed``. The same two seeds give identical loss curves and weights.
+
+    With ``run_dir``, an interrupted run resumes: every :data:`CHECKPOINT_SECONDS` (at a logged
+    step) the training state is saved to ``run_dir/checkpoint.pt``, and a later ``train`` of
+    the same run continues from it, to the same weights and curve as an uninterrupted run.
 
     Args:
         model: A model that fits the task (see :func:`build_model`).
@@ -265,6 +272,8 @@ def train(
         threads: torch threads while training (restored afterwards); None:
             ``$MHAINTERP_THREADS``, else :data:`mhainterp.runtime.DEFAULT_THREADS` (1), as the
             sweep executors' workers use; 0 keeps torch's current setting.
+        resume: Continue from ``run_dir``'s checkpoint of this very run, if there is one
+            (False: start over; ``mhainterp train --overwrite``).
 
     Raises:
         TrainingDivergedError: the loss became NaN/inf. The model is restored to the last good
@@ -286,7 +295,7 @@ def train(
         ensure_writable_dir(run_dir, "run folder")
     require_memory(training_memory(model.cfg, config), training_what(model.cfg, config))
     with work_threads(threads):
-        return _train(model, task, config, run_dir, progress)
+        return _train(model, task, config, run_dir, progress, resume)
 
 
 def _train(
@@ -295,6 +304,7 @@ def _train(
     config: TrainConfig,
     run_dir: str | os.PathLike[str] | None,
     progress: bool,
+    resume: bool = True,
 ) -> Run:
     """The training loop of :func:`train` (arguments checked there)."""
     generator = torch.Generator().manual_seed(config.seed)  # data drawn on the CPU, then moved
@@ -302,15 +312,23 @@ def _train(
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
     )
-    model.train()
+    checkpoint = None if run_dir is None else Checkpoint(Path(run_dir), model, task, config)
     rows: list[dict[str, Any]] = []
+    start = 0
+    if checkpoint is not None:
+        checkpoint.begin()  # config.json first: the folder reads as this run, unfinished
+        if resume:
+            start, rows = checkpoint.restore(optimizer, generator)
+    model.train()
     interval_losses: list[float] = []
     last_good = _snapshot(model)
     bar = tqdm(
-        range(config.steps),
+        range(start, config.steps),
         desc=f"train {task.name} h={model.cfg.n_heads}",
         disable=not progress,
         leave=False,
+        initial=start,
+        total=config.steps,
     )
     for step in bar:
         lr = lr_at(step, config)
@@ -348,6 +366,8 @@ def _train(
             bar.set_postfix(loss=f"{row['loss']:.3f}")
             interval_losses = []
             last_good = _snapshot(model)
+            if checkpoint is not None and step + 1 < config.steps:
+                checkpoint.save_if_due(step + 1, optimizer, generator, rows)
     model.eval()
     metrics_df = pd.DataFrame(rows)
     eval_metrics = evaluate(model, task, n_eval=config.n_eval)
@@ -356,7 +376,92 @@ def _train(
     saved = None
     if run_dir is not None:
         saved = save_run(model, task, run_dir, config, metrics_df, eval_metrics)
+        checkpoint.remove()  # finished: eval.json says so, nothing to resume
     return Run(saved, model, task, model.cfg, config, metrics_df, eval_metrics)
+
+
+CHECKPOINT_SECONDS = 30.0
+"""How often :func:`train` saves its state for a resume (at the first logged step after this
+many seconds): at most this much training is lost to an interruption, and a run shorter than
+this writes no checkpoint at all."""
+
+
+class Checkpoint:
+    """The training state of one run in ``run_dir/checkpoint.pt``: weights, optimizer moments,
+    the data generator's state and the curve so far, with the run's config, so that a resumed
+    run ends equal to an uninterrupted one. Written atomically; read back with
+    ``torch.load(weights_only=True)`` (tensors, numbers and strings only). A checkpoint of
+    another run is ignored and replaced; a damaged one is refused, naming the file.
+    """
+
+    def __init__(self, run_dir: Path, model: HookedMHATransformer, task: Task, config: TrainConfig):
+        self.path = run_dir / CHECKPOINT_FILE
+        self.run_dir, self.model, self.task, self.config = run_dir, model, task, config
+        self.saved_at = time.monotonic()
+
+    def begin(self) -> None:
+        """Write ``config.json`` (unless it already records this run)."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not saved_config_matches(self.run_dir, self.model, self.task, self.config):
+            write_json(self.run_dir / "config.json", run_config(self.model, self.task, self.config))
+
+    def restore(self, optimizer: Any, generator: torch.Generator) -> tuple[int, list[dict]]:
+        """Load this run's checkpoint into the model, optimizer and generator; ``(step, rows)``
+        to continue from, ``(0, [])`` when there is none (or it is another run's)."""
+        if not self.path.is_file():
+            return 0, []
+        try:
+            state = torch.load(self.path, map_location="cpu", weights_only=True)
+        except Exception as error:  # truncated, not a torch file, foreign objects
+            raise RunFolderError(
+                f"{self.path} is damaged ({type(error).__name__}); delete it to train the run "
+                "from the start"
+            ) from None
+        if state.get("config") != self._config():
+            return 0, []  # another run's: this one starts over and replaces it
+        self.model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        generator.set_state(state["generator"])
+        return int(state["step"]), list(state["rows"])
+
+    def save_if_due(
+        self, step: int, optimizer: Any, generator: torch.Generator, rows: list
+    ) -> None:
+        """Save the state after ``step`` if :data:`CHECKPOINT_SECONDS` have passed."""
+        if time.monotonic() - self.saved_at < CHECKPOINT_SECONDS:
+            return
+        state = {
+            "format": 1,
+            "config": self._config(),
+            "step": step,
+            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            "optimizer": _to_cpu(optimizer.state_dict()),
+            "generator": generator.get_state(),
+            "rows": rows,
+        }
+        with atomic_path(self.path) as tmp:
+            torch.save(state, tmp)
+        self.saved_at = time.monotonic()
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    def _config(self) -> str:
+        """The run's config as it is compared (without where it trains): a JSON string."""
+        config = run_config(self.model, self.task, self.config)
+        return json.dumps(_what_the_run_is(json.loads(json.dumps(config, default=list))),
+                          sort_keys=True)  # fmt: skip
+
+
+def _to_cpu(value: Any) -> Any:
+    """An optimizer state dict with every tensor on the CPU (a checkpoint loads anywhere)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {k: _to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_cpu(v) for v in value)
+    return value
 
 
 def _snapshot(model: HookedMHATransformer) -> dict[str, torch.Tensor]:

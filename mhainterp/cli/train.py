@@ -79,7 +79,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
             "it); to replace it, add --overwrite",
         )
     with run_lock(out):  # a sweep or another train writing this folder is refused
-        result = train(model, task, config, run_dir=out, progress=not args.quiet)
+        result = train(
+            model, task, config, run_dir=out, progress=not args.quiet, resume=not args.overwrite
+        )
     print(f"trained {task.name} h={args.n_heads} seed={args.seed} -> {result.path}")
     print_eval(result.eval)
     return 0
