@@ -165,7 +165,7 @@ def measure_division(grid: Grid, out: Path, results: pd.DataFrame) -> pd.DataFra
         key = (row["task"], int(row["n_heads"]), int(row["seed"]))
         if key in finished:
             continue
-        run = load_run(out / row["sweep"] / row["run_dir"])
+        run = load_run(row["run_dir"])  # read_results gives paths usable from here
         index = division_of_labour(run.model, run.task, n_eval=N_EVAL_DIVISION).index
         rows.append(index.assign(task=key[0], n_heads=key[1], seed=key[2])[DIVISION_COLUMNS].copy())
         count += 1
