@@ -102,7 +102,8 @@ def test_specialization_study_plan(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_head_count_study_writes_its_answer_and_resumes(tmp_path, monkeypatch):
     study = _load("head_count_study")
-    args = ["--out", str(tmp_path), "--tasks", "reverse", "--n-heads", "1,2", "--seeds", "0-2",
+    monkeypatch.chdir(tmp_path.parent)  # a relative --out, as users give it
+    args = ["--out", tmp_path.name, "--tasks", "reverse", "--n-heads", "1,2", "--seeds", "0-2",
             "--steps", "6", "--verdict-seeds", "2", "--executor", "local", "--quiet"]  # fmt: skip
     assert study.main(args) == 0
     results = pd.read_csv(tmp_path / "reverse" / "results.csv")
