@@ -766,6 +766,122 @@ def test_ablator_cache_is_a_bounded_lru(task):
         Ablator(model, task, n_eval=64, cache_size=0)
 
 
+def test_cached_results_own_their_storage_and_stay_under_the_byte_bound(task):
+    """Memory over distinct head sets: an entry of a batched pass (the single heads) used to be
+    a view of the whole pass's [16, n, T, k] tensors, so one recent single head kept all 16
+    alive; and 128 entries of a large batch had no bound in bytes."""
+    from mhainterp.ablation import Ablator
+
+    model = build_model(task, n_heads=16, seed=4)
+    entry_bytes = 512 * 16 * (4 + 1 + 8)  # nll float32, correct bool, prediction int64
+    ablator = Ablator(model, task, n_eval=512, cache_bytes=10 * entry_bytes)
+    ablator.precompute([[label] for label in ablator.valid_heads])  # one pass of 16 copies
+    info = ablator.cache_info()
+    assert (info["entries"], info["bytes"]) == (10, 10 * entry_bytes)  # the 10 newest
+    scores = ablator.position_scores(["L0H15"])
+    assert scores.nll.untyped_storage().nbytes() == 512 * 16 * 4  # its own row, not all 16
+    labels = ablator.valid_heads
+    for i in range(40):  # distinct sets, one pass each
+        ablator.set(labels[: 1 + i % 16] if i < 16 else [labels[i % 16], labels[(i + 3) % 16]])
+        ablator.evaluate()
+        ablator.position_scores()
+        assert ablator.cache_info()["bytes"] <= 10 * entry_bytes
+    with pytest.raises(ValueError, match="cache_bytes=-1"):
+        Ablator(model, task, n_eval=64, cache_bytes=-1)
+
+
+def test_a_sweep_keeps_the_sessions_of_the_last_runs_shown_and_restores_a_dropped_one(
+    sweep_dir, monkeypatch
+):
+    """Every opened run's session (model, batch, cached results) used to be kept: memory grew
+    with every run picked. A dropped run opens again with the heads it had ablated."""
+    import mhainterp.explore.app as app
+
+    monkeypatch.setattr(app, "OPEN_RUNS", 1)
+    explorer = Explorer.from_path(sweep_dir, n_eval=64)  # opens h3_seed1, the largest h
+    explorer.handle("toggle", {"head": "L0H2"})
+    first = explorer.session
+    explorer.handle("run", {"run": "h2_seed0"})
+    assert list(explorer._opened) == ["h2_seed0"]  # h3_seed1's session is dropped
+    state = explorer.handle("run", {"run": "h3_seed1"})
+    assert explorer.session is not first and state["view"]["ablated"] == ["L0H2"]
+    assert state["view"]["metrics"] == first.metrics()  # the same numbers as before
+
+
+def test_a_nan_or_infinity_anywhere_in_saved_results_is_not_measured_and_serves_200(tmp_path, task):
+    """NaN and infinities in every saved table the explorer reads: the page's state and a
+    click answer 200 with strict JSON (JSON has no NaN), the values null ("not measured" on
+    the page), through the loading server as the command builds it and through the widget's
+    messages (which used to carry NaN through, and the page's JSON.parse then failed)."""
+    from mhainterp.explore.server import ExplorerLoader, ServerThread, build_app
+
+    run = make_run(tmp_path / "h3_seed0", handbuilt_model(["previous", "uniform", "dead"]), task)
+    analysis = run / "analysis"
+    analysis.mkdir(exist_ok=True)
+    heads, nan, inf = ["L0H0", "L0H1", "L0H2"], float("nan"), float("inf")
+    pd.DataFrame(
+        [{"head_label": h, "method": m, "delta_accuracy": value}
+         for m in ("zero", "mean", "resample") for h, value in zip(heads, [nan, -inf, 0.0])]
+    ).to_csv(analysis / "ablation_importance.csv", index=False)  # fmt: skip
+    pd.DataFrame({"head_label": heads, "label": ["previous", nan, "dead"],
+                  "finding": [nan, "looks at no known relation", nan]}).to_csv(
+        analysis / "specialization_heads.csv", index=False)  # fmt: skip
+    division = {"head_label": ["L0H0", "L0H1"], "by": "token", "selectivity": [nan, inf],
+                "null_mean": nan, "p_adj": [nan, 1.0], "specialized": [nan, False],
+                "serves": [nan, "3,4"]}  # fmt: skip
+    pd.DataFrame(division).to_csv(analysis / "division_heads.csv", index=False)
+
+    def strict(body):
+        return json.loads(body, parse_constant=lambda name: pytest.fail(f"{name} in the JSON"))
+
+    loader = ExplorerLoader(lambda: Explorer.from_path(run, n_eval=N_EVAL), what="h3_seed0")
+    assert loader.start().wait(60) and loader.error is None
+    with ServerThread(build_app(loader)) as running:
+        status, body = _get(running.port, "/api/state")
+        assert status == 200
+        state = strict(body)
+        toggled = _get(running.port, "/api/toggle", "POST", json.dumps({"head": "L0H0"}))
+    assert state["view"]["importance"] == {"L0H0": None, "L0H1": None, "L0H2": 0.0}
+    assert [h["role"] for h in state["heads"]] == ["previous", None, "dead"]
+    assert [h["finding"] for h in state["heads"]] == [None, "looks at no known relation", None]
+    assert state["heads"][0]["division"] == [{"by": "token", "selectivity": None,
+        "null_mean": None, "p_adj": None, "specialized": None, "serves": None}]  # fmt: skip
+    assert state["heads"][1]["division"][0]["selectivity"] is None
+    assert toggled[0] == 200 and strict(toggled[1])["ablated"] == ["L0H0"]
+    reply = answer_message(loader.explorer, {"id": 7, "action": "state"})
+    assert reply["status"] == 200
+    assert strict(json.dumps(reply))["body"]["view"]["importance"]["L0H0"] is None
+
+
+def test_one_clean_forward_at_start_serves_every_first_layer(monkeypatch):
+    """The start used to score the clean model twice (totals, then per position), and the
+    first click on each new first layer ran a clean forward up to it (SmolLM2: a forward per
+    layer clicked first). One clean forward now keeps every layer's prefix."""
+    import mhainterp.ablation.engine as engine
+    import mhainterp.ablation.interactive as interactive
+
+    task = get_task("reverse")
+    model = build_model(task, n_heads=4, n_layers=3, seed=5)
+    passes, prefixes = [], []
+    real_pass, real_prefixes = interactive.run_masks, engine._clean_prefixes
+
+    def counted_pass(*args, **options):
+        passes.append(1)
+        return real_pass(*args, **options)
+
+    def counted_prefixes(m, part, layers):
+        prefixes.append(list(layers))
+        return real_prefixes(m, part, layers)
+
+    monkeypatch.setattr(interactive, "run_masks", counted_pass)
+    monkeypatch.setattr(engine, "_clean_prefixes", counted_prefixes)
+    session = ExploreSession(model, task, n_eval=N_EVAL)
+    assert len(passes) == 1 and prefixes == [[0, 1, 2]]
+    for head in ("L2H0", "L1H3", "L0H1"):
+        session.toggle(head).metrics()
+    assert prefixes == [[0, 1, 2]]  # no clean forward of its own for any click
+
+
 @pytest.mark.parametrize("method", ["zero", "resample"])
 def test_kept_clean_prefixes_give_the_engines_numbers(method):
     """Clicks reuse the clean prefix of each first ablated layer; every number still equals a

@@ -361,6 +361,8 @@ def run_masks(
                     prefixes.clear()
                 wanted = sorted({f for f, _, a, b in jobs if (a, b) == (s0, s1)
                                  and (f, s0, s1) not in prefixes})  # fmt: skip
+                if cache is not None and cache.every_layer:
+                    wanted = [f for f in range(model.cfg.n_layers) if (f, s0, s1) not in prefixes]
                 known = replacement.reference_prefix
                 found = known.prefixes_of(part, wanted) if known is not None else None
                 if found is None:

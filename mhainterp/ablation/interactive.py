@@ -33,14 +33,18 @@ from mhainterp.runtime import eval_mode
 from mhainterp.scoring import PositionScores, Totals, metric_names
 from mhainterp.validation import check_int
 
-__all__ = ["DEFAULT_CACHE_SIZE", "Ablator"]
+__all__ = ["DEFAULT_CACHE_BYTES", "DEFAULT_CACHE_SIZE", "Ablator"]
 
 _RESAMPLE_SEED = 0
 
 DEFAULT_CACHE_SIZE = 128
 """Configurations (method, heads) whose results an :class:`Ablator` keeps, least recently used
 dropped first. An entry with per-position scores holds ``n x T x k`` losses, correctness and
-predictions: about 0.2 MB at 1,024 sequences x 16 positions x 1 target, so at most ~27 MB."""
+predictions: about 0.2 MB at 1,024 sequences x 16 positions x 1 target (~27 MB for 128)."""
+
+DEFAULT_CACHE_BYTES = 64 * 2**20
+"""Bytes of scores an :class:`Ablator` keeps at most, whatever the entry count: 128 entries of
+8,192 sequences would be 218 MB, so a larger batch keeps fewer configurations."""
 
 _Key = tuple[str, tuple[tuple[int, int], ...]]
 
@@ -51,6 +55,14 @@ class _Entry:
 
     totals: Totals
     scores: PositionScores | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of its per-position tensors (each owns its storage, see ``Ablator._run``)."""
+        if self.scores is None:
+            return 0
+        parts = (self.scores.nll, self.scores.correct, self.scores.predictions)
+        return sum(part.untyped_storage().nbytes() for part in parts)
 
 
 class Ablator:
@@ -75,6 +87,8 @@ class Ablator:
         generator: Resample permutation (seed 0 when None).
         n_eval: Size of a Task's evaluation set.
         cache_size: Configurations kept (least recently used dropped first).
+        cache_bytes: Bytes of per-position scores kept at most (the least recently used
+            entries dropped first; the newest is always kept).
         metric: Score outputs with this hook instead of cross-entropy against the targets
             (e.g. a :class:`~mhainterp.scoring.CleanOutputMetric` for an embedding model; see
             :func:`~mhainterp.ablation.engine.run_masks`); its damage is the "loss".
@@ -101,12 +115,14 @@ class Ablator:
         generator: torch.Generator | None = None,
         n_eval: int = DEFAULT_N_EVAL,
         cache_size: int = DEFAULT_CACHE_SIZE,
+        cache_bytes: int = DEFAULT_CACHE_BYTES,
         metric: Any = None,
     ) -> None:
         self.model = model
         self.metric = metric
         self._method = check_method(method)
         self.cache_size = check_int("cache_size", cache_size, minimum=1)
+        self.cache_bytes = check_int("cache_bytes", cache_bytes, minimum=0)
         self.batch_ = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
         self.target_names_ = target_names(data, model.cfg.n_targets)
         self._reference = (
@@ -119,11 +135,13 @@ class Ablator:
         self._seed_state = generator.get_state()
         self._replacements: dict[str, Replacement] = {}
         self._cache: OrderedDict[_Key, _Entry] = OrderedDict()
-        self._clean = CleanCache()  # clean prefixes, kept across clicks
+        self._cached_bytes = 0
+        # Every layer's clean prefix from the first clean forward: a click starts at any layer
+        self._clean = CleanCache(every_layer=True)
         self._heads: list[tuple[int, int]] = []
-        self.baseline_ = self._entry(self._key("zero", ()), per_position=False).totals.metrics(
-            self.target_names_
-        )[0]
+        # Per position at once: the views read the clean scores too (a second clean forward)
+        clean = self._entry(self._key("zero", ()), per_position=True)
+        self.baseline_ = clean.totals.metrics(self.target_names_)[0]
 
     # -- state ---------------------------------------------------------------------------------
     @property
@@ -272,10 +290,12 @@ class Ablator:
         )
 
     def cache_info(self) -> dict[str, int]:
-        """``{"entries", "with_scores", "cache_size"}``: what the LRU cache holds now."""
+        """``{"entries", "with_scores", "bytes", "cache_size", "cache_bytes"}``: what the LRU
+        cache holds now (``bytes``: its per-position tensors) and its bounds."""
         with_scores = sum(entry.scores is not None for entry in self._cache.values())
         return {"entries": len(self._cache), "with_scores": with_scores,
-                "cache_size": self.cache_size}  # fmt: skip
+                "bytes": self._cached_bytes, "cache_size": self.cache_size,
+                "cache_bytes": self.cache_bytes}  # fmt: skip
 
     def __repr__(self) -> str:
         heads = ", ".join(self.heads) or "none"
@@ -316,14 +336,19 @@ class Ablator:
             totals = Totals(sums.loss_sum[c : c + 1], sums.correct[c : c + 1], sums.scored)
             entry = _Entry(totals)
             if scores is not None:
-                entry.scores = PositionScores(
-                    nll=scores.nll[c], correct=scores.correct[c],
-                    predictions=scores.predictions[c], scored=scores.scored,
-                )  # fmt: skip
-            self._cache[key] = entry
-            self._cache.move_to_end(key)
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
+                entry.scores = _own_scores(scores, c, len(keys))
+            self._store(key, entry)
+
+    def _store(self, key: _Key, entry: _Entry) -> None:
+        """Keep ``entry`` as the newest; drop the least recently used beyond either bound."""
+        old = self._cache.pop(key, None)
+        self._cached_bytes += entry.nbytes - (old.nbytes if old is not None else 0)
+        self._cache[key] = entry
+        while len(self._cache) > 1 and (
+            len(self._cache) > self.cache_size or self._cached_bytes > self.cache_bytes
+        ):
+            _, dropped = self._cache.popitem(last=False)
+            self._cached_bytes -= dropped.nbytes
 
     def _replacement(self, method: str) -> Replacement:
         if method == "none":
@@ -335,6 +360,19 @@ class Ablator:
                 self.model, method, self._reference, generator
             )
         return self._replacements[method]
+
+
+def _own_scores(scores: PositionScores, c: int, n_configs: int) -> PositionScores:
+    """Configuration ``c`` of a pass's scores in storage of its own.
+
+    A view of one row would keep the whole pass's ``[C, n, T, k]`` tensors alive as long as
+    any of its configurations stays cached (C times the bytes the LRU counts).
+    """
+    own = (lambda t: t[c].clone()) if n_configs > 1 else (lambda t: t[c])
+    return PositionScores(
+        nll=own(scores.nll), correct=own(scores.correct),
+        predictions=own(scores.predictions), scored=scores.scored,
+    )  # fmt: skip
 
 
 def _replace_z(

@@ -233,6 +233,9 @@ class CleanCache:
     # (per layer ``[rows, h, T, T]``), kept when asked for (0: not kept)
     pattern_rows: int = 0
     patterns: list[Tensor] | None = None
+    # Take every layer's clean prefix from a chunk's first clean forward (an Ablator's clicks
+    # start at any layer; without it each new first layer costs a clean forward of its own)
+    every_layer: bool = False
 
 
 def build_replacement(

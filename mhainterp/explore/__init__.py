@@ -20,6 +20,8 @@ Modules, each with one job::
     text.py      what differs on real text: the text axes, tokens as strings
     runs.py      which runs a folder holds
     server.py    Starlette app and socket binding (the CLI, tests)
+    wire.py      strict JSON for the page (NaN and infinity as null, "not measured")
+    memory.py    hands freed memory back to the system between clicks
     widget.py    the anywidget notebook view
     assets/      index.html, explorer.js (one ES module for both views), explorer.css
 

@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,12 @@ import torch
 from mhainterp.ablation import METHODS
 from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.explore import TEXT_N_EVAL
+from mhainterp.explore.memory import release_free_memory
 from mhainterp.explore.results import SavedResults
 from mhainterp.explore.runs import RunEntry, default_run, explorable_runs
 from mhainterp.explore.session import ExploreSession
 from mhainterp.explore.text import AXIS_TITLES
+from mhainterp.explore.wire import json_ready
 from mhainterp.heads import head_label
 from mhainterp.runtime import work_threads
 from mhainterp.validation import check_int, invalid
@@ -45,6 +48,12 @@ LOSS_NAMES = {
     "embedding": "embedding damage (1 − cos)",
 }
 """What the page calls the session's loss, by model objective."""
+
+OPEN_RUNS = 3
+"""Runs of a sweep whose sessions (model, batch, cached results) are kept; opening another
+drops the least recently shown one, remembering its ablated heads. Each session
+holds up to :data:`~mhainterp.ablation.interactive.DEFAULT_CACHE_BYTES` of results and its
+model's clean activations, so keeping every run of a 9-run sweep made memory grow per run."""
 
 
 class BadRequestError(ValueError):
@@ -93,7 +102,8 @@ class Explorer:
         self.n_eval = n_eval
         self._method = method
         self._generator = torch.Generator().manual_seed(seed)
-        self._opened: dict[str, _Opened] = {}
+        self._opened: OrderedDict[str, _Opened] = OrderedDict()
+        self._closed: dict[str, list[str]] = {}  # run -> its ablated heads when dropped
         self._current: _Opened | None = None
         self._example = 0
         self.threads = threads
@@ -177,12 +187,14 @@ class Explorer:
         return self._current.session
 
     def open(self, run_id: str) -> None:
-        """Show run ``run_id`` (loaded once, then kept with its ablated heads)."""
+        """Show run ``run_id``: its session is kept with its ablated heads (the
+        :data:`OPEN_RUNS` most recently shown; an older one is loaded again, same heads)."""
         from mhainterp.training import load_run
 
         if run_id not in self.runs:
             raise BadRequestError(f"run={run_id!r} is invalid: one of {', '.join(self.runs)}")
         if run_id in self._opened:
+            self._opened.move_to_end(run_id)
             self._current = self._opened[run_id]
             self._current.session.method = self._method
             self._example = 0
@@ -197,6 +209,7 @@ class Explorer:
                     "its files)"
                 ) from None
             session = ExploreSession(run.model, run.task, n_eval=self.n_eval, method=self._method)
+        session.set(self._closed.pop(run_id, []))  # as it was left when its session was dropped
         self._install(run_id, run.task.name, session, SavedResults.load(entry.path))
 
     def _install(
@@ -207,6 +220,9 @@ class Explorer:
         opened = _Opened(name, task, session, saved, thumbnails, note)
         self._opened[name] = self._current = opened
         self._example = 0
+        while len(self._opened) > OPEN_RUNS:
+            dropped, old = self._opened.popitem(last=False)
+            self._closed[dropped] = old.session.heads
 
     # -- requests ------------------------------------------------------------------------------
     def handle(self, action: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -215,7 +231,9 @@ class Explorer:
         if action not in ACTIONS:
             raise BadRequestError(f"action={action!r} is invalid: one of {', '.join(ACTIONS)}")
         with work_threads(self.threads):
-            return self._handle(action, body)
+            answer = self._handle(action, body)
+        release_free_memory()
+        return answer
 
     def _handle(self, action: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -356,6 +374,7 @@ def answer_message(explorer: Explorer, message: Any) -> dict[str, Any]:
         return {"id": None, "status": 400, "body": {"error": "a message must be a JSON object"}}
     try:
         body = explorer.handle(str(message.get("action")), message.get("body"))
-        return {"id": message.get("id"), "status": 200, "body": body}
+        # the widget's messages are JSON too: a NaN would make the page's parse fail
+        return {"id": message.get("id"), "status": 200, "body": json_ready(body)}
     except BadRequestError as error:
         return {"id": message.get("id"), "status": 400, "body": {"error": str(error)}}

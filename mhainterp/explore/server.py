@@ -33,7 +33,6 @@ Example:
 from __future__ import annotations
 
 import json
-import math
 import socket
 import threading
 import time
@@ -41,6 +40,8 @@ from collections.abc import Callable
 from contextlib import suppress
 from importlib import resources
 from typing import Any
+
+from mhainterp.explore.wire import json_ready
 
 __all__ = [
     "ASSETS",
@@ -94,18 +95,8 @@ def json_bytes(value: Any) -> bytes:
     try:
         text = json.dumps(value, allow_nan=False, separators=(",", ":"))
     except ValueError:  # a non-finite float somewhere: the slow, careful path
-        text = json.dumps(_finite(value), allow_nan=False, separators=(",", ":"))
+        text = json.dumps(json_ready(value), allow_nan=False, separators=(",", ":"))
     return text.encode()
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
-    return value
 
 
 def host_name(header: str) -> str:
