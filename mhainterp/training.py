@@ -411,7 +411,8 @@ class Checkpoint:
         if not self.path.is_file():
             return 0, []
         try:
-            state = torch.load(self.path, map_location="cpu", weights_only=True)
+            # read on the CPU (where it was written), then loaded into the model where it is
+            state = torch.load(self.path, map_location="cpu", weights_only=True)  # see above
         except Exception as error:  # truncated, not a torch file, foreign objects
             raise RunFolderError(
                 f"{self.path} is damaged ({type(error).__name__}); delete it to train the run "

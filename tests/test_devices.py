@@ -24,6 +24,7 @@ from mhainterp import (
     Ablator,
     average_patterns,
     build_model,
+    division_of_labour,
     evaluate_head_sets,
     example_patterns,
     get_task,
@@ -34,6 +35,7 @@ from mhainterp import (
     head_statistics,
     pairwise_ablation,
     prune_curve,
+    specialization_test,
 )
 from mhainterp.attribution import attribution_patching
 from mhainterp.runtime import model_device, resolve_device
@@ -94,6 +96,8 @@ CALLS = {
         for measure in ("js", "pattern_corr", "cka", "ov", "qk")
     },
     "cross_model_similarity": lambda m, t: cross_model_similarity(m, m, t, n_eval=N_EVAL),
+    "division_of_labour": lambda m, t: division_of_labour(m, t, n_eval=N_EVAL),
+    "specialization_test": lambda m, t: specialization_test(m, t),
 }
 
 
@@ -103,6 +107,18 @@ def test_every_call_follows_the_model_not_the_default_device(name, model, task):
     with torch.device("meta"):
         got = _frames(CALLS[name](model, task))
     assert len(got) == len(expected) > 0
+    for a, b in zip(got, expected, strict=True):
+        pd.testing.assert_frame_equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["division_of_labour", "specialization_test"])
+def test_the_verdict_of_a_trained_model_follows_it(name, trained, task):
+    """A trained model's heads do damage, so the division reaches what an untrained one
+    skips: kept profiles, backed-up groups, the noisy copies of the same-function null."""
+    expected = _frames(CALLS[name](trained, task))
+    assert set(division_of_labour(trained, task, n_eval=N_EVAL).index["basis"]) == {"single"}
+    with torch.device("meta"):
+        got = _frames(CALLS[name](trained, task))
     for a, b in zip(got, expected, strict=True):
         pd.testing.assert_frame_equal(a, b)
 
@@ -296,13 +312,11 @@ summation orders), which compounds over training: validation accuracy must agree
 def trained(task):
     from mhainterp import TrainConfig, train
 
-    model = build_model(task, d_model=16, n_heads=4, seed=0, device="cpu")
-    return train(model, task, TrainConfig(steps=60, n_eval=64), progress=False).model
+    model = build_model(task, d_model=32, n_heads=4, seed=0, device="cpu")
+    return train(model, task, TrainConfig(steps=300, n_eval=64), progress=False).model
 
 
 def test_same_seeds_on_the_same_device_give_identical_tables(trained, task):
-    from mhainterp import division_of_labour, specialization_test
-
     first = division_of_labour(trained, task, n_eval=N_EVAL)
     again = division_of_labour(trained, task, n_eval=N_EVAL)
     for a, b in zip(_frames(first), _frames(again), strict=True):
@@ -316,7 +330,7 @@ def test_same_seeds_on_the_same_device_give_identical_tables(trained, task):
 def test_cpu_and_cuda_agree_on_the_demo_models(tmp_path):
     """The demo's protocol (1,500 steps, d_model 64, h = 4 and 8, seeds 0-2) trained on each
     device: accuracy within ACCURACY_TOLERANCE, and the same division call on every axis."""
-    from mhainterp import TrainConfig, division_of_labour, train
+    from mhainterp import TrainConfig, train
     from mhainterp.demo import DEMO_STEPS, DEMO_TASK_PARAMS, DEMO_TASKS
 
     for name in DEMO_TASKS:

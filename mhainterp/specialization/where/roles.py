@@ -94,6 +94,7 @@ from mhainterp.capture import (
 from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.heads import head_label
 from mhainterp.model import HookedMHATransformer
+from mhainterp.runtime import DRAW_DEVICE, model_device
 from mhainterp.tasks import (
     Task,
     first_position_template,
@@ -475,7 +476,7 @@ def capture_role_sums(
     resid_names = [f"blocks.{layer}.hook_resid_pre" for layer in range(L)]
     names = pattern_names + (z_names + resid_names if outputs else [])
     sums = RoleSums()
-    device = model.cfg.device
+    device = model_device(model)
     for part in iter_activations([model], tokens, [names], padding_mask, batch_size=batch_size):
         acts, mask = part.activations[0], part.padding_mask.to(device)
         patterns = torch.stack([acts[n] for n in pattern_names], dim=1)
@@ -647,13 +648,14 @@ def permutation_null_samples(
     on = template.double() * visible.double()
     rows = statistic_queries(visible) & (on.sum(-1) > 0)  # (n, T)
     T = w.shape[-1]
-    key = torch.arange(T, dtype=torch.float64)
+    key = torch.arange(T, dtype=torch.float64, device=w.device)
     # Visible keys first in natural order, then the invisible ones: the slots a bijection fills.
     natural = torch.argsort(torch.where(visible, key / T, 1.0 + key), dim=-1)  # (n, T, T)
     draws = []
     for start in range(0, n_permutations, chunk):
         m = min(chunk, n_permutations - start)
-        u = torch.rand((m, *w.shape), generator=generator, dtype=torch.float64)
+        u = torch.rand((m, *w.shape), generator=generator, dtype=torch.float64,
+                       device=DRAW_DEVICE).to(w.device)  # fmt: skip
         shuffled = torch.argsort(torch.where(visible, u, 1.0 + key), dim=-1)  # (m, n, T, T)
         moved = torch.gather(w.expand(m, *w.shape), -1, shuffled)
         permuted = torch.zeros_like(moved).scatter_(-1, natural.expand(m, *w.shape), moved)

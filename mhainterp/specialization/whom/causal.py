@@ -39,6 +39,7 @@ from torch import Tensor
 
 from mhainterp.ablation import Method
 from mhainterp.model import HookedMHATransformer
+from mhainterp.runtime import DRAW_DEVICE
 from mhainterp.specialization.whom.damage import triple_damage
 from mhainterp.tasks import Batch
 from mhainterp.validation import ParameterError, check_int
@@ -147,7 +148,7 @@ def target_damage(
     n, H = len(batch), len(td.heads)
     sequence, target = td.index[:, 0], td.index[:, 2]  # (N,) each
     cell = sequence * k + target  # (N,) which (sequence, target) a triple counts for
-    correct_drop = torch.zeros(H, n * k, dtype=torch.float64)
+    correct_drop = td.damage.new_zeros(H, n * k, dtype=torch.float64)
     correct_drop.index_add_(1, cell, td.damage.double())
     n_scored = torch.bincount(target, minlength=k).double().clamp(min=1)  # (k,)
     clean = torch.bincount(target, weights=td.clean.double(), minlength=k)
@@ -233,7 +234,8 @@ def _permuted_means(
     damage: Float[Tensor, "H n k"], m: int, generator: torch.Generator
 ) -> Float[Tensor, "m H k"]:
     """``m`` draws of the per-head target means with targets shuffled within each sequence."""
-    keys = torch.rand((m, *damage.shape), generator=generator, dtype=torch.float64)
+    keys = torch.rand((m, *damage.shape), generator=generator, dtype=torch.float64,
+                      device=DRAW_DEVICE).to(damage.device)  # fmt: skip
     order = keys.argsort(-1)  # (m, H, n, k): a random permutation of targets per sequence
     return torch.gather(damage.expand(m, *damage.shape), -1, order).mean(2)
 
@@ -277,8 +279,8 @@ def causal_selectivity(
     model_si = float(model_selectivity(observed, min_damage))
     n_tests = int((~head_si.isnan()).sum())
     n_permutations = max(n_permutations, math.ceil(2 * n_tests / alpha))
-    head_hits = torch.zeros(len(damage.heads), dtype=torch.float64)
-    head_null_sum = torch.zeros(len(damage.heads), dtype=torch.float64)
+    head_hits = observed.new_zeros(len(damage.heads), dtype=torch.float64)
+    head_null_sum = observed.new_zeros(len(damage.heads), dtype=torch.float64)
     null_models = []
     for start in range(0, n_permutations, chunk):
         m = min(chunk, n_permutations - start)

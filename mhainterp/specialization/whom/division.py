@@ -302,8 +302,11 @@ def division_of_labour(
     primary, engine = run_pass(
         model, batch, configs.head_sets, s.method, progress=progress, cache=cache
     )
+    # The engine ran on the model's device; the statistics run on the CPU, where the passes'
+    # per-triple scores are (run_pass), so the axes' values come along.
     scored = engine.scores.scored
     values, value_names = axis_values(engine.batch, scored, list(names))
+    values = {a: v.cpu() for a, v in values.items()}
     sequence = scored.nonzero()[:, 0].cpu()
     counts = {a: torch.bincount(v, minlength=len(value_names[a])) for a, v in values.items()}
     axes, skipped = _axes_that_apply(by, counts, model.cfg.n_targets, s.min_count)
@@ -333,7 +336,7 @@ def division_of_labour(
     weights = bootstrap_weights(len(batch), s.n_bootstrap, torch.Generator().manual_seed(s.seed))
     null_generator = torch.Generator().manual_seed(s.seed + 2)
     # The mean and resample passes captured every layer's clean z of the batch: reuse it.
-    norms = write_norms(model, batch[: s.n_attention], cache.donor_z)
+    norms = write_norms(model, batch[: s.n_attention], cache.donor_z).cpu()
     index, heads_parts, profile_parts, basis_parts = [], [], [], []
     if axes:
         ev = _evidence(axes, passes, noisy, rows, sequence, values, value_names, counts,
@@ -379,7 +382,7 @@ def _evidence(
     basis's ``rows`` only (NaN elsewhere); every axis and pass side by side, so that each
     weight table is one product."""
     B = weights.shape[0]
-    even = _even_sequences(weights.shape[1])  # the null's split halves
+    even = _even_sequences(weights.shape[1], weights.device)  # the null's split halves
     sizes = {a: len(value_names[a]) for a in axes}
     tables = ValueMeans(sequence, {a: values[a] for a in axes}, sizes, weights, halves=even)
     primary = passes[s.method]
@@ -387,7 +390,8 @@ def _evidence(
     loss = tables.observed(primary.nll)  # (A, C, K)
     K = list(sizes.values())
     padded_counts = pad_axes(torch.cat([counts[a] for a in axes]), K)  # (A, K_max)
-    inside = pad_axes(torch.ones(sum(K)), K) > 0  # (A, K_max): an axis's own values
+    ones = torch.ones(sum(K), device=padded_counts.device)
+    inside = pad_axes(ones, K) > 0  # (A, K_max): an axis's own values
     return Evidence(
         axes=list(axes), value_names={a: value_names[a] for a in axes},
         counts={a: counts[a] for a in axes}, keep=inside & (padded_counts >= s.min_count),
@@ -420,9 +424,9 @@ def _null_tables(
     return {m: _null_pairs([next(split).split(B) for _ in ps], False) for m, ps in noisy.items()}
 
 
-def _even_sequences(n: int) -> torch.Tensor:
+def _even_sequences(n: int, device: torch.device) -> torch.Tensor:
     """``[n]`` the null's first half of the sequences (the even ones)."""
-    return torch.arange(n) % 2 == 0
+    return torch.arange(n, device=device) % 2 == 0
 
 
 def _null_pairs(halves: list, with_original: bool) -> list[tuple]:
@@ -508,10 +512,11 @@ def _noisy_passes(
     (:func:`_null_pairs`), so it runs on the odd sequences alone (NaN on the even ones), and
     its accuracy is checked against the original's there; two or more run on every sequence.
     """
-    odd = ~_even_sequences(len(batch))
+    odd = ~_even_sequences(len(batch), sequence.device)  # on the statistics' device (CPU)
     alone = s.n_noise == 1
-    on = odd[sequence] if alone else torch.ones(len(sequence), dtype=torch.bool)  # (N,)
-    run_on = batch[odd.nonzero()[:, 0]] if alone else batch
+    every = torch.ones(len(sequence), dtype=torch.bool, device=sequence.device)
+    on = odd[sequence] if alone else every  # (N,)
+    run_on = batch[odd.nonzero()[:, 0].to(batch.device)] if alone else batch
     if not bool(on.any()):  # one sequence: no odd half to run on, so the null is undefined
         return {m: [] for m in s.methods}, s.noise
     clean_accuracy = float(primary.correct[configs.clean][on].mean())
@@ -539,7 +544,8 @@ def _on_triples(scores: PassScores, on: torch.Tensor) -> PassScores:
     if bool(on.all()):
         return scores
     C, N = scores.correct.shape[0], len(on)
-    correct, nll = torch.full((C, N), math.nan), torch.full((C, N), math.nan)
+    correct = scores.correct.new_full((C, N), math.nan)
+    nll = scores.nll.new_full((C, N), math.nan)
     correct[:, on], nll[:, on] = scores.correct, scores.nll
     return PassScores(scores.method, correct, nll, rows=scores.rows)
 

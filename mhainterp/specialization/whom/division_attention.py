@@ -72,14 +72,15 @@ def attention_view(
     # A query counts for a relation when it is scored and the template marks a key for it.
     rows = (queries[None] & (stacked.sum(-1) > 0)).float()  # (R, n, T)
     T = tokens.shape[1]
-    axis_of = {"token": tokens, "position": torch.arange(T).expand_as(tokens)}
-    value_ids = {a: torch.tensor([int(v) for v in td.value_names[a]]) for a in axes}
+    device = tokens.device  # the statistics' device (the CPU)
+    axis_of = {"token": tokens, "position": torch.arange(T, device=device).expand_as(tokens)}
+    value_ids = {a: torch.tensor([int(v) for v in td.value_names[a]], device=device) for a in axes}
     # Every axis's values side by side (K_all = sum of the axes' K), so one einsum serves all.
     weights = (
         torch.cat([(axis_of[a][..., None] == value_ids[a]).float() for a in axes], -1)[None]
         * rows[..., None]
     )  # (R, n, T, K_all): the query's value, at the queries that count
-    total = torch.zeros(len(names), model.cfg.n_layers, model.cfg.n_heads, weights.shape[-1])
+    total = weights.new_zeros(len(names), model.cfg.n_layers, model.cfg.n_heads, weights.shape[-1])
     total = total.double()  # (R, L, h, K_all); float32 products, float64 sums over batches
     if patterns is None:
         parts = ((p.start, p.patterns) for p in iter_patterns(model, tokens, mask))

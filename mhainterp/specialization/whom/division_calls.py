@@ -92,7 +92,9 @@ def gates(scores: PassScores, configs: Configs, s: DivisionSettings) -> Gates:
     damage = acc[clean] - acc[single]
     contribution = acc[kept] - acc[ref]
     group_damage = acc[clean] - acc[configs.group]
-    grouped = torch.tensor([any(p in g for g in configs.groups) for p in configs.pairs])
+    grouped = torch.tensor(
+        [any(p in g for g in configs.groups) for p in configs.pairs], device=acc.device
+    )
     md, ml = s.min_damage, s.min_loss_increase
     return Gates(
         single=(damage >= md) & (loss[single] - loss[clean] >= ml),
@@ -193,7 +195,7 @@ def _null_draws(ev: Evidence, configs: Configs, basis: str, defined: Tensor, met
     ]
     if not draws:  # no same-function model ran (one sequence: no odd half)
         B, A = ev.means[method].shape[:2]
-        return torch.full((B, A), math.nan, dtype=torch.float64)
+        return ev.means[method].new_full((B, A), math.nan, dtype=torch.float64)
     return torch.stack(draws).mean(0)
 
 
@@ -401,7 +403,8 @@ def heads_rows(
     # The job null: what the head's scope (its layer, or the model for heads kept across
     # layers) does as a whole; a head that does that job in small is not specialized.
     job = ev.kept(means[..., [configs.clean], :] - means[..., configs.kept_ref, :])
-    job_sel = selectivity(job, torch.ones(len(configs.pairs), dtype=torch.bool), K)
+    every = torch.ones(len(configs.pairs), dtype=torch.bool, device=job.device)
+    job_sel = selectivity(job, every, K)
     sel = selectivity(prof, defined, K)  # (B, A, H)
     test = selectivity_test(
         sel, job_sel, _shuffled(ev, scores, configs, use_kept, defined, B, generator), s.alpha
@@ -419,7 +422,8 @@ def heads_rows(
         gain = torch.where(both, torch.fmin(gain, own.gain), gain)
         kept_sel = torch.where(g.kept, own.selectivity[0], math.nan)
     # (A, H); the frame's rows run axis by axis, heads within
-    p_adj = torch.as_tensor(adjust_pvalues(p.flatten().numpy(), s.correction)).reshape(p.shape)
+    adjusted = adjust_pvalues(p.flatten().numpy(), s.correction)
+    p_adj = torch.as_tensor(adjusted, device=p.device).reshape(p.shape)
     n_eff = effective_values(prof[:1], defined)[0]  # (A, H)
     low, high = interval(sel, s.alpha)
     served = _served(prof[0], ev.keep, s)  # (A, H, K)
@@ -431,8 +435,8 @@ def heads_rows(
                                    s.alpha, s.min_selectivity_gain)  # fmt: skip
     layer_of = [p[0] for p in configs.pairs]
     group_of, damage_group = _head_groups(configs, g)
-    layer_total = torch.zeros(len(configs.layer), dtype=torch.float64)
-    layer_total.index_add_(0, torch.tensor(layer_of), norms)
+    layer_total = torch.zeros(len(configs.layer), dtype=torch.float64, device=norms.device)
+    layer_total.index_add_(0, torch.tensor(layer_of, device=norms.device), norms)
     scope = np.where(g.kept.numpy(), np.where(configs.across, "model", "layer"), "")
     shared = {
         "head_label": np.array([head_label(*p) for p in configs.pairs], dtype=object),

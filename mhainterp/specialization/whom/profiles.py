@@ -32,7 +32,7 @@ from torch import Tensor
 from mhainterp.ablation import Method, evaluate_head_sets
 from mhainterp.ablation.replacement import CleanCache, capture_z
 from mhainterp.heads import all_heads
-from mhainterp.runtime import eval_mode
+from mhainterp.runtime import DRAW_DEVICE, eval_mode
 from mhainterp.tasks import Batch
 
 __all__ = [
@@ -222,7 +222,9 @@ def run_rows(
         N = part.correct.shape[1]
     else:
         N = clean_from.correct.shape[1]
-    correct, nll = torch.full((C, N), math.nan), torch.full((C, N), math.nan)
+    device = (part if run else clean_from).correct.device  # the statistics' (the CPU)
+    correct = torch.full((C, N), math.nan, device=device)
+    nll = torch.full((C, N), math.nan, device=device)
     if run:
         correct[run], nll[run] = part.correct, part.nll
     if clean_from is not None and configs.clean in rows:
@@ -267,7 +269,9 @@ def noisy_copy(model: Any, noise: float, generator: torch.Generator) -> Any:
             for name in ("W_Q", "W_K", "W_V", "W_O"):
                 weight = getattr(attn, name).detach().clone()  # (h, a, b)
                 rms = weight.pow(2).mean((1, 2), keepdim=True).sqrt()
-                draw = torch.randn(weight.shape, generator=generator, dtype=weight.dtype)
+                draw = torch.randn(
+                    weight.shape, generator=generator, dtype=weight.dtype, device=DRAW_DEVICE
+                )  # drawn on the CPU: the same copy on every device
                 setattr(attn, name, weight + noise * rms * draw.to(weight.device))
     return twin.eval()
 
@@ -281,9 +285,10 @@ def bootstrap_weights(n: int, n_resamples: int, generator: torch.Generator) -> F
         >>> w.shape, w[0].tolist(), w.sum(1).tolist()
         (torch.Size([4, 5]), [1.0, 1.0, 1.0, 1.0, 1.0], [5.0, 5.0, 5.0, 5.0])
     """
-    draws = torch.randint(0, n, (n_resamples, n), generator=generator)
-    counts = torch.zeros(n_resamples, n).scatter_add_(1, draws, torch.ones(n_resamples, n))
-    return torch.cat([torch.ones(1, n), counts])
+    draws = torch.randint(0, n, (n_resamples, n), generator=generator, device=DRAW_DEVICE)
+    ones = torch.ones(n_resamples, n, device=draws.device)
+    counts = torch.zeros_like(ones).scatter_add_(1, draws, ones)
+    return torch.cat([torch.ones(1, n, device=draws.device), counts])
 
 
 class ValueMeans:
@@ -320,21 +325,21 @@ class ValueMeans:
         weights: Float[Tensor, "B n"],
         halves: Bool[Tensor, " n"] | None = None,
     ) -> None:
-        n = weights.shape[1]
+        n, device = weights.shape[1], weights.device  # the statistics' device (the CPU)
         self.sizes = [sizes[a] for a in values]
         K_all = self.K_all = sum(self.sizes)
         if halves is None:
-            halves = torch.ones(n, dtype=torch.bool)
+            halves = torch.ones(n, dtype=torch.bool, device=device)
         order = torch.cat([halves.nonzero()[:, 0], (~halves).nonzero()[:, 0]])  # (n,)
         self.first_half = int(halves.sum())
-        rank = torch.empty(n, dtype=torch.long)
-        rank[order] = torch.arange(n)
-        starts = torch.tensor([0, *self.sizes[:-1]]).cumsum(0).tolist()
+        rank = torch.empty(n, dtype=torch.long, device=device)
+        rank[order] = torch.arange(n, device=device)
+        starts = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
         # (N,) per axis: each triple's (sequence, value) slot, sequences in ``order``
         self.keys = [rank[sequence] * K_all + start + ids
                      for start, ids in zip(starts, values.values(), strict=True)]  # fmt: skip
         self.value_ids = [start + ids for start, ids in zip(starts, values.values(), strict=True)]
-        counts = torch.zeros(n * K_all)
+        counts = torch.zeros(n * K_all, device=device)
         for key in self.keys:
             counts += torch.bincount(key, minlength=n * K_all).float()
         self.counts = counts.reshape(n, K_all)  # (n, K_all)
@@ -344,7 +349,7 @@ class ValueMeans:
     def _sums(self, correct: Float[Tensor, "C N"]) -> Float[Tensor, "n K_all*C"]:
         n, C = self.counts.shape[0], correct.shape[0]
         # (n * K_all, C): the configurations last, so a resample table is one product
-        sums = torch.zeros(n * self.K_all, C)
+        sums = torch.zeros(n * self.K_all, C, device=correct.device)
         rows = correct.T.float().contiguous()  # (N, C): index_add_ of a transposed view: 5x slower
         for key in self.keys:
             sums.index_add_(0, key, rows)
@@ -381,7 +386,7 @@ class ValueMeans:
         """The mean of ``column`` per axis, configuration and value over all triples, in
         float64 (a loss: not whole numbers)."""
         x = column.T.double().contiguous()  # (N, C)
-        sums = torch.zeros(self.K_all, x.shape[1], dtype=torch.float64)
+        sums = x.new_zeros(self.K_all, x.shape[1])
         for ids in self.value_ids:
             sums.index_add_(0, ids, x)
         seen = self.counts.sum(0).double()  # (K_all,)
@@ -449,9 +454,10 @@ def pad_axes(
     """
     dim = dim % table.ndim
     K = max(sizes)
-    starts = torch.tensor([0, *sizes[:-1]]).cumsum(0)  # (A,)
-    k = torch.arange(K)
-    inside = k[None] < torch.tensor(sizes)[:, None]  # (A, K)
+    device = table.device
+    starts = torch.tensor([0, *sizes[:-1]], device=device).cumsum(0)  # (A,)
+    k = torch.arange(K, device=device)
+    inside = k[None] < torch.tensor(sizes, device=device)[:, None]  # (A, K)
     # Padding reads the zero entry appended after the K_all values.
     source = torch.where(inside, starts[:, None] + k[None], table.shape[dim])
     zero = table.new_zeros(*table.shape[:dim], 1, *table.shape[dim + 1 :])

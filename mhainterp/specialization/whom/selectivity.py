@@ -25,6 +25,8 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from mhainterp.runtime import DRAW_DEVICE
+
 __all__ = [
     "division_index",
     "effective_values",
@@ -100,7 +102,7 @@ def division_index(
     unit = _unit(profiles)
     cos = unit @ unit.transpose(-1, -2)  # (..., U, U)
     pair = use[..., :, None] * use[..., None, :]
-    pair = pair * (1.0 - torch.eye(d.shape[-2], dtype=pair.dtype))
+    pair = pair * (1.0 - torch.eye(d.shape[-2], dtype=pair.dtype, device=pair.device))
     n_pairs = pair.sum((-1, -2))
     mean_cos = (cos * pair).sum((-1, -2)) / n_pairs.clamp(min=1)
     return torch.where(n_pairs > 0, 1.0 - mean_cos, math.nan)
@@ -163,7 +165,8 @@ def normal_null_means(
         B = _psd_sqrt((torch.diag(n) - torch.outer(n, n) / N) * N / max(N - 1, 1))
         # Each axis its own float32 draw, in order (float64 draws cost 6x more): the same
         # numbers as one call per axis with the generator passed on.
-        Z = torch.randn(m_total, H, len(n), generator=generator).double()
+        Z = torch.randn(m_total, H, len(n), generator=generator, device=DRAW_DEVICE)
+        Z = Z.to(x.device, torch.float64)
         sums = mean[:, None] * n[None] + A @ Z @ B.T  # (M, H, K)
         out[axis] = sums / n.clamp(min=1)
     return out
@@ -171,7 +174,7 @@ def normal_null_means(
 
 def interval(draws: Float[Tensor, " B ..."], alpha: float) -> tuple[Tensor, Tensor]:
     """The ``1 - alpha`` percentile interval of the resamples ``draws[1:]`` (NaN-aware)."""
-    q = torch.tensor([alpha / 2, 1 - alpha / 2], dtype=torch.float64)
+    q = torch.tensor([alpha / 2, 1 - alpha / 2], dtype=torch.float64, device=draws.device)
     low, high = torch.nanquantile(draws[1:].double(), q, dim=0)  # one sort for both ends
     return low, high
 
