@@ -39,7 +39,9 @@ Measures, side by side in one process, with interleaved repeats and medians:
    plain-torch reference (:class:`ReferenceStack`: every model's weights stacked on a leading
    axis, fused AdamW, fp32 with TF32 matmuls, eager), model-steps/s at h = 1 and 8 and 90 and
    900 models, in interleaved rounds; ``ratio`` = ours / the reference's (>= 1 is the target of
-   issue 30). Ours is timed in full fp32 and with TF32.
+   issue 30). Ours is timed in full fp32 and with TF32. ``host_draw`` rows: what our step
+   keeps on the host (every model's batch drawn from its CPU generator), in us per model-step,
+   with one draw thread and with ``train_many``'s, against the reference's whole step.
 
 Writes ``bench.csv`` (one row per measurement) and ``bench.md`` to ``--out``. Ratios are the
 claims; absolute times depend on the machine and on what else runs on it (the load average
@@ -1095,7 +1097,37 @@ def gpu_measure(
             if device.type == "cuda":
                 torch.cuda.empty_cache()
         echo(f"gpu round {r + 1}/{repeats} done")
-    return _gpu_table(samples, device, steps)
+    rows = _gpu_table(samples, device, steps)
+    return rows + _host_draw_rows(device, n_models, samples, min(heads))
+
+
+def _host_draw_rows(
+    device: torch.device, n_models: Sequence[int], samples: dict[tuple, list[float]], h: int
+) -> list[dict]:
+    """What a step of ours keeps on the host: drawing every model's batch from its CPU
+    generator (``fast.stacked._draw``), in us per model-step, with one thread and with the
+    draw threads ``train_many`` uses on ``device``; ``ratio`` = its share of the reference's
+    whole step at ``h`` heads (near or above 1: the draw, not the GPU, sets our speed)."""
+    from mhainterp.fast.stacked import _draw, _draw_threads
+
+    task, pin = _task(), device.type == "cuda"
+    rows = []
+    for m in n_models:
+        generators = [torch.Generator().manual_seed(s) for s in range(m)]
+        reference_us = 1e6 / statistics.median(samples[(h, m, "reference_stack")])
+        for threads in sorted({1, _draw_threads(device)}):
+            times = []
+            for _ in range(5):
+                start = time.perf_counter()
+                _draw(task, BATCH, generators, pin, threads)
+                times.append(time.perf_counter() - start)
+            case = _Case("gpu", "host_draw", (), m, m, threads, lambda k: 0.0)
+            value = statistics.median(times) * 1e6 / m
+            note = f"{threads} draw thread(s); share of the reference's step at h={h}"
+            row = _row(case, value, "us/model-step", len(times), note)
+            row["ratio"], row["ratio_to"] = value / reference_us, f"reference_stack h={h} step"
+            rows.append(row)
+    return rows
 
 
 def _gpu_table(samples: dict[tuple, list[float]], device: torch.device, steps: int) -> list[dict]:

@@ -13,6 +13,7 @@ from mhainterp.config import TrainConfig
 from mhainterp.fast.stacked import (
     BatchDivergedError,
     _adamw_step,
+    _draw,
     _label,
     sample_many,
     train_many,
@@ -316,3 +317,30 @@ def test_same_seeds_give_identical_results_on_one_device(tmp_path):
         assert a.eval == b.eval
         for pa, pb in zip(a.model.parameters(), b.model.parameters(), strict=True):
             assert torch.equal(pa, pb)
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("count_previous", {"seq_len": 8, "d_vocab": 5}),  # Task's own draws, fixed length
+        ("reverse", {"seq_len": 6, "d_vocab": 4, "min_len": 2}),  # Task's own draws, lengths too
+        ("induction", {"seq_len": 8, "d_vocab": 6}),  # its own sample_tokens
+    ],
+)
+def test_draws_do_not_depend_on_the_draw_threads(name, params):
+    """On CUDA the host draws a step's batches in threads (each generator in one thread): the
+    numbers are those of one thread, and of task.sample."""
+    task = get_task(name, **params)
+    seeds = range(200)  # three spans of at least 64 generators
+    drawn = []
+    for threads in (1, 3):
+        gens = [torch.Generator().manual_seed(s) for s in seeds]
+        drawn.append([_draw(task, 4, gens, False, threads) for _ in range(2)])  # two steps
+    for (tokens_1, lengths_1), (tokens_3, lengths_3) in zip(*drawn, strict=True):
+        assert torch.equal(tokens_1, tokens_3) and torch.equal(lengths_1, lengths_3)
+    alone = torch.Generator().manual_seed(seeds[-1])
+    for tokens, lengths in drawn[1]:
+        batch = task.sample(4, alone)
+        assert torch.equal(lengths[-4:], batch.padding_mask.sum(-1))
+        real = batch.padding_mask
+        assert torch.equal(tokens[-4:][real], batch.tokens[real])

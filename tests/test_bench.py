@@ -217,12 +217,16 @@ def test_reference_stack_batches_are_the_tasks_labels():
 def test_gpu_section_runs_here_at_tiny_size_and_is_skipped_without_cuda(monkeypatch):
     # The measuring code is the CUDA code (device-agnostic torch); tiny sizes on the CPU.
     rows = bench.gpu_measure(torch.device("cpu"), heads=(2,), n_models=(2,), steps=2, repeats=1)
-    assert [r["case"] for r in rows] == ["reference_stack", "train_many", "train_many_tf32"]
+    assert [r["case"] for r in rows] == [
+        "reference_stack", "train_many", "train_many_tf32", "host_draw",
+    ]  # fmt: skip
     assert all(math.isfinite(r["value"]) and r["value"] > 0 for r in rows)
-    assert rows[0]["ratio"] == 1.0 and {r["ratio_to"] for r in rows} == {"reference_stack"}
+    assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in rows)
+    assert rows[0]["ratio"] == 1.0 and {r["ratio_to"] for r in rows[:3]} == {"reference_stack"}
     assert [(r["n_heads"], r["n_models"], r["unit"]) for r in rows] == [
         ("2", 2, "model-steps/s")
-    ] * 3
+    ] * 3 + [("", 2, "us/model-step")]
+    assert rows[3]["threads"] == 1  # on the CPU the draw has one thread
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     (skipped,) = bench._gpu_rows(BenchSettings(sections=("gpu",)), lambda text: None)
     assert skipped["case"] == "skipped" and math.isnan(skipped["value"])

@@ -179,5 +179,5 @@ def test_the_gpu_benchmark_section_runs():
     from test_bench import bench
 
     rows = bench.gpu_measure(torch.device("cuda"), heads=(1,), n_models=(4,), steps=3, repeats=1)
-    assert [row["case"] for row in rows] == ["reference_stack", "train_many", "train_many_tf32"]
+    assert [row["case"] for row in rows][:3] == ["reference_stack", "train_many", "train_many_tf32"]
     assert all(row["value"] > 0 for row in rows)

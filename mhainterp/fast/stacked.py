@@ -30,9 +30,12 @@ Shapes: M models, B batch, T positions, d d_model, h heads, P parameters per mod
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -139,7 +142,7 @@ def sample_many(
         padded = not bool(fields[-1].all())
         return ManyBatch(*(_to_device(x, device) for x in fields), padded=padded)
     M, T = len(generators), task.seq_len
-    tokens, lengths = _draw(task, n, generators, pin=device.type == "cuda")  # (M * n, T), (M * n,)
+    tokens, lengths = _draw(task, n, generators, device.type == "cuda", _draw_threads(device))
     padded = task.variable_length and bool((lengths < T).any())
     tokens, lengths = _to_device(tokens, device), _to_device(lengths, device)
     padding_mask = torch.arange(T, device=device)[None, :] < lengths[:, None]  # (M * n, T)
@@ -157,21 +160,97 @@ _BATCH_FIELDS = ("tokens", "targets", "mask", "padding_mask")
 
 
 def _draw(
-    task: Task, n: int, generators: Sequence[torch.Generator], pin: bool
+    task: Task, n: int, generators: Sequence[torch.Generator], pin: bool, threads: int = 1
 ) -> tuple[Tensor, Tensor]:
     """Each generator's lengths and tokens, the same draws in the same order as
-    :meth:`Task.sample`, concatenated on the CPU: ``[M * n, T]`` tokens, ``[M * n]`` lengths
-    (in pinned memory when ``pin``, so that the copy to the GPU does not wait for the host)."""
-    token_rows, length_rows = [], []
-    for g in generators:
-        lengths = task.sample_lengths(n, g)
-        token_rows.append(task.sample_tokens(n, lengths, g).long())
-        length_rows.append(lengths)
-    size = len(generators) * n
+    :meth:`Task.sample`, written into one buffer on the CPU: ``[M * n, T]`` tokens and
+    ``[M * n]`` lengths (in pinned memory when ``pin``, so that the copy to the GPU does not
+    wait for the host).
+
+    On a GPU this loop is the part of a step the host keeps: one draw per generator, about
+    13-35 us per model-step on a busy 2-core CPU, as long as the reference's whole GPU step
+    at h = 1 (issue 30: 40,000 model-steps/s). So a task that keeps :class:`Task`'s own
+    uniform draws gets them straight into the buffer (``randint(..., out=)``: the same
+    numbers, without a tensor per model and the copy that joins them; 0.73-0.97x the time),
+    and ``threads > 1`` splits the generators into contiguous spans drawn by a thread each
+    (torch releases the GIL while it draws; every generator stays in one thread, so the
+    numbers do not depend on ``threads``).
+    """
+    M, T = len(generators), task.seq_len
     where = {"dtype": torch.long, "device": DRAW_DEVICE, "pin_memory": pin}
-    tokens = torch.empty((size, task.seq_len), **where)
-    lengths = torch.empty(size, **where)
-    return torch.cat(token_rows, out=tokens), torch.cat(length_rows, out=lengths)
+    tokens = torch.empty((M, n, T), **where)
+    lengths = torch.empty((M, n), **where)
+    draw = _draw_uniform if _uniform_draws(task) else _draw_with_task
+
+    def span(bounds: tuple[int, int]) -> None:
+        for m in range(*bounds):
+            draw(task, n, generators[m], tokens[m], lengths[m])
+
+    spans = _spans(M, threads)
+    if len(spans) == 1:
+        span(spans[0])
+    else:
+        list(_draw_pool(len(spans)).map(span, spans))  # list(): raise a thread's error here
+    return tokens.view(M * n, T), lengths.view(M * n)
+
+
+def _draw_uniform(task: Task, n: int, g: torch.Generator, tokens: Tensor, lengths: Tensor) -> None:
+    """:meth:`Task.sample_lengths` and :meth:`Task.sample_tokens`' draws, into ``lengths`` and
+    ``tokens`` (``[n]``, ``[n, T]``)."""
+    if task.variable_length:  # Task.sample_lengths draws only then
+        torch.randint(task.min_len, task.seq_len + 1, (n,), generator=g, out=lengths)
+    else:
+        lengths.fill_(task.seq_len)
+    torch.randint(0, task.d_vocab, (n, task.seq_len), generator=g, out=tokens)
+
+
+def _draw_with_task(
+    task: Task, n: int, g: torch.Generator, tokens: Tensor, lengths: Tensor
+) -> None:
+    """The task's own ``sample_lengths`` and ``sample_tokens``, as :meth:`Task.sample` calls
+    them, copied into ``lengths`` and ``tokens``."""
+    lengths.copy_(task.sample_lengths(n, g))
+    tokens.copy_(task.sample_tokens(n, lengths, g))
+
+
+def _uniform_draws(task: Task) -> bool:
+    """Whether ``task`` draws lengths and tokens with :class:`Task`'s own methods (uniform
+    lengths in ``[min_len, seq_len]``, uniform tokens in ``[0, d_vocab)``)."""
+    own = type(task)
+    return own.sample_lengths is Task.sample_lengths and own.sample_tokens is Task.sample_tokens
+
+
+_MIN_SPAN = 64
+"""Fewest generators a draw thread takes: below it the hand-off costs more than it saves."""
+
+
+def _spans(M: int, threads: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` of at most ``threads`` contiguous spans of ``M`` generators, each of at
+    least :data:`_MIN_SPAN` (one span when ``M`` is small).
+
+    Example:
+        >>> _spans(900, 4), _spans(100, 4)
+        ([(0, 225), (225, 450), (450, 675), (675, 900)], [(0, 100)])
+    """
+    k = max(1, min(threads, M // _MIN_SPAN))
+    bounds = [round(M * i / k) for i in range(k + 1)]
+    return list(itertools.pairwise(bounds))
+
+
+@functools.lru_cache(maxsize=4)
+def _draw_pool(threads: int) -> ThreadPoolExecutor:
+    """The threads that draw a GPU group's batches (made once per count, idle between steps)."""
+    return ThreadPoolExecutor(threads, thread_name_prefix="mhainterp-draw")
+
+
+def _draw_threads(device: torch.device) -> int:
+    """Threads that draw a step's batches: on CUDA, where the host's draw is on the step's
+    critical path, up to 8 of this process's CPUs, one left for launching the GPU's work;
+    elsewhere 1 (on the CPU the cores are training)."""
+    if device.type != "cuda":
+        return 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, min(8, (cpus or 1) - 1))
 
 
 def _to_device(x: Tensor, device: torch.device) -> Tensor:
