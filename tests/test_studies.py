@@ -43,7 +43,7 @@ def test_head_count_study_picks_its_grid_by_device():
     assert full.n_heads == (1, 2, 4, 8, 16, 32, 64) and full.seeds == tuple(range(30))
     assert full.n_runs == 7 * 7 * 30
     cpu = study.choose_grid(study.parse_args([]), on_gpu=False)
-    assert cpu.name == "cpu" and cpu.n_heads == (1, 2, 4, 8) and len(cpu.seeds) == 5
+    assert cpu.name == "cpu" and cpu.n_heads == (1, 2, 4, 8) and len(cpu.seeds) == 6
     custom = study.choose_grid(study.parse_args(["--seeds", "0-99", "--grid", "cpu"]), False)
     assert custom.seeds == tuple(range(100)) and custom.name == "cpu*"
 
@@ -54,8 +54,8 @@ def test_head_count_study_answers_from_the_comparisons():
     study = _load("head_count_study")
     runs = pd.DataFrame({  # 6 seeds per h: a complete separation can reach p < 0.05 / 2
         "task": ["t"] * 18, "n_heads": [1] * 6 + [4] * 6 + [8] * 6,
-        "accuracy": [0.50, 0.52, 0.51, 0.49, 0.50, 0.51] + [0.90, 0.91, 0.92, 0.90, 0.91, 0.92]
-        + [0.91, 0.90, 0.92, 0.93, 0.90, 0.91],
+        "accuracy": [0.50, 0.52, 0.51, 0.49, 0.50, 0.51, 0.90, 0.91, 0.92, 0.90, 0.91, 0.92,
+                     0.91, 0.90, 0.92, 0.93, 0.90, 0.91],
         "index_token": [float("nan")] * 12 + [0.2, 0.3, 0.25, 0.28, 0.22, 0.26],
     })  # fmt: skip
     comparisons = study.compare_head_counts(runs, study.MEASURES)
