@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from conftest import TINY_SWEEP
 
-from mhainterp.config import SweepConfig
+from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.runs import RunFolderError
 from mhainterp.stats import describe, welch_test
 from mhainterp.sweep import EXECUTORS, execute_run, run_sweep, summarize
@@ -187,9 +187,29 @@ def test_sweep_defaults_to_runs_task_folder(tmp_path, monkeypatch):
 
 def test_sweep_refuses_a_folder_of_another_sweep(tmp_path):
     run_sweep(TINY, tmp_path, progress=False)
-    other = SweepConfig(**{**TINY.__dict__, "seeds": [5, 6]})
-    with pytest.raises(RunFolderError, match="holds a different sweep"):
+    other = SweepConfig(**{**TINY.__dict__, "train": TrainConfig(steps=TINY.train.steps + 1)})
+    with pytest.raises(RunFolderError, match=r"holds a different sweep \(train differ"):
         run_sweep(other, tmp_path, progress=False)
+
+
+def test_more_seeds_grow_the_same_sweep(tmp_path, monkeypatch):
+    """The README's advice ("run 5 or more seeds") works in the same folder: the runs already
+    trained are kept, only the new seeds train, results.csv lists the seeds asked for."""
+    from mhainterp.sweep import run as sweep_run
+
+    run_sweep(TINY, tmp_path, progress=False)
+    trained = []
+    original = sweep_run.execute_run
+
+    def recorded(spec, **kwargs):
+        trained.append(spec.seed)
+        return original(spec, **kwargs)
+
+    monkeypatch.setattr(sweep_run, "execute_run", recorded)
+    more = SweepConfig(**{**TINY.__dict__, "seeds": [*TINY.seeds, 7]})
+    df = run_sweep(more, tmp_path, progress=False, executor="local")
+    assert set(trained) == {7}
+    assert sorted(set(df["seed"])) == sorted({*TINY.seeds, 7})
 
 
 def test_sweep_config_errors():

@@ -108,18 +108,32 @@ def fastest_executor(device: Any = None) -> str:
     return "batched" if len(available_cpus()) > 1 else "local"
 
 
+GROWABLE = ("seeds", "n_heads")
+"""Sweep fields a rerun may change in the same folder: more seeds (or head counts) are more
+runs of the same experiment, each checked against its own config; the runs already trained
+are kept, and results.csv lists the runs asked for."""
+
+
 def _check_same_sweep(out_dir: Path, config: SweepConfig) -> None:
-    """Refuse to mix runs of two different sweeps in one folder."""
+    """Refuse to mix runs of two different sweeps in one folder (other seeds or head counts
+    of the same sweep are welcome: :data:`GROWABLE`)."""
     saved_path = out_dir / "sweep.json"
     if not saved_path.is_file():
         return
     saved = read_json(saved_path)
     if isinstance(saved, dict):
         saved = migrate_config(saved)  # a sweep.json's train section, as a run's
-    if saved != _jsonable(config.to_dict()):
+    wanted = _jsonable(config.to_dict())
+    if not isinstance(saved, dict):
+        differ = ["sweep.json is not a sweep's settings"]
+    else:
+        differ = [k for k in sorted(set(saved) | set(wanted))
+                  if k not in GROWABLE and saved.get(k) != wanted.get(k)]  # fmt: skip
+    if differ:
         raise RunFolderError(
-            f"{out_dir} holds a different sweep (see {saved_path}); rerun with the same "
-            "settings to resume it, or choose a new output folder"
+            f"{out_dir} holds a different sweep ({', '.join(differ)} differ; see {saved_path}); "
+            "rerun with the same settings to resume it (other --seeds or --n-heads are fine), "
+            "or choose a new output folder"
         )
 
 
