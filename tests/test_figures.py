@@ -244,6 +244,7 @@ def test_consistency_legend_is_outside_the_data():
     (ax,) = _data_axes(fig)
     assert ax.get_ylabel() == "matched role-profile similarity"
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "run pairs",
         "observed",
         "random matching",
         "heads shuffled across seeds",

@@ -174,10 +174,12 @@ def head_order(labels: Iterable[str]) -> list[str]:
 # ----------------------------------------------------------------------------- layout rules
 
 
-def integer_axis(ax: plt.Axes, axis: str = "both") -> None:
-    """Tick an integer axis (positions, counts, head counts) at whole numbers only: no 2.5."""
+def integer_axis(ax: plt.Axes, axis: str = "both", *, max_ticks: int | None = None) -> None:
+    """Tick an integer axis (positions, counts, head counts) at whole numbers only: no 2.5;
+    at most about ``max_ticks`` of them (a small panel: "0 2 4 ... 14" ran into each other)."""
     for which in ("x", "y") if axis == "both" else (axis,):
-        getattr(ax, f"{which}axis").set_major_locator(MaxNLocator(integer=True))
+        locator = MaxNLocator(integer=True, **({"nbins": max_ticks} if max_ticks else {}))
+        getattr(ax, f"{which}axis").set_major_locator(locator)
 
 
 def _pixels_per_point(fig: plt.Figure) -> float:

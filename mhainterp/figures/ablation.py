@@ -278,7 +278,9 @@ def gradient_vs_ablation_figure(
         "comparison",
     )
     methods = list(dict.fromkeys(comparison["method"]))
-    fig, axes = new_figure(5.0 * len(methods), 4.5, ncols=len(methods), squeeze=False)
+    # the one legend goes beside the last panel: beside the first it covered that panel's
+    # rightmost point labels
+    fig, axes = new_figure(5.0 * len(methods) + 1.0, 4.5, ncols=len(methods), squeeze=False)
     rho = _rho_by_method(comparison, agreement)
     for ax, method in zip(axes[0], methods, strict=True):
         group = comparison[comparison["method"] == method]
@@ -292,7 +294,7 @@ def gradient_vs_ablation_figure(
             palette="viridis",
             ax=ax,
             s=50,
-            legend=len(methods) == 1 or ax is axes[0, 0],
+            legend=ax is axes[0, -1],
         )
         _annotate_points(ax, group)
         if ax.get_legend() is not None:
@@ -317,10 +319,15 @@ def _annotate_points(ax: plt.Axes, group: pd.DataFrame) -> None:
         xi, yi = float(row.ablation_importance), float(row.gradient_importance)
         key = (round(xi / x_span, 2), round(yi / y_span, 2))
         labels.setdefault(key, []).append((xi, yi, row.head_label))
+    right = float(x.min()) + 0.75 * x_span  # labels of the rightmost points go to their left
     for points in labels.values():
         xi, yi, _ = points[0]
         text = ", ".join(label for _, _, label in points)
-        ax.annotate(text, (xi, yi), textcoords="offset points", xytext=(4, 3), fontsize=8)
+        left = xi > right
+        ax.annotate(
+            text, (xi, yi), textcoords="offset points", xytext=(-4 if left else 4, 3),
+            ha="right" if left else "left", fontsize=8,
+        )  # fmt: skip
 
 
 def _rho_by_method(comparison: pd.DataFrame, agreement: pd.DataFrame | None) -> dict[str, float]:

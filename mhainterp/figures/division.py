@@ -190,6 +190,8 @@ def division_vs_heads(sweep: pd.DataFrame) -> plt.Figure:
             axes[r][c].set_title(f"{task}: by {axis}" if len(tasks) > 1 else f"by {axis}")
             axes[r][c].set_ylabel("division index" if c == 0 else "")
     legend_outside(axes[0][-1], fontsize=8)
+    if len(tasks) == 1:  # a sweep figure names its task
+        fig.suptitle(f"{tasks[0]}: division index vs head count")
     fig.tight_layout()
     return fig
 

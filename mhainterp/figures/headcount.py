@@ -86,7 +86,11 @@ def plot_head_count_accuracy(results: pd.DataFrame, *, metric: str = "val_accura
         results, ["task", "n_heads", "seed", metric], "results", "a sweep's results.csv"
     )
     tasks = list(dict.fromkeys(results["task"]))
-    fig, axes = new_figure(1.5 + 4.2 * len(tasks), 3.8, ncols=len(tasks), squeeze=False)
+    # ~0.9 in per head count for its two-line label, and 3 in for the axis label and the
+    # legend (the legend took the room of a 1.5 in margin: the panel shrank to ~1.8 in)
+    most = int(results.groupby("task")["n_heads"].nunique().max())
+    panel = max(4.2, 0.9 * most)
+    fig, axes = new_figure(3.0 + panel * len(tasks), 3.8, ncols=len(tasks), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
         df = results[results["task"] == task]
         heads = sorted(df["n_heads"].unique())

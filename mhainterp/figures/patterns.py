@@ -119,7 +119,7 @@ def plot_average_patterns(
     for index, (ax, (kind, name, part)) in enumerate(zip(axes, panels, strict=True)):
         image = ax.imshow(_matrix(part), vmin=0.0, vmax=1.0, cmap=_CMAP, aspect="equal")
         ax.grid(False)
-        integer_axis(ax)  # positions: 0, 5, 10, never 2.5
+        integer_axis(ax, max_ticks=4)  # positions: 0, 5, 10, never 2.5
         if kind == "head":
             ax.set_title(name, fontsize=11)
         else:

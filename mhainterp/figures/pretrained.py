@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mhainterp.figures._common import new_figure, require_columns, save_figure
+from mhainterp.figures._common import legend_outside, new_figure, require_columns, save_figure
 
 __all__ = ["plot_attribution_vs_exact", "plot_roles_vs_null", "plot_zero_vs_mean"]
 
@@ -56,14 +56,14 @@ def plot_attribution_vs_exact(
 ) -> Path:
     """Scatter of ``attribution`` against ``exact`` delta loss, one colour per method."""
     require_columns(verified, ["method", "attribution", "exact", "head_label"], "verified", "")
-    fig, ax = new_figure(5.0, 5.0)
+    fig, ax = new_figure(6.0, 5.0)  # + the legend's room beside the data
     for method, group in verified.groupby("method", sort=False):
         ax.scatter(group["exact"], group["attribution"], label=method, s=18)
     _diagonal(ax, verified[["exact", "attribution"]].to_numpy())
     ax.set_xlabel("exact delta loss (engine)")
     ax.set_ylabel("attribution patching estimate")
     ax.set_title(title or "attribution vs exact ablation")
-    ax.legend()
+    legend_outside(ax, title="method", fontsize=8)
     return save_figure(fig, path, verified)
 
 

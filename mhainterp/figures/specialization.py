@@ -35,6 +35,7 @@ from mhainterp.figures._common import (
     sns,
     wrapped_grid,
 )
+from mhainterp.figures.headcount import draw_seeds
 
 __all__ = [
     "causal_matrix_figure",
@@ -60,10 +61,14 @@ def _of_run(df: pd.DataFrame, run: str) -> pd.DataFrame:
 
 
 def _panel_grid(n_panels: int, width: float, height: float) -> tuple[plt.Figure, list]:
-    """A figure of ``n_panels`` panels, at most two per row."""
+    """A figure of ``n_panels`` panels, at most two per row (constrained layout: room for the
+    two-line title above the panels' own, which tight_layout let overlap)."""
     ncols = min(2, n_panels)
     nrows = -(-n_panels // ncols)
-    fig, axes = new_figure(width * ncols, height * nrows, nrows=nrows, ncols=ncols, squeeze=False)
+    fig, axes = new_figure(
+        width * ncols, height * nrows, nrows=nrows, ncols=ncols, squeeze=False,
+        layout="constrained",
+    )  # fmt: skip
     flat = list(axes.ravel())
     for ax in flat[n_panels:]:
         ax.set_visible(False)
@@ -132,14 +137,14 @@ def role_heatmap(
         ax.set_xlabel("relation template († = the task's own)")
         ax.set_ylabel("head")
         ax.set_title(run or "role scores", fontsize=10)
-        plt.setp(ax.get_xticklabels(), rotation=40, ha="right")
+        # upright labels slanted at 40 degrees overlapped their neighbours' boxes
+        plt.setp(ax.get_xticklabels(), rotation=90, ha="center")
         plt.setp(ax.get_yticklabels(), rotation=0)
     fig.suptitle(
         "Share of each head's attention on each relation template\n"
         f"** = role (beats both nulls, corrected p < {alpha:g}, effect large enough); "
         "* = p only"
     )
-    fig.tight_layout()
     return fig
 
 
@@ -182,7 +187,6 @@ def causal_matrix_figure(causal: pd.DataFrame, *, max_runs: int = 4) -> plt.Figu
         ax.set_title(run or "head x target damage", fontsize=10)
         plt.setp(ax.get_yticklabels(), rotation=0)
     fig.suptitle("Which target each head serves: accuracy lost when it is removed")
-    fig.tight_layout()
     return fig
 
 
@@ -218,12 +222,9 @@ def specialization_vs_heads(runs: pd.DataFrame) -> plt.Figure:
     _require(df, ["accuracy"], "runs")
     tasks = list(dict.fromkeys(df["task"]))
     fig, axes, spare = wrapped_grid(len(tasks), len(_SWEEP_METRICS), ncols=3)
-    seeds = sorted(df["seed"].unique())
-    palette = dict(zip(seeds, sns.color_palette("tab10", len(seeds)), strict=True))
     for row, task in enumerate(tasks):
         part = df[df["task"] == task]
         heads = sorted(part["n_heads"].unique())
-        x_of = {h: i for i, h in enumerate(heads)}
         for col, (metric, label, is_count) in enumerate(_SWEEP_METRICS):
             ax = axes[row, col]
             stats = part.groupby("n_heads")[metric].agg(["mean", "std"]).reindex(heads)
@@ -240,18 +241,9 @@ def specialization_vs_heads(runs: pd.DataFrame) -> plt.Figure:
                 zorder=3,
                 label="mean ± std",
             )
-            for i, seed in enumerate(seeds):
-                s = part[part["seed"] == seed]
-                offset = (i - (len(seeds) - 1) / 2) * 0.07
-                ax.scatter(
-                    [x_of[h] + offset for h in s["n_heads"]],
-                    s[metric],
-                    color=palette[seed],
-                    s=22,
-                    alpha=0.8,
-                    zorder=2,
-                    label=f"seed {seed}",
-                )
+            # every seed a dot (a box behind them from many seeds), as every seed figure
+            groups = [part.loc[part["n_heads"] == h, metric].to_numpy(float) for h in heads]
+            draw_seeds(ax, np.arange(len(heads)), groups, 0.5)
             ax.set_xticks(np.arange(len(heads)), [f"h={h}" for h in heads])
             if is_count:  # whole numbers, from 0 to the largest seen
                 top = max(
@@ -293,16 +285,16 @@ def consistency_figure(consistency: pd.DataFrame) -> plt.Figure:
         "consistency",
     )
     tasks = list(dict.fromkeys(consistency["task"]))
-    fig, axes = new_figure(4.4 * len(tasks), 3.6, ncols=len(tasks), squeeze=False)
+    # + room for the legend beside the last panel (it squeezed a lone panel to ~160 px)
+    fig, axes = new_figure(4.4 * len(tasks) + 2.4, 3.6, ncols=len(tasks), squeeze=False)
     for ax, task in zip(axes[0], tasks, strict=True):
         part = consistency[consistency["task"] == task]
         heads = sorted(part["n_heads"].unique())
         means = part.groupby("n_heads")[["consistency", "random_matching", "null_shuffled"]]
         means = means.mean().reindex(heads)
         x = np.arange(len(heads))
-        for i, h in enumerate(heads):
-            values = part.loc[part["n_heads"] == h, "consistency"]
-            ax.scatter(np.full(len(values), i), values, color="tab:blue", alpha=0.6, s=20)
+        groups = [part.loc[part["n_heads"] == h, "consistency"].to_numpy(float) for h in heads]
+        draw_seeds(ax, x, groups, 0.5, label="run pairs")
         ax.scatter(x, means["consistency"], marker="_", s=900, color="black", label="observed")
         ax.scatter(
             x, means["random_matching"], marker="_", s=700, color="grey", label="random matching"
