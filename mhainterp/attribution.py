@@ -56,6 +56,7 @@ __all__ = [
     "gradient_importance",
     "importance_agreement",
     "prune_curve",
+    "verification_plan",
     "verify_attribution",
 ]
 
@@ -550,6 +551,41 @@ def verify_attribution(
         >>> verify_attribution(model, batch, estimate, top_k=8)  # doctest: +SKIP
     """
     method = check_method(method)
+    chosen = verification_plan(attribution, method, top_k=top_k, n_random=n_random, seed=seed)
+    result = evaluate_head_sets(
+        model, data, [[], *([label] for label in chosen["head_label"])], method, reference,
+        n_eval=n_eval, max_rows=max_rows, cache=cache, progress=progress,
+        desc=f"verify ({method})",
+    )  # fmt: skip
+    losses = [m["loss"] for m in result.metrics()]
+    out = chosen[["head_label", "layer", "head", "method", "chosen", "attribution"]].copy()
+    out["exact"] = [loss - losses[0] for loss in losses[1:]]
+    out["baseline_loss"] = losses[0]
+    return out.reset_index(drop=True)
+
+
+def verification_plan(
+    attribution: pd.DataFrame,
+    method: Method = "zero",
+    *,
+    top_k: int = 8,
+    n_random: int = 8,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """The heads :func:`verify_attribution` ablates exactly: the ``top_k`` largest estimates
+    of ``method`` and ``n_random`` of the others drawn with ``seed`` (a sample the top does
+    not choose, so the agreement is not measured on the large effects alone).
+
+    Returns:
+        ``attribution``'s rows of those heads with ``chosen`` (``"top_k"`` or ``"random"``),
+        in attribution order.
+
+    Example:
+        >>> table = pd.DataFrame({"head_label": ["L0H0", "L0H1", "L1H0"], "layer": [0, 0, 1],
+        ...     "head": [0, 1, 0], "method": "zero", "attribution": [0.1, 0.5, 0.2]})
+        >>> verification_plan(table, top_k=1, n_random=1)[["head_label", "chosen"]].values.tolist()
+        [['L0H1', 'top_k'], ['L1H0', 'random']]
+    """
     top_k = check_int("top_k", top_k, minimum=1)
     n_random = check_int("n_random", n_random, minimum=0)
     table = attribution[attribution["method"] == method]
@@ -561,17 +597,7 @@ def verify_attribution(
     generator = torch.Generator().manual_seed(seed)
     picks = torch.randperm(len(rest), generator=generator)[: min(n_random, len(rest))]
     sample = rest.iloc[sorted(picks.tolist())]
-    chosen = pd.concat([top.assign(chosen="top_k"), sample.assign(chosen="random")])
-    result = evaluate_head_sets(
-        model, data, [[], *([label] for label in chosen["head_label"])], method, reference,
-        n_eval=n_eval, max_rows=max_rows, cache=cache, progress=progress,
-        desc=f"verify ({method})",
-    )  # fmt: skip
-    losses = [m["loss"] for m in result.metrics()]
-    out = chosen[["head_label", "layer", "head", "method", "chosen", "attribution"]].copy()
-    out["exact"] = [loss - losses[0] for loss in losses[1:]]
-    out["baseline_loss"] = losses[0]
-    return out.reset_index(drop=True)
+    return pd.concat([top.assign(chosen="top_k"), sample.assign(chosen="random")])
 
 
 def attribution_agreement(verified: pd.DataFrame) -> pd.DataFrame:

@@ -435,6 +435,46 @@ def test_attention_view_numbers_positions_greys_ablated_rows_and_hatches_the_mas
     _click_head(driver, "L0H0", ablated=False)
 
 
+def test_long_findings_stay_in_their_cards_and_a_nan_says_not_measured(task, tmp_path):
+    """A finding with long comma lists ("serves token: 0,1,2,5,6,7,8,9; ...") has no space to
+    break at: on a 16-head grid it ran out of its head's card. A NaN in the saved importance
+    is "not measured", never a number or a broken page."""
+    from selenium.webdriver.common.by import By
+
+    from mhainterp.training import build_model
+
+    model = build_model(task, n_heads=16, d_model=64, seed=0)
+    path = tmp_path / "h16_seed0"
+    metrics = pd.DataFrame({"step": [1], "loss": [0.0], "lr": [0.0], "grad_norm": [0.0]})
+    save_run(
+        model, task, path, TrainConfig(), metrics, {**evaluate(model, task), "status": "finished"}
+    )
+    (path / "analysis").mkdir(exist_ok=True)
+    long = ("looks at no known relation; serves token: 0,1,2,5,6,7,8,9; "
+            "target_class: 1,2,3,4,5,6,7,8,9,10,11; needed")  # fmt: skip
+    heads = model.head_labels
+    pd.DataFrame({"head_label": heads, "label": "unspecialized", "finding": long}).to_csv(
+        path / "analysis" / "specialization_heads.csv", index=False
+    )
+    pd.DataFrame({"head_label": heads, "method": "zero",
+                  "delta_accuracy": [-0.25, float("nan"), *[0.0] * 14]}).to_csv(
+        path / "analysis" / "ablation_importance.csv", index=False)  # fmt: skip
+    with browser_on(Explorer.from_path(path, n_eval=256)) as (driver, _):
+        wait(driver, lambda d: d.find_elements(By.CSS_SELECTOR, '[data-metric="accuracy"]'))
+        outside = _js(driver, """
+            return [...document.querySelectorAll('.mhx-head')].map(card => {
+              const box = card.getBoundingClientRect();
+              const finding = card.querySelector('.mhx-head-finding');
+              const text = finding.getBoundingClientRect();
+              const out = text.left < box.left || text.right > box.right;
+              return out || finding.scrollWidth > finding.clientWidth;
+            })""")  # fmt: skip
+        assert outside == [False] * 16
+        assert _text(driver, '[data-finding="L0H0"]') == long
+        assert _text(driver, '[data-importance="L0H1"]') == "Δacc alone (zero) not measured"
+        assert _text(driver, '[data-importance="L0H0"]') == "Δacc alone (zero) -0.25"
+
+
 def test_the_page_says_loading_then_shows_the_explorer(page, task):
     import threading
 

@@ -55,7 +55,9 @@ def test_a_click_recolours_the_sentence_by_the_sessions_delta_log_prob(page):
         "return document.querySelector('[data-importance=\"L1H2\"]').textContent"
     )
     estimate = explorer.session.importance("zero")["L1H2"]
-    assert label == f"Δloss≈ (zero) {'+' if estimate > 0 else ''}{estimate:.3f}"
+    # the estimate until the page's check has ablated L1H2 exactly, then the exact value
+    exact = explorer.session.evaluate(["L1H2"], method="zero")["delta_loss"]
+    assert label in {f"Δloss≈ (zero) {_signed(estimate)}", f"Δloss {_signed(exact)} exact"}
     assert "next-token cross-entropy" in driver.execute_script(
         "return document.querySelector('.mhx-metrics').textContent"
     )
@@ -68,6 +70,33 @@ def test_a_click_recolours_the_sentence_by_the_sessions_delta_log_prob(page):
     assert [float(x) for x in shown[1:]] == [float(d) for d in expected[: n_real - 1]]
     driver.execute_script("document.querySelector('[data-head=\"L1H2\"]').click()")
     wait(driver, lambda d: set(_deltas(d)[1:]) == {"0"})
+
+
+def _signed(x: float, digits: int = 3) -> str:
+    return f"{'+' if x > 0 else ''}{x:.{digits}f}"
+
+
+def test_the_page_checks_the_estimates_and_says_how_far_they_agree_with_exact(page):
+    """While idle the page asks for exact ablations of the verification plan, two heads at a
+    time, until all 8 heads are checked; each head then shows its exact value, and the line
+    under the grid the agreement (the session's numbers)."""
+    driver, explorer = page
+    driver.get(driver.current_url)
+    wait(driver, lambda d: d.execute_script(
+        "const e = document.querySelector('[data-estimate]'); return e && e.dataset.checked === '8'"
+    ), timeout=60)  # fmt: skip
+    check = explorer.session.estimate_check("zero")
+    assert check["done"] and check["n_checked"] == 8
+    line = driver.execute_script("return document.querySelector('[data-estimate]').textContent")
+    assert line == (
+        "Δloss≈ is a first-order attribution estimate (one backward at load), not an ablation. "
+        f"Agreement with exact ablation (zero) on 8 heads: Spearman {check['spearman']:.2f}, "
+        f"largest error {check['max_abs_error']:.3f}"
+    )
+    label = driver.execute_script(
+        "return document.querySelector('[data-importance=\"L0H3\"]').textContent"
+    )
+    assert label == f"Δloss {_signed(check['exact']['L0H3'])} exact"
 
 
 def test_attention_of_a_large_model_arrives_for_the_hovered_token(page, monkeypatch):

@@ -22,8 +22,10 @@ from mhainterp.attribution import attribution_patching  # noqa: E402
 from mhainterp.explore import Explorer, ExploreSession  # noqa: E402
 from mhainterp.explore import session as session_module  # noqa: E402
 from mhainterp.explore.text import position_bucket_names  # noqa: E402
+from mhainterp.handbuilt import handbuilt_model  # noqa: E402
 from mhainterp.pretrained import load_pretrained  # noqa: E402
 from mhainterp.scoring import embedding_damage, pooled_output  # noqa: E402
+from mhainterp.tasks import get_task  # noqa: E402
 from mhainterp.tasks.text import TOKEN_CLASSES, text_batch  # noqa: E402
 
 
@@ -145,6 +147,75 @@ def test_thumbnail_numbers_are_the_attribution_estimates(llama):
         assert set(shown) == set(model.head_labels)
         for label, value in shown.items():
             assert value == pytest.approx(float(expected[label]), rel=1e-5, abs=1e-7)
+
+
+def test_attribution_at_load_is_one_pass_for_zero_and_mean_and_resample_when_shown(
+    llama, monkeypatch
+):
+    """The start estimated resample too (a donor forward and the replacement path: 13 of
+    SmolLM2's 23 s); zero and mean come from one forward + backward, resample when asked."""
+    model, batch = llama
+    asked = []
+    real = session_module.attribution_patching
+
+    def recording(m, b, methods, **options):
+        asked.append(methods)
+        return real(m, b, methods, **options)
+
+    monkeypatch.setattr(session_module, "attribution_patching", recording)
+    explorer = Explorer.from_model(model, batch, n_eval=len(batch))
+    explorer.handle("state")
+    explorer.handle("method", {"method": "mean"})
+    assert asked == [("zero", "mean")]
+    explorer.handle("method", {"method": "resample"})
+    assert asked == [("zero", "mean"), ("resample",)]
+
+
+def test_estimates_show_their_agreement_with_exact_ablation(llama):
+    """Each head's Δloss≈ is an estimate; the page shows how far it can be trusted: heads
+    ablated alone (a click, or the verification plan a few heads per 'verify') carry their
+    exact value, and the agreement over them is verify_attribution's, step by step."""
+    from mhainterp.ablation import evaluate_head_sets
+    from mhainterp.attribution import attribution_agreement, verify_attribution
+
+    model, batch = llama
+    explorer = Explorer.from_model(model, batch, n_eval=len(batch))
+    check = explorer.handle("state")["view"]["estimate_check"]
+    assert check == {
+        "exact": {},
+        "n_checked": 0,
+        "n_planned": 8,
+        "spearman": None,
+        "max_abs_error": None,
+        "done": False,
+    }  # 8 heads: top 8 + no others
+    view = explorer.handle("toggle", {"head": "L1H2"})  # one head alone: exact, shown so
+    clean, alone = evaluate_head_sets(
+        model, batch, [[], ["L1H2"]], "zero", reference=batch
+    ).metrics()
+    assert view["estimate_check"]["exact"] == {
+        "L1H2": pytest.approx(alone["loss"] - clean["loss"], abs=1e-6)
+    }
+    assert view["estimate_check"]["spearman"] is None  # below 3 heads: not defined
+    explorer.handle("reset")
+    steps = 0
+    while not (check := explorer.handle("verify")["estimate_check"])["done"]:
+        steps += 1
+    assert steps == 3  # 7 heads left, 2 per step: 4 calls, the last one done
+    estimates = attribution_patching(model, batch, ("zero", "mean"))
+    verified = verify_attribution(model, batch, estimates, "zero", top_k=8, n_random=8)
+    expected = attribution_agreement(verified).iloc[0]
+    assert check["n_checked"] == check["n_planned"] == 8
+    assert check["spearman"] == pytest.approx(expected["spearman"], abs=1e-4)
+    assert check["max_abs_error"] == pytest.approx(expected["max_abs_error"], abs=1e-5)
+    assert check["exact"] == pytest.approx(
+        dict(zip(verified["head_label"], verified["exact"])), abs=1e-5
+    )
+    assert explorer.handle("verify")["estimate_check"] == check  # done: nothing more to ablate
+    # our own models' importance is exact: nothing to check
+    task = get_task("previous_token", seq_len=16, d_vocab=10)
+    own = Explorer.from_model(handbuilt_model(["previous", "uniform", "previous"]), task, n_eval=8)
+    assert own.view()["estimate_check"] is None
 
 
 def test_exact_importance_on_request_is_the_single_head_loss_change(llama):

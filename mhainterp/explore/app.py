@@ -8,7 +8,8 @@ raises :class:`BadRequestError` (a ``ValueError``) with a message for the user; 
 Actions: ``state`` (everything the page draws), ``toggle {head}``, ``method {method}``,
 ``reset``, ``example {index} | {draw: true}``, ``run {run}`` (switch run; answers ``state``),
 ``attention {query}`` (where every head attends from one position of the shown example:
-a large model's example carries no patterns).
+a large model's example carries no patterns), ``verify`` (check a few more attribution
+estimates against exact ablation; answers the view).
 
 Example:
     >>> explorer = Explorer.from_model(model, task)  # doctest: +SKIP
@@ -40,7 +41,7 @@ from mhainterp.validation import check_int, invalid
 
 __all__ = ["ACTIONS", "BadRequestError", "Explorer", "answer_message"]
 
-ACTIONS = ("state", "toggle", "method", "reset", "example", "run", "attention")
+ACTIONS = ("state", "toggle", "method", "reset", "example", "run", "attention", "verify")
 
 LOSS_NAMES = {
     "classes": "loss",
@@ -256,6 +257,8 @@ class Explorer:
                 self.session.reset()
             elif action == "example":
                 self._example = self._pick_example(body)
+            elif action == "verify":
+                self.session.verify_estimates()
             elif action == "attention":
                 query = _field(body, "query", int)
                 return {"index": self._example, "query": query,
@@ -312,7 +315,9 @@ class Explorer:
         }
 
     def view(self) -> dict[str, Any]:
-        """What changes with a click: ablated heads, method, metrics, example, importance."""
+        """What changes with a click: ablated heads, method, metrics, example, importance and,
+        for attribution estimates, their agreement with exact ablation so far
+        (:meth:`ExploreSession.estimate_check`; None for exact importance)."""
         session = self.session
         return {
             "method": session.method,
@@ -320,6 +325,7 @@ class Explorer:
             "metrics": session.metrics(),
             "example": session.example(self._example),
             "importance": self.importance(),
+            "estimate_check": session.estimate_check(),
         }
 
     def importance(self) -> dict[str, float]:

@@ -15,9 +15,13 @@ embedding damage ``1 - cos`` of the pooled output to the clean one), the groups 
 axes (:mod:`mhainterp.explore.text`), the example carries the decoded tokens and each next
 token's change in log-probability, and the per-head "importance alone" of a next-token model
 is the attribution estimate of its loss change (:func:`~mhainterp.attribution.
-attribution_patching`: one forward + backward at load for every head and method), so only
-the clicked configuration is ever ablated exactly. Attention of a large model (more than
-:data:`INLINE_ATTENTION_HEADS` heads) is sent for one query at a time (:meth:`attention`).
+attribution_patching`: one forward + backward at load gives zero and mean; resample's when
+first asked), so only the clicked configuration is ever ablated exactly. An estimate is shown
+with its measured agreement: :meth:`verify_estimates` ablates, a few heads per call, the
+heads :func:`~mhainterp.attribution.verification_plan` picks, and every head ablated alone
+(a click, or the plan) shows its exact value (:meth:`estimate_check`). Attention of a large
+model (more than :data:`INLINE_ATTENTION_HEADS` heads) is sent for one query at a time
+(:meth:`attention`).
 
 Example:
     >>> from mhainterp.handbuilt import handbuilt_model
@@ -30,17 +34,19 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
+import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mhainterp.ablation import METHODS, Ablator, check_method
+from mhainterp.ablation import Ablator, check_method
 from mhainterp.ablation.interactive import DEFAULT_CACHE_SIZE
 from mhainterp.analyze_pretrained import embedding_metric
-from mhainterp.attribution import attribution_patching
+from mhainterp.attribution import attribution_agreement, attribution_patching, verification_plan
 from mhainterp.capture import average_patterns
 from mhainterp.data import DEFAULT_N_EVAL, as_batch, batch_for_model
 from mhainterp.explore.text import text_axis_values, token_strings
@@ -51,7 +57,7 @@ from mhainterp.specialization.whom.damage import axis_values
 from mhainterp.tasks import Batch, Task
 from mhainterp.validation import check_option, invalid
 
-__all__ = ["IMPORTANCE_SOURCES", "INLINE_ATTENTION_HEADS", "ExploreSession"]
+__all__ = ["IMPORTANCE_SOURCES", "INLINE_ATTENTION_HEADS", "VERIFY_PLAN", "ExploreSession"]
 
 IMPORTANCE_SOURCES = ("exact", "attribution")
 """Where the per-head "importance alone" numbers come from: exact single-head ablation (one
@@ -64,6 +70,19 @@ would put ~2 MB of JSON in every click's answer."""
 
 ATTRIBUTION_BATCH = 16
 """Sequences per forward + backward of the attribution at load."""
+
+AT_LOAD = ("zero", "mean")
+"""Methods whose attribution estimates come from the one forward + backward at load (the
+evaluation batch is the reference: no forward of its own); resample's needs a donor forward
+and is estimated when the method is first shown."""
+
+VERIFY_PLAN = {"top_k": 8, "n_random": 8, "seed": 0}
+"""Heads an estimate is checked on, per method (:func:`~mhainterp.attribution.
+verification_plan`): the 8 largest estimates and 8 others at random."""
+
+VERIFY_STEP = 2
+"""Heads ablated exactly per :meth:`ExploreSession.verify_estimates` call: SmolLM2 on 16
+sentences takes about a second a head, so a click waits at most a step."""
 
 
 class ExploreSession(Ablator):
@@ -139,6 +158,7 @@ class ExploreSession(Ablator):
         clean = self.position_scores(heads=[])
         self._clean_sums = self._sums(clean)
         self._importance: dict[str, dict[str, float]] = {}
+        self._exact: dict[str, dict[str, float]] = {}  # method -> head -> exact Δloss alone
         self._patterns: tuple[Any, Tensor] | None = None  # (index, method, heads) -> patterns
 
     @property
@@ -161,6 +181,8 @@ class ExploreSession(Ablator):
         current = self.position_scores()
         clean = self.position_scores(heads=[])
         n = int(self._scored.sum())
+        if self.importance_source == "attribution" and len(self.head_pairs) == 1:
+            self._record_exact(self.heads[0], self.method)  # what its estimate is checked on
         overall = {
             "loss": _pair(clean.nll.sum() / n, current.nll.sum() / n),
             "accuracy": _pair(clean.correct.sum().double() / n, current.correct.sum().double() / n),
@@ -293,8 +315,9 @@ class ExploreSession(Ablator):
         if method in self._importance:
             return self._importance[method]
         if self.importance_source == "attribution":
+            methods = AT_LOAD if method in AT_LOAD else (method,)
             table = attribution_patching(
-                self.model, self.batch_, METHODS, batch_size=ATTRIBUTION_BATCH
+                self.model, self.batch_, methods, batch_size=ATTRIBUTION_BATCH
             )
             for name, rows in table.groupby("method", sort=False):
                 self._importance[str(name)] = dict(zip(rows["head_label"], rows["attribution"]))
@@ -308,6 +331,54 @@ class ExploreSession(Ablator):
             for pair in heads
         }
         return self._importance[method]
+
+    # -- how far an estimate can be trusted ---------------------------------------------------
+    def estimate_check(self, method: str | None = None) -> dict[str, Any] | None:
+        """How the attribution estimates of ``method`` agree with exact ablation so far.
+
+        Returns:
+            None for exact importance (nothing is estimated); else ``{"exact"`` (head ->
+            exact Δloss alone, for every head ablated alone so far), ``"n_checked"``,
+            ``"n_planned"`` (heads :meth:`verify_estimates` still ablates, plus those done),
+            ``"spearman"`` (rank correlation of estimate and exact over the checked heads;
+            None below 3 heads), ``"max_abs_error"``, ``"done"``}.
+        """
+        if self.importance_source != "attribution":
+            return None
+        method = check_method(method or self.method)
+        exact = self._exact.get(method, {})
+        estimate = self.importance(method)
+        todo = self._unchecked(method)
+        agreement = _agreement(estimate, exact)
+        return {"exact": {label: round(value, 6) for label, value in exact.items()},
+                "n_checked": len(exact), "n_planned": len(exact) + len(todo),
+                **agreement, "done": not todo}  # fmt: skip
+
+    def verify_estimates(self, method: str | None = None, n: int = VERIFY_STEP) -> dict[str, Any]:
+        """Ablate exactly the next ``n`` unchecked heads of ``method``'s verification plan
+        (:data:`VERIFY_PLAN`; one batched pass, kept in the cache so clicking them is free)
+        and return :meth:`estimate_check`. Reads no state and changes none."""
+        method = check_method(method or self.method)
+        todo = self._unchecked(method)[:n]
+        if todo:
+            self.precompute([[label] for label in todo], method=method)
+            for label in todo:
+                self._record_exact(label, method)
+        check = self.estimate_check(method)
+        return check if check is not None else {}
+
+    def _unchecked(self, method: str) -> list[str]:
+        table = pd.DataFrame(
+            [{"head_label": label, "layer": 0, "head": 0, "method": method, "attribution": value}
+             for label, value in self.importance(method).items()]
+        )  # fmt: skip
+        plan = verification_plan(table, method, **VERIFY_PLAN)["head_label"]
+        return [label for label in plan if label not in self._exact.get(method, {})]
+
+    def _record_exact(self, label: str, method: str) -> None:
+        """Keep head ``label``'s exact Δloss alone under ``method`` (a cache hit by now)."""
+        delta = self.evaluate([label], method=method)["delta_loss"]
+        self._exact.setdefault(method, {})[label] = float(delta)
 
     # -- grouping ------------------------------------------------------------------------------
     def _sums(self, scores: PositionScores) -> dict[str, tuple[Tensor, Tensor]]:
@@ -339,6 +410,25 @@ class ExploreSession(Ablator):
                 for i, (name, count) in enumerate(zip(self._value_names[axis], counts.tolist()))
             ]
         return out
+
+
+def _agreement(estimate: dict[str, float], exact: dict[str, float]) -> dict[str, float | None]:
+    """``{"spearman", "max_abs_error"}`` of the estimates over the heads with an exact value
+    (None where there are too few: a rank correlation needs 3 heads).
+
+    Example:
+        >>> _agreement({"a": 0.1, "b": 0.5, "c": 0.2}, {"a": 0.0, "b": 0.9, "c": 0.3})
+        {'spearman': 1.0, 'max_abs_error': 0.4}
+    """
+    labels = [label for label in exact if label in estimate]
+    if not labels:
+        return {"spearman": None, "max_abs_error": None}
+    rows = pd.DataFrame({"method": "any", "chosen": "top_k", "exact": [exact[x] for x in labels],
+                         "attribution": [estimate[x] for x in labels]})  # fmt: skip
+    agreement = attribution_agreement(rows).iloc[0]
+    rho = float(agreement["spearman"]) if len(labels) >= 3 else float("nan")
+    error = round(float(agreement["max_abs_error"]), 6)
+    return {"spearman": None if math.isnan(rho) else round(rho, 4), "max_abs_error": error}
 
 
 def _pair(clean: Tensor, ablated: Tensor) -> dict[str, float]:

@@ -64,6 +64,9 @@ const h = (tag, attrs = {}, ...children) => {
 const fill = (node, ...children) => node.replaceChildren(...children.filter((c) => c !== null && c !== undefined));
 const fmt = (x, digits = 3) => (Number.isFinite(x) ? x.toFixed(digits) : "–");
 const signed = (x, digits = 3) => (Number.isFinite(x) ? (x > 0 ? "+" : "") + x.toFixed(digits) : "–");
+// A value the saved table or the session does not have (null; NaN arrives as null in JSON).
+const NOT_MEASURED = "not measured";
+const signedOrNot = (x, digits) => (Number.isFinite(x) ? signed(x, digits) : NOT_MEASURED);
 
 export function mount(root, call) {
   const ui = { state: null, view: null, lockedQuery: null, hoverQuery: null, groupBy: "target_class", detail: null };
@@ -108,14 +111,42 @@ export function mount(root, call) {
     ui.lockedQuery = null;
     ui.detail = null;
     renderAll();
+    checkEstimates();
   };
 
   const update = async (action, body) => {
     const clicked = performance.now();
-    ui.view = await request(action, body);
+    ui.clicks = (ui.clicks || 0) + 1;
+    try {
+      ui.view = await request(action, body);
+    } finally {
+      ui.clicks -= 1;
+    }
     renderDynamic();
     // Click-to-render time, for the benchmark and the status line.
     root.setAttribute("data-last-ms", (performance.now() - clicked).toFixed(1));
+    checkEstimates();
+  };
+
+  // While nothing else is asked, check a few more estimates against exact ablation (each
+  // request ablates two heads, so a click waits at most that long), until the plan is done.
+  const checkEstimates = () => {
+    const check = ui.view && ui.view.estimate_check;
+    if (!check || check.done || ui.checking) return;
+    ui.checking = true;
+    setTimeout(async () => {
+      try {
+        if (!ui.clicks) {
+          const view = await call("verify", {});
+          if (!ui.clicks) { ui.view = view; renderDynamic(); }
+        }
+      } catch (error) {
+        return; // shown by the next request's error bar, if any
+      } finally {
+        ui.checking = false;
+      }
+      checkEstimates();
+    }, 300);
   };
 
   // ------------------------------------------------------------------ static parts (per run)
@@ -168,6 +199,7 @@ export function mount(root, call) {
           h("h3", {}, "Heads: click to ablate / restore"),
           headGrid(s),
           colourScale(s.causal),
+          h("div", { class: "mhx-estimate", "data-estimate": "check" }),
           h("div", { class: "mhx-detail" }),
         ),
         h("section", { class: "mhx-metrics" }),
@@ -272,9 +304,32 @@ export function mount(root, call) {
     return `${how}Δ${imp.quantity === "accuracy" ? "accuracy" : ui.state.metric.loss} when this head alone is ablated (${method})`;
   }
 
+  // A head's number: its exact value alone once measured (a click, or the check of the
+  // estimates), else the estimate, marked "≈"; a value nobody measured says so.
+  function headNumber(label, short) {
+    const check = ui.view.estimate_check;
+    const exact = check ? check.exact[label] : undefined;
+    const digits = (ui.state.importance || {}).quantity === "loss" ? (short ? 3 : 4) : short ? 2 : 3;
+    if (exact !== undefined) {
+      const estimate = signedOrNot(ui.view.importance[label], digits);
+      return short ? `Δloss ${signed(exact, digits)} exact` : `exact Δloss alone (${ui.view.method}): ${signed(exact, digits)} (estimate was ${estimate})`;
+    }
+    return `${importanceText(ui.view.method, short)}${short ? " " : ": "}${signedOrNot(ui.view.importance[label], digits)}`;
+  }
+
+  // How far the estimates can be trusted: their agreement with exact ablation so far.
+  function estimateText(check) {
+    if (!check) return "";
+    const what = "Δloss≈ is a first-order attribution estimate (one backward at load), not an ablation";
+    if (check.n_checked === 0) return `${what}; checking it against exact ablation…`;
+    const rho = check.spearman === null ? "Spearman not defined below 3 heads" : `Spearman ${check.spearman.toFixed(2)}`;
+    const error = Number.isFinite(check.max_abs_error) ? `, largest error ${check.max_abs_error.toFixed(3)}` : "";
+    const progress = check.done ? "" : ` (checking ${check.n_planned} heads…)`;
+    return `${what}. Agreement with exact ablation (${ui.view.method}) on ${check.n_checked} heads: ${rho}${error}${progress}`;
+  }
+
   function showDetail(head) {
     const box = root.querySelector(".mhx-detail");
-    const imp = ui.view.importance[head.label];
     const rows = [
       h(
         "div",
@@ -282,7 +337,7 @@ export function mount(root, call) {
         h("strong", {}, head.label),
         head.role ? ` · ${head.role}` : "",
         head.finding ? ` · ${head.finding}` : "",
-        ` · ${importanceText(ui.view.method, false)}: ${signed(imp, (ui.state.importance || {}).quantity === "loss" ? 4 : 3)}`,
+        ` · ${headNumber(head.label, false)}`,
         ui.view.ablated.includes(head.label) ? " · ablated now" : "",
       ),
     ];
@@ -306,9 +361,13 @@ export function mount(root, call) {
       cell.classList.toggle("ablated", ablated.has(cell.dataset.head));
     }
     for (const node of root.querySelectorAll("[data-importance]")) {
-      const digits = (ui.state.importance || {}).quantity === "loss" ? 3 : 2;
-      node.textContent = `${importanceText(v.method, true)} ${signed(v.importance[node.dataset.importance], digits)}`;
-      node.title = `${node.dataset.importance}: ${importanceText(v.method, false)}`;
+      node.textContent = headNumber(node.dataset.importance, true);
+      node.title = `${node.dataset.importance}: ${headNumber(node.dataset.importance, false)}`;
+    }
+    const estimate = root.querySelector("[data-estimate]");
+    if (estimate) {
+      estimate.textContent = estimateText(v.estimate_check);
+      if (v.estimate_check) estimate.dataset.checked = String(v.estimate_check.n_checked);
     }
     if (ui.detail) showDetail(ui.detail); // the method or the ablated set changed: not stale
     for (const button of root.querySelectorAll("[data-method]")) {
