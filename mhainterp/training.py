@@ -62,7 +62,6 @@ from mhainterp.runtime import (
 )
 from mhainterp.scoring import Totals, position_scores, totals
 from mhainterp.tasks import Batch, Task, task_from_record, task_record
-from mhainterp.training_memory import count_parameters, itemsize, training_memory, training_what
 from mhainterp.validation import ParameterError, check_int, invalid
 
 __all__ = [
@@ -78,6 +77,10 @@ __all__ = [
     "run_config_differences",
     "saved_config_matches",
     "lr_at",
+    "count_parameters",
+    "itemsize",
+    "training_memory",
+    "training_what",
 ]
 
 METADATA_KEY = "mhainterp.model"
@@ -134,6 +137,45 @@ class Run:
     train_config: TrainConfig
     metrics: pd.DataFrame
     eval: dict[str, Any] = field(default_factory=dict)
+
+
+# What training needs in memory, estimated before anything is allocated: train() and
+# build_model() refuse a size that cannot fit with one line (how much is needed, how much is
+# available: mhainterp.io.require_memory) instead of ending in the allocator's traceback.
+
+
+def count_parameters(config: ModelConfig) -> int:
+    """Parameters of a model of ``config``, counted on torch's meta device (nothing allocated)."""
+    meta = ModelConfig.from_dict({**config.to_dict(), "device": "meta"})
+    with torch.device("meta"):
+        return sum(p.numel() for p in HookedMHATransformer(meta).parameters())
+
+
+def itemsize(config: ModelConfig) -> int:
+    """Bytes per element of the model's dtype."""
+    return torch.empty((), dtype=getattr(torch, config.to_dict()["dtype"])).element_size()
+
+
+def training_memory(config: ModelConfig, train_config: TrainConfig) -> int:
+    """A lower bound on the bytes :func:`train` allocates: weights, gradients, two AdamW
+    moments and the last good copy (5 x parameters); one step's activations, kept for the
+    backward pass; the fixed evaluation set (tokens, targets, mask: int64)."""
+    n = config.n_ctx
+    per_token = config.n_layers * (8 * config.d_model + 3 * config.n_heads * n)
+    if not config.attn_only:
+        per_token += config.n_layers * 2 * config.d_mlp
+    per_token += 2 * config.d_vocab_out * config.n_targets
+    activations = 2 * train_config.batch_size * n * per_token * itemsize(config)
+    batch_tokens = 3 * 8 * n * (train_config.batch_size + train_config.n_eval)
+    return 5 * count_parameters(config) * itemsize(config) + activations + batch_tokens
+
+
+def training_what(config: ModelConfig, train_config: TrainConfig) -> str:
+    """What the estimate is of, for the refusal's one line."""
+    return (
+        f"training (d_model={config.d_model}, batch_size={train_config.batch_size}, "
+        f"n_eval={train_config.n_eval})"
+    )
 
 
 def build_model(

@@ -40,7 +40,6 @@ LAYERS: dict[str, int] = {
     "handbuilt_induction": 2,
     "pretrained": 2,
     "training": 3,
-    "training_memory": 3,
     "fast": 3,
     "sweep": 3,
     "demo": 9,

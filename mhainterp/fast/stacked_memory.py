@@ -18,7 +18,7 @@ from torch import Tensor
 from mhainterp.config import ModelConfig, TrainConfig
 from mhainterp.fast.stacked_forward import batched_logits, batched_loss
 from mhainterp.fast.stacked_params import StackedModels
-from mhainterp.training_memory import count_parameters, itemsize
+from mhainterp.training import count_parameters, itemsize
 
 __all__ = ["BACKWARD_FACTOR", "STATE_COPIES", "stacked_bytes_per_model", "saved_activation_bytes"]
 

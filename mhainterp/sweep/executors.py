@@ -54,8 +54,7 @@ from mhainterp.sweep.memory import (
     trains_in_groups,
 )
 from mhainterp.sweep.spec import RunSpec, execute_run
-from mhainterp.training import RUN_FILES, TrainingDivergedError
-from mhainterp.training_memory import training_memory
+from mhainterp.training import RUN_FILES, TrainingDivergedError, training_memory
 from mhainterp.validation import check_int, invalid
 
 __all__ = [

@@ -54,8 +54,9 @@ from mhainterp.training import (
     load_run,
     run_config_differences,
     saved_config_matches,
+    training_memory,
+    training_what,
 )
-from mhainterp.training_memory import training_memory, training_what
 from mhainterp.validation import check_option
 
 __all__ = [
