@@ -573,8 +573,8 @@ _SWEEP_CAPTIONS = {
     "dead shares of heads, and accuracy vs h (points = seeds).",
     "consistency": "Cross-seed consistency of role profiles vs random matching and the null the "
     f"p is computed against: {HEADS_SHUFFLED_NULL}.",
-    "role_scores": "Role scores of the first seed of each head count.",
-    "causal_matrix": "Head x target damage, first seed of each head count.",
+    "role_scores": "Role scores of each head count's seed whose heads hold the most relations.",
+    "causal_matrix": "Head x target damage of each head count's seed holding the most relations.",
 }
 
 

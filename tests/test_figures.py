@@ -495,3 +495,36 @@ def test_pretrained_agreement_scatters_are_saved_beside_their_tables(tmp_path):
     assert pd.read_csv(png.with_suffix(".csv")).equals(verified)
     with pytest.raises(ValueError, match="exact"):
         plot_attribution_vs_exact(verified.drop(columns="exact"), tmp_path / "bad.png")
+
+
+def test_sweep_figures_show_the_seed_that_holds_the_relations(tmp_path, monkeypatch):
+    """Issue 33 item 6: the sweep's attention figure (role scores) showed the first seed of
+    each head count; in an induction sweep that was the one seed of three without an
+    induction head. The example is now the seed whose heads hold the most relations."""
+    from types import SimpleNamespace
+
+    import mhainterp.figures.saved as saved
+
+    runs = pd.DataFrame(
+        {"run": [f"induction/h{h}_seed{s}" for h in (1, 4) for s in range(3)],
+         "n_heads": [1, 1, 1, 4, 4, 4], "seed": [0, 1, 2] * 2,
+         "n_relations": [1, 1, 1, 1, 2, 2]}  # h=4: seed 0 holds previous only
+    )  # fmt: skip
+    roles = pd.DataFrame(
+        {"run": runs["run"], "head_label": "L0H0", "role": "previous", "score": 0.9,
+         "p_adj": 0.01, "significant": True}
+    )  # fmt: skip
+    result = SimpleNamespace(roles=roles, causal=roles.iloc[:0], consistency=pd.DataFrame(),
+                             settings=SimpleNamespace(alpha=0.05))  # fmt: skip
+    shown = []
+    monkeypatch.setattr(
+        saved, "role_heatmap", lambda r, **k: shown.append(list(r["run"])) or plt.figure()
+    )
+    monkeypatch.setattr(saved, "specialization_vs_heads", lambda r: plt.figure())
+    spec = SimpleNamespace(runs=runs, result=result)
+    saved.sweep_specialization_figures(spec, tmp_path, draw=True)
+    assert shown == [["induction/h1_seed0", "induction/h4_seed1"]]
+    assert saved.example_runs(runs.drop(columns="n_relations")) == [
+        "induction/h1_seed0",
+        "induction/h4_seed0",
+    ]  # an old table without the column: the first seed

@@ -47,6 +47,7 @@ from mhainterp.sweep import load_curves
 
 __all__ = [
     "FIGURE_COMMAND",
+    "example_runs",
     "OWN_FIGURES",
     "division_figures",
     "head_count_figures",
@@ -91,8 +92,26 @@ def run_specialization_figures(
     return [Path(analysis_dir) / f"{stem}.png" for stem in specialization_figure_stems(result)]
 
 
-def _first_seeds(spec: SweepSpecialization) -> list[str]:
-    return spec.runs.groupby("n_heads", sort=True).head(1)["run"].tolist()
+def example_runs(runs: pd.DataFrame) -> list[str]:
+    """Per head count (ascending), the run a sweep's figures show as its example: the one
+    whose heads hold the most of the task's relations (``n_relations``), ties going to the
+    lowest seed; a table without that column gives the first seed.
+
+    The first seed was shown whatever it held: in an induction sweep, the one seed of three
+    without an induction head illustrated the claim that the heads hold previous-token and
+    induction roles.
+
+    Example:
+        >>> runs = pd.DataFrame({"run": ["h2_seed0", "h2_seed1", "h2_seed2"], "n_heads": 2,
+        ...                      "seed": [0, 1, 2], "n_relations": [1, 2, 2]})
+        >>> example_runs(runs)
+        ['h2_seed1']
+    """
+    covered = runs["n_relations"].fillna(0) if "n_relations" in runs else 0
+    ranked = runs.assign(_covered=covered).sort_values(
+        ["n_heads", "_covered", "seed"], ascending=[True, False, True], kind="stable"
+    )
+    return ranked.groupby("n_heads", sort=True).head(1)["run"].tolist()
 
 
 def sweep_specialization_figures(
@@ -100,17 +119,17 @@ def sweep_specialization_figures(
 ) -> list[Path]:
     """A sweep's specialization figures in ``sweep_dir``: ``specialization_vs_heads``,
     ``consistency`` (when the sweep has run pairs), ``role_scores`` and ``causal_matrix``
-    (several targets) of the first seed of each head count; drawn with ``draw``."""
+    (several targets) of the :func:`example_runs` of each head count; drawn with ``draw``."""
     sweep_dir = Path(sweep_dir)
     result = spec.result
-    first_seed = _first_seeds(spec)
-    roles = result.roles[result.roles["run"].isin(first_seed)]
-    causal = result.causal[result.causal["run"].isin(first_seed)]
+    examples = example_runs(spec.runs)
+    roles = result.roles[result.roles["run"].isin(examples)]
+    causal = result.causal[result.causal["run"].isin(examples)]
     planned = [("specialization_vs_heads", lambda: specialization_vs_heads(spec.runs), spec.runs)]
     if len(result.consistency):
         table = result.consistency
         planned.append(("consistency", lambda: consistency_figure(table), table))
-    alpha, n_runs = result.settings.alpha, len(first_seed)
+    alpha, n_runs = result.settings.alpha, len(examples)
     planned.append(
         ("role_scores", lambda: role_heatmap(roles, alpha=alpha, max_runs=n_runs), roles)
     )
