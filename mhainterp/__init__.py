@@ -50,9 +50,6 @@ if TYPE_CHECKING:  # what static tools and IDEs see: the same names, imported ea
     from mhainterp.explore import (
         explore,
     )
-    from mhainterp.handbuilt import (
-        handbuilt_model,
-    )
     from mhainterp.heads import (
         format_heads,
         head_label,
@@ -62,6 +59,9 @@ if TYPE_CHECKING:  # what static tools and IDEs see: the same names, imported ea
         HookedMHATransformer,
         MultiHeadAttention,
         TransformerBlock,
+    )
+    from mhainterp.model.handbuilt import (
+        handbuilt_model,
     )
     from mhainterp.pretrained import (
         load_pretrained,
@@ -130,7 +130,7 @@ _EXPORTS: dict[str, str] = {
     "TrainConfig": "mhainterp.config",
     "as_batch": "mhainterp.data",
     "explore": "mhainterp.explore",
-    "handbuilt_model": "mhainterp.handbuilt",
+    "handbuilt_model": "mhainterp.model.handbuilt",
     "format_heads": "mhainterp.heads",
     "head_label": "mhainterp.heads",
     "resolve_heads": "mhainterp.heads",

@@ -87,7 +87,7 @@ def check_model(model: Any, name: str = "model") -> Any:
     """``model`` if it satisfies :class:`HookedModel`, else a ``TypeError`` that says what does.
 
     Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> check_model(handbuilt_model(["self"], d_head=48)).cfg.n_heads
         1
         >>> check_model("gpt2")

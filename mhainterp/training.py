@@ -551,7 +551,7 @@ def save_run(
 
     Example:
         >>> import tempfile
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> from mhainterp.tasks import get_task
         >>> model = handbuilt_model(["previous", "dead"], d_head=18)
         >>> task = get_task("previous_token", seq_len=16, d_vocab=10)

@@ -1,5 +1,5 @@
 """Ablation with known answers: a hand-built model with two identical previous-token heads and a
-uniform head (mhainterp.handbuilt), plus equality checks against naive per-head loops."""
+uniform head (mhainterp.model.handbuilt), plus equality checks against naive per-head loops."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ from mhainterp.figures.ablation import (
     prune_curve_figure,
     save_ablation_figures,
 )
-from mhainterp.handbuilt import handbuilt_model
+from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.scoring import position_scores
 from mhainterp.tasks import get_task
 from mhainterp.training import build_model, evaluate

@@ -7,7 +7,7 @@ import pytest
 
 from mhainterp.cli import main
 from mhainterp.config import TrainConfig
-from mhainterp.handbuilt import handbuilt_model
+from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.tasks import get_task
 from mhainterp.training import save_run
 

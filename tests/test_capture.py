@@ -26,8 +26,8 @@ from mhainterp.capture import (
 from mhainterp.config import ModelConfig
 from mhainterp.data import as_batch
 from mhainterp.figures.patterns import plot_average_patterns, plot_example_patterns
-from mhainterp.handbuilt import handbuilt_model
 from mhainterp.model import HookedMHATransformer
+from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.tasks import first_position_template, get_task
 from mhainterp.validation import ParameterError
 

@@ -12,7 +12,7 @@ import pytest
 from mhainterp import cli
 from mhainterp.ablation import Ablator
 from mhainterp.config import TrainConfig
-from mhainterp.handbuilt import handbuilt_model
+from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.tasks import get_task
 from mhainterp.training import build_model, evaluate, save_run
 

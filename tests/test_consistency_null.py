@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from mhainterp.handbuilt import handbuilt_model
+from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.specialization import cross_seed_consistency, role_profiles, specialization_test
 from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL
 from mhainterp.tasks import get_task

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from mhainterp.handbuilt import handbuilt_model
+from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.specialization import SpecializationSettings, label_stability, specialization_test
 from mhainterp.specialization.needed.dead import candidates, dead_heads
 from mhainterp.tasks import get_task

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mhainterp import division_of_labour
-from mhainterp.handbuilt_split import split_batch, split_heads_model
+from mhainterp.model.handbuilt import split_batch, split_heads_model
 from mhainterp.specialization import DivisionResult, target_damage
 from mhainterp.specialization.whom.damage import _small_unique, triple_damage
 from mhainterp.specialization.whom.division_result import (
@@ -254,7 +254,7 @@ def test_triple_damage_counts_every_scored_triple(batch):
 
 def _run_folder(path):
     from mhainterp.config import TrainConfig
-    from mhainterp.handbuilt import handbuilt_model
+    from mhainterp.model.handbuilt import handbuilt_model
     from mhainterp.training import evaluate, save_run
 
     task = get_task("previous_token", seq_len=16, d_vocab=10)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mhainterp import division_of_labour
-from mhainterp.handbuilt_split import head_copies_model, split_batch, split_heads_model
+from mhainterp.model.handbuilt import head_copies_model, split_batch, split_heads_model
 from mhainterp.specialization import DivisionResult
 
 FAST = dict(method="zero", methods=("zero",), n_bootstrap=50)

@@ -9,8 +9,12 @@ import pandas as pd
 import pytest
 
 from mhainterp import division_of_labour
-from mhainterp.handbuilt_induction import induction_circuit_model
-from mhainterp.handbuilt_split import head_copies_model, split_batch, split_heads_model
+from mhainterp.model.handbuilt import (
+    head_copies_model,
+    induction_circuit_model,
+    split_batch,
+    split_heads_model,
+)
 from mhainterp.specialization.verdict.stability import division_stability
 from mhainterp.specialization.whom.division_calls import specialized_rule
 from mhainterp.specialization.whom.settings import DivisionSettings

@@ -18,8 +18,8 @@ from mhainterp.explore import BadRequestError, Explorer, ExploreSession
 from mhainterp.explore.app import answer_message
 from mhainterp.explore.results import SavedResults
 from mhainterp.explore.runs import explorable_runs
-from mhainterp.handbuilt import handbuilt_model
 from mhainterp.io import write_json
+from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.tasks import get_task
 from mhainterp.training import build_model, evaluate, save_run
 

@@ -26,7 +26,7 @@ import torch
 from mhainterp.ablation import Ablator
 from mhainterp.config import TrainConfig
 from mhainterp.explore import Explorer
-from mhainterp.handbuilt import handbuilt_model
+from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.specialization import SpecializationSettings, cached_specialization
 from mhainterp.tasks import get_task
 from mhainterp.training import evaluate, save_run

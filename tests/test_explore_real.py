@@ -22,7 +22,7 @@ from mhainterp.attribution import attribution_patching  # noqa: E402
 from mhainterp.explore import Explorer, ExploreSession  # noqa: E402
 from mhainterp.explore import session as session_module  # noqa: E402
 from mhainterp.explore.text import position_bucket_names  # noqa: E402
-from mhainterp.handbuilt import handbuilt_model  # noqa: E402
+from mhainterp.model.handbuilt import handbuilt_model  # noqa: E402
 from mhainterp.pretrained import load_pretrained  # noqa: E402
 from mhainterp.scoring import embedding_damage, pooled_output  # noqa: E402
 from mhainterp.tasks import get_task  # noqa: E402

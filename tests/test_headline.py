@@ -8,7 +8,7 @@ import dataclasses
 import pandas as pd
 import pytest
 
-from mhainterp.handbuilt import handbuilt_model
+from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.specialization import (
     THRESHOLDS,
     DivisionSettings,

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mhainterp import TrainConfig, build_model, get_task, train
-from mhainterp.handbuilt_induction import induction_circuit_model, offset_head_model
+from mhainterp.model.handbuilt import induction_circuit_model, offset_head_model
 from mhainterp.specialization import specialization_test
 from mhainterp.training import evaluate
 

@@ -3,7 +3,8 @@
 Every test checks real values: exact tensors (``torch.equal``) where the computation is exact,
 ``torch.testing.assert_close`` against an independent computation (``torch.nn.MultiheadAttention``,
 einsums over the per-head views, hand-computed cross-entropy) where it is floating point, and
-closed-form numbers on the hand-built model (:mod:`mhainterp.handbuilt`) whose heads are known.
+closed-form numbers on the hand-built model (:mod:`mhainterp.model.handbuilt`) whose heads are
+known.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from transformer_lens.head_detector import detect_head
 from transformer_lens.patching import get_act_patch_attn_head_out_all_pos
 
 from mhainterp.config import ModelConfig
-from mhainterp.handbuilt import handbuilt_model
 from mhainterp.heads import head_label, parse_head_label
 from mhainterp.model import (
     HookedMHATransformer,
@@ -29,6 +29,7 @@ from mhainterp.model import (
     merge_heads,
     split_heads,
 )
+from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.validation import ParameterError
 
 D_MODEL, N_HEADS, N_CTX, D_VOCAB = 32, 4, 8, 10

@@ -20,7 +20,7 @@ from mhainterp.capture.statistics import offset_profile
 from mhainterp.cli import main
 from mhainterp.data import as_batch, batch_for_model
 from mhainterp.explore.session import ExploreSession
-from mhainterp.handbuilt import handbuilt_model
+from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.runs import check_dtype_name
 from mhainterp.scoring import Totals
 from mhainterp.tasks import Batch, get_task

@@ -18,8 +18,8 @@ from mhainterp.cli import report as report_cli
 from mhainterp.cli import specialize as specialize_cli
 from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.figures.saved import save_folder_figures
-from mhainterp.handbuilt import handbuilt_model
 from mhainterp.io import read_json
+from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.render import format_value
 from mhainterp.report import write_report
 from mhainterp.runs import folder_kind, sweep_folders

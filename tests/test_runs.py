@@ -18,8 +18,8 @@ from conftest import TINY_SWEEP
 
 from mhainterp.cli import main
 from mhainterp.config import TrainConfig
-from mhainterp.handbuilt import handbuilt_model
 from mhainterp.io import remove_stale_temps
+from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.provenance import analysis_is_current
 from mhainterp.runs import (
     RunFolderError,

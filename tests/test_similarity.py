@@ -13,8 +13,8 @@ from torch.testing import assert_close
 import mhainterp.similarity.measures as similarity_module
 from mhainterp.config import ModelConfig
 from mhainterp.figures.similarity import plot_head_map, plot_similarity_heatmap
-from mhainterp.handbuilt import handbuilt_model
 from mhainterp.model import HookedMHATransformer
+from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.similarity import (
     SIMILARITY_METHODS,
     cluster_heads,

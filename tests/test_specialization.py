@@ -24,8 +24,8 @@ from mhainterp.figures.specialization import (
     save_specialization_figures,
     specialization_vs_heads,
 )
-from mhainterp.handbuilt import handbuilt_model
 from mhainterp.model import HookedMHATransformer
+from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.specialization import (
     HEAD_COLUMNS,
     SUMMARY_COLUMNS,
@@ -80,7 +80,7 @@ def multi_relation_model(kinds: list[str], d_head: int = 16) -> HookedMHATransfo
     target), ``"mirror"`` (attend to T-1-q, copy into block B, read by the mirror target),
     ``"mix"`` (attend half to q-1 and half to T-1-q, copy into block A), ``"dead"`` (all
     zero). The count target is never computed (its logits are 0), so no head's removal can
-    change it. mhainterp.handbuilt has one target only, hence this builder.
+    change it. mhainterp.model.handbuilt has one target only, hence this builder.
     """
     n, n_out = len(kinds), max(V + 1, T)
     d_model = n * d_head

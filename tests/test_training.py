@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mhainterp.config import TrainConfig
-from mhainterp.handbuilt import handbuilt_model
+from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.runs import is_finished_run
 from mhainterp.tasks import get_task
 from mhainterp.training import (

@@ -85,7 +85,7 @@ def test_one_headline_per_head_count():
 def test_per_head_findings_say_what_each_head_does_on_every_axis():
     import pandas as pd
 
-    from mhainterp.handbuilt import handbuilt_model
+    from mhainterp.model.handbuilt import handbuilt_model
     from mhainterp.specialization import attach_division, specialization_test
     from mhainterp.tasks import get_task
 

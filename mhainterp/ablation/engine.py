@@ -38,7 +38,7 @@ fits one chunk, the forward that gives the replacement is that clean forward too
 Shapes: C configurations, n sequences, T positions, L layers, h heads, k targets.
 
 Example:
-    >>> from mhainterp.handbuilt import handbuilt_model
+    >>> from mhainterp.model.handbuilt import handbuilt_model
     >>> from mhainterp.tasks import get_task
     >>> model = handbuilt_model(["previous", "uniform", "previous"])
     >>> task = get_task("previous_token", seq_len=16, d_vocab=10)

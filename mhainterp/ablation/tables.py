@@ -6,7 +6,7 @@ clean value (a harmful ablation has ``delta_loss > 0`` and ``delta_accuracy < 0`
 ``baseline_<metric>`` the clean value. Per-head tables lead with ``head_label, layer, head``.
 
 Example:
-    >>> from mhainterp.handbuilt import handbuilt_model
+    >>> from mhainterp.model.handbuilt import handbuilt_model
     >>> from mhainterp.tasks import get_task
     >>> model = handbuilt_model(["previous", "uniform", "previous"])
     >>> task = get_task("previous_token", seq_len=16, d_vocab=10)
@@ -134,7 +134,7 @@ def head_sets_table(result: AblationResult) -> pd.DataFrame:
 
     Example:
         >>> from mhainterp.ablation.engine import evaluate_head_sets
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> from mhainterp.tasks import get_task
         >>> model = handbuilt_model(["previous", "uniform", "previous"])
         >>> task = get_task("previous_token", seq_len=16, d_vocab=10)

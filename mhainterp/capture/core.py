@@ -121,7 +121,7 @@ def capture_activations(
     the value mixing, the MLP and the unembedding) would be computed for nothing.
 
     Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> acts = capture_activations(handbuilt_model(["self"], d_head=48),
         ...                            torch.arange(4)[None], None, ["blocks.0.attn.hook_z"])
         >>> acts["blocks.0.attn.hook_z"].shape
@@ -203,7 +203,7 @@ def iter_activations(
         :class:`ActivationBatch` per batch, in order.
 
     Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> model = handbuilt_model(["self"], d_head=48)
         >>> parts = iter_activations([model], torch.zeros(3, 4).long(),
         ...                          [["blocks.0.attn.hook_z"]], batch_size=2)
@@ -255,7 +255,7 @@ def iter_patterns(
         :class:`PatternBatch` per batch, in order.
 
     Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> model = handbuilt_model(["previous", "uniform"], d_head=18)
         >>> [b.patterns.shape for b in iter_patterns(model, torch.zeros(3, 16).long(),
         ...                                           batch_size=2)]
@@ -305,7 +305,7 @@ def attention_patterns(
     :func:`iter_patterns`.
 
     Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> p = attention_patterns(handbuilt_model(["previous"], d_head=48),
         ...                        torch.arange(4)[None])
         >>> p[0, 0, 0, 2].round().tolist()

@@ -61,7 +61,7 @@ def example_patterns(
 
     Example:
         >>> import torch
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> df = example_patterns(handbuilt_model(["previous"], d_head=48), torch.arange(3))
         >>> list(df.columns)
         ['head_label', 'layer', 'head', 'query', 'key', 'query_token', 'key_token', 'weight']
@@ -127,7 +127,7 @@ def average_patterns(
 
     Example:
         >>> import torch
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> avg = average_patterns(handbuilt_model(["uniform"], d_head=48),
         ...                        torch.randint(0, 10, (8, 16)))
         >>> avg[0, 0, 3, :5].tolist()

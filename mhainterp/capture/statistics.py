@@ -186,7 +186,7 @@ def head_statistics(
         n_queries`` (the number of queries averaged over).
 
     Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> from mhainterp.tasks import get_task
         >>> task = get_task("previous_token", seq_len=16, d_vocab=10)
         >>> stats = head_statistics(handbuilt_model(["previous", "uniform"], d_head=18), task)
@@ -232,7 +232,7 @@ def offset_profile(statistics: pd.DataFrame) -> pd.DataFrame:
     offset, mass`` (offset = k - q, an int).
 
     Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> prof = offset_profile(head_statistics(handbuilt_model(["previous"], d_head=48),
         ...                                       torch.randint(0, 10, (4, 16))))
         >>> prof.loc[prof.offset == -1, "mass"].round(3).tolist()

@@ -24,7 +24,7 @@ model (more than :data:`INLINE_ATTENTION_HEADS` heads) is sent for one query at 
 (:meth:`attention`).
 
 Example:
-    >>> from mhainterp.handbuilt import handbuilt_model
+    >>> from mhainterp.model.handbuilt import handbuilt_model
     >>> from mhainterp.tasks import get_task
     >>> task = get_task("previous_token", seq_len=16, d_vocab=10)
     >>> session = ExploreSession(handbuilt_model(["previous", "uniform", "previous"]), task)

@@ -7,7 +7,7 @@ state_dict keys of saved runs); these mixins only add TransformerLens's names an
   per-head ``W_Q, W_K, W_V: [h, d_model, d_head]``, ``W_O: [h, d_head, d_model]``,
   ``b_Q, b_K, b_V: [h, d_head]``, ``b_O: [d_model]``, and the ``QK`` / ``OV`` circuits.
   Assigning to a view (``attn.W_Q = w``) writes through into the fused weight, which is how
-  tests and :mod:`mhainterp.handbuilt` build models with hand-set heads.
+  tests and :mod:`mhainterp.model.handbuilt` build models with hand-set heads.
 - :class:`ModelWeightViews` (mixed into :class:`~mhainterp.model.HookedMHATransformer`): the
   same views stacked over layers (``W_Q: [n_layers, h, d_model, d_head]``, ...), ``W_in`` ...
   ``b_out`` of the MLPs, ``W_E, W_pos, W_E_pos, W_U, b_U``, and the labels of the

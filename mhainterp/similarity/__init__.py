@@ -117,7 +117,7 @@ def head_similarity(
 
     Example:
         >>> import torch
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> model = handbuilt_model(["previous", "uniform", "previous"])
         >>> sim = head_similarity(model, torch.randint(0, 10, (16, 16)), method="js")
         >>> float(sim.loc["L0H0", "L0H2"]), bool(sim.loc["L0H0", "L0H1"] < 0.5)

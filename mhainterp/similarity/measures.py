@@ -352,7 +352,7 @@ def cross_model_similarity(
         ``model_b``'s (``head_b``).
 
     Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> a = handbuilt_model(["previous", "first"], d_head=18)
         >>> b = handbuilt_model(["first", "previous", "self"])
         >>> sim = cross_model_similarity(a, b, torch.randint(0, 10, (8, 16)))

@@ -169,7 +169,7 @@ def head_separation(
         ``head_a, head_b, distance, scaled_distance, similarity, n_queries``.
 
     Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> sep = head_separation(handbuilt_model(["previous", "previous", "first"]),
         ...                       torch.randint(0, 10, (8, 16)))
         >>> sep.query("head_a == 'L0H0' and head_b == 'L0H1'").distance.round(4).tolist()

@@ -143,7 +143,7 @@ def specialization_test(
         A :class:`SpecializationResult` (``.heads``, ``.verdict.text`` ...).
 
     Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> from mhainterp.tasks import get_task
         >>> task = get_task("previous_token", seq_len=16, d_vocab=10)
         >>> result = specialization_test(handbuilt_model(["previous", "dead"], d_head=18), task)

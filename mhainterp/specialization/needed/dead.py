@@ -2,7 +2,7 @@
 nothing, alone and together with the other quiet heads.
 
 A small write is not the same as no work: a head whose output is tiny but which the readout
-amplifies (hand-built: :func:`mhainterp.handbuilt.handbuilt_model` with a small
+amplifies (hand-built: :func:`mhainterp.model.handbuilt.handbuilt_model` with a small
 ``copy_weights``) can carry the whole task. So the norm only nominates: the **quiet** heads
 are those whose write is below ``dead_tol`` of the residual stream's RMS; each is dead when
 

@@ -102,7 +102,7 @@ def redundancy_pairs(
         columns) for a one-head model.
 
     Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> from mhainterp.tasks import get_task
         >>> batch = get_task("previous_token").eval_batch(128)
         >>> pairs = redundancy_pairs(handbuilt_model(["previous", "previous"], d_head=18), batch)
@@ -240,7 +240,7 @@ def redundancy_groups(
         ``redundant``. Empty (with those columns) when there is no group to test.
 
     Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> from mhainterp.tasks import get_task
         >>> batch = get_task("previous_token").eval_batch(128)
         >>> model = handbuilt_model(["previous"] * 3, d_head=18)

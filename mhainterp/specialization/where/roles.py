@@ -462,7 +462,7 @@ def capture_role_sums(
         batch_size: Sequences per forward pass.
 
     Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> tokens = torch.randint(0, 10, (8, 16))
         >>> sums = capture_role_sums(handbuilt_model(["dead"], d_head=48), tokens,
         ...                          torch.ones_like(tokens, dtype=torch.bool),
@@ -586,7 +586,7 @@ def role_scores(
         The :func:`role_frame` table.
 
     Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> from mhainterp.tasks import get_task
         >>> task = get_task("previous_token", seq_len=16, d_vocab=10)
         >>> table = role_scores(handbuilt_model(["previous", "uniform"], d_head=18), task)

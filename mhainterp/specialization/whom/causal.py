@@ -128,7 +128,7 @@ def target_damage(
         A :class:`TargetDamage`.
 
     Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> from mhainterp.tasks import get_task
         >>> batch = get_task("previous_token").eval_batch(64)
         >>> td = target_damage(handbuilt_model(["previous", "dead"], d_head=18), batch,

@@ -129,7 +129,7 @@ def triple_damage(
         progress: Show a progress bar.
 
     Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> from mhainterp.tasks import get_task
         >>> batch = get_task("previous_token").eval_batch(32)
         >>> td = triple_damage(handbuilt_model(["previous", "dead"], d_head=18), batch,

@@ -256,7 +256,7 @@ def noisy_copy(model: Any, noise: float, generator: torch.Generator) -> Any:
     and the unembedding unchanged): the same heads doing the same jobs, slightly differently.
 
     Example:
-        >>> from mhainterp.handbuilt import handbuilt_model
+        >>> from mhainterp.model.handbuilt import handbuilt_model
         >>> m = handbuilt_model(["previous", "previous"], d_head=18)
         >>> c = noisy_copy(m, 0.1, torch.Generator().manual_seed(0))
         >>> bool((c.blocks[0].attn.W_V != m.blocks[0].attn.W_V).any())

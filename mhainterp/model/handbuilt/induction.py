@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from mhainterp.config import ModelConfig
-from mhainterp.handbuilt import feature_model
 from mhainterp.model import HookedMHATransformer
+from mhainterp.model.handbuilt.relations import feature_model
 from mhainterp.validation import check_int
 
 __all__ = ["induction_circuit_model", "offset_head_model"]

@@ -24,7 +24,8 @@ The data is :func:`split_batch`: position 0 holds the BOS token ``d_vocab - 1``,
 ``1..`` random tokens ``0 .. d_vocab - 2``, the target at ``t`` is ``tokens[t - 1]``, scored from
 ``t = 2`` on. When no head writes, the unembedding's bias makes the never-correct BOS class win,
 so with zero ablation a removed head's damage is exactly 1 on the values it serves and 0
-elsewhere. Residual layout as :mod:`mhainterp.handbuilt`: token, position, copy blocks.
+elsewhere. Residual layout as :mod:`mhainterp.model.handbuilt.relations`: token, position,
+copy blocks.
 
 Example:
     >>> model = split_heads_model([("target", [0, 1, 2, 3]), ("target", [4, 5, 6, 7, 8])])
@@ -40,8 +41,8 @@ from collections.abc import Sequence
 import torch
 
 from mhainterp.config import ModelConfig
-from mhainterp.handbuilt import feature_model
 from mhainterp.model import HookedMHATransformer
+from mhainterp.model.handbuilt.relations import feature_model
 from mhainterp.tasks import IGNORE_INDEX, Batch
 from mhainterp.validation import check_int, invalid
 

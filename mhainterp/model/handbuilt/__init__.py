@@ -1,0 +1,44 @@
+"""Models with hand-set weights whose heads are known: the toolkit's ground truth.
+
+Analyses are tested on these before they are trusted on trained models.
+
+==================  ========================================================================
+``relations``       :func:`handbuilt_model`: one head per relation (previous, mirror, self,
+                    first, uniform, dead, counting); :func:`feature_model`, the one-hot
+                    residual layout the others build on
+``split``           :func:`split_heads_model`, :func:`split_batch`, :func:`head_copies_model`:
+                    heads that divide the work (or do not), the division-of-labour tests'
+                    ground truth
+``induction``       :func:`induction_circuit_model`, :func:`offset_head_model`: the two-layer
+                    induction circuit and the one-layer heads that must fail it
+==================  ========================================================================
+
+They sit above the rest of :mod:`mhainterp.model` (``split`` returns a task
+:class:`~mhainterp.tasks.Batch`), so :mod:`mhainterp.model` itself does not import them.
+
+Example:
+    >>> from mhainterp.model.handbuilt import handbuilt_model
+    >>> handbuilt_model(["previous", "uniform", "dead"]).cfg.n_heads
+    3
+"""
+
+from mhainterp.model.handbuilt.induction import induction_circuit_model, offset_head_model
+from mhainterp.model.handbuilt.relations import HEAD_KINDS, feature_model, handbuilt_model
+from mhainterp.model.handbuilt.split import (
+    SPLIT_KINDS,
+    head_copies_model,
+    split_batch,
+    split_heads_model,
+)
+
+__all__ = [
+    "HEAD_KINDS",
+    "SPLIT_KINDS",
+    "feature_model",
+    "handbuilt_model",
+    "head_copies_model",
+    "induction_circuit_model",
+    "offset_head_model",
+    "split_batch",
+    "split_heads_model",
+]
