@@ -528,3 +528,15 @@ def test_sweep_figures_show_the_seed_that_holds_the_relations(tmp_path, monkeypa
         "induction/h1_seed0",
         "induction/h4_seed0",
     ]  # an old table without the column: the first seed
+
+
+def test_heatmaps_of_heads_of_several_layers_name_the_layers():
+    """Issue 33 item 6: heads of different layers are compared by name only ("L0H3 vs
+    L1H2"); the heatmaps now draw a line between the layers and name them on the axis."""
+    fig = role_heatmap(_roles(16, ["previous", "uniform"]))
+    ax = fig.axes[0]
+    assert ax.get_ylabel() == "head (layer 0 | layer 1, lines between layers)"
+    assert [line.get_ydata()[0] for line in ax.lines] == [8]  # between L0H7 and L1H0
+    plt.close(fig)
+    assert role_heatmap(_roles(2, ["previous"])).axes[0].get_ylabel() == "head"  # one layer
+    plt.close("all")

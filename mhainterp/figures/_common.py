@@ -39,6 +39,7 @@ __all__ = [
     "legend_in_cell",
     "count_error_bars",
     "note_on_axes",
+    "mark_layers",
     "COUNT_CLIP_NOTE",
     "VECTOR_SUFFIX",
 ]
@@ -303,6 +304,37 @@ def count_error_bars(mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
     std = np.nan_to_num(np.asarray(std, dtype=float), nan=0.0)
     lower = np.minimum(std, np.clip(mean, 0.0, None))
     return np.vstack([lower, std])
+
+
+def mark_layers(ax: plt.Axes, heads: Sequence[str], *, columns: bool = False) -> str:
+    """Draw a line between the blocks of heads of different layers in a heatmap whose rows
+    (and, with ``columns``, columns) are ``heads`` in layer order; return the axis label that
+    names the layers ("head (layer 0 | layer 1)"), so a figure comparing heads of different
+    layers says which layer each belongs to.
+
+    Example:
+        >>> fig, ax = new_figure()
+        >>> mark_layers(ax, ["L0H0", "L0H1", "L1H0"])
+        'head (layer 0 | layer 1, lines between layers)'
+        >>> mark_layers(ax, ["L0H0", "L0H1"])
+        'head'
+        >>> plt.close(fig)
+    """
+    layers = [int(label[1:].split("H")[0]) for label in heads]
+    if len(set(layers)) < 2:
+        return "head"
+    for i in range(1, len(layers)):
+        if layers[i] != layers[i - 1]:
+            ax.axhline(i, color="black", linewidth=1.5)
+            if columns:
+                ax.axvline(i, color="black", linewidth=1.5)
+    names = list(dict.fromkeys(layers))
+    shown = (
+        " | ".join(f"layer {n}" for n in names)
+        if len(names) <= 4
+        else f"layers {names[0]}-{names[-1]}"
+    )
+    return f"head ({shown}, lines between layers)"
 
 
 def note_on_axes(ax: plt.Axes, text: str) -> None:

@@ -22,6 +22,7 @@ from mhainterp.figures._common import (
     fit_tick_labels,
     head_order,
     legend_outside,
+    mark_layers,
     new_figure,
     plt,
     require_columns,
@@ -191,22 +192,13 @@ def pairwise_figure(
     fit_tick_labels(ax, "x")
     fit_tick_labels(ax, "y")
     fit_cell_text(ax, n, n)
-    _layer_separators(ax, list(matrix.index))
+    mark_layers(ax, list(matrix.index), columns=True)
     ax.set(xlabel="head b", ylabel="head a")
     what = "joint − sum of single damages" if value == "interaction" else "joint damage"
     hint = "\n> 0: the heads back each other up (redundancy)" if value == "interaction" else ""
     ax.set_title(f"Pairwise ablation ({method}), {metric}: {what}{hint}")
     fig.tight_layout()
     return fig
-
-
-def _layer_separators(ax: plt.Axes, heads: list[str]) -> None:
-    """Lines between the blocks of different layers in a head x head heatmap."""
-    layers = [label[1:].split("H")[0] for label in heads]
-    for i in range(1, len(layers)):
-        if layers[i] != layers[i - 1]:
-            ax.axhline(i, color="black", linewidth=1.5)
-            ax.axvline(i, color="black", linewidth=1.5)
 
 
 # ----------------------------------------------------------------------------- pruning

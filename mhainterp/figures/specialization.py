@@ -28,6 +28,7 @@ from mhainterp.figures._common import (
     head_order,
     legend_in_cell,
     legend_outside,
+    mark_layers,
     new_figure,
     plt,
     require_columns,
@@ -135,7 +136,7 @@ def role_heatmap(
         )
         fit_cell_text(ax, len(heads), len(role_order))
         ax.set_xlabel("relation template († = the task's own)")
-        ax.set_ylabel("head")
+        ax.set_ylabel(mark_layers(ax, heads))
         ax.set_title(run or "role scores", fontsize=10)
         # upright labels slanted at 40 degrees overlapped their neighbours' boxes
         plt.setp(ax.get_xticklabels(), rotation=90, ha="center")
@@ -183,7 +184,7 @@ def causal_matrix_figure(causal: pd.DataFrame, *, max_runs: int = 4) -> plt.Figu
             annot_kws={"fontsize": 8},
         )
         ax.set_xlabel("target")
-        ax.set_ylabel("ablated head")
+        ax.set_ylabel(f"ablated {mark_layers(ax, heads)}")
         ax.set_title(run or "head x target damage", fontsize=10)
         plt.setp(ax.get_yticklabels(), rotation=0)
     fig.suptitle("Which target each head serves: accuracy lost when it is removed")
