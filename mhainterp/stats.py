@@ -51,10 +51,12 @@ from mhainterp.validation import check_float, check_option, invalid
 __all__ = [
     "ASYMPTOTIC_MIN_SEEDS",
     "CONFIDENCE",
+    "CORRECTIONS",
     "EXACT_TESTS",
     "HEAD_COUNT_COLUMNS",
     "OUTCOME_KINDS",
     "POWER_NOTE_MARK",
+    "adjust_pvalues",
     "all_seeds_equal",
     "as_pvalues",
     "benjamini_hochberg",
@@ -64,6 +66,7 @@ __all__ = [
     "compare_seeds",
     "comparison_display",
     "comparison_sentence",
+    "correction_name",
     "defined_head_counts",
     "describe",
     "difference_interval",
@@ -106,6 +109,39 @@ _MAX_SEEDS = 100_000
 
 
 # ----------------------------------------------------------------------------- corrections
+# Reject hypothesis ``i`` at level ``alpha`` exactly when ``adjusted[i] < alpha``; NaN entries
+# are not part of the family. Written out so their steps can be checked by hand.
+
+CORRECTIONS = ("holm", "bh", "none")
+"""Allowed ``correction`` names: Holm step-down, Benjamini-Hochberg step-up, or none."""
+
+
+def adjust_pvalues(p_values: Sequence[float] | np.ndarray, method: str = "holm") -> np.ndarray:
+    """Adjust p-values for multiple comparisons with ``method`` (one of :data:`CORRECTIONS`):
+    :func:`holm` (family-wise error), :func:`benjamini_hochberg` (false discovery rate) or none.
+
+    Example:
+        >>> adjust_pvalues([0.2, 0.01], "none").tolist()
+        [0.2, 0.01]
+        >>> adjust_pvalues([0.2, 0.01]).tolist()
+        [0.2, 0.02]
+    """
+    check_option("correction", method, CORRECTIONS)
+    if method == "holm":
+        return holm(p_values)
+    if method == "bh":
+        return benjamini_hochberg(p_values)
+    return as_pvalues(p_values).copy()
+
+
+def correction_name(method: str) -> str:
+    """How a correction is named in generated text ("Holm", "Benjamini-Hochberg", "no").
+
+    Example:
+        >>> correction_name("bh")
+        'Benjamini-Hochberg'
+    """
+    return {"holm": "Holm", "bh": "Benjamini-Hochberg", "none": "no"}.get(method, method)
 
 
 def as_pvalues(p_values: Sequence[float] | np.ndarray) -> np.ndarray:

@@ -339,8 +339,8 @@ def test_causal_selectivity_draws_enough_for_holm_over_many_heads():
     # With M = 1000 Holm's smallest adjusted p would be 60/1001 > 0.05; the draws are raised
     # to 2 * 60 / 0.05 = 2400, so all 60 pass.
     from mhainterp.specialization import causal_selectivity
-    from mhainterp.specialization.corrections import adjust_pvalues
     from mhainterp.specialization.whom.causal import TargetDamage
+    from mhainterp.stats import adjust_pvalues
 
     H, n = 60, 40
     damage = torch.zeros(H, n, 2, dtype=torch.float64)

@@ -499,7 +499,8 @@ def test_static_mirrors_equal_their_library_homes():
     from mhainterp.config import TrainConfig
     from mhainterp.data import DEFAULT_N_EVAL
     from mhainterp.demo import DEMO_STEPS
-    from mhainterp.specialization import CORRECTIONS, SpecializationSettings
+    from mhainterp.specialization import SpecializationSettings
+    from mhainterp.stats import CORRECTIONS
     from mhainterp.tasks import ENTRY_POINT_GROUP
 
     assert cli_static.DEFAULT_N_EVAL == DEFAULT_N_EVAL

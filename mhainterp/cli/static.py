@@ -34,7 +34,7 @@ ABLATION_METHODS = ("zero", "mean", "resample")
 """``mhainterp.ablation.METHODS``."""
 
 CORRECTIONS = ("holm", "bh", "none")
-"""``mhainterp.specialization.CORRECTIONS``."""
+"""``mhainterp.stats.CORRECTIONS``."""
 
 SPECIALIZATION_DEFAULTS: dict[str, Any] = {
     "alpha": 0.05,

@@ -40,7 +40,6 @@ Example:
 """
 
 from mhainterp.specialization.battery import specialization_test
-from mhainterp.specialization.corrections import CORRECTIONS, adjust_pvalues
 from mhainterp.specialization.needed.redundancy import (
     redundancy_groups,
     redundancy_pairs,
@@ -102,7 +101,7 @@ from mhainterp.specialization.whom.causal import (
 from mhainterp.specialization.whom.division import division_of_labour
 from mhainterp.specialization.whom.division_result import DivisionResult, saved_division
 from mhainterp.specialization.whom.settings import DivisionSettings
-from mhainterp.stats import benjamini_hochberg, holm
+from mhainterp.stats import CORRECTIONS, adjust_pvalues, benjamini_hochberg, holm
 
 __all__ = [
     "CORRECTIONS",

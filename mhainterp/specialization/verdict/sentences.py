@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from mhainterp.render import format_p
-from mhainterp.specialization.corrections import correction_name
+from mhainterp.stats import correction_name
 
 __all__ = ["UNDEFINED_INDEX", "RunVerdict", "Verdict", "division_axes", "group_key"]
 

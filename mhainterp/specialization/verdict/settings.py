@@ -14,7 +14,7 @@ from typing import Any
 from mhainterp.ablation import check_method
 from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.similarity import SIMILARITY_METHODS
-from mhainterp.specialization.corrections import CORRECTIONS
+from mhainterp.stats import CORRECTIONS
 from mhainterp.validation import check_float, check_int, check_keys, check_option, invalid
 
 __all__ = ["THRESHOLDS", "SpecializationSettings"]

@@ -35,13 +35,13 @@ from tqdm.auto import tqdm
 
 from mhainterp.config import ModelConfig
 from mhainterp.model import HookedMHATransformer
-from mhainterp.specialization.corrections import adjust_pvalues
 from mhainterp.specialization.where.roles import (
     DESCRIPTIVE_ROLES,
     INIT_ONLY_ROLES,
     capture_role_sums,
     role_frame,
 )
+from mhainterp.stats import adjust_pvalues
 from mhainterp.validation import check_int
 
 __all__ = [

@@ -19,7 +19,6 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from mhainterp.heads import head_label
-from mhainterp.specialization.corrections import adjust_pvalues
 from mhainterp.specialization.whom.profiles import Configs, PassScores, pad_axes
 from mhainterp.specialization.whom.selectivity import (
     division_index,
@@ -31,6 +30,7 @@ from mhainterp.specialization.whom.selectivity import (
     upper,
 )
 from mhainterp.specialization.whom.settings import DivisionSettings
+from mhainterp.stats import adjust_pvalues
 
 __all__ = [
     "BASES",

@@ -22,7 +22,7 @@ from typing import Any
 
 from mhainterp.ablation import METHODS, check_method
 from mhainterp.data import DEFAULT_N_EVAL
-from mhainterp.specialization.corrections import CORRECTIONS
+from mhainterp.stats import CORRECTIONS
 from mhainterp.validation import check_float, check_int, check_option, invalid
 
 __all__ = ["DIVISION_DEFAULTS", "DIVISION_GATES", "DivisionSettings", "resolve_settings"]
