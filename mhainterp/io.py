@@ -35,6 +35,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mhainterp.errors import NotEnoughMemoryError, RunLockedError
+
 if TYPE_CHECKING:  # a DataFrame is only written (df.to_csv): no pandas at import
     import pandas as pd
 
@@ -55,8 +57,6 @@ __all__ = [
     "describe_os_error",
     "RunLock",
     "run_lock",
-    "RunLockedError",
-    "NotEnoughMemoryError",
     "available_memory",
     "allocation_failure",
     "allocation_failures",
@@ -386,11 +386,6 @@ def describe_os_error(error: OSError) -> str:
 
 
 # ----- memory ------------------------------------------------------------------------------------
-class NotEnoughMemoryError(MemoryError, ValueError):
-    """The work asked for needs more memory than this process may use (a ``ValueError`` too:
-    the sizes asked for are what must change)."""
-
-
 def format_bytes(n: float) -> str:
     """``1.5 GiB``-style sizes for messages.
 
@@ -452,7 +447,7 @@ def require_memory(needed: int, what: str) -> None:
     Example:
         >>> require_memory(2**50, "this")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
-        mhainterp.io.NotEnoughMemoryError: this needs about 1024.0 TiB of memory, but ...
+        mhainterp.errors.NotEnoughMemoryError: this needs about 1024.0 TiB of memory, but ...
     """
     available = available_memory()
     if needed > available:
@@ -509,10 +504,6 @@ def _failed(what: str, asked: int | None) -> str:
 
 
 # ----- per-run locks ------------------------------------------------------------------------------
-class RunLockedError(RuntimeError):
-    """Another process holds the lock (see :func:`run_lock`)."""
-
-
 _held_here: set[str] = set()  # POSIX locks are per process: track our own to exclude threads
 _held_here_guard = threading.Lock()
 

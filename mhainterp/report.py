@@ -38,6 +38,7 @@ from typing import Any
 
 import pandas as pd
 
+from mhainterp.errors import RunFolderError
 from mhainterp.figures.division import SWEEP_FIGURE
 from mhainterp.figures.saved import (
     FIGURE_COMMAND,
@@ -60,7 +61,6 @@ from mhainterp.render import (
     render_markdown,
 )
 from mhainterp.runs import (
-    RunFolderError,
     folder_kind,
     read_results,
     read_saved_meta,

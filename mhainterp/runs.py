@@ -42,6 +42,7 @@ from typing import Any, Literal
 
 import pandas as pd
 
+from mhainterp.errors import RunFolderError
 from mhainterp.io import read_json, write_csv, write_json
 from mhainterp.validation import check_option
 
@@ -54,7 +55,6 @@ __all__ = [
     "FolderKind",
     "METRIC_COLUMNS",
     "WEIGHT_DTYPES",
-    "RunFolderError",
     "check_dtype_name",
     "check_metrics",
     "check_tensors",
@@ -84,10 +84,6 @@ RESULTS_FILE = "results.csv"
 ANALYSIS_DIR = "analysis"
 
 FolderKind = Literal["run", "sweep", "study"]
-
-
-class RunFolderError(ValueError):
-    """A saved file is damaged, or two files disagree (the message names them)."""
 
 
 # ----- eval.json and the state of a run ---------------------------------------------------------

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from mhainterp.config import ModelConfig, TrainConfig
 from mhainterp.data import DEFAULT_N_EVAL, as_batch, batch_for_model, target_names
+from mhainterp.errors import RunFolderError, TrainingDivergedError
 from mhainterp.io import (
     allocation_failures,
     atomic_path,
@@ -45,7 +46,6 @@ from mhainterp.runs import (
     CHECKPOINT_FILE,
     METRIC_COLUMNS,
     RUN_FILES,
-    RunFolderError,
     check_dtype_name,
     check_metrics,
     check_tensors,
@@ -66,7 +66,6 @@ from mhainterp.validation import ParameterError, check_int, invalid
 
 __all__ = [
     "ARCHITECTURE_FIELDS",
-    "TrainingDivergedError",
     "Run",
     "build_model",
     "train",
@@ -107,10 +106,6 @@ ARCHITECTURE_FIELDS = (
 """ModelConfig fields that ``model.safetensors`` repeats in its metadata and :func:`load_run`
 checks against ``config.json``: the fused weights ``[d_model, d_model]`` do not reveal
 ``n_heads``, and no shape reveals ``causal``."""
-
-
-class TrainingDivergedError(RuntimeError):
-    """The loss became NaN or infinite; the model holds the last good weights."""
 
 
 @dataclass

@@ -20,6 +20,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "mhainterp"
 # modules of its own layer or below.
 LAYERS: dict[str, int] = {
     "validation": 0,
+    "errors": 0,  # every public error type but ParameterError (it imports validation only)
     "config": 0,
     "heads": 0,
     "io": 0,

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from mhainterp.config import TrainConfig
+from mhainterp.errors import BatchDivergedError, TrainingDivergedError
 from mhainterp.fast.stacked import (
-    BatchDivergedError,
     _adamw_step,
     _draw,
     _label,
@@ -22,7 +22,7 @@ from mhainterp.fast.stacked_forward import batched_logits, batched_loss
 from mhainterp.fast.stacked_params import StackedModels, check_batchable
 from mhainterp.runtime import model_device
 from mhainterp.tasks import get_task, list_tasks
-from mhainterp.training import TrainingDivergedError, build_model, load_run, train
+from mhainterp.training import build_model, load_run, train
 
 # b_K gets a gradient of exactly zero in exact arithmetic (softmax ignores a constant added to
 # every score of a row), so what it receives is rounding noise, which Adam scales to steps of

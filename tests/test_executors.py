@@ -17,8 +17,9 @@ import torch
 import mhainterp.sweep.executors as executors
 import mhainterp.sweep.run as sweep_run
 from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.errors import NotEnoughMemoryError
 from mhainterp.fast.stacked_memory import stacked_bytes_per_model
-from mhainterp.io import NotEnoughMemoryError, atomic_path
+from mhainterp.io import atomic_path
 from mhainterp.sweep import EXECUTORS, fastest_executor, plan_sweep, run_sweep
 from mhainterp.sweep.executors import (
     _lpt_split,

@@ -28,7 +28,8 @@ import mhainterp.io as mio
 import mhainterp.training as training
 from mhainterp.cli import main
 from mhainterp.config import TrainConfig
-from mhainterp.io import RunLock, RunLockedError, atomic_path, write_csv, write_text
+from mhainterp.errors import RunLockedError
+from mhainterp.io import RunLock, atomic_path, write_csv, write_text
 from mhainterp.runs import is_finished_run, read_results, resolve_run_dir
 from mhainterp.sweep import execute_run, plan_sweep, run_sweep, summarize
 from mhainterp.tasks import get_task

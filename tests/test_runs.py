@@ -18,11 +18,11 @@ from conftest import TINY_SWEEP
 
 from mhainterp.cli import main
 from mhainterp.config import TrainConfig
+from mhainterp.errors import RunFolderError
 from mhainterp.io import remove_stale_temps
 from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.provenance import analysis_is_current
 from mhainterp.runs import (
-    RunFolderError,
     find_runs,
     folder_kind,
     migrate_config,

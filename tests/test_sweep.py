@@ -12,7 +12,7 @@ import pytest
 from conftest import TINY_SWEEP
 
 from mhainterp.config import SweepConfig, TrainConfig
-from mhainterp.runs import RunFolderError
+from mhainterp.errors import RunFolderError
 from mhainterp.stats import describe, welch_test
 from mhainterp.sweep import EXECUTORS, execute_run, run_sweep, summarize
 

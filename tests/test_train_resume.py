@@ -8,7 +8,8 @@ import torch
 
 from mhainterp import TrainConfig, build_model, get_task, train
 from mhainterp import training as training_module
-from mhainterp.runs import CHECKPOINT_FILE, RunFolderError, run_status
+from mhainterp.errors import RunFolderError
+from mhainterp.runs import CHECKPOINT_FILE, run_status
 from mhainterp.tasks.builtin import ReverseTask
 
 RUN_FILES = ("config.json", "model.safetensors", "metrics.csv", "eval.json")

@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from mhainterp.config import TrainConfig
+from mhainterp.errors import TrainingDivergedError
 from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.runs import is_finished_run
 from mhainterp.tasks import get_task
 from mhainterp.training import (
-    TrainingDivergedError,
     build_model,
     evaluate,
     load_run,

@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from typing import NoReturn
 
 from mhainterp.cli.task_modules import load_task_modules
+from mhainterp.errors import RunLockedError, TrainingDivergedError
 from mhainterp.runtime import command_settings, terminate_as_interrupt
 
 __all__ = ["OneLineParser", "build_parser", "main"]
@@ -175,7 +176,7 @@ def _main(argv: list[str], command: str | None) -> int:
         if memory is not None:  # an allocation no estimate foresaw: still one line
             print(f"{prefix}: error: {_one_line(memory)}", file=sys.stderr)
             return 2
-        if not isinstance(error, _user_errors()):
+        if not isinstance(error, _USER_ERRORS):
             raise
         # The user's input or a damaged run folder: one clear line, no traceback.
         print(f"{prefix}: error: {_one_line(str(error))}", file=sys.stderr)
@@ -201,19 +202,10 @@ def _clear_progress_bars() -> None:
             bar.close()
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """The errors that are the user's input or a damaged file: ValueError (ParameterError
-    included), TypeError, and the toolkit's locked-run and diverged-run errors. Those two are
-    looked up only in modules already imported: a module never imported raised nothing, and
-    importing it here would load pandas and torch for ``--help``."""
-    errors: list[type[BaseException]] = [ValueError, TypeError]
-    for module, name in (("mhainterp.io", "RunLockedError"), ("mhainterp.training", _DIVERGED)):
-        if module in sys.modules:
-            errors.append(getattr(sys.modules[module], name))
-    return tuple(errors)
-
-
-_DIVERGED = "TrainingDivergedError"
+_USER_ERRORS = (ValueError, TypeError, RunLockedError, TrainingDivergedError)
+"""The errors that are the user's input or a damaged file: ValueError (ParameterError and the
+toolkit's damaged-file, memory and task errors included), TypeError, and the locked-run and
+diverged-run errors."""
 
 
 def _allocation_failure(error: BaseException, prefix: str) -> str | None:

@@ -47,6 +47,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from mhainterp.config import TrainConfig
+from mhainterp.errors import BatchDivergedError, TrainingDivergedError
 from mhainterp.fast.stacked_forward import batched_logits, batched_loss
 from mhainterp.fast.stacked_params import StackedModels, check_batchable
 from mhainterp.model import HookedMHATransformer
@@ -55,7 +56,6 @@ from mhainterp.runtime import DRAW_DEVICE, model_device, resolve_device
 from mhainterp.tasks import Task
 from mhainterp.training import (
     Run,
-    TrainingDivergedError,
     _check_compatible,
     _diverged,
     evaluate,
@@ -64,29 +64,11 @@ from mhainterp.training import (
 )
 from mhainterp.validation import ParameterError
 
-__all__ = ["BatchDivergedError", "ManyBatch", "sample_many", "train_many"]
+__all__ = ["ManyBatch", "sample_many", "train_many"]
 
 _FREE_TRAIN_FIELDS = ("seed",)
 _ADAM_EPS = 1e-8  # torch.optim.AdamW's default, which training.train uses
 _CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
-
-
-class BatchDivergedError(TrainingDivergedError):
-    """Some models of a :func:`train_many` group diverged; the others finished.
-
-    Attributes:
-        results: One entry per model, in input order: its :class:`~mhainterp.training.Run`, or
-            None for a model that diverged (its run folder, if any, holds the last good weights with
-            ``eval.json`` status "diverged", exactly as :func:`~mhainterp.training.train`
-            leaves it).
-        messages: Input index -> the divergence message :func:`train` would have raised.
-    """
-
-    def __init__(self, results: list[Run | None], messages: dict[int, str]) -> None:
-        self.results = results
-        self.messages = messages
-        lines = [f"model {i}: {message}" for i, message in sorted(messages.items())]
-        super().__init__(f"{len(messages)} of {len(results)} models diverged:\n" + "\n".join(lines))
 
 
 @dataclass

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from mhainterp.errors import BatchDivergedError, TrainingDivergedError
 from mhainterp.fast.stacked_memory import stacked_bytes_per_model
 from mhainterp.io import atomic_path, remove_stale_temps
 from mhainterp.sweep.memory import (
@@ -54,7 +55,7 @@ from mhainterp.sweep.memory import (
     trains_in_groups,
 )
 from mhainterp.sweep.spec import RunSpec, execute_run
-from mhainterp.training import RUN_FILES, TrainingDivergedError, training_memory
+from mhainterp.training import RUN_FILES, training_memory
 from mhainterp.validation import check_int, invalid
 
 __all__ = [
@@ -268,7 +269,7 @@ def train_group(
         Run folder -> divergence message, for the runs whose loss became NaN/inf (their folders
         hold the last good weights with status "diverged", as :func:`train` leaves them).
     """
-    from mhainterp.fast.stacked import BatchDivergedError, train_many
+    from mhainterp.fast.stacked import train_many
     from mhainterp.training import build_model
 
     task = specs[0].build_task()

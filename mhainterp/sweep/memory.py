@@ -21,7 +21,8 @@ from contextlib import contextmanager
 
 import torch
 
-from mhainterp.io import NotEnoughMemoryError, available_memory, format_bytes
+from mhainterp.errors import NotEnoughMemoryError
+from mhainterp.io import available_memory, format_bytes
 from mhainterp.runtime import resolve_device
 from mhainterp.sweep.spec import RunSpec
 from mhainterp.validation import ParameterError, check_float, check_int
@@ -124,14 +125,14 @@ def plan_group_sizes(
 @contextmanager
 def device_allocation_failures(what: str, device: torch.device) -> Iterator[None]:
     """Inside, an allocation on ``device`` that fails (``torch.cuda.OutOfMemoryError``, or
-    torch's "out of memory" elsewhere) raises :class:`~mhainterp.io.NotEnoughMemoryError`:
+    torch's "out of memory" elsewhere) raises :class:`~mhainterp.errors.NotEnoughMemoryError`:
     one line naming ``what`` and the device.
 
     Example:
         >>> with device_allocation_failures("training", torch.device("meta")):
         ...     raise RuntimeError("out of memory")
         Traceback (most recent call last):
-        mhainterp.io.NotEnoughMemoryError: training ran out of memory on meta; lower the ...
+        mhainterp.errors.NotEnoughMemoryError: training ran out of memory on meta; lower the ...
     """
     try:
         yield

@@ -28,6 +28,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from mhainterp.config import SweepConfig
+from mhainterp.errors import RunFolderError
 from mhainterp.io import (
     RunLock,
     ensure_writable_dir,
@@ -38,7 +39,6 @@ from mhainterp.io import (
     write_json,
 )
 from mhainterp.runs import (
-    RunFolderError,
     is_finished_run,
     migrate_config,
     read_eval,

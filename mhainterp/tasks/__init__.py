@@ -20,6 +20,7 @@ Layout: ``batch`` (Batch), ``templates`` (relation template builders), ``base`` 
 ``plugins`` (load_task_module, entry points), ``contract`` (the check every task passes once).
 """
 
+from mhainterp.errors import InvalidTaskError, TaskModuleError
 from mhainterp.model.loss import IGNORE_INDEX
 from mhainterp.tasks.base import Task
 from mhainterp.tasks.batch import Batch
@@ -33,10 +34,9 @@ from mhainterp.tasks.builtin import (
     ReverseTask,
     SortTask,
 )
-from mhainterp.tasks.contract import InvalidTaskError, validate_task
+from mhainterp.tasks.contract import validate_task
 from mhainterp.tasks.plugins import (
     ENTRY_POINT_GROUP,
-    TaskModuleError,
     load_entry_point_tasks,
     load_task_module,
 )

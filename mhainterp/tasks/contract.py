@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from mhainterp.validation import ParameterError
+from mhainterp.errors import InvalidTaskError
 
 if TYPE_CHECKING:
     from mhainterp.tasks.base import Task
 
-__all__ = ["MAX_SEQ_LEN", "MAX_VOCAB", "InvalidTaskError", "task_error", "validate_task"]
+__all__ = ["MAX_SEQ_LEN", "MAX_VOCAB", "task_error", "validate_task"]
 
 MAX_SEQ_LEN = 65536
 """Longest sequence a task may have (positions fit every index and the positional embedding)."""
@@ -59,10 +59,6 @@ _MEMBERS = (
     "params",
 )
 _CHECK_SIZE = 4  # sequences labelled by the check
-
-
-class InvalidTaskError(ParameterError):
-    """A task breaks the Task contract; the message names the task, the member and the fault."""
 
 
 def task_error(task: str, member: str, what: str) -> InvalidTaskError:

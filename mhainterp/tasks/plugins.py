@@ -31,7 +31,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from mhainterp.tasks.contract import InvalidTaskError
+from mhainterp.errors import InvalidTaskError, TaskModuleError
 from mhainterp.tasks.registry import (
     _MODULES,
     _REGISTRY,
@@ -41,14 +41,9 @@ from mhainterp.tasks.registry import (
 )
 from mhainterp.validation import invalid
 
-__all__ = ["ENTRY_POINT_GROUP", "TaskModuleError", "load_entry_point_tasks", "load_task_module"]
+__all__ = ["ENTRY_POINT_GROUP", "load_entry_point_tasks", "load_task_module"]
 
 ENTRY_POINT_GROUP = "mhainterp.tasks"
-
-
-class TaskModuleError(ValueError):
-    """A task module (a ``--task-module`` file or module, an entry point) failed to import; the
-    message names it and what it raised."""
 
 
 _loaded: dict[str, list[str]] = {}  # module spec (resolved) -> the task names it registered

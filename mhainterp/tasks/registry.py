@@ -15,8 +15,9 @@ import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from mhainterp.errors import InvalidTaskError
 from mhainterp.tasks.base import Task, init_param_names
-from mhainterp.tasks.contract import InvalidTaskError, task_error, validate_task
+from mhainterp.tasks.contract import task_error, validate_task
 from mhainterp.validation import invalid
 
 __all__ = [

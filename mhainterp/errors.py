@@ -1,0 +1,83 @@
+"""The toolkit's public error types, in one place that imports nothing heavy.
+
+A caller (the CLI among them) can catch any of them without loading torch or pandas. The one
+exception is :class:`~mhainterp.validation.ParameterError`, the bad-argument error, which lives
+with the validator that raises it (:mod:`mhainterp.validation`, also light).
+
+- :class:`TrainingDivergedError`: training's loss became NaN or infinite;
+  :class:`BatchDivergedError`: some models of a stacked group diverged, the others finished;
+- :class:`RunFolderError`: a saved file is damaged, or two files disagree;
+- :class:`RunLockedError`: another process holds a run's lock;
+- :class:`NotEnoughMemoryError`: the work asked for cannot fit in the memory this process may use;
+- :class:`InvalidTaskError`: a task breaks the Task contract;
+  :class:`TaskModuleError`: a task module failed to import.
+
+Example:
+    >>> issubclass(InvalidTaskError, ValueError), issubclass(BatchDivergedError, RuntimeError)
+    (True, True)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mhainterp.validation import ParameterError
+
+if TYPE_CHECKING:  # annotations only: errors.py imports nothing heavy
+    from mhainterp.training import Run
+
+__all__ = [
+    "BatchDivergedError",
+    "InvalidTaskError",
+    "NotEnoughMemoryError",
+    "RunFolderError",
+    "RunLockedError",
+    "TaskModuleError",
+    "TrainingDivergedError",
+]
+
+
+class TrainingDivergedError(RuntimeError):
+    """The loss became NaN or infinite; the model holds the last good weights."""
+
+
+class BatchDivergedError(TrainingDivergedError):
+    """Some models of a :func:`~mhainterp.fast.stacked.train_many` group diverged; the others
+    finished.
+
+    Attributes:
+        results: One entry per model, in input order: its :class:`~mhainterp.training.Run`, or
+            None for a model that diverged (its run folder, if any, holds the last good weights with
+            ``eval.json`` status "diverged", exactly as :func:`~mhainterp.training.train`
+            leaves it).
+        messages: Input index -> the divergence message :func:`~mhainterp.training.train` would
+            have raised.
+    """
+
+    def __init__(self, results: list[Run | None], messages: dict[int, str]) -> None:
+        self.results = results
+        self.messages = messages
+        lines = [f"model {i}: {message}" for i, message in sorted(messages.items())]
+        super().__init__(f"{len(messages)} of {len(results)} models diverged:\n" + "\n".join(lines))
+
+
+class RunFolderError(ValueError):
+    """A saved file is damaged, or two files disagree (the message names them)."""
+
+
+class RunLockedError(RuntimeError):
+    """Another process holds the lock (see :func:`mhainterp.io.run_lock`)."""
+
+
+class NotEnoughMemoryError(MemoryError, ValueError):
+    """The work asked for needs more memory than this process may use (a ``ValueError`` too:
+    the sizes asked for are what must change)."""
+
+
+class InvalidTaskError(ParameterError):
+    """A task breaks the Task contract; the message names the task, the member and the fault."""
+
+
+class TaskModuleError(ValueError):
+    """A task module (a ``--task-module`` file or module, an entry point) failed to import; the
+    message names it and what it raised."""
