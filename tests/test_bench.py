@@ -106,12 +106,24 @@ def test_quick_bench_table_has_the_expected_rows_and_positive_timings():
         ("cache", ["forward", "run_with_cache_patterns"]),
         ("ablation", ["naive_loop", "head_importance_batched"]),
         ("engine", ["forward", "per_configuration"]),
-        ("division", ["head_importance_mean", "division_of_labour"]),
+        (
+            "division",
+            [
+                "head_importance_mean",
+                "division_of_labour",
+                "head_importance_mean_untrained",
+                "division_of_labour_untrained",
+            ],
+        ),
     ):
         rows = table[table.section == section]
         assert rows.case.tolist() == names
         assert all(math.isfinite(v) and v > 0 for v in rows.value), section
         assert all(math.isfinite(v) and v > 0 for v in rows.ratio), section
+    division = table[table.section == "division"].set_index("case").note
+    assert "gates on" in division["division_of_labour"]
+    assert "trained 20 steps" in division["division_of_labour"]  # the quick settings' steps
+    assert "untrained, basis single" in division["division_of_labour_untrained"]  # gates off
     markdown = bench.to_markdown(table, {"cpus": 2}, {})
     assert markdown.startswith("# mhainterp benchmark")
     assert "| batched_grid | 1,2 | 4 |" in markdown
@@ -124,6 +136,23 @@ def test_default_settings_measure_the_issues_cases():
             ("batched_seeds", (8,), 3), ("batched_grid", (1, 4, 8), 9),
             ("batched_executor", (1, 4, 8), 9)} <= names  # fmt: skip
     assert all(c.model_steps == 100 * c.n_models for c in cases)
+
+
+def test_the_division_is_timed_on_a_trained_model_that_retries_its_noisy_copy():
+    # Issue 31 item 7: the README's division ratio is measured on a trained model with the
+    # noisy-copy retry it pays (the untrained model never retries).
+    from mhainterp import division_of_labour
+
+    assert BenchSettings().division_steps == 600
+    model, how = bench._division_model(8, BenchSettings().division_steps)
+    assert how == "trained 600 steps (accuracy 0.99)"
+    task = bench._task()
+    result = division_of_labour(model, task, "token", n_eval=256, n_bootstrap=20)
+    assert result.settings["basis"] == "single"
+    assert result.settings["noise_used"] == 0.05  # the check at 0.1 failed: one retry
+    assert bench._division_what(model, task, 256, gates=True) == (
+        "basis single, noisy copy at noise 0.05 (1 retry(ies))"
+    )
 
 
 def test_settings_from_args_and_errors(tmp_path):
