@@ -27,7 +27,7 @@ Shapes: B batch, T positions, L layers, h query heads, g key/value heads, d_head
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -36,7 +36,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from mhainterp.heads import all_head_labels
-from mhainterp.model import HookedMHATransformer
+from mhainterp.model import HookedMHATransformer, StopForward
 from mhainterp.runtime import model_device
 from mhainterp.validation import ParameterError, check_option, invalid
 
@@ -162,10 +162,6 @@ class BridgedConfig:
     normalization_type: str = "pretrained"
     use_attn_result: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-class _StopError(Exception):
-    """Raised by a capture hook once the wanted activation is known."""
 
 
 class BridgedModel(nn.Module):
@@ -354,12 +350,13 @@ class BridgedModel(nn.Module):
             return self.bridge(inputs, attention_mask=attention_mask, **bridge_kwargs)
         store: dict[str, Tensor] = {}
         last = f"blocks.{self.cfg.n_layers - 1}.hook_out"
+        stop = StopForward()  # ends this forward only: a caller's own stop passes through
 
         def keep(value: Tensor, hook: Any) -> None:
             store["out"] = value
-            raise _StopError
+            raise stop
 
-        with self.bridge.hooks(fwd_hooks=[(last, keep)]), suppress(_StopError):
+        with self.bridge.hooks(fwd_hooks=[(last, keep)]), stop:
             self.bridge(inputs, attention_mask=attention_mask, **bridge_kwargs)
         return store["out"]
 

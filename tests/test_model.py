@@ -26,6 +26,7 @@ from mhainterp.model import (
     HookedMHATransformer,
     LayerNorm,
     MultiHeadAttention,
+    StopForward,
     merge_heads,
     split_heads,
 )
@@ -823,3 +824,23 @@ def test_optional_hook_flags_follow_transformer_lens_rules():
     assert_close(logits, model(random_tokens()))
     with pytest.raises(ValueError, match="use_attn_in"):
         ModelConfig(use_attn_in=True, use_split_qkv_input=True)
+
+
+def test_stop_forward_ends_its_own_forward_and_lets_another_through():
+    """A forward that stops early inside another's hooks (a bridge's own _run under a capture
+    hook) must not swallow the outer stop: each ``with`` catches only its own instance."""
+    model = make_model()
+    outer, inner, seen = StopForward(), StopForward(), []
+
+    def stop_at_layer_0(z, hook):
+        seen.append(hook.name)
+        raise outer
+
+    for _ in range(2):  # an instance is reused chunk after chunk
+        with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", stop_at_layer_0)]), outer:
+            with inner:
+                model(random_tokens())
+            pytest.fail("the inner with caught the outer stop")
+        assert outer.__traceback__ is None  # the caught stop keeps no frames (activations)
+    assert seen == ["blocks.0.attn.hook_z"] * 2
+    assert not model.hook_dict["blocks.0.attn.hook_z"].fwd_hooks  # hooks removed

@@ -50,7 +50,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -66,7 +66,6 @@ from mhainterp.ablation.replacement import (
     LINEAR_READOUT_ROWS,
     CleanCache,
     Method,
-    PrefixDoneError,
     Replacement,
     build_replacement,
     check_method,
@@ -74,6 +73,7 @@ from mhainterp.ablation.replacement import (
 from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
 from mhainterp.fast import linear_readout
 from mhainterp.heads import HeadSpec, format_heads, resolve_heads
+from mhainterp.model import StopForward
 from mhainterp.runtime import eval_mode, model_device, uses_work_threads
 from mhainterp.scoring import (
     PositionScores,
@@ -197,17 +197,18 @@ def _clean_prefixes(
     """
     deepest = max(layers)
     seen: dict[str, Tensor] = {}
+    stop = StopForward()
 
     def keep(value: Tensor, hook: Any) -> None:
         seen[hook.name] = value
         if hook.name == f"blocks.{deepest}.attn.hook_z":
-            raise PrefixDoneError
+            raise stop
 
     names = {
         layer: (f"blocks.{layer}.hook_resid_pre", f"blocks.{layer}.attn.hook_z") for layer in layers
     }
     hooks = [(name, keep) for pair in names.values() for name in pair]
-    with model.hooks(fwd_hooks=hooks), suppress(PrefixDoneError):
+    with model.hooks(fwd_hooks=hooks), stop:
         model.logits(part.tokens, part.padding_mask)
     # hook_z is a transposed view: made contiguous once here, not once per copy chunk
     return {layer: (seen[r], seen[z].contiguous()) for layer, (r, z) in names.items()}

@@ -13,7 +13,6 @@ Shapes: m reference sequences, T positions, h heads, L layers.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from contextlib import suppress
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
@@ -23,6 +22,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from mhainterp.data import batch_for_model
+from mhainterp.model import StopForward
 from mhainterp.runtime import DRAW_DEVICE, eval_mode
 from mhainterp.tasks import Batch
 from mhainterp.validation import ParameterError, check_option, check_type, invalid
@@ -35,7 +35,6 @@ __all__ = [
     "RESAMPLE_SEED",
     "CleanCache",
     "Method",
-    "PrefixDoneError",
     "ReferencePrefix",
     "Replacement",
     "build_replacement",
@@ -67,12 +66,6 @@ def check_method(method: Any) -> Method:
         'mean'
     """
     return check_option("method", method, METHODS)
-
-
-class PrefixDoneError(Exception):
-    """Raised by a capture hook once the last ``hook_z`` it needs is known (the clean prefix
-    of layer ``first``, or every layer's z for the replacement): the rest of the forward is
-    not needed."""
 
 
 # ----------------------------------------------------------------------------- replacements
@@ -134,11 +127,12 @@ def capture_z(
     resids: list[Tensor | None] = [None] * n_layers
     one_chunk = resid_pre is not None and len(batch) <= max_rows
     seen: list[list[Tensor]] = [[] for _ in range(n_layers)]  # pattern chunks, per layer
+    stop = StopForward()
 
     def keep(z: Tensor, hook: Any, layer: int) -> None:
         chunks[layer].append(z.detach())
         if layer == n_layers - 1:  # the rest of the forward is not needed
-            raise PrefixDoneError
+            raise stop
 
     def keep_resid(resid: Tensor, hook: Any, layer: int) -> None:
         resids[layer] = resid.detach()
@@ -158,7 +152,7 @@ def capture_z(
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         for start in range(0, len(batch), max_rows):
             part = batch[start : start + max_rows]
-            with suppress(PrefixDoneError):
+            with stop:
                 model.logits(part.tokens, part.padding_mask)
     if one_chunk:
         resid_pre.extend(resids)

@@ -13,7 +13,6 @@ Shapes: n sequences, B a batch of them, T positions (q query, k key), L layers, 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +22,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch
-from mhainterp.model import HookedMHATransformer
+from mhainterp.model import HookedMHATransformer, StopForward
 from mhainterp.protocol import HookedModel, check_model
 from mhainterp.runtime import model_device
 from mhainterp.tasks import Task
@@ -134,13 +133,14 @@ def capture_activations(
         )
     store: dict[str, Tensor] = {}
     wanted = set(names)
+    stop = StopForward()
 
     def keep(activation: Tensor, hook: Any) -> None:
         store[hook.name] = activation.detach()
         if len(store) == len(wanted):
-            raise _CapturedAllError
+            raise stop
 
-    with suppress(_CapturedAllError):
+    with stop:
         model.run_with_hooks(
             tokens,
             padding_mask=padding_mask,
@@ -148,10 +148,6 @@ def capture_activations(
             fwd_hooks=[(n, keep) for n in wanted],
         )
     return store
-
-
-class _CapturedAllError(Exception):
-    """Raised by :func:`capture_activations`' hook once every named activation is stored."""
 
 
 @dataclass(frozen=True)

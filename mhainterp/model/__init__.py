@@ -5,6 +5,8 @@
                     logits, the one readable forward (shapes as comments)
 ``components``      the layers: attention, MLP, LayerNorm, block, unembedding
 ``weight_views``    TransformerLens-layout weight views (``W_Q``, ``QK``, ``OV``, ...)
+``hooks``           :class:`StopForward`: end a forward pass early, from a hook
+``handbuilt``       models with hand-set heads, the tests' ground truth (not imported here)
 ==================  ========================================================================
 
 The fast paths in :mod:`mhainterp.fast` are derived copies of this forward, each tested equal to
@@ -42,12 +44,14 @@ from mhainterp.model.components import (
     merge_heads,
     split_heads,
 )
+from mhainterp.model.hooks import StopForward
 from mhainterp.model.transformer import HookedMHATransformer
 
 __all__ = [
     "HookedMHATransformer",
     "LayerNorm",
     "MultiHeadAttention",
+    "StopForward",
     "TransformerBlock",
     "merge_heads",
     "split_heads",
