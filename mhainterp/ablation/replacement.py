@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -43,8 +43,10 @@ __all__ = [
 ]
 
 Method = Literal["zero", "mean", "resample"]
-METHODS: tuple[Method, ...] = ("zero", "mean", "resample")
-"""The ablation methods (see the module docstring)."""
+METHODS: tuple[Method, ...] = get_args(Method)
+"""The ablation methods (see the module docstring), spelled once, in the ``Method`` type. An
+order with a primary method first derives from it: ``(primary, *[m for m in METHODS if m !=
+primary])``; ``mhainterp.cli.static.ABLATION_METHODS`` mirrors it for ``--help``."""
 
 DEFAULT_MAX_ROWS: int | None = None
 """Rows (copies x sequences) per forward when none is asked: ``FULL_FORWARD_ROWS`` where the
