@@ -10,10 +10,14 @@ Example:
     'L0H1,L0H3'
     >>> parse_head_label("L1H2", n_layers=2, n_heads=4)
     (1, 2)
+
+Every head list is read here: :func:`resolve_heads` with a model (checked against its shape),
+:func:`head_set_labels` and :func:`parse_head_label` without one (a table's labels).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,6 +30,7 @@ __all__ = [
     "all_heads",
     "format_heads",
     "head_label",
+    "head_set_labels",
     "parse_head_label",
     "resolve_heads",
 ]
@@ -33,6 +38,8 @@ __all__ = [
 HEAD_SET_SEPARATOR = ","
 HeadSpec = str | tuple[int, int]
 """One head: a label ``"L0H1"`` or a ``(layer, head)`` pair."""
+
+_LABEL = re.compile(r"L(\d+)H(\d+)")
 
 
 def head_label(layer: int, head: int) -> str:
@@ -55,12 +62,27 @@ def all_head_labels(n_layers: int, n_heads: int) -> list[str]:
     return [head_label(layer, head) for layer, head in all_heads(n_layers, n_heads)]
 
 
-def parse_head_label(label: str, n_layers: int, n_heads: int) -> tuple[int, int]:
-    """``"L0H3"`` -> ``(0, 3)``, checked against the model's shape.
+def parse_head_label(
+    label: str, n_layers: int | None = None, n_heads: int | None = None
+) -> tuple[int, int]:
+    """``"L0H3"`` -> ``(0, 3)``, checked against the model's shape; without the shape (a
+    table's labels), its form only.
 
     Raises:
         ParameterError: for a malformed or out-of-range label, listing the valid labels.
+
+    Example:
+        >>> parse_head_label("L12H3")
+        (12, 3)
+        >>> parse_head_label("L2H0", n_layers=2, n_heads=4)
+        Traceback (most recent call last):
+        mhainterp.validation.ParameterError: head='L2H0' is invalid: valid heads for this model: ...
     """
+    if n_layers is None or n_heads is None:
+        match = _LABEL.fullmatch(label) if isinstance(label, str) else None
+        if match is None:
+            raise invalid("head", label, "a head label like 'L0H3'")
+        return int(match[1]), int(match[2])
     valid = all_head_labels(n_layers, n_heads)
     if isinstance(label, str) and label in valid:
         layer_text, head_text = label[1:].split("H")
@@ -86,7 +108,7 @@ def resolve_heads(model: Any, heads: str | Iterable[HeadSpec]) -> list[tuple[int
     """
     n_layers, n_heads = model.cfg.n_layers, model.cfg.n_heads
     if isinstance(heads, str):
-        heads = [part.strip() for part in heads.split(HEAD_SET_SEPARATOR) if part.strip()]
+        heads = head_set_labels(heads)
     if not isinstance(heads, Iterable):
         raise ParameterError(
             f"heads is invalid: a list of head labels like ['L0H1', 'L0H3'] or 'L0H1,L0H3', "
@@ -105,6 +127,17 @@ def resolve_heads(model: Any, heads: str | Iterable[HeadSpec]) -> list[tuple[int
             )
         pairs.add(parse_head_label(spec.strip(), n_layers, n_heads))
     return sorted(pairs)
+
+
+def head_set_labels(heads: str) -> list[str]:
+    """The labels of a head set as written, in order: ``"L0H3, L0H1"`` -> ``["L0H3", "L0H1"]``
+    (blanks and empty parts dropped; the labels are not checked: :func:`parse_head_label`).
+
+    Example:
+        >>> head_set_labels("L0H3, L0H1,")
+        ['L0H3', 'L0H1']
+    """
+    return [part.strip() for part in heads.split(HEAD_SET_SEPARATOR) if part.strip()]
 
 
 def format_heads(pairs: Iterable[tuple[int, int]]) -> str:

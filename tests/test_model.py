@@ -582,6 +582,10 @@ def test_head_labels():
     assert parse_head_label("L1H0", 2, 2) == (1, 0)
     with pytest.raises(ValueError, match=r"head='L2H0' is invalid: .*L0H0, L0H1, L1H0, L1H1"):
         parse_head_label("L2H0", 2, 2)
+    assert parse_head_label("L12H3") == (12, 3)  # a table's label: its form only
+    for malformed in ("L1", "H1L0", "L1H2,L0H0", " L1H2", 3):
+        with pytest.raises(ValueError, match="a head label like 'L0H3'"):
+            parse_head_label(malformed)
 
 
 # ----- seeds ------------------------------------------------------------------------------------

@@ -15,7 +15,6 @@ reads commands from standard input (``list``, ``L0H2`` or ``toggle L0H2``, ``set
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, TextIO
 from mhainterp.cli.options import add_choice, add_n_eval, add_runtime_args, add_seed
 from mhainterp.cli.static import ABLATION_METHODS
 from mhainterp.cli.task_modules import add_task_module_argument
+from mhainterp.heads import head_set_labels, parse_head_label
 from mhainterp.validation import ParameterError, invalid
 
 if TYPE_CHECKING:  # imported by the handler: torch is not needed for --help
@@ -32,8 +32,6 @@ if TYPE_CHECKING:  # imported by the handler: torch is not needed for --help
     from mhainterp.training import Run
 
 __all__ = ["register", "run_ablate", "interactive_session", "format_metrics_table"]
-
-_HEAD = re.compile(r"L\d+H\d+")
 
 ABLATE_DESCRIPTION = """\
 Ablate (remove) attention heads of a trained run and compare loss and accuracy on the task's
@@ -169,9 +167,12 @@ def _heads_argument(text: str) -> str:
 
 
 def _looks_like_heads(word: str) -> bool:
-    """``L0H1`` or ``L0H1,L1H2``: a head list typed without ``toggle``."""
-    parts = [part for part in word.split(",") if part]
-    return bool(parts) and all(_HEAD.fullmatch(part) for part in parts)
+    """``L0H1`` or ``L0H1,L1H2``: a head list typed without ``toggle`` (its form only; toggle
+    checks the heads against the model)."""
+    try:
+        return bool([parse_head_label(label) for label in head_set_labels(word)])
+    except ParameterError:
+        return False
 
 
 def _command_table(ablator: Ablator) -> dict[str, Callable[[str], bool]]:
