@@ -79,6 +79,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see: the same names, imported ea
     from mhainterp.specialization import (
         DivisionSettings,
         SpecializationSettings,
+        attach_division,
         division_of_labour,
         headline_stability,
         specialization_test,
@@ -146,6 +147,7 @@ _EXPORTS: dict[str, str] = {
     "load_pretrained": "mhainterp.pretrained",
     "DivisionSettings": "mhainterp.specialization",
     "SpecializationSettings": "mhainterp.specialization",
+    "attach_division": "mhainterp.specialization",
     "division_of_labour": "mhainterp.specialization",
     "headline_stability": "mhainterp.specialization",
     "specialize_folder": "mhainterp.specialization",
@@ -179,6 +181,7 @@ __all__ = [
     "specialize_folder",
     "ParameterError",
     "as_batch",
+    "attach_division",
     "division_of_labour",
     "evaluate_head_sets",
     "format_heads",

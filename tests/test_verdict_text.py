@@ -37,7 +37,10 @@ def test_format_p_at_its_floor():
 
 def test_a_kept_head_call_is_read_with_its_evidence():
     text = _run([_row()]).text
-    assert "Headline: the heads divide the work along position; basis: kept-head profiles." in text
+    assert (
+        "Headline: the heads divide the work along position; basis: kept-head profiles under "
+        "mean, zero and resample ablation." in text
+    )
     assert (
         "by position divided (index 0.41 [95% CI 0.35, 0.47] vs same-function null's 95% "
         "quantile 0.09 (p < 0.001), on kept-head profiles)"
@@ -69,7 +72,8 @@ def test_one_headline_per_head_count():
     assert Verdict(runs).headlines() == {
         "reverse": [
             "h=8 (8 heads, 3 seeds): the heads divide the work along position (2/3 seeds "
-            "divided by position); basis: kept-head profiles."
+            "divided by position, index 0.41 ± 0.00 vs null q95 0.09 ± 0.00); basis: "
+            "kept-head profiles under mean, zero and resample ablation."
         ]
     }
     assert headline_call({"token": "divided", "position": "method-dependent"}) == (

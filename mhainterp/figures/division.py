@@ -36,6 +36,7 @@ from mhainterp.figures._common import (
     sns,
 )
 from mhainterp.figures.headcount import draw_seeds
+from mhainterp.specialization.verdict.sentences import BASIS_NAMES
 
 __all__ = ["division_heatmap", "division_vs_heads", "save_division_figures"]
 
@@ -145,12 +146,6 @@ def division_heatmap(
     return fig
 
 
-BASIS_NAMES = {
-    "single": "single-head profiles",
-    "kept": "kept-head profiles",
-    "group": "group profiles",
-}
-"""How each basis is named in titles and captions (the verdict's wording)."""
 COLOUR_LABELS = {
     frozenset({"single"}): "accuracy lost",
     frozenset({"group"}): "accuracy lost",

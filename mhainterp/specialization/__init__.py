@@ -19,8 +19,9 @@ measurement:
 ``settings``      :class:`SpecializationSettings`: every threshold, validated
 ``labels``        one label per head: dead > backed up > role (or count:<set>) >
                   unspecialized (mixing), and the flags holds / needed / backed_up / dead
-``stability``     the labels re-decided with every threshold x 0.8 and x 1.25, from the
-                  saved evidence (no forward pass)
+``stability``     the labels re-decided with every threshold x 0.8 and x 1.25, and the
+                  division's per-head flags with its effect gate moved
+                  (:func:`division_stability`), from the saved evidence (no forward pass)
 ``core``          :func:`specialization_test`: the tables, labels and verdict of runs
                   (its parts: ``result`` the tables' columns and :class:`SpecializationResult`
                   with save/load; ``run_analysis`` one run's tables and verdict; ``combine``
@@ -71,7 +72,11 @@ from mhainterp.specialization.verdict.labels import (
 from mhainterp.specialization.verdict.result import HEAD_COLUMNS, RUN_COLUMNS, SpecializationResult
 from mhainterp.specialization.verdict.sentences import RunVerdict, Verdict
 from mhainterp.specialization.verdict.settings import THRESHOLDS, SpecializationSettings
-from mhainterp.specialization.verdict.stability import label_stability, stability_summary
+from mhainterp.specialization.verdict.stability import (
+    division_stability,
+    label_stability,
+    stability_summary,
+)
 from mhainterp.specialization.where.nulls import (
     combine_nulls,
     init_models,
@@ -124,6 +129,7 @@ __all__ = [
     "adjust_pvalues",
     "attach_division",
     "decide_labels",
+    "division_stability",
     "label_stability",
     "redundant_under",
     "stability_summary",

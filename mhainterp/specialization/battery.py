@@ -18,9 +18,10 @@ role (e.g. ``"previous"``, or ``"count:same_token_upto+sink"`` for a counting he
 ``"unspecialized"`` (which includes heads that mix two relations), the flags ``holds``,
 ``needed``, ``backed_up``, ``dead``, and the share of its attention the known roles
 ``explained``; the run gets a :class:`~.verdict.RunVerdict` whose text is generated from the
-tables. Whom the heads serve (the division test) enters as an optional ``division`` table
-(``run, by, index, null_index, p``): pass ``division=`` or use :func:`attach_division`; without
-it the verdict does not claim that the heads divide the work.
+tables. Whom the heads serve (the division test) enters with ``division=True`` (it runs
+:func:`~mhainterp.specialization.division_of_labour`), ``division=`` a result of it, or
+:func:`attach_division` afterwards; without it the verdict does not claim that the heads
+divide the work.
 
 Example:
     >>> result = specialization_test("runs/quickstart/reverse/runs/h4_seed0")  # doctest: +SKIP
@@ -44,6 +45,8 @@ from mhainterp.specialization.verdict.result import (
     SpecializationResult,
 )
 from mhainterp.specialization.verdict.settings import SpecializationSettings
+from mhainterp.specialization.whom.division import division_of_labour
+from mhainterp.specialization.whom.division_result import DivisionResult
 from mhainterp.tasks import Task
 from mhainterp.training import Run, load_run
 from mhainterp.validation import invalid
@@ -121,7 +124,7 @@ def specialization_test(
     settings: SpecializationSettings | None = None,
     *,
     progress: bool = False,
-    division: pd.DataFrame | None = None,
+    division: bool | DivisionResult | pd.DataFrame | None = None,
     **overrides: Any,
 ) -> SpecializationResult:
     """Do the heads specialize? Label every head and state the verdict, with the evidence.
@@ -134,9 +137,12 @@ def specialization_test(
             the test reads; needed with models, optional with runs (it overrides their own).
         settings: A :class:`SpecializationSettings`; ``**overrides`` replace its fields.
         progress: Show progress bars.
-        division: Optional division indices (``run, by, index, null_index, p``; the run
-            names as in the result, or no ``run`` column for a single run): see
-            :func:`attach_division`.
+        division: Whom the heads serve: True runs
+            :func:`~mhainterp.specialization.division_of_labour` on each run (its shared
+            settings taken from ``settings``, its own evaluation size) and attaches it; a
+            :class:`DivisionResult` (one run) or its index table (``run, by, index,
+            null_index, p``) is attached as given (:func:`attach_division`). Without it
+            each head's finding says "whom it serves not measured".
         **overrides: Settings fields, e.g. ``alpha=0.01, n_eval=512``.
 
     Returns:
@@ -149,6 +155,9 @@ def specialization_test(
         >>> result = specialization_test(handbuilt_model(["previous", "dead"], d_head=18), task)
         >>> result.heads["label"].tolist()
         ['previous', 'dead']
+        >>> specialization_test(handbuilt_model(["previous", "dead"], d_head=18), task,
+        ...                     division=True).heads["finding"].tolist()
+        ['looks at previous; serves every value alike; needed', 'dead']
     """
     if data is not None and not isinstance(data, Task):
         raise TypeError(
@@ -162,6 +171,12 @@ def specialization_test(
     inputs = _resolve(run_or_model, data)
     singles = []
     for inp in tqdm(inputs, desc="specialization", disable=not progress or len(inputs) == 1):
-        singles.append(_single_result(_analyse(inp, settings, progress), settings))
+        single = _single_result(_analyse(inp, settings, progress), settings)
+        if division is True:  # each run with its own division, before the runs are stacked
+            single = attach_division(single, division_of_labour(inp.model, inp.task,
+                                                                settings=settings))  # fmt: skip
+        singles.append(single)
     result = combine_results(singles) if len(singles) > 1 else singles[0]
-    return result if division is None else attach_division(result, division)
+    if division is None or isinstance(division, bool):
+        return result
+    return attach_division(result, division)

@@ -36,6 +36,7 @@ from mhainterp.specialization.verdict.sentences import RunVerdict
 from mhainterp.specialization.verdict.settings import SpecializationSettings
 from mhainterp.specialization.verdict.stability import (
     RunEvidence,
+    flip_summary,
     relabel,
     run_stability,
     variant_settings,
@@ -320,7 +321,7 @@ def _run_verdict(
         relations=_relations(heads),
         needed=heads.loc[heads["needed"].astype(bool), "head_label"].tolist(),
         backed_up=heads.loc[heads["backed_up"].astype(bool), "head_label"].tolist(),
-        **_flips(stability),
+        **flip_summary(stability),
     )
 
 
@@ -333,17 +334,3 @@ def _relations(heads: pd.DataFrame) -> dict[str, list[str]]:
         if role and not bool(dead):
             out.setdefault(base_relation(str(role)), []).append(head)
     return out
-
-
-def _flips(stability: pd.DataFrame) -> dict[str, Any]:
-    """``flips`` (threshold -> heads changed by either factor), ``flip_heads``, ``n_untested``."""
-    flips, every = {}, []
-    for name, rows in stability.groupby("threshold", sort=False):
-        heads = {h for c in rows["changed"] for h in str(c).split(",") if h and h != "nan"}
-        flips[str(name)] = len(heads)
-        every += sorted(heads)
-    return {
-        "flips": flips,
-        "flip_heads": sorted(set(every), key=every.index),
-        "n_untested": int(stability["n_untested"].sum()) if len(stability) else 0,
-    }

@@ -11,18 +11,33 @@ from typing import Any
 
 import pandas as pd
 
+from mhainterp.heads import HEAD_SET_SEPARATOR
 from mhainterp.specialization.seeds.consistency import CONSISTENCY_COLUMNS, cross_seed_consistency
-from mhainterp.specialization.verdict.labels import findings
+from mhainterp.specialization.verdict.labels import findings, serving_label
 from mhainterp.specialization.verdict.result import (
     DIVISION_COLUMNS,
     RUN_COLUMNS,
     SpecializationResult,
 )
-from mhainterp.specialization.verdict.sentences import RunVerdict, Verdict, group_key
+from mhainterp.specialization.verdict.sentences import RunVerdict, Verdict, axis_call, group_key
 from mhainterp.specialization.verdict.settings import SpecializationSettings
+from mhainterp.specialization.verdict.stability import (
+    DIVISION_THRESHOLD,
+    division_stability,
+    flip_summary,
+)
+from mhainterp.specialization.whom.division_result import DivisionResult
+from mhainterp.specialization.whom.settings import DivisionSettings
 from mhainterp.validation import ParameterError, invalid
 
-__all__ = ["VERDICT_DIVISION_COLUMNS", "attach_division", "combine_results"]
+__all__ = [
+    "FLAG_EVIDENCE",
+    "SERVES_QUALIFIERS",
+    "VERDICT_DIVISION_COLUMNS",
+    "attach_division",
+    "combine_results",
+    "compared_units",
+]
 
 VERDICT_DIVISION_COLUMNS = (
     "divided", "call", "basis", "reason", "ci_low", "ci_high", "null_high", "p_floor",
@@ -69,38 +84,48 @@ def _run_row(verdict: RunVerdict, heads: pd.DataFrame) -> dict[str, Any]:
 
 
 def attach_division(
-    result: SpecializationResult, division: pd.DataFrame, heads: pd.DataFrame | None = None
+    result: SpecializationResult,
+    division: DivisionResult | pd.DataFrame,
+    heads: pd.DataFrame | None = None,
 ) -> SpecializationResult:
-    """The result with division indices attached and its verdict and ``runs`` regenerated:
-    "specialized" in the sentences then means dividing the work, along the axes whose index
-    beats its null.
+    """The result with the division of labour attached: its verdict and ``runs`` regenerated
+    ("specialized" in the sentences then means dividing the work, along the axes whose index
+    beats its null), and, with the per-head rows, whom each head serves in its ``serves``,
+    ``finding`` and label, and the division's effect gate moved in its stability table.
 
     Args:
         result: A :class:`SpecializationResult`.
-        division: ``by, index, null_index, p`` per axis (e.g. ``division_of_labour(...).index``)
-            and ``run`` naming the result's runs; without ``run``, the result must hold one run.
-            The calibrated columns (:data:`VERDICT_DIVISION_COLUMNS`: ``call``, ``basis``,
-            ``reason``, the CI, the p floor, the per-method indices and calls) are carried into
-            the verdict when present.
-        heads: Optional per head and axis (``head_label, by, serves, specialized`` and
-            ``run`` as for ``division``; e.g. ``division_of_labour(...).heads``): whom each head
-            serves, written into the head table's ``serves`` and ``finding``.
+        division: What :func:`~mhainterp.specialization.division_of_labour` returned (its
+            index, heads and settings are used), or only its index table: ``by, index,
+            null_index, p`` per axis and ``run`` naming the result's runs (without ``run``, the
+            result must hold one run). The calibrated columns
+            (:data:`VERDICT_DIVISION_COLUMNS`: ``call``, ``basis``, ``reason``, the CI, the p
+            floor, the per-method indices and calls) are carried into the verdict when
+            present.
+        heads: Per head and axis (``head_label, by, serves, specialized`` and ``run`` as for
+            ``division``; default: the result's own): whom each head serves. A head serves
+            a subset of an axis when its flag says so (significant, with an effect); the
+            finding says whether the heads divide that axis, and an unspecialized head that
+            serves a subset of a divided axis is labelled by it (``serves token``).
 
     Example:
-        >>> index = pd.DataFrame({"by": ["token"], "index": [0.02], "null_index": [0.03],
-        ...                       "p": [0.6]})
-        >>> attach_division(result, index).verdict.runs[0].specialized_axes  # doctest: +SKIP
-        []
+        >>> from mhainterp.model.handbuilt import handbuilt_model
+        >>> from mhainterp.specialization import division_of_labour, specialization_test
+        >>> from mhainterp.tasks import get_task
+        >>> task = get_task("previous_token", seq_len=16, d_vocab=10)
+        >>> model = handbuilt_model(["previous", "uniform"], d_head=18)
+        >>> result = specialization_test(model, task, n_eval=64)
+        >>> attached = attach_division(result, division_of_labour(model, task, n_eval=64))
+        >>> attached.heads["finding"].tolist()[0]
+        'looks at previous; serves every value alike; needed'
     """
-    frame = division.copy()
+    settings = DivisionSettings()
+    if isinstance(division, DivisionResult):
+        heads = division.heads if heads is None else heads
+        settings = DivisionSettings.from_dict(division.settings)
+        division = division.index
     runs = list(result.runs["run"])
-    if "run" not in frame.columns:
-        if len(runs) != 1:
-            raise ParameterError(
-                f"division is invalid: a 'run' column naming the runs when the result holds "
-                f"{len(runs)} runs, got no 'run' column"
-            )
-        frame.insert(0, "run", runs[0])
+    frame = _with_run(division, runs, "division")
     missing = [c for c in DIVISION_COLUMNS if c not in frame.columns]
     if missing:
         raise ParameterError(
@@ -111,46 +136,138 @@ def attach_division(
         raise ParameterError(
             f"division is invalid: rows for the result's runs {runs}, got runs {unknown}"
         )
+    head_rows = None if heads is None else _with_run(heads, runs, "heads")
+    stability = result.stability
+    if head_rows is not None and _has_flag_evidence(head_rows):
+        stability = _with_division_stability(stability, head_rows, settings)
     carried = [*DIVISION_COLUMNS, *(c for c in VERDICT_DIVISION_COLUMNS if c in frame.columns)]
     rows = frame[carried].to_dict("records")
     verdicts = []
     for v in result.verdict.runs:
         mine = [{k: r[k] for k in carried[1:]} for r in rows if r["run"] == v.run]
-        verdicts.append(dataclasses.replace(v, division=mine))
+        if head_rows is not None:
+            own = head_rows[head_rows["run"] == v.run]
+            mine = [{**d, "units": compared_units(own, str(d["by"]), d.get("basis"))}
+                    for d in mine]  # fmt: skip
+        flips = flip_summary(stability[stability["run"] == v.run]) if len(stability) else {}
+        verdicts.append(dataclasses.replace(v, division=mine, **flips))
     verdict = Verdict(verdicts, result.verdict.consistency)
-    head_table = result.heads if heads is None else _with_serves(result.heads, heads, runs)
-    table = result.runs.copy()
-    by_run = {v.run: v for v in verdicts}
-    table["specialized_along"] = [",".join(by_run[r].specialized_axes) for r in table["run"]]
-    table["verdict"] = [by_run[r].text for r in table["run"]]
+    head_table = result.heads
+    if head_rows is not None:
+        head_table = _with_serves(result.heads, head_rows, frame)
     return dataclasses.replace(
-        result, division=frame, verdict=verdict, runs=table, heads=head_table
-    )
+        result, division=frame, verdict=verdict, runs=_runs_table(result.runs, verdicts),
+        heads=head_table, stability=stability,
+    )  # fmt: skip
+
+
+def _with_run(table: pd.DataFrame, runs: list[str], name: str) -> pd.DataFrame:
+    """``table`` with a ``run`` column (added, naming the one run, when it has none)."""
+    frame = table.copy()
+    if "run" not in frame.columns:
+        if len(runs) != 1:
+            raise ParameterError(
+                f"{name} is invalid: a 'run' column naming the runs when the result holds "
+                f"{len(runs)} runs, got no 'run' column"
+            )
+        frame.insert(0, "run", runs[0])
+    return frame
+
+
+def _runs_table(table: pd.DataFrame, verdicts: list[RunVerdict]) -> pd.DataFrame:
+    """The ``runs`` table with the columns the division changes regenerated."""
+    out = table.copy()
+    by_run = {v.run: v for v in verdicts}
+    out["specialized_along"] = [",".join(by_run[r].specialized_axes) for r in out["run"]]
+    out["verdict"] = [by_run[r].text for r in out["run"]]
+    out["n_label_flips"] = [len(by_run[r].flip_heads) for r in out["run"]]
+    out["frac_label_flips"] = [
+        len(by_run[r].flip_heads) / by_run[r].total_heads for r in out["run"]
+    ]
+    return out
+
+
+FLAG_EVIDENCE = frozenset({"basis", "p_adj", "n_values", "selectivity_gain", "served_values"})
+"""The per-head columns :func:`division_stability` re-decides the flags from."""
+
+
+def _has_flag_evidence(heads: pd.DataFrame) -> bool:
+    return set(heads.columns) >= FLAG_EVIDENCE
+
+
+def _with_division_stability(
+    stability: pd.DataFrame, heads: pd.DataFrame, settings: DivisionSettings
+) -> pd.DataFrame:
+    """``stability`` with the division's effect gate moved (:func:`division_stability`),
+    replacing any such rows of an earlier attachment."""
+    kept = stability
+    if len(stability) and "threshold" in stability.columns:
+        kept = stability[stability["threshold"] != DIVISION_THRESHOLD]
+    moved = division_stability(heads, settings)
+    parts = [t for t in (kept, moved) if len(t)]
+    return pd.concat(parts, ignore_index=True) if parts else stability
+
+
+def compared_units(heads: pd.DataFrame, axis: str, basis: Any) -> str:
+    """The heads (or groups) an axis's index compares on ``basis``: heads whose own profile
+    is of that basis; on group profiles, the groups and the heads damaging outside them.
+
+    Example:
+        >>> heads = pd.DataFrame({"head_label": ["L0H3", "L1H1", "L1H2"], "by": "token",
+        ...     "basis": ["single", "single", ""], "group": ""})
+        >>> compared_units(heads, "token", "single")
+        'L0H3,L1H1'
+    """
+    own = heads[heads["by"] == axis]
+    if not isinstance(basis, str) or not basis or "basis" not in own.columns:
+        return ""
+    if basis == "group" and "group" in own.columns:
+        groups = [g for g in dict.fromkeys(own["group"].fillna("").astype(str)) if g]
+        alone = own[(own["basis"] == "single") & (own["group"].fillna("") == "")]
+        return HEAD_SET_SEPARATOR.join([*(f"({g})" for g in groups), *alone["head_label"]])
+    return HEAD_SET_SEPARATOR.join(own.loc[own["basis"] == basis, "head_label"].astype(str))
 
 
 def _with_serves(
-    heads: pd.DataFrame, division_heads: pd.DataFrame, runs: list[str]
+    heads: pd.DataFrame, division_heads: pd.DataFrame, index: pd.DataFrame
 ) -> pd.DataFrame:
-    """``heads`` with ``serves`` ("position: 0,1; token: 3", "" for no subset) and its
-    ``finding`` from the division test's per-head rows."""
-    rows = division_heads.copy()
-    if "run" not in rows.columns:
-        rows.insert(0, "run", runs[0])
-    chosen = rows[rows["specialized"].astype(str) == "True"]
+    """``heads`` with ``serves`` ("token: 3,4; target_class: 2 (method-dependent)", "" for no
+    subset), its ``finding`` and its label (:func:`~.labels.serving_label`) from the division
+    test's per-head rows, each axis qualified by its call (``index``)."""
+    calls = {
+        (run, str(by)): axis_call(row)
+        for run, by, row in zip(index["run"], index["by"], index.to_dict("records"), strict=True)
+    }
+    chosen = division_heads[division_heads["specialized"].astype(str) == "True"]
     serves: dict[tuple[str, str], list[str]] = {}
+    divided: dict[tuple[str, str], list[str]] = {}
     for run, head, by, values in zip(
         chosen["run"], chosen["head_label"], chosen["by"], chosen["serves"], strict=True
     ):
-        if isinstance(values, str) and values:
-            serves.setdefault((run, head), []).append(f"{by}: {values}")
+        if not isinstance(values, str) or not values:
+            continue
+        call = calls.get((run, str(by)), "divided")
+        serves.setdefault((run, head), []).append(f"{by}: {values}{SERVES_QUALIFIERS[call]}")
+        if call == "divided":
+            divided.setdefault((run, head), []).append(str(by))
     out = heads.copy()
-    measured = set(rows["run"])
-    out["serves"] = [
-        "; ".join(serves.get((run, head), [])) if run in measured else None
-        for run, head in zip(out["run"], out["head_label"], strict=True)
-    ]
+    measured = set(division_heads["run"])
+    keys = list(zip(out["run"], out["head_label"], strict=True))
+    out["serves"] = ["; ".join(serves.get(k, [])) if k[0] in measured else None for k in keys]
+    out["label"] = [serving_label(label, divided.get(k, [])) for label, k in
+                    zip(out["label"], keys, strict=True)]  # fmt: skip
     out["finding"] = findings(out)
     return out
+
+
+SERVES_QUALIFIERS = {
+    "divided": "",
+    "method-dependent": " (method-dependent)",
+    "not divided": " (not divided: the heads alike)",
+    "cannot tell": " (cannot tell whether the heads divide it)",
+}
+"""What a head's served subset of an axis says of the axis's call: a subset the heads do not
+divide is shared, not a division of labour."""
 
 
 def _single_result(

@@ -40,7 +40,11 @@ from mhainterp.runs import (
 )
 from mhainterp.runtime import uses_work_threads
 from mhainterp.specialization.battery import specialization_test
-from mhainterp.specialization.seeds.combine import attach_division, combine_results
+from mhainterp.specialization.seeds.combine import (
+    FLAG_EVIDENCE,
+    attach_division,
+    combine_results,
+)
 from mhainterp.specialization.seeds.summary import (
     display_summary,
     head_count_comparisons,
@@ -49,6 +53,7 @@ from mhainterp.specialization.seeds.summary import (
 )
 from mhainterp.specialization.verdict.result import RUN_COLUMNS, SpecializationResult
 from mhainterp.specialization.verdict.settings import SpecializationSettings
+from mhainterp.specialization.verdict.stability import DIVISION_THRESHOLD
 from mhainterp.specialization.whom.damage import AXES
 from mhainterp.specialization.whom.division import division_of_labour, division_request
 from mhainterp.specialization.whom.division_result import DivisionResult, saved_division
@@ -168,20 +173,24 @@ def cached_specialization(
     # Whom the heads serve enters the verdict when the run's division of labour is saved:
     # "specialized" then means dividing the work, along the axes whose index beats its null.
     division = saved_division(run_dir)
-    attach = division is not None and _needs_division(result, division.index)
+    attach = division is not None and _needs_division(result, division)
     if attach:
-        result = attach_division(result, division.index, division.heads)
+        result = attach_division(result, division)
     if save and (saved is None or attach):
         result.save(Path(run_dir) / "analysis", RESULT_PREFIX)
     return result
 
 
-def _needs_division(result: SpecializationResult, index: pd.DataFrame) -> bool:
-    """Whether the saved division must be (re)attached: other indices, or head findings
-    that do not yet say whom each head serves."""
+def _needs_division(result: SpecializationResult, division: DivisionResult) -> bool:
+    """Whether the saved division must be (re)attached: other indices, head findings that
+    do not yet say whom each head serves, or a stability table without the division's gate
+    (saved before it was, from a division that has the flags' evidence)."""
     finding = result.heads.get("finding", pd.Series(dtype=str)).fillna("").astype(str)
     unmeasured = finding.str.contains("not measured").any() or not len(finding)
-    return unmeasured or not _same_division(result, index)
+    thresholds = set(result.stability.get("threshold", pd.Series(dtype=str)))
+    movable = set(division.heads.columns) >= FLAG_EVIDENCE and len(result.stability) > 0
+    unmoved = movable and DIVISION_THRESHOLD not in thresholds
+    return unmeasured or unmoved or not _same_division(result, division.index)
 
 
 def _same_division(result: SpecializationResult, index: pd.DataFrame) -> bool:

@@ -202,7 +202,7 @@ def headline_stability(
         result = specialization_test(model, data, settings=s)
         if not by:
             return result
-        return attach_division(result, division_of_labour(model, data, by, settings=division).index)
+        return attach_division(result, division_of_labour(model, data, by, settings=division))
 
     base = run(settings, division_settings)
     perturbed = [(p.name, run(p.settings, p.division)) for p in gate_perturbations(

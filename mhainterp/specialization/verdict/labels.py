@@ -21,7 +21,12 @@
   min_evenness`` (:mod:`.roles`): a counting head. ``count:uniform+sink`` is a head spread
   evenly over every visible key, a BOS sink among them, beyond untrained heads (tracr's
   SelectorWidth of an always-true selector, its ``length`` program);
-- ``"unspecialized"``: none of the above (mixing heads included; ``mixed_roles`` says which).
+- ``"unspecialized"``: none of the above (mixing heads included; ``mixed_roles`` says which);
+- ``"serves <axis>"`` (e.g. ``serves token``), once the division of labour is attached
+  (:func:`~mhainterp.specialization.seeds.combine.attach_division`): an unspecialized head that
+  serves a subset along an axis the heads divide. "unspecialized" beside a verdict that the
+  heads divide the work along token read as a contradiction; where a head looks is still
+  its ``holds`` (none) and :func:`where_label` gives the label before the division.
 
 Nesting matters because some templates contain others (``self`` is inside
 ``same_token_upto``, any set inside its ``+sink`` variant): a head on the inner one scores
@@ -64,13 +69,18 @@ __all__ = [
     "label_heads",
     "mixed_roles",
     "role_targets",
+    "serving_label",
+    "where_label",
 ]
 
 BACKED_UP = "backed up"
 """The label of a head whose work a partner carries (the redundancy test's "redundant")."""
 
-LABELS_OTHER = ("unspecialized", BACKED_UP, "dead")
+UNSPECIALIZED = "unspecialized"
+LABELS_OTHER = (UNSPECIALIZED, BACKED_UP, "dead")
 """Labels that are not roles."""
+SERVES_PREFIX = "serves "
+"""How the label of an unspecialized head that serves a subset of a divided axis starts."""
 
 FLAG_COLUMNS = ["holds", "needed", "backed_up", "dead"]
 """The verdict's per-head flags (module docstring): what a head does, not one label."""
@@ -90,6 +100,31 @@ class HeadDecision:
     significant: list[str]
     dead: bool
     partners: list[str]
+
+
+def serving_label(label: str, axes: list[str]) -> str:
+    """The label of a head once whom it serves is known: an unspecialized head that serves a
+    subset along the divided ``axes`` is labelled by them; any other label stays.
+
+    Example:
+        >>> serving_label("unspecialized", ["token"]), serving_label("mirror", ["position"])
+        ('serves token', 'mirror')
+        >>> serving_label("unspecialized", [])
+        'unspecialized'
+    """
+    if where_label(label) != UNSPECIALIZED or not axes:
+        return where_label(label)
+    return SERVES_PREFIX + "+".join(axes)
+
+
+def where_label(label: str) -> str:
+    """The label from where a head looks alone (before the division was attached).
+
+    Example:
+        >>> where_label("serves token+position"), where_label("previous")
+        ('unspecialized', 'previous')
+    """
+    return UNSPECIALIZED if str(label).startswith(SERVES_PREFIX) else str(label)
 
 
 def head_finding(holds: str, serves: str | None, needed: bool, backed_up: bool, dead: bool) -> str:

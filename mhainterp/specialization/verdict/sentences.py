@@ -27,10 +27,52 @@ import numpy as np
 from mhainterp.render import format_p
 from mhainterp.stats import correction_name
 
-__all__ = ["UNDEFINED_INDEX", "RunVerdict", "Verdict", "division_axes", "group_key"]
+__all__ = [
+    "BASIS_NAMES",
+    "SERVING_CALLS",
+    "UNDEFINED_INDEX",
+    "RunVerdict",
+    "Verdict",
+    "division_axes",
+    "group_key",
+    "with_layers",
+]
 
 UNDEFINED_INDEX = "undefined (fewer than 2 heads do damage)"
 """How an index that single-head removal cannot define is written (never "nan vs null nan")."""
+
+BASIS_NAMES = {
+    "single": "single-head profiles",
+    "kept": "kept-head profiles",
+    "group": "group profiles",
+}
+"""How each basis of a division call is named, in sentences and figure titles alike."""
+
+
+def with_layers(heads: list[str]) -> str:
+    """Heads joined, each with its layer named when they span several layers (a layer-0
+    previous-token head compared with a layer-1 induction head says so).
+
+    Example:
+        >>> with_layers(["L0H3", "L1H1"])
+        'L0H3 (layer 0) and L1H1 (layer 1)'
+        >>> with_layers(["L0H0", "L0H1", "L1H2"])
+        'L0H0, L0H1 (layer 0) and L1H2 (layer 1)'
+        >>> with_layers(["L0H0", "L0H2"])
+        'L0H0, L0H2'
+    """
+    by_layer: dict[str, list[str]] = {}
+    for head in heads:
+        by_layer.setdefault(_layer_of(head), []).append(head)
+    if len(by_layer) < 2:
+        return ", ".join(heads)
+    parts = [f"{', '.join(h)} (layer {layer})" for layer, h in by_layer.items()]
+    return ", ".join(parts[:-1]) + " and " + parts[-1]
+
+
+def _layer_of(unit: str) -> str:
+    """``"0"`` for ``L0H3`` (a group ``(L0H0,L0H1)``: its first head's layer)."""
+    return unit.strip("(").split("H")[0][1:]
 
 
 def _join(items: list[str], empty: str = "none") -> str:
@@ -55,6 +97,9 @@ CALLS = ("divided", "not divided", "cannot tell", "method-dependent")
 names them."""
 
 METHODS = ("mean", "zero", "resample")
+
+SERVING_CALLS = ("divided", "method-dependent")
+"""Calls whose index a headline shows beside them: the axes it claims or hedges on."""
 
 
 def axis_call(d: dict[str, Any], alpha: float = 0.05) -> str:
@@ -133,8 +178,11 @@ def _index_text(d: dict[str, Any]) -> str:
     p = float(d["p"]) if _finite(d.get("p")) else math.nan
     text += f" vs {_null_text(d, null)} ({format_p(p, floor)})"
     basis = d.get("basis")
-    if isinstance(basis, str) and basis and basis != "single":
-        text += f", on {basis}-head profiles"
+    if isinstance(basis, str) and basis in BASIS_NAMES:
+        text += f", on {BASIS_NAMES[basis]}"
+    units = [u for u in str(d.get("units") or "").split(",") if u]
+    if len({_layer_of(u) for u in units}) > 1:
+        text += f", comparing {with_layers(units)}"
     methods = [f"{m} {float(d[f'index_{m}']):.2f}" for m in METHODS if _finite(d.get(f"index_{m}"))]
     if axis_call(d) == "method-dependent" and methods:
         text += f"; by method: {', '.join(methods)}"
@@ -187,10 +235,70 @@ def headline_call(calls: dict[str, str]) -> str:
     return text + (f" ({'; '.join(rest)})" if rest else "")
 
 
+def _group_index(runs: list[RunVerdict], axis: str) -> str:
+    """``, index 0.28 ± 0.02 vs null q95 0.01``: an axis's index over the seeds beside the
+    null's upper quantile its calls clear (seed means), "" where no seed has one.
+
+    Example:
+        >>> runs = [RunVerdict(run="r", task="t", n_heads=2, n_layers=1, seed=0, division=[
+        ...     {"by": "token", "index": 0.3, "null_high": 0.02}])]
+        >>> _group_index(runs, "token")
+        ', index 0.30 vs null q95 0.02'
+    """
+    rows = [d for r in runs for d in r.division if str(d["by"]) == axis and _finite(d.get("index"))]
+    if not rows:
+        return ""
+    index = _mean_std([float(d["index"]) for d in rows])
+    if all(_finite(d.get("null_high")) for d in rows):
+        return f", index {index} vs null q95 {_mean_std([float(d['null_high']) for d in rows])}"
+    return f", index {index} vs null {_mean_std([float(d['null_index']) for d in rows])}"
+
+
 def _basis_text(division: list[dict[str, Any]]) -> str:
+    """``; basis: kept-head profiles under mean, zero and resample ablation``: the profiles
+    the calls rest on and the methods they agree under, each against its own null.
+
+    Example:
+        >>> _basis_text([{"basis": "kept", "index_mean": 0.3, "index_zero": 0.2}])
+        '; basis: kept-head profiles under mean and zero ablation'
+    """
     # An axis that is undefined everywhere has no basis (""): nothing to name.
-    bases = sorted({d["basis"] for d in division if isinstance(d.get("basis"), str) and d["basis"]})
-    return f"; basis: {', '.join(bases)}-head profiles" if bases else ""
+    bases = sorted({d["basis"] for d in division if d.get("basis") in BASIS_NAMES})
+    if not bases:
+        return ""
+    methods = [m for m in METHODS if any(_finite(d.get(f"index_{m}")) for d in division)]
+    named = ", ".join(BASIS_NAMES[b] for b in bases)
+    if not methods:
+        return f"; basis: {named}"
+    listed = methods[0] if len(methods) == 1 else f"{', '.join(methods[:-1])} and {methods[-1]}"
+    return f"; basis: {named} under {listed} ablation"
+
+
+def _stability_clause(runs: list[RunVerdict]) -> str:
+    """``; labels rest on thresholds: 24 of 24 head labels change when one moves x 0.8 or
+    x 1.25 (backup_ratio 24, min_similarity 18)``, or "" when none changes.
+
+    Example:
+        >>> run = RunVerdict(run="r", task="t", n_heads=2, n_layers=1, seed=0,
+        ...     flips={"min_effect": 1, "min_selectivity_gain": 2}, flip_heads=["L0H0", "L0H1"])
+        >>> _stability_clause([run])[:59]
+        '; labels rest on thresholds: 2 of 2 head labels change when'
+        >>> _stability_clause([run]).split(" (")[-1]
+        'min_selectivity_gain 2, min_effect 1)'
+    """
+    flipped = sum(len(r.flip_heads) for r in runs)
+    if not flipped:
+        return ""
+    per: dict[str, int] = {}
+    for r in runs:
+        for name, k in r.flips.items():
+            per[name] = per.get(name, 0) + k
+    worst = ", ".join(f"{t} {k}" for t, k in sorted(per.items(), key=lambda x: -x[1]) if k)
+    total = sum(r.total_heads for r in runs)
+    return (
+        f"; labels rest on thresholds: {flipped} of {total} head labels change when one moves "
+        f"x 0.8 or x 1.25 ({worst})"
+    )
 
 
 @dataclass
@@ -315,8 +423,9 @@ class RunVerdict:
         where = f"{_plural(self.n_relations, 'relation')} held"
         return (
             f"{self.task}, h={self.n_heads}, seed {self.seed}: {headline_call(self.calls)}"
-            f"{_basis_text(self.division)} ({where}; {len(self.needed)} of {self.total_heads} "
-            f"needed, {len(self.backed_up)} backed up, {len(self.dead)} dead)."
+            f"{_basis_text(self.division)}{_stability_clause([self])} ({where}; "
+            f"{len(self.needed)} of {self.total_heads} needed, {len(self.backed_up)} backed up, "
+            f"{len(self.dead)} dead)."
         )
 
     def relation_sentence(self) -> str:
@@ -325,7 +434,7 @@ class RunVerdict:
         total = self.total_heads
         if self.relations:
             listed = [
-                f"{rel}: {_plural(len(heads), 'head')} ({', '.join(heads)})"
+                f"{rel}: {_plural(len(heads), 'head')} ({self._named(heads)})"
                 for rel, heads in sorted(self.relations.items())
             ]
             text = (
@@ -342,6 +451,18 @@ class RunVerdict:
             f"{len(self.dead)} dead."
         )
         return text
+
+    def _named(self, heads: list[str]) -> str:
+        """Heads joined, each with its layer in a model of several layers (its relations
+        compare heads of different layers: a previous-token head in layer 0, an induction
+        head in layer 1)."""
+        if self.n_layers < 2:
+            return ", ".join(heads)
+        layers = {h: _layer_of(h) for h in heads}
+        return "; ".join(
+            f"{', '.join(h for h in heads if layers[h] == layer)} in layer {layer}"
+            for layer in dict.fromkeys(layers.values())
+        )
 
     def stability_sentence(self) -> str:
         """Whether the labels survive each threshold x 0.8 and x 1.25."""
@@ -362,7 +483,10 @@ class RunVerdict:
         ]
         roles = self.redundant_roles or [""] * len(self.redundant_groups)
         groups = [
-            " = ".join(g) + (f": {r}" if r else "")
+            " = ".join(
+                with_layers([h]) if self.n_layers < 2 else f"{h} (layer {_layer_of(h)})" for h in g
+            )
+            + (f": {r}" if r else "")
             for g, r in zip(self.redundant_groups, roles, strict=False)
         ]
         parts = [
@@ -416,7 +540,8 @@ class RunVerdict:
         return " ".join(
             [
                 header + ":",
-                f"Headline: {headline_call(self.calls)}{_basis_text(self.division)}.",
+                f"Headline: {headline_call(self.calls)}{_basis_text(self.division)}"
+                f"{_stability_clause([self])}.",
                 self.relation_sentence(),
                 _division_text(self.division, self.alpha),
                 self.stability_sentence(),
@@ -546,12 +671,13 @@ class Verdict:
             counts.append(
                 f"{divided}/{n} seeds divided by {axis}"
                 + (f" ({undefined} undefined)" if undefined else "")
+                + (_group_index(runs, axis) if calls[axis] in SERVING_CALLS else "")
             )
-        evidence = f" ({', '.join(counts)})" if counts and n > 1 else ""
-        basis = _basis_text([d for r in runs for d in r.division])
+        evidence = f" ({'; '.join(counts)})" if counts and n > 1 else ""
+        rows = [d for r in runs for d in r.division]
         return (
             f"h={first.n_heads} ({_plural(first.total_heads, 'head')}, {_plural(n, 'seed')}): "
-            f"{headline_call(calls)}{evidence}{basis}."
+            f"{headline_call(calls)}{evidence}{_basis_text(rows)}{_stability_clause(runs)}."
         )
 
     def headlines(self) -> dict[str, list[str]]:

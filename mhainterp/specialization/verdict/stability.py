@@ -24,14 +24,14 @@ import dataclasses
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 from mhainterp.heads import HEAD_SET_SEPARATOR
 from mhainterp.specialization.needed.dead import QUIET_COLUMNS, dead_heads
 from mhainterp.specialization.needed.redundancy import GROUP_COLUMNS, redundant_under
-from mhainterp.specialization.verdict.labels import HeadDecision, decide_labels
+from mhainterp.specialization.verdict.labels import HeadDecision, decide_labels, where_label
 from mhainterp.specialization.verdict.settings import THRESHOLDS, SpecializationSettings
 from mhainterp.specialization.whom.division_calls import specialized_rule
 from mhainterp.specialization.whom.settings import DivisionSettings
@@ -43,7 +43,9 @@ __all__ = [
     "FACTORS",
     "STABILITY_COLUMNS",
     "RunEvidence",
+    "DIVISION_THRESHOLD",
     "division_stability",
+    "flip_summary",
     "label_stability",
     "relabel",
     "run_stability",
@@ -69,6 +71,8 @@ STABILITY_COLUMNS = [
 head set whose label differs (``"L0H1,L0H3"``), ``share_changed = n_changed / n_heads``."""
 
 _PAIR_COLUMNS = ["head_a", "head_b", "similarity", "damage_joint", "backup"]
+DIVISION_THRESHOLD = "min_selectivity_gain"
+"""The division's per-head effect gate, the threshold of :func:`division_stability`'s rows."""
 
 
 @dataclass
@@ -202,7 +206,9 @@ def label_stability(
     tables = []
     for run in dict.fromkeys(result.heads["run"]):
         own = result.heads[result.heads["run"] == run]
-        labels = dict(zip(own["head_label"], own["label"]))
+        # where a head looks: a label that says whom it serves is re-decided by
+        # division_stability, from the division's own evidence
+        labels = dict(zip(own["head_label"], own["label"].map(where_label)))
         tables.append(run_stability(run, _evidence(result, run), labels, result.settings, factors))
     if not tables:
         return pd.DataFrame(columns=STABILITY_COLUMNS)
@@ -244,7 +250,7 @@ def division_stability(
         for factor in factors:
             changed = [h for h in labels if decided[factor][h] != decided[1.0][h]]
             rows.append({
-                "run": run, "threshold": "min_selectivity_gain", "factor": factor,
+                "run": run, "threshold": DIVISION_THRESHOLD, "factor": factor,
                 "value": settings.min_selectivity_gain * factor, "n_heads": len(labels),
                 "n_changed": len(changed),
                 "share_changed": len(changed) / len(labels) if labels else math.nan,
@@ -272,6 +278,29 @@ def _specialized_axes(
         if flag:
             out[head].add(str(axis))
     return {h: frozenset(a) for h, a in out.items()}
+
+
+def flip_summary(stability: pd.DataFrame) -> dict[str, Any]:
+    """What a run's verdict says of its stability rows: ``flips`` (threshold -> heads changed
+    by either factor), ``flip_heads`` (changed by any) and ``n_untested``.
+
+    Example:
+        >>> t = pd.DataFrame({"threshold": ["min_effect", "min_effect", DIVISION_THRESHOLD],
+        ...     "changed": ["L0H1", "L0H1,L0H2", "L0H3"], "n_untested": [0, 0, 0]})
+        >>> summary = flip_summary(t)
+        >>> summary["flips"], summary["flip_heads"]
+        ({'min_effect': 2, 'min_selectivity_gain': 1}, ['L0H1', 'L0H2', 'L0H3'])
+    """
+    flips, every = {}, []
+    for name, rows in stability.groupby("threshold", sort=False):
+        heads = {h for c in rows["changed"] for h in str(c).split(",") if h and h != "nan"}
+        flips[str(name)] = len(heads)
+        every += sorted(heads)
+    return {
+        "flips": flips,
+        "flip_heads": sorted(set(every), key=every.index),
+        "n_untested": int(stability["n_untested"].sum()) if len(stability) else 0,
+    }
 
 
 def stability_summary(table: pd.DataFrame) -> pd.DataFrame:
