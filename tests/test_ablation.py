@@ -708,3 +708,23 @@ def test_a_shared_clean_cache_computes_clean_logits_and_means_once(model, batch,
     for m in METHODS:
         assert torch.equal(shared[m].scores.correct, alone[m].scores.correct)
         assert torch.equal(shared[m].scores.nll, alone[m].scores.nll)
+
+
+def test_a_clean_cache_refuses_another_model_batch_or_reference(model, task, batch):
+    """A cache holds one model's activations of one batch and reference: reused with others
+    it would score them with these, so it says so instead (as ReferencePrefix does)."""
+    cache, sets = CleanCache(), [[PREV_A]]
+    first = evaluate_head_sets(model, batch, sets, "mean", cache=cache)
+    same = task.eval_batch(256)  # equal sequences in new tensors: the cache applies
+    again = evaluate_head_sets(model, same, sets, "mean", cache=cache)
+    assert torch.equal(first.totals.loss_sum, again.totals.loss_sum)
+    other = task.eval_batch(128)
+    with pytest.raises(ValueError, match=r"CleanCache of the reference .*another reference \(\(128, 16\)"):
+        evaluate_head_sets(model, other, sets, "mean", cache=cache)
+    with pytest.raises(ValueError, match=r"CleanCache of the batch .* another batch"):
+        evaluate_head_sets(model, other, sets, "mean", reference=batch, cache=cache)
+    with pytest.raises(ValueError, match=r"CleanCache of the batch"):
+        evaluate_head_sets(model, other, sets, "zero", cache=cache)  # zero: no reference
+    twin = handbuilt_model(["previous", "uniform", "previous"])
+    with pytest.raises(ValueError, match="CleanCache of the model .* another model"):
+        evaluate_head_sets(twin, batch, sets, "mean", cache=cache)

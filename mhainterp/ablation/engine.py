@@ -344,6 +344,8 @@ def run_masks(
     loss_sum = torch.zeros(C, dtype=torch.float64, device=masks.device)
     correct = torch.zeros(C, k, dtype=torch.float64, device=masks.device)
     pieces: dict[tuple[int, int], PositionScores] = {}
+    if cache is not None:
+        cache.check(model, batch, "batch")
     # (first, s0, s1) -> clean prefix; without a cache only the current chunk's are kept (memory)
     prefixes = cache.prefixes if cache is not None else {}
     # The linear readout's bases of the current sequence chunk (jobs are ordered by chunk, so

@@ -177,15 +177,22 @@ class ReferencePrefix:
 
     def prefixes_of(self, part: Batch, layers: Sequence[int]) -> dict | None:
         """``{layer: (resid_pre, z)}`` when ``part`` is the reference itself, else None."""
-        same = (
-            part.tokens.shape == self.tokens.shape
-            and part.padding_mask.shape == self.padding_mask.shape
-            and torch.equal(part.tokens, self.tokens)
-            and torch.equal(part.padding_mask, self.padding_mask)
-        )
-        if not same:
+        if not _same_sequences(part, self.tokens, self.padding_mask):
             return None
         return {layer: (self.resid_pre[layer], self.z[layer].contiguous()) for layer in layers}
+
+
+def _same_sequences(part: Batch, tokens: Tensor, padding_mask: Tensor) -> bool:
+    """Whether ``part`` holds exactly these sequences (tokens and padding, on one device)."""
+    if part.tokens is tokens and part.padding_mask is padding_mask:
+        return True
+    return (
+        part.tokens.shape == tokens.shape
+        and part.padding_mask.shape == padding_mask.shape
+        and part.tokens.device == tokens.device
+        and torch.equal(part.tokens, tokens)
+        and torch.equal(part.padding_mask, padding_mask)
+    )
 
 
 def _per_position_mean(
@@ -217,7 +224,22 @@ def _generator(generator: torch.Generator | None) -> torch.Generator:
 class CleanCache:
     """Clean activations shared by several passes over ONE model, batch and reference (e.g.
     the same head sets under mean, zero and resample ablation): the reference's ``hook_z``
-    (mean and resample replacements) and the clean prefixes of the copies."""
+    (mean and resample replacements) and the clean prefixes of the copies.
+
+    It remembers the model and sequences it was first used with (:meth:`check`) and refuses
+    others, whose results would silently come from these activations.
+
+    Example:
+        >>> from mhainterp.ablation import evaluate_head_sets
+        >>> from mhainterp.model.handbuilt import handbuilt_model
+        >>> from mhainterp.tasks import get_task
+        >>> task, cache = get_task("previous_token"), CleanCache()
+        >>> model = handbuilt_model(["previous", "uniform", "dead"])
+        >>> _ = evaluate_head_sets(model, task.eval_batch(64), [["L0H0"]], "mean", cache=cache)
+        >>> evaluate_head_sets(model, task.eval_batch(32), [["L0H0"]], "mean", cache=cache)
+        Traceback (most recent call last):
+        mhainterp.validation.ParameterError: cache is invalid: the CleanCache of the reference ...
+    """
 
     donor_z: list[Tensor] | None = None
     mean_z: list[Tensor] | None = None  # per layer, the per-position mean of donor_z
@@ -232,6 +254,35 @@ class CleanCache:
     # Take every layer's clean prefix from a chunk's first clean forward (an Ablator's clicks
     # start at any layer; without it each new first layer costs a clean forward of its own)
     every_layer: bool = False
+    # What it was first used with (check): the model; the tokens and padding of the reference
+    # (its replacements) and of the evaluated batch (its prefixes), which may differ
+    _model: Any = field(default=None, init=False, repr=False)
+    _sequences: dict[str, tuple[Tensor, Tensor]] = field(
+        default_factory=dict, init=False, repr=False
+    )
+
+    def check(self, model: Any, sequences: Batch, role: Literal["reference", "batch"]) -> None:
+        """Remember ``model`` and ``sequences`` (the ``role`` batch) on first use; after that,
+        refuse another model or other sequences in that role.
+
+        Raises:
+            ParameterError: the cache was built for another model, reference or batch.
+        """
+        fix = "make one CleanCache per model, batch and reference"
+        if self._model is None:
+            self._model = model
+        elif model is not self._model:
+            raise ParameterError(
+                f"cache is invalid: the CleanCache of the model it was first used with, got "
+                f"another model ({fix})"
+            )
+        first = self._sequences.setdefault(role, (sequences.tokens, sequences.padding_mask))
+        if not _same_sequences(sequences, *first):
+            raise ParameterError(
+                f"cache is invalid: the CleanCache of the {role} it was first used with "
+                f"({tuple(first[0].shape)} tokens), got another {role} "
+                f"({tuple(sequences.tokens.shape)} tokens; {fix})"
+            )
 
 
 def build_replacement(
@@ -260,6 +311,8 @@ def build_replacement(
     reference = batch_for_model(model, reference, scored=False)
     if not bool(reference.padding_mask.any()):
         raise ParameterError("reference is invalid: a batch with real tokens, got padding only")
+    if cache is not None:
+        cache.check(model, reference, "reference")
     resid_pre: list[Tensor] = []
     if cache is not None and cache.donor_z is not None:
         donor_z = cache.donor_z
