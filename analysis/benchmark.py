@@ -60,6 +60,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import datetime
 import json
 import math
 import os
@@ -87,10 +88,13 @@ from mhainterp.io import write_csv, write_text
 from mhainterp.render import markdown_table
 
 __all__ = [
+    "CLAIMS",
     "BenchSettings",
+    "Claim",
     "SeedMHA",
     "SeedModel",
     "add_arguments",
+    "claims_table",
     "main",
     "run_bench",
     "run_from_args",
@@ -1295,8 +1299,125 @@ def _cpu_name() -> str:
     return platform.processor() or "unknown"
 
 
+@dataclass(frozen=True)
+class Claim:
+    """One row of the README's Performance table, and the rows of the benchmark that measure
+    it: ``section``, ``case`` (``"click_busy_*"``: every case it starts), notes containing
+    ``note_has``.
+
+    ``measured`` writes the cell from those rows; ``met`` says whether ``target`` is met."""
+
+    what: str
+    section: str
+    case: str
+    measured: Callable[[pd.DataFrame], str]
+    target: str
+    met: Callable[[pd.DataFrame], bool]
+    command: str
+    note_has: str = ""
+
+    def rows(self, table: pd.DataFrame) -> pd.DataFrame:
+        """The rows of ``table`` this claim reads (none: it was not measured in that run)."""
+        case, wanted = table["case"].astype(str), self.case.removesuffix("*")
+        chosen = (
+            (table["section"] == self.section)
+            & (case.str.startswith(wanted) if self.case.endswith("*") else case == wanted)
+            & table["note"].astype(str).str.contains(self.note_has, regex=False)
+            & table["value"].notna()
+        )
+        return table[chosen]
+
+
+def _first(rows: pd.DataFrame, column: str, case: str | None = None) -> float:
+    """``column`` of the first of ``rows`` (of case ``case``, when given)."""
+    return float(rows[rows["case"] == case][column].iloc[0] if case else rows[column].iloc[0])
+
+
+def _clicks(rows: pd.DataFrame) -> str:
+    """The explorer's median clicks by load: ``**10** ms idle, **27** ms beside 4 busy``."""
+    loads = [int(case.removeprefix("click_busy_")) for case in rows["case"]]
+    return ", ".join(f"**{v:.0f}** ms " + (f"beside {n} busy" if n else "idle")
+                     for n, v in zip(loads, rows["value"], strict=True))  # fmt: skip
+
+
+def _minutes(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+
+
+_BENCH = "`.venv/bin/python analysis/benchmark.py"
+CLAIMS = (
+    Claim(
+        "full calibrated `division_of_labour` (all axes, kept/group profiles, 3 methods, "
+        "same-function null) vs `head_importance` (mean), 8 heads, 1,024 sequences, trained",
+        "division", "division_of_labour", lambda r: f"**{_first(r, 'ratio'):.2f}×**",
+        "≤ 4×", lambda r: _first(r, "ratio") <= 4, f"{_BENCH} --sections division`",
+    ),
+    Claim(
+        "all 8 single-head ablations, one batched pass vs a loop",
+        "ablation", "head_importance_batched", lambda r: f"**{_first(r, 'ratio'):.2f}×**",
+        "≥ 4×", lambda r: _first(r, "ratio") >= 4, f"{_BENCH} --sections ablation`",
+    ),
+    Claim(
+        "`mhainterp demo` (what `make demo` runs after setup)",
+        "job", "command", lambda r: f"**{_minutes(_first(r, 'value'))}**",
+        "≤ 3 min", lambda r: _first(r, "value") <= 180,
+        f"{_BENCH} --sections peak --job-demo`", note_has=" demo ",
+    ),
+    Claim(
+        "explorer click (median), 16-head model, 1,024 sequences, new head sets, idle and "
+        "beside busy processes",
+        "explore", "click_busy_*", _clicks,
+        "< 200 ms", lambda r: bool((r.value < EXPLORE_BUDGET_MS).all()),
+        f"{_BENCH} --sections explore`",
+    ),
+    Claim(
+        "SmolLM2, 64 sentences: attribution for all 270 heads",
+        "real", "attribution_all_heads", lambda r: f"**{_first(r, 'ratio'):.2f}** clean forwards",
+        "≤ 3", lambda r: _first(r, "ratio") <= 3, f"{_BENCH} --sections real`",
+    ),
+    Claim(
+        "SmolLM2: exact single-head ablation, all 270 in one call",
+        "real", "exact_single_head",
+        lambda r: f"**{_first(r, 'ratio'):.2f}** clean forwards per head",
+        "≤ 0.6", lambda r: _first(r, "ratio") <= 0.6, f"{_BENCH} --sections real`",
+    ),
+    Claim(
+        "`mhainterp analyze --model smollm2` on 64 sentences",
+        "job", "*", lambda r: f"**{_minutes(_first(r, 'value', 'command'))}**, peak "
+        f"{_first(r, 'value', 'peak_rss_tree') / 1024:.1f} GiB",
+        "≤ 10 min", lambda r: _first(r, "value", "command") <= 600,
+        f"{_BENCH} --sections real`", note_has="analyze --model smollm2",
+    ),
+)  # fmt: skip
+"""The README's Performance claims that the benchmark measures, in the README's order."""
+
+
+def claims_table(table: pd.DataFrame, date: str) -> pd.DataFrame:
+    """The README's Performance rows measured in ``table`` on ``date``: claim, measured,
+    target (met or not), date, command. The README's table is these rows, copied.
+
+    Example:
+        >>> rows = pd.DataFrame([{"section": "ablation", "case": "head_importance_batched",
+        ...                       "value": 49.0, "ratio": 4.7, "note": ""}])
+        >>> claims_table(rows, "2026-12-04").iloc[0].tolist()[1:4]
+        ['**4.70×**', '≥ 4× — met', '2026-12-04']
+    """
+    out = []
+    for claim in CLAIMS:
+        rows = claim.rows(table)
+        if rows.empty:
+            continue
+        met = "met" if claim.met(rows) else "not met"
+        out.append({"claim": claim.what, "measured": claim.measured(rows),
+                    "target": f"{claim.target} — {met}", "date": date,
+                    "command": claim.command})  # fmt: skip
+    return pd.DataFrame(out, columns=["claim", "measured", "target", "date", "command"])
+
+
 def to_markdown(table: pd.DataFrame, info_before: dict, info_after: dict) -> str:
-    """The benchmark table as Markdown, one table per section."""
+    """The benchmark table as Markdown: the README's claims it measured (the rows to copy into
+    the README's Performance table), then one table per section."""
     lines = ["# mhainterp benchmark", ""]
     lines.append(
         "Medians of interleaved repeats. `ratio` > 1: faster than `ratio_to` (cache section: "
@@ -1307,6 +1428,9 @@ def to_markdown(table: pd.DataFrame, info_before: dict, info_after: dict) -> str
     lines.append("")
     lines.append("Machine: " + json.dumps(info_before))
     lines.append(f"Load average after: {info_after.get('load_average_1min', 'n/a')}")
+    claims = claims_table(table, datetime.date.today().isoformat())
+    if not claims.empty:
+        lines += ["", "## Claims (the README's Performance rows)", "", markdown_table(claims)]
     for section, group in table.groupby("section", sort=False):
         lines += ["", f"## {section}", ""]
         cols = ["case", "n_heads", "n_models", "processes", "threads", "value", "unit", "ratio",

@@ -199,6 +199,49 @@ def test_script_writes_the_table_and_the_markdown(tmp_path, capsys):
     assert (tmp_path / "bench.md").read_text().startswith("# mhainterp benchmark")
 
 
+def test_the_claims_table_writes_the_readmes_performance_rows():
+    """bench.md opens with the README's Performance rows of what it measured: the measured
+    cell, the target met or not, the date and the command; the untrained division pair and
+    another job's rows are not read as a claim's."""
+    job = "python -m mhainterp.cli"
+    rows = [
+        ("division", "division_of_labour", 210.0, 4.7, "gates on, trained 600 steps"),
+        ("division", "division_of_labour_untrained", 190.0, 3.9, "gates off, untrained"),
+        ("explore", "click_busy_0", 9.6, 20.8, ""),
+        ("explore", "click_busy_4", 27.2, 7.4, ""),
+        ("job", "command", 162.0, math.nan, f"{job} demo --out runs/bench/demo_job"),
+        ("job", "command", 206.0, math.nan, f"{job} analyze --model smollm2 --n-eval 64"),
+        ("job", "peak_rss_tree", 2560.0, math.nan, f"{job} analyze --model smollm2 --n-eval 64"),
+        ("job", "command", 99.0, math.nan, f"{job} analyze runs/bench/analyze_job"),
+    ]
+    table = pd.DataFrame(
+        [dict(zip(["section", "case", "value", "ratio", "note"], row)) for row in rows],
+        columns=bench.COLUMNS,
+    )
+    claims = bench.claims_table(table, "2026-12-05")
+    assert claims.columns.tolist() == ["claim", "measured", "target", "date", "command"]
+    assert claims.measured.tolist() == [
+        "**4.70×**", "**2 min 42 s**", "**10** ms idle, **27** ms beside 4 busy",
+        "**3 min 26 s**, peak 2.5 GiB",
+    ]  # fmt: skip
+    met = ["≤ 4× — not met", "≤ 3 min — met", "< 200 ms — met", "≤ 10 min — met"]
+    assert claims.target.tolist() == met
+    assert set(claims.date) == {"2026-12-05"}
+    assert claims.command[0] == "`.venv/bin/python analysis/benchmark.py --sections division`"
+    markdown = bench.to_markdown(table, {}, {})
+    assert "## Claims (the README's Performance rows)" in markdown
+
+
+def test_every_claim_the_benchmark_measures_has_its_row_in_the_readme():
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    performance = readme.split("\n## Performance\n")[1].split("\n## ")[0]
+    for claim in bench.CLAIMS:
+        row = next((line for line in performance.splitlines()
+                    if line.startswith(f"| {claim.what} |")), None)  # fmt: skip
+        assert row is not None, f"README's Performance table has no row for: {claim.what}"
+        assert row.endswith(f"| {claim.command} |"), row
+
+
 # ----- the gpu section: its plain-torch reference runs here too -----------------------------------
 def _reference_from(models) -> "bench.ReferenceStack":
     """A :class:`ReferenceStack` holding our models' weights (nn.Linear weights transposed)."""
