@@ -347,3 +347,13 @@ def test_cpu_and_cuda_agree_on_the_demo_models(tmp_path):
                 where = f"{name} h={h} seed={seed}"
                 assert abs(accuracy["cpu"] - accuracy["cuda"]) <= ACCURACY_TOLERANCE, where
                 assert calls["cpu"] == calls["cuda"], where
+
+
+def test_a_size_is_counted_on_meta_without_allocating_or_drawing():
+    """build_model counts a model's parameters on torch's meta device before allocating it:
+    a config on meta builds shapes only, so a 160-billion-parameter count costs nothing."""
+    from mhainterp.config import ModelConfig
+    from mhainterp.training import count_parameters
+
+    huge = ModelConfig(d_vocab=10, n_ctx=8, d_model=200_000, n_heads=4, n_layers=1)
+    assert count_parameters(huge) > 160_000_000_000

@@ -80,8 +80,10 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
             raise TypeError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
         self.cfg = cfg
         # The weights are drawn on the CPU from cfg.seed (the same model on every device, and
-        # whatever torch's default device is), then moved to cfg.device.
-        with torch.device(DRAW_DEVICE):
+        # whatever torch's default device is), then moved to cfg.device. A config on torch's
+        # meta device gives shapes only: nothing is allocated or drawn (sizes are counted so).
+        shapes_only = torch.device(cfg.device).type == "meta"
+        with torch.device("meta" if shapes_only else DRAW_DEVICE):
             self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
             self.pos_embed = nn.Embedding(cfg.n_ctx, cfg.d_model)
             self.hook_embed = HookPoint()  # [batch, pos, d_model]
@@ -90,7 +92,8 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
             self.ln_final = _norm(cfg)
             self.unembed = Unembed(cfg.d_model, cfg.n_targets * cfg.d_vocab_out)
             self.hook_unembed = HookPoint()  # [batch, pos, n_targets * d_vocab_out], TL's alias
-        self.reset_parameters(cfg.seed)
+        if not shapes_only:
+            self.reset_parameters(cfg.seed)
         self.setup()  # registers hook points by name (HookedRootModule)
         self.to(device=cfg.device, dtype=cfg.dtype)
 
