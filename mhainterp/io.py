@@ -364,6 +364,25 @@ def _reason(error: OSError) -> str:
     return error.strerror or str(error)
 
 
+def reported_os_error(error: Exception, path: str | Path) -> Exception:
+    """The :class:`OSError` that a library reported as its own error type (safetensors
+    writes Rust's ``... (os error 28)``), naming ``path``; ``error`` itself when its message
+    names no OS error.
+
+    Example:
+        >>> found = reported_os_error(
+        ...     RuntimeError("I/O error: No space left on device (os error 28)"), "w.bin"
+        ... )
+        >>> describe_os_error(found)[:32]
+        'disk full: cannot write w.bin (N'
+    """
+    code = re.search(r"\(os error (\d+)\)", str(error))
+    if code is None:
+        return error
+    number = int(code.group(1))
+    return OSError(number, os.strerror(number), str(path))
+
+
 def describe_os_error(error: OSError) -> str:
     """One line for an OS error: what failed, on which file, and what to do.
 

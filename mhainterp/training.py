@@ -37,6 +37,7 @@ from mhainterp.io import (
     atomic_path,
     ensure_writable_dir,
     read_json,
+    reported_os_error,
     require_memory,
     write_csv,
     write_json,
@@ -477,8 +478,15 @@ class Checkpoint:
             "generator": generator.get_state(),
             "rows": rows,
         }
-        with atomic_path(self.path) as tmp:
-            torch.save(state, tmp)
+        # through a Python file: a full disk is then an OSError (torch's own writer says
+        # "unexpected pos")
+        try:
+            with atomic_path(self.path) as tmp, open(tmp, "wb") as file:
+                torch.save(state, file)
+        except OSError as error:  # a Python file's error names no file: name the checkpoint
+            if error.filename is not None:
+                raise
+            raise OSError(error.errno, error.strerror, str(self.path)) from error
         self.saved_at = time.monotonic()
 
     def remove(self) -> None:
@@ -561,8 +569,11 @@ def save_run(
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / "config.json", run_config(model, task, train_config))
     state = {name: t.detach().cpu().contiguous() for name, t in model.state_dict().items()}
-    with atomic_path(run_dir / "model.safetensors") as tmp:
-        save_file(state, str(tmp), metadata=_weights_metadata(model.cfg))
+    try:
+        with atomic_path(run_dir / "model.safetensors") as tmp:
+            save_file(state, str(tmp), metadata=_weights_metadata(model.cfg))
+    except SafetensorError as error:  # a full disk, say: reported as the OSError it is
+        raise reported_os_error(error, run_dir / "model.safetensors") from error
     if metrics.columns.empty:  # diverged before the first logged step: keep the header
         metrics = pd.DataFrame(columns=list(METRIC_COLUMNS))
     write_csv(run_dir / "metrics.csv", metrics)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import TINY_SWEEP
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 import mhainterp.io as mio
 import mhainterp.training as training
@@ -461,7 +461,10 @@ def test_enospc_at_a_write_is_one_line_and_the_sweep_stays_resumable(tmp_path, m
         calls["n"] += 1
         if calls["n"] == 3:  # the third run's weights: half written, then the disk is full
             Path(filename).write_bytes(b"\0" * 100)
-            raise OSError(errno.ENOSPC, "No space left on device", filename)
+            # what safetensors raises on a full disk: its own type, not an OSError
+            raise SafetensorError(
+                "Error while serializing: I/O error: No space left on device (os error 28)"
+            )
         return real(state, filename, metadata=metadata)
 
     args = ["sweep", *TINY_ARGS, "--n-heads", "1,2", "--seeds", "0,1", "--executor", "local"]
@@ -471,7 +474,7 @@ def test_enospc_at_a_write_is_one_line_and_the_sweep_stays_resumable(tmp_path, m
     assert main(args) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith("mhainterp sweep: error: disk full: cannot write ")
-    assert "No space left on device" in line and "run the same command again" in line
+    assert "h2_seed0/model.safetensors (No space left on device)" in line and "run the same command again" in line
     assert list(out.rglob("*.tmp")) == []
     assert sorted(p.parent.name for p in out.rglob("eval.json")) == ["h1_seed0", "h1_seed1"]
     monkeypatch.setattr(training, "save_file", real)

@@ -81,3 +81,22 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(tmp_path):
     path.write_bytes(path.read_bytes()[:100])
     with pytest.raises(RunFolderError, match=f"{path} is damaged .*delete it"):
         _train(_task(), tmp_path / "cut")
+
+
+def test_a_full_disk_at_a_checkpoint_is_an_os_error_naming_the_checkpoint(tmp_path, monkeypatch):
+    """torch's own file writer reports a full disk as "unexpected pos"; through a Python file
+    it is the ENOSPC the CLI turns into "disk full: ... resume", naming the checkpoint."""
+    written = []
+
+    def disk_full(state, file):
+        file.write(b"\0" * 8)
+        written.append(file.name)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(training_module.torch, "save", disk_full)
+    with pytest.raises(OSError) as raised:
+        _train(_task(), tmp_path / "run")
+    assert raised.value.errno == 28
+    assert raised.value.filename == str(tmp_path / "run" / CHECKPOINT_FILE)
+    assert written and not (tmp_path / "run" / CHECKPOINT_FILE).exists()
+    assert list((tmp_path / "run").glob("*.tmp")) == []  # the half-written file removed
