@@ -257,15 +257,19 @@ def test_one_noisy_copy_runs_on_the_odd_sequences_against_the_original_on_the_ev
     real = division.run_rows
 
     def record(m, b, configs, rows, method, *args, **kwargs):
-        ran.append((m is model, method, b.tokens.clone()))
+        ran.append((m is model, method, len(rows), b.tokens.clone()))
         return real(m, b, configs, rows, method, *args, **kwargs)
 
     monkeypatch.setattr(division, "run_rows", record)
     result = division_of_labour(model, batch, by="target_class", n_bootstrap=20)
-    copies = [(method, tokens) for is_original, method, tokens in ran if not is_original]
-    # One copy, scored under every method (each method's own null), each on half a pass.
-    assert [method for method, _ in copies] == ["mean", "zero", "resample"]
-    assert all(torch.equal(tokens, batch.tokens[1::2]) for _, tokens in copies)
+    copies = [(method, n, tokens) for is_original, method, n, tokens in ran if not is_original]
+    # One copy: its clean row alone checks its accuracy (a rejected copy costs no more), then
+    # it is scored under every method (each method's own null) on the basis's rows (the clean
+    # one and 2 heads), each on half a pass.
+    assert [(method, n) for method, n, _ in copies] == [
+        ("mean", 1), ("mean", 3), ("zero", 3), ("resample", 3)
+    ]  # fmt: skip
+    assert all(torch.equal(tokens, batch.tokens[1::2]) for _, _, tokens in copies)
     assert result.index.set_index("by").loc["target_class", "call"] == "divided"
     # The comparisons: the original's even half against the copy's odd half, one way; two
     # or more copies, every pair both ways round.

@@ -267,9 +267,14 @@ def _forward_copies(
     resid_pre, z = prefix
     values = replacement.values(first, rows, z)  # broadcastable to (s, T, h, d_head)
     if linear_readout.applies(model, first):
-        if first not in bases:
-            known = None if clean_logits is None else clean_logits.get(first)
-            bases[first] = linear_readout.readout_basis(model, first, resid_pre, z, values, known)
+        heads = bool(chunk[:, first].any())  # clean copies alone need no head rows
+        if first not in bases or (heads and not bases[first].has_heads):
+            known = bases[first].clean if first in bases else None
+            if known is None and clean_logits is not None:
+                known = clean_logits.get(first)
+            bases[first] = linear_readout.readout_basis(
+                model, first, resid_pre, z, values if heads else None, known
+            )
             if clean_logits is not None:
                 clean_logits[first] = bases[first].clean
         return linear_readout.copy_logits(

@@ -81,26 +81,34 @@ class ReadoutBasis:
         """The model's logits shape of one copy."""
         return tuple(self.clean.shape)
 
+    @property
+    def has_heads(self) -> bool:
+        """Whether the heads' rows were computed (not for a chunk of clean copies only)."""
+        return len(self.table) > 1
+
 
 def readout_basis(
     model: Any,
     layer: int,
     resid_pre: Float[Tensor, "s T d_model"],
     z: Float[Tensor, "s T h d_head"],
-    values: Tensor,
+    values: Tensor | None,
     clean: Tensor | None = None,
 ) -> ReadoutBasis:
     """The :class:`ReadoutBasis` of a chunk (``values``: replacement z, broadcastable to
-    ``z``; ``z``: the clean ``hook_z``, contiguous; ``clean``: the chunk's clean logits in
-    the model's shape, when the caller has them from another method's basis)."""
+    ``z``, or None for a basis of the clean row alone, when every copy is clean; ``z``: the
+    clean ``hook_z``, contiguous; ``clean``: the chunk's clean logits in the model's shape,
+    when the caller has them from another method's basis)."""
     block = model.blocks[layer]
     attn = block.attn
     if clean is None:
         clean = model.logits_from_resid(block.after_attention(resid_pre, attn.output_from_z(z)))
     s, T = clean.shape[:2]
+    clean_major = clean.reshape(s, T, -1).permute(2, 0, 1)  # (V, s, T)
+    if values is None:  # the heads' rows cost an (h, V, s, T) product: skipped
+        return ReadoutBasis(clean_major[None].contiguous(), clean)
     readout = attn.W_O @ model.W_U  # (h, d_head, V)
     change = torch.einsum("sthd,hdv->hvst", values - z, readout)  # (h, V, s, T)
-    clean_major = clean.reshape(s, T, -1).permute(2, 0, 1)  # (V, s, T)
     return ReadoutBasis(torch.cat([clean_major[None], change]), clean)
 
 
@@ -134,6 +142,10 @@ def copy_logits(
     weights = torch.cat(
         [table.new_ones(len(copy_masks), 1), copy_masks.to(table.dtype)], 1
     )  # (c, 1 + h): the clean row once, each replaced head's change once
+    if not basis.has_heads:  # a basis of the clean row alone serves clean copies alone
+        if bool(copy_masks.any()):
+            raise RuntimeError("copy_masks replace heads, but the basis has the clean row only")
+        weights = weights[:, :1]
     logits = weights @ table.reshape(len(table), -1)  # one product over the (V, s, T) entries
     s, T, *out = basis.shape
     logits = logits.reshape(len(copy_masks), *out[:-1], out[-1], s, T)  # (c, [k,] V, s, T)

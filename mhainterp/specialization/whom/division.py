@@ -380,13 +380,19 @@ def _evidence(
     ``[B, n]``, and each method's null passes (the original and one noisy copy, or the
     copies, under that method) on the even and the odd sequences of each resample, on the
     basis's ``rows`` only (NaN elsewhere); every axis and pass side by side, so that each
-    weight table is one product."""
+    weight table is one product (per half, with one copy: the original's even half is then
+    the first of the two)."""
     B = weights.shape[0]
     even = _even_sequences(weights.shape[1], weights.device)  # the null's split halves
     sizes = {a: len(value_names[a]) for a in axes}
     tables = ValueMeans(sequence, {a: values[a] for a in axes}, sizes, weights, halves=even)
     primary = passes[s.method]
-    by_method = tables.of_passes(list(passes.values()))
+    first_half = None
+    if any(len(ps) == 1 for ps in noisy.values()):  # one copy, on the odd sequences' triples
+        by_method, evens = tables.of_passes_and_first_half(list(passes.values()))
+        first_half = (dict(zip(passes, evens, strict=True)), ~even[sequence])
+    else:
+        by_method = tables.of_passes(list(passes.values()))
     loss = tables.observed(primary.nll)  # (A, C, K)
     K = list(sizes.values())
     padded_counts = pad_axes(torch.cat([counts[a] for a in axes]), K)  # (A, K_max)
@@ -396,32 +402,39 @@ def _evidence(
         axes=list(axes), value_names={a: value_names[a] for a in axes},
         counts={a: counts[a] for a in axes}, keep=inside & (padded_counts >= s.min_count),
         means=dict(zip(passes, by_method, strict=True)),
-        null_pairs=_null_tables(tables, passes, noisy, rows, B), loss=loss,
+        null_pairs=_null_tables(tables, noisy, rows, B, first_half), loss=loss,
     )  # fmt: skip
 
 
 def _null_tables(
     tables: ValueMeans,
-    passes: dict[str, PassScores],
     noisy: dict[str, list[PassScores]],
     rows: list[int],
     B: int,
+    first_half: tuple[dict[str, torch.Tensor], torch.Tensor] | None,
 ) -> dict[str, list[tuple]]:
     """Per method, its same-function comparisons (:func:`_null_pairs`) as per-value tables.
     With one copy only the halves compared are computed: the original (its basis ``rows``)
-    on the even sequences, the copy on the odd ones (one product per half for every method);
-    with two or more copies, every copy on both halves."""
-    if any(len(ps) == 1 for ps in noisy.values()):
-        originals = [PassScores(m, passes[m].correct, passes[m].nll, rows=rows) for m in noisy]
-        even = tables.of_passes(originals, half=0)
-        odd = tables.of_passes([ps[0] for ps in noisy.values()], half=1)
+    on the even sequences, from ``first_half`` (per method, the original's tables on the
+    first half; and the triples the copy ran on), the copy on the odd ones (one product for
+    every method); with two or more copies, every copy on both halves."""
+    if first_half is not None:
+        evens, on = first_half
+        odd = tables.of_passes([ps[0] for ps in noisy.values()], half=1, triples=on)
         # each model's (even, odd) halves, only the compared one computed
         return {
-            m: _null_pairs([(e, None), (None, o)], with_original=True)
-            for m, e, o in zip(noisy, even, odd, strict=True)
+            m: _null_pairs([(_only_rows(evens[m], rows), None), (None, o)], with_original=True)
+            for m, o in zip(noisy, odd, strict=True)
         }
     split = iter(tables.of_passes([p for ps in noisy.values() for p in ps], split=True))
     return {m: _null_pairs([next(split).split(B) for _ in ps], False) for m, ps in noisy.items()}
+
+
+def _only_rows(table: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """``table`` ``[B, A, C, K]`` with the configurations outside ``rows`` NaN."""
+    out = torch.full_like(table, math.nan)
+    out[:, :, rows] = table[:, :, rows]
+    return out
 
 
 def _even_sequences(n: int, device: torch.device) -> torch.Tensor:
@@ -501,16 +514,18 @@ def _noisy_passes(
     s: DivisionSettings,
     progress: bool,
 ) -> tuple[dict[str, list[PassScores]], float]:
-    """Per method, the noisy copies' passes (``rows`` only), laid out over all ``N`` triples
-    (``sequence``: each one's sequence), with the noise that keeps the accuracy.
+    """Per method, the noisy copies' passes (``rows`` only), with the noise that keeps the
+    accuracy: on all ``N`` triples (``sequence``: each one's sequence), or, with one copy, on
+    the odd sequences' triples alone (``~_even_sequences(n)[sequence]``).
 
     The same copies serve every method (each method's null is the same-function heads scored
     under that method); a copy's clean activations are shared by its methods, and its clean
-    row is run once. The noise is chosen on the primary method's pass (the clean row, which
-    every method shares, checks the accuracy); the other methods run once, at that noise.
+    row is run once. The noise is chosen on the clean row alone (every method shares it), so
+    a copy whose accuracy moves too far costs its clean forward only; every method then runs
+    the other rows once, at the noise kept.
     One copy is compared with the original on the other half of the sequences only
-    (:func:`_null_pairs`), so it runs on the odd sequences alone (NaN on the even ones), and
-    its accuracy is checked against the original's there; two or more run on every sequence.
+    (:func:`_null_pairs`), so it runs on the odd sequences alone, and its accuracy is checked
+    against the original's there; two or more run on every sequence.
     """
     odd = ~_even_sequences(len(batch), sequence.device)  # on the statistics' device (CPU)
     alone = s.n_noise == 1
@@ -521,33 +536,27 @@ def _noisy_passes(
         return {m: [] for m in s.methods}, s.noise
     clean_accuracy = float(primary.correct[configs.clean][on].mean())
     generator = torch.Generator().manual_seed(s.seed + 1)
+    clean = [configs.clean]
+    copies: list = [None] * s.n_noise  # a refused copy's model is reused, not copied again
     for attempt in range(5):  # the copies' own clean rows check the accuracy: no extra forward
         noise = s.noise / 2**attempt
-        copies = [noisy_copy(model, noise, generator) for _ in range(s.n_noise)]
-        caches = [CleanCache() for _ in copies]  # each copy's clean run, shared by its methods
+        copies = [noisy_copy(model, noise, generator, twin) for twin in copies]
+        # Each copy's clean run, shared by its methods; every layer's clean prefix kept from
+        # it, so the rows run after the check need no clean forward of their own.
+        caches = [CleanCache(every_layer=True) for _ in copies]
         bar = tqdm(copies, desc="noisy copies", disable=not progress, leave=False)
-        passes = [run_rows(c, run_on, configs, rows, s.method, k) for c, k in zip(bar, caches)]
-        accuracy = [float(p.accuracy[configs.clean]) for p in passes]
+        cleans = [run_rows(c, run_on, configs, clean, s.method, k) for c, k in zip(bar, caches)]
+        accuracy = [float(p.accuracy[configs.clean]) for p in cleans]
         if all(abs(a - clean_accuracy) <= s.max_accuracy_change for a in accuracy):
             break
-    by_method = {s.method: passes}
-    for method in s.methods[1:]:
-        by_method[method] = [
+    by_method = {
+        method: [
             run_rows(c, run_on, configs, rows, method, k, clean_from=p)
-            for c, k, p in zip(copies, caches, passes, strict=True)
+            for c, k, p in zip(copies, caches, cleans, strict=True)
         ]
-    return {m: [_on_triples(p, on) for p in ps] for m, ps in by_method.items()}, noise
-
-
-def _on_triples(scores: PassScores, on: torch.Tensor) -> PassScores:
-    """``scores`` of the triples ``on`` ``[N]`` laid out over all N (NaN elsewhere)."""
-    if bool(on.all()):
-        return scores
-    C, N = scores.correct.shape[0], len(on)
-    correct = scores.correct.new_full((C, N), math.nan)
-    nll = scores.nll.new_full((C, N), math.nan)
-    correct[:, on], nll[:, on] = scores.correct, scores.nll
-    return PassScores(scores.method, correct, nll, rows=scores.rows)
+        for method in s.methods
+    }
+    return by_method, noise
 
 
 def _triple_damage(

@@ -195,8 +195,12 @@ def run_pass(
         progress=progress, desc=f"division ({method})", cache=cache,
     )  # fmt: skip
     scored = result.scores.scored
-    correct = result.scores.correct[:, scored].float().cpu()
-    nll = result.scores.nll[:, scored].float().cpu()
+    if bool(scored.all()):  # every triple scored: the same values as the mask gives, no copy
+        correct = result.scores.correct.flatten(1).float().cpu()
+        nll = result.scores.nll.flatten(1).float().cpu()
+    else:
+        correct = result.scores.correct[:, scored].float().cpu()
+        nll = result.scores.nll[:, scored].float().cpu()
     return PassScores(method, correct, nll), result
 
 
@@ -250,10 +254,16 @@ def basis_rows(configs: Configs, basis: str) -> list[int]:
     return [configs.clean]
 
 
-def noisy_copy(model: Any, noise: float, generator: torch.Generator) -> Any:
+def noisy_copy(
+    model: Any, noise: float, generator: torch.Generator, twin: Any | None = None
+) -> Any:
     """A deep copy of ``model`` whose every head's ``W_Q, W_K, W_V, W_O`` gets Gaussian noise
     of standard deviation ``noise`` x the RMS of that head's matrix (biases, embeddings, MLPs
     and the unembedding unchanged): the same heads doing the same jobs, slightly differently.
+
+    ``twin``: an earlier noisy copy of ``model`` to reuse instead of a new deep copy (a copy
+    at a noise that was refused): its matrices are set anew from ``model``'s, so it is the
+    copy a deep copy would give.
 
     Example:
         >>> from mhainterp.model.handbuilt import handbuilt_model
@@ -262,12 +272,12 @@ def noisy_copy(model: Any, noise: float, generator: torch.Generator) -> Any:
         >>> bool((c.blocks[0].attn.W_V != m.blocks[0].attn.W_V).any())
         True
     """
-    twin = copy.deepcopy(model)
+    twin = copy.deepcopy(model) if twin is None else twin
     with torch.no_grad():
-        for block in twin.blocks:
+        for block, source in zip(twin.blocks, model.blocks, strict=True):
             attn = block.attn
             for name in ("W_Q", "W_K", "W_V", "W_O"):
-                weight = getattr(attn, name).detach().clone()  # (h, a, b)
+                weight = getattr(source.attn, name).detach().clone()  # (h, a, b)
                 rms = weight.pow(2).mean((1, 2), keepdim=True).sqrt()
                 draw = torch.randn(
                     weight.shape, generator=generator, dtype=weight.dtype, device=DRAW_DEVICE
@@ -346,13 +356,17 @@ class ValueMeans:
         self.weights = weights[:, order]  # (B, n)
         self.seen = self.weights @ self.counts  # (B, K_all)
 
-    def _sums(self, correct: Float[Tensor, "C N"]) -> Float[Tensor, "n K_all*C"]:
+    def _sums(
+        self, correct: Float[Tensor, "C N_on"], triples: Bool[Tensor, " N"] | None = None
+    ) -> Float[Tensor, "n K_all*C"]:
+        """Per sequence, the sums of ``correct`` per value and configuration; ``triples``:
+        the triples ``correct`` holds, when not all (0 in the other sequences' slots)."""
         n, C = self.counts.shape[0], correct.shape[0]
         # (n * K_all, C): the configurations last, so a resample table is one product
         sums = torch.zeros(n * self.K_all, C, device=correct.device)
         rows = correct.T.float().contiguous()  # (N, C): index_add_ of a transposed view: 5x slower
         for key in self.keys:
-            sums.index_add_(0, key, rows)
+            sums.index_add_(0, key if triples is None else key[triples], rows)
         return sums.reshape(n, self.K_all * C)
 
     def _padded(self, total: Float[Tensor, "B K_all*C"], seen: Float[Tensor, "B K_all"]) -> Tensor:
@@ -374,13 +388,31 @@ class ValueMeans:
         seen = torch.cat([w[:, :h] @ counts[:h], w[:, h:] @ counts[h:]])
         return self._padded(total, seen)
 
-    def half(self, correct: Float[Tensor, "C N"], second: bool) -> Float[Tensor, "B A C K"]:
+    def half(
+        self,
+        correct: Float[Tensor, "C N_on"],
+        second: bool,
+        triples: Bool[Tensor, " N"] | None = None,
+    ) -> Float[Tensor, "B A C K"]:
         """:meth:`resampled` on one half's sequences only (the first, or the ``second``): a
-        product over that half alone, for a model the null compares on that half only."""
-        sums, h = self._sums(correct), self.first_half
+        product over that half alone, for a model the null compares on that half only
+        (``triples``: the triples ``correct`` holds, when it ran on that half alone)."""
+        sums, h = self._sums(correct, triples), self.first_half
         rows = slice(h, None) if second else slice(None, h)
         w = self.weights[:, rows]
         return self._padded(w @ sums[rows], w @ self.counts[rows])
+
+    def whole_and_first_half(
+        self, correct: Float[Tensor, "C N"]
+    ) -> tuple[Float[Tensor, "B A C K"], Float[Tensor, "B A C K"]]:
+        """:meth:`resampled` and :meth:`half` on the first half, from one sum per sequence
+        and one product per half: the sums are whole counts, so the whole is the two halves'
+        total exactly, and the first half comes free."""
+        sums, h = self._sums(correct), self.first_half
+        w = self.weights
+        first = w[:, :h] @ sums[:h]  # (B, K_all * C)
+        whole = self._padded(first + w[:, h:] @ sums[h:], self.seen)
+        return whole, self._padded(first, w[:, :h] @ self.counts[:h])
 
     def observed(self, column: Float[Tensor, "C N"]) -> Float[Tensor, "A C K"]:
         """The mean of ``column`` per axis, configuration and value over all triples, in
@@ -394,18 +426,40 @@ class ValueMeans:
         return pad_axes(means, self.sizes, dim=0).transpose(-1, -2)  # (A, C, K)
 
     def of_passes(
-        self, passes: Sequence[PassScores], split: bool = False, half: int | None = None
+        self,
+        passes: Sequence[PassScores],
+        split: bool = False,
+        half: int | None = None,
+        triples: Bool[Tensor, " N"] | None = None,
     ) -> list[Float[Tensor, "B A C K"]]:
         """Per pass, :meth:`resampled` (with ``split``: :meth:`halves`; with ``half`` 0 or 1:
-        :meth:`half` on the first or the second half) of its correctness on the rows it ran
-        (NaN in the others): every pass's rows side by side, so all of it is one product."""
+        :meth:`half` on the first or the second half, ``triples`` the triples the passes ran
+        on) of its correctness on the rows it ran (NaN in the others): every pass's rows side
+        by side, so all of it is one product."""
         if not passes:
             return []
         parts = [p.correct if p.rows is None else p.correct[p.rows] for p in passes]
         if half is not None:
-            means = self.half(torch.cat(parts), second=bool(half))
+            means = self.half(torch.cat(parts), second=bool(half), triples=triples)
         else:
             means = (self.halves if split else self.resampled)(torch.cat(parts))
+        return self._per_pass(means, passes, parts)
+
+    def of_passes_and_first_half(
+        self, passes: Sequence[PassScores]
+    ) -> tuple[list[Float[Tensor, "B A C K"]], list[Float[Tensor, "B A C K"]]]:
+        """:meth:`of_passes` on every sequence and on the first half's (``half=0``), from one
+        sum and two half products (:meth:`whole_and_first_half`)."""
+        parts = [p.correct if p.rows is None else p.correct[p.rows] for p in passes]
+        whole, first = self.whole_and_first_half(torch.cat(parts))
+        return self._per_pass(whole, passes, parts), self._per_pass(first, passes, parts)
+
+    @staticmethod
+    def _per_pass(
+        means: Float[Tensor, "B A C_run K"], passes: Sequence[PassScores], parts: list[Tensor]
+    ) -> list[Float[Tensor, "B A C K"]]:
+        """``means`` of the passes' run rows side by side, cut into one table per pass laid
+        out over all its configurations (NaN in the rows it did not run)."""
         out = []
         start = 0
         for p, part in zip(passes, parts, strict=True):
