@@ -77,6 +77,7 @@ from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, ROLE_NULLS, SAME
 from mhainterp.specialization.seeds.over_sweep import SweepSpecialization
 from mhainterp.specialization.seeds.summary import ANSWER_MARK, BLOCK_MARK, display_summary
 from mhainterp.specialization.verdict.headline import HEADLINE_FILE
+from mhainterp.specialization.verdict.sentences import BASIS_NAMES
 from mhainterp.stats import POWER_NOTE_MARK, comparison_display
 from mhainterp.sweep.summary import ACCURACY_BLOCK_MARK
 
@@ -182,8 +183,10 @@ def _stability_table(result: SpecializationResult) -> pd.DataFrame | None:
 
 
 _STABILITY_CAPTION = (
-    "Labels re-decided from the saved evidence with each threshold x 0.8 and x 1.25: the "
-    "share of head labels that change (any = by at least one of the moves)."
+    "Labels re-decided from the saved evidence with each threshold x 0.8 and x 1.25, and the "
+    "division's per-head flags (whom a head serves) with its effect gate min_selectivity_gain "
+    "moved alike: the share of heads whose label or flags change (any = by at least one of "
+    "the moves)."
 )
 
 
@@ -259,7 +262,9 @@ def _specialization_blocks(result: SpecializationResult, run_dir: Path, level: i
     if len(result.redundancy_groups):
         blocks.append(Table(_group_table(result), _GROUP_CAPTION))
     captions = {
-        "role_scores": "Share of each head's attention on each relation template (** = role).",
+        "role_scores": "Share of each head's attention on each relation template (** = role: "
+        "beats both nulls after correction with effect ≥ min_effect; * = significant but "
+        "below min_effect, not a role).",
         "causal_matrix": "Accuracy lost on each target when one head is removed.",
         "consistency": "Cross-seed consistency of role profiles vs its nulls.",
     }
@@ -340,9 +345,42 @@ def _division_blocks(run_dirs: list[Path], sweep_dir: Path | None, level: int) -
                 )
             )
         else:
-            run_name = path.parent.parent.name
-            captions.append((path, f"{run_name}: accuracy lost per value (* = serves)."))
+            result = dict(saved).get(path.parent.parent)
+            captions.append((path, _profile_caption(path.parent.parent.name, result)))
     return blocks + _figures(captions, sweep_dir if sweep_dir is not None else run_dirs[0])
+
+
+def _profile_caption(run_name: str, result: Any) -> str:
+    """The heatmap's caption: each axis's call and the profiles it rests on, which the
+    figure draws (the single-head heatmap of a call on kept-head profiles showed nothing).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> index = pd.DataFrame({"by": ["token", "position"], "call": ["not divided",
+        ...     "divided"], "basis": ["kept", "kept"]})
+        >>> _profile_caption("h8_seed0", SimpleNamespace(index=index)).split(" (")[1][:46]
+        'by token: not divided, kept-head profiles; by '
+    """
+    calls = []
+    index = getattr(result, "index", None)
+    if index is not None and {"by", "call", "basis"} <= set(index.columns):
+        for by, call, basis in zip(index["by"], index["call"], index["basis"], strict=True):
+            named = BASIS_NAMES.get(basis, "no basis: single-head shown")
+            calls.append(f"by {by}: {call}, {named}")
+    listed = f" ({'; '.join(calls)})" if calls else ""
+    return (
+        f"{run_name}: each axis drawn on the profiles its call rests on{listed}. "
+        f"{PROFILE_KEY} * = the head serves the value: significantly more selective than its "
+        "layer's whole job, by an effect ≥ min_selectivity_gain, on this profile."
+    )
+
+
+PROFILE_KEY = (
+    "Single-head profiles: accuracy lost on each value when the head is removed alone; "
+    "kept-head profiles: accuracy the head adds kept alone in its layer (the rest of the "
+    "layer removed); group profiles: accuracy lost when a backed-up group is removed."
+)
+"""What each basis' heatmap shows, said once per caption."""
 
 
 def _run_lines(lines: list[str], sweep_dir: Path | None) -> list[str]:
@@ -514,6 +552,16 @@ def _without_power_note(notes: list[str]) -> list[str]:
     return [n for n in notes if not _is_power_note(n)]
 
 
+def _figure_pointer(spec: SweepSpecialization) -> str:
+    """Where the profiles behind a task's calls are drawn (the report's division section)."""
+    if not len(spec.result.division):
+        return ""
+    return (
+        " The profiles these calls rest on are drawn, each axis on its call's basis, under "
+        "'Whom do the heads serve?'."
+    )
+
+
 def _findings(spec: SweepSpecialization, sweep_name: str) -> _SweepFindings:
     """Per task: the answer (does h matter, by how much, what n would settle the rest), then
     ONE headline sentence per head count (the division call, from the saved verdict); the
@@ -523,7 +571,7 @@ def _findings(spec: SweepSpecialization, sweep_name: str) -> _SweepFindings:
     for task, headlines in spec.result.verdict.headlines().items():
         if task in answers:
             out.append(answers[task])
-        out.append(f"{task}, per head count: " + " ".join(headlines))
+        out.append(f"{task}, per head count: " + " ".join(headlines) + _figure_pointer(spec))
     # what n seeds can show, named by sweep: a folder of sweeps has one per Holm family size
     out += [f"{sweep_name}: {n}" for n in spec.notes if _is_power_note(n)][:1]
     tables = []

@@ -143,6 +143,8 @@ class SweepSpecialization:
         result = SpecializationResult.load(out_dir, SWEEP_PREFIX)
         runs = pd.read_csv(out_dir / "specialization_runs.csv")
         summary = pd.read_csv(out_dir / "specialization_summary.csv")
+        bases = [c for c in summary.columns if c.startswith("division_") and c.endswith("_basis")]
+        summary[bases] = summary[bases].fillna("").astype(str)  # "" (no basis) reads as NaN
         comparisons = pd.read_csv(out_dir / COMPARISONS_FILE)
         if "beyond" in comparisons.columns:  # True / False, None where not tested
             comparisons["beyond"] = comparisons["beyond"].map(

@@ -27,7 +27,7 @@ import pandas as pd
 
 from mhainterp.render import format_p
 from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, SAME_FUNCTION_NULL
-from mhainterp.specialization.verdict.sentences import UNDEFINED_INDEX, group_key
+from mhainterp.specialization.verdict.sentences import BASIS_NAMES, UNDEFINED_INDEX, group_key
 from mhainterp.specialization.whom.damage import AXES
 from mhainterp.stats import (
     all_seeds_equal,
@@ -60,7 +60,9 @@ _GRADED = [  # run-table column -> summary prefix: mean and std over seeds of ea
     ("frac_label_flips", "frac_label_flips"),
     ("causal_selectivity", "causal_selectivity"),
 ]
-_DIVISION_STATS = ("mean", "std", "null", "null_high", "n_measured", "n_defined", "n_beyond")
+_DIVISION_STATS = (
+    "mean", "std", "null", "null_high", "n_measured", "n_defined", "n_beyond", "basis",
+)  # fmt: skip
 SUMMARY_COLUMNS = [
     "task",
     "n_heads",
@@ -176,7 +178,9 @@ def _division_cell(row: pd.Series, axis: str, alpha: float = 0.05) -> str:
     undefined = int(d["n_measured"]) - int(d["n_defined"])
     seeds = f"{int(d['n_beyond'])}/{int(d['n_measured'])} divided"
     text = f"{_fmt(d['mean'], d['std'])} vs {null} ({seeds}"
-    return text + (f"; {undefined} undefined)" if undefined else ")")
+    text += f"; {undefined} undefined" if undefined else ""
+    bases = [b for b in str(d["basis"]).split("/") if b in BASIS_NAMES]
+    return text + (f"; {', '.join(BASIS_NAMES[b] for b in bases)})" if bases else ")")
 
 
 def specialization_summary(
@@ -253,7 +257,17 @@ def _division_summary(group: pd.DataFrame, division: pd.DataFrame | None) -> dic
         out[f"division_{axis}_n_measured"] = int(rows["run"].nunique()) if len(rows) else 0
         out[f"division_{axis}_n_defined"] = len(index)
         out[f"division_{axis}_n_beyond"] = int(sum(axis in a.split(",") for a in along))
+        out[f"division_{axis}_basis"] = _bases(rows)
     return out
+
+
+def _bases(rows: pd.DataFrame) -> str:
+    """The bases an axis's calls rest on over the seeds (``kept``, ``single/kept``; "" for
+    none: undefined everywhere, or a table saved before the basis)."""
+    if "basis" not in rows.columns:
+        return ""
+    bases = rows["basis"].fillna("").astype(str)
+    return "/".join(sorted({b for b in bases if b}))
 
 
 FINDINGS_MEASURES = (
