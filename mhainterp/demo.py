@@ -11,10 +11,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
 from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.render import estimate_line, format_duration
 
 __all__ = ["DEMO_TASKS", "DEMO_STEPS", "run_demo", "run_sweep_with_figures"]
 
@@ -59,7 +63,9 @@ def run_demo(
 
     out = Path(out)
     train = TrainConfig(steps=steps or DEMO_STEPS)
-    for task in DEMO_TASKS:
+    echo(_plan_line(train.steps, seeds, n_heads, analysis))
+    start = time.perf_counter()
+    for i, task in enumerate(DEMO_TASKS):
         config = SweepConfig(
             task=task,
             task_params=dict(DEMO_TASK_PARAMS),
@@ -71,15 +77,43 @@ def run_demo(
         summary = run_sweep_with_figures(config, out / task, executor, progress)
         echo(summary.to_markdown())
         if analysis:
-            _analyse_one_run(out, task, list(n_heads), list(seeds), echo)
+            _analyse_one_run(out, task, list(n_heads), list(seeds), echo, progress)
+        if i == 0:
+            echo(estimate_line("demo", "task", len(DEMO_TASKS), time.perf_counter() - start)
+                 + "; then the specialization test, the figures and the report")  # fmt: skip
     # The report reads these results; the terminal gets each sweep's answer right away.
+    n_runs = len(DEMO_TASKS) * len(seeds) * len(n_heads)
+    echo(f"specialization: the division of labour and the specialization test of {n_runs} runs")
     labels = SpecializationSettings(n_eval=DEMO_LABEL_N_EVAL)
     for sweep, spec in specialize_folder(out, labels, progress=progress):
         echo(f"### {sweep.name}: do the heads specialize?\n\n{spec.to_markdown()}")
-    save_folder_figures(out)
+    # The figures of both sweeps take 10-20 s: said, with a bar, not silent.
+    sweeps = [out / task for task in DEMO_TASKS]
+    echo(f"figures: drawing each sweep's figures ({len(sweeps)} sweeps), then the report")
+    for sweep in tqdm(sweeps, desc="figures", unit="sweep", disable=not progress):
+        save_folder_figures(sweep)
     markdown, html = write_report(out)
-    echo(f"report: {markdown} and {html}")
+    echo(f"report: {markdown} and {html} ({format_duration(time.perf_counter() - start)} in all)")
     return markdown
+
+
+def _plan_line(steps: int, seeds: Sequence[int], n_heads: Sequence[int], analysis: bool) -> str:
+    """What the demo is about to do, said before the minutes of it start.
+
+    Example:
+        >>> print(_plan_line(1500, [0, 1, 2], [1, 4, 8], True))
+        demo: count_previous and reverse, 9 runs each (h = 1, 4, 8 x seeds 0, 1, 2; 1,500 \
+steps each), then the head analysis of one run per task, the specialization test of every run, \
+the figures and the report; the time is estimated once the first task is done
+    """
+    heads, seed_list = ", ".join(map(str, n_heads)), ", ".join(map(str, seeds))
+    then = "the head analysis of one run per task, " if analysis else ""
+    return (
+        f"demo: {' and '.join(DEMO_TASKS)}, {len(n_heads) * len(seeds)} runs each (h = {heads} "
+        f"x seeds {seed_list}; {steps:,} steps each), then {then}the specialization test of "
+        "every run, the figures and the report; the time is estimated once the first task is "
+        "done"
+    )
 
 
 def run_sweep_with_figures(config: SweepConfig, out: Path, executor: str, progress: bool):
@@ -104,14 +138,20 @@ def run_sweep_with_figures(config: SweepConfig, out: Path, executor: str, progre
 
 
 def _analyse_one_run(
-    out: Path, task: str, n_heads: list[int], seeds: list[int], echo: Callable[[str], None]
+    out: Path,
+    task: str,
+    n_heads: list[int],
+    seeds: list[int],
+    echo: Callable[[str], None],
+    progress: bool,
 ) -> None:
-    """Analyse the run with the most heads (first seed), the one-head run as reference."""
+    """Analyse the run with the most heads (first seed), the one-head run as reference (about
+    10 s: its bar counts the steps)."""
     from mhainterp.analyze import analyze_run
 
     h = max(n_heads)
     runs = out / task / "runs"
     run_dir = runs / f"h{h}_seed{seeds[0]}"
     reference = runs / f"h1_seed{seeds[0]}" if 1 in n_heads and h != 1 else None
-    written = analyze_run(run_dir, reference=reference)
+    written = analyze_run(run_dir, reference=reference, progress=progress)
     echo(f"analysed {run_dir}: {len(written)} files in {run_dir / 'analysis'}")

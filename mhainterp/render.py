@@ -34,6 +34,8 @@ __all__ = [
     "Image",
     "Paragraph",
     "Table",
+    "estimate_line",
+    "format_duration",
     "format_p",
     "format_value",
     "html_table",
@@ -88,6 +90,37 @@ def format_p(p: float | None, floor: float | None = None, *, exact: bool = False
     if p < 1e-10:
         return "p < 1e-10"
     return f"p = {p:.2g}"
+
+
+def format_duration(seconds: float) -> str:
+    """A duration as people say it: ``"14 s"``, ``"2 min 5 s"``, ``"1 h 11 min"``.
+
+    Example:
+        >>> format_duration(14.2), format_duration(125), format_duration(4264)
+        ('14 s', '2 min 5 s', '1 h 11 min')
+    """
+    total = max(0, round(float(seconds)))
+    if total >= 3600:  # to the nearest minute: seconds of an hour-long estimate are noise
+        hours, minutes = divmod(round(total / 60), 60)
+        return f"{hours} h {minutes} min"
+    minutes, secs = divmod(total, 60)
+    return f"{minutes} min {secs} s" if minutes else f"{secs} s"
+
+
+def estimate_line(what: str, unit: str, n_units: int, first_seconds: float) -> str:
+    """The line said before long work goes on: how long its first unit took and the whole,
+    extrapolated from it (and said to be).
+
+    Example:
+        >>> print(estimate_line("headline stability", "analysis", 333, 14.2))
+        headline stability: the first of 333 analyses took 14 s; about 1 h 19 min in all \
+(extrapolated from the first)
+    """
+    plural = unit[:-2] + "es" if unit.endswith("is") else unit + "s"
+    return (
+        f"{what}: the first of {n_units} {plural} took {format_duration(first_seconds)}; "
+        f"about {format_duration(first_seconds * n_units)} in all (extrapolated from the first)"
+    )
 
 
 def markdown_table(df: pd.DataFrame, digits: int = 3) -> str:

@@ -35,7 +35,7 @@ def test_demo_plan_sweeps_and_analyses_each_task_then_specializes_then_reports(
         calls.append(("steps", config.train.steps))
         return _Summary(config.task)
 
-    def analyze(run_dir, *, reference):
+    def analyze(run_dir, *, reference, progress):
         calls.append(("analyze", Path(run_dir), reference))
         return []
 
@@ -72,12 +72,21 @@ def test_demo_plan_sweeps_and_analyses_each_task_then_specializes_then_reports(
         ("analyze", runs["reverse"] / "h2_seed0", runs["reverse"] / "h1_seed0"),
         # The report only reads, so the specialization results are saved first.
         ("specialize", out),
-        ("figures", out),  # drawn beside the tables: the report only embeds them
+        # drawn beside the tables (the report only embeds them), one sweep at a time: a bar
+        ("figures", out / "count_previous"),
+        ("figures", out / "reverse"),
         ("report", out),
     ]
     printed = capsys.readouterr().out
     assert "### count_previous" in printed and "### reverse" in printed
     assert f"report: {out / 'report.md'}" in printed
+    # Long work is announced: the plan before anything runs, the estimate after the first task.
+    lines = printed.splitlines()
+    assert lines[0].startswith("demo: count_previous and reverse, 4 runs each (h = 1, 2 x ")
+    estimate = next(i for i, line in enumerate(lines) if line.startswith("demo: the first of 2"))
+    assert "(extrapolated from the first)" in lines[estimate]
+    assert lines.index("### count_previous") < estimate < lines.index("### reverse")
+    assert any(line.startswith("figures: drawing each sweep's figures") for line in lines)
 
 
 def test_demo_defaults_are_the_readme_protocol(tmp_path, monkeypatch):

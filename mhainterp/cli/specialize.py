@@ -43,6 +43,10 @@ examples:
   mhainterp specialize runs/quickstart/count_previous --by token,position
 """
 
+HEADLINE_ANALYSES = 41
+"""Analyses per run of ``--headline-stability`` (mirrors
+:func:`mhainterp.specialization.verdict.headline.n_analyses`; the parser imports no torch)."""
+
 HEAD_COLUMNS = [
     "head_label",
     "label",
@@ -76,8 +80,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--headline-stability",
         action="store_true",
         help="also re-run each run's analysis with every gate moved x0.8 and x1.25, n_eval "
-        "halved and doubled and each other ablation method (36 runs of the analysis per run) "
-        "and save the share of verdict sentences that change (analysis/headline_stability.csv)",
+        f"halved and doubled and each other ablation method ({HEADLINE_ANALYSES} runs of the "
+        "analysis per run: minutes per run, announced with an estimate) and save the share of "
+        "verdict sentences that change (analysis/headline_stability.csv)",
     )
     add_runtime_args(specialize)
     specialize.set_defaults(func=_cmd_specialize)
@@ -129,6 +134,7 @@ def _print_headline_stability(path: Path, settings: Any, by: tuple[str, ...], qu
     )
 
     print("Headline stability (verdict sentences that change when a gate or the method moves):")
+    # the estimate lines go beside the bar (tqdm.write, on stdout); --quiet: neither
     for run_dir, table in headline_stability_folder(path, settings, by=by, progress=not quiet):
         s = headline_summary(table)
         print(
