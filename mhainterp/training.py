@@ -81,6 +81,8 @@ __all__ = [
     "itemsize",
     "training_memory",
     "training_what",
+    "run_identity",
+    "CHECKPOINT_SECONDS",
 ]
 
 METADATA_KEY = "mhainterp.model"
@@ -493,10 +495,15 @@ class Checkpoint:
         self.path.unlink(missing_ok=True)
 
     def _config(self) -> str:
-        """The run's config as it is compared (without where it trains): a JSON string."""
-        config = run_config(self.model, self.task, self.config)
-        return json.dumps(_what_the_run_is(json.loads(json.dumps(config, default=list))),
-                          sort_keys=True)  # fmt: skip
+        return run_identity(self.model, self.task, self.config)
+
+
+def run_identity(model: HookedMHATransformer, task: Task, config: TrainConfig) -> str:
+    """The run's config as a checkpoint compares it (without where it trains): a JSON string,
+    equal for the same run on any device."""
+    saved = run_config(model, task, config)
+    return json.dumps(_what_the_run_is(json.loads(json.dumps(saved, default=list))),
+                      sort_keys=True)  # fmt: skip
 
 
 def _to_cpu(value: Any) -> Any:

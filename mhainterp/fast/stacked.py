@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 
 from mhainterp.config import TrainConfig
 from mhainterp.errors import BatchDivergedError, TrainingDivergedError
+from mhainterp.fast.stacked_checkpoint import GroupCheckpoint
 from mhainterp.fast.stacked_forward import batched_logits, batched_loss
 from mhainterp.fast.stacked_params import StackedModels, check_batchable
 from mhainterp.model import HookedMHATransformer
@@ -552,9 +553,11 @@ def train_many(
     # Rows sorted by head count, so each head count's attention core is one contiguous slice.
     order = sorted(range(len(models)), key=lambda i: models[i].cfg.n_heads)
     group = _Group(models, task, configs, run_dirs, order, device)
+    checkpoint = GroupCheckpoint(group)
+    start = checkpoint.restore()  # 0 unless an interrupted call of these runs saved its state
     heads = sorted({m.cfg.n_heads for m in models})
     bar = tqdm(
-        range(config.steps),
+        range(start, config.steps),
         desc=f"train {task.name} {len(models)} models h={heads}",
         disable=not progress,
         leave=False,
@@ -565,11 +568,18 @@ def train_many(
             norms = group.step(step, lr)
         if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
             group.end_interval(step, lr, norms)
+            checkpoint.save_if_due(step + 1)
         if on_step is not None:
             on_step(len(group.index))
         if not group.index:
             break
-    return _finish(group, models, task, configs, run_dirs)
+    try:
+        results = _finish(group, models, task, configs, run_dirs)
+    except BatchDivergedError:  # every run folder is written, the diverged ones too
+        checkpoint.remove()
+        raise
+    checkpoint.remove()  # a failed write (a full disk) keeps it: the rerun resumes
+    return results
 
 
 def _finish(group: _Group, models, task, configs, run_dirs) -> list[Run]:

@@ -513,6 +513,9 @@ def _remove_killed_writes(chunks: list[list[RunSpec]]) -> None:
         for spec in chunk:
             with contextlib.suppress(OSError):
                 remove_stale_temps(spec.run_dir)
+        for folder in {spec.run_dir.parent for spec in chunk}:  # group checkpoints' temps
+            with contextlib.suppress(OSError):
+                remove_stale_temps(folder)
 
 
 # ----- the Ray executor --------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 
 from mhainterp.config import SweepConfig
 from mhainterp.errors import RunFolderError
+from mhainterp.fast.stacked_checkpoint import GROUP_CHECKPOINT_GLOB
 from mhainterp.io import (
     RunLock,
     ensure_writable_dir,
@@ -201,6 +202,10 @@ def run_sweep(
     results = collect_results(specs)
     stored = results.assign(run_dir=[relative_run_dir(spec.run_dir, out_dir) for spec in specs])
     write_csv(out_dir / "results.csv", stored)
+    # every run is done: a group checkpoint left by an interrupted group of other runs is stale
+    for runs_folder in {spec.run_dir.parent for spec in specs}:
+        for stale in runs_folder.glob(GROUP_CHECKPOINT_GLOB):
+            stale.unlink(missing_ok=True)
     return results
 
 
