@@ -285,7 +285,13 @@ def lead_sentence(task: str, rows: pd.DataFrame) -> str:
 
 def answer(grid: Grid, comparisons: pd.DataFrame, minutes: float) -> str:
     """``study.md``: the grid, one lead sentence per task, then every comparison in words."""
-    lines = ["# Does h matter?", "", f"{grid.describe()}; {minutes:.1f} min.", ""]
+    lines = [
+        "# Does h matter?",
+        "",
+        f"{grid.describe()}; {minutes:.1f} min in this invocation (runs an earlier one "
+        "finished are kept, not retrained).",
+        "",
+    ]
     for task, rows in comparisons.groupby("task", sort=False):
         lines += [lead_sentence(str(task), rows), ""]
     for task, rows in comparisons.groupby("task", sort=False):
