@@ -82,6 +82,7 @@ __all__ = [
     "training_memory",
     "training_what",
     "run_identity",
+    "write_checkpoint",
     "CHECKPOINT_SECONDS",
 ]
 
@@ -480,15 +481,7 @@ class Checkpoint:
             "generator": generator.get_state(),
             "rows": rows,
         }
-        # through a Python file: a full disk is then an OSError (torch's own writer says
-        # "unexpected pos")
-        try:
-            with atomic_path(self.path) as tmp, open(tmp, "wb") as file:
-                torch.save(state, file)
-        except OSError as error:  # a Python file's error names no file: name the checkpoint
-            if error.filename is not None:
-                raise
-            raise OSError(error.errno, error.strerror, str(self.path)) from error
+        write_checkpoint(state, self.path)
         self.saved_at = time.monotonic()
 
     def remove(self) -> None:
@@ -496,6 +489,19 @@ class Checkpoint:
 
     def _config(self) -> str:
         return run_identity(self.model, self.task, self.config)
+
+
+def write_checkpoint(state: dict[str, Any], path: Path) -> None:
+    """Save a checkpoint's ``state`` (tensors, numbers, strings) to ``path`` atomically,
+    through a Python file, so that a full disk is the OSError naming ``path`` (torch's own
+    file writer says "unexpected pos")."""
+    try:
+        with atomic_path(path) as tmp, open(tmp, "wb") as file:
+            torch.save(state, file)
+    except OSError as error:  # a Python file's error names no file: name the checkpoint
+        if error.filename is not None:
+            raise
+        raise OSError(error.errno, error.strerror, str(path)) from error
 
 
 def run_identity(model: HookedMHATransformer, task: Task, config: TrainConfig) -> str:

@@ -21,8 +21,7 @@ import torch
 
 from mhainterp import training
 from mhainterp.errors import RunFolderError
-from mhainterp.io import atomic_path
-from mhainterp.training import run_identity
+from mhainterp.training import run_identity, write_checkpoint
 
 __all__ = ["GroupCheckpoint", "GROUP_CHECKPOINT_GLOB"]
 
@@ -94,13 +93,7 @@ class GroupCheckpoint:
             "generators": [generator.get_state() for generator in g.generators],
             "rows": {int(i): rows for i, rows in g.rows.items()},
         }
-        try:  # through a Python file: a full disk is an OSError naming the checkpoint
-            with atomic_path(self.path) as tmp, open(tmp, "wb") as file:
-                torch.save(state, file)
-        except OSError as error:
-            if error.filename is not None:
-                raise
-            raise OSError(error.errno, error.strerror, str(self.path)) from error
+        write_checkpoint(state, self.path)
         self.saved_at = time.monotonic()
 
     def remove(self) -> None:
