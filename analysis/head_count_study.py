@@ -38,9 +38,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from mhainterp.analyze import run_sweep_with_figures
 from mhainterp.cli.options import int_list
 from mhainterp.config import SweepConfig, TrainConfig
-from mhainterp.demo import run_sweep_with_figures
 from mhainterp.figures import save_figure
 from mhainterp.io import write_csv, write_text
 from mhainterp.runs import read_results

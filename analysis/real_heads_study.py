@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from mhainterp.analyze_pretrained import analyze_pretrained, clark_categories
+from mhainterp.analyze import analyze_pretrained, clark_categories
 from mhainterp.io import write_csv, write_text
 from mhainterp.pretrained import load_pretrained
 

@@ -18,9 +18,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from mhainterp.analyze import analyze_run
+from mhainterp.analyze import analyze_run, run_sweep_with_figures
 from mhainterp.config import SweepConfig, TrainConfig
-from mhainterp.demo import run_sweep_with_figures
 from mhainterp.figures.saved import save_folder_figures
 from mhainterp.report import write_report
 from mhainterp.specialization import SpecializationSettings, specialize_folder

@@ -15,7 +15,6 @@ from mhainterp.ablation import (
     METHODS,
     Ablator,
     ablate,
-    ablation_tables,
     evaluate_head_sets,
     head_importance,
     head_sets_table,
@@ -23,6 +22,7 @@ from mhainterp.ablation import (
     resolve_heads,
 )
 from mhainterp.ablation.replacement import CleanCache
+from mhainterp.analyze import ablation_tables
 from mhainterp.attribution import (
     compare_importance,
     gradient_importance,
@@ -719,7 +719,9 @@ def test_a_clean_cache_refuses_another_model_batch_or_reference(model, task, bat
     again = evaluate_head_sets(model, same, sets, "mean", cache=cache)
     assert torch.equal(first.totals.loss_sum, again.totals.loss_sum)
     other = task.eval_batch(128)
-    with pytest.raises(ValueError, match=r"CleanCache of the reference .*another reference \(\(128, 16\)"):
+    with pytest.raises(
+        ValueError, match=r"CleanCache of the reference .*another reference \(\(128, 16\)"
+    ):
         evaluate_head_sets(model, other, sets, "mean", cache=cache)
     with pytest.raises(ValueError, match=r"CleanCache of the batch .* another batch"):
         evaluate_head_sets(model, other, sets, "mean", reference=batch, cache=cache)

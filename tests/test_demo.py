@@ -8,8 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import mhainterp.analyze
-import mhainterp.demo
+import mhainterp.analyze.demo
 import mhainterp.figures.saved
 import mhainterp.report
 import mhainterp.specialization
@@ -47,8 +46,9 @@ def test_demo_plan_sweeps_and_analyses_each_task_then_specializes_then_reports(
         calls.append(("report", Path(path)))
         return Path(path) / "report.md", Path(path) / "report.html"
 
-    monkeypatch.setattr(mhainterp.demo, "run_sweep_with_figures", sweep)
-    monkeypatch.setattr(mhainterp.analyze, "analyze_run", analyze)
+    # patched where run_demo looks them up: in its own module
+    monkeypatch.setattr(mhainterp.analyze.demo, "run_sweep_with_figures", sweep)
+    monkeypatch.setattr(mhainterp.analyze.demo, "analyze_run", analyze)
     monkeypatch.setattr(mhainterp.specialization, "specialize_folder", specialize)
     figures = lambda path: calls.append(("figures", Path(path))) or []  # noqa: E731
     monkeypatch.setattr(mhainterp.figures.saved, "save_folder_figures", figures)
@@ -92,14 +92,14 @@ def test_demo_plan_sweeps_and_analyses_each_task_then_specializes_then_reports(
 def test_demo_defaults_are_the_readme_protocol(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setattr(
-        mhainterp.demo,
+        mhainterp.analyze.demo,
         "run_sweep_with_figures",
         lambda config, out, executor, progress: seen.append(config) or _Summary(config.task),
     )
     monkeypatch.setattr(mhainterp.specialization, "specialize_folder", lambda *a, **k: [])
     monkeypatch.setattr(mhainterp.figures.saved, "save_folder_figures", lambda path: [])
     monkeypatch.setattr(mhainterp.report, "write_report", lambda *a, **k: (Path(), Path()))
-    mhainterp.demo.run_demo(tmp_path, analysis=False, executor="local", progress=False)
+    mhainterp.analyze.demo.run_demo(tmp_path, analysis=False, executor="local", progress=False)
     assert [c.task for c in seen] == ["count_previous", "reverse"]
     assert {(tuple(c.n_heads), tuple(c.seeds), c.train.steps) for c in seen} == {
         ((1, 4, 8), (0, 1, 2), 1500)

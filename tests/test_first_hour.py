@@ -496,9 +496,9 @@ def test_help_and_task_listing_import_no_torch(args):
 
 def test_static_mirrors_equal_their_library_homes():
     from mhainterp.ablation import METHODS
+    from mhainterp.analyze import DEMO_STEPS
     from mhainterp.config import TrainConfig
     from mhainterp.data import DEFAULT_N_EVAL
-    from mhainterp.demo import DEMO_STEPS
     from mhainterp.specialization import SpecializationSettings
     from mhainterp.stats import CORRECTIONS
     from mhainterp.tasks import ENTRY_POINT_GROUP

@@ -1,5 +1,5 @@
 """The README's "What a real run found", rerun on held-out seeds: the demo's protocol
-(:func:`mhainterp.demo.run_demo`: count_previous and reverse, h = 1, 4, 8, 1,500 steps,
+(:func:`mhainterp.analyze.run_demo`: count_previous and reverse, h = 1, 4, 8, 1,500 steps,
 d_model 64, one attention-only layer) on seeds 3, 4, 5, and every claim of that section
 checked against the tables the run saves. The README claims only what held on seeds 0-2
 (``data/reference/quickstart/``) and on these; the pooled claims are checked on the reference
@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mhainterp.demo import run_demo
+from mhainterp.analyze import run_demo
 from mhainterp.specialization.seeds.over_sweep import SweepSpecialization
 from mhainterp.stats import compare_head_counts, separation, smallest_p
 

@@ -21,7 +21,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
 from mhainterp.ablation.engine import ablate, evaluate_head_sets  # noqa: E402
-from mhainterp.analyze_pretrained import (  # noqa: E402
+from mhainterp.analyze.pretrained import (  # noqa: E402
     analyze_pretrained,
     clark_categories,
     text_roles,

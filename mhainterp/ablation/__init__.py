@@ -8,18 +8,14 @@
   are evaluated by :func:`evaluate_head_sets`, :func:`head_sets_table` lays its result out);
 - :mod:`~mhainterp.ablation.interactive`: :class:`Ablator`, toggle heads and see the metrics.
 
-Gradient importance and pruning curves are in :mod:`mhainterp.attribution`.
+Gradient importance and pruning curves are in :mod:`mhainterp.attribution`; every table of a
+run, both kinds side by side, in :func:`mhainterp.analyze.ablation_tables`.
 """
 
 from mhainterp.ablation.engine import AblationResult, ablate, evaluate_head_sets
 from mhainterp.ablation.interactive import Ablator
 from mhainterp.ablation.replacement import METHODS, Method, check_method
-from mhainterp.ablation.tables import (
-    ablation_tables,
-    head_importance,
-    head_sets_table,
-    pairwise_ablation,
-)
+from mhainterp.ablation.tables import head_importance, head_sets_table, pairwise_ablation
 from mhainterp.heads import resolve_heads
 
 __all__ = [
@@ -28,7 +24,6 @@ __all__ = [
     "Ablator",
     "Method",
     "ablate",
-    "ablation_tables",
     "check_method",
     "evaluate_head_sets",
     "head_importance",

@@ -23,16 +23,14 @@ import pandas as pd
 import torch
 
 from mhainterp.ablation.engine import AblationResult, evaluate_head_sets
-from mhainterp.ablation.replacement import DEFAULT_MAX_ROWS, METHODS, Method, check_method
+from mhainterp.ablation.replacement import DEFAULT_MAX_ROWS, Method
 from mhainterp.data import DEFAULT_N_EVAL, Data
 from mhainterp.heads import HeadSpec, all_heads, format_heads, head_label, resolve_heads
-from mhainterp.protocol import HookedModel
 from mhainterp.runtime import uses_work_threads
 from mhainterp.scoring import metric_names
 from mhainterp.validation import invalid
 
 __all__ = [
-    "ablation_tables",
     "damage",
     "head_importance",
     "head_sets_table",
@@ -251,88 +249,3 @@ def pairwise_ablation(
                 )
             )  # fmt: skip
     return pd.DataFrame(rows, columns=PAIRWISE_COLUMNS)
-
-
-def ablation_tables(
-    run_or_model: Any,
-    data: Data | None = None,
-    *,
-    method: Method = "mean",
-    methods: Sequence[Method] = METHODS,
-    n_eval: int = DEFAULT_N_EVAL,
-    pairwise_heads: int | None = 16,
-    progress: bool = False,
-) -> dict[str, pd.DataFrame]:
-    """Every ablation table for a run (or a model and its data), ready to save as CSV.
-
-    Args:
-        run_or_model: A ``training.Run`` (uses its model and task) or a model.
-        data: What to evaluate on; required with a model, optional with a Run.
-        method: The method for the pairwise and pruning tables.
-        methods: The methods for the importance table (stacked, one block per method).
-        n_eval: Size of a Task's evaluation set.
-        pairwise_heads: The pairwise table pairs up at most this many heads: on a larger
-            model, the ones whose single ablation (``method``) raises the loss most. Pairs grow
-            as h^2 (496 for 2 x 16 heads); backups of heads that matter are among these pairs.
-            None: every head. The pruning curve likewise re-scores 8 candidates per step (exact
-            for up to 8 heads) and 4 on models of more than 16 heads.
-        progress: Show progress bars.
-
-    Returns:
-        ``{"importance", "pairwise", "gradient_importance", "importance_agreement",
-        "prune_curve"}``.
-
-    Example:
-        >>> tables = ablation_tables(load_run("runs/x/h4_seed0"))  # doctest: +SKIP
-    """
-    from mhainterp.attribution import gradient_importance, importance_agreement, prune_curve
-
-    model, data = unpack_run(run_or_model, data)
-    options = {"n_eval": n_eval, "progress": progress}
-    n_heads = model.cfg.n_layers * model.cfg.n_heads
-    importance = pd.concat(
-        [head_importance(model, data, check_method(m), **options) for m in methods],
-        ignore_index=True,
-    )
-    gradient = gradient_importance(model, data, **options)
-    return {
-        "importance": importance,
-        "pairwise": pairwise_ablation(
-            model,
-            data,
-            method,
-            heads=_most_damaging(importance, method, pairwise_heads),
-            **options,
-        ),
-        "gradient_importance": gradient,
-        "importance_agreement": importance_agreement(gradient, importance),
-        # Re-score 8 candidates per pruning step (exact up to 8 heads), 4 beyond 16 heads.
-        "prune_curve": prune_curve(
-            model, data, method, shortlist=8 if n_heads <= 16 else 4, **options
-        ),
-    }
-
-
-def _most_damaging(importance: pd.DataFrame, method: str, n: int | None) -> list[str] | None:
-    """The ``n`` heads whose ablation raises the loss most (layer-major), or None for all."""
-    table = importance[importance["method"] == method]
-    if n is None or len(table) <= n:
-        return None
-    top = table.sort_values(["delta_loss", "layer", "head"], ascending=[False, True, True])
-    return table.loc[sorted(top.index[:n])]["head_label"].tolist()
-
-
-def unpack_run(run_or_model: Any, data: Data | None) -> tuple[Any, Data]:
-    """``(model, data)`` from a Run (its task unless ``data`` is given) or a model + data."""
-    if isinstance(run_or_model, HookedModel):
-        if data is None:
-            raise TypeError("data= is required when a model (not a Run) is given")
-        return run_or_model, data
-    model, run_task = getattr(run_or_model, "model", None), getattr(run_or_model, "task", None)
-    if not isinstance(model, HookedModel):
-        raise TypeError(
-            "run_or_model must be a training.Run or a model (HookedMHATransformer, BridgedModel), "
-            f"got "
-            f"{type(run_or_model).__name__}"
-        )
-    return model, data if data is not None else run_task

@@ -79,7 +79,7 @@ def _cmd_analyze_pretrained(args: argparse.Namespace) -> int:
                           "folder (no such folder)")  # fmt: skip
     if args.text != "stdlib" and not Path(args.text).is_file():
         raise invalid("--text", args.text, "'stdlib' or a text file (no such file)")
-    from mhainterp.analyze_pretrained import analyze_pretrained
+    from mhainterp.analyze import analyze_pretrained
     from mhainterp.pretrained import load_pretrained
 
     try:

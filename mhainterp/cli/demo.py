@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     check_executor(args.executor)
-    from mhainterp.demo import run_demo
+    from mhainterp.analyze import run_demo
 
     run_demo(
         Path(args.out),

@@ -25,7 +25,7 @@ DEFAULT_N_EVAL = 1024
 """``mhainterp.data.DEFAULT_N_EVAL``: the evaluation sequences of every command's ``--n-eval``."""
 
 DEMO_STEPS = 1500
-"""``mhainterp.demo.DEMO_STEPS``: the demo's training steps per run."""
+"""``mhainterp.analyze.demo.DEMO_STEPS``: the demo's training steps per run."""
 
 TRAIN_DEFAULTS: dict[str, Any] = {"steps": 2000, "batch_size": 128, "lr": 3e-3, "grad_clip": 1.0}
 """The defaults of :class:`mhainterp.config.TrainConfig` that the training options show."""

@@ -69,8 +69,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     check_executor(args.executor)
+    from mhainterp.analyze import run_sweep_with_figures
     from mhainterp.config import SweepConfig
-    from mhainterp.demo import run_sweep_with_figures
     from mhainterp.tasks import get_task
 
     overrides = model_overrides(args)

@@ -168,7 +168,7 @@ class Explorer:
 
         ``options``: :meth:`from_model`'s (``method``, ``importance``, ``threads``, ...).
         """
-        from mhainterp.analyze_pretrained import sentences_of
+        from mhainterp.analyze.pretrained import sentences_of
         from mhainterp.tasks.text import text_batch
 
         n_eval = check_int("n_eval", n_eval, minimum=1)

@@ -45,7 +45,7 @@ from torch import Tensor
 
 from mhainterp.ablation import Ablator, check_method
 from mhainterp.ablation.interactive import DEFAULT_CACHE_SIZE
-from mhainterp.analyze_pretrained import embedding_metric
+from mhainterp.analyze.pretrained import embedding_metric
 from mhainterp.attribution import attribution_agreement, attribution_patching, verification_plan
 from mhainterp.capture import average_patterns
 from mhainterp.data import DEFAULT_N_EVAL, as_batch, batch_for_model

@@ -343,7 +343,7 @@ def _spearman(x: pd.Series, y: pd.Series) -> float:
 def save_ablation_figures(
     tables: Mapping[str, pd.DataFrame], out_dir: str | os.PathLike[str]
 ) -> dict[str, Path]:
-    """Draw and save every ablation figure from :func:`mhainterp.ablation.ablation_tables`.
+    """Draw and save every ablation figure from :func:`mhainterp.analyze.ablation_tables`.
 
     Writes, each PNG beside the CSV it was drawn from: ``ablation_importance``,
     ``ablation_pairwise`` (accuracy interaction; the CSV is the full pairwise table),

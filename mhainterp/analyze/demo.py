@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from mhainterp.analyze.run import analyze_run
 from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.render import estimate_line, format_duration
 
@@ -147,8 +148,6 @@ def _analyse_one_run(
 ) -> None:
     """Analyse the run with the most heads (first seed), the one-head run as reference (about
     10 s: its bar counts the steps)."""
-    from mhainterp.analyze import analyze_run
-
     h = max(n_heads)
     runs = out / task / "runs"
     run_dir = runs / f"h{h}_seed{seeds[0]}"

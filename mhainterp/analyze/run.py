@@ -11,7 +11,7 @@ PDF of the same figure)::
     ablation_*.png/.csv            importance, pairwise (backup), pruning, gradient vs ablation
     gradient_importance.csv  importance_agreement.csv
 
-``analyze_pretrained(model, text, out)`` (:mod:`mhainterp.analyze_pretrained`) is the branch for
+``analyze_pretrained(model, text, out)`` (:mod:`mhainterp.analyze.pretrained`) is the branch for
 a pretrained model on real text: role scores against a random-weight null, Clark et al.
 categories, attribution vs exact ablation, zero vs mean.
 """
@@ -25,6 +25,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from mhainterp.analyze.tables import ablation_tables
 from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.io import allocation_failures, remove_stale_temps, require_memory, write_csv
 from mhainterp.provenance import record_analysis_source, set_aside_stale_analysis
@@ -169,7 +170,6 @@ def _similarity(
 
 
 def _ablation(run: Run, n_eval: int, out: Path) -> list[Path]:
-    from mhainterp.ablation import ablation_tables
     from mhainterp.figures.ablation import save_ablation_figures
 
     tables = ablation_tables(run, n_eval=n_eval)
