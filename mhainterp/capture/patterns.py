@@ -31,9 +31,13 @@ from mhainterp.validation import ParameterError, invalid
 __all__ = [
     "average_patterns",
     "average_relations",
+    "check_template",
     "example_patterns",
     "patterns_frame",
+    "relation_templates",
     "relations_frame",
+    "tensor_frame",
+    "with_head_labels",
 ]
 
 
@@ -75,14 +79,20 @@ def example_patterns(
     length = int(mask[0].sum())
     patterns = attention_patterns(model, tokens, mask)[0, :, :, :length, :length]  # (L, h, q, k)
     toks = tokens[0, :length].cpu().numpy()
-    frame = _with_head_labels(_tensor_frame(patterns, ["layer", "head", "query", "key"], "weight"))
+    frame = with_head_labels(tensor_frame(patterns, ["layer", "head", "query", "key"], "weight"))
     frame.insert(5, "query_token", toks[frame["query"].to_numpy()])
     frame.insert(6, "key_token", toks[frame["key"].to_numpy()])
     return frame
 
 
-def _tensor_frame(values: Tensor, index_names: list[str], value_name: str) -> pd.DataFrame:
-    """Long table of a tensor: one column per axis (named ``index_names``) plus the values."""
+def tensor_frame(values: Tensor, index_names: list[str], value_name: str) -> pd.DataFrame:
+    """Long table of a tensor: one column per axis (named ``index_names``) plus the values.
+
+    Example:
+        >>> import torch
+        >>> tensor_frame(torch.tensor([[1.0, 2.0]]), ["layer", "head"], "value").to_dict("list")
+        {'layer': [0, 0], 'head': [0, 1], 'value': [1.0, 2.0]}
+    """
     array = values.detach().cpu().double().numpy()
     grid = np.indices(array.shape).reshape(array.ndim, -1)
     frame = pd.DataFrame(dict(zip(index_names, grid, strict=True)))
@@ -90,8 +100,15 @@ def _tensor_frame(values: Tensor, index_names: list[str], value_name: str) -> pd
     return frame
 
 
-def _with_head_labels(frame: pd.DataFrame) -> pd.DataFrame:
-    """Lead with ``head_label, layer, head`` (the toolkit's per-head column order)."""
+def with_head_labels(frame: pd.DataFrame) -> pd.DataFrame:
+    """Lead with ``head_label, layer, head`` (the toolkit's per-head column order).
+
+    ``frame`` needs ``layer`` and ``head`` columns; the label column is inserted in place.
+
+    Example:
+        >>> with_head_labels(pd.DataFrame({"layer": [1], "head": [2]})).columns.tolist()
+        ['head_label', 'layer', 'head']
+    """
     labels = [head_label(lay, h) for lay, h in zip(frame["layer"], frame["head"], strict=True)]
     frame.insert(0, "head_label", labels)
     return frame
@@ -146,10 +163,14 @@ def average_patterns(
     return (total / count.clamp(min=1)[:, None]).float().cpu()
 
 
-def _relation_templates(
+def relation_templates(
     relations: RelationSource, tokens: Tensor, padding_mask: Tensor, start: int
 ) -> dict[str, Tensor]:
-    """The ``[B, q, k]`` templates of one batch of sequences starting at ``start``."""
+    """The ``[B, q, k]`` templates of one batch of sequences starting at ``start``.
+
+    ``relations`` is a Task (its ``relations``), a dict name -> ``[n, q, k]`` tensor over the
+    whole data (sliced to this batch) or a callable ``(tokens, padding_mask) -> dict``.
+    """
     if isinstance(relations, Task):
         return dict(relations.relations(tokens.cpu(), padding_mask.cpu()))
     if isinstance(relations, Mapping):
@@ -172,7 +193,8 @@ def _relation_templates(
     )
 
 
-def _check_template(name: str, template: Tensor, shape: tuple[int, ...]) -> Tensor:
+def check_template(name: str, template: Tensor, shape: tuple[int, ...]) -> Tensor:
+    """``template`` if its shape is ``shape`` (``[batch, q, k]``), else a ParameterError."""
     if tuple(template.shape) != shape:
         raise ParameterError(
             f"relations[{name!r}] is invalid: [batch, q, k] = {shape} for this batch (one "
@@ -215,8 +237,8 @@ def average_relations(
     totals: dict[str, Tensor] = {}
     for start in range(0, n, batch_size):
         part, part_mask = tokens[start : start + batch_size], mask[start : start + batch_size]
-        for name, template in _relation_templates(relations, part, part_mask, start).items():
-            template = _check_template(name, template, (part.shape[0], T, T))
+        for name, template in relation_templates(relations, part, part_mask, start).items():
+            template = check_template(name, template, (part.shape[0], T, T))
             template = template.double().cpu() * part_mask[:, :, None].cpu()
             totals[name] = totals.get(name, 0) + template.sum(0)
     count = mask.double().sum(0).clamp(min=1)[:, None].cpu()  # (T, 1)
@@ -240,7 +262,7 @@ def patterns_frame(average: Float[Tensor, "L h T T"]) -> pd.DataFrame:
         raise ParameterError(
             f"average is invalid: a [layer, head, q, k] tensor (from average_patterns), got {got}"
         )
-    return _with_head_labels(_tensor_frame(average, ["layer", "head", "query", "key"], "weight"))
+    return with_head_labels(tensor_frame(average, ["layer", "head", "query", "key"], "weight"))
 
 
 def relations_frame(templates: Mapping[str, Float[Tensor, "T T"]]) -> pd.DataFrame:
@@ -253,7 +275,7 @@ def relations_frame(templates: Mapping[str, Float[Tensor, "T T"]]) -> pd.DataFra
     """
     frames = []
     for name, template in templates.items():
-        frame = _tensor_frame(template, ["query", "key"], "weight")
+        frame = tensor_frame(template, ["query", "key"], "weight")
         frame.insert(0, "relation", name)
         frames.append(frame)
     if not frames:

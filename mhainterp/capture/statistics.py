@@ -25,10 +25,10 @@ from mhainterp.capture.core import (
     visible_keys,
 )
 from mhainterp.capture.patterns import (
-    _check_template,
-    _relation_templates,
-    _tensor_frame,
-    _with_head_labels,
+    check_template,
+    relation_templates,
+    tensor_frame,
+    with_head_labels,
 )
 from mhainterp.data import DEFAULT_N_EVAL, Data
 from mhainterp.model import HookedMHATransformer
@@ -115,7 +115,7 @@ class TemplateMass:
         """Add one batch's mass on ``template``; return the rows that counted."""
         B, _, _, T, _ = patterns.shape
         p = patterns.double()
-        template = _check_template(name, template, (B, T, T)).to(p.device).double()
+        template = check_template(name, template, (B, T, T)).to(p.device).double()
         rows = queries.to(p.device) & (template.sum(-1) > 0)  # (B, q)
         self.add_values(name, (p * template[:, None, None]).sum(-1), rows)
         return rows
@@ -204,7 +204,7 @@ def head_statistics(
         visible = visible_keys(part.padding_mask, model.cfg.causal)
         _pattern_metrics(acc, part.patterns, visible, offsets)
         if relations is not None:
-            templates = _relation_templates(relations, part.tokens, part.padding_mask, part.start)
+            templates = relation_templates(relations, part.tokens, part.padding_mask, part.start)
             masses.add(part.patterns, templates, part.padding_mask)  # every real query
     return _statistics_frame(acc, masses)
 
@@ -219,7 +219,7 @@ def _statistics_frame(acc: _StatAccumulator, masses: TemplateMass) -> pd.DataFra
         values[f"relation_mass:{name}"] = (masses.mean(name), masses.counts[name])
     frames = []
     for metric, (value, n) in values.items():
-        frame = _with_head_labels(_tensor_frame(value, ["layer", "head"], "value"))
+        frame = with_head_labels(tensor_frame(value, ["layer", "head"], "value"))
         frame.insert(3, "metric", metric)
         frame["n_queries"] = int(n)
         frames.append(frame)

@@ -44,6 +44,7 @@ from torch import Tensor
 from mhainterp.capture import Data
 from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.model import HookedMHATransformer
+from mhainterp.protocol import check_model
 from mhainterp.runtime import uses_work_threads
 from mhainterp.similarity.matrix import (
     cluster_heads,
@@ -56,19 +57,20 @@ from mhainterp.similarity.matrix import (
 from mhainterp.similarity.measures import (
     CROSS_MODEL_METHODS,
     SIMILARITY_METHODS,
-    _check_method,
-    _check_model,
-    _circuit_similarity,
-    _head_frame,
-    _labels,
+    CrossModelMethod,
+    SimilarityMethod,
+    circuit_similarity,
     cross_model_similarity,
+    head_frame,
 )
 from mhainterp.similarity.separation import head_separation
-from mhainterp.validation import invalid
+from mhainterp.validation import check_option, invalid
 
 __all__ = [
     "CROSS_MODEL_METHODS",
     "SIMILARITY_METHODS",
+    "CrossModelMethod",
+    "SimilarityMethod",
     "cluster_heads",
     "cross_model_similarity",
     "dissimilarity",
@@ -85,7 +87,7 @@ __all__ = [
 def head_similarity(
     model: HookedMHATransformer,
     data: Data | None = None,
-    method: str = "js",
+    method: SimilarityMethod = "js",
     padding_mask: Tensor | None = None,
     reference: HookedMHATransformer | None = None,
     *,
@@ -123,13 +125,13 @@ def head_similarity(
         >>> float(sim.loc["L0H0", "L0H2"]), bool(sim.loc["L0H0", "L0H1"] < 0.5)
         (1.0, True)
     """
-    _check_model(model)
-    _check_method(method, SIMILARITY_METHODS)
+    check_model(model)
+    check_option("method", method, SIMILARITY_METHODS)
     if reference is not None and method != "separation":
         raise invalid("method", method, "'separation' when a reference is given (only it uses one)")
-    labels = _labels(model)
+    labels = model.head_labels
     if method in ("ov", "qk"):
-        return _head_frame(_circuit_similarity(model, method), labels, labels)
+        return head_frame(circuit_similarity(model, method), labels, labels)
     if data is None:
         raise invalid("data", data, f"tokens (a Task, a Batch or [n, pos] tokens) for {method=}")
     run = dict(batch_size=batch_size, n_eval=n_eval, progress=progress)
@@ -137,5 +139,5 @@ def head_similarity(
         table = head_separation(model, data, padding_mask, reference=reference, **run)
         order = list(dict.fromkeys(table["head_a"]))
         square = table.pivot(index="head_a", columns="head_b", values="similarity")
-        return _head_frame(square.loc[order, order].to_numpy(), order, order)
+        return head_frame(square.loc[order, order].to_numpy(), order, order)
     return cross_model_similarity(model, model, data, method, padding_mask, **run)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor
 
 from mhainterp.capture import (
@@ -31,32 +31,39 @@ from mhainterp.protocol import check_model
 from mhainterp.runtime import uses_work_threads
 from mhainterp.validation import ParameterError, check_option
 
-__all__ = ["CROSS_MODEL_METHODS", "SIMILARITY_METHODS", "cross_model_similarity"]
+__all__ = [
+    "CROSS_MODEL_METHODS",
+    "SIMILARITY_METHODS",
+    "CrossModelMethod",
+    "SimilarityMethod",
+    "check_same_masking",
+    "circuit_similarity",
+    "cross_model_similarity",
+    "head_frame",
+    "row_chunks",
+    "stacked_patterns",
+]
 
-SIMILARITY_METHODS = ("js", "pattern_corr", "cka", "ov", "qk", "separation")
+SimilarityMethod = Literal["js", "pattern_corr", "cka", "ov", "qk", "separation"]
+SIMILARITY_METHODS: tuple[SimilarityMethod, ...] = get_args(SimilarityMethod)
 """Methods of :func:`~mhainterp.similarity.head_similarity`."""
-CROSS_MODEL_METHODS = ("js", "pattern_corr", "cka")
+CrossModelMethod = Literal["js", "pattern_corr", "cka"]
+CROSS_MODEL_METHODS: tuple[CrossModelMethod, ...] = get_args(CrossModelMethod)
 """Methods of :func:`cross_model_similarity` (those that compare heads through data, not weights
 in a model-specific residual basis)."""
 _LN2 = math.log(2.0)
 
 
-# ----------------------------------------------------------------------------- checks
+# ----------------------------------------------------------------------------- frames
 
 
-def _check_model(model: Any, name: str = "model") -> None:
-    check_model(model, name)
+def head_frame(values: Tensor | np.ndarray, rows: list[str], cols: list[str]) -> pd.DataFrame:
+    """A ``[rows, cols]`` similarity array as a DataFrame indexed ``head_a``, columned ``head_b``.
 
-
-def _check_method(method: Any, allowed: tuple[str, ...]) -> None:
-    check_option("method", method, allowed)
-
-
-def _labels(model: HookedMHATransformer) -> list[str]:
-    return model.head_labels
-
-
-def _head_frame(values: Tensor | np.ndarray, rows: list[str], cols: list[str]) -> pd.DataFrame:
+    Example:
+        >>> head_frame(np.eye(2), ["L0H0", "L0H1"], ["L0H0", "L0H1"]).loc["L0H1", "L0H1"]
+        np.float64(1.0)
+    """
     array = values.detach().cpu().double().numpy() if isinstance(values, Tensor) else values
     frame = pd.DataFrame(np.asarray(array, dtype=float), index=rows, columns=cols)
     frame.index.name, frame.columns.name = "head_a", "head_b"
@@ -85,15 +92,20 @@ def _stream(
         yield part.padding_mask, part.activations
 
 
-def _stacked_patterns(
-    model: HookedMHATransformer, acts: dict[str, Tensor], mask: Tensor
+def stacked_patterns(
+    model: HookedMHATransformer, acts: dict[str, Tensor], mask: Bool[Tensor, "B T"]
 ) -> Float[Tensor, "B H T T"]:
-    """All heads' patterns, layer-major, as float64 on the CPU; padding query rows zeroed."""
+    """All heads' patterns, layer-major, as float64 on the CPU; padding query rows zeroed.
+
+    ``acts`` holds the model's ``hook_pattern`` activations (``[B, h, T, T]`` per layer) and
+    ``mask`` is the CPU padding mask they were captured with.
+    """
     patterns = torch.cat([acts[name] for name in pattern_hook_names(model)], dim=1)
     return patterns.double().cpu() * mask[:, None, :, None]
 
 
-def _check_same_masking(model_a: HookedMHATransformer, model_b: HookedMHATransformer) -> None:
+def check_same_masking(model_a: HookedMHATransformer, model_b: HookedMHATransformer) -> None:
+    """Raise unless both models mask attention alike (both causal or both bidirectional)."""
     if model_a.cfg.causal != model_b.cfg.causal:
         raise ParameterError(
             f"model_b is invalid: a model that masks attention like model_a "
@@ -107,8 +119,14 @@ def _check_same_masking(model_a: HookedMHATransformer, model_b: HookedMHATransfo
 _CHUNK_ELEMENTS = 2**22  # ~32 MB of float64 per temporary
 
 
-def _row_chunks(n_rows: int, per_row: int) -> list[slice]:
-    """Split ``n_rows`` sequences so each chunk's temporaries stay near ``_CHUNK_ELEMENTS``."""
+def row_chunks(n_rows: int, per_row: int) -> list[slice]:
+    """Split ``n_rows`` sequences so each chunk's temporaries (``per_row`` float64 numbers per
+    sequence) stay near 32 MB.
+
+    Example:
+        >>> row_chunks(3, 2**21)
+        [slice(0, 2, None), slice(2, 4, None)]
+    """
     step = max(1, _CHUNK_ELEMENTS // max(per_row, 1))
     return [slice(start, start + step) for start in range(0, n_rows, step)]
 
@@ -125,7 +143,7 @@ def _js_sums(
     plogp_a = torch.special.xlogy(xa, xa).sum(-1)  # (HA,)
     plogp_b = torch.special.xlogy(xb, xb).sum(-1)  # (HB,)
     out = torch.zeros(xa.shape[0], xb.shape[0], dtype=torch.float64, device=xa.device)
-    for cols in _row_chunks(xa.shape[1], xb.shape[0]):
+    for cols in row_chunks(xa.shape[1], xb.shape[0]):
         for i in range(xa.shape[0]):
             first = i if symmetric else 0  # JS is symmetric: fill j >= i, mirror below
             m = (xa[i, cols] + xb[first:, cols]) / 2  # (HB - first, n)
@@ -176,7 +194,7 @@ def _pattern_similarity(
     **run: Any,
 ) -> Tensor:
     """js or pattern_corr between the heads of two models (may be the same model)."""
-    _check_same_masking(model_a, model_b)
+    check_same_masking(model_a, model_b)
     names = [pattern_hook_names(model_a), pattern_hook_names(model_b)]
     js_total: Tensor | float = 0.0
     n_queries = 0.0
@@ -185,8 +203,8 @@ def _pattern_similarity(
         visible = visible_keys(mask, model_a.cfg.causal)  # (B, T, T)
         queries = statistic_queries(visible)  # (B, T)
         entries = visible & queries[:, :, None]  # (B, q, k): counted query, visible key
-        xa = _stacked_patterns(model_a, acts_a, mask).permute(1, 0, 2, 3)[:, entries]  # (HA, N)
-        xb = _stacked_patterns(model_b, acts_b, mask).permute(1, 0, 2, 3)[:, entries]  # (HB, N)
+        xa = stacked_patterns(model_a, acts_a, mask).permute(1, 0, 2, 3)[:, entries]  # (HA, N)
+        xb = stacked_patterns(model_b, acts_b, mask).permute(1, 0, 2, 3)[:, entries]  # (HB, N)
         if method == "js":
             js_total = js_total + _js_sums(xa, xb, symmetric=model_a is model_b)
             n_queries += float(queries.sum())
@@ -302,8 +320,14 @@ def _outer_blocks(mean: Tensor, d: int) -> Float[Tensor, "H d d"]:
 # ----------------------------------------------------------------------------- weight space
 
 
-def _circuit_similarity(model: HookedMHATransformer, method: str) -> Tensor:
-    """Frobenius cosine of every pair of heads' OV (``W_V W_O``) or QK (``W_Q W_K^T``) maps."""
+def circuit_similarity(
+    model: HookedMHATransformer, method: Literal["ov", "qk"]
+) -> Float[Tensor, "H H"]:
+    """Frobenius cosine of every pair of heads' OV (``W_V W_O``) or QK (``W_Q W_K^T``) maps.
+
+    Heads are layer-major (``H = n_layers * n_heads``); a pair with one zero circuit scores 0,
+    two zero circuits 1.
+    """
     with torch.no_grad():
         if method == "ov":
             left, right = model.W_V, model.W_O  # (L, h, d_model, d_head), (L, h, d_head, d_model)
@@ -324,7 +348,7 @@ def cross_model_similarity(
     model_a: HookedMHATransformer,
     model_b: HookedMHATransformer,
     tokens: Data,
-    method: str = "js",
+    method: CrossModelMethod = "js",
     padding_mask: Tensor | None = None,
     *,
     batch_size: int = 256,
@@ -359,12 +383,12 @@ def cross_model_similarity(
         >>> sim.shape, sim.loc["L0H0"].idxmax()
         ((2, 3), 'L0H1')
     """
-    _check_model(model_a, "model_a")
-    _check_model(model_b, "model_b")
-    _check_method(method, CROSS_MODEL_METHODS)
+    check_model(model_a, "model_a")
+    check_model(model_b, "model_b")
+    check_option("method", method, CROSS_MODEL_METHODS)
     run = dict(batch_size=batch_size, n_eval=n_eval, progress=progress)
     if method == "cka":
         values = _cka(model_a, model_b, tokens, padding_mask, **run)
     else:
         values = _pattern_similarity(model_a, model_b, tokens, padding_mask, method, **run)
-    return _head_frame(values, _labels(model_a), _labels(model_b))
+    return head_frame(values, model_a.head_labels, model_b.head_labels)

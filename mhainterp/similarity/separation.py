@@ -14,26 +14,26 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mhainterp.capture import Data, pattern_hook_names, statistic_queries, visible_keys
+from mhainterp.capture import (
+    Data,
+    iter_activations,
+    pattern_hook_names,
+    statistic_queries,
+    visible_keys,
+)
 from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.heads import head_label
 from mhainterp.model import HookedMHATransformer
+from mhainterp.protocol import check_model
 from mhainterp.runtime import model_device, uses_work_threads
-from mhainterp.similarity.measures import (
-    _check_model,
-    _check_same_masking,
-    _labels,
-    _row_chunks,
-    _stacked_patterns,
-    _stream,
-)
+from mhainterp.similarity.measures import check_same_masking, row_chunks, stacked_patterns
 from mhainterp.validation import ParameterError
 
 __all__ = ["head_separation"]
 
 
 def _check_reference(reference: Any, model: HookedMHATransformer) -> None:
-    _check_model(reference, "reference")
+    check_model(reference, "reference")
     if reference.cfg.n_heads != 1:
         raise ParameterError(
             f"reference is invalid: a one-head model (the seed's single-head baseline), got "
@@ -44,7 +44,7 @@ def _check_reference(reference: Any, model: HookedMHATransformer) -> None:
             f"reference is invalid: a model with the model's n_layers={model.cfg.n_layers} (its "
             f"layer l is compared with layer l), got n_layers={reference.cfg.n_layers}"
         )
-    _check_same_masking(model, reference)
+    check_same_masking(model, reference)
 
 
 def _reference_labels(reference: HookedMHATransformer) -> list[str]:
@@ -175,8 +175,8 @@ def head_separation(
         >>> sep.query("head_a == 'L0H0' and head_b == 'L0H1'").distance.round(4).tolist()
         [0.0]
     """
-    _check_model(model)
-    models, labels = [model], _labels(model)
+    check_model(model)
+    models, labels = [model], model.head_labels
     names = [
         [
             *pattern_hook_names(model),
@@ -198,14 +198,16 @@ def head_separation(
     scaled_sum = torch.zeros(H, H, dtype=torch.float64, device=device)
     n_queries = 0.0
     run = dict(batch_size=batch_size, n_eval=n_eval, progress=progress)
-    for mask, captured in _stream(models, tokens, padding_mask, names, **run):
+    parts = iter_activations(models, tokens, names, padding_mask, desc="head similarity", **run)
+    for part in parts:
+        mask, captured = part.padding_mask, part.activations
         patterns = torch.cat(
-            [_stacked_patterns(m, acts, mask) for m, acts in zip(models, captured, strict=True)],
+            [stacked_patterns(m, acts, mask) for m, acts in zip(models, captured, strict=True)],
             dim=1,
         )  # (B, H, T, T)
         inputs = torch.stack(_attention_inputs(model, captured[0]), dim=1)  # (B, L, T, d_model)
         per_row = H * patterns.shape[-1] * inputs.shape[-1]  # context floats per sequence
-        for rows in _row_chunks(patterns.shape[0], per_row):
+        for rows in row_chunks(patterns.shape[0], per_row):
             sums = _separation_sums(
                 patterns[rows], inputs[rows], layer_of, mask[rows], model.cfg.causal
             )
