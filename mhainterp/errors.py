@@ -10,7 +10,9 @@ with the validator that raises it (:mod:`mhainterp.validation`, also light).
 - :class:`RunLockedError`: another process holds a run's lock;
 - :class:`NotEnoughMemoryError`: the work asked for cannot fit in the memory this process may use;
 - :class:`InvalidTaskError`: a task breaks the Task contract;
-  :class:`TaskModuleError`: a task module failed to import.
+  :class:`TaskModuleError`: a task module failed to import;
+- :class:`BadRequestError`: a request the explorer cannot answer;
+  :class:`PortInUseError`: the explorer's port is taken.
 
 Example:
     >>> issubclass(InvalidTaskError, ValueError), issubclass(BatchDivergedError, RuntimeError)
@@ -27,9 +29,11 @@ if TYPE_CHECKING:  # annotations only: errors.py imports nothing heavy
     from mhainterp.training import Run
 
 __all__ = [
+    "BadRequestError",
     "BatchDivergedError",
     "InvalidTaskError",
     "NotEnoughMemoryError",
+    "PortInUseError",
     "RunFolderError",
     "RunLockedError",
     "TaskModuleError",
@@ -81,3 +85,12 @@ class InvalidTaskError(ParameterError):
 class TaskModuleError(ValueError):
     """A task module (a ``--task-module`` file or module, an entry point) failed to import; the
     message names it and what it raised."""
+
+
+class BadRequestError(ValueError):
+    """A request the explorer cannot answer (unknown head, method, run or action); the server
+    answers it with HTTP 400, the notebook view shows the message."""
+
+
+class PortInUseError(OSError):
+    """The explorer's port is taken; the message suggests ``--port``."""

@@ -21,6 +21,7 @@ from typing import Any
 from mhainterp.cli.options import MAX_COUNT, Checked, add_choice, add_runtime_args
 from mhainterp.cli.static import ABLATION_METHODS, DEFAULT_N_EVAL
 from mhainterp.cli.task_modules import add_task_module_argument
+from mhainterp.errors import PortInUseError
 from mhainterp.explore import TEXT_N_EVAL
 from mhainterp.validation import check_int, check_port, invalid
 
@@ -129,13 +130,7 @@ def run_explore(args: argparse.Namespace) -> int:
         import uvicorn  # noqa: F401  (the explore extra: checked before anything starts)
 
         from mhainterp.explore.runs import default_run, explorable_runs
-        from mhainterp.explore.server import (
-            ExplorerLoader,
-            PortInUseError,
-            ServerThread,
-            bind,
-            build_app,
-        )
+        from mhainterp.explore.server import ExplorerLoader, ServerThread, bind, build_app
     except ImportError as error:
         return _fail(f'{error}; install the explorer with: pip install "mhainterp[explore]"')
     if args.model is not None:

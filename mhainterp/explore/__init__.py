@@ -39,8 +39,10 @@ import sys
 import types
 from typing import TYPE_CHECKING, Any
 
+from mhainterp.errors import BadRequestError  # light: its home is errors.py
+
 if TYPE_CHECKING:
-    from mhainterp.explore.app import BadRequestError, Explorer
+    from mhainterp.explore.app import Explorer
     from mhainterp.explore.session import ExploreSession
 
 __all__ = ["TEXT_N_EVAL", "BadRequestError", "ExploreSession", "Explorer", "explore"]
@@ -51,7 +53,6 @@ from the first ablated layer on all of them (SmolLM2 on 16 sentences, 2 busy cor
 0.64-1.05 s, growing sets 0.86-1.10 s, medians of 5 rounds; analysis/bench_explore.py)."""
 
 _LAZY = {
-    "BadRequestError": "mhainterp.explore.app",
     "Explorer": "mhainterp.explore.app",
     "ExploreSession": "mhainterp.explore.session",
 }

@@ -2,8 +2,9 @@
 
 :class:`Explorer` holds the runs that can be picked, one :class:`ExploreSession` per opened run,
 and the shown example. :meth:`Explorer.handle` answers an action with a JSON-ready dict, or
-raises :class:`BadRequestError` (a ``ValueError``) with a message for the user; both the server
-(``server.py``, HTTP 400) and the notebook widget (``widget.py``) call it, so they behave alike.
+raises :class:`~mhainterp.errors.BadRequestError` (a ``ValueError``) with a message for the
+user; both the server (``server.py``, HTTP 400) and the notebook widget (``widget.py``) call it,
+so they behave alike.
 
 Actions: ``state`` (everything the page draws), ``toggle {head}``, ``method {method}``,
 ``reset``, ``example {index} | {draw: true}``, ``run {run}`` (switch run; answers ``state``),
@@ -28,6 +29,7 @@ import torch
 
 from mhainterp.ablation import METHODS
 from mhainterp.data import DEFAULT_N_EVAL
+from mhainterp.errors import BadRequestError
 from mhainterp.explore import TEXT_N_EVAL
 from mhainterp.explore.memory import release_free_memory
 from mhainterp.explore.results import SavedResults
@@ -39,7 +41,7 @@ from mhainterp.heads import head_label
 from mhainterp.runtime import work_threads
 from mhainterp.validation import check_int, invalid
 
-__all__ = ["ACTIONS", "BadRequestError", "Explorer", "answer_message"]
+__all__ = ["ACTIONS", "Explorer", "answer_message"]
 
 ACTIONS = ("state", "toggle", "method", "reset", "example", "run", "attention", "verify")
 
@@ -55,10 +57,6 @@ OPEN_RUNS = 3
 drops the least recently shown one, remembering its ablated heads. Each session
 holds up to :data:`~mhainterp.ablation.interactive.DEFAULT_CACHE_BYTES` of results and its
 model's clean activations, so keeping every run of a 9-run sweep made memory grow per run."""
-
-
-class BadRequestError(ValueError):
-    """A request the explorer cannot answer (unknown head, method, run or action)."""
 
 
 @dataclass

@@ -41,6 +41,7 @@ from contextlib import suppress
 from importlib import resources
 from typing import Any
 
+from mhainterp.errors import BadRequestError, PortInUseError
 from mhainterp.explore.wire import json_ready
 
 __all__ = [
@@ -48,7 +49,6 @@ __all__ = [
     "LOCAL_HOSTS",
     "MAX_BODY_BYTES",
     "ExplorerLoader",
-    "PortInUseError",
     "ServerThread",
     "allowed_hosts",
     "asset_bytes",
@@ -71,10 +71,6 @@ MAX_BODY_BYTES = 64 * 1024
 """Largest request body accepted (the biggest real one, ``{"run": ...}``, is under 1 KiB)."""
 
 _WILDCARDS = ("0.0.0.0", "::", "")
-
-
-class PortInUseError(OSError):
-    """The port is taken; the message suggests ``--port``."""
 
 
 def asset_bytes(name: str) -> bytes:
@@ -203,8 +199,6 @@ def build_app(explorer: Any, host: str = "127.0.0.1") -> Any:
         return Response(pages[name], media_type=ASSETS[name], headers=no_cache)
 
     def answer(action: str, body: Any) -> Response:
-        from mhainterp.explore.app import BadRequestError  # torch: after the page is up
-
         target = explorer if loader is None else loader.explorer
         if target is None:
             if loader is not None and loader.error is not None:
