@@ -84,6 +84,8 @@ __all__ = [
     "run_identity",
     "write_checkpoint",
     "CHECKPOINT_SECONDS",
+    "check_compatible",
+    "save_diverged",
 ]
 
 METADATA_KEY = "mhainterp.model"
@@ -217,7 +219,11 @@ def lr_at(step: int, config: TrainConfig) -> float:
     return floor + (config.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def _check_compatible(model: HookedMHATransformer, task: Task) -> None:
+def check_compatible(model: HookedMHATransformer, task: Task) -> None:
+    """Raise a ParameterError naming every way ``model`` does not fit ``task`` (context
+    length, input and output vocabulary, number of targets); used by :func:`train` and the
+    batched trainer.
+    """
     cfg = model.cfg
     problems = []
     if cfg.n_ctx < task.seq_len:
@@ -329,7 +335,7 @@ def train(
         ['accuracy', 'final_train_loss', 'loss']
     """
     config = config or TrainConfig()
-    _check_compatible(model, task)
+    check_compatible(model, task)
     if threads is not None:
         check_int("threads", threads, minimum=0)
     if run_dir is not None:  # fail before training, not after it
@@ -383,7 +389,7 @@ def _train(
         loss_value = loss.detach().item()
         if not math.isfinite(loss_value):
             model.load_state_dict(last_good)
-            _diverged(model, task, config, rows, step, loss_value, run_dir)
+            save_diverged(model, task, config, rows, step, loss_value, run_dir)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         max_norm = config.grad_clip if config.grad_clip is not None else float("inf")
@@ -527,7 +533,7 @@ def _snapshot(model: HookedMHATransformer) -> dict[str, torch.Tensor]:
     return {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
 
 
-def _diverged(
+def save_diverged(
     model: HookedMHATransformer,
     task: Task,
     config: TrainConfig,
@@ -536,6 +542,13 @@ def _diverged(
     loss_value: float,
     run_dir: str | os.PathLike[str] | None,
 ) -> None:
+    """End a run whose loss went bad: raise TrainingDivergedError, having saved ``model`` (its
+    last good weights) in ``run_dir``, if given, with a ``"diverged"`` status.
+
+    ``rows`` are the metrics logged so far (the last one's step is the last good step);
+    ``step`` and ``loss_value`` where the loss went bad. Used by :func:`train` and the batched
+    trainer, so a diverged run reads the same from both.
+    """
     good_step = rows[-1]["step"] if rows else 0
     message = (
         f"training diverged: loss={loss_value} at step {step + 1}. The model was restored to the "

@@ -57,10 +57,10 @@ from mhainterp.runtime import DRAW_DEVICE, model_device, resolve_device
 from mhainterp.tasks import Task
 from mhainterp.training import (
     Run,
-    _check_compatible,
-    _diverged,
+    check_compatible,
     evaluate,
     lr_at,
+    save_diverged,
     save_run,
 )
 from mhainterp.validation import ParameterError
@@ -253,12 +253,13 @@ def _label(
     ``checked=False`` makes the same labels without ``targets_for``'s data checks (token and
     target ranges), which read values back to the host and so would stall a GPU step: the
     task's ``compute_targets``, the mask joined with the padding and unscored targets set to
-    ``IGNORE_INDEX``, as ``Task._label`` does (``tests/test_batched.py`` proves the two equal
-    for every built-in task). A task that overrides ``targets_for`` or ``_label`` is always
-    labelled through them.
+    ``IGNORE_INDEX``, as :meth:`Task.label_tokens` does (``tests/test_batched.py`` proves the
+    two equal for every built-in task). A task that overrides ``targets_for`` or
+    ``label_tokens`` is always labelled through them.
     """
     own_labels = (
-        type(task).targets_for is not Task.targets_for or type(task)._label is not Task._label
+        type(task).targets_for is not Task.targets_for
+        or type(task).label_tokens is not Task.label_tokens
     )
     if checked or own_labels:
         return task.targets_for(tokens, padding_mask)
@@ -405,7 +406,7 @@ class _Group:
             model = self.models[i]
             self.stack.write_to(row, model, self.last_good)
             try:
-                _diverged(
+                save_diverged(
                     model, self.task, self.configs[i], self.rows[i], step, loss, self.run_dirs[i]
                 )
             except TrainingDivergedError as error:
@@ -545,7 +546,7 @@ def train_many(
     device = _training_device(models, device)
     check_batchable(models)
     for model in models:
-        _check_compatible(model, task)
+        check_compatible(model, task)
     config = _check_configs(configs)
     if device != model_device(models[0]):
         for model in models:

@@ -286,7 +286,7 @@ class Task(abc.ABC):
         padding_mask = positions[None, :] < lengths[:, None]  # (n, pos)
         if self.pad_token is not None:
             tokens = tokens.masked_fill(~padding_mask, self.pad_token)
-        targets, mask = self._label(tokens, padding_mask)
+        targets, mask = self.label_tokens(tokens, padding_mask)
         return Batch(tokens=tokens, targets=targets, mask=mask, padding_mask=padding_mask)
 
     def _require_memory(self, n: int) -> None:
@@ -341,7 +341,7 @@ class Task(abc.ABC):
             [[0, 0, 1, 2, 1]]
         """
         tokens, padding_mask = self._check_input(tokens, padding_mask)
-        return self._label(tokens, padding_mask)
+        return self.label_tokens(tokens, padding_mask)
 
     def relations(
         self, tokens: Tensor, padding_mask: Tensor | None = None
@@ -406,9 +406,15 @@ class Task(abc.ABC):
             )
         return tokens, padding_mask
 
-    def _label(
+    def label_tokens(
         self, tokens: Int[Tensor, "n pos"], padding_mask: Bool[Tensor, "n pos"]
     ) -> tuple[Int[Tensor, "n pos *k"], Bool[Tensor, "n pos"]]:
+        """:meth:`targets_for` of tokens already checked: ``compute_targets`` checked, the mask
+        joined with ``padding_mask`` and unscored targets set to ``IGNORE_INDEX``.
+
+        The batched trainer (:mod:`mhainterp.fast.stacked`) labels later batches the same way
+        without the reads back to the host, unless a task overrides this method.
+        """
         labels = self.compute_targets(tokens, padding_mask)
         if not isinstance(labels, (tuple, list)) or len(labels) != 2:
             what = f"it must return a (targets, mask) pair, got {type(labels).__name__}"
