@@ -29,7 +29,9 @@ __all__ = [
     "MultiHeadAttention",
     "TransformerBlock",
     "Unembed",
+    "init_linear",
     "merge_heads",
+    "norm_layer",
     "split_heads",
 ]
 
@@ -50,8 +52,15 @@ def merge_heads(x: Float[Tensor, "B h T d_head"]) -> Float[Tensor, "B T d_model"
     return x.transpose(1, 2).reshape(B, T, h * d_head)
 
 
-def _init_linear(linear: nn.Linear, generator: torch.Generator) -> None:
-    """nn.Linear's default init (U(-1/sqrt(fan_in), 1/sqrt(fan_in))), drawn from ``generator``."""
+def init_linear(linear: nn.Linear, generator: torch.Generator) -> None:
+    """nn.Linear's default init (U(-1/sqrt(fan_in), 1/sqrt(fan_in))), drawn from ``generator``.
+
+    Example:
+        >>> layer = nn.Linear(4, 1)
+        >>> init_linear(layer, torch.Generator().manual_seed(0))
+        >>> bool(layer.weight.abs().max() <= 0.5)
+        True
+    """
     bound = 1.0 / math.sqrt(linear.in_features)
     nn.init.uniform_(linear.weight, -bound, bound, generator=generator)
     if linear.bias is not None:
@@ -97,7 +106,7 @@ class MultiHeadAttention(AttentionWeightViews, nn.Module):
 
     def reset_parameters(self, generator: torch.Generator) -> None:
         for linear in (self.q_proj, self.k_proj, self.v_proj, self.o_proj):
-            _init_linear(linear, generator)
+            init_linear(linear, generator)
 
     def _project(self, linear: nn.Linear, x: Tensor) -> Float[Tensor, "B T h d_head"]:
         B, T = x.shape[:2]
@@ -188,8 +197,8 @@ class MLP(nn.Module):
         self.hook_post = HookPoint()  # [batch, pos, d_mlp]
 
     def reset_parameters(self, generator: torch.Generator) -> None:
-        _init_linear(self.fc_in, generator)
-        _init_linear(self.fc_out, generator)
+        init_linear(self.fc_in, generator)
+        init_linear(self.fc_out, generator)
 
     def forward(self, x: Float[Tensor, "B T d_model"]) -> Float[Tensor, "B T d_model"]:
         return self.fc_out(self.hook_post(self.act(self.hook_pre(self.fc_in(x)))))
@@ -258,7 +267,8 @@ class LayerNorm(nn.Module):
         return self.bias
 
 
-def _norm(cfg: ModelConfig) -> nn.Module:
+def norm_layer(cfg: ModelConfig) -> nn.Module:
+    """The normalisation ``cfg`` asks for: a :class:`LayerNorm` for ``"LN"``, else identity."""
     return LayerNorm(cfg) if cfg.normalization_type == "LN" else nn.Identity()
 
 
@@ -280,7 +290,7 @@ class TransformerBlock(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.ln1 = _norm(cfg)
+        self.ln1 = norm_layer(cfg)
         self.attn = MultiHeadAttention(cfg)
         self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
         self.hook_attn_in = HookPoint()  # [batch, pos, head, d_model], cfg.use_attn_in
@@ -292,7 +302,7 @@ class TransformerBlock(nn.Module):
         self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
         self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
         if not cfg.attn_only:
-            self.ln2 = _norm(cfg)
+            self.ln2 = norm_layer(cfg)
             self.mlp = MLP(cfg)
             self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
             self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]

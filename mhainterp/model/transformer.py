@@ -38,8 +38,8 @@ from mhainterp.model.components import (
     LayerNorm,
     TransformerBlock,
     Unembed,
-    _init_linear,
-    _norm,
+    init_linear,
+    norm_layer,
 )
 from mhainterp.model.loss import mean_loss
 from mhainterp.model.weight_views import ModelWeightViews
@@ -89,7 +89,7 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
             self.hook_embed = HookPoint()  # [batch, pos, d_model]
             self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
             self.blocks = nn.ModuleList([TransformerBlock(cfg) for _ in range(cfg.n_layers)])
-            self.ln_final = _norm(cfg)
+            self.ln_final = norm_layer(cfg)
             self.unembed = Unembed(cfg.d_model, cfg.n_targets * cfg.d_vocab_out)
             self.hook_unembed = HookPoint()  # [batch, pos, n_targets * d_vocab_out], TL's alias
         if not shapes_only:
@@ -114,7 +114,7 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
                 block.attn.reset_parameters(generator)
                 if not self.cfg.attn_only:
                     block.mlp.reset_parameters(generator)
-            _init_linear(self.unembed, generator)
+            init_linear(self.unembed, generator)
             for module in self.modules():
                 if isinstance(module, LayerNorm):
                     module.reset_parameters()

@@ -33,11 +33,10 @@ from pathlib import Path
 
 from mhainterp.errors import InvalidTaskError, TaskModuleError
 from mhainterp.tasks.registry import (
-    _MODULES,
-    _REGISTRY,
-    _lookup_hooks,
     defining_module,
+    on_first_lookup,
     register_task,
+    registered_modules,
 )
 from mhainterp.validation import invalid
 
@@ -75,14 +74,15 @@ def load_task_module(spec: str | os.PathLike[str]) -> list[str]:
     key = str(Path(text).expanduser().resolve()) if is_path else text
     if key in _loaded:
         return list(_loaded[key])
-    before = set(_REGISTRY)
+    before = set(registered_modules())
     with defining_module(key):
         if is_path:
             _exec_file(Path(key), text)
         else:
             _import(text)
     # A module imported before (e.g. by an entry point) registered its tasks then.
-    names = sorted(set(_REGISTRY) - before) or sorted(n for n, m in _MODULES.items() if m == key)
+    modules = registered_modules()
+    names = sorted(set(modules) - before) or sorted(n for n, m in modules.items() if m == key)
     _loaded[key] = names
     return list(names)
 
@@ -97,7 +97,7 @@ def load_entry_point_tasks() -> list[str]:
     An entry point that cannot be loaded is skipped with a warning naming it and its package,
     so one broken package does not break every command.
     """
-    before = set(_REGISTRY)
+    before = set(registered_modules())
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         package = entry.dist.name if entry.dist is not None else "?"
         with defining_module(entry.module):
@@ -110,14 +110,14 @@ def load_entry_point_tasks() -> list[str]:
                     f"{package!r}: {error}",
                     stacklevel=2,
                 )
-    return sorted(set(_REGISTRY) - before)
+    return sorted(set(registered_modules()) - before)
 
 
 def _register_entry(entry: importlib.metadata.EntryPoint) -> None:
     """Load one entry point: a module registers its own tasks; a factory is registered (and so
     checked) under the entry point's name, unless a task of that name exists."""
     target = entry.load()
-    if not isinstance(target, types.ModuleType) and entry.name not in _REGISTRY:
+    if not isinstance(target, types.ModuleType) and entry.name not in registered_modules():
         register_task(entry.name, target)
 
 
@@ -169,4 +169,4 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-_lookup_hooks.append(load_entry_point_tasks)
+on_first_lookup(load_entry_point_tasks)

@@ -24,7 +24,9 @@ __all__ = [
     "accepted_params",
     "get_task",
     "list_tasks",
+    "on_first_lookup",
     "register_task",
+    "registered_modules",
     "task_from_record",
     "task_module",
     "task_record",
@@ -49,6 +51,23 @@ def defining_module(module: str) -> Iterator[None]:
         yield
     finally:
         _defining.pop()
+
+
+def on_first_lookup(hook: Callable[[], None]) -> None:
+    """Run ``hook`` once, before the next task lookup or listing (how
+    :mod:`~mhainterp.tasks.plugins` loads installed packages' tasks only when one is needed)."""
+    _lookup_hooks.append(hook)
+
+
+def registered_modules() -> dict[str, str]:
+    """Task name -> the module that registered it, for the tasks registered so far (a copy;
+    installed packages' tasks are not loaded for it, unlike :func:`list_tasks`).
+
+    Example:
+        >>> registered_modules()["reverse"]
+        'mhainterp.tasks.builtin'
+    """
+    return {name: _MODULES.get(name, "") for name in _REGISTRY}
 
 
 def _load_plugins() -> None:

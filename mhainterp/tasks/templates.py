@@ -22,10 +22,12 @@ from mhainterp.validation import ParameterError, invalid
 __all__ = [
     "RELATION_TEMPLATES",
     "check_tokens",
+    "finish_template",
     "first_position_template",
     "induction_template",
     "mirror_template",
     "previous_token_template",
+    "query_key_positions",
     "same_token_template",
     "self_template",
     "sort_source_template",
@@ -88,13 +90,23 @@ def check_tokens(
     return tokens, padding_mask.to(tokens.device)
 
 
-def _positions(tokens: Tensor) -> tuple[Int[Tensor, "q 1"], Int[Tensor, "1 k"]]:
+def query_key_positions(tokens: Tensor) -> tuple[Int[Tensor, "q 1"], Int[Tensor, "1 k"]]:
+    """Query positions as a column and key positions as a row, to compare into ``[q, k]``.
+
+    Example:
+        >>> q, k = query_key_positions(torch.zeros(1, 3))
+        >>> (k == q - 1).int().tolist()
+        [[0, 0, 0], [1, 0, 0], [0, 1, 0]]
+    """
     pos = torch.arange(tokens.shape[1], device=tokens.device)
     return pos[:, None], pos[None, :]
 
 
-def _finish(rel: Bool[Tensor, "n q k"], padding_mask: Bool[Tensor, "n pos"]) -> Tensor:
-    """Zero rows and columns of padding positions; return float32."""
+def finish_template(
+    rel: Bool[Tensor, "n q k"], padding_mask: Bool[Tensor, "n pos"]
+) -> Float[Tensor, "n q k"]:
+    """A relation template from its boolean ``[n, q, k]`` relation: rows and columns of padding
+    positions zeroed, as float32 (the last step of every template here and in tasks.text)."""
     both_real = padding_mask[:, :, None] & padding_mask[:, None, :]
     return (rel & both_real).float()
 
@@ -109,8 +121,8 @@ def previous_token_template(
         [[0.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]
     """
     tokens, padding_mask = check_tokens(tokens, padding_mask)
-    q, k = _positions(tokens)
-    return _finish((k == q - 1).expand(tokens.shape[0], -1, -1), padding_mask)
+    q, k = query_key_positions(tokens)
+    return finish_template((k == q - 1).expand(tokens.shape[0], -1, -1), padding_mask)
 
 
 def mirror_template(tokens: Tensor, padding_mask: Tensor | None = None) -> Float[Tensor, "n q k"]:
@@ -121,10 +133,10 @@ def mirror_template(tokens: Tensor, padding_mask: Tensor | None = None) -> Float
         [[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0]]
     """
     tokens, padding_mask = check_tokens(tokens, padding_mask)
-    q, k = _positions(tokens)
+    q, k = query_key_positions(tokens)
     lengths = padding_mask.sum(-1)  # (n,)
     source = lengths[:, None] - 1 - q[:, 0][None, :]  # (n, q): k = L - 1 - q
-    return _finish(k[None] == source[:, :, None], padding_mask)
+    return finish_template(k[None] == source[:, :, None], padding_mask)
 
 
 def same_token_template(
@@ -156,9 +168,9 @@ def same_token_template(
     tokens, padding_mask = check_tokens(tokens, padding_mask)
     rel = tokens[:, :, None] == tokens[:, None, :]  # (n, q, k)
     if strictly_before or up_to_self:
-        q, k = _positions(tokens)
+        q, k = query_key_positions(tokens)
         rel = rel & ((k < q) if strictly_before else (k <= q))
-    return _finish(rel, padding_mask)
+    return finish_template(rel, padding_mask)
 
 
 def self_template(tokens: Tensor, padding_mask: Tensor | None = None) -> Float[Tensor, "n q k"]:
@@ -169,8 +181,8 @@ def self_template(tokens: Tensor, padding_mask: Tensor | None = None) -> Float[T
         [[1.0, 0.0], [0.0, 1.0]]
     """
     tokens, padding_mask = check_tokens(tokens, padding_mask)
-    q, k = _positions(tokens)
-    return _finish((k == q).expand(tokens.shape[0], -1, -1), padding_mask)
+    q, k = query_key_positions(tokens)
+    return finish_template((k == q).expand(tokens.shape[0], -1, -1), padding_mask)
 
 
 def first_position_template(
@@ -183,8 +195,8 @@ def first_position_template(
         [[1.0, 0.0], [1.0, 0.0]]
     """
     tokens, padding_mask = check_tokens(tokens, padding_mask)
-    _, k = _positions(tokens)
-    return _finish((k == 0).expand(tokens.shape[0], tokens.shape[1], -1), padding_mask)
+    _, k = query_key_positions(tokens)
+    return finish_template((k == 0).expand(tokens.shape[0], tokens.shape[1], -1), padding_mask)
 
 
 def uniform_template(
@@ -199,9 +211,9 @@ def uniform_template(
         [[1.0, 0.0], [1.0, 1.0]]
     """
     tokens, padding_mask = check_tokens(tokens, padding_mask)
-    q, k = _positions(tokens)
+    q, k = query_key_positions(tokens)
     visible = (k <= q) if causal else torch.ones_like(k == q)
-    return _finish(visible.expand(tokens.shape[0], -1, -1), padding_mask)
+    return finish_template(visible.expand(tokens.shape[0], -1, -1), padding_mask)
 
 
 def sort_source_template(
@@ -214,10 +226,10 @@ def sort_source_template(
         [[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]
     """
     tokens, padding_mask = check_tokens(tokens, padding_mask)
-    _, k = _positions(tokens)
+    _, k = query_key_positions(tokens)
     keys = tokens.masked_fill(~padding_mask, torch.iinfo(torch.int64).max)  # padding sorts last
     source = torch.sort(keys, dim=-1, stable=True).indices  # (n, q): position of q-th smallest
-    return _finish(k[None] == source[:, :, None], padding_mask)
+    return finish_template(k[None] == source[:, :, None], padding_mask)
 
 
 def induction_template(
@@ -233,10 +245,10 @@ def induction_template(
         [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]
     """
     tokens, padding_mask = check_tokens(tokens, padding_mask)
-    q, k = _positions(tokens)
+    q, k = query_key_positions(tokens)
     before = torch.roll(tokens, 1, dims=-1)  # before[:, k] = tokens[:, k - 1] (wraps at k = 0)
     rel = tokens[:, :, None] == before[:, None, :]  # (n, q, k): tokens[q] == tokens[k - 1]
-    return _finish(rel & (k >= 1) & (k <= q), padding_mask)
+    return finish_template(rel & (k >= 1) & (k <= q), padding_mask)
 
 
 RELATION_TEMPLATES: dict[str, Callable[..., Tensor]] = {

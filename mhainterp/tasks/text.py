@@ -35,11 +35,11 @@ from torch import Tensor
 from mhainterp.model.loss import IGNORE_INDEX
 from mhainterp.tasks.batch import Batch
 from mhainterp.tasks.templates import (
-    _finish,
-    _positions,
     check_tokens,
+    finish_template,
     first_position_template,
     previous_token_template,
+    query_key_positions,
     same_token_template,
     self_template,
 )
@@ -205,8 +205,8 @@ def next_token_template(
         [[0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [0.0, 0.0, 0.0]]
     """
     tokens, padding_mask = check_tokens(tokens, padding_mask)
-    q, k = _positions(tokens)
-    return _finish((k == q + 1).expand(tokens.shape[0], -1, -1), padding_mask)
+    q, k = query_key_positions(tokens)
+    return finish_template((k == q + 1).expand(tokens.shape[0], -1, -1), padding_mask)
 
 
 def last_real_template(
@@ -221,9 +221,9 @@ def last_real_template(
                 [0., 0., 0.]])
     """
     tokens, padding_mask = check_tokens(tokens, padding_mask)
-    _, k = _positions(tokens)
+    _, k = query_key_positions(tokens)
     last = padding_mask.sum(-1)[:, None, None] - 1  # (n, 1, 1)
-    return _finish((k[None] == last).expand(-1, tokens.shape[1], -1), padding_mask)
+    return finish_template((k[None] == last).expand(-1, tokens.shape[1], -1), padding_mask)
 
 
 def punctuation_template(
@@ -233,7 +233,7 @@ def punctuation_template(
     tokens, padding_mask = check_tokens(tokens, padding_mask)
     ids = torch.as_tensor(list(punctuation_ids), dtype=torch.int64, device=tokens.device)
     is_punct = torch.isin(tokens, ids)  # (n, k)
-    return _finish(is_punct[:, None, :].expand(-1, tokens.shape[1], -1), padding_mask)
+    return finish_template(is_punct[:, None, :].expand(-1, tokens.shape[1], -1), padding_mask)
 
 
 def text_relations(
