@@ -44,6 +44,7 @@ from mhainterp.ablation.replacement import (
 )
 from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
 from mhainterp.heads import all_heads, format_heads, head_label, resolve_heads
+from mhainterp.protocol import HookedModel
 from mhainterp.runtime import eval_mode, uses_work_threads
 from mhainterp.scoring import position_scores
 from mhainterp.tasks import Batch
@@ -76,7 +77,7 @@ def _gate_hook(z: Tensor, hook: Any, *, xi: Float[Tensor, "s h"]) -> Tensor:
 
 @uses_work_threads
 def gradient_importance(
-    model: Any,
+    model: HookedModel,
     data: Data,
     *,
     normalize: bool = True,
@@ -135,7 +136,7 @@ def gradient_importance(
     return pd.DataFrame(rows)
 
 
-def _gate_gradients(model: Any, part: Batch) -> tuple[Tensor, Tensor]:
+def _gate_gradients(model: HookedModel, part: Batch) -> tuple[Tensor, Tensor]:
     """d(loss of sequence i)/d(gate of head h in sequence i), for every i and head."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
     xi = torch.ones(len(part), L, H, device=part.device, requires_grad=True)
@@ -243,7 +244,7 @@ def _spearman(x: pd.Series, y: pd.Series) -> tuple[float, float]:
 
 @uses_work_threads
 def prune_curve(
-    model: Any,
+    model: HookedModel,
     data: Data,
     method: Method = "zero",
     reference: Data | None = None,
@@ -380,7 +381,7 @@ def _prune_row(
 
 @uses_work_threads
 def attribution_patching(
-    model: Any,
+    model: HookedModel,
     data: Data,
     methods: tuple[Method, ...] = ("zero", "mean"),
     reference: Data | None = None,
@@ -461,7 +462,7 @@ def attribution_patching(
 
 
 def _own_mean_estimates(
-    model: Any,
+    model: HookedModel,
     batch: Batch,
     parts: list[Tensor],
     n_scored: float,
@@ -502,7 +503,9 @@ def _own_mean_estimates(
     return {m: estimate[m] for m in methods}
 
 
-def _z_and_gradients(model: Any, part: Batch, n_scored: float) -> tuple[list[Tensor], list[Tensor]]:
+def _z_and_gradients(
+    model: HookedModel, part: Batch, n_scored: float
+) -> tuple[list[Tensor], list[Tensor]]:
     """Each layer's clean ``hook_z`` on ``part`` and ``d(sum nll / n_scored)/dz`` (the part's
     share of the whole batch's mean cross-entropy)."""
     L = model.cfg.n_layers
@@ -524,7 +527,7 @@ def _z_and_gradients(model: Any, part: Batch, n_scored: float) -> tuple[list[Ten
 
 
 def verify_attribution(
-    model: Any,
+    model: HookedModel,
     data: Data,
     attribution: pd.DataFrame,
     method: Method = "zero",

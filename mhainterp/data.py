@@ -22,7 +22,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -31,6 +31,9 @@ from mhainterp.model.loss import IGNORE_INDEX
 from mhainterp.runtime import model_device
 from mhainterp.tasks import Batch, Task
 from mhainterp.validation import ParameterError, check_int
+
+if TYPE_CHECKING:  # annotations only: protocol imports the model, which data must not need
+    from mhainterp.protocol import HookedModel
 
 __all__ = ["DEFAULT_N_EVAL", "Data", "as_batch", "batch_for_model", "target_names"]
 
@@ -108,7 +111,7 @@ def _tokens_batch(tokens: Tensor, padding_mask: Tensor | None, name: str) -> Bat
     )
 
 
-def batch_for_model(model: Any, batch: Batch, *, scored: bool = True) -> Batch:
+def batch_for_model(model: HookedModel, batch: Batch, *, scored: bool = True) -> Batch:
     """Check that ``batch`` fits ``model`` and move it to the model's device.
 
     Args:

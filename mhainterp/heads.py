@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mhainterp.validation import ParameterError, invalid
+
+if TYPE_CHECKING:  # annotations only: heads sits below the model (no cycle)
+    from mhainterp.protocol import HookedModel
 
 __all__ = [
     "HEAD_SET_SEPARATOR",
@@ -90,11 +93,11 @@ def parse_head_label(
     raise invalid("head", label, f"valid heads for this model: {', '.join(valid)}")
 
 
-def resolve_heads(model: Any, heads: str | Iterable[HeadSpec]) -> list[tuple[int, int]]:
+def resolve_heads(model: HookedModel, heads: str | Iterable[HeadSpec]) -> list[tuple[int, int]]:
     """Turn head names into sorted, de-duplicated ``(layer, head)`` pairs for ``model``.
 
     Args:
-        model: Anything with ``cfg.n_layers`` and ``cfg.n_heads`` (a HookedMHATransformer).
+        model: The model; only its ``cfg.n_layers`` and ``cfg.n_heads`` are read.
         heads: ``"L0H1"``, ``"L0H1,L0H3"``, a list of labels, or ``(layer, head)`` pairs; an
             empty string or list is the empty set.
 

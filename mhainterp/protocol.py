@@ -83,7 +83,7 @@ class HookedModel(Protocol):
     def run_with_hooks(self, *args: Any, **kwargs: Any) -> Any: ...
 
 
-def check_model(model: Any, name: str = "model") -> Any:
+def check_model(model: object, name: str = "model") -> HookedModel:
     """``model`` if it satisfies :class:`HookedModel`, else a ``TypeError`` that says what does.
 
     Example:

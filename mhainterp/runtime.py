@@ -57,6 +57,7 @@ __all__ = [
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+ModelT = TypeVar("ModelT", bound="torch.nn.Module")
 
 DEVICE_CHOICES = "auto|cpu|cuda|cuda:N|mps"
 """What ``--device`` and every ``device=`` accept (``auto``: CUDA when available, else CPU)."""
@@ -159,7 +160,7 @@ def _require_present(resolved: torch.device, asked: Any) -> None:
         )
 
 
-def model_device(model: Any) -> torch.device:
+def model_device(model: torch.nn.Module) -> torch.device:
     """Where ``model``'s parameters are: the device every function given the model runs on.
 
     Example:
@@ -304,7 +305,7 @@ def command_settings(device: str | None = None, threads: int | None = None) -> I
 
 
 @contextmanager
-def eval_mode(model: Any) -> Iterator[Any]:
+def eval_mode(model: ModelT) -> Iterator[ModelT]:
     """Put ``model`` in evaluation mode inside the block; put it back in training mode after
     (also on an error) if it was in training mode before.
 

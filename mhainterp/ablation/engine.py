@@ -74,6 +74,7 @@ from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, targ
 from mhainterp.fast import linear_readout
 from mhainterp.heads import HeadSpec, format_heads, resolve_heads
 from mhainterp.model import StopForward
+from mhainterp.protocol import HookedModel
 from mhainterp.runtime import eval_mode, model_device, uses_work_threads
 from mhainterp.scoring import (
     PositionScores,
@@ -114,7 +115,7 @@ def _ablate_hook(
 
 @contextmanager
 def ablate(
-    model: Any,
+    model: HookedModel,
     heads: str | Sequence[HeadSpec],
     method: Method = "zero",
     reference: Data | None = None,
@@ -161,7 +162,9 @@ def ablate(
 # ----------------------------------------------------------------------------- batched passes
 
 
-def head_masks(model: Any, head_sets: Sequence[Sequence[tuple[int, int]]]) -> Bool[Tensor, "C L h"]:
+def head_masks(
+    model: HookedModel, head_sets: Sequence[Sequence[tuple[int, int]]]
+) -> Bool[Tensor, "C L h"]:
     """One ``[L, h]`` mask per head set (True = ablated)."""
     shape = (len(head_sets), model.cfg.n_layers, model.cfg.n_heads)
     masks = torch.zeros(shape, dtype=torch.bool, device=model_device(model))
@@ -188,7 +191,7 @@ def _mask_hook(
 
 
 def _clean_prefixes(
-    model: Any, part: Batch, layers: Sequence[int]
+    model: HookedModel, part: Batch, layers: Sequence[int]
 ) -> dict[int, tuple[Float[Tensor, "s T d_model"], Float[Tensor, "s T h d_head"]]]:
     """The clean ``(hook_resid_pre, hook_z)`` of every layer in ``layers`` on ``part``.
 
@@ -245,7 +248,7 @@ def rows_of(batch: Batch, rows: Int[Tensor, " s"]) -> Batch:
 
 
 def _forward_copies(
-    model: Any,
+    model: HookedModel,
     part: Batch,
     chunk: Bool[Tensor, "c L h"],
     rows: Int[Tensor, " s"],
@@ -310,7 +313,7 @@ def _first_layers(masks: Bool[Tensor, "C L h"]) -> list[int]:
 
 
 def run_masks(
-    model: Any,
+    model: HookedModel,
     batch: Batch,
     masks: Bool[Tensor, "C L h"],
     replacement: Replacement,
@@ -397,7 +400,7 @@ def run_masks(
 
 
 def _plan_jobs(
-    model: Any, batch: Batch, first_of: list[int], max_rows: int | None
+    model: HookedModel, batch: Batch, first_of: list[int], max_rows: int | None
 ) -> list[tuple[int, list[int], int, int]]:
     """The forwards of :func:`run_masks`: ``(first layer, configurations, s0, s1)`` each.
 
@@ -469,7 +472,7 @@ def _assemble(
 
 
 def resolve_head_sets(
-    model: Any, head_sets: Sequence[str | Sequence[HeadSpec]]
+    model: HookedModel, head_sets: Sequence[str | Sequence[HeadSpec]]
 ) -> list[list[tuple[int, int]]]:
     """Each head set as sorted ``(layer, head)`` pairs (an empty set is the clean model).
 
@@ -518,7 +521,7 @@ class AblationResult:
 
 @uses_work_threads
 def evaluate_head_sets(
-    model: Any,
+    model: HookedModel,
     data: Data,
     head_sets: Sequence[str | Sequence[HeadSpec]],
     method: Method = "zero",

@@ -29,6 +29,7 @@ from mhainterp.ablation.replacement import (
 from mhainterp.ablation.tables import with_deltas
 from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
 from mhainterp.heads import HeadSpec, head_label, resolve_heads
+from mhainterp.protocol import HookedModel
 from mhainterp.runtime import eval_mode
 from mhainterp.scoring import PositionScores, Totals, metric_names
 from mhainterp.validation import check_int
@@ -107,7 +108,7 @@ class Ablator:
 
     def __init__(
         self,
-        model: Any,
+        model: HookedModel,
         data: Data,
         *,
         method: Method = "zero",

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from mhainterp.data import batch_for_model
 from mhainterp.model import StopForward
+from mhainterp.protocol import HookedModel
 from mhainterp.runtime import DRAW_DEVICE, eval_mode
 from mhainterp.tasks import Batch
 from mhainterp.validation import ParameterError, check_option, check_type, invalid
@@ -107,7 +108,7 @@ class Replacement:
 
 
 def capture_z(
-    model: Any,
+    model: HookedModel,
     batch: Batch,
     max_rows: int | None = None,
     resid_pre: list | None = None,
@@ -256,12 +257,14 @@ class CleanCache:
     every_layer: bool = False
     # What it was first used with (check): the model; the tokens and padding of the reference
     # (its replacements) and of the evaluated batch (its prefixes), which may differ
-    _model: Any = field(default=None, init=False, repr=False)
+    _model: HookedModel | None = field(default=None, init=False, repr=False)
     _sequences: dict[str, tuple[Tensor, Tensor]] = field(
         default_factory=dict, init=False, repr=False
     )
 
-    def check(self, model: Any, sequences: Batch, role: Literal["reference", "batch"]) -> None:
+    def check(
+        self, model: HookedModel, sequences: Batch, role: Literal["reference", "batch"]
+    ) -> None:
         """Remember ``model`` and ``sequences`` (the ``role`` batch) on first use; after that,
         refuse another model or other sequences in that role.
 
@@ -286,7 +289,7 @@ class CleanCache:
 
 
 def build_replacement(
-    model: Any,
+    model: HookedModel,
     method: Method,
     reference: Batch | None,
     generator: torch.Generator | None = None,

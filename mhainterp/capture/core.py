@@ -101,10 +101,6 @@ def pattern_hook_names(model: HookedMHATransformer) -> list[str]:
     return [f"blocks.{layer}.attn.hook_pattern" for layer in range(model.cfg.n_layers)]
 
 
-def _check_model(model: Any) -> None:
-    check_model(model)
-
-
 def _check_batch_size(batch_size: int) -> None:
     check_int("batch_size", batch_size, minimum=1)
 
@@ -207,7 +203,7 @@ def iter_activations(
         [2, 1]
     """
     for model in models:
-        _check_model(model)
+        check_model(model)
     _check_batch_size(batch_size)
     batch = as_batch(data, n_eval=n_eval, padding_mask=padding_mask)
     tokens, mask = batch.tokens, batch.padding_mask

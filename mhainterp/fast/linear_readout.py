@@ -24,11 +24,15 @@ Shapes: c copies, s sequences, T positions, h heads, V output logits (``n_target
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
+
+if TYPE_CHECKING:  # annotations only
+    from mhainterp.model import HookedMHATransformer
+    from mhainterp.protocol import HookedModel
 
 __all__ = ["TIE_TOLERANCE", "ReadoutBasis", "applies", "copy_logits", "readout_basis"]
 
@@ -36,7 +40,7 @@ TIE_TOLERANCE = 1e-4
 """Relative top-2 logit margin below which a copy is re-scored with the full forward."""
 
 
-def applies(model: Any, layer: int) -> bool:
+def applies(model: HookedModel, layer: int) -> bool:
     """Whether the readout after layer ``layer``'s ``hook_z`` is linear and unhooked."""
     cfg = model.cfg
     if layer != cfg.n_layers - 1 or not cfg.attn_only or cfg.normalization_type is not None:
@@ -88,7 +92,7 @@ class ReadoutBasis:
 
 
 def readout_basis(
-    model: Any,
+    model: HookedMHATransformer,
     layer: int,
     resid_pre: Float[Tensor, "s T d_model"],
     z: Float[Tensor, "s T h d_head"],
@@ -113,7 +117,7 @@ def readout_basis(
 
 
 def copy_logits(
-    model: Any,
+    model: HookedMHATransformer,
     layer: int,
     resid_pre: Float[Tensor, "s T d_model"],
     z: Float[Tensor, "s T h d_head"],

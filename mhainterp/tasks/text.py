@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -44,6 +44,9 @@ from mhainterp.tasks.templates import (
     self_template,
 )
 from mhainterp.validation import check_int, invalid
+
+if TYPE_CHECKING:  # annotations only: tasks do not depend on the model at run time
+    from mhainterp.protocol import BridgedModel
 
 __all__ = [
     "FUNCTION_WORDS",
@@ -144,7 +147,7 @@ def read_sentences(path: str | Path, n: int | None = None) -> list[str]:
 # ----------------------------------------------------------------------------- batch
 
 
-def text_batch(model: Any, sentences: Sequence[str], *, max_len: int = 48) -> Batch:
+def text_batch(model: BridgedModel, sentences: Sequence[str], *, max_len: int = 48) -> Batch:
     """Tokenize ``sentences`` with ``model.tokenizer`` into a right-padded ``Batch``.
 
     Args:
