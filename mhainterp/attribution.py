@@ -363,7 +363,7 @@ def _prune_row(
     n_left: int,
     removed: str,
     pruned: list[tuple[int, int]],
-    method: str,
+    method: Method,
     metrics: dict[str, float],
 ) -> dict[str, Any]:
     return {

@@ -39,7 +39,7 @@ import itertools
 import math
 import warnings
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
 import pandas as pd
@@ -56,6 +56,8 @@ __all__ = [
     "HEAD_COUNT_COLUMNS",
     "OUTCOME_KINDS",
     "POWER_NOTE_MARK",
+    "Correction",
+    "OutcomeKind",
     "adjust_pvalues",
     "all_seeds_equal",
     "as_pvalues",
@@ -86,7 +88,8 @@ __all__ = [
     "welch_test",
 ]
 
-OUTCOME_KINDS = ("graded", "yes/no")
+OutcomeKind = Literal["graded", "yes/no"]
+OUTCOME_KINDS: tuple[OutcomeKind, ...] = get_args(OutcomeKind)
 """What a per-seed outcome is: a number (exact permutation or Welch) or a yes/no (Fisher)."""
 
 EXACT_TESTS = ("exact permutation", "Fisher exact")
@@ -112,11 +115,14 @@ _MAX_SEEDS = 100_000
 # Reject hypothesis ``i`` at level ``alpha`` exactly when ``adjusted[i] < alpha``; NaN entries
 # are not part of the family. Written out so their steps can be checked by hand.
 
-CORRECTIONS = ("holm", "bh", "none")
+Correction = Literal["holm", "bh", "none"]
+CORRECTIONS: tuple[Correction, ...] = get_args(Correction)
 """Allowed ``correction`` names: Holm step-down, Benjamini-Hochberg step-up, or none."""
 
 
-def adjust_pvalues(p_values: Sequence[float] | np.ndarray, method: str = "holm") -> np.ndarray:
+def adjust_pvalues(
+    p_values: Sequence[float] | np.ndarray, method: Correction = "holm"
+) -> np.ndarray:
     """Adjust p-values for multiple comparisons with ``method`` (one of :data:`CORRECTIONS`):
     :func:`holm` (family-wise error), :func:`benjamini_hochberg` (false discovery rate) or none.
 
@@ -134,7 +140,7 @@ def adjust_pvalues(p_values: Sequence[float] | np.ndarray, method: str = "holm")
     return as_pvalues(p_values).copy()
 
 
-def correction_name(method: str) -> str:
+def correction_name(method: Correction) -> str:
     """How a correction is named in generated text ("Holm", "Benjamini-Hochberg", "no").
 
     Example:
@@ -419,7 +425,7 @@ def separation(a: Sequence[float], b: Sequence[float]) -> int:
 def compare_seeds(
     a: Sequence[float],
     b: Sequence[float],
-    kind: Literal["graded", "yes/no"] = "graded",
+    kind: OutcomeKind = "graded",
     confidence: float = 0.95,
 ) -> dict[str, Any]:
     """Compare two groups of seeds, ``b`` against ``a``, with the test suited to n.

@@ -190,7 +190,7 @@ class Ablator:
 
     # -- results -------------------------------------------------------------------------------
     def evaluate(
-        self, heads: str | Sequence[HeadSpec] | None = None, *, method: str | None = None
+        self, heads: str | Sequence[HeadSpec] | None = None, *, method: Method | None = None
     ) -> dict[str, float]:
         """Metrics with the current heads ablated, and ``delta_<metric>`` from the baseline.
 
@@ -210,7 +210,7 @@ class Ablator:
         return {key: value for key, value in result.items() if not key.startswith("baseline_")}
 
     def position_scores(
-        self, heads: str | Sequence[HeadSpec] | None = None, *, method: str | None = None
+        self, heads: str | Sequence[HeadSpec] | None = None, *, method: Method | None = None
     ) -> PositionScores:
         """Per-(sequence, position, target) scores with the current heads ablated.
 
@@ -227,7 +227,7 @@ class Ablator:
         return scores
 
     def precompute(
-        self, head_sets: Sequence[str | Sequence[HeadSpec]], *, method: str | None = None
+        self, head_sets: Sequence[str | Sequence[HeadSpec]], *, method: Method | None = None
     ) -> Ablator:
         """Score ``head_sets`` in one batched engine pass (per position) into the cache.
 
@@ -243,7 +243,7 @@ class Ablator:
     @torch.no_grad()
     def patterns(
         self, index: int, heads: str | Sequence[HeadSpec] | None = None, *,
-        method: str | None = None,
+        method: Method | None = None,
     ) -> Float[Tensor, "L h T T"]:  # fmt: skip
         """Attention patterns of evaluation sequence ``index`` with the current heads ablated.
 
@@ -304,11 +304,11 @@ class Ablator:
 
     # -- cache and engine ----------------------------------------------------------------------
     @staticmethod
-    def _key(method: str, heads: tuple[tuple[int, int], ...]) -> _Key:
+    def _key(method: Method, heads: tuple[tuple[int, int], ...]) -> _Key:
         """With no head ablated every method is the clean model: one entry, ``"none"``."""
         return (method if heads else "none", heads)
 
-    def _config(self, heads: str | Sequence[HeadSpec] | None, method: str | None) -> _Key:
+    def _config(self, heads: str | Sequence[HeadSpec] | None, method: Method | None) -> _Key:
         if heads is None:
             pairs = self._heads
         else:  # an empty set (the clean model) needs no resolving
@@ -351,7 +351,7 @@ class Ablator:
             _, dropped = self._cache.popitem(last=False)
             self._cached_bytes -= dropped.nbytes
 
-    def _replacement(self, method: str) -> Replacement:
+    def _replacement(self, method: Method) -> Replacement:
         if method == "none":
             method = "zero"
         if method not in self._replacements:

@@ -47,6 +47,7 @@ from mhainterp.model import HookedMHATransformer
 from mhainterp.protocol import check_model
 from mhainterp.runtime import uses_work_threads
 from mhainterp.similarity.matrix import (
+    Linkage,
     cluster_heads,
     dissimilarity,
     head_linkage,
@@ -70,6 +71,7 @@ __all__ = [
     "CROSS_MODEL_METHODS",
     "SIMILARITY_METHODS",
     "CrossModelMethod",
+    "Linkage",
     "SimilarityMethod",
     "cluster_heads",
     "cross_model_similarity",

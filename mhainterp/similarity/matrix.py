@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 import pandas as pd
@@ -20,6 +20,7 @@ from sklearn.manifold import MDS
 from mhainterp.validation import ParameterError, check_int, check_option
 
 __all__ = [
+    "Linkage",
     "cluster_heads",
     "dissimilarity",
     "head_linkage",
@@ -92,10 +93,12 @@ def dissimilarity(similarity: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(dist, index=similarity.index, columns=similarity.columns)
 
 
-_LINKAGE_METHODS = ("average", "complete", "single", "weighted")
+Linkage = Literal["average", "complete", "single", "weighted"]
+"""SciPy linkage methods of :func:`head_linkage` and :func:`cluster_heads`."""
+_LINKAGE_METHODS: tuple[Linkage, ...] = get_args(Linkage)
 
 
-def head_linkage(similarity: pd.DataFrame, *, method: str = "average") -> np.ndarray:
+def head_linkage(similarity: pd.DataFrame, *, method: Linkage = "average") -> np.ndarray:
     """SciPy linkage matrix of the heads (on :func:`dissimilarity`), with optimal leaf order.
 
     Example:
@@ -118,7 +121,7 @@ def cluster_heads(
     *,
     n_clusters: int | None = None,
     threshold: float = 0.5,
-    method: str = "average",
+    method: Linkage = "average",
 ) -> pd.DataFrame:
     """Hierarchical (agglomerative) clustering of heads from a similarity matrix.
 

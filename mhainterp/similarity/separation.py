@@ -6,8 +6,6 @@ See :func:`head_separation`; :func:`~mhainterp.similarity.head_similarity` with
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
 import torch
@@ -32,7 +30,7 @@ from mhainterp.validation import ParameterError
 __all__ = ["head_separation"]
 
 
-def _check_reference(reference: Any, model: HookedMHATransformer) -> None:
+def _check_reference(reference: HookedMHATransformer, model: HookedMHATransformer) -> None:
     check_model(reference, "reference")
     if reference.cfg.n_heads != 1:
         raise ParameterError(

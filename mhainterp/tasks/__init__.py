@@ -23,7 +23,7 @@ Layout: ``batch`` (Batch), ``templates`` (relation template builders), ``base`` 
 from mhainterp.errors import InvalidTaskError, TaskModuleError
 from mhainterp.model.loss import IGNORE_INDEX
 from mhainterp.tasks.base import Task
-from mhainterp.tasks.batch import Batch
+from mhainterp.tasks.batch import AXES, Axis, Batch
 from mhainterp.tasks.builtin import (
     BUILTIN_TASKS,
     CountPreviousTask,
@@ -63,10 +63,12 @@ from mhainterp.tasks.templates import (
 )
 
 __all__ = [
+    "AXES",
     "BUILTIN_TASKS",
     "ENTRY_POINT_GROUP",
     "IGNORE_INDEX",
     "RELATION_TEMPLATES",
+    "Axis",
     "Batch",
     "CountPreviousTask",
     "HistogramTask",
