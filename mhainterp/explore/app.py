@@ -27,17 +27,18 @@ from typing import Any
 
 import torch
 
-from mhainterp.ablation import METHODS
+from mhainterp.ablation import METHODS, Method
 from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.errors import BadRequestError
 from mhainterp.explore import TEXT_N_EVAL
 from mhainterp.explore.memory import release_free_memory
 from mhainterp.explore.results import SavedResults
 from mhainterp.explore.runs import RunEntry, default_run, explorable_runs
-from mhainterp.explore.session import ExploreSession
+from mhainterp.explore.session import ExploreSession, ImportanceSource
 from mhainterp.explore.text import AXIS_TITLES
 from mhainterp.explore.wire import json_ready
 from mhainterp.heads import head_label
+from mhainterp.protocol import BridgedModel, HookedModel
 from mhainterp.runtime import work_threads
 from mhainterp.validation import check_int, invalid
 
@@ -91,7 +92,7 @@ class Explorer:
         runs: list[RunEntry],
         *,
         n_eval: int = DEFAULT_N_EVAL,
-        method: str = "zero",
+        method: Method = "zero",
         seed: int = 0,
         threads: int | None = None,
     ) -> None:
@@ -119,13 +120,13 @@ class Explorer:
     @classmethod
     def from_model(
         cls,
-        model: Any,
+        model: HookedModel,
         data: Any,
         *,
         name: str = "model",
         saved: SavedResults | None = None,
         task: str | None = None,
-        importance: str | None = None,
+        importance: ImportanceSource | None = None,
         **options: Any,
     ) -> Explorer:
         """The explorer of an in-memory model on ``data`` (a Task or Batch).
@@ -153,7 +154,7 @@ class Explorer:
     @classmethod
     def from_text(
         cls,
-        model: Any,
+        model: BridgedModel,
         text: str | os.PathLike[str],
         *,
         n_eval: int = TEXT_N_EVAL,
@@ -350,7 +351,7 @@ class Explorer:
         return index
 
 
-def _note(model: Any) -> str:
+def _note(model: HookedModel) -> str:
     """What the page says about a pretrained model's weights (source, quantisation)."""
     provenance = getattr(model, "provenance", None) or {}
     if not provenance:

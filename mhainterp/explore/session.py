@@ -36,14 +36,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal, get_args
 
 import pandas as pd
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from mhainterp.ablation import Ablator, check_method
+from mhainterp.ablation import Ablator, Method, check_method
 from mhainterp.ablation.interactive import DEFAULT_CACHE_SIZE
 from mhainterp.analyze.pretrained import embedding_metric
 from mhainterp.attribution import attribution_agreement, attribution_patching, verification_plan
@@ -51,15 +51,22 @@ from mhainterp.capture import average_patterns
 from mhainterp.data import DEFAULT_N_EVAL, as_batch, batch_for_model
 from mhainterp.explore.text import text_axis_values, token_strings
 from mhainterp.heads import all_heads, head_label
-from mhainterp.protocol import BridgedModel
+from mhainterp.protocol import BridgedModel, HookedModel
 from mhainterp.scoring import PositionScores
 from mhainterp.specialization.whom.damage import axis_values
 from mhainterp.tasks import Batch, Task
 from mhainterp.validation import check_option, invalid
 
-__all__ = ["IMPORTANCE_SOURCES", "INLINE_ATTENTION_HEADS", "VERIFY_PLAN", "ExploreSession"]
+__all__ = [
+    "IMPORTANCE_SOURCES",
+    "INLINE_ATTENTION_HEADS",
+    "VERIFY_PLAN",
+    "ExploreSession",
+    "ImportanceSource",
+]
 
-IMPORTANCE_SOURCES = ("exact", "attribution")
+ImportanceSource = Literal["exact", "attribution"]
+IMPORTANCE_SOURCES: tuple[ImportanceSource, ...] = get_args(ImportanceSource)
 """Where the per-head "importance alone" numbers come from: exact single-head ablation (one
 batched engine pass per method) or attribution patching (one forward + backward for all)."""
 
@@ -112,14 +119,14 @@ class ExploreSession(Ablator):
 
     def __init__(
         self,
-        model: Any,
+        model: HookedModel,
         data: Task | Batch,
         *,
         n_eval: int = DEFAULT_N_EVAL,
-        method: str = "zero",
+        method: Method = "zero",
         target_names: Sequence[str] | None = None,
         cache_size: int = DEFAULT_CACHE_SIZE,
-        importance: str | None = None,
+        importance: ImportanceSource | None = None,
     ) -> None:
         if not isinstance(data, (Task, Batch)):
             raise TypeError(f"data must be a Task or a Batch, got {type(data).__name__}")
@@ -301,7 +308,7 @@ class ExploreSession(Ablator):
         exact_accuracy = self.importance_source == "exact" and self.objective == "classes"
         return "accuracy" if exact_accuracy else "loss"
 
-    def importance(self, method: str | None = None) -> dict[str, float]:
+    def importance(self, method: Method | None = None) -> dict[str, float]:
         """Each head's importance alone: the change in :attr:`importance_quantity` when it
         alone is ablated with ``method`` (default: the current one).
 
@@ -333,7 +340,7 @@ class ExploreSession(Ablator):
         return self._importance[method]
 
     # -- how far an estimate can be trusted ---------------------------------------------------
-    def estimate_check(self, method: str | None = None) -> dict[str, Any] | None:
+    def estimate_check(self, method: Method | None = None) -> dict[str, Any] | None:
         """How the attribution estimates of ``method`` agree with exact ablation so far.
 
         Returns:
@@ -354,7 +361,9 @@ class ExploreSession(Ablator):
                 "n_checked": len(exact), "n_planned": len(exact) + len(todo),
                 **agreement, "done": not todo}  # fmt: skip
 
-    def verify_estimates(self, method: str | None = None, n: int = VERIFY_STEP) -> dict[str, Any]:
+    def verify_estimates(
+        self, method: Method | None = None, n: int = VERIFY_STEP
+    ) -> dict[str, Any]:
         """Ablate exactly the next ``n`` unchecked heads of ``method``'s verification plan
         (:data:`VERIFY_PLAN`; one batched pass, kept in the cache so clicking them is free)
         and return :meth:`estimate_check`. Reads no state and changes none."""
@@ -367,7 +376,7 @@ class ExploreSession(Ablator):
         check = self.estimate_check(method)
         return check if check is not None else {}
 
-    def _unchecked(self, method: str) -> list[str]:
+    def _unchecked(self, method: Method) -> list[str]:
         table = pd.DataFrame(
             [{"head_label": label, "layer": 0, "head": 0, "method": method, "attribution": value}
              for label, value in self.importance(method).items()]
@@ -375,7 +384,7 @@ class ExploreSession(Ablator):
         plan = verification_plan(table, method, **VERIFY_PLAN)["head_label"]
         return [label for label in plan if label not in self._exact.get(method, {})]
 
-    def _record_exact(self, label: str, method: str) -> None:
+    def _record_exact(self, label: str, method: Method) -> None:
         """Keep head ``label``'s exact Δloss alone under ``method`` (a cache hit by now)."""
         delta = self.evaluate([label], method=method)["delta_loss"]
         self._exact.setdefault(method, {})[label] = float(delta)
