@@ -474,7 +474,10 @@ def test_enospc_at_a_write_is_one_line_and_the_sweep_stays_resumable(tmp_path, m
     assert main(args) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.startswith("mhainterp sweep: error: disk full: cannot write ")
-    assert "h2_seed0/model.safetensors (No space left on device)" in line and "run the same command again" in line
+    assert (
+        "h2_seed0/model.safetensors (No space left on device)" in line
+        and "run the same command again" in line
+    )
     assert list(out.rglob("*.tmp")) == []
     assert sorted(p.parent.name for p in out.rglob("eval.json")) == ["h1_seed0", "h1_seed1"]
     monkeypatch.setattr(training, "save_file", real)

@@ -53,7 +53,8 @@ class GroupCheckpoint:
         if self.path is None or not self.path.is_file():
             return 0
         try:
-            state = torch.load(self.path, map_location="cpu", weights_only=True)
+            # read on the CPU (where it was written), then copied to the group's device below
+            state = torch.load(self.path, map_location="cpu", weights_only=True)  # see above
         except Exception as error:  # truncated, not a torch file, foreign objects
             raise RunFolderError(
                 f"{self.path} is damaged ({type(error).__name__}); delete it to train its runs "
