@@ -44,7 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--executor", default=None, help="sweep executor (default: batched when available)"
     )
-    parser.add_argument("--n-eval", type=int, default=256, help="held-out sequences")
+    parser.add_argument(
+        "--n-eval", type=int, default=256, help="held-out sequences (labels and division)"
+    )
     parser.add_argument("--no-analyze", action="store_true", help="skip mhainterp analyze")
     parser.add_argument(
         "--analyze-eval", type=int, default=1024, help="sequences for mhainterp analyze"

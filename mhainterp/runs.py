@@ -452,17 +452,22 @@ def migrate_config(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_RENAMED_SETTINGS = {"n_sequences": "n_eval", "ablation_method": "method"}
+"""Old name -> current name of a saved specialization setting."""
+
+
 def migrate_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    """Saved specialization settings in the current format: ``n_sequences`` -> ``n_eval``.
+    """Saved specialization settings in the current format: ``n_sequences`` -> ``n_eval``,
+    ``ablation_method`` -> ``method``.
 
     Example:
-        >>> migrate_settings({"n_sequences": 256})
-        {'n_eval': 256}
+        >>> migrate_settings({"n_sequences": 256, "ablation_method": "zero"})
+        {'n_eval': 256, 'method': 'zero'}
     """
     out = dict(settings)
-    if "n_sequences" in out:
-        out.setdefault("n_eval", out.pop("n_sequences"))
-        out.pop("n_sequences", None)
+    for old, new in _RENAMED_SETTINGS.items():
+        if old in out:
+            out.setdefault(new, out.pop(old))
     return out
 
 
@@ -511,7 +516,8 @@ def migrate_folder(path: str | os.PathLike[str]) -> list[Path]:
     file by file); return the files changed.
 
     Changes: ``train.eval_size`` in ``config.json`` and ``sweep.json`` (:func:`migrate_config`);
-    ``n_sequences`` in saved specialization settings (:func:`migrate_settings`); head sets
+    ``n_sequences`` and ``ablation_method`` in saved specialization settings
+    (:func:`migrate_settings`); head sets
     separated by ``;`` in ``analysis/*.csv`` (:func:`migrate_results`); absolute or
     start-relative ``run_dir`` entries in ``results.csv`` (written relative to the sweep
     folder). Reading needs none of this: the

@@ -143,7 +143,7 @@ def test_a_lone_useful_head_is_not_called_on_single_ablation(batch):
 
 
 def test_settings_replace_the_keywords_and_perturb_every_gate():
-    from mhainterp.specialization.whom.settings import DIVISION_GATES, DivisionSettings
+    from mhainterp.specialization.settings import DIVISION_GATES, DivisionSettings
 
     s = DivisionSettings(method="zero")
     assert s.methods == ("zero", "mean", "resample")  # the primary first
@@ -269,7 +269,8 @@ def test_specialize_command_saves_the_division_and_the_report_shows_it(tmp_path,
     from mhainterp.report import write_report
 
     run = _run_folder(tmp_path / "run")
-    args = ["specialize", str(run), "--by", "token,position", "--n-eval", "64", "--quiet"]
+    # the division rests on the default evaluation set (1,024): --n-eval reaches it too
+    args = ["specialize", str(run), "--by", "token,position", "--quiet"]
     assert main(args) == 0
     out = capsys.readouterr().out
     # One head does damage alone (the previous-token head); kept alone, the uniform head also

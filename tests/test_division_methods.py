@@ -15,9 +15,9 @@ from mhainterp.model.handbuilt import (
     split_batch,
     split_heads_model,
 )
+from mhainterp.specialization.settings import DivisionSettings
 from mhainterp.specialization.verdict.stability import division_stability
 from mhainterp.specialization.whom.division_calls import specialized_rule
-from mhainterp.specialization.whom.settings import DivisionSettings
 from mhainterp.tasks import get_task
 
 AXES = "token,position,target_class"

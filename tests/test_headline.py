@@ -36,7 +36,8 @@ def test_every_gate_and_the_method_is_moved():
     names = [p.name for p in perturbations]
     expected = [f"{t} x{f:g}" for t in (*THRESHOLDS, "alpha") for f in (0.8, 1.25)]
     expected += ["n_eval x0.5", "n_eval x2", "ablation_method=zero", "ablation_method=resample"]
-    division = DivisionSettings(n_eval=settings.n_eval, method=settings.ablation_method)
+    division = settings.division  # the labels' n_eval, alpha, method, ...: one family
+    assert division == DivisionSettings(n_eval=settings.n_eval, method=settings.method)
     expected += [f"division {name}" for name, _ in division.perturbations()]
     assert names == expected
     moved = {p.name: p for p in perturbations}

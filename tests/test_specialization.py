@@ -438,7 +438,7 @@ def test_redundancy_reads_its_thresholds_from_the_settings(previous_task):
     assert strict_pairs["similar"].all() and not strict_pairs["redundant"].any()
     assert not redundancy_groups(model, batch, strict)["redundant"].any()
     # The ablation method comes from the settings too.
-    zero = redundancy_pairs(model, batch, SpecializationSettings(ablation_method="zero"))
+    zero = redundancy_pairs(model, batch, SpecializationSettings(method="zero"))
     direct = pairwise_ablation(model, batch, "zero")
     direct = direct[direct["metric"] == "loss"]["damage_joint"].to_numpy()
     np.testing.assert_allclose(zero["damage_joint"].to_numpy(), direct)
@@ -705,7 +705,7 @@ def test_settings_and_input_errors(multi_task):
     with pytest.raises(ValueError, match="correction='bonferroni' is invalid: one of 'holm'"):
         SpecializationSettings(correction="bonferroni")
     with pytest.raises(ValueError, match="method='median' is invalid"):
-        SpecializationSettings(ablation_method="median")
+        SpecializationSettings(method="median")
     with pytest.raises(ValueError, match="data=None is invalid: a Task when a model"):
         specialization_test(multi_relation_model(["dead"], d_head=48))
     with pytest.raises(TypeError, match="run_or_model must be"):

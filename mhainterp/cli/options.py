@@ -398,7 +398,11 @@ def add_settings_args(parser: argparse.ArgumentParser) -> None:
     ``report``; defaults from :class:`~mhainterp.specialization.SpecializationSettings`."""
     defaults = SPECIALIZATION_DEFAULTS
     group = parser.add_argument_group("specialization test")
-    add_n_eval(group, "held-out sequences of the task's fixed evaluation set")
+    add_n_eval(
+        group,
+        "held-out sequences of the task's fixed evaluation set, for both the labels and the "
+        "division of labour",
+    )
     add_float(
         group, "--alpha", "significance level after correction", default=defaults["alpha"],
         minimum=0, maximum=1,
@@ -418,8 +422,8 @@ def add_settings_args(parser: argparse.ArgumentParser) -> None:
         f"{defaults['min_effect']})",
     )
     add_choice(
-        group, "--ablation-method", "ablation method for damage and redundancy",
-        ABLATION_METHODS, default=defaults["ablation_method"],
+        group, "--ablation-method", "ablation method for damage, redundancy and the division",
+        ABLATION_METHODS, default=defaults["method"],
     )  # fmt: skip
     group.add_argument(
         "--by",
@@ -440,7 +444,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         alpha=args.alpha,
         correction=args.correction,
         min_effect=args.min_effect,
-        ablation_method=args.ablation_method,
+        method=args.ablation_method,
     )
 
 

@@ -40,7 +40,7 @@ SPECIALIZATION_DEFAULTS: dict[str, Any] = {
     "alpha": 0.05,
     "correction": "holm",
     "min_effect": 0.3,
-    "ablation_method": "mean",
+    "method": "mean",
 }
 """The defaults of :class:`mhainterp.specialization.SpecializationSettings` the options show."""
 

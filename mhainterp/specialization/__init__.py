@@ -16,7 +16,8 @@ measurement:
                   class, target), against permutation and untrained-model nulls
 ``redundancy``    similar heads that back each other up (pairs, and groups of 3 or more)
 ``consistency``   the same roles across seeds: Hungarian matching vs random matching
-``settings``      :class:`SpecializationSettings`: every threshold, validated
+``settings``      :class:`SpecializationSettings` and :class:`DivisionSettings`: every
+                  threshold, validated; one family (the division's derive from the labels')
 ``labels``        one label per head: dead > backed up > role (or count:<set>) >
                   unspecialized (mixing), and the flags holds / needed / backed_up / dead
 ``stability``     the labels re-decided with every threshold x 0.8 and x 1.25, and the
@@ -61,6 +62,7 @@ from mhainterp.specialization.seeds.over_sweep import (
     sweep_specialization,
 )
 from mhainterp.specialization.seeds.summary import SUMMARY_COLUMNS, specialization_summary
+from mhainterp.specialization.settings import THRESHOLDS, DivisionSettings, SpecializationSettings
 from mhainterp.specialization.verdict.headline import headline_stability
 from mhainterp.specialization.verdict.labels import (
     LABELS_OTHER,
@@ -71,7 +73,6 @@ from mhainterp.specialization.verdict.labels import (
 )
 from mhainterp.specialization.verdict.result import HEAD_COLUMNS, RUN_COLUMNS, SpecializationResult
 from mhainterp.specialization.verdict.sentences import RunVerdict, Verdict
-from mhainterp.specialization.verdict.settings import THRESHOLDS, SpecializationSettings
 from mhainterp.specialization.verdict.stability import (
     division_stability,
     label_stability,
@@ -105,7 +106,6 @@ from mhainterp.specialization.whom.causal import (
 )
 from mhainterp.specialization.whom.division import division_of_labour
 from mhainterp.specialization.whom.division_result import DivisionResult, saved_division
-from mhainterp.specialization.whom.settings import DivisionSettings
 from mhainterp.stats import CORRECTIONS, adjust_pvalues, benjamini_hochberg, holm
 
 __all__ = [

@@ -41,10 +41,10 @@ from mhainterp.model import HookedMHATransformer
 from mhainterp.runtime import uses_work_threads
 from mhainterp.specialization.run_analysis import _analyse, _RunInput
 from mhainterp.specialization.seeds.combine import _single_result, attach_division, combine_results
+from mhainterp.specialization.settings import SpecializationSettings
 from mhainterp.specialization.verdict.result import (
     SpecializationResult,
 )
-from mhainterp.specialization.verdict.settings import SpecializationSettings
 from mhainterp.specialization.whom.division import division_of_labour
 from mhainterp.specialization.whom.division_result import DivisionResult
 from mhainterp.tasks import Task
@@ -138,8 +138,8 @@ def specialization_test(
         settings: A :class:`SpecializationSettings`; ``**overrides`` replace its fields.
         progress: Show progress bars.
         division: Whom the heads serve: True runs
-            :func:`~mhainterp.specialization.division_of_labour` on each run (its shared
-            settings taken from ``settings``, its own evaluation size) and attaches it; a
+            :func:`~mhainterp.specialization.division_of_labour` on each run (with
+            ``settings.division``: the same ``n_eval``, ``alpha``, method ...) and attaches it; a
             :class:`DivisionResult` (one run) or its index table (``run, by, index,
             null_index, p``) is attached as given (:func:`attach_division`). Without it
             each head's finding says "whom it serves not measured".

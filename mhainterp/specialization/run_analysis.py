@@ -24,6 +24,7 @@ from mhainterp.specialization.needed.redundancy import (
     redundancy_pairs,
     similar_groups,
 )
+from mhainterp.specialization.settings import SpecializationSettings
 from mhainterp.specialization.verdict.labels import (
     BACKED_UP,
     LABELS_OTHER,
@@ -33,7 +34,6 @@ from mhainterp.specialization.verdict.labels import (
 )
 from mhainterp.specialization.verdict.result import HEAD_COLUMNS, HEAD_KEYS, lead_with_head
 from mhainterp.specialization.verdict.sentences import RunVerdict
-from mhainterp.specialization.verdict.settings import SpecializationSettings
 from mhainterp.specialization.verdict.stability import (
     RunEvidence,
     flip_summary,
@@ -99,7 +99,7 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
     damage = target_damage(
         model,
         batch,
-        method=settings.ablation_method,
+        method=settings.method,
         target_names=task.target_names,
         progress=progress,
     )
@@ -126,7 +126,7 @@ def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -
         causal_matrix = damage.frame()
         model_numbers = (math.nan, math.nan, math.nan)
     max_damage = causal_matrix.groupby("head_label")["damage"].max().astype(float).to_dict()
-    quiet = quiet_ablations(model, batch, ratio, max_damage, variants, settings.ablation_method)
+    quiet = quiet_ablations(model, batch, ratio, max_damage, variants, settings.method)
 
     def dead_under(variant: SpecializationSettings) -> list[str]:
         """Dead by function under ``variant`` (quiet AND costing nothing when removed)."""

@@ -34,7 +34,7 @@ from mhainterp.ablation import evaluate_head_sets, head_sets_table
 from mhainterp.data import Batch
 from mhainterp.heads import HEAD_SET_SEPARATOR
 from mhainterp.model import HookedMHATransformer
-from mhainterp.specialization.verdict.settings import SpecializationSettings
+from mhainterp.specialization.settings import SpecializationSettings
 
 __all__ = ["QUIET_COLUMNS", "candidates", "dead_heads", "quiet_ablations", "quiet_heads"]
 

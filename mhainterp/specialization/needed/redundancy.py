@@ -39,7 +39,7 @@ from mhainterp.ablation import evaluate_head_sets, head_sets_table, pairwise_abl
 from mhainterp.heads import HEAD_SET_SEPARATOR
 from mhainterp.model import HookedMHATransformer
 from mhainterp.similarity import head_similarity
-from mhainterp.specialization.verdict.settings import SpecializationSettings
+from mhainterp.specialization.settings import SpecializationSettings
 from mhainterp.tasks import Batch
 
 __all__ = [
@@ -82,7 +82,7 @@ def redundancy_pairs(
         model: The model.
         batch: Evaluation batch (and ablation reference).
         settings: The thresholds (default :class:`SpecializationSettings`): it uses
-            ``ablation_method`` (for :func:`~mhainterp.ablation.pairwise_ablation`),
+            ``method`` (for :func:`~mhainterp.ablation.pairwise_ablation`),
             ``similarity_method`` (a :func:`~mhainterp.similarity.head_similarity` method),
             ``min_similarity`` (at or above which two heads count as similar),
             ``backup_ratio`` (``interaction / damage_joint`` at or above which they back each
@@ -165,7 +165,7 @@ def _similar_pairwise(
     heads = sorted(similar - dead, key=list(similarity.index).index)
     if len(heads) < 2:
         return pd.DataFrame(columns=["head_a", "head_b", "metric"])
-    return pairwise_ablation(model, batch, settings.ablation_method, heads=heads)
+    return pairwise_ablation(model, batch, settings.method, heads=heads)
 
 
 GROUP_COLUMNS = [
@@ -265,7 +265,7 @@ def redundancy_groups(
     for group in groups:
         head_sets.append(group)  # remove the whole group
         head_sets += [[h for h in group if h != keep] for keep in group]  # keep one member
-    result = evaluate_head_sets(model, batch, [[], *head_sets], settings.ablation_method)
+    result = evaluate_head_sets(model, batch, [[], *head_sets], settings.method)
     table = head_sets_table(result).iloc[1:]  # after the clean model
     damage = table["delta_loss"].to_numpy()
     rows, start = [], 0

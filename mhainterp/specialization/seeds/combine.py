@@ -13,6 +13,7 @@ import pandas as pd
 
 from mhainterp.heads import HEAD_SET_SEPARATOR
 from mhainterp.specialization.seeds.consistency import CONSISTENCY_COLUMNS, cross_seed_consistency
+from mhainterp.specialization.settings import DivisionSettings, SpecializationSettings
 from mhainterp.specialization.verdict.labels import findings, serving_label
 from mhainterp.specialization.verdict.result import (
     DIVISION_COLUMNS,
@@ -20,14 +21,12 @@ from mhainterp.specialization.verdict.result import (
     SpecializationResult,
 )
 from mhainterp.specialization.verdict.sentences import RunVerdict, Verdict, axis_call, group_key
-from mhainterp.specialization.verdict.settings import SpecializationSettings
 from mhainterp.specialization.verdict.stability import (
     DIVISION_THRESHOLD,
     division_stability,
     flip_summary,
 )
 from mhainterp.specialization.whom.division_result import DivisionResult
-from mhainterp.specialization.whom.settings import DivisionSettings
 from mhainterp.validation import ParameterError, invalid
 
 __all__ = [

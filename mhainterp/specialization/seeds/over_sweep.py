@@ -51,8 +51,8 @@ from mhainterp.specialization.seeds.summary import (
     specialization_summary,
     summary_notes,
 )
+from mhainterp.specialization.settings import SpecializationSettings
 from mhainterp.specialization.verdict.result import RUN_COLUMNS, SpecializationResult
-from mhainterp.specialization.verdict.settings import SpecializationSettings
 from mhainterp.specialization.verdict.stability import DIVISION_THRESHOLD
 from mhainterp.specialization.whom.damage import AXES
 from mhainterp.specialization.whom.division import division_of_labour, division_request

@@ -1,7 +1,6 @@
-"""The verdict: per-head labels, the run's sentences, their stability, and every threshold.
+"""The verdict: per-head labels, the run's sentences and their stability.
 
 ==============  =========================================================================
-``settings``    :class:`SpecializationSettings`: every threshold, validated
 ``labels``      one label per head and the flags holds / needed / backed_up / dead
 ``sentences``   the verdict objects whose text is generated from the numbers
 ``stability``   labels re-decided with every threshold moved, from the saved evidence

@@ -42,12 +42,11 @@ from mhainterp.runs import find_runs
 from mhainterp.runtime import uses_work_threads
 from mhainterp.specialization.battery import specialization_test
 from mhainterp.specialization.seeds.combine import attach_division
+from mhainterp.specialization.settings import THRESHOLDS, DivisionSettings, SpecializationSettings
 from mhainterp.specialization.verdict.result import SpecializationResult
 from mhainterp.specialization.verdict.sentences import headline_call
-from mhainterp.specialization.verdict.settings import THRESHOLDS, SpecializationSettings
 from mhainterp.specialization.verdict.stability import FACTORS
 from mhainterp.specialization.whom.division import division_of_labour
-from mhainterp.specialization.whom.settings import DivisionSettings
 from mhainterp.training import load_run
 
 __all__ = [
@@ -58,7 +57,6 @@ __all__ = [
     "headline_stability",
     "headline_stability_folder",
     "headline_summary",
-    "matching_division_settings",
     "n_analyses",
 ]
 
@@ -97,8 +95,8 @@ def gate_perturbations(
 
     Args:
         settings: The unperturbed specialization settings.
-        division_settings: The unperturbed division settings (default: its defaults, with
-            the specialization settings' ``n_eval``, ``alpha`` and ablation method).
+        division_settings: The unperturbed division settings (default
+            ``settings.division``: the specialization settings' shared fields).
         factors: How far each label gate moves.
 
     Example:
@@ -106,7 +104,7 @@ def gate_perturbations(
         >>> names[:2], "alpha x0.8" in names, "division method=zero" in names
         (['min_effect x0.8', 'min_effect x1.25'], True, True)
     """
-    division = division_settings or matching_division_settings(settings)
+    division = division_settings or settings.division
     out = []
     for name in (*THRESHOLDS, "alpha"):
         for factor in factors:
@@ -121,21 +119,13 @@ def gate_perturbations(
         n_eval = max(1, round(settings.n_eval * factor))
         moved = dataclasses.replace(settings, n_eval=n_eval)
         out.append(Perturbation(f"n_eval x{factor:g}", moved, division.replace(n_eval=n_eval)))
-    for method in METHODS:
-        if method != settings.ablation_method:
-            moved = dataclasses.replace(settings, ablation_method=method)
+    for method in METHODS:  # named "ablation_method=" as before: saved tables keep their rows
+        if method != settings.method:
+            moved = dataclasses.replace(settings, method=method)
             out.append(Perturbation(f"ablation_method={method}", moved, division))
     for name, moved_division in division.perturbations():
         out.append(Perturbation(f"division {name}", settings, moved_division))
     return out
-
-
-def matching_division_settings(settings: SpecializationSettings) -> DivisionSettings:
-    """The division settings that go with ``settings``: the same evaluation size, level and
-    ablation method."""
-    return DivisionSettings(
-        n_eval=settings.n_eval, alpha=settings.alpha, method=settings.ablation_method
-    )
 
 
 def _headline(result: SpecializationResult) -> str:
@@ -203,7 +193,7 @@ def headline_stability(
         the unperturbed headline.
     """
     settings = settings or SpecializationSettings()
-    division_settings = division_settings or matching_division_settings(settings)
+    division_settings = division_settings or settings.division
 
     def run(s: SpecializationSettings, division: DivisionSettings) -> SpecializationResult:
         result = specialization_test(model, data, settings=s)

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from mhainterp.heads import HEAD_SET_SEPARATOR
-from mhainterp.specialization.verdict.settings import SpecializationSettings
+from mhainterp.specialization.settings import SpecializationSettings
 from mhainterp.specialization.where.roles import COUNT_PREFIX, DESCRIPTIVE_ROLES, base_relation
 from mhainterp.stats import adjust_pvalues
 from mhainterp.tasks import Task

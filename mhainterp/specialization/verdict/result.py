@@ -19,8 +19,8 @@ import pandas as pd
 from mhainterp.io import FileSet, json_text
 from mhainterp.provenance import record_analysis_source, weights_digest
 from mhainterp.runs import migrate_settings, read_saved_meta, read_table
+from mhainterp.specialization.settings import SpecializationSettings
 from mhainterp.specialization.verdict.sentences import Verdict
-from mhainterp.specialization.verdict.settings import SpecializationSettings
 
 __all__ = [
     "DIVISION_COLUMNS",

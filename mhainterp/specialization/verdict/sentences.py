@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from mhainterp.render import format_p
+from mhainterp.specialization.settings import DIVISION_DEFAULTS
 from mhainterp.stats import correction_name
 
 __all__ = [
@@ -121,8 +122,6 @@ def axis_call(d: dict[str, Any], alpha: float = 0.05) -> str:
     divided = str(d.get("divided"))  # a bool, or its text after a CSV round trip
     if divided in ("True", "False"):
         return "divided" if divided == "True" else "not divided"
-    from mhainterp.specialization.whom.settings import DIVISION_DEFAULTS
-
     gain = DIVISION_DEFAULTS["min_gain"]
     beyond = (
         _finite(d.get("p"))

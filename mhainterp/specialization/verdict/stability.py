@@ -31,10 +31,9 @@ import pandas as pd
 from mhainterp.heads import HEAD_SET_SEPARATOR
 from mhainterp.specialization.needed.dead import QUIET_COLUMNS, dead_heads
 from mhainterp.specialization.needed.redundancy import GROUP_COLUMNS, redundant_under
+from mhainterp.specialization.settings import THRESHOLDS, DivisionSettings, SpecializationSettings
 from mhainterp.specialization.verdict.labels import HeadDecision, decide_labels, where_label
-from mhainterp.specialization.verdict.settings import THRESHOLDS, SpecializationSettings
 from mhainterp.specialization.whom.division_calls import specialized_rule
-from mhainterp.specialization.whom.settings import DivisionSettings
 
 if TYPE_CHECKING:  # run_analysis imports this module
     from mhainterp.specialization.verdict.result import SpecializationResult

@@ -3,7 +3,6 @@
 ========================  ===================================================================
 ``damage``                per (sequence, position, target) damage of removing heads alone
                           (the causal test's input, and the division's attention view)
-``settings``              :class:`DivisionSettings`: every gate of the division test
 ``profiles``              the engine passes (single, kept-alone, layer and group removals),
                           noisy copies, per-value means over bootstrap resamples
 ``selectivity``           K-invariant selectivity, division index, same-function distance

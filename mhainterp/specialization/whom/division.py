@@ -163,6 +163,10 @@ from mhainterp.data import Data, as_batch, batch_for_model, target_names
 from mhainterp.heads import head_label, resolve_heads
 from mhainterp.runtime import uses_work_threads
 from mhainterp.specialization.needed.redundancy import similar_groups
+from mhainterp.specialization.settings import (
+    DivisionSettings,
+    resolve_settings,
+)
 from mhainterp.specialization.whom.damage import AXES, TripleDamage, axis_values
 from mhainterp.specialization.whom.division_attention import attention_view
 from mhainterp.specialization.whom.division_calls import (
@@ -193,10 +197,6 @@ from mhainterp.specialization.whom.profiles import (
     run_pass,
     run_rows,
     write_norms,
-)
-from mhainterp.specialization.whom.settings import (
-    DivisionSettings,
-    resolve_settings,
 )
 from mhainterp.tasks import Batch, Task
 from mhainterp.validation import check_option, invalid
@@ -271,9 +271,10 @@ def division_of_labour(
         by: Axes (a list or ``"token,position"``); those that do not apply are skipped
             (``target`` on a single-target model, an axis with fewer than 2 values that have
             ``min_count`` triples).
-        settings: A :class:`DivisionSettings`, or anything with
-            :class:`~mhainterp.specialization.SpecializationSettings`' shared fields
-            (``alpha, correction, min_damage, seed, ablation_method``); default the defaults.
+        settings: A :class:`DivisionSettings`, or a
+            :class:`~mhainterp.specialization.SpecializationSettings` (its
+            :attr:`~mhainterp.specialization.SpecializationSettings.division`: the shared
+            ``n_eval, alpha, correction, min_damage, seed, method``); default the defaults.
         groups: Backed-up groups to remove as one unit (head sets, ``"L0H0,L0H1"`` or lists);
             default: found from the kept-head profiles (module docstring).
         relations: Templates of the attention-side view: a Task, a dict of ``[n, T, T]``

@@ -19,6 +19,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from mhainterp.heads import head_label
+from mhainterp.specialization.settings import DivisionSettings
 from mhainterp.specialization.whom.profiles import Configs, PassScores, pad_axes
 from mhainterp.specialization.whom.selectivity import (
     division_index,
@@ -29,7 +30,6 @@ from mhainterp.specialization.whom.selectivity import (
     selectivity,
     upper,
 )
-from mhainterp.specialization.whom.settings import DivisionSettings
 from mhainterp.stats import adjust_pvalues
 
 __all__ = [
