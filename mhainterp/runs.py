@@ -38,13 +38,16 @@ import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
 from mhainterp.errors import RunFolderError
 from mhainterp.io import read_json, write_csv, write_json
 from mhainterp.validation import check_option
+
+if TYPE_CHECKING:  # annotations only: reading a run folder needs neither torch nor the model
+    from mhainterp.model import HookedMHATransformer
 
 __all__ = [
     "CHECKPOINT_FILE",
@@ -211,7 +214,7 @@ def check_tensors(
     weights_path: Path,
     config_path: Path,
     state: dict[str, Any],
-    model: Any,
+    model: HookedMHATransformer,
 ) -> None:
     """``state`` (name -> tensor, read from ``weights_path``) fits ``model`` (built from
     ``config_path``): every tensor the model needs is there with the config's shape and dtype,
