@@ -73,10 +73,10 @@ from mhainterp.specialization import (
     Verdict,
     saved_specialization,
 )
+from mhainterp.specialization.folders import SweepSpecialization
+from mhainterp.specialization.headline import HEADLINE_FILE
 from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, ROLE_NULLS, SAME_FUNCTION_NULL
-from mhainterp.specialization.seeds.over_sweep import SweepSpecialization
 from mhainterp.specialization.seeds.summary import ANSWER_MARK, BLOCK_MARK, display_summary
-from mhainterp.specialization.verdict.headline import HEADLINE_FILE
 from mhainterp.specialization.verdict.sentences import BASIS_NAMES
 from mhainterp.stats import POWER_NOTE_MARK, comparison_display
 from mhainterp.sweep.summary import ACCURACY_BLOCK_MARK

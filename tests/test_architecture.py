@@ -3,7 +3,8 @@
 validation/config -> model -> tasks/data/scoring/runs -> training -> capture ->
 similarity/ablation -> attribution -> specialization -> figures -> render/report -> analyze ->
 explore -> cli. Inside a package, its modules may have layers of their own between the package's
-and the next one's (``explore.session`` below ``explore.app``).
+and the next one's (``explore.session`` below ``explore.app``; in specialization, settings ->
+where -> needed -> whom/verdict -> seeds -> run_analysis -> battery -> folders/headline).
 
 The import graph is read from the source (``ast``, top-level and function-level imports alike,
 so an import moved into a function to dodge a cycle still counts). Known exceptions are listed
@@ -51,6 +52,20 @@ LAYERS: dict[str, float] = {
     "ablation": 5,
     "attribution": 5.5,  # gradient importance and pruning, above the ablation engine it calls
     "specialization": 6,
+    # Inside specialization/: the settings (and the nulls' names) as a leaf, one sub-package
+    # per question, the verdict beside whom (it reads the division's calls), then over seeds,
+    # then the orchestration floor: one run, several runs (battery), folders and the headline.
+    "specialization.settings": 6,
+    "specialization.nulls": 6,
+    "specialization.where": 6.1,
+    "specialization.needed": 6.2,
+    "specialization.whom": 6.3,
+    "specialization.verdict": 6.3,
+    "specialization.seeds": 6.4,
+    "specialization.run_analysis": 6.5,
+    "specialization.battery": 6.6,
+    "specialization.folders": 6.7,
+    "specialization.headline": 6.7,
     "figures": 7,
     "report": 8,
     # What `mhainterp analyze` and `demo` write: over the library, below the explorer (which
@@ -229,6 +244,23 @@ def test_one_home_per_public_name() -> None:
         if foreign:
             shims[_module_name(path)] = foreign
     assert shims == {}, f"re-exported outside a package __init__: {shims}"
+
+
+def test_no_module_imports_a_private_name_from_another():
+    """A name another module needs is public (in its module's ``__all__``, with a docstring):
+    ``from mhainterp.x import _y`` couples the importer to an implementation detail. The whole
+    package, at any depth of a file (tests may still reach into privates)."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        module = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            internal = isinstance(node, ast.ImportFrom) and (
+                node.level > 0 or (node.module or "").startswith("mhainterp")
+            )
+            if internal:
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                found += [f"{module}: from {node.module} import {name}" for name in private]
+    assert found == [], f"private names imported across modules (make them public): {found}"
 
 
 # Files that may still raise a plain ValueError, with how many and why. A bad ARGUMENT raises

@@ -16,7 +16,7 @@ from mhainterp.specialization import (
     attach_division,
     specialization_test,
 )
-from mhainterp.specialization.verdict.headline import (
+from mhainterp.specialization.headline import (
     compare_headlines,
     gate_perturbations,
     headline_stability,
@@ -98,7 +98,7 @@ def _run_folder(path, heads):
 
 def test_specialize_prints_the_headline_stability_when_asked(tmp_path, capsys, monkeypatch):
     from mhainterp.cli import main
-    from mhainterp.specialization.verdict import headline
+    from mhainterp.specialization import headline
 
     run = _run_folder(tmp_path / "run", ["previous", "dead"])
     table = pd.DataFrame({"changed": [True, False, False, False], "n_labels": [2] * 4,
@@ -123,7 +123,7 @@ def test_specialize_prints_the_headline_stability_when_asked(tmp_path, capsys, m
 def test_headline_stability_folder_saves_the_table_and_the_shares(tmp_path):
     import json
 
-    from mhainterp.specialization.verdict.headline import HEADLINE_FILE, headline_stability_folder
+    from mhainterp.specialization.headline import HEADLINE_FILE, headline_stability_folder
 
     run = _run_folder(tmp_path / "run", ["previous", "dead"])
     settings = SpecializationSettings(n_eval=64, n_permutations=50, n_init=2)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-import mhainterp.specialization.verdict.headline as headline
+import mhainterp.specialization.headline as headline
 from mhainterp.cli.specialize import HEADLINE_ANALYSES
 from mhainterp.config import TrainConfig
 from mhainterp.model.handbuilt import handbuilt_model

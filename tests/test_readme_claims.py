@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from mhainterp.analyze import run_demo
-from mhainterp.specialization.seeds.over_sweep import SweepSpecialization
+from mhainterp.specialization.folders import SweepSpecialization
 from mhainterp.stats import compare_head_counts, separation, smallest_p
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "reference" / "quickstart"

@@ -273,7 +273,7 @@ def test_the_first_atomic_write_into_a_folder_removes_its_stale_temps(tmp_path):
 
 def test_overwritten_weights_make_saved_analyses_stale(tiny_sweep, tmp_path):
     from mhainterp.specialization import specialize_folder
-    from mhainterp.specialization.seeds.over_sweep import saved_specialization
+    from mhainterp.specialization.folders import saved_specialization
 
     run = tmp_path / "run"
     shutil.copytree(tiny_sweep / "runs" / "h2_seed0", run)

@@ -45,7 +45,7 @@ examples:
 
 HEADLINE_ANALYSES = 41
 """Analyses per run of ``--headline-stability`` (mirrors
-:func:`mhainterp.specialization.verdict.headline.n_analyses`; the parser imports no torch)."""
+:func:`mhainterp.specialization.headline.n_analyses`; the parser imports no torch)."""
 
 HEAD_COLUMNS = [
     "head_label",
@@ -113,8 +113,8 @@ def _cmd_specialize(args: argparse.Namespace) -> int:
         print("\n".join(result.result.verdict.lines))
         print(f"\ntables saved in {folder}\n")
     if by:
+        from mhainterp.specialization.folders import division_folder
         from mhainterp.specialization.nulls import SAME_FUNCTION_NULL
-        from mhainterp.specialization.seeds.over_sweep import division_folder
 
         print(
             "Division of labour (index per axis vs the upper 95% quantile of its null, "
@@ -128,7 +128,7 @@ def _cmd_specialize(args: argparse.Namespace) -> int:
 
 
 def _print_headline_stability(path: Path, settings: Any, by: tuple[str, ...], quiet: bool) -> None:
-    from mhainterp.specialization.verdict.headline import (
+    from mhainterp.specialization.headline import (
         headline_stability_folder,
         headline_summary,
     )

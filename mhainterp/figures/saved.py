@@ -41,7 +41,7 @@ from mhainterp.figures.specialization import (
 from mhainterp.provenance import analysis_is_current
 from mhainterp.runs import folder_kind, read_results, sweep_folders
 from mhainterp.specialization import SpecializationResult, saved_division, saved_specialization
-from mhainterp.specialization.seeds.over_sweep import SweepSpecialization
+from mhainterp.specialization.folders import SweepSpecialization
 from mhainterp.specialization.whom.division_result import DivisionResult
 from mhainterp.sweep import load_curves
 

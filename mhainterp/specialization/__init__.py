@@ -3,34 +3,37 @@ cross-seed consistency, and a verdict generated from the numbers.
 
 The seeds warn that heads are not guaranteed distinct roles, that some are redundant or useless,
 and that an attention map is a clue, not an explanation. This package turns each warning into a
-measurement:
+measurement: one sub-package per question, a leaf of settings below them and an orchestration
+floor above them (each layer imports only the ones before it; ``tests/test_architecture.py``
+checks it):
 
-================  ==========================================================================
-``roles``         share of each head's attention on each relation template, with the
-                  permutation null (keys shuffled within the mask)
-``nulls``         the initialisation null (same architecture, matched seeds, untrained) and
-                  corrected p-values of both nulls combined
-``corrections``   Holm and Benjamini-Hochberg adjusted p-values
-``causal``        head x target ablation damage, selectivity index and its permutation null
-``division``      :func:`division_of_labour`: whom each head serves (token, position, target
-                  class, target), against permutation and untrained-model nulls
-``redundancy``    similar heads that back each other up (pairs, and groups of 3 or more)
-``consistency``   the same roles across seeds: Hungarian matching vs random matching
-``settings``      :class:`SpecializationSettings` and :class:`DivisionSettings`: every
-                  threshold, validated; one family (the division's derive from the labels')
-``labels``        one label per head: dead > backed up > role (or count:<set>) >
-                  unspecialized (mixing), and the flags holds / needed / backed_up / dead
-``stability``     the labels re-decided with every threshold x 0.8 and x 1.25, and the
-                  division's per-head flags with its effect gate moved
-                  (:func:`division_stability`), from the saved evidence (no forward pass)
-``core``          :func:`specialization_test`: the tables, labels and verdict of runs
-                  (its parts: ``result`` the tables' columns and :class:`SpecializationResult`
-                  with save/load; ``run_analysis`` one run's tables and verdict; ``combine``
-                  :func:`combine_results` and :func:`attach_division`)
-``over_sweep``    :func:`sweep_specialization`: specialization, redundancy and accuracy vs h;
-                  :func:`specialize_folder`: compute and save what a report reads
-``verdict``       the verdict objects whose text is generated from the numbers
-================  ==========================================================================
+====================  ======================================================================
+``settings``          :class:`SpecializationSettings` and :class:`DivisionSettings`: every
+                      threshold, validated; one family (the division's derive from the
+                      labels'). ``nulls``: the names of the nulls, for the text
+``where/``            where a head looks: role scores against the permutation null
+                      (``roles``), the initialisation null and the combined p-values
+                      (``nulls``)
+``needed/``           whether it is needed: dead (``dead``), backed up by similar heads
+                      (``redundancy``: pairs, and groups of 3 or more)
+``whom/``             whom it serves: head x target damage and causal selectivity
+                      (``causal``), :func:`division_of_labour` (``division``: token,
+                      position, target class, target, against a null that keeps head
+                      function)
+``verdict/``          one label per head (``labels``: dead > backed up > role > unspecialized,
+                      and the flags), the sentences, their stability under every threshold
+                      (:func:`label_stability`, :func:`division_stability`), and
+                      :class:`SpecializationResult` with save/load (``result``)
+``seeds/``            over seeds: :func:`combine_results` and :func:`attach_division`
+                      (``combine``), cross-seed consistency, the summary vs h
+``run_analysis``      one run's tables and verdict
+``battery``           :func:`specialization_test`: the tables, labels and verdict of runs
+``folders``           :func:`sweep_specialization` (specialization, redundancy and accuracy
+                      vs h) and :func:`specialize_folder` (compute and save what a report
+                      reads)
+``headline``          :func:`headline_stability`: does the verdict sentence survive moving
+                      every gate
+====================  ======================================================================
 
 Example:
     >>> from mhainterp.model.handbuilt import handbuilt_model
@@ -42,6 +45,14 @@ Example:
 """
 
 from mhainterp.specialization.battery import specialization_test
+from mhainterp.specialization.folders import (
+    SweepSpecialization,
+    cached_specialization,
+    saved_specialization,
+    specialize_folder,
+    sweep_specialization,
+)
+from mhainterp.specialization.headline import headline_stability
 from mhainterp.specialization.needed.redundancy import (
     redundancy_groups,
     redundancy_pairs,
@@ -54,16 +65,8 @@ from mhainterp.specialization.seeds.consistency import (
     profile_similarity,
     role_profiles,
 )
-from mhainterp.specialization.seeds.over_sweep import (
-    SweepSpecialization,
-    cached_specialization,
-    saved_specialization,
-    specialize_folder,
-    sweep_specialization,
-)
 from mhainterp.specialization.seeds.summary import SUMMARY_COLUMNS, specialization_summary
 from mhainterp.specialization.settings import THRESHOLDS, DivisionSettings, SpecializationSettings
-from mhainterp.specialization.verdict.headline import headline_stability
 from mhainterp.specialization.verdict.labels import (
     LABELS_OTHER,
     decide_labels,

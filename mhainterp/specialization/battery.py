@@ -39,8 +39,8 @@ from tqdm.auto import tqdm
 
 from mhainterp.model import HookedMHATransformer
 from mhainterp.runtime import uses_work_threads
-from mhainterp.specialization.run_analysis import _analyse, _RunInput
-from mhainterp.specialization.seeds.combine import _single_result, attach_division, combine_results
+from mhainterp.specialization.run_analysis import RunInput, analyse_run
+from mhainterp.specialization.seeds.combine import attach_division, combine_results, single_result
 from mhainterp.specialization.settings import SpecializationSettings
 from mhainterp.specialization.verdict.result import (
     SpecializationResult,
@@ -61,7 +61,7 @@ __all__ = [
 # ----------------------------------------------------------------------------- inputs
 
 
-def _resolve(run_or_model: Any, task: Task | None) -> list[_RunInput]:
+def _resolve(run_or_model: Any, task: Task | None) -> list[RunInput]:
     items = (
         list(run_or_model)
         if isinstance(run_or_model, (list, tuple)) and not _is_model_task_pair(run_or_model)
@@ -87,17 +87,17 @@ def _is_model_task_pair(value: Any) -> bool:
     )
 
 
-def _resolve_one(item: Any, task: Task | None, index: int) -> _RunInput:
+def _resolve_one(item: Any, task: Task | None, index: int) -> RunInput:
     if isinstance(item, (str, os.PathLike)):
         item = load_run(item)
     if isinstance(item, Run):
-        return _RunInput(item.model, task or item.task, str(item.path), item.model_config.seed)
+        return RunInput(item.model, task or item.task, str(item.path), item.model_config.seed)
     if _is_model_task_pair(item):
         item, task = item
     if isinstance(item, HookedMHATransformer):
         if task is None:
             raise invalid("data", task, "a Task when a model (not a run folder or Run) is given")
-        return _RunInput(item, task, f"model{index}", item.cfg.seed)
+        return RunInput(item, task, f"model{index}", item.cfg.seed)
     raise TypeError(
         "run_or_model must be a run folder, a training.Run, a HookedMHATransformer (with data), "
         f"a (model, task) pair, or a list of these; got {type(item).__name__}"
@@ -171,7 +171,7 @@ def specialization_test(
     inputs = _resolve(run_or_model, data)
     singles = []
     for inp in tqdm(inputs, desc="specialization", disable=not progress or len(inputs) == 1):
-        single = _single_result(_analyse(inp, settings, progress), settings)
+        single = single_result(analyse_run(inp, settings, progress), settings)
         if division is True:  # each run with its own division, before the runs are stacked
             single = attach_division(single, division_of_labour(inp.model, inp.task,
                                                                 settings=settings))  # fmt: skip

@@ -63,12 +63,15 @@ from mhainterp.specialization.whom.causal import (
 from mhainterp.tasks import Task
 from mhainterp.training import evaluate
 
-__all__: list[str] = []  # internal to specialization_test; use mhainterp.specialization.battery
+# The seam battery.specialization_test builds on (users call specialization_test itself).
+__all__ = ["RunInput", "analyse_run"]
 
 
 @dataclass
-class _RunInput:
-    """One run to analyse: the model, its task, its name in the tables and its seed."""
+class RunInput:
+    """One run to analyse: the model, its task, its name in the tables and its seed (what
+    :func:`~mhainterp.specialization.battery.specialization_test` resolves each of its inputs
+    to)."""
 
     model: HookedMHATransformer
     task: Task
@@ -79,8 +82,15 @@ class _RunInput:
 # ----------------------------------------------------------------------------- one run
 
 
-def _analyse(inp: _RunInput, settings: SpecializationSettings, progress: bool) -> dict[str, Any]:
-    """All tables and the verdict of one run."""
+def analyse_run(inp: RunInput, settings: SpecializationSettings, progress: bool) -> dict[str, Any]:
+    """All tables and the verdict of one run.
+
+    Returns:
+        The tables of :class:`~mhainterp.specialization.verdict.result.SpecializationResult`
+        but ``consistency`` and ``runs`` (one run has no seeds to compare), by name, and
+        ``"verdict"``: the run's :class:`~.verdict.sentences.RunVerdict`.
+        :func:`~mhainterp.specialization.seeds.combine.single_result` makes the result of them.
+    """
     model, task = inp.model, inp.task
     batch = task.eval_batch(settings.n_eval)
     tokens, mask = batch.tokens, batch.padding_mask
@@ -278,7 +288,7 @@ def _run_verdict(
     settings: SpecializationSettings,
     accuracy: float,
     causal: tuple[float, float, float],
-    inp: _RunInput,
+    inp: RunInput,
     stability: pd.DataFrame,
 ) -> RunVerdict:
     role_rows = heads[~heads["label"].isin(LABELS_OTHER)]

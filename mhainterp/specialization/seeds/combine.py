@@ -36,6 +36,7 @@ __all__ = [
     "attach_division",
     "combine_results",
     "compared_units",
+    "single_result",
 ]
 
 VERDICT_DIVISION_COLUMNS = (
@@ -269,9 +270,11 @@ SERVES_QUALIFIERS = {
 divide is shared, not a division of labour."""
 
 
-def _single_result(
-    tables: dict[str, Any], settings: SpecializationSettings
-) -> SpecializationResult:
+def single_result(tables: dict[str, Any], settings: SpecializationSettings) -> SpecializationResult:
+    """One run's :class:`SpecializationResult` from its tables and verdict
+    (:func:`~mhainterp.specialization.run_analysis.analyse_run`'s dict; its ``"verdict"`` is
+    taken out of it): the runs table is the verdict's row, the consistency table empty (one
+    run has no seeds to compare)."""
     verdict = tables.pop("verdict")
     runs = pd.DataFrame([_run_row(verdict, tables["heads"])], columns=RUN_COLUMNS)
     return SpecializationResult(

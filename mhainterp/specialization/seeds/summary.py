@@ -14,7 +14,7 @@ numbers over seeds, and the comparisons between head counts that answer "does h 
   block and the consistency notes.
 
 All of it is computed when the sweep is specialized and saved
-(:meth:`~.over_sweep.SweepSpecialization.save`); the report reads it.
+(:meth:`mhainterp.specialization.folders.SweepSpecialization.save`); the report reads it.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ class SweepSpecialization:
         result: The stacked :class:`~mhainterp.specialization.battery.SpecializationResult`.
         notes: Findings generated from the numbers, one per task (+ caveats).
         comparisons: The head-count comparisons behind the notes' answer
-            (:func:`~.summary.head_count_comparisons`, columns
+            (:func:`~.seeds.summary.head_count_comparisons`, columns
             :data:`mhainterp.stats.HEAD_COUNT_COLUMNS`).
     """
 

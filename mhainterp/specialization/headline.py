@@ -1,6 +1,6 @@
 """Stability of the headline: does the verdict SENTENCE survive moving every gate?
 
-:mod:`.stability` re-decides the labels with each label threshold x 0.8 / x 1.25 from saved
+:mod:`.verdict.stability` re-decides the labels with each label threshold x 0.8 / x 1.25 from saved
 evidence. The headline (does the model divide the work, along what) rests on more: the damage
 gates, ``alpha``, ``n_eval``, the ablation method, and the division test's own gates
 (``min_gain``, ``min_loss_increase``, ``serve_share``, or, once the division test has a settings
