@@ -23,6 +23,7 @@ from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.figures.saved import save_folder_figures
 from mhainterp.report import write_report
 from mhainterp.specialization import SpecializationSettings, specialize_folder
+from mhainterp.specialization.folders import division_folder
 from mhainterp.sweep import fastest_executor
 
 QUICK = {"n_heads": "1,2,4", "seeds": "0,1,2", "steps": 200, "n_eval": 128}
@@ -45,7 +46,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--executor", default=None, help="sweep executor (default: batched when available)"
     )
     parser.add_argument(
-        "--n-eval", type=int, default=256, help="held-out sequences (labels and division)"
+        "--n-eval",
+        type=int,
+        default=256,
+        help="held-out sequences of the labels (the division of labour uses 1,024)",
     )
     parser.add_argument("--no-analyze", action="store_true", help="skip mhainterp analyze")
     parser.add_argument(
@@ -83,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
             for h in args.analyze_heads or config.n_heads:
                 run_dir = sweep_dir / "runs" / f"h{h}_seed{seeds[0]}"
                 analyze_run(run_dir, n_eval=args.analyze_eval, progress=progress)
-        # The division of labour of every run, then the sweep's tables: what the report reads.
-        ((_, spec),) = specialize_folder(sweep_dir, settings, progress=progress)
+        # The division of labour of every run (on the default evaluation set), then the labels
+        # on --n-eval and the sweep's tables, the saved division attached: what the report reads.
+        division_folder(sweep_dir, progress=progress)
+        ((_, spec),) = specialize_folder(sweep_dir, settings, progress=progress, by=())
         print(spec.to_markdown())
         print("\n".join(spec.result.verdict.lines))
     save_folder_figures(args.out)  # beside the tables, for the report to embed
