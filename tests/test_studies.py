@@ -76,15 +76,19 @@ def test_specialization_study_plan(tmp_path, monkeypatch):
     def analyze(run_dir, n_eval, progress):
         calls.append(("analyze", run_dir.name, n_eval))
 
-    def specialize(sweep, settings, progress):
-        # specialize_folder computes the division of labour and saves the sweep's tables
-        calls.append(("specialize", sweep.name, settings.n_eval))
+    def division(sweep, progress):  # every run's division, on the default evaluation set
+        calls.append(("division", sweep.name))
+
+    def specialize(sweep, settings, progress, by):
+        # specialize_folder labels the heads, attaches the saved division, saves the tables
+        calls.append(("specialize", sweep.name, settings.n_eval, by))
         verdict = SimpleNamespace(lines=["a verdict"])
         spec = SimpleNamespace(to_markdown=lambda: "", result=SimpleNamespace(verdict=verdict))
         return [(sweep, spec)]
 
     monkeypatch.setattr(study, "run_sweep_with_figures", sweep)
     monkeypatch.setattr(study, "analyze_run", analyze)
+    monkeypatch.setattr(study, "division_folder", division)
     monkeypatch.setattr(study, "specialize_folder", specialize)
     monkeypatch.setattr(study, "save_folder_figures", lambda path: calls.append(("figures", path)))
     monkeypatch.setattr(study, "write_report", _report(calls))
@@ -93,7 +97,8 @@ def test_specialization_study_plan(tmp_path, monkeypatch):
     assert calls == [
         ("sweep", "reverse", tmp_path / "reverse"),
         ("analyze", "h4_seed0", 256),  # --quick: only the largest head count, seed 0
-        ("specialize", "reverse", 128),  # computed and saved before the report reads it
+        ("division", "reverse"),  # on 1,024 sequences, whatever --n-eval says
+        ("specialize", "reverse", 128, ()),  # computed and saved before the report reads it
         ("figures", tmp_path),  # drawn beside the tables
         ("report", tmp_path),
     ]
