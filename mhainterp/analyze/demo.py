@@ -61,6 +61,7 @@ def run_demo(
     from mhainterp.figures.saved import save_folder_figures
     from mhainterp.report import write_report
     from mhainterp.specialization import SpecializationSettings, specialize_folder
+    from mhainterp.specialization.folders import division_folder
 
     out = Path(out)
     train = TrainConfig(steps=steps or DEMO_STEPS)
@@ -85,8 +86,9 @@ def run_demo(
     # The report reads these results; the terminal gets each sweep's answer right away.
     n_runs = len(DEMO_TASKS) * len(seeds) * len(n_heads)
     echo(f"specialization: the division of labour and the specialization test of {n_runs} runs")
-    labels = SpecializationSettings(n_eval=DEMO_LABEL_N_EVAL)
-    for sweep, spec in specialize_folder(out, labels, progress=progress):
+    division_folder(out, progress=progress)  # the division first, on DEFAULT_N_EVAL sequences
+    labels = SpecializationSettings(n_eval=DEMO_LABEL_N_EVAL)  # by=(): attaches the saved one
+    for sweep, spec in specialize_folder(out, labels, progress=progress, by=()):
         echo(f"### {sweep.name}: do the heads specialize?\n\n{spec.to_markdown()}")
     # The figures of both sweeps take 10-20 s: said, with a bar, not silent.
     sweeps = [out / task for task in DEMO_TASKS]
