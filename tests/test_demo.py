@@ -12,6 +12,7 @@ import mhainterp.analyze.demo
 import mhainterp.figures.saved
 import mhainterp.report
 import mhainterp.specialization
+import mhainterp.specialization.folders
 from mhainterp.cli import main
 
 
@@ -38,8 +39,12 @@ def test_demo_plan_sweeps_and_analyses_each_task_then_specializes_then_reports(
         calls.append(("analyze", Path(run_dir), reference))
         return []
 
+    def division(path, settings=None, **options):
+        calls.append(("division", Path(path), settings))
+        return []
+
     def specialize(path, settings=None, **options):
-        calls.append(("specialize", Path(path)))
+        calls.append(("specialize", Path(path), settings.n_eval, options["by"]))
         return []
 
     def report(path, out=None, **options):
@@ -49,6 +54,7 @@ def test_demo_plan_sweeps_and_analyses_each_task_then_specializes_then_reports(
     # patched where run_demo looks them up: in its own module
     monkeypatch.setattr(mhainterp.analyze.demo, "run_sweep_with_figures", sweep)
     monkeypatch.setattr(mhainterp.analyze.demo, "analyze_run", analyze)
+    monkeypatch.setattr(mhainterp.specialization.folders, "division_folder", division)
     monkeypatch.setattr(mhainterp.specialization, "specialize_folder", specialize)
     figures = lambda path: calls.append(("figures", Path(path))) or []  # noqa: E731
     monkeypatch.setattr(mhainterp.figures.saved, "save_folder_figures", figures)
@@ -70,8 +76,10 @@ def test_demo_plan_sweeps_and_analyses_each_task_then_specializes_then_reports(
         ("config", params, [1, 2], [0, 1], model),
         ("steps", 8),
         ("analyze", runs["reverse"] / "h2_seed0", runs["reverse"] / "h1_seed0"),
-        # The report only reads, so the specialization results are saved first.
-        ("specialize", out),
+        # The report only reads, so the specialization results are saved first: the division
+        # on the default evaluation set, then the labels on 256 sequences (it attaches it).
+        ("division", out, None),
+        ("specialize", out, 256, ()),
         # drawn beside the tables (the report only embeds them), one sweep at a time: a bar
         ("figures", out / "count_previous"),
         ("figures", out / "reverse"),
@@ -96,6 +104,7 @@ def test_demo_defaults_are_the_readme_protocol(tmp_path, monkeypatch):
         "run_sweep_with_figures",
         lambda config, out, executor, progress: seen.append(config) or _Summary(config.task),
     )
+    monkeypatch.setattr(mhainterp.specialization.folders, "division_folder", lambda *a, **k: [])
     monkeypatch.setattr(mhainterp.specialization, "specialize_folder", lambda *a, **k: [])
     monkeypatch.setattr(mhainterp.figures.saved, "save_folder_figures", lambda path: [])
     monkeypatch.setattr(mhainterp.report, "write_report", lambda *a, **k: (Path(), Path()))
