@@ -1,5 +1,5 @@
 """The README's "What a real run found", rerun on held-out seeds: the demo's protocol
-(:func:`mhainterp.analyze.run_demo`: count_previous and reverse, h = 1, 4, 8, 1,500 steps,
+(:func:`mhainterp.demo.run_demo`: count_previous and reverse, h = 1, 4, 8, 1,500 steps,
 d_model 64, one attention-only layer) on seeds 3, 4, 5, and every claim of that section
 checked against the tables the run saves. The README claims only what held on seeds 0-2
 (``data/reference/quickstart/``) and on these; the pooled claims are checked on the reference
@@ -119,11 +119,12 @@ def test_pooled_claims_hold_on_reference_and_held_out_seeds(held_out):
     reverse = pooled["reverse"]["index"]
     for by in ("position", "target_class"):
         assert separation(_values(reverse, 4, by), _values(reverse, 8, by)) == 1
-    # "Does h matter?": count_previous's token index rises from 4 to 8 heads by about +0.15,
-    # every seed apart (the study's 6 seeds; here the reference's and the held-out ones).
+    # count_previous by token rises from 4 to 8 heads, but not in every seed: no difference
+    # shown (exact p 0.006; Holm over 13: third after the two accuracy separations, so at
+    # least 11 x p = 0.07).
     token = pooled["count_previous"]["index"]
     runs = token[token["by"] == "token"].assign(task="count_previous")
     row = compare_head_counts(runs, [("index", "token")]).iloc[0]
-    assert row["separated"] == 1 and 0.10 < row["diff"] < 0.20
-    assert row["p"] == pytest.approx(smallest_p(6, 6)) and row["ci_low"] > 0
-    assert not math.isnan(row["ci_high"])
+    assert row["separated"] == 0 and 0.12 < row["diff"] < 0.18
+    assert 0.003 < row["p"] < 0.02 and 11 * row["p"] > 0.05
+    assert not math.isnan(row["ci_low"]) and row["ci_low"] > 0
