@@ -26,6 +26,7 @@ from mhainterp.ablation.engine import AblationResult, evaluate_head_sets
 from mhainterp.ablation.replacement import DEFAULT_MAX_ROWS, Method
 from mhainterp.data import DEFAULT_N_EVAL, Data
 from mhainterp.heads import HeadSpec, all_heads, format_heads, head_label, resolve_heads
+from mhainterp.protocol import HookedModel
 from mhainterp.runtime import uses_work_threads
 from mhainterp.scoring import metric_names
 from mhainterp.validation import invalid
@@ -55,7 +56,12 @@ def damage(metric: str, ablated: float, baseline: float) -> float:
 
 
 def _with_clean(
-    model: Any, data: Data, head_sets: list, method: Method, reference: Data | None, **options: Any
+    model: HookedModel,
+    data: Data,
+    head_sets: list,
+    method: Method,
+    reference: Data | None,
+    **options: Any,
 ) -> tuple[AblationResult, dict[str, float], list[dict[str, float]], list[str]]:
     """Evaluate the clean model followed by ``head_sets``; split off the clean metrics."""
     result = evaluate_head_sets(model, data, [[], *head_sets], method, reference, **options)
@@ -65,7 +71,7 @@ def _with_clean(
 
 @uses_work_threads
 def head_importance(
-    model: Any,
+    model: HookedModel,
     data: Data,
     method: Method = "zero",
     reference: Data | None = None,
@@ -171,7 +177,7 @@ PAIRWISE_COLUMNS = [
 
 @uses_work_threads
 def pairwise_ablation(
-    model: Any,
+    model: HookedModel,
     data: Data,
     method: Method = "zero",
     reference: Data | None = None,

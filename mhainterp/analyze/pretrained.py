@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import torch
@@ -48,7 +47,7 @@ from mhainterp.attribution import (
 from mhainterp.heads import all_heads, head_label
 from mhainterp.io import write_csv, write_json, write_text
 from mhainterp.pretrained import load_pretrained, random_init_models
-from mhainterp.protocol import BridgedModel
+from mhainterp.protocol import BridgedModel, HookedModel
 from mhainterp.scoring import CleanOutputMetric, pooled_output
 from mhainterp.specialization.where.nulls import combine_nulls, init_null_summary, init_p_values
 from mhainterp.specialization.where.roles import capture_role_sums, role_frame, role_templates
@@ -86,7 +85,12 @@ def sentences_of(text: str | os.PathLike[str], n: int | None = None) -> list[str
 
 
 def text_roles(
-    model: Any, batch: Batch, *, n_init: int = 2, n_null: int | None = 16, progress: bool = False
+    model: BridgedModel,
+    batch: Batch,
+    *,
+    n_init: int = 2,
+    n_null: int | None = 16,
+    progress: bool = False,
 ) -> pd.DataFrame:
     """Role scores of every head on ``batch``, against the permutation and random-weight nulls.
 
@@ -204,7 +208,7 @@ def zero_vs_mean(
     return wide.sort_values(["layer", "head"], ignore_index=True)
 
 
-def embedding_metric(model: Any, batch: Batch) -> CleanOutputMetric:
+def embedding_metric(model: HookedModel, batch: Batch) -> CleanOutputMetric:
     """The clean pooled output of every sentence (one forward), as the engine's metric: an
     encoder without a trained output head (MiniLM) is scored by 1 - cos of its sentence embedding
     (the explorer's clicks use it too)."""
@@ -218,7 +222,7 @@ def embedding_metric(model: Any, batch: Batch) -> CleanOutputMetric:
     return CleanOutputMetric("embedding", pooled, batch.padding_mask)
 
 
-def _exact_all(model: Any, batch: Batch, metric: CleanOutputMetric) -> pd.DataFrame:
+def _exact_all(model: HookedModel, batch: Batch, metric: CleanOutputMetric) -> pd.DataFrame:
     """Every head ablated exactly, zero and mean, scored by ``metric`` (small models)."""
     heads = [head_label(*pair) for pair in all_heads(model.cfg.n_layers, model.cfg.n_heads)]
     cache = CleanCache()
@@ -246,7 +250,7 @@ def _exact_all(model: Any, batch: Batch, metric: CleanOutputMetric) -> pd.DataFr
 
 
 def _verified(
-    model: Any, batch: Batch, attribution: pd.DataFrame, top_k: int, n_random: int
+    model: HookedModel, batch: Batch, attribution: pd.DataFrame, top_k: int, n_random: int
 ) -> pd.DataFrame:
     """Exact zero and mean ablation of one set: each method's top-k and a random sample."""
     cache = CleanCache()
@@ -384,7 +388,7 @@ def analyze_pretrained(
 
 
 def _summary(
-    model: Any,
+    model: BridgedModel,
     batch: Batch,
     categories: pd.DataFrame,
     agreement: pd.DataFrame | None,

@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import pandas as pd
 
@@ -25,12 +24,13 @@ from mhainterp.ablation import METHODS, Method, check_method, head_importance, p
 from mhainterp.attribution import gradient_importance, importance_agreement, prune_curve
 from mhainterp.data import DEFAULT_N_EVAL, Data
 from mhainterp.protocol import HookedModel
+from mhainterp.training import Run
 
 __all__ = ["ablation_tables", "unpack_run"]
 
 
 def ablation_tables(
-    run_or_model: Any,
+    run_or_model: Run | HookedModel,
     data: Data | None = None,
     *,
     method: Method = "mean",
@@ -96,7 +96,7 @@ def _most_damaging(importance: pd.DataFrame, method: str, n: int | None) -> list
     return table.loc[sorted(top.index[:n])]["head_label"].tolist()
 
 
-def unpack_run(run_or_model: Any, data: Data | None) -> tuple[Any, Data]:
+def unpack_run(run_or_model: Run | HookedModel, data: Data | None) -> tuple[HookedModel, Data]:
     """``(model, data)`` from a Run (its task unless ``data`` is given) or a model + data."""
     if isinstance(run_or_model, HookedModel):
         if data is None:

@@ -57,11 +57,17 @@ __all__ = [
     "specialization_test",
 ]
 
+_RunSource = str | os.PathLike[str] | Run | HookedMHATransformer | tuple[HookedMHATransformer, Task]
+"""One input of :func:`specialization_test`: a run folder, a Run, a model (with ``data``) or a
+``(model, task)`` pair."""
+
 
 # ----------------------------------------------------------------------------- inputs
 
 
-def _resolve(run_or_model: Any, task: Task | None) -> list[RunInput]:
+def _resolve(
+    run_or_model: _RunSource | list[_RunSource] | tuple[_RunSource, ...], task: Task | None
+) -> list[RunInput]:
     items = (
         list(run_or_model)
         if isinstance(run_or_model, (list, tuple)) and not _is_model_task_pair(run_or_model)
@@ -78,7 +84,7 @@ def _resolve(run_or_model: Any, task: Task | None) -> list[RunInput]:
     return inputs
 
 
-def _is_model_task_pair(value: Any) -> bool:
+def _is_model_task_pair(value: object) -> bool:
     return (
         isinstance(value, tuple)
         and len(value) == 2
@@ -87,7 +93,7 @@ def _is_model_task_pair(value: Any) -> bool:
     )
 
 
-def _resolve_one(item: Any, task: Task | None, index: int) -> RunInput:
+def _resolve_one(item: _RunSource, task: Task | None, index: int) -> RunInput:
     if isinstance(item, (str, os.PathLike)):
         item = load_run(item)
     if isinstance(item, Run):
@@ -119,7 +125,7 @@ def _unique_names(paths: list[str]) -> list[str]:
 
 @uses_work_threads
 def specialization_test(
-    run_or_model: Any,
+    run_or_model: _RunSource | list[_RunSource] | tuple[_RunSource, ...],
     data: Task | None = None,
     settings: SpecializationSettings | None = None,
     *,

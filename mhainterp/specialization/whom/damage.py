@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -22,13 +21,10 @@ from torch import Tensor
 
 from mhainterp.ablation import Method, evaluate_head_sets
 from mhainterp.heads import all_heads, head_label
-from mhainterp.tasks import Batch
+from mhainterp.protocol import HookedModel
+from mhainterp.tasks import AXES, Axis, Batch
 
-__all__ = ["AXES", "TripleDamage", "axis_values", "triple_damage"]
-
-AXES: tuple[str, ...] = ("token", "position", "target_class", "target")
-"""The axes damage is grouped by: the query token, its position, the class to output, which
-target (multi-target models); those of :func:`~.division.division_of_labour` and the explorer."""
+__all__ = ["TripleDamage", "axis_values", "triple_damage"]
 
 
 @dataclass
@@ -49,10 +45,10 @@ class TripleDamage:
     damage: Float[Tensor, "H N"]
     loss_increase: Float[Tensor, "H N"]
     clean: Float[Tensor, " N"]
-    values: dict[str, Int[Tensor, " N"]]
-    value_names: dict[str, list[str]]
+    values: dict[Axis, Int[Tensor, " N"]]
+    value_names: dict[Axis, list[str]]
     index: Int[Tensor, "N 3"] | None = None
-    _onehots: dict[str, Tensor] = field(default_factory=dict, repr=False, compare=False)
+    _onehots: dict[Axis, Tensor] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def heads(self) -> list[str]:
@@ -64,7 +60,7 @@ class TripleDamage:
         """Each head's overall accuracy drop (all scored triples)."""
         return self.damage.mean(1)
 
-    def onehot(self, axis: str) -> Float[Tensor, "N K"]:
+    def onehot(self, axis: Axis) -> Float[Tensor, "N K"]:
         """The triple x value indicator matrix of ``axis`` (built once per axis: the division
         of labour asks for it several times)."""
         if axis not in self._onehots:
@@ -85,23 +81,25 @@ def _small_unique(column: Int[Tensor, " N"]) -> tuple[Int[Tensor, " K"], Int[Ten
 
 def axis_values(
     batch: Batch, scored: Bool[Tensor, "n T k"], names: Sequence[str]
-) -> tuple[dict[str, Tensor], dict[str, list[str]]]:
-    """Value ids and names of every axis at the scored triples (row-major order).
+) -> tuple[dict[Axis, Tensor], dict[Axis, list[str]]]:
+    """Value ids and names of every axis of :data:`~mhainterp.tasks.AXES` at the scored
+    triples (row-major order).
 
-    The axes (``token``, ``position``, ``target_class``, ``target``) and their value names are
-    the division of labour's; the explorer groups its loss and accuracy by the same ones.
+    The axes and their value names are the division of labour's; the explorer groups its loss
+    and accuracy by the same ones.
     """
     i, t, j = scored.nonzero(as_tuple=True)
     n, T, k = scored.shape
-    raw = {
+    raw: dict[Axis, Tensor] = {
         "token": batch.tokens[i, t],
         "position": t,
         "target_class": batch.targets.reshape(n, T, k)[i, t, j],
         "target": j,
     }
-    values, value_names = {}, {}
-    for axis, column in raw.items():
-        unique, ids = _small_unique(column.cpu())
+    values: dict[Axis, Tensor] = {}
+    value_names: dict[Axis, list[str]] = {}
+    for axis in AXES:
+        unique, ids = _small_unique(raw[axis].cpu())
         values[axis] = ids
         if axis == "target":
             value_names[axis] = [names[int(u)] if names else str(int(u)) for u in unique]
@@ -112,7 +110,7 @@ def axis_values(
 
 @torch.no_grad()
 def triple_damage(
-    model: Any,
+    model: HookedModel,
     batch: Batch,
     *,
     method: Method = "mean",

@@ -161,13 +161,14 @@ from tqdm.auto import tqdm
 from mhainterp.ablation.replacement import CleanCache
 from mhainterp.data import Data, as_batch, batch_for_model, target_names
 from mhainterp.heads import head_label, resolve_heads
+from mhainterp.model import HookedMHATransformer
 from mhainterp.runtime import uses_work_threads
 from mhainterp.specialization.needed.redundancy import similar_groups
 from mhainterp.specialization.settings import (
     DivisionSettings,
     resolve_settings,
 )
-from mhainterp.specialization.whom.damage import AXES, TripleDamage, axis_values
+from mhainterp.specialization.whom.damage import TripleDamage, axis_values
 from mhainterp.specialization.whom.division_attention import attention_view
 from mhainterp.specialization.whom.division_calls import (
     Evidence,
@@ -198,7 +199,7 @@ from mhainterp.specialization.whom.profiles import (
     run_rows,
     write_norms,
 )
-from mhainterp.tasks import Batch, Task
+from mhainterp.tasks import AXES, Batch, Task
 from mhainterp.validation import check_option, invalid
 
 __all__ = [
@@ -251,7 +252,7 @@ def _axes_that_apply(
 
 @uses_work_threads
 def division_of_labour(
-    model: Any,
+    model: HookedMHATransformer,
     data: Data,
     by: Sequence[str] | str = AXES,
     *,
@@ -506,7 +507,7 @@ def _groups(primary: PassScores, configs: Configs, s: DivisionSettings) -> list[
 
 
 def _noisy_passes(
-    model: Any,
+    model: HookedMHATransformer,
     batch: Batch,
     configs: Configs,
     rows: list[int],

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from mhainterp.capture import iter_patterns, stack_patterns
+from mhainterp.protocol import HookedModel
 from mhainterp.specialization.whom.damage import TripleDamage
 from mhainterp.specialization.whom.division_result import ATTENTION_COLUMNS, join_columns
 from mhainterp.tasks import Batch, Task
@@ -31,7 +32,7 @@ ATTENTION_AXES: tuple[str, ...] = ("token", "position")
 
 
 def attention_view(
-    model: Any,
+    model: HookedModel,
     batch: Batch,
     relations: Any,
     axes: Sequence[str],

@@ -23,15 +23,16 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from mhainterp.ablation import Method, evaluate_head_sets
+from mhainterp.ablation import AblationResult, Method, evaluate_head_sets
 from mhainterp.ablation.replacement import CleanCache, capture_z
 from mhainterp.heads import all_heads
+from mhainterp.model import HookedMHATransformer
+from mhainterp.protocol import HookedModel
 from mhainterp.runtime import DRAW_DEVICE, eval_mode
 from mhainterp.tasks import Batch
 
@@ -175,14 +176,14 @@ class PassScores:
 
 @torch.no_grad()
 def run_pass(
-    model: Any,
+    model: HookedModel,
     batch: Batch,
     head_sets: Sequence[Sequence[Pair]],
     method: Method,
     *,
     progress: bool = False,
     cache: CleanCache | None = None,
-) -> tuple[PassScores, Any]:
+) -> tuple[PassScores, AblationResult]:
     """One engine pass of ``head_sets`` (the batch is its own mean/resample reference; a
     ``cache`` shares the clean activations between passes over one model and batch).
 
@@ -205,7 +206,7 @@ def run_pass(
 
 
 def run_rows(
-    model: Any,
+    model: HookedModel,
     batch: Batch,
     configs: Configs,
     rows: Sequence[int],
@@ -255,8 +256,11 @@ def basis_rows(configs: Configs, basis: str) -> list[int]:
 
 
 def noisy_copy(
-    model: Any, noise: float, generator: torch.Generator, twin: Any | None = None
-) -> Any:
+    model: HookedMHATransformer,
+    noise: float,
+    generator: torch.Generator,
+    twin: HookedMHATransformer | None = None,
+) -> HookedMHATransformer:
     """A deep copy of ``model`` whose every head's ``W_Q, W_K, W_V, W_O`` gets Gaussian noise
     of standard deviation ``noise`` x the RMS of that head's matrix (biases, embeddings, MLPs
     and the unembedding unchanged): the same heads doing the same jobs, slightly differently.
@@ -521,7 +525,7 @@ def pad_axes(
 
 @torch.no_grad()
 def write_norms(
-    model: Any, batch: Batch, zs: Sequence[Tensor] | None = None
+    model: HookedMHATransformer, batch: Batch, zs: Sequence[Tensor] | None = None
 ) -> Float[Tensor, " H"]:
     """Each head's mean write norm ``|z_h W_O[h]|`` over the real positions of ``batch``.
 
