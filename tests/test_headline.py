@@ -35,7 +35,7 @@ def test_every_gate_and_the_method_is_moved():
     perturbations = gate_perturbations(settings)
     names = [p.name for p in perturbations]
     expected = [f"{t} x{f:g}" for t in (*THRESHOLDS, "alpha") for f in (0.8, 1.25)]
-    expected += ["n_eval x0.5", "n_eval x2", "ablation_method=zero", "ablation_method=resample"]
+    expected += ["n_eval x0.5", "n_eval x2", "method=zero", "method=resample"]
     division = settings.division  # the labels' n_eval, alpha, method, ...: one family
     assert division == DivisionSettings(n_eval=settings.n_eval, method=settings.method)
     expected += [f"division {name}" for name, _ in division.perturbations()]
@@ -46,6 +46,7 @@ def test_every_gate_and_the_method_is_moved():
     assert moved["n_eval x2"].division.n_eval == 2 * settings.n_eval  # both tests see it
     assert moved["division serve_share x 1.25"].division.serve_share == pytest.approx(0.625)
     assert moved["division method=zero"].division.method == "zero"
+    assert moved["method=zero"].settings.method == "zero"  # the labels' method, named as its field
     assert moved["min_effect x0.8"].division == division  # a label gate leaves the division
 
 

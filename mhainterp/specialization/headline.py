@@ -30,13 +30,13 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 from tqdm.auto import tqdm
 
 from mhainterp.ablation import METHODS
 from mhainterp.io import write_csv, write_json
+from mhainterp.model import HookedMHATransformer
 from mhainterp.render import estimate_line
 from mhainterp.runs import find_runs
 from mhainterp.runtime import uses_work_threads
@@ -47,6 +47,7 @@ from mhainterp.specialization.verdict.result import SpecializationResult
 from mhainterp.specialization.verdict.sentences import headline_call
 from mhainterp.specialization.verdict.stability import FACTORS
 from mhainterp.specialization.whom.division import division_of_labour
+from mhainterp.tasks import AXES, Task
 from mhainterp.training import load_run
 
 __all__ = [
@@ -119,10 +120,10 @@ def gate_perturbations(
         n_eval = max(1, round(settings.n_eval * factor))
         moved = dataclasses.replace(settings, n_eval=n_eval)
         out.append(Perturbation(f"n_eval x{factor:g}", moved, division.replace(n_eval=n_eval)))
-    for method in METHODS:  # named "ablation_method=" as before: saved tables keep their rows
+    for method in METHODS:
         if method != settings.method:
             moved = dataclasses.replace(settings, method=method)
-            out.append(Perturbation(f"ablation_method={method}", moved, division))
+            out.append(Perturbation(f"method={method}", moved, division))
     for name, moved_division in division.perturbations():
         out.append(Perturbation(f"division {name}", settings, moved_division))
     return out
@@ -166,11 +167,11 @@ def compare_headlines(
 
 @uses_work_threads
 def headline_stability(
-    model: Any,
-    data: Any,
+    model: HookedMHATransformer,
+    data: Task,
     settings: SpecializationSettings | None = None,
     *,
-    by: Sequence[str] | str = ("token", "position", "target_class", "target"),
+    by: Sequence[str] | str = AXES,
     division_settings: DivisionSettings | None = None,
     factors: Sequence[float] = FACTORS,
     on_analysis: Callable[[], None] | None = None,
@@ -248,7 +249,7 @@ def headline_stability_folder(
     path: str | os.PathLike[str],
     settings: SpecializationSettings | None = None,
     *,
-    by: Sequence[str] | str = ("token", "position", "target_class", "target"),
+    by: Sequence[str] | str = AXES,
     progress: bool = True,
     echo: Callable[[str], None] | None = None,
 ) -> list[tuple[Path, pd.DataFrame]]:
