@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 
 from mhainterp.capture import visible_keys
+from mhainterp.heads import head_set_labels
 from mhainterp.model import HookedMHATransformer
 from mhainterp.similarity import head_similarity
 from mhainterp.specialization.needed.dead import dead_heads, quiet_ablations
@@ -216,7 +217,7 @@ def _covered(
     """Heads of a tested group that shares their role and whose joint removal hurts."""
     out: set[str] = set()
     for members, damage in zip(groups.get("heads", []), groups.get("damage_all", []), strict=True):
-        heads = str(members).split(",")
+        heads = head_set_labels(str(members))
         roles = {decisions[h].role for h in heads if h in decisions}
         if len(roles) == 1 and "" not in roles and float(damage) >= settings.min_joint_damage:
             out |= set(heads)
@@ -267,7 +268,7 @@ def _groups(partners: pd.Series) -> list[list[str]]:
     for head, linked in partners.items():
         if not linked:
             continue
-        members = {head, *linked.split(",")}
+        members = {head, *head_set_labels(linked)}
         merged = [g for g in groups if g & members]
         for g in merged:
             members |= g

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from mhainterp.heads import HEAD_SET_SEPARATOR
+from mhainterp.heads import HEAD_SET_SEPARATOR, head_set_labels
 from mhainterp.specialization.needed.dead import QUIET_COLUMNS, dead_heads
 from mhainterp.specialization.needed.redundancy import GROUP_COLUMNS, redundant_under
 from mhainterp.specialization.settings import THRESHOLDS, DivisionSettings, SpecializationSettings
@@ -263,7 +263,7 @@ def _specialized_axes(
 ) -> dict[str, frozenset[str]]:
     """Head label -> the axes it is specialized along with the effect gate x ``factor``."""
     served = heads["served_values"].fillna("").astype(str)
-    n_served = served.map(lambda v: len(v.split(",")) if v else 0).to_numpy()
+    n_served = served.map(lambda v: len(head_set_labels(v))).to_numpy()
     flags = specialized_rule(
         (heads["basis"].fillna("").astype(str) != "").to_numpy(),
         heads["p_adj"].to_numpy(float),
@@ -292,7 +292,8 @@ def flip_summary(stability: pd.DataFrame) -> dict[str, Any]:
     """
     flips, every = {}, []
     for name, rows in stability.groupby("threshold", sort=False):
-        heads = {h for c in rows["changed"] for h in str(c).split(",") if h and h != "nan"}
+        changed = rows["changed"].fillna("").astype(str)  # NaN: read back from an empty cell
+        heads = {h for c in changed for h in head_set_labels(c)}
         flips[str(name)] = len(heads)
         every += sorted(heads)
     return {
