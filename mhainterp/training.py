@@ -83,6 +83,7 @@ __all__ = [
     "training_what",
     "run_identity",
     "write_checkpoint",
+    "read_checkpoint",
     "CHECKPOINT_SECONDS",
     "check_compatible",
     "save_diverged",
@@ -457,14 +458,7 @@ class Checkpoint:
         to continue from, ``(0, [])`` when there is none (or it is another run's)."""
         if not self.path.is_file():
             return 0, []
-        try:
-            # read on the CPU (where it was written), then loaded into the model where it is
-            state = torch.load(self.path, map_location="cpu", weights_only=True)  # see above
-        except Exception as error:  # truncated, not a torch file, foreign objects
-            raise RunFolderError(
-                f"{self.path} is damaged ({type(error).__name__}); delete it to train the run "
-                "from the start"
-            ) from None
+        state = read_checkpoint(self.path, "the run")  # then loaded into the model where it is
         if state.get("config") != self._config():
             return 0, []  # another run's: this one starts over and replaces it
         self.model.load_state_dict(state["model"])
@@ -508,6 +502,30 @@ def write_checkpoint(state: dict[str, Any], path: Path) -> None:
         if error.filename is not None:
             raise
         raise OSError(error.errno, error.strerror, str(path)) from error
+
+
+def read_checkpoint(path: Path, what: str) -> dict[str, Any]:
+    """The state :func:`write_checkpoint` saved at ``path``, on the CPU, tensors, numbers and
+    strings only (``torch.load(weights_only=True)``).
+
+    Args:
+        path: the checkpoint file.
+        what: what it trains, for the message when it is damaged: "the run", "its runs".
+
+    Raises:
+        RunFolderError: the file is damaged (truncated, not a torch file, foreign objects);
+            one line naming it and saying to delete it to train ``what`` from the start.
+
+    Example:
+        >>> state = read_checkpoint(run_dir / "checkpoint.pt", "the run")  # doctest: +SKIP
+    """
+    try:
+        # read on the CPU (where it was written); the caller copies it to its device
+        return torch.load(path, map_location="cpu", weights_only=True)  # see above
+    except Exception as error:  # truncated, not a torch file, foreign objects
+        raise RunFolderError(
+            f"{path} is damaged ({type(error).__name__}); delete it to train {what} from the start"
+        ) from None
 
 
 def run_identity(model: HookedMHATransformer, task: Task, config: TrainConfig) -> str:

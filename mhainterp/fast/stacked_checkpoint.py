@@ -20,8 +20,7 @@ from typing import Any
 import torch
 
 from mhainterp import training
-from mhainterp.errors import RunFolderError
-from mhainterp.training import run_identity, write_checkpoint
+from mhainterp.training import read_checkpoint, run_identity, write_checkpoint
 
 __all__ = ["GroupCheckpoint", "GROUP_CHECKPOINT_GLOB"]
 
@@ -52,14 +51,7 @@ class GroupCheckpoint:
         another group's)."""
         if self.path is None or not self.path.is_file():
             return 0
-        try:
-            # read on the CPU (where it was written), then copied to the group's device below
-            state = torch.load(self.path, map_location="cpu", weights_only=True)  # see above
-        except Exception as error:  # truncated, not a torch file, foreign objects
-            raise RunFolderError(
-                f"{self.path} is damaged ({type(error).__name__}); delete it to train its runs "
-                "from the start"
-            ) from None
+        state = read_checkpoint(self.path, "its runs")  # on the CPU, copied to the device below
         g = self.group
         if state.get("index") != g.index or state.get("configs") != self._identity():
             return 0  # another group's: this one starts over and replaces it
