@@ -7,6 +7,7 @@ with the validator that raises it (:mod:`mhainterp.validation`, also light).
 - :class:`TrainingDivergedError`: training's loss became NaN or infinite;
   :class:`BatchDivergedError`: some models of a stacked group diverged, the others finished;
 - :class:`RunFolderError`: a saved file is damaged, or two files disagree;
+  :class:`OutdatedResultError`: a saved result lacks what the current version writes;
 - :class:`RunLockedError`: another process holds a run's lock;
 - :class:`NotEnoughMemoryError`: the work asked for cannot fit in the memory this process may use;
 - :class:`InvalidTaskError`: a task breaks the Task contract;
@@ -33,6 +34,7 @@ __all__ = [
     "BatchDivergedError",
     "InvalidTaskError",
     "NotEnoughMemoryError",
+    "OutdatedResultError",
     "PortInUseError",
     "RunFolderError",
     "RunLockedError",
@@ -67,6 +69,13 @@ class BatchDivergedError(TrainingDivergedError):
 
 class RunFolderError(ValueError):
     """A saved file is damaged, or two files disagree (the message names them)."""
+
+
+class OutdatedResultError(RunFolderError):
+    """A saved analysis result lacks a table or column that the current version writes: an
+    older mhainterp saved it. Analysis results are recomputed from the weights, so the readers
+    that reuse saved results treat it as not saved; the message names the file and the command
+    that rewrites it (:func:`mhainterp.runs.read_result_table`)."""
 
 
 class RunLockedError(RuntimeError):

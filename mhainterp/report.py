@@ -158,8 +158,7 @@ def _head_table(result: SpecializationResult) -> pd.DataFrame:
         "causal_selectivity": "selectivity",
         "redundant_with": "backed up by",
     }
-    present = [c for c in columns if c in result.heads.columns]  # older saved results lack some
-    return result.heads[present].rename(columns=columns)
+    return result.heads[list(columns)].rename(columns=columns)
 
 
 _HEAD_CAPTION = (

@@ -21,7 +21,9 @@ Rules every reader follows through this module:
 Old folders load through one migration, applied by every reader: :func:`migrate_config`
 (``config.json``), :func:`migrate_settings` (saved specialization settings) and
 :func:`migrate_results` (saved tables); :func:`migrate_folder` rewrites a folder in the current
-format on disk. Nothing else reads an old format.
+format on disk. A saved analysis result that lacks a column the current version writes is not
+guessed at: :func:`read_result_table` refuses it (:class:`OutdatedResultError`), and the readers
+that reuse saved results recompute it. Nothing else reads an old format.
 
 Example:
     >>> folder_kind("runs/quickstart")  # doctest: +SKIP
@@ -36,13 +38,13 @@ import math
 import os
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import pandas as pd
 
-from mhainterp.errors import RunFolderError
+from mhainterp.errors import OutdatedResultError, RunFolderError
 from mhainterp.io import read_json, write_csv, write_json
 from mhainterp.validation import check_option
 
@@ -50,6 +52,8 @@ if TYPE_CHECKING:  # annotations only: reading a run folder needs neither torch 
     from mhainterp.model import HookedMHATransformer
 
 __all__ = [
+    "HEAD_KEYS",
+    "lead_with_head",
     "CHECKPOINT_FILE",
     "ANALYSIS_DIR",
     "RESULTS_FILE",
@@ -61,6 +65,7 @@ __all__ = [
     "check_dtype_name",
     "check_metrics",
     "check_tensors",
+    "read_result_table",
     "read_saved_meta",
     "read_table",
     "find_runs",
@@ -478,6 +483,25 @@ _OLD_SEPARATOR = ";"
 _HEAD_SET = re.compile(r"^L\d+H\d+(;L\d+H\d+)+$")
 
 
+HEAD_KEYS = ["head_label", "layer", "head"]
+"""The columns a per-head table leads with (DESIGN: Results and files)."""
+
+
+def lead_with_head(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with :data:`HEAD_KEYS` moved to the front when it has all three (a per-head
+    table); the other columns keep their order.
+
+    Example:
+        >>> lead_with_head(pd.DataFrame(columns=["run", "layer", "head", "head_label", "x"]))
+        Empty DataFrame
+        Columns: [head_label, layer, head, run, x]
+        Index: []
+    """
+    if not set(HEAD_KEYS) <= set(frame.columns):
+        return frame
+    return frame[[*HEAD_KEYS, *(c for c in frame.columns if c not in HEAD_KEYS)]]
+
+
 def migrate_results(
     table: pd.DataFrame, table_dir: str | os.PathLike[str] | None = None
 ) -> pd.DataFrame:
@@ -486,6 +510,8 @@ def migrate_results(
     What older versions wrote, and what it becomes:
 
     - head sets separated by ``;`` (``L0H1;L0H3``) -> ``L0H1,L0H3``, in every text column;
+    - per-head tables with ``head_label, layer, head`` after the run's columns -> those three
+      first (:func:`lead_with_head`);
     - with ``table_dir`` (a sweep's ``results.csv``): every ``run_dir`` resolved from it,
       absolute paths and paths relative to where an old sweep was started included
       (:func:`resolve_run_dir`).
@@ -494,7 +520,7 @@ def migrate_results(
         >>> migrate_results(pd.DataFrame({"heads": ["L0H1;L0H3", "L0H2"]}))["heads"].tolist()
         ['L0H1,L0H3', 'L0H2']
     """
-    table = _migrate_head_sets(table)
+    table = lead_with_head(_migrate_head_sets(table))
     if table_dir is not None and "run_dir" in table.columns:
         table["run_dir"] = [str(resolve_run_dir(r, table_dir)) for r in table["run_dir"]]
     return table
@@ -589,9 +615,11 @@ def read_saved_meta(path: str | os.PathLike[str], keys: tuple[str, ...]) -> dict
 _RECOMPUTE = "delete it and run mhainterp specialize (or analyze) again to rewrite it"
 
 
-def read_table(path: str | os.PathLike[str]) -> pd.DataFrame:
-    """A saved CSV table, in the current format (:func:`migrate_results`). A table saved empty
-    reads as an empty DataFrame.
+def read_table(
+    path: str | os.PathLike[str], *, dtype: dict[str, Any] | None = None
+) -> pd.DataFrame:
+    """A saved CSV table, in the current format (:func:`migrate_results`), with ``dtype`` as
+    in :func:`pandas.read_csv`. A table saved empty reads as an empty DataFrame.
 
     Raises:
         RunFolderError: the file has 0 bytes (no writer here leaves that: damaged) or does
@@ -601,10 +629,57 @@ def read_table(path: str | os.PathLike[str]) -> pd.DataFrame:
     if path.stat().st_size == 0:
         raise RunFolderError(f"{path} is empty (0 bytes); {_RECOMPUTE}")
     try:
-        table = pd.read_csv(path)
+        table = pd.read_csv(path, dtype=dtype)
     except pd.errors.EmptyDataError:
         return pd.DataFrame()
     except (ValueError, UnicodeDecodeError) as error:  # ParserError
         reason = " ".join(str(error).split())
         raise RunFolderError(f"{path} is not a readable CSV table ({reason})") from None
     return migrate_results(table)
+
+
+def read_result_table(
+    path: str | os.PathLike[str],
+    columns: Iterable[str],
+    *,
+    text: Iterable[str] = (),
+    dtype: dict[str, Any] | None = None,
+) -> pd.DataFrame:
+    """A saved analysis table in the current format: :func:`read_table`, with every one of
+    ``columns``; the ``text`` columns present read ``""`` where CSV wrote an empty string
+    (pandas reads it back as NaN), ``dtype`` as in :func:`pandas.read_csv`.
+
+    Raises:
+        FileNotFoundError: it does not exist.
+        OutdatedResultError: it lacks some of ``columns`` (an older mhainterp wrote it); the
+            message names the file, the columns, and the command that rewrites it.
+        RunFolderError: it is damaged (empty or not CSV).
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / "t.csv"
+        >>> _ = write_csv(path, pd.DataFrame({"by": ["token"], "call": [""]}))
+        >>> read_result_table(path, ["by", "call"], text=["call"])["call"].tolist()
+        ['']
+        >>> read_result_table(path, ["by", "basis"])
+        Traceback (most recent call last):
+        ...
+        mhainterp.errors.OutdatedResultError: ... lacks the column basis: ...
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} is missing; run mhainterp specialize (or analyze) again to write it"
+        )
+    table = read_table(path, dtype=dtype)
+    missing = [c for c in columns if c not in table.columns]
+    if missing:
+        which = "column" if len(missing) == 1 else "columns"
+        raise OutdatedResultError(
+            f"{path} lacks the {which} {', '.join(missing)}: an older mhainterp saved it; "
+            f"{_RECOMPUTE}"
+        )
+    present = [c for c in text if c in table.columns]
+    if present:
+        table[present] = table[present].fillna("").astype(str)
+    return table

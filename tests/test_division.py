@@ -229,6 +229,32 @@ def test_save_and_load_round_trip(tmp_path, batch):
         DivisionResult.load(tmp_path)
 
 
+def test_an_outdated_or_damaged_saved_division_is_never_read(tmp_path, batch):
+    # A table an older version saved (a column this version writes is absent) is refused in
+    # one line by load() and counts as not saved for the cache, which recomputes it; a damaged
+    # (0-byte) table is refused, never read as empty.
+    from mhainterp.errors import OutdatedResultError, RunFolderError
+    from mhainterp.specialization.whom.division_result import saved_division
+
+    model = split_heads_model([("query", A), ("query", B)])
+    division_of_labour(model, batch, **FAST).save(tmp_path / "analysis")
+    assert saved_division(tmp_path) is not None
+    basis = tmp_path / "analysis" / "division_basis_profiles.csv"
+    index = tmp_path / "analysis" / "division_index.csv"
+    pd.read_csv(index).drop(columns=["basis", "call"]).to_csv(index, index=False)
+    with pytest.raises(OutdatedResultError, match="division_index.csv lacks the columns call, "):
+        DivisionResult.load(tmp_path / "analysis")
+    assert saved_division(tmp_path) is None
+    division_of_labour(model, batch, **FAST).save(tmp_path / "analysis")
+    basis.unlink()
+    with pytest.raises(FileNotFoundError, match="division_basis_profiles.csv is missing"):
+        DivisionResult.load(tmp_path / "analysis")
+    assert saved_division(tmp_path) is None
+    basis.write_bytes(b"")
+    with pytest.raises(RunFolderError, match=r"division_basis_profiles.csv is empty \(0 bytes\)"):
+        saved_division(tmp_path)
+
+
 def test_bad_arguments(batch):
     model = split_heads_model([("query", A), ("query", B)])
     with pytest.raises(ParameterError, match="by='colour' is invalid"):

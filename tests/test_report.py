@@ -17,6 +17,7 @@ import pytest
 from mhainterp.cli import report as report_cli
 from mhainterp.cli import specialize as specialize_cli
 from mhainterp.config import SweepConfig, TrainConfig
+from mhainterp.errors import OutdatedResultError
 from mhainterp.figures.saved import save_folder_figures
 from mhainterp.io import read_json
 from mhainterp.model.handbuilt import handbuilt_model
@@ -144,6 +145,19 @@ def test_saved_sweep_specialization_reads_back_equal(sweeps, report):
     )
 
 
+def test_an_outdated_sweep_specialization_is_refused_naming_the_file(sweeps, report, tmp_path):
+    # A sweep table that lacks a column this version writes is refused in one line, with the
+    # file, the column and the command; never read with the column missing.
+    for path in (sweeps / "multi_relation").glob("specialization*"):
+        shutil.copy(path, tmp_path / path.name)
+    assert len(SweepSpecialization.load(tmp_path).summary)
+    summary = tmp_path / "specialization_summary.csv"
+    pd.read_csv(summary).drop(columns="division_token_basis").to_csv(summary, index=False)
+    refusal = "specialization_summary.csv lacks the column division_token_basis: an older"
+    with pytest.raises(OutdatedResultError, match=refusal):
+        SweepSpecialization.load(tmp_path)
+
+
 def test_report_computes_nothing_and_says_what_is_missing(sweeps, tmp_path):
     # A sweep whose specialization results were never saved: the report still has the seed
     # table, says plainly that the specialization results are missing, and writes none.
@@ -224,10 +238,26 @@ def test_a_result_missing_a_table_is_recomputed_not_misread(sweeps, tmp_path):
     cached_specialization(run_dir, settings)
     groups = run_dir / "analysis" / "specialization_redundancy_groups.csv"
     groups.unlink()
-    with pytest.raises(FileNotFoundError, match="older mhainterp"):
+    with pytest.raises(FileNotFoundError, match="specialization_redundancy_groups.csv is missing"):
         SpecializationResult.load(run_dir / "analysis")
     cached_specialization(run_dir, settings)
     assert groups.is_file()
+
+
+def test_a_result_missing_a_column_is_recomputed_not_misread(sweeps):
+    # A table saved before a column existed (here: heads' finding) is refused by load() in one
+    # line naming the file and the column, and recomputed by the cache, never read with a gap.
+    run_dir = sweeps / "count_previous" / "runs" / "h2_seed0"
+    settings = SpecializationSettings(n_eval=N_SEQUENCES)
+    fresh = cached_specialization(run_dir, settings)
+    heads = run_dir / "analysis" / "specialization_heads.csv"
+    pd.read_csv(heads).drop(columns="finding").to_csv(heads, index=False)
+    refusal = "specialization_heads.csv lacks the column finding: an older mhainterp saved it"
+    with pytest.raises(OutdatedResultError, match=refusal):
+        SpecializationResult.load(run_dir / "analysis")
+    again = cached_specialization(run_dir, settings)
+    assert again.heads["finding"].tolist() == fresh.heads["finding"].tolist()
+    assert "finding" in pd.read_csv(heads).columns
 
 
 def test_run_report(sweeps, tmp_path):

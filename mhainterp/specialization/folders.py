@@ -24,6 +24,7 @@ from typing import Any
 import pandas as pd
 from tqdm.auto import tqdm
 
+from mhainterp.errors import OutdatedResultError
 from mhainterp.io import FileSet, read_json, write_csv
 from mhainterp.provenance import (
     analysis_is_current,
@@ -34,6 +35,7 @@ from mhainterp.render import markdown_table
 from mhainterp.runs import (
     folder_kind,
     migrate_settings,
+    read_result_table,
     read_results,
     read_saved_meta,
     sweep_folders,
@@ -46,6 +48,7 @@ from mhainterp.specialization.seeds.combine import (
     combine_results,
 )
 from mhainterp.specialization.seeds.summary import (
+    SUMMARY_COLUMNS,
     display_summary,
     head_count_comparisons,
     specialization_summary,
@@ -54,10 +57,11 @@ from mhainterp.specialization.seeds.summary import (
 from mhainterp.specialization.settings import SpecializationSettings
 from mhainterp.specialization.verdict.result import RUN_COLUMNS, SpecializationResult
 from mhainterp.specialization.verdict.stability import DIVISION_THRESHOLD
-from mhainterp.specialization.whom.damage import AXES
 from mhainterp.specialization.whom.division import division_of_labour, division_request
 from mhainterp.specialization.whom.division_result import DivisionResult, saved_division
+from mhainterp.stats import HEAD_COUNT_COLUMNS
 from mhainterp.sweep.summary import summarize
+from mhainterp.tasks import AXES
 from mhainterp.training import load_run
 
 __all__ = [
@@ -131,6 +135,9 @@ class SweepSpecialization:
 
         Raises:
             FileNotFoundError: If a file is missing, naming it and the command that writes it.
+            OutdatedResultError: If a table lacks a column this version writes (an older
+                mhainterp saved it; :func:`sweep_specialization` recomputes it).
+            RunFolderError: If a file is damaged, naming it.
         """
         out_dir = Path(out_dir)
         names = ("specialization_runs.csv", "specialization_summary.csv", COMPARISONS_FILE)
@@ -141,15 +148,16 @@ class SweepSpecialization:
                     f"for this sweep; run `mhainterp specialize {out_dir}`"
                 )
         result = SpecializationResult.load(out_dir, SWEEP_PREFIX)
-        runs = pd.read_csv(out_dir / "specialization_runs.csv")
-        summary = pd.read_csv(out_dir / "specialization_summary.csv")
-        bases = [c for c in summary.columns if c.startswith("division_") and c.endswith("_basis")]
-        summary[bases] = summary[bases].fillna("").astype(str)  # "" (no basis) reads as NaN
-        comparisons = pd.read_csv(out_dir / COMPARISONS_FILE)
-        if "beyond" in comparisons.columns:  # True / False, None where not tested
-            comparisons["beyond"] = comparisons["beyond"].map(
-                lambda v: None if pd.isna(v) else str(v) == "True"
-            )
+        runs = read_result_table(out_dir / "specialization_runs.csv", RUN_COLUMNS)
+        bases = [f"division_{axis}_basis" for axis in AXES]  # "" (no basis) reads as NaN
+        summary = read_result_table(
+            out_dir / "specialization_summary.csv", SUMMARY_COLUMNS, text=bases
+        )
+        comparisons = read_result_table(out_dir / COMPARISONS_FILE, HEAD_COUNT_COLUMNS)
+        # True / False, None where not tested
+        comparisons["beyond"] = comparisons["beyond"].map(
+            lambda v: None if pd.isna(v) else str(v) == "True"
+        )
         notes = list(read_json(out_dir / NOTES_FILE)["notes"])
         return cls(runs, summary, result, notes, comparisons)
 
@@ -228,16 +236,12 @@ def saved_specialization(
     meta = read_saved_meta(meta_path, ("settings", "verdict"))
     if not analysis_is_current(run_dir, meta):  # computed from other weights
         return None
-    saved = migrate_settings(meta["settings"])
-    # A result saved before a table was added lacks its file: it does not count as saved.
-    complete = all(
-        (analysis / f"{RESULT_PREFIX}_{name}.csv").is_file() for name in SpecializationResult.TABLES
-    )
-    if not complete or (settings is not None and saved != settings.to_dict()):
+    if settings is not None and migrate_settings(meta["settings"]) != settings.to_dict():
         return None
-    result = SpecializationResult.load(analysis, RESULT_PREFIX)
-    # Likewise a runs table saved before a column was added: recompute rather than guess.
-    return result if set(RUN_COLUMNS) <= set(result.runs.columns) else None
+    try:
+        return SpecializationResult.load(analysis, RESULT_PREFIX)
+    except (FileNotFoundError, OutdatedResultError):  # saved in part, or by an older version
+        return None
 
 
 def _renamed(result: SpecializationResult, run_id: str) -> SpecializationResult:

@@ -18,6 +18,7 @@ import torch
 from mhainterp.capture import visible_keys
 from mhainterp.heads import head_set_labels
 from mhainterp.model import HookedMHATransformer
+from mhainterp.runs import HEAD_KEYS, lead_with_head
 from mhainterp.similarity import head_similarity
 from mhainterp.specialization.needed.dead import dead_heads, quiet_ablations
 from mhainterp.specialization.needed.redundancy import (
@@ -33,7 +34,7 @@ from mhainterp.specialization.verdict.labels import (
     label_heads,
     role_targets,
 )
-from mhainterp.specialization.verdict.result import HEAD_COLUMNS, HEAD_KEYS, lead_with_head
+from mhainterp.specialization.verdict.result import HEAD_COLUMNS
 from mhainterp.specialization.verdict.sentences import RunVerdict
 from mhainterp.specialization.verdict.stability import (
     RunEvidence,

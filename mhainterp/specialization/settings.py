@@ -331,7 +331,8 @@ class DivisionSettings:
 
 
 DIVISION_DEFAULTS: dict[str, Any] = {**DivisionSettings().to_dict(), "min_gain": 0.0}
-"""The defaults as a dict. ``min_gain`` (0.0) is kept for old readers of rows without a call:
+"""The defaults as a dict. ``min_gain`` (0.0) decides a division row given without a call
+(:func:`~mhainterp.specialization.verdict.sentences.axis_call`):
 the effects are now ``min_index`` (the index) and ``min_selectivity_gain`` (a head)."""
 
 

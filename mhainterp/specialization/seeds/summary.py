@@ -263,7 +263,7 @@ def _division_summary(group: pd.DataFrame, division: pd.DataFrame | None) -> dic
 
 def _bases(rows: pd.DataFrame) -> str:
     """The bases an axis's calls rest on over the seeds (``kept``, ``single/kept``; "" for
-    none: undefined everywhere, or a table saved before the basis)."""
+    none: undefined everywhere, or a division table given without bases)."""
     if "basis" not in rows.columns:
         return ""
     bases = rows["basis"].fillna("").astype(str)

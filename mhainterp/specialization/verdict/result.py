@@ -18,20 +18,16 @@ import pandas as pd
 
 from mhainterp.io import FileSet, json_text
 from mhainterp.provenance import record_analysis_source, weights_digest
-from mhainterp.runs import migrate_settings, read_saved_meta, read_table
+from mhainterp.runs import HEAD_KEYS, migrate_settings, read_result_table, read_saved_meta
 from mhainterp.specialization.settings import SpecializationSettings
 from mhainterp.specialization.verdict.sentences import Verdict
 
 __all__ = [
     "DIVISION_COLUMNS",
     "HEAD_COLUMNS",
-    "HEAD_KEYS",
     "RUN_COLUMNS",
     "SpecializationResult",
 ]
-
-HEAD_KEYS = ["head_label", "layer", "head"]
-"""The columns a per-head table leads with (DESIGN: Results and files)."""
 
 HEAD_COLUMNS = [
     *HEAD_KEYS,
@@ -118,20 +114,8 @@ index beats its null, ``,``-joined; empty when none or not measured), ``mean_top
 DIVISION_COLUMNS = ["run", "by", "index", "null_index", "p"]
 """Columns of :attr:`SpecializationResult.division` (one row per run and axis)."""
 
-
-def lead_with_head(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with :data:`HEAD_KEYS` moved to the front when it has all three (a per-head
-    table); the other columns keep their order. Tables saved before this order load the same.
-
-    Example:
-        >>> lead_with_head(pd.DataFrame(columns=["run", "layer", "head", "head_label", "x"]))
-        Empty DataFrame
-        Columns: [head_label, layer, head, run, x]
-        Index: []
-    """
-    if not set(HEAD_KEYS) <= set(frame.columns):
-        return frame
-    return frame[[*HEAD_KEYS, *(c for c in frame.columns if c not in HEAD_KEYS)]]
+_REQUIRED_COLUMNS = {"heads": HEAD_COLUMNS, "runs": RUN_COLUMNS, "division": DIVISION_COLUMNS}
+"""What a saved table must hold to be read as current (the others are checked by their use)."""
 
 
 # ----------------------------------------------------------------------------- result
@@ -251,23 +235,31 @@ class SpecializationResult:
     def load(
         cls, out_dir: str | os.PathLike[str], prefix: str = "specialization"
     ) -> SpecializationResult:
-        """Read back what :meth:`save` wrote."""
+        """Read back what :meth:`save` wrote.
+
+        Raises:
+            FileNotFoundError: A file is missing (the save was not finished).
+            OutdatedResultError: A table lacks a column this version writes (an older
+                mhainterp saved it); the readers that reuse saved results recompute it.
+            RunFolderError: A file is damaged (the message names it).
+        """
         out_dir = Path(out_dir)
         meta = read_saved_meta(out_dir / f"{prefix}.json", ("settings", "verdict"))
-        tables = {}
-        for name in cls.TABLES:
-            path = out_dir / f"{prefix}_{name}.csv"
-            if not path.is_file():
-                raise FileNotFoundError(
-                    f"{path} is missing: {out_dir} was written by an older mhainterp or only in "
-                    "part; run the specialization test again to rewrite it"
-                )
-            tables[name] = read_table(path)  # a damaged (0-byte) table: one line naming it
-            text = [c for c in _TEXT_COLUMNS if c in tables[name].columns]
-            tables[name] = lead_with_head(tables[name].fillna(dict.fromkeys(text, "")))
+        tables = {
+            name: read_result_table(
+                out_dir / f"{prefix}_{name}.csv",
+                _REQUIRED_COLUMNS.get(name, ()),
+                text=_TEXT_COLUMNS,
+            )
+            for name in cls.TABLES
+        }
         for name in cls.OPTIONAL_TABLES:
             path = out_dir / f"{prefix}_{name}.csv"
-            tables[name] = read_table(path) if path.is_file() else pd.DataFrame()
+            tables[name] = (
+                read_result_table(path, _REQUIRED_COLUMNS.get(name, ()), text=_TEXT_COLUMNS)
+                if path.is_file()
+                else pd.DataFrame()
+            )
         return cls(
             **tables,
             verdict=Verdict.from_dict(meta["verdict"]),

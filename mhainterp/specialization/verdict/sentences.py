@@ -105,7 +105,8 @@ SERVING_CALLS = ("divided", "method-dependent")
 
 def axis_call(d: dict[str, Any], alpha: float = 0.05) -> str:
     """The call of one division row: its own ``call`` (the calibrated test) where it has one;
-    for rows saved before it, ``divided`` or ``p < alpha`` and an index at least the division
+    for a row without one (a division table given with only the index and its null),
+    ``divided`` or ``p < alpha`` and an index at least the division
     test's ``min_gain`` above its null, and "cannot tell" where the index is undefined.
 
     Example:
@@ -158,7 +159,7 @@ def _per_seed(values: list[int], most: int = 10) -> str:
 
 def _null_text(d: dict[str, Any], null: str) -> str:
     """``same-function null's 95% quantile 0.09``, the line the call uses, where the row has
-    it; else the null's mean (older tables), ``null 0.05``."""
+    it; else the null's mean (a row with only the index and its null), ``null 0.05``."""
     if _finite(d.get("null_high")):
         return f"{null}'s 95% quantile {float(d['null_high']):.2f}"
     return f"{null} {float(d['null_index']):.2f}"

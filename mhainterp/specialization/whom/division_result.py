@@ -17,7 +17,9 @@ import numpy as np
 import pandas as pd
 
 from mhainterp.ablation import METHODS
-from mhainterp.io import read_json, write_csv, write_json
+from mhainterp.errors import OutdatedResultError
+from mhainterp.io import write_csv, write_json
+from mhainterp.runs import read_result_table, read_saved_meta
 
 __all__ = [
     "ATTENTION_COLUMNS",
@@ -154,8 +156,17 @@ BASIS_PROFILE_COLUMNS = [
 ``unit`` the head set), per value, observed, unclipped."""
 
 PREFIX = "division"
-TABLES = ("heads", "index", "profiles", "attention", "basis_profiles")
-OPTIONAL_TABLES = ("basis_profiles",)  # absent from results saved before it existed
+TABLE_COLUMNS = {
+    "heads": HEADS_COLUMNS,
+    "index": INDEX_COLUMNS,
+    "profiles": PROFILE_COLUMNS,
+    "attention": ATTENTION_COLUMNS,
+    "basis_profiles": BASIS_PROFILE_COLUMNS,
+}
+TEXT_COLUMNS = (
+    *("serves", "served_values", "kept_scope", "group", "basis", "reason"),
+    *(f"call_{m}" for m in METHODS),
+)  # read back as "" where CSV wrote an empty string
 
 
 def join_columns(parts: list[dict[str, Any]], names: list[str]) -> dict[str, np.ndarray]:
@@ -202,7 +213,7 @@ class DivisionResult:
         the index, its interval, the same-function null, the basis and the call."""
         parts = []
         for row in self.index.itertuples(index=False):
-            call = getattr(row, "call", "divided" if row.divided else "not divided")
+            call = row.call
             if math.isnan(row.index):
                 parts.append(f"{row.by} n/a ({row.n_damaging} damaging head(s)): {call}")
                 continue
@@ -217,7 +228,10 @@ class DivisionResult:
         axes) into ``folder``, atomically; the JSON is written last, so its presence means the
         set is complete."""
         folder = Path(folder)
-        paths = [write_csv(folder / f"{prefix}_{name}.csv", getattr(self, name)) for name in TABLES]
+        paths = [
+            write_csv(folder / f"{prefix}_{name}.csv", getattr(self, name))
+            for name in TABLE_COLUMNS
+        ]
         meta = {"settings": self.settings, "skipped": self.skipped}
         return [*paths, write_json(folder / f"{prefix}.json", meta)]
 
@@ -227,27 +241,27 @@ class DivisionResult:
 
         Raises:
             FileNotFoundError: A file is missing (the message names it and the command).
+            OutdatedResultError: A table lacks a column this version writes (an older
+                mhainterp saved it; :func:`saved_division` recomputes it).
+            RunFolderError: A file is damaged (the message names it).
         """
         folder = Path(folder)
-        needed = [n for n in TABLES if n not in OPTIONAL_TABLES]
-        for path in [folder / f"{prefix}.json", *(folder / f"{prefix}_{n}.csv" for n in needed)]:
-            if not path.is_file():
-                raise FileNotFoundError(
-                    f"{path} is missing: the division of labour has not been saved here; run "
-                    f"`mhainterp specialize {folder.parent}`"
-                )
-        meta = read_json(folder / f"{prefix}.json")
-        tables = {}
-        for name in TABLES:
-            path = folder / f"{prefix}_{name}.csv"
-            if not path.is_file():  # an optional table of an older result
-                continue
-            frame = pd.read_csv(path, dtype={"value": str, "unit": str})
-            texts = ("serves", "served_values", "kept_scope", "group", "basis", "reason")
-            for text in (*texts, *(f"call_{m}" for m in METHODS)):
-                if text in frame.columns:
-                    frame[text] = frame[text].fillna("").astype(str)
-            tables[name] = frame
+        meta_path = folder / f"{prefix}.json"
+        if not meta_path.is_file():
+            raise FileNotFoundError(
+                f"{meta_path} is missing: the division of labour has not been saved here; run "
+                f"`mhainterp specialize {folder.parent}`"
+            )
+        meta = read_saved_meta(meta_path, ("settings",))
+        tables = {
+            name: read_result_table(
+                folder / f"{prefix}_{name}.csv",
+                TABLE_COLUMNS[name],
+                text=TEXT_COLUMNS,
+                dtype={"value": str, "unit": str},
+            )
+            for name in TABLE_COLUMNS
+        }
         return cls(**tables, settings=meta["settings"], skipped=meta.get("skipped", {}))
 
 
@@ -263,7 +277,7 @@ def saved_division(
     """
     try:
         saved = DivisionResult.load(Path(run_dir) / "analysis")
-    except FileNotFoundError:
+    except (FileNotFoundError, OutdatedResultError):  # not saved, or saved by an older version
         return None
     if request is not None and any(saved.settings.get(k) != v for k, v in request.items()):
         return None
