@@ -46,7 +46,6 @@ from mhainterp.io import write_csv, write_text
 from mhainterp.runs import read_results
 from mhainterp.runtime import command_settings, resolve_device
 from mhainterp.specialization import division_of_labour
-from mhainterp.specialization.whom.damage import AXES
 from mhainterp.stats import (
     CONFIDENCE,
     compare_head_counts,
@@ -56,7 +55,7 @@ from mhainterp.stats import (
     seeds_to_settle,
 )
 from mhainterp.sweep import fastest_executor
-from mhainterp.tasks import list_tasks
+from mhainterp.tasks import AXES, list_tasks
 from mhainterp.training import load_run
 
 

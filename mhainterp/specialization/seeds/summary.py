@@ -28,7 +28,6 @@ import pandas as pd
 from mhainterp.render import format_p
 from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, SAME_FUNCTION_NULL
 from mhainterp.specialization.verdict.sentences import BASIS_NAMES, UNDEFINED_INDEX, group_key
-from mhainterp.specialization.whom.damage import AXES
 from mhainterp.stats import (
     all_seeds_equal,
     compare_head_counts,
@@ -37,6 +36,7 @@ from mhainterp.stats import (
     difference_text,
     seed_power_note,
 )
+from mhainterp.tasks import AXES
 
 __all__ = [
     "ANSWER_MARK",
@@ -61,8 +61,15 @@ _GRADED = [  # run-table column -> summary prefix: mean and std over seeds of ea
     ("causal_selectivity", "causal_selectivity"),
 ]
 _DIVISION_STATS = (
-    "mean", "std", "null", "null_high", "n_measured", "n_defined", "n_beyond", "basis",
-)  # fmt: skip
+    "mean",
+    "std",
+    "null",
+    "null_high",
+    "n_measured",
+    "n_defined",
+    "n_beyond",
+    "basis",
+)
 SUMMARY_COLUMNS = [
     "task",
     "n_heads",

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from mhainterp.ablation import METHODS as ABLATION_METHODS
 from mhainterp.render import format_p
 from mhainterp.specialization.settings import DIVISION_DEFAULTS
 from mhainterp.stats import correction_name
@@ -97,7 +98,11 @@ CALLS = ("divided", "not divided", "cannot tell", "method-dependent")
 """The per-axis calls of the division test (the verdict contract), in the order a headline
 names them."""
 
-METHODS = ("mean", "zero", "resample")
+METHODS = (
+    DIVISION_DEFAULTS["method"],
+    *(m for m in ABLATION_METHODS if m != DIVISION_DEFAULTS["method"]),
+)
+"""The ablation methods in the order a sentence names them: the division's default first."""
 
 SERVING_CALLS = ("divided", "method-dependent")
 """Calls whose index a headline shows beside them: the axes it claims or hedges on."""

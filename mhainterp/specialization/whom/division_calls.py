@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from mhainterp.ablation import METHODS
 from mhainterp.heads import head_label
 from mhainterp.specialization.settings import DivisionSettings
 from mhainterp.specialization.whom.profiles import Configs, PassScores, pad_axes
@@ -100,10 +101,12 @@ def gates(scores: PassScores, configs: Configs, s: DivisionSettings) -> Gates:
         single=(damage >= md) & (loss[single] - loss[clean] >= ml),
         kept=(contribution >= md) & (loss[ref] - loss[kept] >= ml),
         group=(group_damage >= md) & (loss[configs.group] - loss[clean] >= ml),
-        grouped=grouped, damage_alone=damage, loss_increase=loss[single] - loss[clean],
+        grouped=grouped,
+        damage_alone=damage,
+        loss_increase=loss[single] - loss[clean],
         kept_contribution=contribution,
         group_damage=group_damage,
-    )  # fmt: skip
+    )
 
 
 def choose_basis(g: Gates) -> str:
@@ -231,12 +234,17 @@ def index_rows(
     rows = []
     for a, axis in enumerate(ev.axes):
         row: dict = {
-            "by": axis, "n_values": int(ev.n_values[a]), "n_damaging": int(primary.single.sum()),
-            "n_kept": int(primary.kept.sum()), "n_groups": len(configs.groups),
-            "basis": basis, "p_floor": 1.0 / (1 + B), "null_init_index": math.nan,
-        }  # fmt: skip
+            "by": axis,
+            "n_values": int(ev.n_values[a]),
+            "n_damaging": int(primary.single.sum()),
+            "n_kept": int(primary.kept.sum()),
+            "n_groups": len(configs.groups),
+            "basis": basis,
+            "p_floor": 1.0 / (1 + B),
+            "null_init_index": math.nan,
+        }
         row.update({f"index_{b}": float(first[b][a]) for b in BASES})
-        for m in ("mean", "zero", "resample"):
+        for m in METHODS:
             row[f"index_{m}"], row[f"call_{m}"] = math.nan, ""
             row[f"null_index_{m}"] = row[f"null_high_{m}"] = math.nan
         nan_stats = ("index", "ci_low", "ci_high", "null_index", "null_high", "p")
@@ -254,11 +262,14 @@ def index_rows(
             row[f"null_index_{m}"], row[f"null_high_{m}"] = float(nulls[i, 0, a]), own_high
             if m == s.method:
                 row.update(
-                    index=value, ci_low=low, ci_high=float(highs[i, a]),
-                    null_index=float(null[0, a]), null_high=own_high,
+                    index=value,
+                    ci_low=low,
+                    ci_high=float(highs[i, a]),
+                    null_index=float(null[0, a]),
+                    null_high=own_high,
                     null_index_std=float(null_std[a]),
                     p=math.nan if math.isnan(value) else (1 + int(hits[a])) / (1 + B),
-                )  # fmt: skip
+                )
         call = combine_calls(calls)
         row.update(call=call, divided=call == "divided")
         row["reason"] = _reason(row, primary, basis, calls)
@@ -415,9 +426,11 @@ def heads_rows(
     if bool(both.any()):  # a head with both profiles passes with both (docstring)
         everywhere = torch.ones_like(use_kept)
         own = selectivity_test(
-            selectivity(kept, g.kept, K), job_sel,
-            _shuffled(ev, scores, configs, everywhere, g.kept, B, generator), s.alpha,
-        )  # fmt: skip
+            selectivity(kept, g.kept, K),
+            job_sel,
+            _shuffled(ev, scores, configs, everywhere, g.kept, B, generator),
+            s.alpha,
+        )
         p = torch.where(both, torch.fmax(p, own.p), p)
         gain = torch.where(both, torch.fmin(gain, own.gain), gain)
         kept_sel = torch.where(g.kept, own.selectivity[0], math.nan)
@@ -431,8 +444,9 @@ def heads_rows(
     # a generalist, however far from perfectly even its damage is (L0H6 of count_previous h=8:
     # selectivity 0.012, beyond a null of 0.005 on 30k triples, serves all 10 tokens).
     spares = (served.sum(-1) < K).numpy()  # (A, H)
-    specialized = specialized_rule(defined[None].numpy(), p_adj.numpy(), gain.numpy(), spares,
-                                   s.alpha, s.min_selectivity_gain)  # fmt: skip
+    specialized = specialized_rule(
+        defined[None].numpy(), p_adj.numpy(), gain.numpy(), spares, s.alpha, s.min_selectivity_gain
+    )
     layer_of = [p[0] for p in configs.pairs]
     group_of, damage_group = _head_groups(configs, g)
     layer_total = torch.zeros(len(configs.layer), dtype=torch.float64, device=norms.device)
@@ -440,19 +454,23 @@ def heads_rows(
     scope = np.where(g.kept.numpy(), np.where(configs.across, "model", "layer"), "")
     shared = {
         "head_label": np.array([head_label(*p) for p in configs.pairs], dtype=object),
-        "layer": np.array(layer_of), "head": np.array([p[1] for p in configs.pairs]),
-        "basis": np.where(g.single.numpy(), "single",
-                          np.where(use_kept.numpy(), "kept", "")).astype(object),
+        "layer": np.array(layer_of),
+        "head": np.array([p[1] for p in configs.pairs]),
+        "basis": np.where(
+            g.single.numpy(), "single", np.where(use_kept.numpy(), "kept", "")
+        ).astype(object),
         "kept_scope": scope.astype(object),
         "p_floor": math.nan,  # a normal approximation: no floor
-        "total_damage": g.damage_alone.numpy(), "damage_alone": g.damage_alone.numpy(),
+        "total_damage": g.damage_alone.numpy(),
+        "damage_alone": g.damage_alone.numpy(),
         "loss_increase": g.loss_increase.numpy(),
         "kept_contribution": g.kept_contribution.numpy(),
-        "damage_group": damage_group, "group": np.array(group_of, dtype=object),
+        "damage_group": damage_group,
+        "group": np.array(group_of, dtype=object),
         "write_norm": norms.numpy(),
         "write_share": (norms / layer_total[layer_of].clamp(min=1e-300)).numpy(),
         "null_init_mean": math.nan,
-    }  # fmt: skip
+    }
     parts = []
     for a, axis in enumerate(ev.axes):
         names = ev.value_names[axis]
@@ -460,18 +478,28 @@ def heads_rows(
             ",".join(names[v] for v in row.nonzero()[:, 0].tolist()) if ok else ""
             for row, ok in zip(served[a], defined.tolist(), strict=True)
         ]
-        parts.append({
-            **shared, "by": axis,
-            "selectivity": sel[0, a].numpy(), "ci_low": low[a].numpy(),
-            "ci_high": high[a].numpy(), "null_selectivity": job_sel[0, a].numpy(),
-            "null_mean": test.null_mean[a].numpy(), "null_high": test.null_high[a].numpy(),
-            "selectivity_gain": gain[a].numpy(), "kept_selectivity": kept_sel[a].numpy(),
-            "served_share": (n_eff[a] / K[a]).numpy(), "n_eff": n_eff[a].numpy(),
-            "served_values": np.array(values, dtype=object),
-            "serves": np.where(specialized[a], np.array(values, dtype=object), ""),
-            "specialized": specialized[a], "p": p[a].numpy(), "p_adj": p_adj[a].numpy(),
-            "n_values": int(K[a]),
-        })  # fmt: skip
+        parts.append(
+            {
+                **shared,
+                "by": axis,
+                "selectivity": sel[0, a].numpy(),
+                "ci_low": low[a].numpy(),
+                "ci_high": high[a].numpy(),
+                "null_selectivity": job_sel[0, a].numpy(),
+                "null_mean": test.null_mean[a].numpy(),
+                "null_high": test.null_high[a].numpy(),
+                "selectivity_gain": gain[a].numpy(),
+                "kept_selectivity": kept_sel[a].numpy(),
+                "served_share": (n_eff[a] / K[a]).numpy(),
+                "n_eff": n_eff[a].numpy(),
+                "served_values": np.array(values, dtype=object),
+                "serves": np.where(specialized[a], np.array(values, dtype=object), ""),
+                "specialized": specialized[a],
+                "p": p[a].numpy(),
+                "p_adj": p_adj[a].numpy(),
+                "n_values": int(K[a]),
+            }
+        )
     return parts
 
 
