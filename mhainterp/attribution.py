@@ -556,10 +556,17 @@ def verify_attribution(
     method = check_method(method)
     chosen = verification_plan(attribution, method, top_k=top_k, n_random=n_random, seed=seed)
     result = evaluate_head_sets(
-        model, data, [[], *([label] for label in chosen["head_label"])], method, reference,
-        n_eval=n_eval, max_rows=max_rows, cache=cache, progress=progress,
+        model,
+        data,
+        [[], *([label] for label in chosen["head_label"])],
+        method,
+        reference,
+        n_eval=n_eval,
+        max_rows=max_rows,
+        cache=cache,
+        progress=progress,
         desc=f"verify ({method})",
-    )  # fmt: skip
+    )
     losses = [m["loss"] for m in result.metrics()]
     out = chosen[["head_label", "layer", "head", "method", "chosen", "attribution"]].copy()
     out["exact"] = [loss - losses[0] for loss in losses[1:]]

@@ -33,9 +33,13 @@ _NORMALIZATION_TYPES = (None, "LN")
 _ACT_FNS = ("relu", "gelu")
 _POSITIONAL_EMBEDDING_TYPES = ("standard",)
 _FLAGS = (
-    "causal", "attn_only", "use_attn_result", "use_split_qkv_input", "use_attn_in",
+    "causal",
+    "attn_only",
+    "use_attn_result",
+    "use_split_qkv_input",
+    "use_attn_in",
     "use_hook_mlp_in",
-)  # fmt: skip
+)
 
 
 @dataclass

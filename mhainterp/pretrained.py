@@ -225,9 +225,10 @@ def load_pretrained(
         folder, provenance = Path(name), {"source": f"hub:{name}", "quantisation": "as published"}
     else:
         raise invalid(
-            "name_or_path", name, f"one of {sorted(PRETRAINED)}, a Hugging Face folder or a "
-            "Hub name (owner/model)"
-        )  # fmt: skip
+            "name_or_path",
+            name,
+            f"one of {sorted(PRETRAINED)}, a Hugging Face folder or a Hub name (owner/model)",
+        )
     bridge = _boot(str(folder), device)
     return BridgedModel(bridge, objective=objective, provenance=provenance).eval()
 

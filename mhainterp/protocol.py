@@ -299,8 +299,9 @@ class BridgedModel(nn.Module):
                 f"{key}=<{type(kwargs[key]).__name__}> is invalid: not a keyword of forward(); "
                 f"allowed: {', '.join(_FORWARD_KEYWORDS)} (use padding_mask=, not attention_mask=)"
             )
-        return_type = check_option("return_type", kwargs.get("return_type", "logits"),
-                                   ("logits", None))  # fmt: skip
+        return_type = check_option(
+            "return_type", kwargs.get("return_type", "logits"), ("logits", None)
+        )
         tokens, padding_mask = self.validate_inputs(tokens, padding_mask)
         device = model_device(self)  # inputs follow the model, as on our own model
         tokens = tokens.to(device)

@@ -532,8 +532,7 @@ def run_identity(model: HookedMHATransformer, task: Task, config: TrainConfig) -
     """The run's config as a checkpoint compares it (without where it trains): a JSON string,
     equal for the same run on any device."""
     saved = run_config(model, task, config)
-    return json.dumps(_what_the_run_is(json.loads(json.dumps(saved, default=list))),
-                      sort_keys=True)  # fmt: skip
+    return json.dumps(_what_the_run_is(json.loads(json.dumps(saved, default=list))), sort_keys=True)
 
 
 def _to_cpu(value: Any) -> Any:

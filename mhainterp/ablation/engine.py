@@ -290,13 +290,16 @@ def _forward_copies(
         (
             f"blocks.{layer}.attn.hook_z",
             partial(
-                _mask_hook, layer=layer, copy_masks=chunk[:, layer], rows=rows,
+                _mask_hook,
+                layer=layer,
+                copy_masks=chunk[:, layer],
+                rows=rows,
                 replacement=replacement,
             ),
         )
         for layer in range(first + 1, model.cfg.n_layers)
         if bool(chunk[:, layer].any())
-    ]  # fmt: skip
+    ]
     with model.hooks(fwd_hooks=hooks):
         logits = model.logits_from_z(
             first, resid_pre.repeat(c, 1, 1), z, part.padding_mask.repeat(c, 1)
@@ -370,8 +373,9 @@ def run_masks(
             if (first, s0, s1) not in prefixes:  # one clean forward for the chunk's groups
                 if cache is None:
                     prefixes.clear()
-                wanted = sorted({f for f, _, a, b in jobs if (a, b) == (s0, s1)
-                                 and (f, s0, s1) not in prefixes})  # fmt: skip
+                wanted = sorted(
+                    {f for f, _, a, b in jobs if (a, b) == (s0, s1) and (f, s0, s1) not in prefixes}
+                )
                 if cache is not None and cache.every_layer:
                     wanted = [f for f in range(model.cfg.n_layers) if (f, s0, s1) not in prefixes]
                 known = replacement.reference_prefix
@@ -381,9 +385,16 @@ def run_masks(
                 prefixes.update({(f, s0, s1): found[f] for f in wanted})
             prefix = prefixes[(first, s0, s1)]
             logits = _forward_copies(
-                model, part, masks[index], rows, replacement, first, prefix, bases,
+                model,
+                part,
+                masks[index],
+                rows,
+                replacement,
+                first,
+                prefix,
+                bases,
                 None if cache is None else cache.readout_clean.setdefault((s0, s1), {}),
-            )  # fmt: skip
+            )
             if metric is None:
                 scores = position_scores(logits, part.targets, part.mask)  # (c, s, T', k)
             else:
@@ -569,16 +580,24 @@ def evaluate_head_sets(
     masks = head_masks(model, resolved)
     # The batch is its own reference and is evaluated in one chunk: the replacement's clean
     # forward is also the copies' clean prefix (kept only then: it holds every layer's).
-    one_chunk = {(a, b) for _, _, a, b in _plan_jobs(model, batch, _first_layers(masks),
-                                                     max_rows)} == {(0, len(batch))}  # fmt: skip
+    one_chunk = {
+        (a, b) for _, _, a, b in _plan_jobs(model, batch, _first_layers(masks), max_rows)
+    } == {(0, len(batch))}
     replacement = build_replacement(
         model, method, ref, generator, max_rows, cache, keep_prefix=reference is None and one_chunk
     )
     result, scores = run_masks(
-        model, batch, masks, replacement,
-        per_position=per_position, max_rows=max_rows, progress=progress, desc=desc, cache=cache,
+        model,
+        batch,
+        masks,
+        replacement,
+        per_position=per_position,
+        max_rows=max_rows,
+        progress=progress,
+        desc=desc,
+        cache=cache,
         metric=metric,
-    )  # fmt: skip
+    )
     return AblationResult(
         head_sets=resolved,
         method=method,

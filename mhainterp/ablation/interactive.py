@@ -242,9 +242,12 @@ class Ablator:
 
     @torch.no_grad()
     def patterns(
-        self, index: int, heads: str | Sequence[HeadSpec] | None = None, *,
+        self,
+        index: int,
+        heads: str | Sequence[HeadSpec] | None = None,
+        *,
         method: Method | None = None,
-    ) -> Float[Tensor, "L h T T"]:  # fmt: skip
+    ) -> Float[Tensor, "L h T T"]:
         """Attention patterns of evaluation sequence ``index`` with the current heads ablated.
 
         One forward of that one sequence; an ablated head's z is replaced exactly as in the
@@ -266,11 +269,15 @@ class Ablator:
             replacement = self._replacement(method)
             rows = torch.tensor([index], device=device)
             hooks += [
-                (f"blocks.{i}.attn.hook_z", partial(_replace_z, head_mask=mask[i], layer=i,
-                                                    rows=rows, replacement=replacement))
+                (
+                    f"blocks.{i}.attn.hook_z",
+                    partial(
+                        _replace_z, head_mask=mask[i], layer=i, rows=rows, replacement=replacement
+                    ),
+                )
                 for i in range(n_layers)
                 if bool(mask[i].any())
-            ]  # fmt: skip
+            ]
         with eval_mode(self.model), self.model.hooks(fwd_hooks=hooks):
             self.model.logits(row.tokens, row.padding_mask)
         return torch.stack([kept[i] for i in range(n_layers)])
@@ -294,9 +301,13 @@ class Ablator:
         """``{"entries", "with_scores", "bytes", "cache_size", "cache_bytes"}``: what the LRU
         cache holds now (``bytes``: its per-position tensors) and its bounds."""
         with_scores = sum(entry.scores is not None for entry in self._cache.values())
-        return {"entries": len(self._cache), "with_scores": with_scores,
-                "bytes": self._cached_bytes, "cache_size": self.cache_size,
-                "cache_bytes": self.cache_bytes}  # fmt: skip
+        return {
+            "entries": len(self._cache),
+            "with_scores": with_scores,
+            "bytes": self._cached_bytes,
+            "cache_size": self.cache_size,
+            "cache_bytes": self.cache_bytes,
+        }
 
     def __repr__(self) -> str:
         heads = ", ".join(self.heads) or "none"
@@ -330,9 +341,14 @@ class Ablator:
         method = next((m for m, _ in keys if m != "none"), "zero")
         masks = head_masks(self.model, [heads for _, heads in keys])
         sums, scores = run_masks(
-            self.model, self.batch_, masks, self._replacement(method),
-            per_position=per_position, cache=self._clean, metric=self.metric,
-        )  # fmt: skip
+            self.model,
+            self.batch_,
+            masks,
+            self._replacement(method),
+            per_position=per_position,
+            cache=self._clean,
+            metric=self.metric,
+        )
         for c, key in enumerate(keys):
             totals = Totals(sums.loss_sum[c : c + 1], sums.correct[c : c + 1], sums.scored)
             entry = _Entry(totals)
@@ -371,9 +387,11 @@ def _own_scores(scores: PositionScores, c: int, n_configs: int) -> PositionScore
     """
     own = (lambda t: t[c].clone()) if n_configs > 1 else (lambda t: t[c])
     return PositionScores(
-        nll=own(scores.nll), correct=own(scores.correct),
-        predictions=own(scores.predictions), scored=scores.scored,
-    )  # fmt: skip
+        nll=own(scores.nll),
+        correct=own(scores.correct),
+        predictions=own(scores.predictions),
+        scored=scores.scored,
+    )
 
 
 def _replace_z(

@@ -147,11 +147,15 @@ def capture_z(
 
     hooks = [(f"blocks.{lay}.attn.hook_z", partial(keep, layer=lay)) for lay in range(n_layers)]
     if one_chunk:
-        hooks += [(f"blocks.{lay}.hook_resid_pre", partial(keep_resid, layer=lay))
-                  for lay in range(n_layers)]  # fmt: skip
+        hooks += [
+            (f"blocks.{lay}.hook_resid_pre", partial(keep_resid, layer=lay))
+            for lay in range(n_layers)
+        ]
     if patterns is not None and pattern_rows > 0:
-        hooks += [(f"blocks.{lay}.attn.hook_pattern", partial(keep_pattern, layer=lay))
-                  for lay in range(n_layers)]  # fmt: skip
+        hooks += [
+            (f"blocks.{lay}.attn.hook_pattern", partial(keep_pattern, layer=lay))
+            for lay in range(n_layers)
+        ]
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         for start in range(0, len(batch), max_rows):
             part = batch[start : start + max_rows]
@@ -323,8 +327,9 @@ def build_replacement(
         patterns: list[Tensor] = []
         rows = cache.pattern_rows if cache is not None else 0
         with eval_mode(model):
-            donor_z = capture_z(model, reference, max_rows, resid_pre if keep_prefix else None,
-                                patterns, rows)  # fmt: skip
+            donor_z = capture_z(
+                model, reference, max_rows, resid_pre if keep_prefix else None, patterns, rows
+            )
         if cache is not None:
             cache.donor_z = donor_z
             cache.patterns = patterns or None
@@ -341,5 +346,11 @@ def build_replacement(
     if method == "mean":
         return Replacement("mean", mean_z=means, reference_prefix=prefix)
     sigma = _single_cycle(len(reference), _generator(generator)).to(real.device)
-    return Replacement("resample", mean_z=means, donor_z=donor_z, donor_real=real, sigma=sigma,
-                       reference_prefix=prefix)  # fmt: skip
+    return Replacement(
+        "resample",
+        mean_z=means,
+        donor_z=donor_z,
+        donor_real=real,
+        sigma=sigma,
+        reference_prefix=prefix,
+    )

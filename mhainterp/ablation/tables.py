@@ -103,10 +103,17 @@ def head_importance(
     """
     heads = all_heads(model.cfg.n_layers, model.cfg.n_heads)
     _, baseline, results, names = _with_clean(
-        model, data, [[pair] for pair in heads], method, reference,
-        n_eval=n_eval, generator=generator, max_rows=max_rows, progress=progress,
+        model,
+        data,
+        [[pair] for pair in heads],
+        method,
+        reference,
+        n_eval=n_eval,
+        generator=generator,
+        max_rows=max_rows,
+        progress=progress,
         desc=f"importance ({method})",
-    )  # fmt: skip
+    )
     rows = [
         {
             "head_label": head_label(layer, head),
@@ -169,10 +176,22 @@ def head_sets_table(result: AblationResult) -> pd.DataFrame:
 
 
 PAIRWISE_COLUMNS = [
-    "head_a", "head_b", "layer_a", "layer_b", "method", "metric", "baseline", "ablated_a",
-    "ablated_b", "ablated_joint", "damage_a", "damage_b", "damage_joint", "damage_sum",
+    "head_a",
+    "head_b",
+    "layer_a",
+    "layer_b",
+    "method",
+    "metric",
+    "baseline",
+    "ablated_a",
+    "ablated_b",
+    "ablated_joint",
+    "damage_a",
+    "damage_b",
+    "damage_joint",
+    "damage_sum",
     "interaction",
-]  # fmt: skip
+]
 
 
 @uses_work_threads
@@ -228,10 +247,17 @@ def pairwise_ablation(
             raise invalid("pairs", [format_heads(p) for p in pairs], "two different heads each")
         chosen = sorted({head for pair in pairs for head in pair})
     _, baseline, results, names = _with_clean(
-        model, data, [[h] for h in chosen] + [list(pair) for pair in pairs], method, reference,
-        n_eval=n_eval, generator=generator, max_rows=max_rows, progress=progress,
+        model,
+        data,
+        [[h] for h in chosen] + [list(pair) for pair in pairs],
+        method,
+        reference,
+        n_eval=n_eval,
+        generator=generator,
+        max_rows=max_rows,
+        progress=progress,
         desc=f"pairwise ({method})",
-    )  # fmt: skip
+    )
     single = dict(zip(chosen, results[: len(chosen)], strict=True))
     rows = []
     for (a, b), joint in zip(pairs, results[len(chosen) :], strict=True):
@@ -245,13 +271,24 @@ def pairwise_ablation(
                     zip(
                         PAIRWISE_COLUMNS,
                         [
-                            head_label(*a), head_label(*b), a[0], b[0], method, metric, base,
-                            single[a][metric], single[b][metric], joint[metric], damage_a,
-                            damage_b, damage_joint, damage_a + damage_b,
+                            head_label(*a),
+                            head_label(*b),
+                            a[0],
+                            b[0],
+                            method,
+                            metric,
+                            base,
+                            single[a][metric],
+                            single[b][metric],
+                            joint[metric],
+                            damage_a,
+                            damage_b,
+                            damage_joint,
+                            damage_a + damage_b,
                             damage_joint - (damage_a + damage_b),
                         ],
                         strict=True,
                     )
                 )
-            )  # fmt: skip
+            )
     return pd.DataFrame(rows, columns=PAIRWISE_COLUMNS)

@@ -81,8 +81,10 @@ def run_demo(
         if analysis:
             _analyse_one_run(out, task, list(n_heads), list(seeds), echo, progress)
         if i == 0:
-            echo(estimate_line("demo", "task", len(DEMO_TASKS), time.perf_counter() - start)
-                 + "; then the specialization test, the figures and the report")  # fmt: skip
+            echo(
+                estimate_line("demo", "task", len(DEMO_TASKS), time.perf_counter() - start)
+                + "; then the specialization test, the figures and the report"
+            )
     # The report reads these results; the terminal gets each sweep's answer right away.
     n_runs = len(DEMO_TASKS) * len(seeds) * len(n_heads)
     echo(f"specialization: the division of labour and the specialization test of {n_runs} runs")

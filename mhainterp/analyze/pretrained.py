@@ -114,8 +114,11 @@ def text_roles(
     m = len(batch) if n_null is None else min(len(batch), check_int("n_null", n_null, minimum=1))
     null_templates = {name: t[:m] for name, t in templates.items()}
     frames = []
-    for seed, null in enumerate(tqdm(random_init_models(model, range(n_init)), desc="null",
-                                     disable=not progress, leave=False)):  # fmt: skip
+    for seed, null in enumerate(
+        tqdm(
+            random_init_models(model, range(n_init)), desc="null", disable=not progress, leave=False
+        )
+    ):
         null_sums = capture_role_sums(
             null, tokens[:m], mask[:m], null_templates, outputs=False, batch_size=BATCH
         )

@@ -281,10 +281,11 @@ def stack_patterns(
     patterns = torch.stack(layers, dim=1)
     if patterns.ndim != 5 or tuple(padding_mask.shape) != tuple(patterns.shape[0:4:3]):
         raise invalid(
-            "padding_mask", tuple(padding_mask.shape),
+            "padding_mask",
+            tuple(padding_mask.shape),
             f"[B, T] = {tuple(patterns.shape[0:4:3])} for patterns of shape "
             f"{tuple(patterns.shape)}",
-        )  # fmt: skip
+        )
     return patterns * padding_mask[:, None, None, :, None]
 
 

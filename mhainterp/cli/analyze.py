@@ -37,12 +37,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model", help="a pretrained model: smollm2, minilm or a Hugging Face folder"
     )
     analyze.add_argument(
-        "--text", default="stdlib", help="with --model: 'stdlib' or a text file (one sentence "
-        "a line)",
-    )  # fmt: skip
+        "--text",
+        default="stdlib",
+        help="with --model: 'stdlib' or a text file (one sentence a line)",
+    )
     analyze.add_argument("--out", help="with --model: the folder to write (default runs/NAME)")
-    add_n_eval(analyze, "sequences of the task's fixed evaluation set (with --model: sentences, "
-               "at most as many as the text has)")  # fmt: skip
+    add_n_eval(
+        analyze,
+        "sequences of the task's fixed evaluation set (with --model: sentences, "
+        "at most as many as the text has)",
+    )
     analyze.add_argument("--no-ablation", action="store_true", help="skip the ablation tables")
     analyze.add_argument("--quiet", action="store_true", help="no progress bars")
     add_task_module_argument(analyze)
@@ -75,8 +79,11 @@ def _cmd_analyze_pretrained(args: argparse.Namespace) -> int:
     if name not in shipped and not Path(name).is_dir():
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         if offline or name.startswith((".", "/", "~")) or "/" not in name:
-            raise invalid("--model", name, f"one of {', '.join(shipped)} or a Hugging Face "
-                          "folder (no such folder)")  # fmt: skip
+            raise invalid(
+                "--model",
+                name,
+                f"one of {', '.join(shipped)} or a Hugging Face folder (no such folder)",
+            )
     if args.text != "stdlib" and not Path(args.text).is_file():
         raise invalid("--text", args.text, "'stdlib' or a text file (no such file)")
     from mhainterp.analyze import analyze_pretrained

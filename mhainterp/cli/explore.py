@@ -72,9 +72,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--model", help="instead of a run: a pretrained model (smollm2, minilm or a folder)"
     )
     parser.add_argument(
-        "--text", default="stdlib", help="with --model: 'stdlib' or a text file (one sentence "
-        "per line; default stdlib)"
-    )  # fmt: skip
+        "--text",
+        default="stdlib",
+        help="with --model: 'stdlib' or a text file (one sentence per line; default stdlib)",
+    )
     parser.add_argument(
         "--port",
         type=int,
@@ -157,8 +158,7 @@ def run_explore(args: argparse.Namespace) -> int:
     try:
         with ServerThread(build_app(loader, host=args.host), host=args.host, sock=sock) as server:
             loader.start()
-            print(f"mhainterp explore: {shown} at {server.url}  "
-                  f"(showing {what}; Ctrl-C stops)")  # fmt: skip
+            print(f"mhainterp explore: {shown} at {server.url}  (showing {what}; Ctrl-C stops)")
             sys.stdout.flush()
             if not args.no_browser:
                 threading.Timer(0.5, webbrowser.open, args=(server.url,)).start()
@@ -185,12 +185,16 @@ def _pretrained_builder(args: argparse.Namespace) -> tuple[object, str]:
     """Check ``--model`` and ``--text`` (one line each when wrong) and return the builder of
     the pretrained model's explorer and what the page says is loading."""
     if args.path is not None:
-        raise invalid("--model", args.model, f"a pretrained model or a run folder "
-                      f"({args.path}), not both")  # fmt: skip
+        raise invalid(
+            "--model", args.model, f"a pretrained model or a run folder ({args.path}), not both"
+        )
     name = args.model
     if name not in SHIPPED_MODELS and not Path(name).is_dir():
-        raise invalid("--model", name, f"one of {', '.join(SHIPPED_MODELS)} or a Hugging Face "
-                      "folder (no such folder)")  # fmt: skip
+        raise invalid(
+            "--model",
+            name,
+            f"one of {', '.join(SHIPPED_MODELS)} or a Hugging Face folder (no such folder)",
+        )
     if args.text != "stdlib" and not Path(args.text).is_file():
         raise invalid("--text", args.text, "'stdlib' or a text file (no such file)")
     return (lambda: _build_pretrained(args)), name

@@ -327,9 +327,13 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
         group, "--batch-size", "fresh sequences per step", default=TRAIN_DEFAULTS["batch_size"]
     )
     add_float(
-        group, "--lr", "peak AdamW learning rate", default=TRAIN_DEFAULTS["lr"], minimum=0,
+        group,
+        "--lr",
+        "peak AdamW learning rate",
+        default=TRAIN_DEFAULTS["lr"],
+        minimum=0,
         maximum=None,
-    )  # fmt: skip
+    )
     add_count(
         group,
         "--warmup-steps",
@@ -338,9 +342,13 @@ def add_train_args(parser: argparse.ArgumentParser) -> None:
         minimum=0,
     )
     add_float(
-        group, "--grad-clip", "largest global gradient norm", default=TRAIN_DEFAULTS["grad_clip"],
-        minimum=0, maximum=None,
-    )  # fmt: skip
+        group,
+        "--grad-clip",
+        "largest global gradient norm",
+        default=TRAIN_DEFAULTS["grad_clip"],
+        minimum=0,
+        maximum=None,
+    )
     add_n_eval(group, "sequences of the task's fixed evaluation set")
     group.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -404,13 +412,20 @@ def add_settings_args(parser: argparse.ArgumentParser) -> None:
         "division of labour",
     )
     add_float(
-        group, "--alpha", "significance level after correction", default=defaults["alpha"],
-        minimum=0, maximum=1,
-    )  # fmt: skip
+        group,
+        "--alpha",
+        "significance level after correction",
+        default=defaults["alpha"],
+        minimum=0,
+        maximum=1,
+    )
     add_choice(
-        group, "--correction", "multiple-comparison correction", CORRECTIONS,
+        group,
+        "--correction",
+        "multiple-comparison correction",
+        CORRECTIONS,
         default=defaults["correction"],
-    )  # fmt: skip
+    )
     group.add_argument(
         "--min-effect",
         type=float,
@@ -422,9 +437,12 @@ def add_settings_args(parser: argparse.ArgumentParser) -> None:
         f"{defaults['min_effect']})",
     )
     add_choice(
-        group, "--ablation-method", "ablation method for damage, redundancy and the division",
-        ABLATION_METHODS, default=defaults["method"],
-    )  # fmt: skip
+        group,
+        "--ablation-method",
+        "ablation method for damage, redundancy and the division",
+        ABLATION_METHODS,
+        default=defaults["method"],
+    )
     group.add_argument(
         "--by",
         default="token,position,target_class,target",

@@ -103,8 +103,9 @@ def explore(run: Any, task: Any = None, *, n_eval: int | None = None, method: st
 
     options = {"n_eval": n_eval or DEFAULT_N_EVAL, "method": method}
     if isinstance(run, BridgedModel) and isinstance(task, (str, os.PathLike)):
-        return ExplorerWidget(Explorer.from_text(run, task, n_eval=n_eval or TEXT_N_EVAL,
-                                                 method=method))  # fmt: skip
+        return ExplorerWidget(
+            Explorer.from_text(run, task, n_eval=n_eval or TEXT_N_EVAL, method=method)
+        )
     if isinstance(run, (str, os.PathLike)):
         explorer = Explorer.from_path(run, **options)
     elif isinstance(run, Run):

@@ -145,9 +145,12 @@ class Explorer:
         task = task or getattr(data, "name", type(data).__name__)
         with work_threads(explorer.threads):
             session = ExploreSession(
-                model, data, n_eval=explorer.n_eval, method=explorer._method,
+                model,
+                data,
+                n_eval=explorer.n_eval,
+                method=explorer._method,
                 importance=importance,
-            )  # fmt: skip
+            )
         explorer._install(name, task, session, saved or SavedResults(), _note(model))
         return explorer
 
@@ -260,8 +263,11 @@ class Explorer:
                 self.session.verify_estimates()
             elif action == "attention":
                 query = _field(body, "query", int)
-                return {"index": self._example, "query": query,
-                        "attention": self.session.attention(self._example, query)}  # fmt: skip
+                return {
+                    "index": self._example,
+                    "query": query,
+                    "attention": self.session.attention(self._example, query),
+                }
             return self.view()
         except BadRequestError:
             raise
@@ -335,8 +341,9 @@ class Explorer:
         session = self.session
         saved = self._current.saved.importance.get(session.method)
         exact_accuracy = (session.importance_source, session.importance_quantity) == (
-            "exact", "accuracy",
-        )  # fmt: skip
+            "exact",
+            "accuracy",
+        )
         if exact_accuracy and saved and set(saved) == set(session.valid_heads):
             return saved
         return session.importance()

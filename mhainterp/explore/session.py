@@ -133,16 +133,21 @@ class ExploreSession(Ablator):
         self.objective = str(getattr(model.cfg, "objective", "classes"))
         self.tokenizer = model.tokenizer if isinstance(model, BridgedModel) else None
         default = "attribution" if self.objective == "next_token" else "exact"
-        self.importance_source = check_option("importance", importance or default,
-                                              IMPORTANCE_SOURCES)  # fmt: skip
+        self.importance_source = check_option(
+            "importance", importance or default, IMPORTANCE_SOURCES
+        )
         metric = None
         if self.objective == "embedding":  # no targets: damage to the clean sentence embedding
             batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
             metric = embedding_metric(model, batch)
         super().__init__(
-            model.eval(), data, method=check_method(method), n_eval=n_eval,
-            cache_size=cache_size, metric=metric,
-        )  # fmt: skip
+            model.eval(),
+            data,
+            method=check_method(method),
+            n_eval=n_eval,
+            cache_size=cache_size,
+            metric=metric,
+        )
         k = self.batch_.n_targets
         names = data.target_names if isinstance(data, Task) else [f"target{i}" for i in range(k)]
         self.target_names = list(target_names) if target_names is not None else list(names)
@@ -150,9 +155,11 @@ class ExploreSession(Ablator):
         self._targets = self.batch_.targets.reshape(self._scored.shape)  # (n, T, k)
         if self.tokenizer is not None:
             self._values, self._value_names = text_axis_values(
-                self.batch_, self.tokenizer, self._scored,
+                self.batch_,
+                self.tokenizer,
+                self._scored,
                 next_token=self.objective == "next_token",
-            )  # fmt: skip
+            )
         else:
             self._values, self._value_names = axis_values(
                 self.batch_, self._scored, self.target_names
@@ -196,9 +203,11 @@ class ExploreSession(Ablator):
             "n_scored": n,
         }
         return {
-            "method": self.method, "ablated": self.heads, "overall": overall,
+            "method": self.method,
+            "ablated": self.heads,
+            "overall": overall,
             "by": self._rows(current),
-        }  # fmt: skip
+        }
 
     def example(self, index: int) -> dict[str, Any]:
         """Sequence ``index`` of the batch: tokens, targets, predictions and attention.
@@ -357,9 +366,13 @@ class ExploreSession(Ablator):
         estimate = self.importance(method)
         todo = self._unchecked(method)
         agreement = _agreement(estimate, exact)
-        return {"exact": {label: round(value, 6) for label, value in exact.items()},
-                "n_checked": len(exact), "n_planned": len(exact) + len(todo),
-                **agreement, "done": not todo}  # fmt: skip
+        return {
+            "exact": {label: round(value, 6) for label, value in exact.items()},
+            "n_checked": len(exact),
+            "n_planned": len(exact) + len(todo),
+            **agreement,
+            "done": not todo,
+        }
 
     def verify_estimates(
         self, method: Method | None = None, n: int = VERIFY_STEP
@@ -378,9 +391,11 @@ class ExploreSession(Ablator):
 
     def _unchecked(self, method: Method) -> list[str]:
         table = pd.DataFrame(
-            [{"head_label": label, "layer": 0, "head": 0, "method": method, "attribution": value}
-             for label, value in self.importance(method).items()]
-        )  # fmt: skip
+            [
+                {"head_label": label, "layer": 0, "head": 0, "method": method, "attribution": value}
+                for label, value in self.importance(method).items()
+            ]
+        )
         plan = verification_plan(table, method, **VERIFY_PLAN)["head_label"]
         return [label for label in plan if label not in self._exact.get(method, {})]
 
@@ -432,8 +447,14 @@ def _agreement(estimate: dict[str, float], exact: dict[str, float]) -> dict[str,
     labels = [label for label in exact if label in estimate]
     if not labels:
         return {"spearman": None, "max_abs_error": None}
-    rows = pd.DataFrame({"method": "any", "chosen": "top_k", "exact": [exact[x] for x in labels],
-                         "attribution": [estimate[x] for x in labels]})  # fmt: skip
+    rows = pd.DataFrame(
+        {
+            "method": "any",
+            "chosen": "top_k",
+            "exact": [exact[x] for x in labels],
+            "attribution": [estimate[x] for x in labels],
+        }
+    )
     agreement = attribution_agreement(rows).iloc[0]
     rho = float(agreement["spearman"]) if len(labels) >= 3 else float("nan")
     error = round(float(agreement["max_abs_error"]), 6)

@@ -90,9 +90,12 @@ def wrapped_grid(
     ncols = max(1, min(ncols, n_panels))
     rows_per_block = math.ceil(n_panels / ncols)
     fig, grid = new_figure(
-        width * ncols, height * rows_per_block * n_blocks,
-        nrows=rows_per_block * n_blocks, ncols=ncols, squeeze=False,
-    )  # fmt: skip
+        width * ncols,
+        height * rows_per_block * n_blocks,
+        nrows=rows_per_block * n_blocks,
+        ncols=ncols,
+        squeeze=False,
+    )
     axes = np.empty((n_blocks, n_panels), dtype=object)
     spare: list[plt.Axes] = []
     for block in range(n_blocks):
@@ -279,9 +282,13 @@ def legend_in_cell(
     fig.delaxes(cell)
     anchor = (box.x0, box.y0 + 0.15 * box.height, box.width, 0.85 * box.height)
     fig.legend(
-        handles, labels, loc="center", bbox_to_anchor=anchor, bbox_transform=fig.transFigure,
+        handles,
+        labels,
+        loc="center",
+        bbox_to_anchor=anchor,
+        bbox_transform=fig.transFigure,
         **kwargs,
-    )  # fmt: skip
+    )
     if note:
         fig.text(box.x0 + box.width / 2, box.y0, note, ha="center", va="bottom", fontsize=8)
 
@@ -340,7 +347,14 @@ def mark_layers(ax: plt.Axes, heads: Sequence[str], *, columns: bool = False) ->
 def note_on_axes(ax: plt.Axes, text: str) -> None:
     """A boxed note across the middle of a panel (e.g. "nothing to draw, because ...")."""
     ax.text(
-        0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", fontsize=10, wrap=True,
+        0.5,
+        0.5,
+        text,
+        transform=ax.transAxes,
+        ha="center",
+        va="center",
+        fontsize=10,
+        wrap=True,
         bbox={"boxstyle": "round", "facecolor": "white", "edgecolor": "0.5", "alpha": 0.95},
         zorder=10,
-    )  # fmt: skip
+    )

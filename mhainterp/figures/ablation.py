@@ -317,9 +317,13 @@ def _annotate_points(ax: plt.Axes, group: pd.DataFrame) -> None:
         text = ", ".join(label for _, _, label in points)
         left = xi > right
         ax.annotate(
-            text, (xi, yi), textcoords="offset points", xytext=(-4 if left else 4, 3),
-            ha="right" if left else "left", fontsize=8,
-        )  # fmt: skip
+            text,
+            (xi, yi),
+            textcoords="offset points",
+            xytext=(-4 if left else 4, 3),
+            ha="right" if left else "left",
+            fontsize=8,
+        )
 
 
 def _rho_by_method(comparison: pd.DataFrame, agreement: pd.DataFrame | None) -> dict[str, float]:

@@ -109,18 +109,26 @@ def division_heatmap(
     stacked = sum(widths) + 1.0 > 4.0 * height  # a long strip: one panel per row instead
     if stacked:
         fig, grid = new_figure(
-            max(widths) + 2.0, height * len(axes_names), nrows=len(axes_names), squeeze=False,
+            max(widths) + 2.0,
+            height * len(axes_names),
+            nrows=len(axes_names),
+            squeeze=False,
             layout="constrained",
-        )  # fmt: skip
+        )
         panels = list(grid[:, 0])
     else:
         fig, grid = new_figure(
-            sum(widths) + 1.0, height, ncols=max(1, len(axes_names)), squeeze=False,
-            gridspec_kw={"width_ratios": widths or [1]}, layout="constrained",
-        )  # fmt: skip
+            sum(widths) + 1.0,
+            height,
+            ncols=max(1, len(axes_names)),
+            squeeze=False,
+            gridspec_kw={"width_ratios": widths or [1]},
+            layout="constrained",
+        )
         panels = list(grid[0])
-    finite = [float(np.nanmax(g.values.clip(lower=0).to_numpy(float), initial=0.0))
-              for g in panels_data]  # fmt: skip
+    finite = [
+        float(np.nanmax(g.values.clip(lower=0).to_numpy(float), initial=0.0)) for g in panels_data
+    ]
     vmax = max([0.05, *finite])
     served = _served(heads)
     bases = {g.basis for g in panels_data}
@@ -224,14 +232,17 @@ def _lone_heads(heads: pd.DataFrame | None, axis: str) -> list[str]:
     if heads is None or not {"basis", "group"} <= set(heads.columns):
         return []
     own = heads[(heads["by"] == axis) & (heads["basis"] == "single")]
-    return [str(h) for h, g in zip(own["head_label"], own["group"].fillna(""), strict=True)
-            if not g]  # fmt: skip
+    return [
+        str(h) for h, g in zip(own["head_label"], own["group"].fillna(""), strict=True) if not g
+    ]
 
 
 def _marks(
-    data: _PanelData, served: dict[tuple[str, str], tuple[str, set[str]]], axis: str,
+    data: _PanelData,
+    served: dict[tuple[str, str], tuple[str, set[str]]],
+    axis: str,
     min_damage: float,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """``*`` where a head serves the value on this panel's basis and the cell shows it."""
     marks = np.full(data.values.shape, "", dtype=object)
     for i, unit in enumerate(data.values.index):
@@ -279,10 +290,11 @@ def _served(heads: pd.DataFrame | None) -> dict[tuple[str, str], tuple[str, set[
     bases = heads["basis"] if "basis" in heads.columns else pd.Series("", index=heads.index)
     return {
         (str(h), str(by)): (b if isinstance(b, str) else "", set(filter(None, s.split(","))))
-        for h, by, s, b in zip(heads["head_label"], heads["by"], heads["serves"], bases,
-                               strict=True)
+        for h, by, s, b in zip(
+            heads["head_label"], heads["by"], heads["serves"], bases, strict=True
+        )
         if isinstance(s, str)
-    }  # fmt: skip
+    }
 
 
 def _damage_panel(
@@ -295,9 +307,17 @@ def _damage_panel(
 ) -> None:
     """One axis' rows x values heatmap."""
     sns.heatmap(
-        data.values, ax=ax, cmap="rocket_r", vmin=0, vmax=vmax, annot=marks, fmt="",
-        cbar=colorbar, cbar_kws={"label": colour}, linewidths=0.3,
-    )  # fmt: skip
+        data.values,
+        ax=ax,
+        cmap="rocket_r",
+        vmin=0,
+        vmax=vmax,
+        annot=marks,
+        fmt="",
+        cbar=colorbar,
+        cbar_kws={"label": colour},
+        linewidths=0.3,
+    )
     ax.grid(False)  # the style's grid showed through empty cells as stray ticks
     ax.tick_params(axis="y", rotation=0)
     fit_tick_labels(ax, "x")
@@ -324,15 +344,21 @@ def division_vs_heads(sweep: pd.DataFrame) -> plt.Figure:
         >>> fig = division_vs_heads(pd.read_csv("runs/cp/division_sweep.csv"))  # doctest: +SKIP
     """
     require_columns(
-        sweep, ["task", "n_heads", "seed", "by", "index", "null_index", "null_index_std"],
-        "sweep", "mhainterp.specialization.division_folder",
-    )  # fmt: skip
+        sweep,
+        ["task", "n_heads", "seed", "by", "index", "null_index", "null_index_std"],
+        "sweep",
+        "mhainterp.specialization.division_folder",
+    )
     tasks = list(dict.fromkeys(sweep["task"]))
     axes_names = list(dict.fromkeys(sweep["by"]))
     fig, axes = new_figure(
-        3.4 * len(axes_names), 3.0 * len(tasks), nrows=len(tasks), ncols=len(axes_names),
-        squeeze=False, sharey=True,
-    )  # fmt: skip
+        3.4 * len(axes_names),
+        3.0 * len(tasks),
+        nrows=len(tasks),
+        ncols=len(axes_names),
+        squeeze=False,
+        sharey=True,
+    )
     heads = sorted(int(h) for h in sweep["n_heads"].unique())
     log_x = heads[-1] / heads[0] > 8
     for r, task in enumerate(tasks):
@@ -392,7 +418,9 @@ def save_division_figures(result: object, folder: str | os.PathLike[str]) -> lis
     if not len(profiles):
         return []
     fig = division_heatmap(
-        profiles, result.heads, basis_profiles=result.basis_profiles,  # type: ignore[attr-defined]
+        profiles,
+        result.heads,
+        basis_profiles=result.basis_profiles,  # type: ignore[attr-defined]
         index=result.index,  # type: ignore[attr-defined]
-    )  # fmt: skip
+    )
     return [save_figure(fig, Path(folder) / PROFILE_FIGURE)]

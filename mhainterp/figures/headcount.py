@@ -54,20 +54,31 @@ def draw_seeds(
             continue
         spread = rng.uniform(-0.5, 0.5, v.size) * widths[i] if v.size > 1 else np.zeros(1)
         ax.scatter(
-            x + spread, v, color=SEED_COLOR, s=6 if many else 24, alpha=0.25 if many else 0.8,
-            linewidths=0, zorder=2, label=label,
-        )  # fmt: skip
+            x + spread,
+            v,
+            color=SEED_COLOR,
+            s=6 if many else 24,
+            alpha=0.25 if many else 0.8,
+            linewidths=0,
+            zorder=2,
+            label=label,
+        )
         label = None  # one legend entry
     if many:
         shown = [i for i, v in enumerate(values) if v.size]
         ax.boxplot(
-            [values[i] for i in shown], positions=[positions[i] for i in shown],
-            widths=[float(widths[i]) for i in shown], showfliers=False, manage_ticks=False,
-            patch_artist=True, zorder=1,
+            [values[i] for i in shown],
+            positions=[positions[i] for i in shown],
+            widths=[float(widths[i]) for i in shown],
+            showfliers=False,
+            manage_ticks=False,
+            patch_artist=True,
+            zorder=1,
             boxprops={"facecolor": "none", "edgecolor": "0.3"},
-            medianprops={"color": "0.3"}, whiskerprops={"color": "0.3"},
+            medianprops={"color": "0.3"},
+            whiskerprops={"color": "0.3"},
             capprops={"color": "0.3"},
-        )  # fmt: skip
+        )
 
 
 def plot_head_count_accuracy(results: pd.DataFrame, *, metric: str = "val_accuracy") -> plt.Figure:

@@ -67,9 +67,13 @@ def _panel_grid(n_panels: int, width: float, height: float) -> tuple[plt.Figure,
     ncols = min(2, n_panels)
     nrows = -(-n_panels // ncols)
     fig, axes = new_figure(
-        width * ncols, height * nrows, nrows=nrows, ncols=ncols, squeeze=False,
+        width * ncols,
+        height * nrows,
+        nrows=nrows,
+        ncols=ncols,
+        squeeze=False,
         layout="constrained",
-    )  # fmt: skip
+    )
     flat = list(axes.ravel())
     for ax in flat[n_panels:]:
         ax.set_visible(False)
@@ -350,7 +354,8 @@ def save_specialization_figures(
     }
     tables = {"role_scores": "roles", "causal_matrix": "causal", "consistency": "consistency"}
     return [
-        save_figure(figures[stem](), Path(out_dir) / f"{prefix}{stem}.png",
-                    getattr(result, tables[stem]))
+        save_figure(
+            figures[stem](), Path(out_dir) / f"{prefix}{stem}.png", getattr(result, tables[stem])
+        )
         for stem in specialization_figure_stems(result)
-    ]  # fmt: skip
+    ]

@@ -340,9 +340,11 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
     def set_use_attn_in(self, use_attn_in: bool) -> None:
         """Give the attention one per-head copy of its input (``hook_attn_in``)."""
         if use_attn_in and self.cfg.use_split_qkv_input:
-            raise invalid("use_attn_in", use_attn_in,
-                          "False while use_split_qkv_input is on; call "
-                          "set_use_split_qkv_input(False) first")  # fmt: skip
+            raise invalid(
+                "use_attn_in",
+                use_attn_in,
+                "False while use_split_qkv_input is on; call set_use_split_qkv_input(False) first",
+            )
         self.cfg.use_attn_in = check_bool("use_attn_in", use_attn_in)
 
     def set_use_hook_mlp_in(self, use_hook_mlp_in: bool) -> None:

@@ -179,8 +179,9 @@ def specialization_test(
     for inp in tqdm(inputs, desc="specialization", disable=not progress or len(inputs) == 1):
         single = single_result(analyse_run(inp, settings, progress), settings)
         if division is True:  # each run with its own division, before the runs are stacked
-            single = attach_division(single, division_of_labour(inp.model, inp.task,
-                                                                settings=settings))  # fmt: skip
+            single = attach_division(
+                single, division_of_labour(inp.model, inp.task, settings=settings)
+            )
         singles.append(single)
     result = combine_results(singles) if len(singles) > 1 else singles[0]
     if division is None or isinstance(division, bool):

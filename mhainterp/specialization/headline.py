@@ -199,15 +199,16 @@ def headline_stability(
     def run(s: SpecializationSettings, division: DivisionSettings) -> SpecializationResult:
         result = specialization_test(model, data, settings=s)
         if by:
-            result = attach_division(result, division_of_labour(model, data, by,
-                                                                settings=division))  # fmt: skip
+            result = attach_division(result, division_of_labour(model, data, by, settings=division))
         if on_analysis is not None:
             on_analysis()
         return result
 
     base = run(settings, division_settings)
-    perturbed = [(p.name, run(p.settings, p.division)) for p in gate_perturbations(
-        settings, division_settings, factors)]  # fmt: skip
+    perturbed = [
+        (p.name, run(p.settings, p.division))
+        for p in gate_perturbations(settings, division_settings, factors)
+    ]
     table = compare_headlines(base, perturbed)
     table.attrs["headline"] = _headline(base)
     return table
@@ -294,15 +295,13 @@ def headline_stability_folder(
         bar.update()
         done.append(1)
         if len(done) == 1:
-            say(estimate_line("headline stability", "analysis", total,
-                              time.perf_counter() - start))  # fmt: skip
+            say(estimate_line("headline stability", "analysis", total, time.perf_counter() - start))
 
     out = []
     with bar:
         for run_dir in runs:
             run = load_run(run_dir)
-            table = headline_stability(run.model, run.task, settings, by=by,
-                                       on_analysis=analysed)  # fmt: skip
+            table = headline_stability(run.model, run.task, settings, by=by, on_analysis=analysed)
             folder = Path(run_dir) / "analysis"
             write_csv(folder / HEADLINE_FILE, table)
             summary = {"headline": table.attrs["headline"], **headline_summary(table)}

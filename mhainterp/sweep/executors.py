@@ -234,12 +234,18 @@ def plan_device_groups(
             for spec in one_per_head_count
         )
         heads = sorted({spec.n_heads for spec in group})
-        what = (f"training one {first.task_name} run (h={heads[-1]}, batch_size="
-                f"{first.train_config.batch_size}) in a stacked group")  # fmt: skip
+        what = (
+            f"training one {first.task_name} run (h={heads[-1]}, batch_size="
+            f"{first.train_config.batch_size}) in a stacked group"
+        )
         sizes = plan_group_sizes(
-            len(group), per_model, free, fixed=_evaluation_bytes(first), what=what,
+            len(group),
+            per_model,
+            free,
+            fixed=_evaluation_bytes(first),
+            what=what,
             where=str(device),
-        )  # fmt: skip
+        )
         starts = list(itertools.accumulate(sizes, initial=0))
         planned += [list(group[a:b]) for a, b in itertools.pairwise(starts)]
     return planned
@@ -470,11 +476,20 @@ def _run_in_pool(
     messages: dict[str, str] = {}
     total = sum(len(chunk) * chunk[0].train_config.steps for chunk in chunks)
     with (
-        ProcessPoolExecutor(workers, mp_context=context, initializer=_pin_worker,
-                            initargs=(cpu_queue, steps, os.getpid())) as pool,
-        tqdm(total=total, desc=f"sweep (batched, {workers} workers)", unit="model-step",
-             disable=not progress, leave=False) as bar,
-    ):  # fmt: skip
+        ProcessPoolExecutor(
+            workers,
+            mp_context=context,
+            initializer=_pin_worker,
+            initargs=(cpu_queue, steps, os.getpid()),
+        ) as pool,
+        tqdm(
+            total=total,
+            desc=f"sweep (batched, {workers} workers)",
+            unit="model-step",
+            disable=not progress,
+            leave=False,
+        ) as bar,
+    ):
         try:
             pending = {pool.submit(worker_fn, chunk) for chunk in chunks}
             while pending:

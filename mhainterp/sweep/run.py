@@ -129,8 +129,11 @@ def _check_same_sweep(out_dir: Path, config: SweepConfig) -> None:
     if not isinstance(saved, dict):
         differ = ["sweep.json is not a sweep's settings"]
     else:
-        differ = [k for k in sorted(set(saved) | set(wanted))
-                  if k not in GROWABLE and saved.get(k) != wanted.get(k)]  # fmt: skip
+        differ = [
+            k
+            for k in sorted(set(saved) | set(wanted))
+            if k not in GROWABLE and saved.get(k) != wanted.get(k)
+        ]
     if differ:
         raise RunFolderError(
             f"{out_dir} holds a different sweep ({', '.join(differ)} differ; see {saved_path}); "
@@ -280,8 +283,7 @@ def _train_missing(specs: Sequence[RunSpec], executor: str, progress: bool, log:
                 log.write("wait", new, f"held by {RunLock(new[0].run_dir).holder()}")
                 if progress:
                     names = ", ".join(spec.run_dir.name for spec in new)
-                    print(f"waiting for runs another process is training: {names}",
-                          file=sys.stderr)  # fmt: skip
+                    print(f"waiting for runs another process is training: {names}", file=sys.stderr)
                 announced.update(spec.run_dir for spec in new)
             _wait_for_any(held)
 

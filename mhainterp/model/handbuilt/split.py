@@ -109,10 +109,17 @@ def split_heads_model(
     if d_head < max(T, V) or d_model < 2 * V + T:
         raise invalid("d_head", d_head, f">= {max(T, V)} and n_heads * d_head >= {2 * V + T}")
     cfg = ModelConfig(
-        d_model=d_model, n_heads=n_heads, n_layers=n_layers, n_ctx=T, d_vocab=V, d_vocab_out=V,
-        causal=True, attn_only=True, normalization_type=None,
+        d_model=d_model,
+        n_heads=n_heads,
+        n_layers=n_layers,
+        n_ctx=T,
+        d_vocab=V,
+        d_vocab_out=V,
+        causal=True,
+        attn_only=True,
+        normalization_type=None,
         device="cpu",  # weights set by hand on the CPU; .to(device) moves the model
-    )  # fmt: skip
+    )
     model, (_, pos, copy) = feature_model(cfg)
     scale = sharpness * d_head**0.5  # undo the 1/sqrt(d_head) score scaling
     with torch.no_grad():

@@ -338,9 +338,13 @@ def redundant_under(
     untested = 0
     heads = list(dict.fromkeys([*pairs["head_a"], *pairs["head_b"]]))
     for a, b, sim, joint, backup in zip(
-        pairs["head_a"], pairs["head_b"], pairs["similarity"], pairs["damage_joint"],
-        pairs["backup"], strict=True,
-    ):  # fmt: skip
+        pairs["head_a"],
+        pairs["head_b"],
+        pairs["similarity"],
+        pairs["damage_joint"],
+        pairs["backup"],
+        strict=True,
+    ):
         if a in dead or b in dead or not float(sim) >= settings.min_similarity:
             continue
         if np.isnan(float(joint)):

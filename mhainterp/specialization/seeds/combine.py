@@ -40,10 +40,22 @@ __all__ = [
 ]
 
 VERDICT_DIVISION_COLUMNS = (
-    "divided", "call", "basis", "reason", "ci_low", "ci_high", "null_high", "p_floor",
-    "index_mean", "index_zero", "index_resample", "call_mean", "call_zero", "call_resample",
+    "divided",
+    "call",
+    "basis",
+    "reason",
+    "ci_low",
+    "ci_high",
+    "null_high",
+    "p_floor",
+    "index_mean",
+    "index_zero",
+    "index_resample",
+    "call_mean",
+    "call_zero",
+    "call_resample",
     "n_damaging",
-)  # fmt: skip
+)
 """The division index columns the verdict's sentences read besides :data:`DIVISION_COLUMNS`
 (the calibrated call of the verdict contract; each is carried when the table has it)."""
 
@@ -147,8 +159,7 @@ def attach_division(
         mine = [{k: r[k] for k in carried[1:]} for r in rows if r["run"] == v.run]
         if head_rows is not None:
             own = head_rows[head_rows["run"] == v.run]
-            mine = [{**d, "units": compared_units(own, str(d["by"]), d.get("basis"))}
-                    for d in mine]  # fmt: skip
+            mine = [{**d, "units": compared_units(own, str(d["by"]), d.get("basis"))} for d in mine]
         flips = flip_summary(stability[stability["run"] == v.run]) if len(stability) else {}
         verdicts.append(dataclasses.replace(v, division=mine, **flips))
     verdict = Verdict(verdicts, result.verdict.consistency)
@@ -156,9 +167,13 @@ def attach_division(
     if head_rows is not None:
         head_table = _with_serves(result.heads, head_rows, frame)
     return dataclasses.replace(
-        result, division=frame, verdict=verdict, runs=_runs_table(result.runs, verdicts),
-        heads=head_table, stability=stability,
-    )  # fmt: skip
+        result,
+        division=frame,
+        verdict=verdict,
+        runs=_runs_table(result.runs, verdicts),
+        heads=head_table,
+        stability=stability,
+    )
 
 
 def _with_run(table: pd.DataFrame, runs: list[str], name: str) -> pd.DataFrame:
@@ -254,8 +269,10 @@ def _with_serves(
     measured = set(division_heads["run"])
     keys = list(zip(out["run"], out["head_label"], strict=True))
     out["serves"] = ["; ".join(serves.get(k, [])) if k[0] in measured else None for k in keys]
-    out["label"] = [serving_label(label, divided.get(k, [])) for label, k in
-                    zip(out["label"], keys, strict=True)]  # fmt: skip
+    out["label"] = [
+        serving_label(label, divided.get(k, []))
+        for label, k in zip(out["label"], keys, strict=True)
+    ]
     out["finding"] = findings(out)
     return out
 

@@ -440,7 +440,11 @@ def findings(heads: pd.DataFrame) -> list[str]:
             bool(d),
         )
         for h, s, n, b, d in zip(
-            heads["holds"], serves, heads["needed"], heads["backed_up"], heads["dead"],
+            heads["holds"],
+            serves,
+            heads["needed"],
+            heads["backed_up"],
+            heads["dead"],
             strict=True,
         )
-    ]  # fmt: skip
+    ]

@@ -68,9 +68,21 @@ HEAD_COLUMNS = [
 """Columns of :attr:`SpecializationResult.heads` (see :func:`label_heads`)."""
 
 _TEXT_COLUMNS = (
-    "role", "holds", "roles", "mixed_roles", "top_role", "redundant_with", "causal_target",
-    "changed", "finding", "serves", "group", "basis", "call", "reason",
-)  # fmt: skip
+    "role",
+    "holds",
+    "roles",
+    "mixed_roles",
+    "top_role",
+    "redundant_with",
+    "causal_target",
+    "changed",
+    "finding",
+    "serves",
+    "group",
+    "basis",
+    "call",
+    "reason",
+)
 """String columns whose empty values CSV reads back as NaN."""
 
 RUN_COLUMNS = [
@@ -170,9 +182,17 @@ class SpecializationResult:
     quiet: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
 
     TABLES = (
-        "heads", "roles", "causal", "redundancy", "redundancy_groups", "consistency",
-        "init_null", "runs", "nested", "stability",
-    )  # fmt: skip
+        "heads",
+        "roles",
+        "causal",
+        "redundancy",
+        "redundancy_groups",
+        "consistency",
+        "init_null",
+        "runs",
+        "nested",
+        "stability",
+    )
     OPTIONAL_TABLES = ("division", "quiet")
 
     def to_markdown(self) -> str:

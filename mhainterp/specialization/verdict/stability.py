@@ -123,9 +123,14 @@ def relabel(
     untested += untested_dead
     needed = {h: evidence.max_damage.get(h, 0.0) >= settings.min_damage for h in first}
     decisions = decide_labels(
-        evidence.roles, ratio, partners, settings, evidence.nested, dead,
+        evidence.roles,
+        ratio,
+        partners,
+        settings,
+        evidence.nested,
+        dead,
         needed=[h for h, n in needed.items() if n],
-    )  # fmt: skip
+    )
     return decisions, needed, untested
 
 
@@ -248,13 +253,19 @@ def division_stability(
         labels = list(dict.fromkeys(own["head_label"]))
         for factor in factors:
             changed = [h for h in labels if decided[factor][h] != decided[1.0][h]]
-            rows.append({
-                "run": run, "threshold": DIVISION_THRESHOLD, "factor": factor,
-                "value": settings.min_selectivity_gain * factor, "n_heads": len(labels),
-                "n_changed": len(changed),
-                "share_changed": len(changed) / len(labels) if labels else math.nan,
-                "changed": HEAD_SET_SEPARATOR.join(changed), "n_untested": 0,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "run": run,
+                    "threshold": DIVISION_THRESHOLD,
+                    "factor": factor,
+                    "value": settings.min_selectivity_gain * factor,
+                    "n_heads": len(labels),
+                    "n_changed": len(changed),
+                    "share_changed": len(changed) / len(labels) if labels else math.nan,
+                    "changed": HEAD_SET_SEPARATOR.join(changed),
+                    "n_untested": 0,
+                }
+            )
     return pd.DataFrame(rows, columns=STABILITY_COLUMNS)
 
 

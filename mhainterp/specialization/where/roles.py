@@ -654,8 +654,9 @@ def permutation_null_samples(
     draws = []
     for start in range(0, n_permutations, chunk):
         m = min(chunk, n_permutations - start)
-        u = torch.rand((m, *w.shape), generator=generator, dtype=torch.float64,
-                       device=DRAW_DEVICE).to(w.device)  # fmt: skip
+        u = torch.rand(
+            (m, *w.shape), generator=generator, dtype=torch.float64, device=DRAW_DEVICE
+        ).to(w.device)
         shuffled = torch.argsort(torch.where(visible, u, 1.0 + key), dim=-1)  # (m, n, T, T)
         moved = torch.gather(w.expand(m, *w.shape), -1, shuffled)
         permuted = torch.zeros_like(moved).scatter_(-1, natural.expand(m, *w.shape), moved)

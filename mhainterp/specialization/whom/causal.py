@@ -234,8 +234,9 @@ def _permuted_means(
     damage: Float[Tensor, "H n k"], m: int, generator: torch.Generator
 ) -> Float[Tensor, "m H k"]:
     """``m`` draws of the per-head target means with targets shuffled within each sequence."""
-    keys = torch.rand((m, *damage.shape), generator=generator, dtype=torch.float64,
-                      device=DRAW_DEVICE).to(damage.device)  # fmt: skip
+    keys = torch.rand(
+        (m, *damage.shape), generator=generator, dtype=torch.float64, device=DRAW_DEVICE
+    ).to(damage.device)
     order = keys.argsort(-1)  # (m, H, n, k): a random permutation of targets per sequence
     return torch.gather(damage.expand(m, *damage.shape), -1, order).mean(2)
 

@@ -137,9 +137,14 @@ def triple_damage(
     """
     pairs = all_heads(model.cfg.n_layers, model.cfg.n_heads)
     result = evaluate_head_sets(
-        model, batch, [[], *([pair] for pair in pairs)], method,
-        per_position=True, progress=progress, desc="ablate heads (per position)",
-    )  # fmt: skip
+        model,
+        batch,
+        [[], *([pair] for pair in pairs)],
+        method,
+        per_position=True,
+        progress=progress,
+        desc="ablate heads (per position)",
+    )
     scores = result.scores
     scored = scores.scored  # (n, T, k)
     correct = scores.correct[:, scored].float().cpu()  # (1 + H, N), row-major triples

@@ -341,8 +341,7 @@ def division_of_labour(
     norms = write_norms(model, batch[: s.n_attention], cache.donor_z).cpu()
     index, heads_parts, profile_parts, basis_parts = [], [], [], []
     if axes:
-        ev = _evidence(axes, passes, noisy, rows, sequence, values, value_names, counts,
-                       weights, s)  # fmt: skip
+        ev = _evidence(axes, passes, noisy, rows, sequence, values, value_names, counts, weights, s)
         index = index_rows(ev, configs, gate, basis, s)
         heads_parts = heads_rows(ev, configs, gate[s.method], primary, norms, s, null_generator)
         profile_parts = [_profile_part(ev, a, configs, s) for a in range(len(axes))]
@@ -350,10 +349,14 @@ def division_of_labour(
     td = _triple_damage(primary, configs, values, value_names, scored)
     attention = attention_view(model, batch[: s.n_attention], relations, axes, td, cache.patterns)
     meta = {
-        **s.to_dict(), "by_asked": _normalise_by(by), "by": list(axes), "basis": basis,
-        "noise_used": noise_used, "groups": [_label(g) for g in configs.groups],
+        **s.to_dict(),
+        "by_asked": _normalise_by(by),
+        "by": list(axes),
+        "basis": basis,
+        "noise_used": noise_used,
+        "groups": [_label(g) for g in configs.groups],
         "groups_given": given is not None,
-    }  # fmt: skip
+    }
     heads = _frame(heads_parts, HEADS_COLUMNS)  # p_adj: corrected over every head and axis
     return DivisionResult(
         heads=heads,
@@ -401,11 +404,14 @@ def _evidence(
     ones = torch.ones(sum(K), device=padded_counts.device)
     inside = pad_axes(ones, K) > 0  # (A, K_max): an axis's own values
     return Evidence(
-        axes=list(axes), value_names={a: value_names[a] for a in axes},
-        counts={a: counts[a] for a in axes}, keep=inside & (padded_counts >= s.min_count),
+        axes=list(axes),
+        value_names={a: value_names[a] for a in axes},
+        counts={a: counts[a] for a in axes},
+        keep=inside & (padded_counts >= s.min_count),
         means=dict(zip(passes, by_method, strict=True)),
-        null_pairs=_null_tables(tables, noisy, rows, B, first_half), loss=loss,
-    )  # fmt: skip
+        null_pairs=_null_tables(tables, noisy, rows, B, first_half),
+        loss=loss,
+    )
 
 
 def _null_tables(
@@ -568,10 +574,14 @@ def _triple_damage(
     input, and the home of the per-triple tables other tests read)."""
     clean, single = primary.correct[configs.clean], primary.correct[configs.single]
     return TripleDamage(
-        pairs=configs.pairs, damage=clean[None] - single,
+        pairs=configs.pairs,
+        damage=clean[None] - single,
         loss_increase=primary.nll[configs.single] - primary.nll[configs.clean][None],
-        clean=clean, values=values, value_names=value_names, index=scored.nonzero().cpu(),
-    )  # fmt: skip
+        clean=clean,
+        values=values,
+        value_names=value_names,
+        index=scored.nonzero().cpu(),
+    )
 
 
 def _profile_part(ev: Evidence, a: int, configs: Configs, s: DivisionSettings) -> dict:

@@ -112,10 +112,14 @@ def attention_view(
         r, h, v = r[order], h[order], v[order]
         parts.append(
             {
-                "head_label": labels[h], "layer": layers[h], "head": head_ids[h], "by": axis,
+                "head_label": labels[h],
+                "layer": layers[h],
+                "head": head_ids[h],
+                "by": axis,
                 "value": np.array(td.value_names[axis], dtype=object)[v],
                 "relation": np.array(names, dtype=object)[r],
-                "mass": means[r, h, v].numpy(), "n_queries": n_q[r, v].numpy().astype(int),
+                "mass": means[r, h, v].numpy(),
+                "n_queries": n_q[r, v].numpy().astype(int),
             }
-        )  # fmt: skip
+        )
     return pd.DataFrame(join_columns(parts, ATTENTION_COLUMNS), columns=ATTENTION_COLUMNS)

@@ -138,8 +138,9 @@ def build_configs(n_layers: int, n_heads: int, groups: Sequence[Sequence[Pair]] 
     groups = [sorted(g) for g in groups]
     group = _append(sets, groups)
     kept_ref = [layer[p[0]] for p in pairs]
-    return Configs(sets, pairs, groups, 0, single, layer, kept, kept_ref, group, kept_model,
-                   nothing)  # fmt: skip
+    return Configs(
+        sets, pairs, groups, 0, single, layer, kept, kept_ref, group, kept_model, nothing
+    )
 
 
 def _append(sets: list[list[Pair]], more: list[list[Pair]]) -> list[int]:
@@ -192,9 +193,15 @@ def run_pass(
         (for the scored mask and the evaluated batch).
     """
     result = evaluate_head_sets(
-        model, batch, [list(s) for s in head_sets], method, per_position=True,
-        progress=progress, desc=f"division ({method})", cache=cache,
-    )  # fmt: skip
+        model,
+        batch,
+        [list(s) for s in head_sets],
+        method,
+        per_position=True,
+        progress=progress,
+        desc=f"division ({method})",
+        cache=cache,
+    )
     scored = result.scores.scored
     if bool(scored.all()):  # every triple scored: the same values as the mask gives, no copy
         correct = result.scores.correct.flatten(1).float().cpu()
@@ -350,8 +357,10 @@ class ValueMeans:
         rank[order] = torch.arange(n, device=device)
         starts = [sum(self.sizes[:i]) for i in range(len(self.sizes))]
         # (N,) per axis: each triple's (sequence, value) slot, sequences in ``order``
-        self.keys = [rank[sequence] * K_all + start + ids
-                     for start, ids in zip(starts, values.values(), strict=True)]  # fmt: skip
+        self.keys = [
+            rank[sequence] * K_all + start + ids
+            for start, ids in zip(starts, values.values(), strict=True)
+        ]
         self.value_ids = [start + ids for start, ids in zip(starts, values.values(), strict=True)]
         counts = torch.zeros(n * K_all, device=device)
         for key in self.keys:
