@@ -149,10 +149,18 @@ def chromium():
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tempfile.mkdtemp(prefix='mhx-bench-')}",
-             "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]  # fmt: skip
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tempfile.mkdtemp(prefix='mhx-bench-')}",
+        "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+    ]
     for flag in flags:
         options.add_argument(flag)
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -325,17 +333,27 @@ def bench_compare(baseline: Path, clicks: int, load: int, memory_clicks: int) ->
             with BusyLoad(busy):
                 new = _worker(None, run, clicks, 0)
                 old = _worker(baseline, run, clicks, 0)
-            rows.append({"measure": f"16-head click, {label}", "old_median_ms": old["median_ms"],
-                         "new_median_ms": new["median_ms"], "old_p90_ms": old["p90_ms"],
-                         "new_p90_ms": new["p90_ms"],
-                         "speedup_median": round(old["median_ms"] / new["median_ms"], 2),
-                         "speedup_p90": round(old["p90_ms"] / new["p90_ms"], 2)})  # fmt: skip
+            rows.append(
+                {
+                    "measure": f"16-head click, {label}",
+                    "old_median_ms": old["median_ms"],
+                    "new_median_ms": new["median_ms"],
+                    "old_p90_ms": old["p90_ms"],
+                    "new_p90_ms": new["p90_ms"],
+                    "speedup_median": round(old["median_ms"] / new["median_ms"], 2),
+                    "speedup_p90": round(old["p90_ms"] / new["p90_ms"], 2),
+                }
+            )
         if memory_clicks:
             new = _worker(None, run, 2, memory_clicks)
             old = _worker(baseline, run, 2, memory_clicks)
-            rows.append({"measure": f"RSS growth MiB, {memory_clicks} distinct sets",
-                         "old_median_ms": old["rss_growth_mib"],
-                         "new_median_ms": new["rss_growth_mib"]})  # fmt: skip
+            rows.append(
+                {
+                    "measure": f"RSS growth MiB, {memory_clicks} distinct sets",
+                    "old_median_ms": old["rss_growth_mib"],
+                    "new_median_ms": new["rss_growth_mib"],
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -384,12 +402,14 @@ def pretrained_worker(name: str, clicks: int, threads: int | None) -> dict[str, 
         json_bytes(explorer.handle("toggle", {"head": label}))
         sets.append(time.perf_counter() - begin)
     return {
-        "load_s": round(load_s, 1), "start_s": round(start_s, 1), "state_kib": round(state_kib),
+        "load_s": round(load_s, 1),
+        "start_s": round(start_s, 1),
+        "state_kib": round(state_kib),
         "tokens": int(batch.padding_mask.sum()),
         "forward_ms": round(1000 * statistics.median(forward)),
         **{f"alone_{k}": v for k, v in summary("alone", alone).items() if k.endswith("ms")},
         **{f"sets_{k}": v for k, v in summary("sets", sets).items() if k.endswith("ms")},
-    }  # fmt: skip
+    }
 
 
 def bench_pretrained(

@@ -102,9 +102,22 @@ __all__ = [
 ]
 
 COLUMNS = [
-    "section", "case", "n_heads", "n_models", "processes", "threads", "value", "unit", "ratio",
-    "ratio_to", "ratio_vs_boot_native", "gflops", "pct_of_peak", "repeats", "note",
-]  # fmt: skip
+    "section",
+    "case",
+    "n_heads",
+    "n_models",
+    "processes",
+    "threads",
+    "value",
+    "unit",
+    "ratio",
+    "ratio_to",
+    "ratio_vs_boot_native",
+    "gflops",
+    "pct_of_peak",
+    "repeats",
+    "note",
+]
 """Columns of the benchmark table: ``value`` is the median of ``repeats`` measurements in
 ``unit``, measured with ``processes`` processes of ``threads`` torch threads each; ``ratio`` is
 the case's speed relative to ``ratio_to`` (> 1 = faster; in the ``cache`` section it is
@@ -162,9 +175,17 @@ class BenchSettings:
     @classmethod
     def quick(cls, **overrides: Any) -> BenchSettings:
         """Tiny sizes for a smoke test (numbers are not meaningful)."""
-        quick = cls(steps=4, repeats=2, n_eval=64, explore_loads=(0,), explore_clicks=4,
-                    gpu_heads=(1,), gpu_models=(4,), gpu_repeats=1,
-                    division_steps=20)  # fmt: skip
+        quick = cls(
+            steps=4,
+            repeats=2,
+            n_eval=64,
+            explore_loads=(0,),
+            explore_clicks=4,
+            gpu_heads=(1,),
+            gpu_models=(4,),
+            gpu_repeats=1,
+            division_steps=20,
+        )
         return replace(quick, **overrides)
 
 
@@ -287,9 +308,13 @@ def _time_executor(
     from mhainterp.sweep.executors import run_batched
 
     config = SweepConfig(
-        task=TASK, task_params={"seq_len": SEQ_LEN, "d_vocab": D_VOCAB}, n_heads=list(heads),
-        seeds=list(range(seeds)), model={"d_model": D_MODEL}, train=_train_config(steps),
-    )  # fmt: skip
+        task=TASK,
+        task_params={"seq_len": SEQ_LEN, "d_vocab": D_VOCAB},
+        n_heads=list(heads),
+        seeds=list(range(seeds)),
+        model={"d_model": D_MODEL},
+        train=_train_config(steps),
+    )
     with tempfile.TemporaryDirectory(prefix="mhainterp-bench-") as tmp:
         specs = plan_sweep(config, tmp, device="cpu")  # the CPU executor: a pool of workers
         start = time.perf_counter()
@@ -351,10 +376,17 @@ def _boot_native_model(n_heads: int) -> nn.Module:
 
     task = _task()
     cfg = TransformerBridgeConfig(
-        d_model=D_MODEL, d_head=D_MODEL // n_heads, n_layers=1, n_ctx=SEQ_LEN, n_heads=n_heads,
-        d_vocab=task.d_vocab_in, d_vocab_out=task.d_vocab_out, attn_only=True,
-        normalization_type=None, seed=0,
-    )  # fmt: skip
+        d_model=D_MODEL,
+        d_head=D_MODEL // n_heads,
+        n_layers=1,
+        n_ctx=SEQ_LEN,
+        n_heads=n_heads,
+        d_vocab=task.d_vocab_in,
+        d_vocab_out=task.d_vocab_out,
+        attn_only=True,
+        normalization_type=None,
+        seed=0,
+    )
     return TransformerBridge.boot_native(cfg)
 
 
@@ -548,26 +580,63 @@ def _train_cases(settings: BenchSettings, threads: int) -> list[_Case]:
         ]
         if settings.boot_native:
             cases.append(
-                _Case("train", "boot_native", (h,), 1, s, threads,
-                      lambda k, h=h: _time_boot_native(h, k))
-            )  # fmt: skip
+                _Case(
+                    "train",
+                    "boot_native",
+                    (h,),
+                    1,
+                    s,
+                    threads,
+                    lambda k, h=h: _time_boot_native(h, k),
+                )
+            )
     for h in settings.heads:
         cases += [
-            _Case("train", "batched_seeds", (h,), n, n * s, threads,
-                  lambda k, h=h: _time_many([h], n, k)),
-            _Case("train", "batched_vmap_seeds", (h,), n, n * s, threads,
-                  lambda k, h=h: _time_vmap(h, n, k)),
-        ]  # fmt: skip
+            _Case(
+                "train",
+                "batched_seeds",
+                (h,),
+                n,
+                n * s,
+                threads,
+                lambda k, h=h: _time_many([h], n, k),
+            ),
+            _Case(
+                "train",
+                "batched_vmap_seeds",
+                (h,),
+                n,
+                n * s,
+                threads,
+                lambda k, h=h: _time_vmap(h, n, k),
+            ),
+        ]
     grid, m = tuple(settings.grid_heads), len(settings.grid_heads) * n
     workers = settings.workers
     n_workers = workers or min(len(_cpus()), m)
     cases += [
         _Case("train", "batched_grid", grid, m, m * s, threads, lambda k: _time_many(grid, n, k)),
-        _Case("train", "batched_executor", grid, m, m * s, 1,
-              lambda k: _time_executor(grid, n, k, workers), processes=n_workers),
-        _Case("train", "train_executor_unbatched", grid, m, m * s, 1,
-              lambda k: _time_executor(grid, n, k, workers, batch=False), processes=n_workers),
-    ]  # fmt: skip
+        _Case(
+            "train",
+            "batched_executor",
+            grid,
+            m,
+            m * s,
+            1,
+            lambda k: _time_executor(grid, n, k, workers),
+            processes=n_workers,
+        ),
+        _Case(
+            "train",
+            "train_executor_unbatched",
+            grid,
+            m,
+            m * s,
+            1,
+            lambda k: _time_executor(grid, n, k, workers, batch=False),
+            processes=n_workers,
+        ),
+    ]
     return cases
 
 
@@ -653,13 +722,22 @@ def _grid_rows(cases: list[_Case], samples: dict) -> list[dict]:
 
 def _row(case: _Case, value: float, unit: str, repeats: int, note: str = "") -> dict[str, Any]:
     return {
-        "section": case.section, "case": case.case,
-        "n_heads": ",".join(str(h) for h in case.heads), "n_models": case.n_models,
-        "processes": case.processes, "threads": case.threads, "value": value, "unit": unit,
-        "ratio": float("nan"), "ratio_to": "", "ratio_vs_boot_native": float("nan"),
-        "gflops": float("nan"), "pct_of_peak": float("nan"),
-        "repeats": repeats, "note": note,
-    }  # fmt: skip
+        "section": case.section,
+        "case": case.case,
+        "n_heads": ",".join(str(h) for h in case.heads),
+        "n_models": case.n_models,
+        "processes": case.processes,
+        "threads": case.threads,
+        "value": value,
+        "unit": unit,
+        "ratio": float("nan"),
+        "ratio_to": "",
+        "ratio_vs_boot_native": float("nan"),
+        "gflops": float("nan"),
+        "pct_of_peak": float("nan"),
+        "repeats": repeats,
+        "note": note,
+    }
 
 
 def _add_ratios(rows: list[dict]) -> None:
@@ -690,10 +768,17 @@ def _cache_rows(settings: BenchSettings, threads: int, echo: Callable) -> list[d
     tokens = _task().eval_batch(settings.n_eval).tokens
     inner = 3 if settings.repeats < 5 else 10
     cases = [
-        _Case("cache", name, (max(settings.heads),), 1, 0, threads,
-              lambda k, cached=cached: _time_forward(model, tokens, cached, inner))
+        _Case(
+            "cache",
+            name,
+            (max(settings.heads),),
+            1,
+            0,
+            threads,
+            lambda k, cached=cached: _time_forward(model, tokens, cached, inner),
+        )
         for name, cached in (("forward", False), ("run_with_cache_patterns", True))
-    ]  # fmt: skip
+    ]
     samples = _measure(cases, settings.repeats, echo)
     note = f"{settings.n_eval} sequences, no_grad"
     # cache: time relative to the forward (lower is better)
@@ -728,10 +813,17 @@ def _ablation_rows(settings: BenchSettings, threads: int, echo: Callable) -> lis
     model.eval()
     task, size = _task(), settings.n_eval
     cases = [
-        _Case("ablation", name, (h,), 1, 0, threads,
-              lambda k, naive=naive: _time_importance(model, task, size, naive))
+        _Case(
+            "ablation",
+            name,
+            (h,),
+            1,
+            0,
+            threads,
+            lambda k, naive=naive: _time_importance(model, task, size, naive),
+        )
         for name, naive in (("naive_loop", True), ("head_importance_batched", False))
-    ]  # fmt: skip
+    ]
     samples = _measure(cases, settings.repeats, echo)
     note = f"all {h} single-head zero ablations, {size} sequences"
     # ablation: speed-up over the naive loop (higher is better)
@@ -779,9 +871,16 @@ def _engine_rows(settings: BenchSettings, threads: int, echo: Callable) -> list[
 
     cases = [
         _Case("engine", "forward", (16,), 1, 0, threads, forward),
-        _Case("engine", "per_configuration", (16,), 1, 0, threads,
-              lambda k: _time_engine(model, batch, head_sets)),
-    ]  # fmt: skip
+        _Case(
+            "engine",
+            "per_configuration",
+            (16,),
+            1,
+            0,
+            threads,
+            lambda k: _time_engine(model, batch, head_sets),
+        ),
+    ]
     samples = _measure(cases, settings.repeats, echo)
     note = f"2 layers x 16 heads, {len(batch)} sequences, {len(head_sets)} mean ablations"
     # engine: time per configuration relative to one plain forward (lower is better)
@@ -853,8 +952,19 @@ def _real_rows(settings: BenchSettings, threads: int, echo: Callable) -> list[di
         f"exact_single_head: all {len(heads)} single-head sets in one evaluate_head_sets call"
     )
     rows = _time_rows(cases, samples, lambda first, t: t / first, "forward (time)", note)
-    command = [sys.executable, "-m", "mhainterp.cli", "analyze", "--model", "smollm2",
-               "--n-eval", str(REAL_SENTENCES), "--out", "runs/bench_real", "--quiet"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "mhainterp.cli",
+        "analyze",
+        "--model",
+        "smollm2",
+        "--n-eval",
+        str(REAL_SENTENCES),
+        "--out",
+        "runs/bench_real",
+        "--quiet",
+    ]
     return rows + _job_rows(command)
 
 
@@ -909,8 +1019,13 @@ def _division_rows(settings: BenchSettings, threads: int, echo: Callable) -> lis
             f"ratio = median of {len(paired)} paired rounds "
             f"(range {paired[0]:.2f}-{paired[-1]:.2f})"
         )
-        pair = _time_rows(cases[i : i + 2], {0: samples[i], 1: samples[i + 1]},
-                          lambda first, t: t / first, "head_importance (time)", note)  # fmt: skip
+        pair = _time_rows(
+            cases[i : i + 2],
+            {0: samples[i], 1: samples[i + 1]},
+            lambda first, t: t / first,
+            "head_importance (time)",
+            note,
+        )
         pair[1]["ratio"] = statistics.median(paired)
         rows += pair
     # division: time relative to head_importance (lower is better; the target is <= 4)
@@ -1214,8 +1329,9 @@ def _job_rows(command: list[str]) -> list[dict]:
         {**_row(case, result["max_rss"] / 2**20, "MiB", 1, note), "case": "max_rss_process"}
     )
     if result.get("peak_tree"):
-        rows.append({**_row(case, result["peak_tree"] / 2**20, "MiB", 1, note),
-                     "case": "peak_rss_tree"})  # fmt: skip
+        rows.append(
+            {**_row(case, result["peak_tree"] / 2**20, "MiB", 1, note), "case": "peak_rss_tree"}
+        )
     return rows
 
 
@@ -1336,8 +1452,10 @@ def _first(rows: pd.DataFrame, column: str, case: str | None = None) -> float:
 def _clicks(rows: pd.DataFrame) -> str:
     """The explorer's median clicks by load: ``**10** ms idle, **27** ms beside 4 busy``."""
     loads = [int(case.removeprefix("click_busy_")) for case in rows["case"]]
-    return ", ".join(f"**{v:.0f}** ms " + (f"beside {n} busy" if n else "idle")
-                     for n, v in zip(loads, rows["value"], strict=True))  # fmt: skip
+    return ", ".join(
+        f"**{v:.0f}** ms " + (f"beside {n} busy" if n else "idle")
+        for n, v in zip(loads, rows["value"], strict=True)
+    )
 
 
 def _minutes(seconds: float) -> str:
@@ -1350,46 +1468,74 @@ CLAIMS = (
     Claim(
         "full calibrated `division_of_labour` (all axes, kept/group profiles, 3 methods, "
         "same-function null) vs `head_importance` (mean), 8 heads, 1,024 sequences, trained",
-        "division", "division_of_labour", lambda r: f"**{_first(r, 'ratio'):.2f}×**",
-        "≤ 4×", lambda r: _first(r, "ratio") <= 4, f"{_BENCH} --sections division`",
+        "division",
+        "division_of_labour",
+        lambda r: f"**{_first(r, 'ratio'):.2f}×**",
+        "≤ 4×",
+        lambda r: _first(r, "ratio") <= 4,
+        f"{_BENCH} --sections division`",
     ),
     Claim(
         "all 8 single-head ablations, one batched pass vs a loop",
-        "ablation", "head_importance_batched", lambda r: f"**{_first(r, 'ratio'):.2f}×**",
-        "≥ 4×", lambda r: _first(r, "ratio") >= 4, f"{_BENCH} --sections ablation`",
+        "ablation",
+        "head_importance_batched",
+        lambda r: f"**{_first(r, 'ratio'):.2f}×**",
+        "≥ 4×",
+        lambda r: _first(r, "ratio") >= 4,
+        f"{_BENCH} --sections ablation`",
     ),
     Claim(
         "`mhainterp demo` (what `make demo` runs after setup)",
-        "job", "command", lambda r: f"**{_minutes(_first(r, 'value'))}**",
-        "≤ 3 min", lambda r: _first(r, "value") <= 180,
-        f"{_BENCH} --sections peak --job-demo`", note_has=" demo ",
+        "job",
+        "command",
+        lambda r: f"**{_minutes(_first(r, 'value'))}**",
+        "≤ 3 min",
+        lambda r: _first(r, "value") <= 180,
+        f"{_BENCH} --sections peak --job-demo`",
+        note_has=" demo ",
     ),
     Claim(
         "explorer click (median), 16-head model, 1,024 sequences, new head sets, idle and "
         "beside busy processes",
-        "explore", "click_busy_*", _clicks,
-        "< 200 ms", lambda r: bool((r.value < EXPLORE_BUDGET_MS).all()),
+        "explore",
+        "click_busy_*",
+        _clicks,
+        "< 200 ms",
+        lambda r: bool((r.value < EXPLORE_BUDGET_MS).all()),
         f"{_BENCH} --sections explore`",
     ),
     Claim(
         "SmolLM2, 64 sentences: attribution for all 270 heads",
-        "real", "attribution_all_heads", lambda r: f"**{_first(r, 'ratio'):.2f}** clean forwards",
-        "≤ 3", lambda r: _first(r, "ratio") <= 3, f"{_BENCH} --sections real`",
+        "real",
+        "attribution_all_heads",
+        lambda r: f"**{_first(r, 'ratio'):.2f}** clean forwards",
+        "≤ 3",
+        lambda r: _first(r, "ratio") <= 3,
+        f"{_BENCH} --sections real`",
     ),
     Claim(
         "SmolLM2: exact single-head ablation, all 270 in one call",
-        "real", "exact_single_head",
+        "real",
+        "exact_single_head",
         lambda r: f"**{_first(r, 'ratio'):.2f}** clean forwards per head",
-        "≤ 0.6", lambda r: _first(r, "ratio") <= 0.6, f"{_BENCH} --sections real`",
+        "≤ 0.6",
+        lambda r: _first(r, "ratio") <= 0.6,
+        f"{_BENCH} --sections real`",
     ),
     Claim(
         "`mhainterp analyze --model smollm2` on 64 sentences",
-        "job", "*", lambda r: f"**{_minutes(_first(r, 'value', 'command'))}**, peak "
-        f"{_first(r, 'value', 'peak_rss_tree') / 1024:.1f} GiB",
-        "≤ 10 min", lambda r: _first(r, "value", "command") <= 600,
-        f"{_BENCH} --sections real`", note_has="analyze --model smollm2",
+        "job",
+        "*",
+        lambda r: (
+            f"**{_minutes(_first(r, 'value', 'command'))}**, peak "
+            f"{_first(r, 'value', 'peak_rss_tree') / 1024:.1f} GiB"
+        ),
+        "≤ 10 min",
+        lambda r: _first(r, "value", "command") <= 600,
+        f"{_BENCH} --sections real`",
+        note_has="analyze --model smollm2",
     ),
-)  # fmt: skip
+)
 """The README's Performance claims that the benchmark measures, in the README's order."""
 
 
@@ -1409,9 +1555,15 @@ def claims_table(table: pd.DataFrame, date: str) -> pd.DataFrame:
         if rows.empty:
             continue
         met = "met" if claim.met(rows) else "not met"
-        out.append({"claim": claim.what, "measured": claim.measured(rows),
-                    "target": f"{claim.target} — {met}", "date": date,
-                    "command": claim.command})  # fmt: skip
+        out.append(
+            {
+                "claim": claim.what,
+                "measured": claim.measured(rows),
+                "target": f"{claim.target} — {met}",
+                "date": date,
+                "command": claim.command,
+            }
+        )
     return pd.DataFrame(out, columns=["claim", "measured", "target", "date", "command"])
 
 
@@ -1433,10 +1585,26 @@ def to_markdown(table: pd.DataFrame, info_before: dict, info_after: dict) -> str
         lines += ["", "## Claims (the README's Performance rows)", "", markdown_table(claims)]
     for section, group in table.groupby("section", sort=False):
         lines += ["", f"## {section}", ""]
-        cols = ["case", "n_heads", "n_models", "processes", "threads", "value", "unit", "ratio",
-                "ratio_to", "ratio_vs_boot_native", "gflops", "pct_of_peak", "note"]  # fmt: skip
-        cols = [c for c in cols if group[c].astype(str).str.len().gt(0).any()
-                and not group[c].isna().all()]  # fmt: skip
+        cols = [
+            "case",
+            "n_heads",
+            "n_models",
+            "processes",
+            "threads",
+            "value",
+            "unit",
+            "ratio",
+            "ratio_to",
+            "ratio_vs_boot_native",
+            "gflops",
+            "pct_of_peak",
+            "note",
+        ]
+        cols = [
+            c
+            for c in cols
+            if group[c].astype(str).str.len().gt(0).any() and not group[c].isna().all()
+        ]
         lines.append(markdown_table(group[cols], digits=2))
     return "\n".join(lines) + "\n"
 
@@ -1453,23 +1621,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--workers", type=int, default=None, help="batched executor workers")
     parser.add_argument(
-        "--sections", default=None,
+        "--sections",
+        default=None,
         help="comma-separated subset of train,peak,cache,ablation,engine,division (default: "
         "all), or explore, real, gpu (opt-in)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--explore-loads", default=None,
+        "--explore-loads",
+        default=None,
         help="busy processes beside the explorer clicks, comma-separated (default 0,4,8)",
-    )  # fmt: skip
+    )
     parser.add_argument("--job", default=None, help="also time this command (quoted)")
     parser.add_argument(
-        "--job-demo", action="store_true",
+        "--job-demo",
+        action="store_true",
         help="also time the README main job, `mhainterp demo` (takes minutes)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--job-analyze", action="store_true",
+        "--job-analyze",
+        action="store_true",
         help="also time `mhainterp analyze` of a 2-layer, 16-head multi_relation run",
-    )  # fmt: skip
+    )
 
 
 def settings_from_args(args: argparse.Namespace, out: Path) -> BenchSettings:
@@ -1484,8 +1656,17 @@ def settings_from_args(args: argparse.Namespace, out: Path) -> BenchSettings:
             overrides[name] = value
     if args.sections:
         sections = tuple(s.strip() for s in args.sections.split(",") if s.strip())
-        allowed = {"train", "peak", "cache", "ablation", "engine", "division", "real", "explore",
-                   "gpu"}  # fmt: skip
+        allowed = {
+            "train",
+            "peak",
+            "cache",
+            "ablation",
+            "engine",
+            "division",
+            "real",
+            "explore",
+            "gpu",
+        }
         unknown = sorted(set(sections) - allowed)
         if unknown:
             raise ValueError(

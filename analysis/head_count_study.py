@@ -99,15 +99,20 @@ N_EVAL_DIVISION = 256  # sequences per division of labour: the study runs hundre
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("runs/head_count_study"))
-    parser.add_argument("--grid", choices=("auto", *GRIDS), default="auto",
-                        help="auto: full on a GPU, cpu otherwise (default auto)")  # fmt: skip
+    parser.add_argument(
+        "--grid",
+        choices=("auto", *GRIDS),
+        default="auto",
+        help="auto: full on a GPU, cpu otherwise (default auto)",
+    )
     parser.add_argument("--quick", action="store_true", help="the quick grid (a smoke run)")
     parser.add_argument("--tasks", help="comma-separated task names (default: the grid's)")
     parser.add_argument("--n-heads", type=int_list, help="head counts, e.g. 1,2,4,8")
     parser.add_argument("--seeds", type=int_list, help="seeds, e.g. 0-29")
     parser.add_argument("--steps", type=int, help="training steps per run")
-    parser.add_argument("--verdict-seeds", type=int,
-                        help="seeds per h whose division of labour is measured")  # fmt: skip
+    parser.add_argument(
+        "--verdict-seeds", type=int, help="seeds per h whose division of labour is measured"
+    )
     parser.add_argument("--device", default="auto", help="auto|cpu|cuda|cuda:N|mps")
     parser.add_argument("--executor", default=None, help="sweep executor (default: fastest)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -232,8 +237,13 @@ def study_table(per_seed: pd.DataFrame, division: pd.DataFrame) -> pd.DataFrame:
 def _summary(name: str, values: pd.Series) -> dict[str, float]:
     stats = describe(values)
     low, high = mean_interval(values)
-    return {f"{name}_mean": stats["mean"], f"{name}_std": stats["std"], f"{name}_n": stats["n"],
-            f"{name}_ci_low": low, f"{name}_ci_high": high}  # fmt: skip
+    return {
+        f"{name}_mean": stats["mean"],
+        f"{name}_std": stats["std"],
+        f"{name}_n": stats["n"],
+        f"{name}_ci_low": low,
+        f"{name}_ci_high": high,
+    }
 
 
 MEASURES = [("accuracy", "accuracy")] + [
@@ -262,10 +272,11 @@ def lead_sentence(task: str, rows: pd.DataFrame) -> str:
     else:
         division_part = "no change of the division index with h is shown"
     parts = [
-        f"h changes the accuracy ({changes(accuracy)})" if len(accuracy)
+        f"h changes the accuracy ({changes(accuracy)})"
+        if len(accuracy)
         else "no accuracy difference between adjacent head counts is shown",
         division_part,
-    ]  # fmt: skip
+    ]
     open_rows = rows[~rows["beyond"].astype(bool) & rows["p"].notna() & (rows["diff"] != 0)]
     needed = [
         seeds_to_settle(r["diff"], r["std_a"], r["std_b"], 0.05, int(r["n_holm"]))
@@ -306,8 +317,9 @@ def plot_study(table: pd.DataFrame):
     import matplotlib.pyplot as plt
 
     tasks = list(dict.fromkeys(table["task"]))
-    fig, grid = plt.subplots(len(tasks), 2, figsize=(9, 2.4 * len(tasks) + 0.6), squeeze=False,
-                             sharex=True)  # fmt: skip
+    fig, grid = plt.subplots(
+        len(tasks), 2, figsize=(9, 2.4 * len(tasks) + 0.6), squeeze=False, sharex=True
+    )
     heads = sorted(table["n_heads"].unique())
     for row, task in zip(grid, tasks, strict=True):
         group = table[table["task"] == task]
@@ -333,8 +345,9 @@ def _with_interval(ax, group: pd.DataFrame, name: str, label: str) -> None:
     shown = group[group[f"{name}_mean"].notna()]
     mean = shown[f"{name}_mean"]
     errors = np.nan_to_num([mean - shown[f"{name}_ci_low"], shown[f"{name}_ci_high"] - mean])
-    ax.errorbar(shown["n_heads"], mean, yerr=errors, marker="o", markersize=4, capsize=3,
-                label=label)  # fmt: skip
+    ax.errorbar(
+        shown["n_heads"], mean, yerr=errors, marker="o", markersize=4, capsize=3, label=label
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -79,8 +79,11 @@ def _section(result: dict) -> list[str]:
         f"- {len(sinks)} of {len(first)} heads put more than half their attention on the first "
         f"token (random-weight null mean {null_first:.2f}).",
     ]
-    relations = ("previous", "punctuation") if model.cfg.causal else ("previous", "next", "last",
-                                                                       "punctuation")  # fmt: skip
+    relations = (
+        ("previous", "punctuation")
+        if model.cfg.causal
+        else ("previous", "next", "last", "punctuation")
+    )
     for role in relations:
         rows = roles[(roles["role"] == role) & roles["significant"]]
         rows = rows.sort_values("score", ascending=False)
