@@ -222,8 +222,10 @@ def test_saved_results_read_and_tolerate_missing_or_broken_files(tmp_path):
     assert saved.division == {"L0H0": [{"by": "token", "selectivity": 0.7, "p_adj": 0.01}]}
     (analysis / "specialization_heads.csv").write_text("head_label\nL0H0\n")  # no label column
     (analysis / "division_heads.csv").write_bytes(b"\x00\xff not a csv")
+    (analysis / "ablation_importance.csv").write_bytes(b"")  # damaged: 0 bytes
     assert SavedResults.load(tmp_path).labels == {}
     assert SavedResults.load(tmp_path).division == {}
+    assert SavedResults.load(tmp_path).importance == {}  # computed by the page, not read
 
 
 # ----------------------------------------------------------------------------- runs, explorer

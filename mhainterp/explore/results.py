@@ -24,7 +24,9 @@ from typing import Any
 
 import pandas as pd
 
+from mhainterp.errors import RunFolderError
 from mhainterp.provenance import analysis_is_current
+from mhainterp.runs import read_result_table
 
 __all__ = ["DIVISION_COLUMNS", "SavedResults"]
 
@@ -65,14 +67,13 @@ class SavedResults:
 
 
 def _read(path: Path, columns: tuple[str, ...]) -> pd.DataFrame | None:
-    """The table at ``path`` if it exists, parses and has ``columns``; else None."""
-    if not path.is_file():
-        return None
+    """The table at ``path`` in the current format (:func:`~mhainterp.runs.read_result_table`)
+    if it exists, is undamaged and has ``columns``; else None: the page then shows what it
+    computes itself, never a guess from a damaged or outdated file."""
     try:
-        table = pd.read_csv(path)
-    except (OSError, ValueError, pd.errors.ParserError):
+        return read_result_table(path, columns)
+    except (OSError, RunFolderError):  # missing or unreadable; damaged or outdated
         return None
-    return table if set(columns) <= set(table.columns) else None
 
 
 def _column(path: Path, column: str) -> dict[str, str]:
