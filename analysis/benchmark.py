@@ -1585,24 +1585,11 @@ def to_markdown(table: pd.DataFrame, info_before: dict, info_after: dict) -> str
         lines += ["", "## Claims (the README's Performance rows)", "", markdown_table(claims)]
     for section, group in table.groupby("section", sort=False):
         lines += ["", f"## {section}", ""]
-        cols = [
-            "case",
-            "n_heads",
-            "n_models",
-            "processes",
-            "threads",
-            "value",
-            "unit",
-            "ratio",
-            "ratio_to",
-            "ratio_vs_boot_native",
-            "gflops",
-            "pct_of_peak",
-            "note",
-        ]
+        # section is the heading above the table; repeats stays in bench.csv
+        shown = [c for c in COLUMNS if c not in ("section", "repeats")]
         cols = [
             c
-            for c in cols
+            for c in shown
             if group[c].astype(str).str.len().gt(0).any() and not group[c].isna().all()
         ]
         lines.append(markdown_table(group[cols], digits=2))
