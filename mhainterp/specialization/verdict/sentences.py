@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from mhainterp.ablation import METHODS as ABLATION_METHODS
+from mhainterp.heads import head_set_labels, parse_head_label
 from mhainterp.render import format_p
 from mhainterp.specialization.settings import DIVISION_DEFAULTS
 from mhainterp.stats import correction_name
@@ -35,6 +37,7 @@ __all__ = [
     "UNDEFINED_INDEX",
     "RunVerdict",
     "Verdict",
+    "compared_unit_labels",
     "division_axes",
     "group_key",
     "with_layers",
@@ -62,6 +65,8 @@ def with_layers(heads: list[str]) -> str:
         'L0H0, L0H1 (layer 0) and L1H2 (layer 1)'
         >>> with_layers(["L0H0", "L0H2"])
         'L0H0, L0H2'
+        >>> with_layers(compared_unit_labels("(L0H0,L1H1),L1H2"))  # a group: its first layer
+        '(L0H0,L1H1) (layer 0) and L1H2 (layer 1)'
     """
     by_layer: dict[str, list[str]] = {}
     for head in heads:
@@ -74,7 +79,21 @@ def with_layers(heads: list[str]) -> str:
 
 def _layer_of(unit: str) -> str:
     """``"0"`` for ``L0H3`` (a group ``(L0H0,L0H1)``: its first head's layer)."""
-    return unit.strip("(").split("H")[0][1:]
+    return str(parse_head_label(head_set_labels(unit.strip("()"))[0])[0])
+
+
+def compared_unit_labels(units: str) -> list[str]:
+    """The units of :func:`~mhainterp.specialization.seeds.combine.compared_units`, split at
+    the commas between them, not inside a group.
+
+    Example:
+        >>> compared_unit_labels("(L0H0,L1H1),L1H2")
+        ['(L0H0,L1H1)', 'L1H2']
+    """
+    return [u.strip() for u in _UNIT.findall(units) if u.strip()]
+
+
+_UNIT = re.compile(r"\([^)]*\)|[^,()]+")  # a parenthesised group, or one head label
 
 
 def _join(items: list[str], empty: str = "none") -> str:
@@ -185,7 +204,7 @@ def _index_text(d: dict[str, Any]) -> str:
     basis = d.get("basis")
     if isinstance(basis, str) and basis in BASIS_NAMES:
         text += f", on {BASIS_NAMES[basis]}"
-    units = [u for u in str(d.get("units") or "").split(",") if u]
+    units = compared_unit_labels(str(d.get("units") or ""))
     if len({_layer_of(u) for u in units}) > 1:
         text += f", comparing {with_layers(units)}"
     methods = [f"{m} {float(d[f'index_{m}']):.2f}" for m in METHODS if _finite(d.get(f"index_{m}"))]
