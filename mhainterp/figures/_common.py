@@ -23,6 +23,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.ticker import MaxNLocator
 
+from mhainterp.heads import parse_head_label
 from mhainterp.io import atomic_path, write_csv
 from mhainterp.validation import ParameterError, invalid
 
@@ -168,11 +169,7 @@ def require_columns(df: pd.DataFrame, columns: Iterable[str], name: str, source:
 def head_order(labels: Iterable[str]) -> list[str]:
     """Unique head labels in layer-major order (``L0H2`` before ``L0H10`` before ``L1H0``)."""
 
-    def key(label: str) -> tuple[int, int]:
-        layer, head = label[1:].split("H")
-        return int(layer), int(head)
-
-    return sorted(dict.fromkeys(labels), key=key)
+    return sorted(dict.fromkeys(labels), key=parse_head_label)
 
 
 # ----------------------------------------------------------------------------- layout rules
@@ -327,7 +324,7 @@ def mark_layers(ax: plt.Axes, heads: Sequence[str], *, columns: bool = False) ->
         'head'
         >>> plt.close(fig)
     """
-    layers = [int(label[1:].split("H")[0]) for label in heads]
+    layers = [parse_head_label(label)[0] for label in heads]
     if len(set(layers)) < 2:
         return "head"
     for i in range(1, len(layers)):

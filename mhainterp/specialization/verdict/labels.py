@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from mhainterp.heads import HEAD_SET_SEPARATOR
+from mhainterp.heads import HEAD_SET_SEPARATOR, parse_head_label
 from mhainterp.specialization.settings import SpecializationSettings
 from mhainterp.specialization.where.roles import COUNT_PREFIX, DESCRIPTIVE_ROLES, base_relation
 from mhainterp.stats import adjust_pvalues
@@ -366,7 +366,7 @@ def label_heads(
     )
     records = []
     for label, d in decisions.items():
-        layer, head = (int(x) for x in label[1:].split("H"))
+        layer, head = parse_head_label(label)
         name, role = d.label, d.role
         best_row = by_role.loc[(label, d.best)] if d.best else None
         c = causal.loc[label]

@@ -38,6 +38,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mhainterp.ablation import Method
+from mhainterp.heads import parse_head_label
 from mhainterp.model import HookedMHATransformer
 from mhainterp.runtime import DRAW_DEVICE
 from mhainterp.specialization.whom.damage import triple_damage
@@ -85,7 +86,7 @@ class TargetDamage:
         matrix = self.matrix.numpy()
         rows = []
         for i, label in enumerate(self.heads):
-            layer, head = (int(x) for x in label[1:].split("H"))
+            layer, head = parse_head_label(label)
             for t, name in enumerate(self.target_names):
                 base = float(self.baseline_accuracy[t])
                 rows.append(
