@@ -100,19 +100,6 @@ __all__ = [
 # ----------------------------------------------------------------------------- ablate()
 
 
-def _ablate_hook(
-    z: Float[Tensor, "B T h d_head"],
-    hook: Any,
-    *,
-    layer: int,
-    head_mask: Bool[Tensor, " h"],
-    replacement: Replacement,
-) -> Tensor:
-    rows = torch.arange(z.shape[0], device=z.device)
-    values = replacement.values(layer, rows, z)
-    return torch.where(head_mask[None, None, :, None], values, z)
-
-
 @contextmanager
 def ablate(
     model: HookedModel,
@@ -150,7 +137,7 @@ def ablate(
     hooks = [
         (
             f"blocks.{layer}.attn.hook_z",
-            partial(_ablate_hook, layer=layer, head_mask=mask[layer], replacement=replacement),
+            partial(replacement.replace_heads, layer=layer, head_mask=mask[layer]),
         )
         for layer in range(model.cfg.n_layers)
         if bool(mask[layer].any())

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Float
 from torch import Tensor
 
 from mhainterp.ablation.engine import head_masks, run_masks
@@ -271,9 +271,7 @@ class Ablator:
             hooks += [
                 (
                     f"blocks.{i}.attn.hook_z",
-                    partial(
-                        _replace_z, head_mask=mask[i], layer=i, rows=rows, replacement=replacement
-                    ),
+                    partial(replacement.replace_heads, head_mask=mask[i], layer=i, rows=rows),
                 )
                 for i in range(n_layers)
                 if bool(mask[i].any())
@@ -392,17 +390,3 @@ def _own_scores(scores: PositionScores, c: int, n_configs: int) -> PositionScore
         predictions=own(scores.predictions),
         scored=scores.scored,
     )
-
-
-def _replace_z(
-    z: Float[Tensor, "1 T h d_head"],
-    hook: Any,
-    *,
-    layer: int,
-    head_mask: Bool[Tensor, " h"],
-    rows: Tensor,
-    replacement: Replacement,
-) -> Tensor:
-    """``hook_z`` of one evaluation row with the masked heads' z replaced."""
-    values = replacement.values(layer, rows, z)
-    return torch.where(head_mask[None, None, :, None], values, z)

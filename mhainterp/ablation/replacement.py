@@ -106,6 +106,22 @@ class Replacement:
         real = self.donor_real[donors, :T, None, None]  # (s, T, 1, 1)
         return torch.where(real, donor, mean[None])
 
+    def replace_heads(
+        self,
+        z: Float[Tensor, "s T h d_head"],
+        hook: Any,
+        *,
+        layer: int,
+        head_mask: Bool[Tensor, " h"],
+        rows: Int[Tensor, " s"] | None = None,
+    ) -> Tensor:
+        """The ``hook_z`` hook of one layer: ``z`` with the heads of ``head_mask`` replaced by
+        :meth:`values`; ``rows`` are the evaluated batch's rows that ``z`` holds (None: all,
+        in order). The batched engine's copies use :meth:`values` directly, per copy."""
+        if rows is None:
+            rows = torch.arange(z.shape[0], device=z.device)
+        return torch.where(head_mask[None, None, :, None], self.values(layer, rows, z), z)
+
 
 def capture_z(
     model: HookedModel,
