@@ -46,6 +46,7 @@ from mhainterp.io import write_csv, write_text
 from mhainterp.runs import read_results
 from mhainterp.runtime import command_settings, resolve_device
 from mhainterp.specialization import division_of_labour
+from mhainterp.specialization.verdict.sentences import UNDEFINED_INDEX
 from mhainterp.stats import (
     CONFIDENCE,
     compare_head_counts,
@@ -325,11 +326,23 @@ def plot_study(table: pd.DataFrame):
         group = table[table["task"] == task]
         _with_interval(row[0], group, "accuracy", "accuracy")
         row[0].set_ylabel(f"{task}\nval accuracy")
-        for axis in AXES:
-            if group[f"{axis}_index_mean"].notna().any():
-                _with_interval(row[1], group, f"{axis}_index", axis)
+        drawn = [axis for axis in AXES if group[f"{axis}_index_mean"].notna().any()]
+        for axis in drawn:
+            _with_interval(row[1], group, f"{axis}_index", axis)
         row[1].set_ylabel("division index")
-        row[1].legend(fontsize=7, loc="upper left")
+        if drawn:
+            row[1].legend(fontsize=7, loc="upper left")
+        else:  # say why the panel is empty rather than leave a blank box
+            row[1].text(
+                0.5,
+                0.5,
+                UNDEFINED_INDEX,
+                ha="center",
+                va="center",
+                wrap=True,
+                fontsize=8,
+                transform=row[1].transAxes,
+            )
     grid[0][0].set_title("accuracy (seed mean, 95% CI)")
     grid[0][1].set_title("division of labour by axis (seed mean, 95% CI)")
     for ax in grid[-1]:
