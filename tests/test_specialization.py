@@ -25,7 +25,7 @@ from mhainterp.figures.specialization import (
     specialization_vs_heads,
 )
 from mhainterp.model import HookedMHATransformer
-from mhainterp.model.handbuilt import handbuilt_model
+from mhainterp.model.handbuilt import handbuilt_model, selector_width_model
 from mhainterp.specialization import (
     HEAD_COLUMNS,
     SUMMARY_COLUMNS,
@@ -62,6 +62,7 @@ from mhainterp.specialization import (
 )
 from mhainterp.specialization.seeds.summary import display_summary
 from mhainterp.specialization.verdict.stability import RunEvidence, relabel, run_stability
+from mhainterp.specialization.where.nulls import MIN_INIT_ONLY_POOL
 from mhainterp.specialization.where.roles import RoleSums, role_frame
 from mhainterp.tasks import get_task, uniform_template
 from mhainterp.tasks.builtin import CountPreviousTask
@@ -983,6 +984,26 @@ def test_a_selector_width_head_counts_over_every_key():
     )
     assert plain.heads["label"].tolist() == ["unspecialized", "previous"]
     assert "uniform+sink" not in set(plain.roles["role"])
+
+
+def test_a_one_head_selector_width_model_is_a_counting_head():
+    # tracr's length program alone: one head, uniform over the BOS and every real token, whose
+    # output is the length. Its 4 untrained seeds gave the init null 4 draws (3 degrees of
+    # freedom): p_adj 0.15 for a score of 1.00, "unspecialized". Its pool now holds 32 heads.
+    task = _LengthTask(seq_len=8, d_vocab=9, min_len=2)
+    model = selector_width_model(seq_len=8, d_vocab=task.d_vocab_in, d_model=16)
+    result = specialization_test(model, task, n_eval=128)
+    head = result.heads.iloc[0]
+    assert (head["label"], head["top_role"], head["top_score"]) == (
+        "count:uniform+sink",
+        "uniform+sink",
+        pytest.approx(1.0, abs=1e-6),
+    )
+    assert head["needed"] and head["total_damage"] > 0.5  # removing it loses the length
+    assert head["role_p_adj"] < 0.001
+    pool = result.init_null.query("role == 'uniform+sink'")
+    assert len(pool) == MIN_INIT_ONLY_POOL  # 4 matched seeds + 28 more, one head each
+    assert len(result.init_null.query("role == 'self'")) == 4  # the other roles: n_init
 
 
 # ----------------------------------------------------------------------------- stability

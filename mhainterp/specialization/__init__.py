@@ -84,6 +84,7 @@ from mhainterp.specialization.verdict.stability import (
 from mhainterp.specialization.where.nulls import (
     combine_nulls,
     init_models,
+    init_null_pool,
     init_null_scores,
     init_null_summary,
     init_p_values,
@@ -146,6 +147,7 @@ __all__ = [
     "generic_templates",
     "holm",
     "init_models",
+    "init_null_pool",
     "init_null_scores",
     "init_null_summary",
     "init_p_values",

@@ -45,10 +45,9 @@ from mhainterp.specialization.verdict.stability import (
 )
 from mhainterp.specialization.where.nulls import (
     combine_nulls,
-    init_null_scores,
+    init_null_pool,
     init_null_summary,
     init_p_values,
-    matched_seeds,
 )
 from mhainterp.specialization.where.roles import (
     base_relation,
@@ -100,8 +99,9 @@ def analyse_run(inp: RunInput, settings: SpecializationSettings, progress: bool)
     relations = list(task.relations(tokens[:1], mask[:1]))
     sums = capture_role_sums(model, tokens, mask, templates, outputs=True)
     roles = role_frame(sums, relations)
-    seeds = matched_seeds(model.cfg.seed, settings.n_init)
-    init = init_null_scores(model.cfg, tokens, mask, templates, seeds, progress=progress)
+    init = init_null_pool(
+        model.cfg, tokens, mask, templates, model.cfg.seed, settings.n_init, progress=progress
+    )
     roles = init_p_values(roles, init_null_summary(init))
     roles = combine_nulls(
         roles, alpha=settings.alpha, correction=settings.correction, min_effect=settings.min_effect

@@ -11,6 +11,8 @@ Analyses are tested on these before they are trusted on trained models.
                     ground truth
 ``induction``       :func:`induction_circuit_model`, :func:`offset_head_model`: the two-layer
                     induction circuit and the one-layer heads that must fail it
+``selector_width``  :func:`selector_width_model`: tracr's SelectorWidth, one head spread
+                    evenly over the BOS and every real token, whose output is the length
 ==================  ========================================================================
 
 They sit above the rest of :mod:`mhainterp.model` (``split`` returns a task
@@ -24,6 +26,7 @@ Example:
 
 from mhainterp.model.handbuilt.induction import induction_circuit_model, offset_head_model
 from mhainterp.model.handbuilt.relations import HEAD_KINDS, feature_model, handbuilt_model
+from mhainterp.model.handbuilt.selector_width import selector_width_model
 from mhainterp.model.handbuilt.split import (
     SPLIT_KINDS,
     head_copies_model,
@@ -39,6 +42,7 @@ __all__ = [
     "head_copies_model",
     "induction_circuit_model",
     "offset_head_model",
+    "selector_width_model",
     "split_batch",
     "split_heads_model",
 ]

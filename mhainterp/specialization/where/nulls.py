@@ -11,6 +11,15 @@ of every null model (``n_init * layers * heads`` values). A head's p-value is th
 
 which is exact when the pool is normal (its mean and sd are estimated from the ``N`` draws).
 
+A role without a permutation null (:data:`~.roles.INIT_ONLY_ROLES`) draws its pool from at
+least :data:`MIN_INIT_ONLY_POOL` untrained heads (more seeds, ``seed + n_init, ...``, where
+``n_init`` models hold fewer; :func:`init_null_pool`). Its score, an overlap with uniform
+attention, is bounded by 1, while untrained heads sit at 0.75-0.81 with a spread of
+0.02-0.05: from the 4 heads of a one-head model's 4 untrained seeds the predictive t-test (3
+degrees of freedom) gives p >= 0.02 even to a perfectly even head, above alpha after Holm
+over the head's roles, so a SelectorWidth head that scores 1.00 and carries the task came out
+"unspecialized". The other roles keep the ``n_init`` matched models alone.
+
 **Combining the nulls.** A head holds a role only if it beats *both* nulls, so the p-value of
 the head x role hypothesis is ``max(p_perm, p_init)`` (an intersection-union test: valid for the
 union of the two null hypotheses). A role without a permutation null
@@ -45,13 +54,21 @@ from mhainterp.stats import adjust_pvalues
 from mhainterp.validation import check_int
 
 __all__ = [
+    "MIN_INIT_ONLY_POOL",
     "combine_nulls",
     "init_models",
+    "init_null_pool",
     "init_null_scores",
     "init_null_summary",
+    "init_only_seeds",
     "init_p_values",
     "matched_seeds",
 ]
+
+MIN_INIT_ONLY_POOL = 32
+"""Untrained heads the initialisation null of an init-only role holds at least (the module
+docstring): with 32 the predictive t-test has 31 degrees of freedom, and a head at 1.00 against
+untrained heads at 0.81 +- 0.05 gets p < 1e-3."""
 
 
 def matched_seeds(seed: int, n_init: int) -> list[int]:
@@ -63,6 +80,20 @@ def matched_seeds(seed: int, n_init: int) -> list[int]:
     """
     check_int("n_init", n_init, minimum=2)  # a null needs spread
     return [seed + i for i in range(n_init)]
+
+
+def init_only_seeds(seed: int, n_init: int, heads_per_model: int) -> list[int]:
+    """The seeds of the untrained models that the init-only roles' pool adds after the
+    matched ``n_init``, so that it holds at least :data:`MIN_INIT_ONLY_POOL` heads (none when
+    ``n_init`` models hold that many).
+
+    Example:
+        >>> init_only_seeds(3, 4, 1)[:2], len(init_only_seeds(3, 4, 1)), init_only_seeds(0, 4, 8)
+        ([7, 8], 28, [])
+    """
+    check_int("heads_per_model", heads_per_model, minimum=1)
+    n_models = max(n_init, math.ceil(MIN_INIT_ONLY_POOL / heads_per_model))
+    return [seed + i for i in range(n_init, n_models)]
 
 
 def init_models(config: ModelConfig, seeds: Sequence[int]) -> list[HookedMHATransformer]:
@@ -108,6 +139,47 @@ def init_null_scores(
         frame.insert(0, "init_seed", seed)
         frames.append(frame)
     return pd.concat(frames, ignore_index=True)
+
+
+def init_null_pool(
+    config: ModelConfig,
+    tokens: Tensor,
+    padding_mask: Tensor,
+    templates: Mapping[str, Tensor],
+    seed: int,
+    n_init: int,
+    *,
+    batch_size: int = 512,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """The initialisation null's pool: every role scored by the ``n_init`` models matched to
+    ``seed`` (:func:`matched_seeds`), and the init-only roles (:data:`~.roles.INIT_ONLY_ROLES`)
+    also by the models of :func:`init_only_seeds`, so that their pool holds at least
+    :data:`MIN_INIT_ONLY_POOL` heads.
+
+    Returns:
+        :func:`init_null_scores`' columns, the matched seeds' blocks first.
+
+    Example:
+        >>> pool = init_null_pool(cfg, tokens, mask, templates, 0, 4)  # doctest: +SKIP
+    """
+    scores = init_null_scores(
+        config,
+        tokens,
+        padding_mask,
+        templates,
+        matched_seeds(seed, n_init),
+        batch_size=batch_size,
+        progress=progress,
+    )
+    only = {name: t for name, t in templates.items() if name in INIT_ONLY_ROLES}
+    more = init_only_seeds(seed, n_init, config.n_layers * config.n_heads)
+    if not only or not more:
+        return scores
+    extra = init_null_scores(
+        config, tokens, padding_mask, only, more, batch_size=batch_size, progress=progress
+    )
+    return pd.concat([scores, extra], ignore_index=True)
 
 
 def init_null_summary(init_scores: pd.DataFrame) -> pd.DataFrame:
