@@ -49,6 +49,7 @@ __all__ = [
     "command_settings",
     "eval_mode",
     "model_device",
+    "reads_without_wait",
     "resolve_device",
     "terminate_as_interrupt",
     "torch_threads",
@@ -175,6 +176,20 @@ def model_device(model: torch.nn.Module) -> torch.device:
 
         device = getattr(getattr(model, "cfg", None), "device", None)
         return torch.device(device or "cpu")  # no parameters and no config: torch's default
+
+
+def reads_without_wait(device: torch.device) -> bool:
+    """Whether the host reads a tensor on ``device`` without waiting for a device: on the CPU
+    a value read (``.item()``, ``bool()``, ``nonzero``) costs nothing; on a GPU each one stalls
+    the host until the device has caught up (a host sync). Code that would branch on a value
+    in a loop asks this, and on a device keeps the decision on the device instead.
+
+    Example:
+        >>> import torch
+        >>> reads_without_wait(torch.device("cpu")), reads_without_wait(torch.device("meta"))
+        (True, False)
+    """
+    return device.type == "cpu"  # the host's own memory
 
 
 @contextmanager

@@ -35,6 +35,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from mhainterp.model.loss import IGNORE_INDEX
+from mhainterp.runtime import reads_without_wait
 from mhainterp.validation import ParameterError
 
 __all__ = [
@@ -130,14 +131,21 @@ def _class_major_scores(
     )
     rank = rank.reshape(V, *[1] * (major.ndim - classes - 1))
     first = ((major == high) * rank).amax(classes)  # 0: no class equals the max (NaN logits)
-    if bool((first == 0).any()):
-        return nll, major.movedim(classes, -1).max(-1).indices
+    if reads_without_wait(major.device):
+        if bool((first == 0).any()):
+            return nll, major.movedim(classes, -1).max(-1).indices
+        return nll, V - first.long()
+    # On a device, the host does not look for NaNs (a sync per call): a NaN logit makes the
+    # maximum NaN, which no class equals, and there argmax's rule picks the first NaN, so the
+    # NaNs count as maxima. The same answer, for one more elementwise pass.
+    first = torch.where(first == 0, (major.isnan() * rank).amax(classes), first)
     return nll, V - first.long()
 
 
 @dataclass
 class Totals:
-    """Sufficient statistics of loss and accuracy for C configurations (summable over chunks).
+    """Sufficient statistics of loss and accuracy for C configurations (summable over chunks),
+    on the device of the scores they sum.
 
     Attributes:
         loss_sum: ``[C]`` summed cross-entropy over scored triples (float64).
@@ -160,32 +168,41 @@ class Totals:
 
         ``target_names`` is empty for single-target models (no per-target columns).
         """
-        n_scored = float(self.scored.sum())
+        # One copy to the host for the whole table (a result handed back): per-number reads
+        # of device tensors would each wait for the device.
+        C, k = self.correct.shape
+        host = torch.cat([self.loss_sum, self.correct.reshape(-1), self.scored]).cpu()
+        loss_sum, correct, scored = host[:C], host[C : C + C * k].reshape(C, k), host[C + C * k :]
+        n_scored = float(scored.sum())
         if n_scored == 0:
             raise ParameterError(
                 "mask is invalid: at least one scored position, got none (it is all False)"
             )
         rows = []
-        for c in range(self.loss_sum.shape[0]):
+        for c in range(C):
             row = {
-                "loss": float(self.loss_sum[c]) / n_scored,
-                "accuracy": float(self.correct[c].sum()) / n_scored,
+                "loss": float(loss_sum[c]) / n_scored,
+                "accuracy": float(correct[c].sum()) / n_scored,
             }
             for t, name in enumerate(target_names):
-                s = float(self.scored[t])
-                row[f"accuracy/{name}"] = float(self.correct[c, t]) / s if s else float("nan")
+                s = float(scored[t])
+                row[f"accuracy/{name}"] = float(correct[c, t]) / s if s else float("nan")
             rows.append(row)
         return rows
 
 
 def totals(scores: PositionScores) -> Totals:
-    """Sum :class:`PositionScores` over sequences and positions (copies kept apart)."""
+    """Sum :class:`PositionScores` over sequences and positions (copies kept apart).
+
+    The sums stay where the scores are (summed over chunks there, with no wait for the
+    device); :meth:`Totals.metrics` copies them to the host once.
+    """
     nll, correct = scores.nll, scores.correct
     C = nll.shape[: nll.ndim - 3]
     return Totals(
-        loss_sum=nll.double().reshape(*C, -1).sum(-1).reshape(-1).cpu(),
-        correct=correct.double().sum((-3, -2)).reshape(-1, scores.scored.shape[-1]).cpu(),
-        scored=scores.scored.double().sum((0, 1)).cpu(),
+        loss_sum=nll.double().reshape(*C, -1).sum(-1).reshape(-1),
+        correct=correct.double().sum((-3, -2)).reshape(-1, scores.scored.shape[-1]),
+        scored=scores.scored.double().sum((0, 1)),
     )
 
 

@@ -368,7 +368,7 @@ def _train(
         if resume:
             start, rows = checkpoint.restore(optimizer, generator)
     model.train()
-    interval_losses: list[float] = []
+    interval_losses: list[torch.Tensor] = []
     last_good = _snapshot(model)
     bar = tqdm(
         range(start, config.steps),
@@ -387,20 +387,24 @@ def _train(
         padding_mask = batch.padding_mask if task.variable_length else None
         logits = model.logits(batch.tokens, padding_mask)
         loss = model.loss(logits, batch.targets, batch.mask)
-        loss_value = loss.detach().item()
-        if not math.isfinite(loss_value):
-            model.load_state_dict(last_good)
-            save_diverged(model, task, config, rows, step, loss_value, run_dir)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         max_norm = config.grad_clip if config.grad_clip is not None else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         optimizer.step()
-        interval_losses.append(loss_value)
+        # The losses stay on the device until the interval's end: the host reads them (and
+        # looks for a loss that is not finite) once per log_every steps, not once per step.
+        interval_losses.append(loss.detach())
         if (step + 1) % config.log_every == 0 or step + 1 == config.steps:
+            losses, grad_norm = _read_interval(interval_losses, grad_norm)
+            bad = next((i for i, value in enumerate(losses) if not math.isfinite(value)), None)
+            if bad is not None:  # weights and rows are still those of the last logged step
+                model.load_state_dict(last_good)
+                bad_step = step + 1 - len(losses) + bad
+                save_diverged(model, task, config, rows, bad_step, losses[bad], run_dir)
             row = {
                 "step": step + 1,
-                "loss": sum(interval_losses) / len(interval_losses),
+                "loss": sum(losses) / len(losses),
                 "lr": lr,
                 "grad_norm": grad_norm,
             }
@@ -544,6 +548,17 @@ def _to_cpu(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_to_cpu(v) for v in value)
     return value
+
+
+def _read_interval(
+    losses: list[torch.Tensor], grad_norm: torch.Tensor
+) -> tuple[list[float], float]:
+    """An interval's losses and its last gradient norm, read by the host in one copy.
+
+    float64 holds every float32 value exactly, so the numbers are those ``.item()`` gives.
+    """
+    values = torch.stack([*(loss.double() for loss in losses), grad_norm.double()]).tolist()
+    return values[:-1], values[-1]
 
 
 def _snapshot(model: HookedMHATransformer) -> dict[str, torch.Tensor]:

@@ -86,6 +86,11 @@ from mhainterp.scoring import (
 from mhainterp.tasks import Batch
 from mhainterp.validation import check_int
 
+_PLAN_DEVICE = "cpu"  # the host plans the forwards: it reads its own memory without a wait
+"""Where head masks are built and the forwards planned. On a device, reading a mask per
+forward would wait for the device each time; built on the host, the masks are moved to the
+model once per call."""
+
 __all__ = [
     "AblationResult",
     "ablate",
@@ -133,14 +138,15 @@ def ablate(
     pairs = resolve_heads(model, heads)
     ref = None if reference is None else as_batch(reference, n_eval=n_eval, name="reference")
     replacement = build_replacement(model, method, ref, generator)
-    mask = head_masks(model, [pairs])[0]  # (L, h)
+    planned = head_masks(model, [pairs], device=_PLAN_DEVICE)[0]  # (L, h), read here for free
+    mask = planned.to(model_device(model))
     hooks = [
         (
             f"blocks.{layer}.attn.hook_z",
             partial(replacement.replace_heads, layer=layer, head_mask=mask[layer]),
         )
         for layer in range(model.cfg.n_layers)
-        if bool(mask[layer].any())
+        if bool(planned[layer].any())
     ]
     with model.hooks(fwd_hooks=hooks):
         yield model
@@ -150,15 +156,21 @@ def ablate(
 
 
 def head_masks(
-    model: HookedModel, head_sets: Sequence[Sequence[tuple[int, int]]]
+    model: HookedModel,
+    head_sets: Sequence[Sequence[tuple[int, int]]],
+    *,
+    device: torch.device | str | None = None,
 ) -> Bool[Tensor, "C L h"]:
-    """One ``[L, h]`` mask per head set (True = ablated)."""
+    """One ``[L, h]`` mask per head set (True = ablated), on ``device`` (default: the model's).
+
+    The masks are filled on the host and moved in one copy (not one per head).
+    """
     shape = (len(head_sets), model.cfg.n_layers, model.cfg.n_heads)
-    masks = torch.zeros(shape, dtype=torch.bool, device=model_device(model))
+    masks = torch.zeros(shape, dtype=torch.bool, device=_PLAN_DEVICE)
     for c, pairs in enumerate(head_sets):
         for layer, head in pairs:
             masks[c, layer, head] = True
-    return masks
+    return masks.to(model_device(model) if device is None else device)
 
 
 def _mask_hook(
@@ -209,9 +221,7 @@ def length_order(batch: Batch) -> Int[Tensor, " n"]:
 
     Chunks of similar length waste few positions on padding once trimmed (:func:`rows_of`).
     """
-    T = batch.padding_mask.shape[1]
-    positions = torch.arange(1, T + 1, device=batch.padding_mask.device)
-    lengths = (batch.padding_mask * positions).amax(1)  # (n,) one past the last real token
+    lengths = _sequence_ends(batch)  # (n,) one past the last real token
     return torch.argsort(-lengths, stable=True)
 
 
@@ -224,6 +234,18 @@ def rows_of(batch: Batch, rows: Int[Tensor, " s"]) -> Batch:
     part = batch[rows]
     real = part.padding_mask.any(0)  # (T,)
     cut = int(real.nonzero().max()) + 1 if bool(real.any()) else part.padding_mask.shape[1]
+    return _cut(part, cut)
+
+
+def _sequence_ends(batch: Batch) -> Int[Tensor, " n"]:
+    """Per sequence, one past its last real token (0 for padding only)."""
+    T = batch.padding_mask.shape[1]
+    positions = torch.arange(1, T + 1, device=batch.padding_mask.device)
+    return (batch.padding_mask * positions).amax(1)
+
+
+def _cut(part: Batch, cut: int) -> Batch:
+    """``part`` without its positions from ``cut`` on (as it is when nothing is cut)."""
     if cut == part.padding_mask.shape[1]:
         return part
     return Batch(
@@ -244,8 +266,12 @@ def _forward_copies(
     prefix: tuple[Tensor, Tensor],
     bases: dict,
     clean_logits: dict | None = None,
+    planned: Bool[Tensor, "c L h"] | None = None,
 ) -> Float[Tensor, "c s T *out"]:
     """Logits of ``c`` copies of ``part``: copy ``i`` ablates ``chunk[i]``, from ``first`` on.
+
+    ``planned``: ``chunk`` on the host, where which layers it ablates is read (``chunk``
+    itself when None).
 
     ``prefix`` is the clean ``(hook_resid_pre, hook_z)`` of layer ``first`` on ``part``.
     ``bases``: the linear readout's :class:`~mhainterp.fast.linear_readout.ReadoutBasis` of
@@ -254,10 +280,11 @@ def _forward_copies(
     :class:`~mhainterp.ablation.replacement.CleanCache`'s, keyed by ``first``), filled here.
     """
     c = chunk.shape[0]
+    planned = chunk if planned is None else planned
     resid_pre, z = prefix
     values = replacement.values(first, rows, z)  # broadcastable to (s, T, h, d_head)
     if linear_readout.applies(model, first):
-        heads = bool(chunk[:, first].any())  # clean copies alone need no head rows
+        heads = bool(planned[:, first].any())  # clean copies alone need no head rows
         if first not in bases or (heads and not bases[first].has_heads):
             known = bases[first].clean if first in bases else None
             if known is None and clean_logits is not None:
@@ -285,7 +312,7 @@ def _forward_copies(
             ),
         )
         for layer in range(first + 1, model.cfg.n_layers)
-        if bool(chunk[:, layer].any())
+        if bool(planned[:, layer].any())
     ]
     with model.hooks(fwd_hooks=hooks):
         logits = model.logits_from_z(
@@ -335,9 +362,15 @@ def run_masks(
     if max_rows is not None:
         max_rows = check_int("max_rows", max_rows, minimum=1)
     C = masks.shape[0]
-    jobs = _plan_jobs(model, batch, _first_layers(masks), max_rows)
+    # The host plans every forward from one read of the masks and of the sequence lengths, so
+    # the forwards themselves never wait for the device (a constant number of syncs per call).
+    planned = masks.to(_PLAN_DEVICE)  # free when the caller built them there (head_masks)
+    jobs = _plan_jobs(model, batch, _first_layers(planned), max_rows)
     masks = masks.to(model_device(model))
     order = length_order(batch).to(masks.device)  # chunk s0:s1 holds sequences order[s0:s1]
+    ends = _sequence_ends(batch)[order.to(batch.padding_mask.device)].tolist()
+    T = batch.padding_mask.shape[1]
+    cuts = {(s0, s1): max(ends[s0:s1]) or T for _, _, s0, s1 in jobs}  # as rows_of cuts
     k = batch.n_targets
     loss_sum = torch.zeros(C, dtype=torch.float64, device=masks.device)
     correct = torch.zeros(C, k, dtype=torch.float64, device=masks.device)
@@ -353,7 +386,7 @@ def run_masks(
     with eval_mode(model), torch.no_grad():
         for first, members, s0, s1 in tqdm(jobs, desc=desc, disable=not progress, leave=False):
             rows = order[s0:s1]
-            part = rows_of(batch, rows)
+            part = _cut(batch[rows], cuts[(s0, s1)])  # rows_of(batch, rows), planned
             if rows_of_bases != (s0, s1):
                 bases, rows_of_bases = {}, (s0, s1)
             index = torch.tensor(members, device=masks.device)
@@ -381,19 +414,18 @@ def run_masks(
                 prefix,
                 bases,
                 None if cache is None else cache.readout_clean.setdefault((s0, s1), {}),
+                planned[members],
             )
             if metric is None:
                 scores = position_scores(logits, part.targets, part.mask)  # (c, s, T', k)
             else:
                 scores = metric(logits, part.targets, part.mask, rows)
             part_totals = totals(scores)
-            loss_sum[members] += part_totals.loss_sum
-            correct[members] += part_totals.correct
+            loss_sum[index] += part_totals.loss_sum
+            correct[index] += part_totals.correct
             if per_position:
                 pieces[(members[0], s0)] = scores
-    result = Totals(
-        loss_sum=loss_sum, correct=correct, scored=batch.scored.double().sum((0, 1)).cpu()
-    )
+    result = Totals(loss_sum=loss_sum, correct=correct, scored=batch.scored.double().sum((0, 1)))
     return result, (_assemble(pieces, jobs, order, C, batch) if per_position else None)
 
 
@@ -564,7 +596,7 @@ def evaluate_head_sets(
     resolved = resolve_head_sets(model, head_sets)
     batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
     ref = batch if reference is None else as_batch(reference, n_eval=n_eval, name="reference")
-    masks = head_masks(model, resolved)
+    masks = head_masks(model, resolved, device=_PLAN_DEVICE)  # run_masks moves them once
     # The batch is its own reference and is evaluated in one chunk: the replacement's clean
     # forward is also the copies' clean prefix (kept only then: it holds every layer's).
     one_chunk = {

@@ -30,6 +30,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from mhainterp.runtime import reads_without_wait
+
 if TYPE_CHECKING:  # annotations only
     from mhainterp.model import HookedMHATransformer
     from mhainterp.protocol import HookedModel
@@ -147,7 +149,8 @@ def copy_logits(
         [table.new_ones(len(copy_masks), 1), copy_masks.to(table.dtype)], 1
     )  # (c, 1 + h): the clean row once, each replaced head's change once
     if not basis.has_heads:  # a basis of the clean row alone serves clean copies alone
-        if bool(copy_masks.any()):
+        # a caller's slip, checked where reading the masks makes no device wait
+        if reads_without_wait(copy_masks.device) and bool(copy_masks.any()):
             raise RuntimeError("copy_masks replace heads, but the basis has the clean row only")
         weights = weights[:, :1]
     logits = weights @ table.reshape(len(table), -1)  # one product over the (V, s, T) entries

@@ -43,7 +43,7 @@ from mhainterp.model.components import (
 )
 from mhainterp.model.loss import mean_loss
 from mhainterp.model.weight_views import ModelWeightViews
-from mhainterp.runtime import DRAW_DEVICE
+from mhainterp.runtime import DRAW_DEVICE, reads_without_wait
 from mhainterp.validation import ParameterError, check_bool, check_option, invalid
 
 __all__ = ["HookedMHATransformer"]
@@ -238,13 +238,22 @@ class HookedMHATransformer(ModelWeightViews, HookedRootModule):
                 f"tokens is invalid: a sequence length in [1, n_ctx={self.cfg.n_ctx}], got "
                 f"{tokens.shape[1]}; use shorter sequences or a model with a larger n_ctx"
             )
-        if tokens.numel():
+        if tokens.numel() and reads_without_wait(tokens.device):
             low, high = torch.aminmax(tokens)
             if low < 0 or high >= self.cfg.d_vocab:
                 raise ParameterError(
                     f"tokens is invalid: ids in [0, d_vocab={self.cfg.d_vocab}), got values in "
                     f"[{int(low)}, {int(high)}]"
                 )
+        elif tokens.numel():
+            # On a device, reading the ids back would stall every forward (two host syncs):
+            # the device checks them itself, and a bad id stops the next sync with this error.
+            low, high = torch.aminmax(tokens)
+            torch._assert_async(
+                (low >= 0) & (high < self.cfg.d_vocab),
+                f"tokens is invalid: ids in [0, d_vocab={self.cfg.d_vocab}) (checked on the "
+                f"device; move the tokens to the CPU to see the values)",
+            )
         if padding_mask is not None:
             if not isinstance(padding_mask, Tensor) or padding_mask.dtype != torch.bool:
                 raise ParameterError("padding_mask is invalid: a bool tensor, True for real tokens")

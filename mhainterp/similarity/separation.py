@@ -23,7 +23,7 @@ from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.heads import head_label
 from mhainterp.model import HookedMHATransformer
 from mhainterp.protocol import check_model
-from mhainterp.runtime import model_device, uses_work_threads
+from mhainterp.runtime import uses_work_threads
 from mhainterp.similarity.measures import check_same_masking, row_chunks, stacked_patterns
 from mhainterp.validation import ParameterError
 
@@ -47,6 +47,9 @@ def _check_reference(reference: HookedMHATransformer, model: HookedMHATransforme
 
 def _reference_labels(reference: HookedMHATransformer) -> list[str]:
     return [f"ref:{head_label(layer, 0)}" for layer in range(reference.cfg.n_layers)]
+
+
+_STATISTICS_DEVICE = "cpu"  # results handed back: the statistics run on the host (float64)
 
 
 def _attention_inputs(
@@ -189,11 +192,12 @@ def head_separation(
     layers = [lay for lay in range(model.cfg.n_layers) for _ in range(model.cfg.n_heads)]
     if reference is not None:
         layers += list(range(reference.cfg.n_layers))
-    device = model_device(model)
-    layer_of = torch.tensor(layers, device=device)
     H = len(labels)
-    dist_sum = torch.zeros(H, H, dtype=torch.float64, device=device)
-    scaled_sum = torch.zeros(H, H, dtype=torch.float64, device=device)
+    # The statistics run where the patterns and inputs are handed back (float64 on the host,
+    # as stacked_patterns gives them): the head-to-layer index and the sums live there too.
+    layer_of = torch.tensor(layers, device=_STATISTICS_DEVICE)
+    dist_sum = torch.zeros(H, H, dtype=torch.float64, device=_STATISTICS_DEVICE)
+    scaled_sum = torch.zeros(H, H, dtype=torch.float64, device=_STATISTICS_DEVICE)
     n_queries = 0.0
     run = dict(batch_size=batch_size, n_eval=n_eval, progress=progress)
     parts = iter_activations(models, tokens, names, padding_mask, desc="head similarity", **run)

@@ -516,7 +516,8 @@ def role_frame(sums: RoleSums, task_relations: list[str] | tuple[str, ...] = ())
         score = sums.mass.mean(role).numpy()
         descriptive = role in DESCRIPTIVE_ROLES or role in INIT_ONLY_ROLES  # no permutation null
         chance = math.nan if role in OVERLAP_ROLES or not n else sums.chance_sum[role] / n
-        sd = (sums.perm_var_sum[role].clamp(min=0).sqrt() / n).numpy() if n else score * np.nan
+        var = sums.perm_var_sum[role].cpu() if n else None  # the table's: handed back (host)
+        sd = (var.clamp(min=0).sqrt() / n).numpy() if n else score * np.nan
         even = (
             sums.evenness.mean(role).numpy()
             if sums.evenness.counts.get(role)
