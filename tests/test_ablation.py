@@ -4,6 +4,7 @@ uniform head (mhainterp.model.handbuilt), plus equality checks against naive per
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import pandas as pd
@@ -42,6 +43,7 @@ from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.scoring import position_scores
 from mhainterp.tasks import get_task
 from mhainterp.training import build_model, evaluate
+from mhainterp.validation import ParameterError
 
 PREV_A, UNIFORM, PREV_B = "L0H0", "L0H1", "L0H2"
 
@@ -388,6 +390,24 @@ def test_resample_takes_other_sequences_and_is_reproducible(multi_model, multi_t
     )[:, :, 1]
     assert torch.equal(got, again)
     assert not torch.equal(got, other)
+
+
+def test_resample_from_one_sequence_is_refused(multi_model, multi_task):
+    # The single-cycle permutation of one sequence is that sequence: its own z replaced the
+    # ablated head's, so the "ablation" equalled the clean run, and nothing said so.
+    one = multi_task.sample(1, torch.Generator().manual_seed(5))
+    said = "reference is invalid: at least 2 sequences for method='resample'"
+    refused = pytest.raises(ParameterError, match=re.escape(said))
+    with refused, ablate(multi_model, ["L0H1"], "resample", reference=one):
+        pass
+    with pytest.raises(ParameterError, match=re.escape(said)):  # the engine's tables too
+        head_importance(multi_model, one, method="resample")
+    assert head_importance(multi_model, one, method="mean").shape[0] == 8  # mean still runs
+    # Two sequences: each takes the other's z.
+    two = multi_task.sample(2, torch.Generator().manual_seed(5))
+    clean = clean_z(multi_model, two)[:, :, 1]
+    got = ablated_z(multi_model, two, ["L0H1"], "resample", two)[:, :, 1]
+    assert torch.equal(got[0, 0], clean[1, 0]) and torch.equal(got[1, 0], clean[0, 0])
 
 
 # ----------------------------------------------------------------------------- gradients

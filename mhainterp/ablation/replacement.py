@@ -2,7 +2,8 @@
 clean capture of the reference they come from (see :mod:`mhainterp.ablation.engine`).
 
 - ``"zero"``: 0; ``"mean"``: the reference's per-position mean over real tokens; ``"resample"``:
-  another reference sequence's z (a single-cycle permutation, so never its own).
+  another reference sequence's z (a single-cycle permutation, so never its own: a reference of
+  one sequence is refused, its ablation would equal the clean run).
 - :func:`capture_z` runs the reference clean once; :class:`ReferencePrefix` keeps that run's
   prefixes when the reference is also the evaluated batch, so the engine does not repeat it.
 - The chunk sizes both that capture and the engine's passes use live here too.
@@ -334,6 +335,15 @@ def build_replacement(
     reference = batch_for_model(model, reference, scored=False)
     if not bool(reference.padding_mask.any()):
         raise ParameterError("reference is invalid: a batch with real tokens, got padding only")
+    if method == "resample" and len(reference) < 2:
+        # A single-cycle permutation of one sequence is that sequence: its own z would replace
+        # the ablated heads' z, and the ablation would equal the clean run.
+        raise ParameterError(
+            "reference is invalid: at least 2 sequences for method='resample' (each sequence "
+            "takes another one's z; with one sequence that is its own z, and the ablation "
+            "equals the clean run), got 1 sequence; use method='mean' or 'zero', or more "
+            "sequences"
+        )
     if cache is not None:
         cache.check(model, reference, "reference")
     resid_pre: list[Tensor] = []
