@@ -78,6 +78,7 @@ from mhainterp.specialization.headline import HEADLINE_FILE
 from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, ROLE_NULLS, SAME_FUNCTION_NULL
 from mhainterp.specialization.seeds.summary import ANSWER_MARK, BLOCK_MARK, display_summary
 from mhainterp.specialization.verdict.sentences import BASIS_NAMES
+from mhainterp.specialization.whom.selectivity import SELECTIVITY_MEANING
 from mhainterp.stats import POWER_NOTE_MARK, comparison_display
 from mhainterp.sweep.summary import ACCURACY_BLOCK_MARK
 
@@ -322,7 +323,7 @@ def _division_blocks(run_dirs: list[Path], sweep_dir: Path | None, level: int) -
         Heading("Whom do the heads serve? (division of labour)", level),
         Paragraph(
             "Removing one head costs accuracy on some query tokens, positions or target classes "
-            "more than on others. Selectivity 0 = even damage, 1 = one value; the division "
+            f"more than on others. {SELECTIVITY_MEANING}. The division "
             "index (1 - mean pairwise cosine of the heads' damage profiles) is 0 when every "
             "head damages the same values and 1 when their values are disjoint. Both are "
             f"tested against {SAME_FUNCTION_NULL}: an axis is divided when the index's 95% "

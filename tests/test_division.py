@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -18,7 +20,11 @@ from mhainterp.specialization.whom.division_result import (
     INDEX_COLUMNS,
     PROFILE_COLUMNS,
 )
-from mhainterp.specialization.whom.selectivity import division_index, selectivity
+from mhainterp.specialization.whom.selectivity import (
+    SELECTIVITY_MEANING,
+    division_index,
+    selectivity,
+)
 from mhainterp.tasks import Batch, get_task
 from mhainterp.tasks.templates import first_position_template, previous_token_template
 from mhainterp.training import build_model
@@ -51,6 +57,23 @@ def test_selectivity_formula_known_values():
     assert si[:3].tolist() == pytest.approx([0.75, 0.0, 0.5])  # 1 - n_eff / K
     assert math.isnan(si[3])  # an all-negative (clipped to zero) profile has no shape
     assert math.isnan(selectivity(p[:1], torch.tensor([False]))[0])  # no damage: NaN
+
+
+def test_the_stated_meaning_of_selectivity_is_what_it_computes():
+    # The report said "selectivity 1 = one value"; a head serving one value of K scores 1 - 1/K.
+    stated = re.search(r"1 − 1/K for one value \(([\d.]+) of (\d+)\), never 1", SELECTIVITY_MEANING)
+    value, K = float(stated[1]), int(stated[2])
+    yes = torch.tensor([True])
+    one = torch.zeros(1, K)
+    one[0, 4] = 0.3
+    assert float(selectivity(one, yes)[0]) == pytest.approx(value) == pytest.approx(1 - 1 / K)
+    assert "is 0 for even damage and 1 − m/K for m values damaged alike" in SELECTIVITY_MEANING
+    even, three = torch.full((1, K), 0.3), torch.zeros(1, K)
+    three[0, :3] = 0.3
+    assert float(selectivity(even, yes)[0]) == pytest.approx(0.0)
+    assert float(selectivity(three, yes)[0]) == pytest.approx(1 - 3 / K)
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    assert "`1 − 1/K` for one value of K, never 1" in readme
 
 
 def test_division_index_known_values():
@@ -315,6 +338,7 @@ def test_specialize_command_saves_the_division_and_the_report_shows_it(tmp_path,
     md, _ = write_report(run, tmp_path / "report")
     text = md.read_text(encoding="utf-8")
     assert "## Whom do the heads serve? (division of labour)" in text
+    assert SELECTIVITY_MEANING in text and "1 = one value" not in text
     assert "division_profiles.png" in text and (run / "analysis/division_profiles.png").is_file()
     capsys.readouterr()
     assert main(["specialize", str(run), "--by", "colour", "--quiet"]) == 2

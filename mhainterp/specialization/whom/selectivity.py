@@ -4,7 +4,8 @@ The statistics of :func:`mhainterp.specialization.whom.division.division_of_labo
 from the engine passes and the tables (formulas in that module's docstring):
 
 - ``effective_values``: ``n_eff = exp(H(p))`` of a clipped, normalised profile;
-- ``selectivity``: ``1 - n_eff / K`` (the share of values spared; K-invariant);
+- ``selectivity``: ``1 - n_eff / K`` (the share of values spared; K-invariant; one value of K
+  scores ``1 - 1/K``);
 - ``division_index``: ``1 - mean pairwise cosine`` of the defined units' profiles;
 - ``same_function_distance``: ``1 - cos`` between each unit's profiles in two copies of the
   model.
@@ -28,6 +29,7 @@ from torch import Tensor
 from mhainterp.runtime import DRAW_DEVICE
 
 __all__ = [
+    "SELECTIVITY_MEANING",
     "division_index",
     "effective_values",
     "interval",
@@ -36,6 +38,14 @@ __all__ = [
     "selectivity",
     "upper",
 ]
+
+SELECTIVITY_MEANING = (
+    "Selectivity (1 − n_eff/K, with n_eff the values a head's damage covers, counted evenly, "
+    "of an axis's K values) is 0 for even damage and 1 − m/K for m values damaged alike: "
+    "1 − 1/K for one value (0.9 of 10), never 1"
+)
+"""What a selectivity value means, in the words every report and caption reuses (a test
+checks the one-value figure against :func:`selectivity`)."""
 
 
 def effective_values(
@@ -64,7 +74,7 @@ def selectivity(
 ) -> Float[Tensor, "... U"]:
     """``1 - n_eff / K``: the share of the K values a profile spares (``n_values``: K when the
     profiles are padded with zeros past their values, broadcast against ``[..., U]``; default
-    the last dimension).
+    the last dimension). 0 for even damage; a profile on one value scores ``1 - 1/K``, never 1.
 
     Example:
         >>> two = torch.tensor([[1.0, 0.0]])
