@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import torch
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
@@ -47,6 +48,9 @@ __all__ = [
     "HookedModel",
     "check_model",
     "expand_kv_heads",
+    "head_matrix",
+    "scored_by_loss",
+    "set_head_matrix",
 ]
 
 Objective = Literal["next_token", "embedding"]
@@ -123,6 +127,49 @@ def expand_kv_heads(weight: Tensor, n_heads: int) -> Tensor:
     if n_heads % groups:
         raise invalid("n_heads", n_heads, f"a multiple of the {groups} key/value heads")
     return weight.repeat_interleave(n_heads // groups, dim=1)
+
+
+HEAD_MATRICES = ("W_Q", "W_K", "W_V", "W_O")
+"""The per-head matrices :func:`head_matrix` reads and :func:`set_head_matrix` writes."""
+
+
+def head_matrix(model: HookedModel, layer: int, name: str) -> Tensor:
+    """Layer ``layer``'s stored per-head matrix ``name`` in TransformerLens layout.
+
+    ``W_Q, W_K, W_V``: ``[heads, d_model, d_head]``; ``W_O``: ``[h, d_head, d_model]``. For a
+    grouped-query model ``W_K, W_V`` have the ``g`` key/value heads as stored (not expanded):
+    this is what the weights hold, so a change written back with :func:`set_head_matrix` is a
+    change of the model. Our own model returns its views (``model.blocks[l].attn.W_Q``).
+
+    Example:
+        >>> from mhainterp.model.handbuilt import handbuilt_model
+        >>> head_matrix(handbuilt_model(["self"], d_head=48), 0, "W_O").shape
+        torch.Size([1, 48, 48])
+    """
+    check_option("name", name, HEAD_MATRICES)
+    if isinstance(model, BridgedModel):
+        return model.head_matrix(layer, name)
+    return getattr(model.blocks[layer].attn, name)
+
+
+def set_head_matrix(model: HookedModel, layer: int, name: str, value: Tensor) -> None:
+    """Write ``value`` (the layout of :func:`head_matrix`) into the model's weights."""
+    check_option("name", name, HEAD_MATRICES)
+    if isinstance(model, BridgedModel):
+        model.set_head_matrix(layer, name, value)
+    else:
+        setattr(model.blocks[layer].attn, name, value)
+
+
+def scored_by_loss(model: HookedModel) -> bool:
+    """Whether a head's damage on ``model`` is measured by its loss rather than its accuracy.
+
+    A pretrained model's next-token accuracy over a 49k vocabulary moves in jumps of one
+    argmax flip and says little; its cross-entropy (or, for an embedding model, the embedding
+    metric) per scored position is the damage (issue 40). Our own models, trained to near
+    100% on tasks with few classes, keep accuracy.
+    """
+    return isinstance(model, BridgedModel)
 
 
 # ----------------------------------------------------------------------------- the bridge
@@ -395,6 +442,31 @@ class BridgedModel(nn.Module):
     def W_O(self) -> Float[Tensor, "L h d_head d_model"]:
         """Output weights per query head."""
         return self.bridge.W_O
+
+    def _linear(self, layer: int, name: str) -> nn.Linear:
+        """The Hugging Face linear layer that holds ``name`` of layer ``layer``."""
+        part = {"W_Q": "q", "W_K": "k", "W_V": "v", "W_O": "o"}[name]
+        component = getattr(self.bridge.blocks[layer].attn, part)
+        return getattr(component, "original_component", component)
+
+    def head_matrix(self, layer: int, name: str) -> Tensor:
+        """See :func:`mhainterp.protocol.head_matrix` (a copy; grouped heads as stored)."""
+        weight = self._linear(layer, name).weight.detach()
+        d_head = self.cfg.d_head
+        if name == "W_O":  # (d_model, h * d_head) -> (h, d_head, d_model)
+            return weight.reshape(weight.shape[0], -1, d_head).permute(1, 2, 0).clone()
+        # (heads * d_head, d_model) -> (heads, d_model, d_head)
+        return weight.reshape(-1, d_head, weight.shape[1]).transpose(1, 2).clone()
+
+    def set_head_matrix(self, layer: int, name: str, value: Tensor) -> None:
+        """See :func:`mhainterp.protocol.set_head_matrix`."""
+        weight = self._linear(layer, name).weight
+        if name == "W_O":
+            flat = value.permute(2, 0, 1).reshape(weight.shape)
+        else:
+            flat = value.transpose(1, 2).reshape(weight.shape)
+        with torch.no_grad():
+            weight.copy_(flat.to(weight.dtype))
 
 
 class _AliasedHook:

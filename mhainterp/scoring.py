@@ -213,10 +213,12 @@ def metric_names(target_names: Sequence[str] = ()) -> list[str]:
 
 # ----------------------------------------------------------------------------- real models
 
-OutputKind = Literal["kl", "embedding"]
-OUTPUT_KINDS: tuple[OutputKind, ...] = ("kl", "embedding")
-"""What :class:`CleanOutputMetric` scores: KL to the clean next-token distribution, or
-1 - cosine of the mean-pooled output to the clean one (embedding-only models)."""
+OutputKind = Literal["kl", "embedding", "position_embedding"]
+OUTPUT_KINDS: tuple[OutputKind, ...] = ("kl", "embedding", "position_embedding")
+"""What :class:`CleanOutputMetric` scores: KL to the clean next-token distribution,
+1 - cosine of the mean-pooled output to the clean one (embedding-only models), or 1 - cosine
+of each position's output to the clean one at that position (the per-position embedding
+metric: where in the sentence an embedding model's output is hurt)."""
 
 FORWARD_MEMORY_BUDGET = 512 * 2**20
 """Bytes one ablation forward may spend on its outputs (see :func:`rows_for_outputs`)."""
@@ -316,8 +318,9 @@ class CleanOutputMetric:
 
     Attributes:
         kind: ``"kl"`` or ``"embedding"``.
-        clean: ``[n, T, V]`` clean log-probabilities (``"kl"``) or ``[n, d]`` pooled clean
-            outputs (``"embedding"``), for the whole evaluated batch.
+        clean: ``[n, T, V]`` clean log-probabilities (``"kl"``), ``[n, d]`` pooled clean
+            outputs (``"embedding"``) or ``[n, T, d]`` clean outputs
+            (``"position_embedding"``), for the whole evaluated batch.
         padding_mask: ``[n, T]`` of the evaluated batch (pools the embedding).
     """
 
@@ -336,6 +339,11 @@ class CleanOutputMetric:
             clean = clean[:, :T]
             damage = kl_to_clean(clean, outputs, scored[..., 0])
             same = outputs.argmax(-1) == clean.argmax(-1)
+        elif self.kind == "position_embedding":
+            clean = clean[:, :T].float()  # (s, T, d)
+            cos = F.cosine_similarity(outputs.float(), clean.expand_as(outputs), dim=-1)
+            damage = torch.where(scored[..., 0], 1.0 - cos, 0.0)  # (c, s, T)
+            same = torch.zeros_like(damage, dtype=torch.bool)
         else:
             padding_mask = self.padding_mask[rows][:, :T]
             per_sequence = embedding_damage(clean, outputs, padding_mask)  # (c, s)

@@ -149,10 +149,21 @@ def capture_z(
     seen: list[list[Tensor]] = [[] for _ in range(n_layers)]  # pattern chunks, per layer
     stop = StopForward()
 
+    wants_patterns = patterns is not None and pattern_rows > 0
+    last = n_layers - 1
+    # A bridge fires a layer's hook_pattern after its hook_z: the forward stops once the last
+    # layer has given both what is kept of it (ours fires the pattern first).
+    pending: set[str] = set()
+
+    def done(what: str) -> None:
+        pending.discard(what)
+        if not pending:  # the rest of the forward is not needed
+            raise stop
+
     def keep(z: Tensor, hook: Any, layer: int) -> None:
         chunks[layer].append(z.detach())
-        if layer == n_layers - 1:  # the rest of the forward is not needed
-            raise stop
+        if layer == last:
+            done("z")
 
     def keep_resid(resid: Tensor, hook: Any, layer: int) -> None:
         resids[layer] = resid.detach()
@@ -161,6 +172,8 @@ def capture_z(
         missing = pattern_rows - sum(len(p) for p in seen[layer])
         if missing > 0:
             seen[layer].append(pattern[:missing].detach().clone())
+        if layer == last:
+            done("pattern")
 
     hooks = [(f"blocks.{lay}.attn.hook_z", partial(keep, layer=lay)) for lay in range(n_layers)]
     if one_chunk:
@@ -168,7 +181,7 @@ def capture_z(
             (f"blocks.{lay}.hook_resid_pre", partial(keep_resid, layer=lay))
             for lay in range(n_layers)
         ]
-    if patterns is not None and pattern_rows > 0:
+    if wants_patterns:
         hooks += [
             (f"blocks.{lay}.attn.hook_pattern", partial(keep_pattern, layer=lay))
             for lay in range(n_layers)
@@ -176,11 +189,12 @@ def capture_z(
     with torch.no_grad(), model.hooks(fwd_hooks=hooks):
         for start in range(0, len(batch), max_rows):
             part = batch[start : start + max_rows]
+            pending.update(["z", "pattern"] if wants_patterns else ["z"])
             with stop:
                 model.logits(part.tokens, part.padding_mask)
     if one_chunk:
         resid_pre.extend(resids)
-    if patterns is not None and pattern_rows > 0:
+    if wants_patterns:
         patterns.extend(torch.cat(layer_chunks) for layer_chunks in seen)
     return [torch.cat(layer_chunks) for layer_chunks in chunks]
 

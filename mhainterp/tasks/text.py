@@ -21,6 +21,7 @@ Shapes: n sentences, T positions (q query, k key).
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -33,6 +34,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from mhainterp.model.loss import IGNORE_INDEX
+from mhainterp.tasks.base import Task
 from mhainterp.tasks.batch import Batch
 from mhainterp.tasks.templates import (
     check_tokens,
@@ -51,8 +53,11 @@ if TYPE_CHECKING:  # annotations only: tasks do not depend on the model at run t
 __all__ = [
     "FUNCTION_WORDS",
     "POSITION_BUCKETS",
+    "TEXT_AXES",
+    "TEXT_N_EVAL",
     "TEXT_RELATIONS",
     "TOKEN_CLASSES",
+    "TextTask",
     "TextRelations",
     "last_real_template",
     "next_token_batch",
@@ -64,6 +69,7 @@ __all__ = [
     "text_axes",
     "text_batch",
     "text_relations",
+    "text_sentences",
 ]
 
 TEXT_RELATIONS = ("previous", "next", "self", "first", "last", "punctuation", "same_token")
@@ -356,3 +362,181 @@ def _frequency_buckets(batch: Batch, n_buckets: int) -> Int[Tensor, "n T"]:
         edges = torch.quantile(per_target, quantiles)
         out[scored] = torch.bucketize(per_target, edges)  # a count at an edge goes below it
     return out
+
+
+# ----------------------------------------------------------------------------- the text task
+
+TEXT_N_EVAL = 64
+"""Sentences of a text task's evaluation set by default (``--n-eval`` on text)."""
+TEXT_AXES = ("token_class", "position", "target_frequency")
+"""The "whom a head serves" axes of a text task (:func:`text_axes`), the division's default."""
+_FREQUENCY_NAMES = {1: ["all"], 2: ["rare", "common"], 3: ["rare", "mid", "common"]}
+
+
+def text_sentences(text: str | Path, n: int | None = None) -> list[str]:
+    """``"stdlib"``: :func:`stdlib_sentences`; anything else: a text file
+    (:func:`read_sentences`); the first ``n`` (None: all).
+
+    Example:
+        >>> len(text_sentences("stdlib", 5))
+        5
+    """
+    sentences = stdlib_sentences() if str(text) == "stdlib" else read_sentences(text)
+    return sentences if n is None else sentences[: check_int("n", n, minimum=1)]
+
+
+class TextTask(Task):
+    """Real sentences for a pretrained model, as a :class:`~mhainterp.tasks.Task`: what the
+    specialization battery and the division of labour need of a task, from text.
+
+    - the evaluation set: the first ``n_eval`` sentences, tokenized by the model's tokenizer
+      (:func:`text_batch`; next-token targets, or the embedding objective's placeholders);
+      ``eval_batch(n)`` gives the first ``min(n, n_eval)`` of them; ``sample(n, generator)``
+      a random draw of them;
+    - the role templates (:data:`TEXT_RELATIONS`: previous, next, self, first, last,
+      punctuation, same token) as :meth:`relations`;
+    - the text axes (:data:`TEXT_AXES`: query token class, position bucket, target
+      frequency) as :meth:`axes`, which the division of labour reads in place of the raw
+      token / position / class axes;
+    - split halves: the even and the odd sentences (the division's same-function null).
+
+    Args:
+        model: A :class:`~mhainterp.protocol.BridgedModel` (its tokenizer, objective,
+            attention direction and vocabulary).
+        text: ``"stdlib"`` or the path of a UTF-8 text file (one sentence a line).
+        n_eval: Sentences in the evaluation set (default :data:`TEXT_N_EVAL`).
+        max_len: Longest tokenized sentence (longer ones are cut).
+        sentences: The sentences themselves, instead of ``text``.
+
+    Example:
+        >>> task = TextTask(load_pretrained("minilm"), "stdlib", n_eval=8)  # doctest: +SKIP
+        >>> task.eval_batch().tokens.shape  # doctest: +SKIP
+        torch.Size([8, 34])
+    """
+
+    name = "text"
+    causal = False
+
+    def __init__(
+        self,
+        model: Any,
+        text: str | Path = "stdlib",
+        n_eval: int = TEXT_N_EVAL,
+        max_len: int = 48,
+        sentences: Sequence[str] | None = None,
+    ) -> None:
+        self.model = model
+        self.text = str(text)
+        self.n_eval = check_int("n_eval", n_eval, minimum=1)
+        self.max_len = check_int("max_len", max_len, minimum=2)
+        chosen = list(sentences) if sentences is not None else text_sentences(text)
+        self.sentences = chosen[: self.n_eval]
+        self.n_eval = len(self.sentences)
+        self._batch = text_batch(model, self.sentences, max_len=self.max_len)
+        self.causal = bool(model.cfg.causal)
+        self._punctuation = tuple(punctuation_ids(model.tokenizer))
+        super().__init__(seq_len=self._batch.tokens.shape[1], d_vocab=int(model.cfg.d_vocab))
+        self.name = "text" if self.text == "stdlib" else f"text:{Path(self.text).name}"
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """What identifies the evaluation set (the model is not part of it)."""
+        return {"text": self.text, "n_eval": self.n_eval, "max_len": self.max_len}
+
+    @property
+    def d_vocab_out(self) -> int:
+        """The model's output width (vocabulary, or d_model for the embedding objective)."""
+        return int(self.model.cfg.d_vocab_out)
+
+    @property
+    def d_vocab_in(self) -> int:
+        """The tokenizer's vocabulary (special tokens included)."""
+        return int(self.model.cfg.d_vocab)
+
+    @property
+    def objective(self) -> str:
+        """What the model's output is scored as (``next_token`` or ``embedding``)."""
+        return str(self.model.cfg.objective)
+
+    @property
+    def relation_names(self) -> list[str]:
+        """The :data:`TEXT_RELATIONS` of this attention direction."""
+        return list(self.relations(self._batch.tokens[:1], self._batch.padding_mask[:1]))
+
+    def eval_batch(self, n: int = TEXT_N_EVAL) -> Batch:
+        """The first ``min(n, n_eval)`` sentences (cut after the last real token)."""
+        n = min(check_int("n", n, minimum=1), len(self._batch))
+        return _trim(self._batch[:n])
+
+    def sample(self, n: int, generator: torch.Generator | None = None) -> Batch:
+        """``n`` sentences of the evaluation set drawn with replacement."""
+        n = check_int("n", n, minimum=1)
+        rows = torch.randint(0, len(self._batch), (n,), generator=generator)
+        return _trim(self._batch[rows])
+
+    def compute_targets(self, tokens: Tensor, padding_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Next-token targets (causal models) or the embedding's placeholders."""
+        if self.objective == "embedding":
+            return torch.zeros_like(tokens), padding_mask.clone()
+        batch = next_token_batch(tokens, padding_mask)
+        return batch.targets, batch.mask
+
+    def compute_relations(self, tokens: Tensor, padding_mask: Tensor) -> dict[str, Tensor]:
+        """:func:`text_relations` of the tokens."""
+        return text_relations(
+            tokens, padding_mask, punctuation_ids=self._punctuation, causal=self.causal
+        )
+
+    def relations(
+        self, tokens: Tensor, padding_mask: Tensor | None = None
+    ) -> dict[str, Float[Tensor, "n q k"]]:
+        """:func:`text_relations` of any tokenized batch (any number of positions)."""
+        return self.compute_relations(*check_tokens(tokens, padding_mask))
+
+    def axes(self, batch: Batch) -> tuple[dict[str, Tensor], dict[str, list[str]]]:
+        """Per ``[n, T]`` position of ``batch``, the id of its value on each of
+        :data:`TEXT_AXES` (-1 where none), and each axis's value names.
+
+        Example:
+            >>> ids, names = task.axes(task.eval_batch())  # doctest: +SKIP
+            >>> names["token_class"]  # doctest: +SKIP
+            ['punctuation', 'function', 'content', 'special']
+        """
+        values = text_axes(batch, self.model.tokenizer)
+        bounds = [*POSITION_BUCKETS, None]
+        positions = [
+            str(lo) if hi == lo + 1 else (f"{lo}+" if hi is None else f"{lo}-{hi - 1}")
+            for lo, hi in itertools.pairwise(bounds)
+        ]
+        names = {
+            "token_class": list(TOKEN_CLASSES),
+            "position": positions,
+            "target_frequency": _FREQUENCY_NAMES[3],
+        }
+        if self.objective == "embedding":  # no targets: the frequency of the token itself
+            values["target_frequency"] = _token_frequency_buckets(batch, 3)
+        return values, names
+
+
+def _token_frequency_buckets(batch: Batch, n_buckets: int) -> Int[Tensor, "n T"]:
+    """:func:`_frequency_buckets` of the tokens themselves (an embedding model has no
+    target: its scored position's own token is what the frequency describes)."""
+    as_targets = batch.tokens.masked_fill(~batch.padding_mask, IGNORE_INDEX)
+    mirror = Batch(
+        tokens=batch.tokens,
+        targets=as_targets,
+        mask=batch.padding_mask,
+        padding_mask=batch.padding_mask,
+    )
+    return _frequency_buckets(mirror, n_buckets)
+
+
+def _trim(batch: Batch) -> Batch:
+    """``batch`` cut after its last real position (a subset needs fewer positions)."""
+    T = int(batch.padding_mask.any(0).nonzero().max()) + 1
+    return Batch(
+        tokens=batch.tokens[:, :T],
+        targets=batch.targets[:, :T],
+        mask=batch.mask[:, :T],
+        padding_mask=batch.padding_mask[:, :T],
+    )

@@ -162,7 +162,9 @@ from mhainterp.ablation.replacement import CleanCache
 from mhainterp.data import Data, as_batch, batch_for_model, target_names
 from mhainterp.heads import head_label, resolve_heads
 from mhainterp.model import HookedMHATransformer
+from mhainterp.protocol import scored_by_loss
 from mhainterp.runtime import uses_work_threads
+from mhainterp.scoring import CleanOutputMetric
 from mhainterp.specialization.needed.redundancy import similar_groups
 from mhainterp.specialization.settings import (
     DivisionSettings,
@@ -193,6 +195,7 @@ from mhainterp.specialization.whom.profiles import (
     basis_rows,
     bootstrap_weights,
     build_configs,
+    damage_metric,
     noisy_copy,
     pad_axes,
     run_pass,
@@ -200,6 +203,7 @@ from mhainterp.specialization.whom.profiles import (
     write_norms,
 )
 from mhainterp.tasks import AXES, Batch, Task
+from mhainterp.tasks.text import TEXT_AXES
 from mhainterp.validation import check_option, invalid
 
 __all__ = [
@@ -208,17 +212,31 @@ __all__ = [
 ]
 
 
-def _normalise_by(by: Sequence[str] | str) -> list[str]:
-    """``by`` as a list of known axes without repeats (``"token,position"`` is split)."""
+def _normalise_by(by: Sequence[str] | str, known: Sequence[str] = AXES) -> list[str]:
+    """``by`` as a list of ``known`` axes without repeats (``"token,position"`` is split)."""
     parts = [p.strip() for p in by.split(",") if p.strip()] if isinstance(by, str) else list(by)
     axes: list[str] = []
     for axis in parts:
-        check_option("by", axis, AXES)
+        check_option("by", axis, tuple(known))
         if axis not in axes:
             axes.append(axis)
     if not axes:
-        raise invalid("by", by, f"one or more of {', '.join(AXES)}")
+        raise invalid("by", by, f"one or more of {', '.join(known)}")
     return axes
+
+
+def _task_axes(data: Any, by: Sequence[str] | str) -> tuple[Any, list[str], list[str]]:
+    """A task's own axes (a text task's token class, position bucket and target frequency:
+    ``data.axes(batch) -> (ids per [n, T] position, value names)``), the axes ``by`` names
+    (the task's own by default: ``by`` left at :data:`~mhainterp.tasks.AXES`), and every axis
+    that may be asked. A task's axis replaces the generic one of the same name."""
+    axes_of = getattr(data, "axes", None) if isinstance(data, Task) else None
+    if not callable(axes_of):
+        return None, _normalise_by(by), list(AXES)
+    own = list(getattr(data, "axis_names", None) or TEXT_AXES)
+    known = list(dict.fromkeys([*own, *AXES]))
+    asked = own if not isinstance(by, str) and tuple(by) == AXES else _normalise_by(by, known)
+    return axes_of, asked, known
 
 
 def division_request(settings: Any = None, by: Sequence[str] | str = AXES, **given: Any) -> dict:
@@ -237,7 +255,8 @@ def _axes_that_apply(
 ) -> tuple[list[str], dict[str, str]]:
     """The asked axes that apply, and why each other one is skipped."""
     kept, skipped = [], {}
-    for axis in _normalise_by(by):
+    known = list(dict.fromkeys([*([] if isinstance(by, str) else by), *AXES]))
+    for axis in _normalise_by(by, known):
         if axis == "target" and n_targets < 2:
             skipped[axis] = "a single-target model"
         elif int((counts[axis] >= min_count).sum()) < 2:
@@ -293,7 +312,10 @@ def division_of_labour(
         >>> print(result.summary_line())  # doctest: +SKIP
     """
     s = resolve_settings(settings, **changes)
-    batch = batch_for_model(model, as_batch(data, n_eval=s.n_eval, needs_targets=True))
+    axes_of, by, _ = _task_axes(data, by)
+    data_batch = as_batch(data, n_eval=s.n_eval, needs_targets=True)
+    batch = batch_for_model(model, data_batch)
+    metric = damage_metric(model, batch)  # None: cross-entropy and accuracy (toy models)
     names = target_names(data, model.cfg.n_targets)
     L, h = model.cfg.n_layers, model.cfg.n_heads
     configs = build_configs(L, h)  # with 2+ layers also every head kept alone in the model
@@ -302,13 +324,21 @@ def division_of_labour(
     # keeps the attention view's patterns.
     cache = CleanCache(pattern_rows=s.n_attention if relations is not None else 0)
     primary, engine = run_pass(
-        model, batch, configs.head_sets, s.method, progress=progress, cache=cache
+        model, batch, configs.head_sets, s.method, progress=progress, cache=cache, metric=metric
     )
     # The engine ran on the model's device; the statistics run on the CPU, where the passes'
     # per-triple scores are (run_pass), so the axes' values come along.
     scored = engine.scores.scored
     values, value_names = axis_values(engine.batch, scored, list(names))
     values = {a: v.cpu() for a, v in values.items()}
+    own_axes: list[str] = []
+    if axes_of is not None:  # the task's own axes, at the scored triples (row-major)
+        ids, own_names = axes_of(data_batch)
+        i, t, _ = scored.cpu().nonzero(as_tuple=True)
+        for axis, per_position in ids.items():
+            values[axis] = per_position.cpu()[i, t].clamp(min=0)
+            value_names[axis] = list(own_names[axis])
+            own_axes.append(axis)
     sequence = scored.nonzero()[:, 0].cpu()
     counts = {a: torch.bincount(v, minlength=len(value_names[a])) for a, v in values.items()}
     axes, skipped = _axes_that_apply(by, counts, model.cfg.n_targets, s.min_count)
@@ -317,9 +347,8 @@ def division_of_labour(
     found = _groups(primary, configs, s) if given is None else given
     if found:
         configs = build_configs(L, h, found).kept_across(configs.across)
-        more, _ = run_pass(
-            model, batch, [configs.head_sets[i] for i in configs.group], s.method, cache=cache
-        )
+        group_sets = [configs.head_sets[i] for i in configs.group]
+        more, _ = run_pass(model, batch, group_sets, s.method, cache=cache, metric=metric)
         primary = PassScores(
             s.method, torch.cat([primary.correct, more.correct]), torch.cat([primary.nll, more.nll])
         )
@@ -328,9 +357,11 @@ def division_of_labour(
     rows = basis_rows(configs, basis)
     passes = {s.method: primary}
     for method in tqdm(s.methods[1:] if basis else (), desc="methods", disable=not progress):
-        passes[method] = run_rows(model, batch, configs, rows, method, cache, clean_from=primary)
+        passes[method] = run_rows(
+            model, batch, configs, rows, method, cache, clean_from=primary, metric=metric
+        )
     noisy, noise_used = (
-        _noisy_passes(model, batch, configs, rows, primary, sequence, s, progress)
+        _noisy_passes(model, batch, configs, rows, primary, sequence, s, progress, metric)
         if basis
         else ({}, 0.0)
     )
@@ -347,10 +378,14 @@ def division_of_labour(
         profile_parts = [_profile_part(ev, a, configs, s) for a in range(len(axes))]
         basis_parts = [_basis_part(ev, a, configs, gate[s.method], s) for a in range(len(axes))]
     td = _triple_damage(primary, configs, values, value_names, scored)
-    attention = attention_view(model, batch[: s.n_attention], relations, axes, td, cache.patterns)
+    generic = [a for a in axes if a not in own_axes]  # the view groups by raw ids only
+    attention = attention_view(
+        model, batch[: s.n_attention], relations, generic, td, cache.patterns
+    )
     meta = {
         **s.to_dict(),
-        "by_asked": _normalise_by(by),
+        "by_asked": list(by),
+        **({"damage": _damage_name(model)} if scored_by_loss(model) else {}),
         "by": list(axes),
         "basis": basis,
         "noise_used": noise_used,
@@ -512,6 +547,13 @@ def _groups(primary: PassScores, configs: Configs, s: DivisionSettings) -> list[
     return [[configs.pairs[labels.index(x)] for x in group] for group in found]
 
 
+def _damage_name(model: Any) -> str:
+    """What a profile's damage is on a model scored by its loss (the saved settings say it)."""
+    if getattr(model.cfg, "objective", "next_token") == "embedding":
+        return "embedding metric (1 - cos of each position's output to the clean one)"
+    return "cross-entropy increase (nats)"
+
+
 def _noisy_passes(
     model: HookedMHATransformer,
     batch: Batch,
@@ -521,6 +563,7 @@ def _noisy_passes(
     sequence: torch.Tensor,
     s: DivisionSettings,
     progress: bool,
+    metric: CleanOutputMetric | None = None,
 ) -> tuple[dict[str, list[PassScores]], float]:
     """Per method, the noisy copies' passes (``rows`` only), with the noise that keeps the
     accuracy: on all ``N`` triples (``sequence``: each one's sequence), or, with one copy, on
@@ -540,6 +583,9 @@ def _noisy_passes(
     every = torch.ones(len(sequence), dtype=torch.bool, device=sequence.device)
     on = odd[sequence] if alone else every  # (N,)
     run_on = batch[odd.nonzero()[:, 0].to(batch.device)] if alone else batch
+    if metric is not None and alone:  # the copy's damage against the original's clean output
+        kept = odd.nonzero()[:, 0].to(metric.clean.device)
+        metric = CleanOutputMetric(metric.kind, metric.clean[kept], metric.padding_mask[kept])
     if not bool(on.any()):  # one sequence: no odd half to run on, so the null is undefined
         return {m: [] for m in s.methods}, s.noise
     clean_accuracy = float(primary.correct[configs.clean][on].mean())
@@ -553,13 +599,16 @@ def _noisy_passes(
         # it, so the rows run after the check need no clean forward of their own.
         caches = [CleanCache(every_layer=True) for _ in copies]
         bar = tqdm(copies, desc="noisy copies", disable=not progress, leave=False)
-        cleans = [run_rows(c, run_on, configs, clean, s.method, k) for c, k in zip(bar, caches)]
+        cleans = [
+            run_rows(c, run_on, configs, clean, s.method, k, metric=metric)
+            for c, k in zip(bar, caches)
+        ]
         accuracy = [float(p.accuracy[configs.clean]) for p in cleans]
         if all(abs(a - clean_accuracy) <= s.max_accuracy_change for a in accuracy):
             break
     by_method = {
         method: [
-            run_rows(c, run_on, configs, rows, method, k, clean_from=p)
+            run_rows(c, run_on, configs, rows, method, k, clean_from=p, metric=metric)
             for c, k, p in zip(copies, caches, cleans, strict=True)
         ]
         for method in s.methods

@@ -32,8 +32,9 @@ from mhainterp.ablation import AblationResult, Method, evaluate_head_sets
 from mhainterp.ablation.replacement import CleanCache, capture_z
 from mhainterp.heads import all_heads
 from mhainterp.model import HookedMHATransformer
-from mhainterp.protocol import HookedModel
+from mhainterp.protocol import HookedModel, head_matrix, scored_by_loss, set_head_matrix
 from mhainterp.runtime import DRAW_DEVICE, eval_mode
+from mhainterp.scoring import CleanOutputMetric
 from mhainterp.tasks import Batch
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "basis_rows",
     "bootstrap_weights",
     "build_configs",
+    "damage_metric",
     "noisy_copy",
     "run_pass",
     "run_rows",
@@ -184,9 +186,15 @@ def run_pass(
     *,
     progress: bool = False,
     cache: CleanCache | None = None,
+    metric: CleanOutputMetric | None = None,
 ) -> tuple[PassScores, AblationResult]:
     """One engine pass of ``head_sets`` (the batch is its own mean/resample reference; a
     ``cache`` shares the clean activations between passes over one model and batch).
+
+    ``metric``: the model's damage metric (:func:`damage_metric`; None: cross-entropy and
+    accuracy against the targets). On a model scored by its loss
+    (:func:`~mhainterp.protocol.scored_by_loss`: a pretrained one) the ``correct`` column holds
+    the negative loss, so that every profile ``clean - ablated`` is the loss increase.
 
     Returns:
         The :class:`PassScores` and the engine's :class:`~mhainterp.ablation.AblationResult`
@@ -201,6 +209,7 @@ def run_pass(
         progress=progress,
         desc=f"division ({method})",
         cache=cache,
+        metric=metric,
     )
     scored = result.scores.scored
     if bool(scored.all()):  # every triple scored: the same values as the mask gives, no copy
@@ -209,7 +218,36 @@ def run_pass(
     else:
         correct = result.scores.correct[:, scored].float().cpu()
         nll = result.scores.nll[:, scored].float().cpu()
+    if scored_by_loss(model):
+        correct = -nll
     return PassScores(method, correct, nll), result
+
+
+@torch.no_grad()
+def damage_metric(model: HookedModel, batch: Batch, chunk: int = 32) -> CleanOutputMetric | None:
+    """The metric a head's damage on ``model`` is scored by: None (cross-entropy against the
+    targets) for next-token models, and for an embedding model (MiniLM, no trained output
+    head) ``1 - cos`` of each real position's final hidden state to the clean model's there
+    (one clean forward of ``batch``): the per-position parts of the sentence embedding, so
+    that a head's damage has a position, a query token and a frequency.
+
+    Example:
+        >>> from mhainterp.model.handbuilt import handbuilt_model
+        >>> from mhainterp.tasks import get_task
+        >>> model = handbuilt_model(["self"], d_head=48)
+        >>> damage_metric(model, get_task("previous_token").eval_batch(4)) is None
+        True
+    """
+    if getattr(model.cfg, "objective", "next_token") != "embedding":
+        return None
+    with eval_mode(model):
+        clean = torch.cat(
+            [
+                model.logits(part.tokens, part.padding_mask)
+                for part in (batch[i : i + chunk] for i in range(0, len(batch), chunk))
+            ]
+        )
+    return CleanOutputMetric("position_embedding", clean, batch.padding_mask)
 
 
 def run_rows(
@@ -220,6 +258,7 @@ def run_rows(
     method: Method,
     cache: CleanCache | None = None,
     clean_from: PassScores | None = None,
+    metric: CleanOutputMetric | None = None,
 ) -> PassScores:
     """:func:`run_pass` of the configurations ``rows`` only, laid out as a full pass (NaN in
     the rows not run), so that every row keeps its meaning.
@@ -230,7 +269,8 @@ def run_rows(
     run = [r for r in rows if clean_from is None or r != configs.clean]
     C = len(configs.head_sets)
     if run:
-        part, _ = run_pass(model, batch, [configs.head_sets[r] for r in run], method, cache=cache)
+        sets = [configs.head_sets[r] for r in run]
+        part, _ = run_pass(model, batch, sets, method, cache=cache, metric=metric)
         N = part.correct.shape[1]
     else:
         N = clean_from.correct.shape[1]
@@ -284,16 +324,15 @@ def noisy_copy(
         True
     """
     twin = copy.deepcopy(model) if twin is None else twin
-    with torch.no_grad():
-        for block, source in zip(twin.blocks, model.blocks, strict=True):
-            attn = block.attn
+    with torch.no_grad():  # through the protocol: our model's views, a bridge's HF weights
+        for layer in range(model.cfg.n_layers):
             for name in ("W_Q", "W_K", "W_V", "W_O"):
-                weight = getattr(source.attn, name).detach().clone()  # (h, a, b)
+                weight = head_matrix(model, layer, name).detach().clone()  # (h, a, b)
                 rms = weight.pow(2).mean((1, 2), keepdim=True).sqrt()
                 draw = torch.randn(
                     weight.shape, generator=generator, dtype=weight.dtype, device=DRAW_DEVICE
                 )  # drawn on the CPU: the same copy on every device
-                setattr(attn, name, weight + noise * rms * draw.to(weight.device))
+                set_head_matrix(twin, layer, name, weight + noise * rms * draw.to(weight.device))
     return twin.eval()
 
 
@@ -548,7 +587,7 @@ def write_norms(
     real = batch.padding_mask.to(zs[0].device).float()  # (n, T)
     out = []
     for layer, z in enumerate(zs):
-        W_O = model.blocks[layer].attn.W_O.to(z.dtype)  # (h, d_head, d_model)
+        W_O = head_matrix(model, layer, "W_O").to(z.dtype)  # (h, d_head, d_model)
         norm = torch.einsum("nthd,hdm->nthm", z, W_O).norm(dim=-1)  # (n, T, h)
         out.append((norm * real[..., None]).sum((0, 1)) / real.sum().clamp(min=1))
     return torch.cat(out).double().cpu()
