@@ -1,14 +1,18 @@
 # Quick start:   make demo   (set up, then run the head-count experiment + head analysis)
 #                make test   (set up, then run the test suite)
 #
-# `make setup` makes .venv and installs mhainterp in it. It installs the CPU build of
-# torch first (TORCH, default torch==2.13.0) unless the venv already has a torch, so no
-# multi-GB CUDA build is pulled in. Bring your own torch with `make setup TORCH=` after
-# installing it into .venv (or use `pip install -e .[dev]` in an environment you manage).
+# `make setup` makes .venv and installs mhainterp in it. It installs torch first (TORCH,
+# default torch==2.13.0) unless the venv already has one, from pip's configured index, or
+# from TORCH_INDEX when given. Which build that is depends on the index: on stock PyPI (Linux)
+# it is the CUDA build (several GB); the CPU build comes from PyTorch's CPU index:
+#     make setup TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# Bring your own torch with `make setup TORCH=` after installing it into .venv (or use
+# `pip install -e .[dev]` in an environment you manage).
 
 PYTHON ?= python3
 VENV   ?= .venv
 TORCH  ?= torch==2.13.0
+TORCH_INDEX ?=
 OUT    ?= runs/quickstart
 BIN    := $(VENV)/bin
 
@@ -19,8 +23,8 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	@if [ -n "$(TORCH)" ] && ! $(BIN)/python -c "import torch" 2>/dev/null; then \
-		echo "installing $(TORCH) (CPU build)"; \
-		$(BIN)/pip install --quiet "$(TORCH)"; \
+		echo "installing $(TORCH)$(if $(TORCH_INDEX), from $(TORCH_INDEX))"; \
+		$(BIN)/pip install --quiet $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)") "$(TORCH)"; \
 	fi
 	$(BIN)/pip install --quiet -e ".[dev,explore,explore-test]"
 	@touch $@
@@ -41,10 +45,15 @@ test-all: setup
 	$(BIN)/python -m pytest -q -m "not signals" -n auto --dist loadfile
 	$(BIN)/python -m pytest -q -m signals
 
-# The tests marked `cuda` (the GPU trainer and sweep, the device twins of the CPU tests): run them
-# on a machine with a CUDA GPU. Without one they skip, so CI (no GPU) never runs them.
+# The tests marked `cuda` (the GPU trainer and sweep, the device twins of the CPU tests), on a
+# machine with a CUDA GPU. Without one it says so and fails (a run that skipped every test is
+# not a pass). The slow ones (the demo on both devices) run with GPU_SLOW=1. CI has no GPU:
+# `make test` runs every entry point on a strict simulated device instead (tests/strict_device.py).
+GPU_SLOW ?=
 test-gpu: setup
-	$(BIN)/python -m pytest -q -m cuda
+	@$(BIN)/python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
+		f'make test-gpu: torch {torch.__version__} sees no CUDA device here, so nothing was tested')"
+	$(BIN)/python -m pytest -q -m "$(if $(GPU_SLOW),cuda,cuda and not slow)"
 
 lint: setup
 	$(BIN)/ruff check mhainterp analysis tests
