@@ -8,6 +8,7 @@ import math
 import os
 import sys
 import time
+import types
 from pathlib import Path
 
 import pandas as pd
@@ -26,6 +27,7 @@ from mhainterp.sweep.executors import (
     group_specs,
     plan_chunks,
     plan_device_groups,
+    ray_task_options,
     run_batched,
     run_ray,
     split_group,
@@ -193,6 +195,38 @@ def test_ray_missing_says_how_to_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "ray", None)  # makes `import ray` fail
     with pytest.raises(ImportError, match=r"pip install 'mhainterp\[ray\]'"):
         run_ray(plan_sweep(TINY, tmp_path))
+
+
+def test_ray_tasks_ask_for_a_share_of_a_gpu_on_cuda(monkeypatch, tmp_path):
+    """Without a GPU request Ray hides every GPU from its tasks. The options are read off a
+    stand-in for ray (ray itself need not be installed)."""
+    from dataclasses import replace
+
+    asked: list[tuple[int, dict]] = []
+
+    class Remote:
+        def options(self, **options):
+            return types.SimpleNamespace(
+                remote=lambda fn, chunk, threads: asked.append((len(chunk), options)) or object()
+            )
+
+    fake = types.SimpleNamespace(
+        is_initialized=lambda: True,
+        remote=lambda fn: Remote(),
+        wait=lambda pending, num_returns: ([pending[0]], pending[1:]),
+        get=lambda ref: [],
+    )
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    specs = plan_sweep(TINY, tmp_path)  # 6 runs in one group
+    on_cuda = [replace(s, model_config=replace(s.model_config, device="cuda")) for s in specs]
+    run_ray(on_cuda, progress=False, group_size=4, num_cpus=2)
+    assert sorted((n, o.get("num_gpus")) for n, o in asked) == [(2, 0.5), (4, 1.0)]
+    assert all(o["num_cpus"] == 2 and o["max_retries"] == 3 for _, o in asked)
+    asked.clear()
+    run_ray(specs, progress=False, group_size=4)  # on the CPU: no GPU asked
+    assert [("num_gpus" in o) for _, o in asked] == [False, False]
+    assert ray_task_options(5, None, torch.device("cuda"))["num_gpus"] == 1.0
+    assert ray_task_options(1, 3, torch.device("cuda"))["num_gpus"] == 0.3333
 
 
 # ----- Ray (optional: only where ray is installed) ----------------------------------------------

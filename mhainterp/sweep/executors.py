@@ -65,6 +65,7 @@ __all__ = [
     "group_specs",
     "plan_chunks",
     "plan_device_groups",
+    "ray_task_options",
     "run_batched",
     "run_ray",
     "split_group",
@@ -586,7 +587,8 @@ def run_ray(
     the argument, else the ``MHAINTERP_RAY_ADDRESS`` environment variable (``"auto"``,
     ``"ray://host:10001"``...), else Ray's default (an existing local cluster, or a new one).
     Each finished task's run folders are written as soon as it returns, so a sweep whose
-    workers die can be rerun and only the missing runs are trained.
+    workers die can be rerun and only the missing runs are trained. Runs planned for CUDA ask
+    Ray for their share of a GPU (:func:`ray_task_options`).
 
     Args:
         specs: Runs to do.
@@ -607,10 +609,16 @@ def run_ray(
         return
     if not ray.is_initialized():
         ray.init(address=address or os.environ.get(RAY_ADDRESS_ENV) or None, log_to_driver=False)
-    remote = ray.remote(num_cpus=num_cpus, max_retries=max_retries)(_ray_task)
+    remote = ray.remote(_ray_task)
     fn = _task_fn or train_group_files
     chunks = group_specs(specs, group_size)
-    pending = {remote.remote(fn, chunk, num_cpus): chunk for chunk in chunks}
+    device = _planned_device(specs)
+    pending = {
+        remote.options(
+            **ray_task_options(len(chunk), group_size, device, num_cpus, max_retries)
+        ).remote(fn, chunk, num_cpus): chunk
+        for chunk in chunks
+    }
     messages: dict[str, str] = {}
     failures: list[str] = []
     with tqdm(total=len(specs), desc="sweep (ray)", disable=not progress) as bar:
@@ -636,6 +644,39 @@ def run_ray(
             f"{len(failures)} Ray task(s) failed; their runs are missing (rerun the sweep to do "
             "only those):\n" + "\n".join(failures)
         )
+
+
+def ray_task_options(
+    n_runs: int,
+    group_size: int | None,
+    device: torch.device,
+    num_cpus: int = 1,
+    max_retries: int = 3,
+) -> dict[str, Any]:
+    """The options of the Ray task that trains ``n_runs`` runs planned for ``device``.
+
+    On CUDA the task asks for its share of a GPU, ``n_runs / group_size`` (a full group one
+    GPU, a smaller last group a fraction of one, which Ray may pack beside another; one GPU
+    when groups are not capped): without a GPU request Ray hides every GPU from a task
+    (an empty ``CUDA_VISIBLE_DEVICES``), and runs planned for CUDA find none.
+
+    Example:
+        >>> ray_task_options(2, 4, torch.device("cuda"))
+        {'num_cpus': 1, 'max_retries': 3, 'num_gpus': 0.5}
+        >>> ray_task_options(2, 4, torch.device("cpu"))
+        {'num_cpus': 1, 'max_retries': 3}
+    """
+    options: dict[str, Any] = {"num_cpus": num_cpus, "max_retries": max_retries}
+    if device.type == "cuda":
+        share = 1.0 if group_size is None else min(1.0, n_runs / group_size)
+        options["num_gpus"] = round(share, 4)  # Ray takes GPU shares in steps of 0.0001
+    return options
+
+
+def _planned_device(specs: Sequence[RunSpec]) -> torch.device:
+    """The device the runs were planned for, as named (the driver may have none of its own:
+    the Ray workers do)."""
+    return torch.device(str(specs[0].model_config.device))
 
 
 def _ray_task(fn: Callable[[Sequence[RunSpec]], Any], chunk: Sequence[RunSpec], threads: int):
