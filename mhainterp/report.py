@@ -76,7 +76,7 @@ from mhainterp.specialization import (
 from mhainterp.specialization.folders import SweepSpecialization
 from mhainterp.specialization.headline import HEADLINE_FILE
 from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, ROLE_NULLS, SAME_FUNCTION_NULL
-from mhainterp.specialization.seeds.summary import ANSWER_MARK, BLOCK_MARK, display_summary
+from mhainterp.specialization.seeds.summary import BLOCK_MARK, display_summary
 from mhainterp.specialization.verdict.sentences import BASIS_NAMES
 from mhainterp.specialization.whom.selectivity import SELECTIVITY_MEANING
 from mhainterp.stats import POWER_NOTE_MARK, comparison_display
@@ -100,6 +100,13 @@ SWEEP_HEADING = "Do the heads specialize, and how does that change with h?"
 
 
 # ----------------------------------------------------------------------------- sections
+
+
+DOES_H_MATTER_CAPTION = (
+    "Does h matter? Per task, the accuracy (left) and the division index per axis (right) "
+    "against h at equal parameter count: seed mean with its 95% t interval "
+    "(does_h_matter.csv)."
+)
 
 
 def _figures(figures: list[tuple[Path, str]], folder: Path) -> list[Block]:
@@ -552,36 +559,24 @@ def _without_power_note(notes: list[str]) -> list[str]:
     return [n for n in notes if not _is_power_note(n)]
 
 
-def _figure_pointer(spec: SweepSpecialization) -> str:
-    """Where the profiles behind a task's calls are drawn (the report's division section)."""
-    if not len(spec.result.division):
-        return ""
-    return (
-        " The profiles these calls rest on are drawn, each axis on its call's basis, under "
-        "'Whom do the heads serve?'."
-    )
-
-
 def _findings(spec: SweepSpecialization, sweep_name: str) -> _SweepFindings:
-    """Per task: the answer (does h matter, by how much, what n would settle the rest), then
-    ONE headline sentence per head count (the division call, from the saved verdict); the
-    power note; and per task the table of every comparison, with its Holm family's size."""
-    answers = {n.split(ANSWER_MARK)[0]: n for n in spec.notes if ANSWER_MARK in n}
-    out = []
-    for task, headlines in spec.result.verdict.headlines().items():
-        if task in answers:
-            out.append(answers[task])
-        out.append(f"{task}, per head count: " + " ".join(headlines) + _figure_pointer(spec))
-    # what n seeds can show, named by sweep: a folder of sweeps has one per Holm family size
-    out += [f"{sweep_name}: {n}" for n in spec.notes if _is_power_note(n)][:1]
+    """Per task: its one-line answer (:func:`~mhainterp.specialization.seeds.summary.answers`:
+    does h matter, by how much, with the number that carries it and its test), and the table
+    of every comparison behind it, whose numbers the line quotes. The longer evidence (per
+    head count verdicts, what n would settle the rest, what n seeds can show) follows in the
+    sweep's section."""
+    out = list(spec.answers.values())
     tables = []
     for task, rows in spec.comparisons.groupby("task", sort=False):
-        m = int(rows["n_holm"].max())
+        families = ", ".join(
+            f"{family} over {int(part['n_holm'].max())}"
+            for family, part in rows.groupby("family", sort=False)
+        )
         where = task if task == sweep_name else f"{task} ({sweep_name})"
         caption = (
             f"{where}: every comparison behind the answer, {BLOCK_MARK} on each "
-            f"measure where it is defined at both. {COMPARISON_RULE} Holm over the {m} tested "
-            f"comparisons of this table at {spec.result.settings.alpha:g}."
+            f"measure where it is defined at both. {COMPARISON_RULE} Holm within each "
+            f"question's family at {spec.result.settings.alpha:g} ({families})."
         )
         tables.append(Table(comparison_display(rows), caption))
     return _SweepFindings(out, tables)
@@ -631,13 +626,17 @@ def _sweep_specialization_blocks(
 ) -> list[Block]:
     result = spec.result
     tables = display_summary(spec.summary, result.settings.alpha)
-    in_findings = (ANSWER_MARK, BLOCK_MARK)  # said in the Findings, with their table
-    notes = [n for n in _without_power_note(spec.notes) if not any(k in n for k in in_findings)]
+    notes = [n for n in spec.notes if BLOCK_MARK not in n]  # the Findings' table holds those
     blocks: list[Block] = [
         Heading(SWEEP_HEADING, level),
         *[Table(table, f"{caption}.") for caption, table in tables],
         Bullets(notes),
-        Paragraph("Verdicts per head count:"),
+        Paragraph(
+            "Verdicts per head count (the profiles they rest on are drawn, each axis on its "
+            "call's basis, under 'Whom do the heads serve?'):"
+            if len(result.division)
+            else "Verdicts per head count:"
+        ),
         Bullets(result.verdict.lines),
     ]
     blocks += _sweep_stability_blocks(result)
@@ -704,7 +703,10 @@ def write_report(
             tables += sweep_findings.tables
             runs += sweep_verdict.runs
         verdict = Verdict(runs)
-        blocks += [Heading("Findings", 2), Bullets(lines), *tables, *sections]
+        study_figure = path / "does_h_matter.png"  # written by mhainterp.analyze.study
+        figure = _figures([(study_figure, DOES_H_MATTER_CAPTION)], out_dir)
+        blocks += [Heading("Findings", 2), Bullets(lines)]
+        blocks += [*(figure if study_figure.is_file() else []), *tables, *sections]
     blocks += _caveats(verdict.caveats)
     md_path = write_text(out_dir / "report.md", render_markdown(blocks, out_dir))
     html_path = write_text(out_dir / "report.html", render_html(blocks, title))

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 import mhainterp.analyze.demo
+import mhainterp.analyze.study
 import mhainterp.figures.saved
 import mhainterp.report
 import mhainterp.specialization
@@ -19,9 +20,18 @@ from mhainterp.cli import main
 class _Summary:
     def __init__(self, task: str) -> None:
         self.task = task
+        self.table = pd.DataFrame(
+            {"n_heads": [1, 2], "val_accuracy_mean": [0.5, 0.9], "val_accuracy_std": [0.1, 0.0],
+             "n": [2, 2]}
+        )  # fmt: skip
 
-    def to_markdown(self) -> str:
-        return f"### {self.task}\n"
+
+class _Spec:
+    def __init__(self) -> None:
+        self.answers = {
+            "count_previous": "count_previous: the answer",
+            "reverse": "reverse: the answer",
+        }
 
 
 def test_demo_plan_sweeps_and_analyses_each_task_then_specializes_then_reports(
@@ -45,15 +55,20 @@ def test_demo_plan_sweeps_and_analyses_each_task_then_specializes_then_reports(
 
     def specialize(path, settings=None, **options):
         calls.append(("specialize", Path(path), settings.n_eval, options["by"]))
+        return [(Path(path), _Spec())]
+
+    def tables(path, sweeps):
+        calls.append(("study tables", Path(path)))
         return []
 
     def report(path, out=None, **options):
         calls.append(("report", Path(path)))
         return Path(path) / "report.md", Path(path) / "report.html"
 
-    # patched where run_demo looks them up: in its own module
-    monkeypatch.setattr(mhainterp.analyze.demo, "run_sweep_with_figures", sweep)
-    monkeypatch.setattr(mhainterp.analyze.demo, "analyze_run", analyze)
+    # patched where run_study looks them up: in its own module
+    monkeypatch.setattr(mhainterp.analyze.study, "run_sweep_with_figures", sweep)
+    monkeypatch.setattr(mhainterp.analyze.study, "analyze_run", analyze)
+    monkeypatch.setattr(mhainterp.analyze.study, "write_study_tables", tables)
     monkeypatch.setattr(mhainterp.specialization.folders, "division_folder", division)
     monkeypatch.setattr(mhainterp.specialization, "specialize_folder", specialize)
     figures = lambda path: calls.append(("figures", Path(path))) or []  # noqa: E731
@@ -83,27 +98,31 @@ def test_demo_plan_sweeps_and_analyses_each_task_then_specializes_then_reports(
         # drawn beside the tables (the report only embeds them), one sweep at a time: a bar
         ("figures", out / "count_previous"),
         ("figures", out / "reverse"),
+        ("study tables", out),
         ("report", out),
     ]
     printed = capsys.readouterr().out
-    assert "### count_previous" in printed and "### reverse" in printed
-    assert f"report: {out / 'report.md'}" in printed
-    # Long work is announced: the plan before anything runs, the estimate after the first task.
     lines = printed.splitlines()
-    assert lines[0].startswith("demo: count_previous and reverse, 4 runs each (h = 1, 2 x ")
-    estimate = next(i for i, line in enumerate(lines) if line.startswith("demo: the first of 2"))
+    # Long work is announced: the plan before anything runs, the estimate after the first task.
+    assert lines[0].startswith("demo* grid: 2 tasks x h in {1, 2} x 2 seeds (0-1) = 8 runs")
+    assert "count_previous: val accuracy by head count (seed mean ± std, n)" in lines
+    assert "  h=1   0.50 ± 0.10  n=2" in lines
+    estimate = next(i for i, line in enumerate(lines) if line.startswith("training: the first"))
     assert "(extrapolated from the first)" in lines[estimate]
-    assert lines.index("### count_previous") < estimate < lines.index("### reverse")
-    assert any(line.startswith("figures: drawing each sweep's figures") for line in lines)
+    # the answers, one line per task, then where the evidence is
+    assert lines.index("- count_previous: the answer") < lines.index("- reverse: the answer")
+    assert lines[-1].startswith(f"report: {out / 'report.md'} (evidence, figures, every test)")
 
 
-def test_demo_defaults_are_the_readme_protocol(tmp_path, monkeypatch):
+def test_demo_defaults_are_the_study_protocol(tmp_path, monkeypatch):
+    """The demo is the head-count study's demo grid: 6 seeds, the study's training."""
     seen = []
     monkeypatch.setattr(
-        mhainterp.analyze.demo,
+        mhainterp.analyze.study,
         "run_sweep_with_figures",
         lambda config, out, executor, progress: seen.append(config) or _Summary(config.task),
     )
+    monkeypatch.setattr(mhainterp.analyze.study, "write_study_tables", lambda *a: [])
     monkeypatch.setattr(mhainterp.specialization.folders, "division_folder", lambda *a, **k: [])
     monkeypatch.setattr(mhainterp.specialization, "specialize_folder", lambda *a, **k: [])
     monkeypatch.setattr(mhainterp.figures.saved, "save_folder_figures", lambda path: [])
@@ -111,8 +130,11 @@ def test_demo_defaults_are_the_readme_protocol(tmp_path, monkeypatch):
     mhainterp.analyze.demo.run_demo(tmp_path, analysis=False, executor="local", progress=False)
     assert [c.task for c in seen] == ["count_previous", "reverse"]
     assert {(tuple(c.n_heads), tuple(c.seeds), c.train.steps) for c in seen} == {
-        ((1, 4, 8), (0, 1, 2), 1500)
+        ((1, 4, 8), (0, 1, 2, 3, 4, 5), 1500)
     }
+    study = mhainterp.analyze.study
+    grid = study.GRIDS["demo"]
+    assert [study.sweep_config(grid, task) for task in grid.tasks] == seen  # one code path
 
 
 @pytest.mark.slow
@@ -121,10 +143,10 @@ def test_demo_runs_both_sweeps_analyses_heads_and_writes_the_report(tmp_path, ca
     args = ["demo", "--out", str(out), "--steps", "8", "--seeds", "0,1", "--n-heads", "1,2"]
     assert main(args) == 0
     printed = capsys.readouterr().out
-    assert "### count_previous" in printed and "### reverse" in printed
-    # each sweep's specialization answer is printed, counts apart from shares
-    assert "### reverse: do the heads specialize?" in printed
-    assert "| relations covered (count) |" in printed and "*Shares of all heads" in printed
+    assert len(printed.splitlines()) <= 40  # one screen: seed tables, answers, the report
+    assert "count_previous: val accuracy by head count" in printed
+    assert max(len(line) for line in printed.splitlines()) <= 320
+    assert (out / "does_h_matter.png").is_file() and (out / "study_comparisons.csv").is_file()
     for task in ("count_previous", "reverse"):
         results = pd.read_csv(out / task / "results.csv")
         assert results[["n_heads", "seed"]].values.tolist() == [[1, 0], [1, 1], [2, 0], [2, 1]]

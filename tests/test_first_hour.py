@@ -496,7 +496,7 @@ def test_help_and_task_listing_import_no_torch(args):
 
 def test_static_mirrors_equal_their_library_homes():
     from mhainterp.ablation import METHODS
-    from mhainterp.analyze import DEMO_STEPS
+    from mhainterp.analyze import DEMO_STEPS, GRIDS
     from mhainterp.config import TrainConfig
     from mhainterp.data import DEFAULT_N_EVAL
     from mhainterp.specialization import SpecializationSettings
@@ -505,6 +505,7 @@ def test_static_mirrors_equal_their_library_homes():
 
     assert cli_static.DEFAULT_N_EVAL == DEFAULT_N_EVAL
     assert cli_static.DEMO_STEPS == DEMO_STEPS
+    assert cli_static.DEMO_SEEDS == GRIDS["demo"].seeds
     assert cli_static.ABLATION_METHODS == METHODS
     assert cli_static.CORRECTIONS == CORRECTIONS
     assert cli_static.ENTRY_POINT_GROUP == ENTRY_POINT_GROUP

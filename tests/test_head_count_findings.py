@@ -5,6 +5,7 @@ figure at 100 seeds per head count."""
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -13,14 +14,17 @@ import pytest
 from mhainterp.figures._common import plt
 from mhainterp.figures.division import division_vs_heads
 from mhainterp.figures.headcount import BOX_MIN_SEEDS, plot_head_count_accuracy
+from mhainterp.specialization.seeds.answer import MAX_CHARS
 from mhainterp.specialization.seeds.summary import (
-    ANSWER_MARK,
     BLOCK_MARK,
+    OPEN_MARK,
+    answers,
     display_summary,
     head_count_comparisons,
     specialization_summary,
     summary_notes,
 )
+from mhainterp.stats import comparison_display
 
 HEADS = (1, 4, 8)
 
@@ -57,28 +61,54 @@ def _findings(n: int) -> tuple[pd.DataFrame, pd.DataFrame, list[str]]:
     return summary, comparisons, summary_notes(summary, comparisons)
 
 
-def test_at_3_seeds_the_answer_states_the_separations_and_what_n_settles_them():
+def _numbers(text: str) -> list[str]:
+    """The numbers a sentence states (not the head counts of ``h = 1``, which every table row
+    names in its ``heads`` column)."""
+    text = re.sub(r"h = \d+( to \d+)?", "", text)
+    return re.findall(r"\d+\.\d+(?:e-\d+)?|\d+", text)
+
+
+def _displayed(comparisons: pd.DataFrame) -> str:
+    """Every cell of the comparison table the report prints under the answer, and its header."""
+    table = comparison_display(comparisons)
+    return " ".join([*table.columns, *table.astype(str).to_numpy().ravel()])
+
+
+def test_at_3_seeds_the_answer_says_what_the_seeds_show_and_that_they_cannot_show_it():
     _, comparisons, notes = _findings(3)
-    answer = next(n for n in notes if ANSWER_MARK in n)
-    assert answer.startswith("reverse: does h matter? the accuracy is the same at every h")
-    assert "no change of the division index with h is shown (largest: by position h=4 → 8" in answer
-    assert "every seed at h=8 above every seed at h=4, at the exact test's floor p = 0.1" in answer
-    assert "it is undefined at h = 1" in answer  # left out, never counted as 0
-    # 5 measures x 2 pairs + 2 axes x 1 pair (h = 1 has no index) = 12 rows, all tested
-    assert len(comparisons) == 12 and set(comparisons["n_holm"]) == {12}
-    assert not comparisons["beyond"].any()
-    assert "about n = 6 seeds per head count would settle them" in answer  # 2/C(12,6) < .05/12
+    line = answers(comparisons)["reverse"]
+    assert line == (
+        "reverse: accuracy 1.00 at every h, but 3 seeds per h cannot show a change (exact floor "
+        "p = 0.1, Holm over 4); 5 can"
+    )
+    # one Holm family per question: accuracy, where, needed (2 pairs each), whom (h = 4 -> 8)
+    sizes = comparisons.groupby("family")["n_holm"].max().to_dict()
+    assert sizes == {"accuracy": 2, "where": 4, "needed": 4, "whom": 2}
+    assert len(comparisons) == 12 and not comparisons["beyond"].any()
+    (open_note,) = [n for n in notes if OPEN_MARK in n]
+    assert "about n = 5 seeds per head count would settle them" in open_note  # 2/C(10,5)*4 < .05
     block = next(n for n in notes if BLOCK_MARK in n)
-    assert "12 comparisons, Holm-corrected together" in block
-    assert block.count("over 12)") == 12 and "within the seed spread" not in block
+    assert "within each question's family: accuracy 2, where 4, needed 4, whom 2" in block
 
 
-def test_at_30_seeds_the_answer_says_h_changes_the_division_by_how_much():
+def test_at_6_seeds_the_answer_names_the_largest_effects_with_their_table_numbers():
+    _, comparisons, _ = _findings(6)
+    line = answers(comparisons)["reverse"]
+    assert line.startswith("reverse: solved at every h (accuracy 1.00); from h = 4 every head is")
+    assert "backed up (share 0.00 → 1.00, every seed, Holm p = 0.0087 over 4)" in line
+    assert "from h = 4 to 8 the heads split the work more by position (0.13 → 0.28)" in line
+    assert "by token" not in line  # 0.001: beyond no spread, below the effect gate
+    assert len(line) <= MAX_CHARS
+    shown = _displayed(comparisons)
+    assert all(number in shown for number in _numbers(line)), line
+
+
+def test_at_30_seeds_the_answer_uses_welch_and_stays_one_line():
     _, comparisons, notes = _findings(30)
-    answer = next(n for n in notes if ANSWER_MARK in n)
-    assert "h changes the division of labour: by position h=4 → 8 +0.1" in answer
-    assert "[95% bootstrap CI +0.1" in answer and "no change shown by token" in answer
-    assert "no comparison is still open; 7 show every seed equal" in answer
+    line = answers(comparisons)["reverse"]
+    assert "the heads split the work more by position (0.13 → 0.29)" in line
+    assert len(line) <= MAX_CHARS
+    assert all(number in _displayed(comparisons) for number in _numbers(line)), line
     row = comparisons[comparisons["measure"] == "division_position"].iloc[0]
     assert row["test"] == "Welch" and row["beyond"] and 0.13 < row["ci_low"] < row["ci_high"] < 0.17
     needed = comparisons[
@@ -87,6 +117,13 @@ def test_at_30_seeds_the_answer_says_h_changes_the_division_by_how_much():
     # no spread in either group: the exact test, at its floor 2 / C(60, 30), beyond
     assert needed["test"].item() == "exact permutation" and needed["p"].item() < 1e-15
     assert "30 seeds per head count: differences between head counts use Welch's t" in notes[-1]
+
+
+def test_a_number_the_table_does_not_print_fails_the_check():
+    """The check above can fail: a line quoting a mean the table does not print."""
+    _, comparisons, _ = _findings(6)
+    assert "0.137" not in _displayed(comparisons)
+    assert not all(n in _displayed(comparisons) for n in _numbers("index 0.137 → 0.28"))
 
 
 def test_seed_table_prints_the_null_quantile_the_call_uses_and_names_it():
@@ -104,7 +141,7 @@ def test_100_seeds_stay_readable():
     summary, comparisons, notes = _findings(100)
     assert len(summary) == len(HEADS)  # one row per head count, never one per seed
     assert all(len(t.columns) <= 8 and len(t) == len(HEADS) for _, t in display_summary(summary))
-    assert len(comparisons) == 12  # the block does not grow with n
+    assert len(comparisons) == 12  # the blocks do not grow with n
     text = " ".join(notes)
     assert "seed 57" not in text and "h4_seed" not in text
     three = " ".join(_findings(3)[2])

@@ -33,6 +33,7 @@ from mhainterp.specialization import (
     sweep_specialization,
 )
 from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, SAME_FUNCTION_NULL
+from mhainterp.specialization.seeds.answer import MAX_CHARS
 from mhainterp.stats import seed_power_note
 from mhainterp.sweep import run_sweep, summarize
 from mhainterp.tasks import get_task
@@ -341,19 +342,18 @@ def test_report_reads_as_a_document(report):
     assert max(widths) <= 8  # no table scrolls at 1,280 px
     assert re.search(r"\b1 heads\b", md) is None and "nan vs null nan" not in md
     assert "redundant (" not in md  # one vocabulary: backed up
-    # The Findings lead each task with the answer (does h matter?), then one sentence per
-    # head count, then the evidence.
+    # The Findings lead each task with its one-line answer (does h matter?); the evidence
+    # (per head count verdicts, what n seeds can show) follows in the task's section.
     findings = md.split("## Findings", 1)[1].split("\n## ", 1)[0]
-    first, second = findings.strip().splitlines()[:2]
-    assert first.startswith("- count_previous: does h matter? ")
-    assert "accuracy" in first and "division index" in first
-    assert second.startswith("- count_previous, per head count: h=1 (1 head, 2 seeds): ")
-    assert " h=2 (2 heads, " in second
-    # What 2 seeds can show is said once per task, in its Findings (it was said 3 times per
-    # task); the tasks' Holm families differ (6 and 7 comparisons), so each keeps its own
+    bullets = [line for line in findings.splitlines() if line.startswith("- ")]
+    assert [b.split(":")[0] for b in bullets] == [f"- {task}" for task in TASKS]
+    assert all(len(b) - 2 <= MAX_CHARS for b in bullets)
+    assert all("accuracy" in b for b in bullets)
+    assert "per head count: h=1 (1 head, 2 seeds): " not in findings
+    # What 2 seeds can show is said once per task, after its answer
     power = [line for line in md.splitlines() if seed_power_note(2)[:60] in line]
-    assert len(power) == len(TASKS) == len(set(power))
-    assert all(line in findings for line in power)
+    assert len(power) == len(TASKS)
+    assert not any(line in findings for line in power)
 
 
 def _tables_after(text: str, caption_pattern: str) -> list[tuple[re.Match, list[list[str]]]]:
@@ -377,13 +377,16 @@ def _tables_after(text: str, caption_pattern: str) -> list[tuple[re.Match, list[
 def test_findings_state_the_holm_family_of_every_comparison_they_print(report):
     md, _ = report
     findings = md.split("## Findings", 1)[1].split("\n## ", 1)[0]
-    tables = _tables_after(findings, r"Holm over the (\d+) tested comparisons of this table")
+    tables = _tables_after(findings, r"Holm within each question's family at 0.05 \(([^)]*)\)")
     assert len(tables) == len(TASKS)
     for match, (header, *rows) in tables:
-        m = int(match.group(1))
-        assert header[5] == f"Holm p (over {m})"
-        tested = [row for row in rows if row[5]]  # a row with a Holm p was in the family
-        assert len(tested) == m > 0
+        sizes = {f: int(n) for f, n in re.findall(r"(\w+) over (\d+)", match.group(1))}
+        assert "accuracy" in sizes and set(sizes) <= {"accuracy", "where", "needed", "whom"}
+        assert header[5] == "Holm p (of the family's n)"
+        tested = [row for row in rows if row[5]]  # a row with a Holm p was in a family
+        assert len(tested) == sum(sizes.values()) > 0
+        cells = [int(re.search(r"\(of (\d+)\)", row[5]).group(1)) for row in tested]
+        assert sorted(set(cells)) == sorted(set(sizes.values()))
         # h = 1 has no division index: no division row starts at h = 1
         assert not [r for r in rows if r[0].startswith("division index") and "h=1 →" in r[1]]
     # Each comparison has one Holm p in the report: accuracy is compared in the Findings

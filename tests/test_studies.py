@@ -44,25 +44,22 @@ def test_head_count_study_picks_its_grid_by_device():
     assert full.n_runs == 7 * 7 * 30
     cpu = study.choose_grid(study.parse_args([]), on_gpu=False)
     assert cpu.name == "cpu" and cpu.n_heads == (1, 2, 4, 8) and len(cpu.seeds) == 6
+    # every built-in task one layer can learn: all but induction
+    assert cpu.tasks == ("count_previous", "histogram", "multi_relation", "previous_token",
+                         "reverse", "sort")  # fmt: skip
     custom = study.choose_grid(study.parse_args(["--seeds", "0-99", "--grid", "cpu"]), False)
     assert custom.seeds == tuple(range(100)) and custom.name == "cpu*"
+    demo = study.choose_grid(study.parse_args(["--grid", "demo"]), False)
+    assert demo == study.GRIDS["demo"]  # the demo's grid, unchanged
 
 
-def test_head_count_study_answers_from_the_comparisons():
-    """The lead sentence says what changed with h, by how much, and what n would settle the
-    rest; an axis defined at one head count only is said to be untested."""
+def test_head_count_study_runs_the_demos_code_path(monkeypatch):
+    """The script only picks a grid: run_study (the demo's path) does the rest."""
     study = _load("head_count_study")
-    runs = pd.DataFrame({  # 6 seeds per h: a complete separation can reach p < 0.05 / 2
-        "task": ["t"] * 18, "n_heads": [1] * 6 + [4] * 6 + [8] * 6,
-        "accuracy": [0.50, 0.52, 0.51, 0.49, 0.50, 0.51, 0.90, 0.91, 0.92, 0.90, 0.91, 0.92,
-                     0.91, 0.90, 0.92, 0.93, 0.90, 0.91],
-        "index_token": [float("nan")] * 12 + [0.2, 0.3, 0.25, 0.28, 0.22, 0.26],
-    })  # fmt: skip
-    comparisons = study.compare_head_counts(runs, study.MEASURES)
-    lead = study.lead_sentence("t", comparisons)
-    assert lead.startswith("**t**: h changes the accuracy (accuracy h=1→4 +0.41")
-    assert "the division index is defined at fewer than two head counts (untested)" in lead
-    assert "seeds per head count" in lead  # h=4→8 is open: the n that would settle it
+    seen = []
+    monkeypatch.setattr(study, "run_study", lambda grid, out, **options: seen.append((grid, out)))
+    assert study.main(["--grid", "cpu", "--out", "x", "--quiet"]) == 0
+    assert seen == [(study.GRIDS["cpu"], Path("x"))]
 
 
 def test_specialization_study_plan(tmp_path, monkeypatch):
@@ -109,20 +106,23 @@ def test_head_count_study_writes_its_answer_and_resumes(tmp_path, monkeypatch):
     study = _load("head_count_study")
     monkeypatch.chdir(tmp_path.parent)  # a relative --out, as users give it
     args = ["--out", tmp_path.name, "--tasks", "reverse", "--n-heads", "1,2", "--seeds", "0-2",
-            "--steps", "6", "--verdict-seeds", "2", "--executor", "local", "--quiet"]  # fmt: skip
+            "--steps", "6", "--executor", "local", "--quiet", "--no-analysis"]  # fmt: skip
     assert study.main(args) == 0
     results = pd.read_csv(tmp_path / "reverse" / "results.csv")
     assert results[["n_heads", "seed"]].values.tolist() == [
         [1, 0], [1, 1], [1, 2], [2, 0], [2, 1], [2, 2]
     ]  # fmt: skip
-    division = pd.read_csv(tmp_path / "division_runs.csv")
-    assert sorted(set(division["seed"])) == [0, 1] and set(division["n_heads"]) == {2}
+    division = pd.read_csv(tmp_path / "reverse" / "division_sweep.csv")
+    assert sorted(set(division["seed"])) == [0, 1, 2] and set(division["n_heads"]) == {1, 2}
     table = pd.read_csv(tmp_path / "does_h_matter.csv")
     assert table[["n_heads", "n_seeds"]].values.tolist() == [[1, 3], [2, 3]]
     assert (tmp_path / "does_h_matter.png").is_file() and (tmp_path / "does_h_matter.pdf").is_file()
-    assert (tmp_path / "study.md").read_text().startswith("# Does h matter?")
+    report = (tmp_path / "report.md").read_text()
+    assert report.splitlines()[4].startswith("- reverse: ")  # the answer leads the Findings
     # resumed: nothing is trained or divided again
-    monkeypatch.setattr(study, "division_of_labour", lambda *a, **k: pytest.fail("recomputed"))
+    import mhainterp.specialization.folders as folders
+
+    monkeypatch.setattr(folders, "division_of_labour", lambda *a, **k: pytest.fail("recomputed"))
     assert study.main(args) == 0
 
 

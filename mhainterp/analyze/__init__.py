@@ -5,7 +5,9 @@ Modules, each with one job::
     run.py          analyze_run, analyze_path: every table and figure of a trained run
     pretrained.py   analyze_pretrained: the battery on a pretrained model and real text
     tables.py       ablation_tables: the ablation and gradient tables of one run, side by side
-    demo.py         run_demo: the head-count experiment on two tasks, then the report
+    sweeps.py       run_sweep_with_figures, seed_lines: one sweep written with its figures
+    study.py        Grid, GRIDS, run_study: the head-count study, one protocol for every grid
+    demo.py         run_demo: the study on its demo grid (the README's main job)
 
 This package sits above the report and below the explorer and the CLI: it computes through the
 library, writes through :mod:`mhainterp.io`, and the report reads what it wrote.
@@ -15,12 +17,7 @@ Example:
     >>> written = analyze_run("runs/quickstart/reverse/runs/h8_seed0")  # doctest: +SKIP
 """
 
-from mhainterp.analyze.demo import (
-    DEMO_STEPS,
-    DEMO_TASKS,
-    run_demo,
-    run_sweep_with_figures,
-)
+from mhainterp.analyze.demo import DEMO_STEPS, DEMO_TASKS, run_demo
 from mhainterp.analyze.pretrained import (
     CLARK_CATEGORIES,
     analyze_pretrained,
@@ -31,6 +28,8 @@ from mhainterp.analyze.pretrained import (
     zero_vs_mean,
 )
 from mhainterp.analyze.run import analysis_memory, analyze_path, analyze_run
+from mhainterp.analyze.study import GRIDS, Grid, run_study
+from mhainterp.analyze.sweeps import run_sweep_with_figures, seed_lines
 from mhainterp.analyze.tables import ablation_tables, unpack_run
 
 __all__ = [
@@ -44,8 +43,12 @@ __all__ = [
     "analyze_run",
     "clark_categories",
     "embedding_metric",
+    "GRIDS",
+    "Grid",
     "run_demo",
+    "run_study",
     "run_sweep_with_figures",
+    "seed_lines",
     "text_roles",
     "unpack_run",
     "verified_heads",

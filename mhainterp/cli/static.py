@@ -15,6 +15,7 @@ __all__ = [
     "BUILTIN_TASKS",
     "CORRECTIONS",
     "DEFAULT_N_EVAL",
+    "DEMO_SEEDS",
     "DEMO_STEPS",
     "ENTRY_POINT_GROUP",
     "SPECIALIZATION_DEFAULTS",
@@ -26,6 +27,9 @@ DEFAULT_N_EVAL = 1024
 
 DEMO_STEPS = 1500
 """``mhainterp.analyze.demo.DEMO_STEPS``: the demo's training steps per run."""
+
+DEMO_SEEDS = tuple(range(6))
+"""``mhainterp.analyze.study.GRIDS["demo"].seeds``: the demo's seeds per head count."""
 
 TRAIN_DEFAULTS: dict[str, Any] = {"steps": 2000, "batch_size": 128, "lr": 3e-3, "grad_clip": 1.0}
 """The defaults of :class:`mhainterp.config.TrainConfig` that the training options show."""

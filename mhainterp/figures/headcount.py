@@ -10,7 +10,14 @@ import pandas as pd
 
 from mhainterp.figures._common import legend_outside, new_figure, plt, require_columns, sns
 
-__all__ = ["BOX_MIN_SEEDS", "draw_seeds", "plot_head_count_accuracy", "plot_training_curves"]
+__all__ = [
+    "BOX_MIN_SEEDS",
+    "UNDEFINED_PANEL",
+    "draw_seeds",
+    "plot_does_h_matter",
+    "plot_head_count_accuracy",
+    "plot_training_curves",
+]
 
 BOX_MIN_SEEDS = 20
 """From this many seeds at one head count, a box (quartiles, whiskers at 1.5 IQR) stands
@@ -176,3 +183,69 @@ def plot_training_curves(curves: pd.DataFrame, *, log_y: bool = True) -> plt.Fig
         handle.set_linewidth(1.5)
     fig.tight_layout()
     return fig
+
+
+UNDEFINED_PANEL = (
+    "the division index is undefined at every head count here (fewer than 2 heads or groups "
+    "do the work)"
+)
+
+
+def plot_does_h_matter(table: pd.DataFrame, axes: Sequence[str] | None = None) -> plt.Figure:
+    """One row per task: accuracy against h with 95% intervals (left), the division index
+    against h per axis with 95% intervals (right); h on a log2 axis, equal parameter count.
+
+    Args:
+        table: One row per (task, n_heads): ``accuracy_mean, accuracy_ci_low,
+            accuracy_ci_high`` and per axis ``{axis}_index_mean`` (+ ``_ci_low``, ``_ci_high``),
+            as :func:`mhainterp.analyze.study.does_h_matter_table` writes it.
+        axes: The division axes to draw (default: every ``*_index_mean`` column).
+    """
+    require_columns(
+        table, ["task", "n_heads", "accuracy_mean"], "table", "analyze.study.does_h_matter_table"
+    )
+    axes = list(axes or [c.removesuffix("_index_mean") for c in table if c.endswith("_index_mean")])
+    tasks = list(dict.fromkeys(table["task"]))
+    fig, grid = plt.subplots(
+        len(tasks), 2, figsize=(9, 2.4 * len(tasks) + 0.6), squeeze=False, sharex=True
+    )
+    heads = sorted(table["n_heads"].unique())
+    for row, task in zip(grid, tasks, strict=True):
+        group = table[table["task"] == task]
+        _with_interval(row[0], group, "accuracy", "accuracy")
+        row[0].set_ylabel(f"{task}\nval accuracy")
+        drawn = [axis for axis in axes if group[f"{axis}_index_mean"].notna().any()]
+        for axis in drawn:
+            _with_interval(row[1], group, f"{axis}_index", axis)
+        row[1].set_ylabel("division index")
+        if drawn:
+            row[1].legend(fontsize=7, loc="upper left")
+        else:  # say why the panel is empty rather than leave a blank box
+            row[1].text(
+                0.5,
+                0.5,
+                UNDEFINED_PANEL,
+                ha="center",
+                va="center",
+                wrap=True,
+                fontsize=8,
+                transform=row[1].transAxes,
+            )
+    grid[0][0].set_title("accuracy (seed mean, 95% CI)")
+    grid[0][1].set_title("division of labour by axis (seed mean, 95% CI)")
+    for ax in grid[-1]:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(heads, labels=[str(h) for h in heads])
+        ax.set_xlabel("heads h (equal parameter count)")
+    fig.tight_layout()
+    return fig
+
+
+def _with_interval(ax: plt.Axes, group: pd.DataFrame, name: str, label: str) -> None:
+    """The seed mean of ``name`` against h, with its interval as error bars."""
+    shown = group[group[f"{name}_mean"].notna()]
+    mean = shown[f"{name}_mean"]
+    errors = np.nan_to_num([mean - shown[f"{name}_ci_low"], shown[f"{name}_ci_high"] - mean])
+    ax.errorbar(
+        shown["n_heads"], mean, yerr=errors, marker="o", markersize=4, capsize=3, label=label
+    )

@@ -49,6 +49,7 @@ from mhainterp.specialization.seeds.combine import (
 )
 from mhainterp.specialization.seeds.summary import (
     SUMMARY_COLUMNS,
+    answers,
     display_summary,
     head_count_comparisons,
     specialization_summary,
@@ -90,8 +91,9 @@ class SweepSpecialization:
             ``run_dir``, relative to the first sweep folder, and ``val_accuracy``).
         summary: One row per (task, n_heads), columns :data:`SUMMARY_COLUMNS`.
         result: The stacked :class:`~mhainterp.specialization.battery.SpecializationResult`.
-        notes: Findings generated from the numbers, one per task (+ caveats).
-        comparisons: The head-count comparisons behind the notes' answer
+        notes: The evidence behind the answers in words, generated from the numbers
+            (:func:`~.seeds.summary.summary_notes`).
+        comparisons: The head-count comparisons behind the answers
             (:func:`~.seeds.summary.head_count_comparisons`, columns
             :data:`mhainterp.stats.HEAD_COUNT_COLUMNS`).
     """
@@ -101,10 +103,13 @@ class SweepSpecialization:
     result: SpecializationResult
     notes: list[str]
     comparisons: pd.DataFrame = dataclasses.field(default_factory=pd.DataFrame)
+    answers: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Per task compared over head counts, the one-line answer
+    (:func:`~.seeds.summary.answers`): what the Findings and the terminal lead with."""
 
     def to_markdown(self) -> str:
-        """The summary table per task, then the notes."""
-        parts = []
+        """The answers, the summary table per task, then the notes."""
+        parts = [f"- {line}" for line in self.answers.values()] + ([""] if self.answers else [])
         for task, group in self.summary.groupby("task", sort=False):
             parts += [f"## {task}", ""]
             for caption, table in display_summary(group, self.result.settings.alpha):
@@ -126,7 +131,7 @@ class SweepSpecialization:
             files.write_csv(out_dir / "specialization_comparisons.csv", self.comparisons),
             files.write_text(out_dir / "specialization_summary.md", self.to_markdown()),
             *self.result.save(out_dir, SWEEP_PREFIX, files=files),
-            files.finish({"notes": self.notes}),
+            files.finish({"notes": self.notes, "answers": self.answers}),
         ]
 
     @classmethod
@@ -158,8 +163,13 @@ class SweepSpecialization:
         comparisons["beyond"] = comparisons["beyond"].map(
             lambda v: None if pd.isna(v) else str(v) == "True"
         )
-        notes = list(read_json(out_dir / NOTES_FILE)["notes"])
-        return cls(runs, summary, result, notes, comparisons)
+        saved = read_json(out_dir / NOTES_FILE)
+        if "answers" not in saved:
+            raise OutdatedResultError(
+                f"{out_dir / NOTES_FILE} has no one-line answers: an older mhainterp saved it; "
+                f"run `mhainterp specialize {out_dir}` to recompute it"
+            )
+        return cls(runs, summary, result, list(saved["notes"]), comparisons, saved["answers"])
 
 
 def cached_specialization(
@@ -314,7 +324,8 @@ def sweep_specialization(
     summary = specialization_summary(runs, combined.verdict.consistency, combined.division)
     comparisons = head_count_comparisons(runs, combined.division, alpha=settings.alpha)
     notes = summary_notes(summary, comparisons, alpha=settings.alpha)
-    return SweepSpecialization(runs, summary, combined, notes, comparisons)
+    lines = answers(comparisons, alpha=settings.alpha)
+    return SweepSpecialization(runs, summary, combined, notes, comparisons, lines)
 
 
 @uses_work_threads

@@ -9,9 +9,9 @@ numbers over seeds, and the comparisons between head counts that answer "does h 
   interval, the exact permutation test below 10 seeds per head count (its floor stated) and
   Welch from there, Holm over the task's block. A measure undefined at a head count (h = 1
   has no division index) is left out there, never counted as 0 or "no";
-- :func:`answer_sentence` says per task whether h changes the accuracy and the division, by
-  how much, and what n would settle what is still open; :func:`summary_notes` writes it, the
-  block and the consistency notes.
+- :func:`answers` gives per task the one-line answer (:mod:`.answer`); :func:`summary_notes`
+  writes the evidence behind it: what n would settle what is still open, every comparison in
+  words, and the consistency notes.
 
 All of it is computed when the sweep is specialized and saved
 (:meth:`mhainterp.specialization.folders.SweepSpecialization.save`); the report reads it.
@@ -27,25 +27,27 @@ import pandas as pd
 
 from mhainterp.render import format_p
 from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, SAME_FUNCTION_NULL
+from mhainterp.specialization.seeds.answer import answer_line
 from mhainterp.specialization.verdict.sentences import BASIS_NAMES, UNDEFINED_INDEX, group_key
 from mhainterp.stats import (
     all_seeds_equal,
     compare_head_counts,
     comparison_sentence,
     describe,
-    difference_text,
     seed_power_note,
 )
 from mhainterp.tasks import AXES
 
 __all__ = [
-    "ANSWER_MARK",
     "BLOCK_MARK",
+    "OPEN_MARK",
     "FINDINGS_MEASURES",
     "SUMMARY_COLUMNS",
-    "answer_sentence",
+    "answers",
     "display_summary",
     "head_count_comparisons",
+    "open_note",
+    "per_seed_measures",
     "specialization_summary",
     "summary_notes",
 ]
@@ -278,26 +280,28 @@ def _bases(rows: pd.DataFrame) -> str:
 
 
 FINDINGS_MEASURES = (
-    ("accuracy", "accuracy"),
-    ("n_relations", "relations covered (a count)"),
-    ("heads_per_relation", "heads per relation (a count)"),
-    ("frac_needed", "needed share"),
-    ("frac_backed_up", "backed-up share"),
-    *((f"division_{axis}", f"division index by {axis}") for axis in AXES),
+    ("accuracy", "accuracy", "accuracy"),
+    ("n_relations", "relations covered (a count)", "where"),
+    ("heads_per_relation", "heads per relation (a count)", "where"),
+    ("frac_needed", "needed share", "needed"),
+    ("frac_backed_up", "backed-up share", "needed"),
+    *((f"division_{axis}", f"division index by {axis}", "whom") for axis in AXES),
 )
-"""``(per-seed column, words)`` of every measure the Findings compare across h. The dead
-share and the causal selectivity stay in the seed table but out of the block: every measure
-added to it is one more Holm comparison per pair of head counts."""
+"""``(per-seed column, words, family)`` of every measure the Findings compare across h. Each
+family is one question (does h change the accuracy, where the heads look, whether they are
+needed, whom they serve), Holm-corrected on its own within the task. The dead share and the
+causal selectivity stay in the seed table but out of the tests: every measure added is one
+more Holm comparison per pair of head counts."""
 
-ANSWER_MARK = ": does h matter? "
-"""In every :func:`answer_sentence`, right after the task: how the report finds it."""
+OPEN_MARK = ": what more seeds would settle: "
+"""In every :func:`open_note`, right after the task: how the report finds it."""
 BLOCK_MARK = "adjacent head counts"
 """In the note that lists a task's comparisons: how the report finds it."""
 
 _DIVISION_PREFIX = "division_"
 
 
-def _per_seed(runs: pd.DataFrame, division: pd.DataFrame | None) -> pd.DataFrame:
+def per_seed_measures(runs: pd.DataFrame, division: pd.DataFrame | None) -> pd.DataFrame:
     """``runs`` with ``accuracy`` and one ``division_{axis}`` column per measured axis: the
     seed's index, NaN where it is undefined (one head; "cannot tell")."""
     runs = runs.copy()
@@ -341,7 +345,7 @@ def head_count_comparisons(
         'no difference shown (complete separation at the floor)'
     """
     division = division if division is not None and len(division) else None
-    per_seed = _per_seed(runs, division)
+    per_seed = per_seed_measures(runs, division)
     return compare_head_counts(per_seed, FINDINGS_MEASURES, alpha=alpha)
 
 
@@ -349,79 +353,7 @@ def _is_division(rows: pd.DataFrame) -> pd.Series:
     return rows["measure"].astype(str).str.startswith(_DIVISION_PREFIX)
 
 
-def _change(row: pd.Series) -> str:
-    """``by token h=4 → 8 +0.16 [95% Welch t CI +0.03, +0.29]``."""
-    what = str(row["measure"]).removeprefix(_DIVISION_PREFIX)
-    name = f"by {what} " if str(row["measure"]).startswith(_DIVISION_PREFIX) else ""
-    return f"{name}h={row['n_heads_a']} → {row['n_heads_b']} {difference_text(row)}"
-
-
-def _why_not_shown(row: pd.Series) -> str:
-    """Why a difference is not shown: a complete separation at the test's floor, or the seed
-    spread, with the Holm p."""
-    holm = f"Holm {format_p(row['p_holm'])} over {int(row['n_holm'])}"
-    if row["separated"]:
-        side = "above" if row["separated"] > 0 else "below"
-        floor = row["p_floor"]
-        if isinstance(floor, float) and not math.isnan(floor) and row["p"] <= floor * (1 + 1e-9):
-            return (
-                f"every seed at h={row['n_heads_b']} {side} every seed at h={row['n_heads_a']}, "
-                f"at the exact test's floor p = {floor:.2g}; {holm}"
-            )
-        return f"every seed {side}, {holm}"
-    return f"within the seed spread, {holm}"
-
-
-def _shown(rows: pd.DataFrame) -> pd.DataFrame:
-    return rows[rows["beyond"].map(lambda v: v is True or v == True)]  # noqa: E712
-
-
-def _largest(rows: pd.DataFrame) -> pd.Series:
-    return rows.loc[rows["diff"].abs().idxmax()]
-
-
-def _accuracy_answer(rows: pd.DataFrame) -> str:
-    if not len(rows):
-        return "accuracy not compared"
-    shown = _shown(rows)
-    if len(shown):
-        changes = [f"{_change(r)} (Holm {format_p(r['p_holm'])})" for _, r in shown.iterrows()]
-        return "h changes the accuracy: " + ", ".join(changes)
-    if rows.apply(all_seeds_equal, axis=1).all():
-        return f"the accuracy is the same at every h (every seed {rows['mean_a'].iloc[0]:.2f})"
-    largest = _largest(rows)
-    return (
-        f"no change of the accuracy with h is shown (largest: {_change(largest)}; "
-        f"{_why_not_shown(largest)})"
-    )
-
-
-def _division_answer(rows: pd.DataFrame, undefined_at: list[int]) -> str:
-    undefined = (
-        f"; it is undefined at h = {', '.join(map(str, undefined_at))} (fewer than 2 heads or "
-        "groups do the work: left out, not counted as 0)"
-        if undefined_at
-        else ""
-    )
-    if not len(rows):
-        return "the division index cannot be compared between head counts" + undefined
-    shown = _shown(rows)
-    if len(shown):
-        changes = [f"{_change(r)} (Holm {format_p(r['p_holm'])})" for _, r in shown.iterrows()]
-        axes = {str(m).removeprefix(_DIVISION_PREFIX) for m in shown["measure"]}
-        rest = sorted({str(m).removeprefix(_DIVISION_PREFIX) for m in rows["measure"]} - axes)
-        text = "h changes the division of labour: " + ", ".join(changes)
-        if rest:
-            text += f"; no change shown by {', '.join(rest)}"
-        return text + undefined
-    largest = _largest(rows)
-    return (
-        f"no change of the division index with h is shown (largest: {_change(largest)}; "
-        f"{_why_not_shown(largest)}){undefined}"
-    )
-
-
-def _open_answer(rows: pd.DataFrame, alpha: float) -> str:
+def open_note(rows: pd.DataFrame, alpha: float) -> str:
     """What n would settle the comparisons still open: tested, not beyond the spread, and not
     equal in every seed (nothing would settle those)."""
     tested = rows[rows["beyond"].notna()]
@@ -451,39 +383,20 @@ def _open_answer(rows: pd.DataFrame, alpha: float) -> str:
     )
 
 
-def answer_sentence(
-    task: str, comparisons: pd.DataFrame, undefined_at: list[int], alpha: float = 0.05
-) -> str:
-    """One sentence for ``task`` that leads its Findings: whether h changes the accuracy,
-    whether it changes the division of labour, along which axis and by how much (with its
-    interval), and what n would settle what is still open.
-
-    Args:
-        task: The task's name.
-        comparisons: Its rows of :func:`head_count_comparisons`.
-        undefined_at: Head counts where the division index was measured but is undefined in
-            every seed (h = 1).
-        alpha: The block's family-wise error rate.
+def answers(comparisons: pd.DataFrame, alpha: float = 0.05) -> dict[str, str]:
+    """Per task compared over head counts, its one-line answer (:func:`answer_line`).
 
     Example:
         >>> runs = pd.DataFrame({"task": ["t"] * 6, "n_heads": [1, 1, 1, 4, 4, 4],
         ...     "run": list("abcdef"), "accuracy": [0.5, 0.52, 0.51, 0.9, 0.91, 0.92]})
-        >>> print(answer_sentence("t", head_count_comparisons(runs), [1])
-        ...       )  # doctest: +NORMALIZE_WHITESPACE +ELLIPSIS
-        t: does h matter? no change of the accuracy with h is shown (largest: h=1 → 4 +0.40
-        [95% Welch t CI +0.38, +0.42]; every seed at h=4 above every seed at h=1, at the exact
-        test's floor p = 0.1; Holm p = 0.1 over 1); the division index cannot be compared
-        between head counts; it is undefined at h = 1 (...); 1 of 1 comparisons still
-        open; about n = 4 seeds per head count would settle it (80% power ...; the most for
-        accuracy h=1 → 4).
+        >>> answers(head_count_comparisons(runs))["t"]  # doctest: +NORMALIZE_WHITESPACE
+        't: no accuracy change shown (largest: 0.51 → 0.91 from h = 1 to 4, every seed, Holm
+        p = 0.1 over 1); 3 seeds per h cannot show a change (exact floor p = 0.1); 4 can'
     """
-    division = _is_division(comparisons)
-    parts = [
-        _accuracy_answer(comparisons[comparisons["measure"] == "accuracy"]),
-        _division_answer(comparisons[division], undefined_at),
-        _open_answer(comparisons, alpha),
-    ]
-    return f"{task}{ANSWER_MARK}" + "; ".join(p for p in parts if p) + "."
+    return {
+        str(task): answer_line(str(task), rows, alpha)
+        for task, rows in comparisons.groupby("task", sort=False)
+    }
 
 
 def _undefined_at(group: pd.DataFrame) -> list[int]:
@@ -500,10 +413,11 @@ def _undefined_at(group: pd.DataFrame) -> list[int]:
 def summary_notes(
     summary: pd.DataFrame, comparisons: pd.DataFrame, *, alpha: float = 0.05
 ) -> list[str]:
-    """The Findings of a sweep's specialization from the saved rows: per task the answer
-    (:func:`answer_sentence`), the block of comparisons (every one in words, with the size of
-    the Holm family it was corrected in), and the cross-seed consistency per head count; then
-    what the number of seeds can show (:func:`mhainterp.stats.seed_power_note`).
+    """The evidence behind a sweep's answers (:func:`answers`), from the saved rows: per task
+    where the division index is undefined, what n would settle what is open, the block of
+    comparisons (every one in words, with the size of the Holm family it was corrected in)
+    and the cross-seed consistency per head count; then what the number of seeds can show
+    (:func:`mhainterp.stats.seed_power_note`).
 
     Example:
         >>> notes = summary_notes(spec.summary, spec.comparisons)  # doctest: +SKIP
@@ -514,13 +428,21 @@ def summary_notes(
             notes.append(f"{task}: a single head count (h={group['n_heads'].iloc[0]}); no trend.")
             continue
         mine = comparisons[comparisons["task"] == task]
-        notes.append(answer_sentence(str(task), mine, _undefined_at(group), alpha))
-        if len(mine):
-            m = int(mine["n_holm"].max())
-            parts = [comparison_sentence(row) for _, row in mine.iterrows()]
+        undefined = _undefined_at(group)
+        if undefined:
             notes.append(
-                f"{task} ({BLOCK_MARK}; {m} comparisons, Holm-corrected together at "
-                f"{alpha:g}): " + "; ".join(parts) + "."
+                f"{task}: the division index is undefined at h = {', '.join(map(str, undefined))}"
+                " (fewer than 2 heads or groups do the work: left out, not counted as 0)."
+            )
+        if len(mine):
+            notes.append(f"{task}{OPEN_MARK}{open_note(mine, alpha)}.")
+            parts = [comparison_sentence(row) for _, row in mine.iterrows()]
+            families = ", ".join(
+                f"{family} {len(rows)}" for family, rows in mine.groupby("family", sort=False)
+            )
+            notes.append(
+                f"{task} ({BLOCK_MARK}; Holm-corrected at {alpha:g} within each question's "
+                f"family: {families}): " + "; ".join(parts) + "."
             )
         for row in group.dropna(subset=["consistency"]).itertuples(index=False):
             margin = row.consistency - row.random_matching

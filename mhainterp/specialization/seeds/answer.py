@@ -1,0 +1,221 @@
+"""The answer to "does h matter?" for one task, in one line a newcomer reads in a minute.
+
+:func:`answer_line` turns a task's head-count comparisons
+(:func:`~mhainterp.specialization.seeds.summary.head_count_comparisons`) into one sentence of
+at most :data:`MAX_CHARS` characters: first the accuracy (does h change it, between which head
+counts, every seed or not, its Holm p), then the other changes beyond the seed spread, in
+this order: whether heads are needed or backed up (the largest effect the demo finds: every
+head backed up from h = 4 on reverse), how they divide the work (one clause per pair of head
+counts), where they look (counts); middle head counts included. Every number in it is
+printed in the comparison table below it (:func:`mhainterp.stats.comparison_display`) with the
+same formatting: the seed means as :func:`~mhainterp.stats.format_number` writes them, the
+Holm p as ``.2g``, the family's size. When the seeds cannot reach
+significance at all (3 seeds: the exact floor is 0.1), the line says so and says how many
+would.
+
+Example:
+    >>> import pandas as pd
+    >>> from mhainterp.specialization.seeds.summary import head_count_comparisons
+    >>> runs = pd.DataFrame({"task": ["t"] * 12, "n_heads": [1] * 6 + [4] * 6,
+    ...     "run": list("abcdefghijkl"),
+    ...     "accuracy": [0.6, 0.62, 0.64, 0.66, 0.68, 0.7] + [0.99] * 6})
+    >>> answer_line("t", head_count_comparisons(runs))
+    't: more heads help: accuracy 0.65 → 0.99 from h = 1 to 4, every seed (Holm p = 0.0022 over 1)'
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from mhainterp.specialization.settings import DivisionSettings
+from mhainterp.stats import all_seeds_equal, format_number, smallest_p
+
+__all__ = ["MAX_CHARS", "SOLVED", "answer_line"]
+
+MAX_CHARS = 300
+"""The longest answer line: what a reader takes in at a glance."""
+
+MIN_INDEX = DivisionSettings().min_index
+"""A division index change where both seed means stay below the division test's effect gate
+is left out of the line: beyond the spread, but too small to call a division."""
+
+SOLVED = 0.99
+"""Accuracy at or above which a task counts as solved (every head count's seed mean)."""
+
+
+def _p(row: pd.Series) -> str:
+    """``Holm p = 0.0043 over 2``: the number in the comparison table's Holm column."""
+    return f"Holm p = {row['p_holm']:.2g} over {int(row['n_holm'])}"
+
+
+def _span(row: pd.Series) -> str:
+    return f"from h = {row['n_heads_a']} to {row['n_heads_b']}"
+
+
+def _means(row: pd.Series) -> str:
+    return f"{format_number(row['mean_a'])} → {format_number(row['mean_b'])}"
+
+
+def _every_seed(row: pd.Series) -> str:
+    return ", every seed" if row["separated"] else ""
+
+
+def _beyond(rows: pd.DataFrame) -> pd.DataFrame:
+    return rows[rows["beyond"].map(lambda v: v is True or v == True)]  # noqa: E712
+
+
+def _accuracy_clause(rows: pd.DataFrame) -> str:
+    """Does h change the accuracy: the largest change beyond the spread, or why none is."""
+    if not len(rows):
+        return "accuracy not compared"
+    shown = _beyond(rows)
+    if len(shown):
+        row = shown.loc[shown["diff"].abs().idxmax()]
+        verb = "more heads help" if row["diff"] > 0 else "more heads hurt"
+        text = f"{verb}: accuracy {_means(row)} {_span(row)}{_every_seed(row)} ({_p(row)})"
+        others = shown.drop(index=row.name)
+        for _, other in others.iterrows():
+            text += f", {_means(other)} {_span(other)}{_every_seed(other)} ({_p(other)})"
+        return text
+    means = pd.concat([rows["mean_a"], rows["mean_b"]])
+    if (means >= SOLVED).all():
+        low, high = format_number(means.min()), format_number(means.max())
+        level = low if low == high else f"{low} to {high}"
+        return f"solved at every h (accuracy {level})"
+    if rows.apply(all_seeds_equal, axis=1).all():
+        return f"the accuracy is the same at every h ({format_number(rows['mean_a'].iloc[0])})"
+    row = rows.loc[rows["diff"].abs().idxmax()]
+    return (
+        f"no accuracy change shown (largest: {_means(row)} {_span(row)}{_every_seed(row)}, "
+        f"{_p(row)})"
+    )
+
+
+def _holm_range(rows: pd.DataFrame) -> str:
+    """``Holm p = 0.0065 over 3``, or ``Holm p ≤ 0.0087 over 4`` for several rows of one
+    family (the largest of their Holm p, as the table prints it)."""
+    worst = rows.loc[rows["p_holm"].idxmax()]
+    sign = "=" if rows["p_holm"].nunique() == 1 and len(rows) == 1 else "≤"
+    return f"Holm p {sign} {worst['p_holm']:.2g} over {int(worst['n_holm'])}"
+
+
+def _seeds(rows: pd.DataFrame) -> str:
+    return ", every seed" if rows["separated"].astype(bool).all() else ""
+
+
+def _division_clause(rows: pd.DataFrame) -> str:
+    """The division changes of one pair of head counts, in one clause: ``from h = 4 to 8
+    the heads split the work more by position (0.13 → 0.28) and target_class (...)``."""
+    first = rows.iloc[0]
+    more = "more" if first["diff"] > 0 else "less"
+    axes = [
+        f"{str(r['measure']).removeprefix('division_')} ({_means(r)})" for _, r in rows.iterrows()
+    ]
+    listed = axes[0] if len(axes) == 1 else ", ".join(axes[:-1]) + f" and {axes[-1]}"
+    return (
+        f"{_span(first)} the heads split the work {more} by {listed}{_seeds(rows)}, "
+        f"{_holm_range(rows)}"
+    )
+
+
+def _needed_clause(row: pd.Series) -> str:
+    """A change of the backed-up or needed share (said once: the two are complements when
+    every head is one or the other)."""
+    numbers = f"share {_means(row)}{_every_seed(row)}, {_p(row)}"
+    if row["measure"] == "frac_backed_up" and row["mean_b"] == 1.0 and row["diff"] > 0:
+        return f"from h = {row['n_heads_b']} every head is backed up ({numbers})"
+    if row["measure"] == "frac_needed" and row["mean_b"] == 0.0 and row["diff"] < 0:
+        return f"from h = {row['n_heads_b']} no head is needed alone ({numbers})"
+    return f"{_span(row)} the {row['quantity']} goes {_means(row)} ({numbers[6:]})"
+
+
+def _effect_clauses(shown: pd.DataFrame) -> list[str]:
+    """The changes beyond the spread other than the accuracy, in words, largest first within
+    each family; families in :data:`_EFFECT_ORDER`."""
+    clauses: list[str] = []
+    needed = shown[shown["family"] == "needed"]
+    backed = needed[needed["measure"] == "frac_backed_up"]
+    pairs_said = set(zip(backed["n_heads_a"], backed["n_heads_b"], strict=True))
+    for _, row in backed.iterrows():
+        clauses.append(_needed_clause(row))
+    for _, row in needed[needed["measure"] == "frac_needed"].iterrows():
+        if (row["n_heads_a"], row["n_heads_b"]) not in pairs_said:  # its complement is said
+            clauses.append(_needed_clause(row))
+    whom = shown[shown["family"] == "whom"]
+    # an index change below the division test's effect gate divides nothing worth naming
+    whom = whom[whom[["mean_a", "mean_b"]].max(axis=1) >= MIN_INDEX]
+    for _pair, rows in whom.groupby(
+        [whom["n_heads_a"], whom["n_heads_b"], whom["diff"] > 0], sort=True
+    ):
+        clauses.append(_division_clause(rows.sort_values("diff", key=abs, ascending=False)))
+    where = shown[shown["family"] == "where"]
+    for _, row in where.sort_values("diff", key=abs, ascending=False).iterrows():
+        clauses.append(
+            f"{_span(row)} {row['quantity']} {_means(row)}{_every_seed(row)} ({_p(row)})"
+        )
+    return clauses
+
+
+def _power_clause(rows: pd.DataFrame, alpha: float) -> str:
+    """What the seeds cannot show: when the exact floor times the family's size is above
+    alpha, no comparison can pass Holm, whatever its size."""
+    tested = rows[rows["p"].notna()]
+    if not len(tested):
+        return ""
+    # seeds per head count: the accuracy's (every run has one), else the most common n
+    accuracy = tested[tested["measure"] == "accuracy"]
+    counts = accuracy if len(accuracy) else tested
+    n = int(pd.concat([counts["n_a"], counts["n_b"]]).min())
+    if n >= 10:
+        return ""
+    family = int(tested["n_holm"].max())
+    floor = smallest_p(n, n)
+    if floor * family < alpha:
+        return ""
+    need = next(k for k in range(n, 11) if smallest_p(k, k) * family < alpha)
+    return (
+        f"{n} seeds per h cannot show a change (exact floor p = {floor:.2g}, Holm over "
+        f"{family}); {need} can"
+    )
+
+
+def _underpowered_line(task: str, accuracy: pd.DataFrame, power: str) -> str:
+    """Too few seeds for any test to pass: the largest accuracy change as the seeds show it,
+    then that it cannot be shown."""
+    if not len(accuracy):
+        return f"{task}: {power}"
+    row = accuracy.loc[accuracy["diff"].abs().idxmax()]
+    seen = f"accuracy {_means(row)} {_span(row)}{_every_seed(row)}"
+    if all_seeds_equal(row):
+        seen = f"accuracy {format_number(row['mean_a'])} at every h"
+    return f"{task}: {seen}, but {power}"
+
+
+def answer_line(task: str, comparisons: pd.DataFrame, alpha: float = 0.05) -> str:
+    """One line: does h change the accuracy, and what else changes beyond the seed spread.
+
+    Args:
+        task: The task's name (the line starts with it).
+        comparisons: The task's rows of
+            :func:`~mhainterp.specialization.seeds.summary.head_count_comparisons`.
+        alpha: The family-wise error rate the rows were tested at.
+
+    Returns:
+        At most :data:`MAX_CHARS` characters; clauses are added largest effect first while
+        they fit.
+    """
+    accuracy = comparisons[comparisons["measure"] == "accuracy"]
+    power = _power_clause(comparisons, alpha)
+    if power:  # nothing can pass: say what the seeds show, then why it cannot be a finding
+        return _underpowered_line(task, accuracy, power)
+    line = f"{task}: {_accuracy_clause(accuracy)}"
+    clauses = _effect_clauses(_beyond(comparisons[comparisons["measure"] != "accuracy"]))
+    if not clauses and len(comparisons) > len(accuracy):
+        clauses = ["nothing else is shown to change with h"]
+    tail = ""
+    for clause in clauses:
+        if len(line) + 2 + len(clause) + len(tail) > MAX_CHARS:
+            break
+        line += f"; {clause}"
+    line += tail
+    return line if len(line) <= MAX_CHARS else line[: MAX_CHARS - 1] + "…"
