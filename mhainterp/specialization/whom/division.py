@@ -357,6 +357,8 @@ def division_of_labour(
     rows = basis_rows(configs, basis)
     passes = {s.method: primary}
     for method in tqdm(s.methods[1:] if basis else (), desc="methods", disable=not progress):
+        if not _can_run(method, len(batch)):
+            continue  # its call is "cannot tell"
         passes[method] = run_rows(
             model, batch, configs, rows, method, cache, clean_from=primary, metric=metric
         )
@@ -612,8 +614,16 @@ def _noisy_passes(
             for c, k, p in zip(copies, caches, cleans, strict=True)
         ]
         for method in s.methods
+        if _can_run(method, len(run_on))  # else that method's null is undefined
     }
     return by_method, noise
+
+
+def _can_run(method: str, n_sequences: int) -> bool:
+    """Whether ``method`` can ablate on ``n_sequences``: resample takes each sequence's
+    replacement from another one, so it needs two (one sequence is refused by
+    :func:`~mhainterp.ablation.replacement.build_replacement`)."""
+    return method != "resample" or n_sequences >= 2
 
 
 def _triple_damage(

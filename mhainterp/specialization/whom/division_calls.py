@@ -194,9 +194,9 @@ def _null_draws(ev: Evidence, configs: Configs, basis: str, defined: Tensor, met
             ev.kept(unit_profiles(odd, configs, basis)),
             defined,
         )
-        for even, odd in ev.null_pairs[method]
+        for even, odd in ev.null_pairs.get(method, [])
     ]
-    if not draws:  # no same-function model ran (one sequence: no odd half)
+    if not draws:  # no same-function model ran (one sequence: no odd half; resample on one)
         B, A = ev.means[method].shape[:2]
         return ev.means[method].new_full((B, A), math.nan, dtype=torch.float64)
     return torch.stack(draws).mean(0)
