@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 from mhainterp import division_of_labour
 from mhainterp.model.handbuilt import (
@@ -116,7 +117,56 @@ def test_zero_ablation_of_the_induction_head_falls_back_on_the_first_class():
     assert (row.call_zero, row.call_mean, row.call_resample) == (
         "divided", "not divided", "not divided",
     )  # fmt: skip
-    assert row.call == "method-dependent" and "against its own null" in row.reason
+    # Mean ablation, which differs from zero only by keeping each head's mean write, finds no
+    # split: the default-class artefact, so zero is left out of the call (it was
+    # "method-dependent"), and the reason says why.
+    assert row.call == "not divided" and "zero ablation left out of the call" in row.reason
+    assert "(zero ablation left out: the default-class artefact)" in result.summary_line()
+
+
+def _constant_write_copies(noise: float, seed: int):
+    """Two noisy copies of a previous-token head that also writes a constant the readout
+    relies on (the unembedding's bias is lowered by it), each writing half: a head's mean
+    write, as trained heads have. Zero-ablating one copy removes its half of the constant,
+    which leaves the remaining copy near the bias of the never-correct BOS class; each copy's
+    noise decides which classes then fall to BOS."""
+    model = split_heads_model([("all", None), ("all", None)])
+    V, T, d_head = 10, 12, 16
+    copy = slice(V + T, 2 * V + T)
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        W_V, W_O = attn.W_V.clone(), attn.W_O.clone()
+        W_V[0, :V, d_head - 1] = 1.0  # every token gives the head a constant 1 in z
+        W_O[0, d_head - 1, copy] = 0.9 * (torch.arange(V) < V - 1)  # written to every class
+        attn.W_V, attn.W_O = W_V, W_O
+        model.unembed.bias[: V - 1] -= 20.0 * 0.9  # the readout relies on the constant
+    return head_copies_model(model, 0, noise, seed=seed)
+
+
+@pytest.mark.parametrize(("noise", "seed"), [(0.05, 0), (0.1, 2)])
+def test_noisy_copies_of_a_head_with_a_mean_write_are_not_divided(noise, seed):
+    # The default-class artefact on two noisy copies of one head: zero ablation alone calls
+    # the target classes divided (index 0.34 vs its own null's 0.10; 0.56 vs 0.15), mean and
+    # resample ablation do not, and the combined call was "method-dependent". The known
+    # answer is "not divided": zero is left out of the call, and the reason says so.
+    batch = split_batch(512)
+    result = division_of_labour(_constant_write_copies(noise, seed), batch, "target_class",
+                                n_bootstrap=100)  # fmt: skip
+    row = _index(result, "target_class")
+    assert (row.call_zero, row.call_mean, row.call_resample) == (
+        "divided", "not divided", "not divided",
+    )  # fmt: skip
+    assert row.index_zero > 0.3 and row.index_mean < 0.01
+    assert row.call == "not divided" and "zero ablation left out of the call" in row.reason
+
+
+def test_a_target_class_split_is_still_divided_with_zero_in_the_call():
+    # Two heads that carry classes 0-3 and 4-8: every method divides them, zero included.
+    model = split_heads_model([("target", [0, 1, 2, 3]), ("target", [4, 5, 6, 7, 8])])
+    result = division_of_labour(model, split_batch(256), "target_class", n_bootstrap=50)
+    row = _index(result, "target_class")
+    assert (row.call, row.call_mean, row.call_zero, row.call_resample) == ("divided",) * 4
+    assert row.index_zero == pytest.approx(1.0) and "left out" not in row.reason
 
 
 # ----------------------------------------------------------------------------- effect gate

@@ -55,6 +55,20 @@ def test_method_dependent_shows_the_three_methods():
     assert "by method: mean 0.41, zero 0.38, resample 0.12" in text
 
 
+def test_zero_left_out_of_a_target_class_call_is_said():
+    # Zero alone divides the target classes, mean does not: the call leaves zero out (the
+    # default-class artefact), and the sentence says so with zero's index and its null.
+    row = _row(by="target_class", call="not divided", index=0.0, ci_low=0.0, ci_high=0.01,
+               index_mean=0.0, index_zero=0.56, null_high_zero=0.15, call_mean="not divided",
+               call_zero="divided", call_resample="not divided")  # fmt: skip
+    text = _run([row]).text
+    assert "by target_class not divided (" in text
+    assert "zero ablation left out of the call (its index 0.56 vs its null's 0.15)" in text
+    assert "the default-class artefact" in text
+    # A saved row from before (still "method-dependent") reads as it did.
+    assert "left out" not in _run([{**row, "call": "method-dependent"}]).text
+
+
 def test_cannot_tell_says_why():
     row = _row(call="cannot tell", index=NAN, ci_low=NAN, ci_high=NAN, basis="single",
                reason="fewer than 2 heads do damage and no kept profile decides")  # fmt: skip

@@ -29,6 +29,7 @@ from mhainterp.ablation import METHODS as ABLATION_METHODS
 from mhainterp.heads import head_set_labels, parse_head_label
 from mhainterp.render import format_p
 from mhainterp.specialization.settings import DIVISION_DEFAULTS
+from mhainterp.specialization.whom.division_calls import zero_artefact, zero_left_out_text
 from mhainterp.stats import correction_name
 
 __all__ = [
@@ -210,6 +211,9 @@ def _index_text(d: dict[str, Any]) -> str:
     methods = [f"{m} {float(d[f'index_{m}']):.2f}" for m in METHODS if _finite(d.get(f"index_{m}"))]
     if axis_call(d) == "method-dependent" and methods:
         text += f"; by method: {', '.join(methods)}"
+    calls = {m: d.get(f"call_{m}") for m in METHODS}
+    if zero_artefact(calls, str(d.get("by"))) and axis_call(d) != "method-dependent":
+        text += f"; {zero_left_out_text(d)}"
     return text
 
 

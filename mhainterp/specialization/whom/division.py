@@ -89,7 +89,8 @@ model ablated the same way shows it too: judged against the mean-ablation null, 
 resample read that noise as division (on the 24 demo models at h = 4 and 8, 20 of 72 axis
 calls were "method-dependent"; each method against its own null, 11 of them resolve and 4
 appear). The call is the methods' common call among those where the index is defined, else
-"method-dependent": the methods disagree, each against its own null.
+"method-dependent": the methods disagree, each against its own null (zero is left out of the
+target classes' call where its split is the default-class artefact, below).
 
 **The default-class artefact.** An ablation that removes what a head writes can leave the
 model falling back on one class: zero ablation removes the head's mean write too (a bias the
@@ -97,9 +98,16 @@ readout relies on), and where nothing else writes the readout the logits tie and
 class 0; mean ablation's replacement favours a class per position. The fallback class stays
 right without the head, so a target-class profile has a hole there and looks selective: the
 hand-set induction circuit's layer-1 head, zero-ablated, spares exactly class 0, its layer-0
-head does not, and zero ablation alone calls the target classes divided (the call is
-"method-dependent"; mean and resample ablation say not divided). The hole is no division of
-labour; read a target-class call that one method alone makes with this in mind.
+head does not, and zero ablation alone calls the target classes divided; mean and resample
+ablation say not divided. Two noisy copies of a head whose mean write the readout relies on
+show it too: removing either copy's half of that write leaves the other near a class's bias,
+and each copy's noise decides which classes fall (zero index 0.34-0.56 against its own null's
+0.10-0.15; mean 0.00). The hole is no division of labour, and it is detected: mean ablation is
+zero ablation with each head's per-position mean write put back, so where zero alone calls
+the target classes divided and mean calls them not divided (resample not divided either), the
+split lies in the mean writes that zero removes. The call then leaves zero out
+(:func:`~.division_calls.zero_artefact`; it was "method-dependent"), and the reason, the
+verdict and the summary line say so; ``call_zero`` keeps zero's own call.
 
 **Selectivity** of a head (K-invariant): with ``p_v = d_v / sum_u d_u`` over the K kept
 values::

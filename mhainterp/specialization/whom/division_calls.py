@@ -11,7 +11,9 @@ G groups, U units of a basis, M methods.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,6 +49,8 @@ __all__ = [
     "selectivity_test",
     "specialized_rule",
     "unit_profiles",
+    "zero_artefact",
+    "zero_left_out_text",
 ]
 
 BASES = ("single", "kept", "group")
@@ -183,6 +187,50 @@ def combine_calls(calls: dict[str, str]) -> str:
     return decided.pop() if len(decided) == 1 else "method-dependent"
 
 
+def zero_artefact(calls: Mapping[str, Any], by: str) -> bool:
+    """Whether zero ablation's call on axis ``by`` is the default-class artefact, so that the
+    combined call leaves zero out: on the target classes, zero alone calls the axis divided,
+    while mean ablation calls it not divided (and resample, where it ran, does not call it
+    divided). Mean ablation is zero ablation with each head's per-position mean write put
+    back, so a split that zero shows and mean does not lies in those mean writes: removing one
+    shifts the logits toward a class (where nothing else writes the readout, toward a tie that
+    argmax gives to class 0), which spares that class or hurts the classes the write favoured,
+    per head; no division of labour (the module docstring of :mod:`.division`).
+
+    Example:
+        >>> calls = {"mean": "not divided", "zero": "divided", "resample": "not divided"}
+        >>> zero_artefact(calls, "target_class"), zero_artefact(calls, "position")
+        (True, False)
+        >>> zero_artefact({**calls, "resample": "divided"}, "target_class")
+        False
+    """
+    return (
+        by == "target_class"
+        and calls.get("zero") == "divided"
+        and calls.get("mean") == "not divided"
+        and calls.get("resample", "not divided") != "divided"
+    )
+
+
+def zero_left_out_text(row: Mapping[str, Any]) -> str:
+    """What the reason and the verdict say where :func:`zero_artefact` left zero out (zero's
+    index, and its null's upper quantile where the row has it).
+
+    Example:
+        >>> zero_left_out_text({"index_zero": 0.56, "null_high_zero": 0.15})[35:72]
+        "(its index 0.56 vs its null's 0.15): "
+        >>> zero_left_out_text({"index_zero": 0.56})[35:53]
+        '(its index 0.56): '
+    """
+    null = row.get("null_high_zero")
+    versus = "" if null is None or math.isnan(float(null)) else f" vs its null's {float(null):.2f}"
+    return (
+        f"zero ablation left out of the call (its index {float(row['index_zero']):.2f}{versus}): "
+        "only zero divides the target classes, and mean ablation, which differs from it only "
+        "by keeping each head's mean write, does not; the split is the default-class artefact"
+    )
+
+
 def _null_draws(ev: Evidence, configs: Configs, basis: str, defined: Tensor, method: str) -> Tensor:
     """``[B, A]`` same-function distance under ``method``: a model on one half of the
     sequences vs a same-function model on the other (:attr:`Evidence.null_pairs`, averaged
@@ -270,9 +318,12 @@ def index_rows(
                     null_index_std=float(null_std[a]),
                     p=math.nan if math.isnan(value) else (1 + int(hits[a])) / (1 + B),
                 )
-        call = combine_calls(calls)
+        artefact = zero_artefact(calls, axis)
+        call = combine_calls({m: c for m, c in calls.items() if not (artefact and m == "zero")})
         row.update(call=call, divided=call == "divided")
         row["reason"] = _reason(row, primary, basis, calls)
+        if artefact:
+            row["reason"] += "; " + zero_left_out_text(row)
         rows.append(row)
     return rows
 

@@ -20,6 +20,7 @@ from mhainterp.ablation import METHODS
 from mhainterp.errors import OutdatedResultError
 from mhainterp.io import write_csv, write_json
 from mhainterp.runs import read_result_table, read_saved_meta
+from mhainterp.specialization.whom.division_calls import zero_artefact
 
 __all__ = [
     "ATTENTION_COLUMNS",
@@ -217,6 +218,9 @@ class DivisionResult:
             if math.isnan(row.index):
                 parts.append(f"{row.by} n/a ({row.n_damaging} damaging head(s)): {call}")
                 continue
+            calls = {m: getattr(row, f"call_{m}", "") for m in METHODS}
+            if zero_artefact(calls, row.by) and call != "method-dependent":
+                call += " (zero ablation left out: the default-class artefact)"
             parts.append(
                 f"{row.by} {row.index:.2f} [{row.ci_low:.2f}, {row.ci_high:.2f}] vs null "
                 f"{row.null_high:.2f} ({row.basis}): {call}"
