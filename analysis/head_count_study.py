@@ -46,6 +46,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--n-heads", type=int_list, help="head counts, e.g. 1,2,4,8")
     parser.add_argument("--seeds", type=int_list, help="seeds, e.g. 0-29")
     parser.add_argument("--steps", type=int, help="training steps per run")
+    parser.add_argument(
+        "--verdict-seeds", type=int, help=argparse.SUPPRESS
+    )  # kept for old command lines: every run is divided now, as in the demo
     parser.add_argument("--device", default="auto", help="auto|cpu|cuda|cuda:N|mps")
     parser.add_argument("--executor", default=None, help="sweep executor (default: fastest)")
     parser.add_argument("--no-analysis", action="store_true", help="skip the head analysis")
@@ -69,6 +72,8 @@ def choose_grid(args: argparse.Namespace, on_gpu: bool) -> Grid:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.verdict_seeds is not None:
+        print("--verdict-seeds is no longer used: every run is divided, as in the demo")
     with command_settings(device=args.device):
         device = resolve_device("auto")
         grid = choose_grid(args, on_gpu=device.type == "cuda")

@@ -331,7 +331,8 @@ def test_cpu_and_cuda_agree_on_the_demo_models(tmp_path):
     """The demo's protocol (1,500 steps, d_model 64, h = 4 and 8, seeds 0-2) trained on each
     device: accuracy within ACCURACY_TOLERANCE, and the same division call on every axis."""
     from mhainterp import TrainConfig, train
-    from mhainterp.analyze.demo import DEMO_STEPS, DEMO_TASK_PARAMS, DEMO_TASKS
+    from mhainterp.analyze.demo import DEMO_STEPS, DEMO_TASKS
+    from mhainterp.analyze.study import TASK_PARAMS as DEMO_TASK_PARAMS
 
     for name in DEMO_TASKS:
         task = get_task(name, **DEMO_TASK_PARAMS)
