@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,9 @@ from mhainterp.model.loss import IGNORE_INDEX
 from mhainterp.runtime import reads_without_wait
 from mhainterp.validation import ParameterError
 
+if TYPE_CHECKING:  # tasks.batch imports this module
+    from mhainterp.tasks import Batch
+
 __all__ = [
     "FORWARD_MEMORY_BUDGET",
     "OUTPUT_KINDS",
@@ -47,6 +50,7 @@ __all__ = [
     "metric_names",
     "position_scores",
     "scored_positions",
+    "damage_metric",
     "delta_cross_entropy",
     "embedding_damage",
     "kl_to_clean",
@@ -355,3 +359,32 @@ class CleanOutputMetric:
             predictions=torch.zeros_like(damage, dtype=torch.long)[..., None],
             scored=scored,
         )
+
+
+def damage_metric(model: Any, batch: Batch, chunk: int = 32) -> CleanOutputMetric | None:
+    """The metric a head's damage on ``model`` is scored by: None (cross-entropy against the
+    targets) for next-token models, and for an embedding model (MiniLM, no trained output
+    head) ``1 - cos`` of each real position's final hidden state to the clean model's there
+    (one clean forward of ``batch``): the per-position parts of the sentence embedding, so
+    that a head's damage has a position, a query token and a frequency.
+
+    Example:
+        >>> from mhainterp.model.handbuilt import handbuilt_model
+        >>> from mhainterp.tasks import get_task
+        >>> model = handbuilt_model(["self"], d_head=48)
+        >>> damage_metric(model, get_task("previous_token").eval_batch(4)) is None
+        True
+    """
+    if getattr(model.cfg, "objective", "next_token") != "embedding":
+        return None
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        clean = torch.cat(
+            [
+                model.logits(part.tokens, part.padding_mask)
+                for part in (batch[i : i + chunk] for i in range(0, len(batch), chunk))
+            ]
+        )
+    model.train(was_training)
+    return CleanOutputMetric("position_embedding", clean, batch.padding_mask)

@@ -79,6 +79,7 @@ from mhainterp.runtime import eval_mode, model_device, uses_work_threads
 from mhainterp.scoring import (
     PositionScores,
     Totals,
+    damage_metric,
     position_scores,
     rows_for_outputs,
     totals,
@@ -595,6 +596,8 @@ def evaluate_head_sets(
     method = check_method(method)
     resolved = resolve_head_sets(model, head_sets)
     batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
+    if metric is None:  # an embedding model has no targets: its damage is the embedding's
+        metric = damage_metric(model, batch)
     ref = batch if reference is None else as_batch(reference, n_eval=n_eval, name="reference")
     masks = head_masks(model, resolved, device=_PLAN_DEVICE)  # run_masks moves them once
     # The batch is its own reference and is evaluated in one chunk: the replacement's clean

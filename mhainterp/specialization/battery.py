@@ -38,6 +38,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from mhainterp.model import HookedMHATransformer
+from mhainterp.protocol import BridgedModel
 from mhainterp.runtime import uses_work_threads
 from mhainterp.specialization.run_analysis import RunInput, analyse_run
 from mhainterp.specialization.seeds.combine import attach_division, combine_results, single_result
@@ -88,7 +89,7 @@ def _is_model_task_pair(value: object) -> bool:
     return (
         isinstance(value, tuple)
         and len(value) == 2
-        and isinstance(value[0], HookedMHATransformer)
+        and isinstance(value[0], (HookedMHATransformer, BridgedModel))
         and isinstance(value[1], Task)
     )
 
@@ -100,14 +101,25 @@ def _resolve_one(item: _RunSource, task: Task | None, index: int) -> RunInput:
         return RunInput(item.model, task or item.task, str(item.path), item.model_config.seed)
     if _is_model_task_pair(item):
         item, task = item
-    if isinstance(item, HookedMHATransformer):
+    if isinstance(item, (HookedMHATransformer, BridgedModel)):
         if task is None:
-            raise invalid("data", task, "a Task when a model (not a run folder or Run) is given")
-        return RunInput(item, task, f"model{index}", item.cfg.seed)
+            what = "a Task when a model (not a run folder or Run) is given"
+            if isinstance(item, BridgedModel):
+                what = "a Task: for a pretrained model, TextTask(model, 'stdlib' or a text file)"
+            raise invalid("data", task, what)
+        name = _pretrained_name(item) if isinstance(item, BridgedModel) else f"model{index}"
+        return RunInput(item, task, name, int(getattr(item.cfg, "seed", 0) or 0))
     raise TypeError(
         "run_or_model must be a run folder, a training.Run, a HookedMHATransformer (with data), "
-        f"a (model, task) pair, or a list of these; got {type(item).__name__}"
+        "a pretrained model from load_pretrained (with a TextTask), a (model, task) pair, or a "
+        f"list of these; got {type(item).__name__}"
     )
+
+
+def _pretrained_name(model: BridgedModel) -> str:
+    """A pretrained model's name in the tables: its upstream name, else its source."""
+    provenance = model.provenance
+    return str(provenance.get("upstream") or provenance.get("source") or "pretrained")
 
 
 def _unique_names(paths: list[str]) -> list[str]:

@@ -18,6 +18,7 @@ import torch
 from mhainterp.capture import visible_keys
 from mhainterp.heads import head_set_labels
 from mhainterp.model import HookedMHATransformer
+from mhainterp.protocol import BridgedModel
 from mhainterp.runs import HEAD_KEYS, lead_with_head
 from mhainterp.similarity import head_similarity
 from mhainterp.specialization.needed.dead import dead_heads, quiet_ablations
@@ -99,8 +100,10 @@ def analyse_run(inp: RunInput, settings: SpecializationSettings, progress: bool)
     relations = list(task.relations(tokens[:1], mask[:1]))
     sums = capture_role_sums(model, tokens, mask, templates, outputs=True)
     roles = role_frame(sums, relations)
+    # the random-weight null: our config's models, or a pretrained model's architecture
+    architecture = model if isinstance(model, BridgedModel) else model.cfg
     init = init_null_pool(
-        model.cfg, tokens, mask, templates, model.cfg.seed, settings.n_init, progress=progress
+        architecture, tokens, mask, templates, inp.seed, settings.n_init, progress=progress
     )
     roles = init_p_values(roles, init_null_summary(init))
     roles = combine_nulls(

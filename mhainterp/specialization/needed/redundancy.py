@@ -38,6 +38,7 @@ import pandas as pd
 from mhainterp.ablation import evaluate_head_sets, head_sets_table, pairwise_ablation
 from mhainterp.heads import HEAD_SET_SEPARATOR
 from mhainterp.model import HookedMHATransformer
+from mhainterp.protocol import scored_by_loss
 from mhainterp.similarity import head_similarity
 from mhainterp.specialization.settings import SpecializationSettings
 from mhainterp.tasks import Batch
@@ -165,6 +166,10 @@ def _similar_pairwise(
     heads = sorted(similar - dead, key=list(similarity.index).index)
     if len(heads) < 2:
         return pd.DataFrame(columns=["head_a", "head_b", "metric"])
+    if scored_by_loss(model):  # a pretrained model: hundreds of heads, the similar pairs only
+        alive = set(heads)
+        chosen = [(a, b) for a, b in pairs if similarity.loc[a, b] >= gate and {a, b} <= alive]
+        return pairwise_ablation(model, batch, settings.method, pairs=chosen)
     return pairwise_ablation(model, batch, settings.method, heads=heads)
 
 

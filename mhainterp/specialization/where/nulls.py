@@ -44,6 +44,8 @@ from tqdm.auto import tqdm
 
 from mhainterp.config import ModelConfig
 from mhainterp.model import HookedMHATransformer
+from mhainterp.pretrained import random_init_models
+from mhainterp.protocol import BridgedModel
 from mhainterp.specialization.where.roles import (
     DESCRIPTIVE_ROLES,
     INIT_ONLY_ROLES,
@@ -96,20 +98,27 @@ def init_only_seeds(seed: int, n_init: int, heads_per_model: int) -> list[int]:
     return [seed + i for i in range(n_init, n_models)]
 
 
-def init_models(config: ModelConfig, seeds: Sequence[int]) -> list[HookedMHATransformer]:
+def init_models(
+    config: ModelConfig | BridgedModel, seeds: Sequence[int]
+) -> list[HookedMHATransformer] | list[BridgedModel]:
     """Untrained models of ``config``'s architecture, one per seed (nothing else changes).
+
+    ``config`` may be a pretrained model itself: its architecture with the random
+    initialisation of ``transformers`` (:func:`mhainterp.pretrained.random_init_models`).
 
     Example:
         >>> cfg = ModelConfig(d_model=16, n_heads=2, n_ctx=4, d_vocab=3)
         >>> [m.cfg.seed for m in init_models(cfg, [0, 1])]
         [0, 1]
     """
+    if isinstance(config, BridgedModel):  # a pretrained model: its architecture, random init
+        return random_init_models(config, list(seeds))
     base = config.to_dict()
     return [HookedMHATransformer(ModelConfig.from_dict({**base, "seed": s})).eval() for s in seeds]
 
 
 def init_null_scores(
-    config: ModelConfig,
+    config: ModelConfig | BridgedModel,
     tokens: Tensor,
     padding_mask: Tensor,
     templates: Mapping[str, Tensor],
@@ -142,7 +151,7 @@ def init_null_scores(
 
 
 def init_null_pool(
-    config: ModelConfig,
+    config: ModelConfig | BridgedModel,
     tokens: Tensor,
     padding_mask: Tensor,
     templates: Mapping[str, Tensor],
@@ -173,7 +182,8 @@ def init_null_pool(
         progress=progress,
     )
     only = {name: t for name, t in templates.items() if name in INIT_ONLY_ROLES}
-    more = init_only_seeds(seed, n_init, config.n_layers * config.n_heads)
+    shape = getattr(config, "cfg", config)  # a pretrained model's, or our config itself
+    more = init_only_seeds(seed, n_init, shape.n_layers * shape.n_heads)
     if not only or not more:
         return scores
     extra = init_null_scores(

@@ -94,6 +94,7 @@ from mhainterp.capture import (
 from mhainterp.data import DEFAULT_N_EVAL
 from mhainterp.heads import head_label
 from mhainterp.model import HookedMHATransformer
+from mhainterp.protocol import head_matrix
 from mhainterp.runtime import DRAW_DEVICE, model_device
 from mhainterp.tasks import (
     Task,
@@ -486,8 +487,12 @@ def capture_role_sums(
         sums.add_batch(patterns, part_templates, visible_keys(mask, model.cfg.causal))
         if outputs:
             with torch.no_grad():  # each head's write, z_h @ W_O[h]
-                results = torch.stack(
-                    [b.attn.head_results(acts[n]) for b, n in zip(model.blocks, z_names)], 2
+                results = torch.stack(  # through the protocol: a bridge has no .blocks
+                    [
+                        torch.einsum("bthd,hdm->bthm", acts[n], head_matrix(model, layer, "W_O"))
+                        for layer, n in enumerate(z_names)
+                    ],
+                    2,
                 )
             resid = torch.stack([acts[n] for n in resid_names], 2)
             sums.add_outputs(results, resid, mask)

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from mhainterp.ablation import Method, evaluate_head_sets
 from mhainterp.heads import all_heads, head_label
-from mhainterp.protocol import HookedModel
+from mhainterp.protocol import HookedModel, scored_by_loss
 from mhainterp.tasks import AXES, Axis, Batch
 
 __all__ = ["TripleDamage", "axis_values", "triple_damage"]
@@ -33,7 +33,8 @@ class TripleDamage:
 
     Attributes:
         pairs: ``(layer, head)`` of every head, layer-major (H).
-        damage: ``[H, N]`` float32: clean correct minus ablated correct.
+        damage: ``[H, N]`` float32: clean correct minus ablated correct (on a model scored
+            by its loss, :func:`~mhainterp.protocol.scored_by_loss`, the loss increase).
         loss_increase: ``[H, N]`` float32: ablated minus clean cross-entropy.
         clean: ``[N]`` float32: 1 where the clean model is right.
         values: Per axis, ``[N]`` int64 ids of the triple's value (0..K-1).
@@ -149,6 +150,8 @@ def triple_damage(
     scored = scores.scored  # (n, T, k)
     correct = scores.correct[:, scored].float().cpu()  # (1 + H, N), row-major triples
     nll = scores.nll[:, scored].float().cpu()
+    if scored_by_loss(model):  # a pretrained model: damage is the loss increase (protocol)
+        correct = -nll
     values, value_names = axis_values(result.batch, scored, list(names))
     return TripleDamage(
         pairs=pairs,

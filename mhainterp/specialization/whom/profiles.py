@@ -34,7 +34,7 @@ from mhainterp.heads import all_heads
 from mhainterp.model import HookedMHATransformer
 from mhainterp.protocol import HookedModel, head_matrix, scored_by_loss, set_head_matrix
 from mhainterp.runtime import DRAW_DEVICE, eval_mode
-from mhainterp.scoring import CleanOutputMetric
+from mhainterp.scoring import CleanOutputMetric, damage_metric  # noqa: F401 (re-exported)
 from mhainterp.tasks import Batch
 
 __all__ = [
@@ -43,7 +43,6 @@ __all__ = [
     "basis_rows",
     "bootstrap_weights",
     "build_configs",
-    "damage_metric",
     "noisy_copy",
     "run_pass",
     "run_rows",
@@ -221,33 +220,6 @@ def run_pass(
     if scored_by_loss(model):
         correct = -nll
     return PassScores(method, correct, nll), result
-
-
-@torch.no_grad()
-def damage_metric(model: HookedModel, batch: Batch, chunk: int = 32) -> CleanOutputMetric | None:
-    """The metric a head's damage on ``model`` is scored by: None (cross-entropy against the
-    targets) for next-token models, and for an embedding model (MiniLM, no trained output
-    head) ``1 - cos`` of each real position's final hidden state to the clean model's there
-    (one clean forward of ``batch``): the per-position parts of the sentence embedding, so
-    that a head's damage has a position, a query token and a frequency.
-
-    Example:
-        >>> from mhainterp.model.handbuilt import handbuilt_model
-        >>> from mhainterp.tasks import get_task
-        >>> model = handbuilt_model(["self"], d_head=48)
-        >>> damage_metric(model, get_task("previous_token").eval_batch(4)) is None
-        True
-    """
-    if getattr(model.cfg, "objective", "next_token") != "embedding":
-        return None
-    with eval_mode(model):
-        clean = torch.cat(
-            [
-                model.logits(part.tokens, part.padding_mask)
-                for part in (batch[i : i + chunk] for i in range(0, len(batch), chunk))
-            ]
-        )
-    return CleanOutputMetric("position_embedding", clean, batch.padding_mask)
 
 
 def run_rows(
