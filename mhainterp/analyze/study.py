@@ -38,6 +38,7 @@ from mhainterp.analyze.sweeps import run_sweep_with_figures, seed_lines
 from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.render import estimate_line, format_duration
 from mhainterp.specialization.folders import SweepSpecialization
+from mhainterp.specialization.seeds.answer import comparison_grid
 from mhainterp.specialization.seeds.summary import per_seed_measures
 from mhainterp.stats import describe, mean_interval
 from mhainterp.tasks import AXES, get_task, list_tasks
@@ -61,6 +62,12 @@ LABEL_N_EVAL = 256
 of hundreds of runs stays minutes; the division of labour, on which the answer rests, uses the
 default evaluation set. ``mhainterp specialize`` uses the default for both."""
 STEPS = 1500
+GRID_MEASURES = (
+    "accuracy",
+    "frac_backed_up",
+    *(f"division_{axis}" for axis in AXES),
+)
+"""The measures of ``does_h_matter.md`` (and the README's table), where they change."""
 
 
 @dataclass(frozen=True)
@@ -186,17 +193,20 @@ def run_study(
 
 
 def write_study_tables(out: Path, sweeps: Sequence[Path]) -> list[Path]:
-    """``does_h_matter.csv`` + figure and ``study_comparisons.csv``, from the sweeps' saved
-    specialization results (the report reads them)."""
+    """``does_h_matter.csv`` + figure, ``study_comparisons.csv`` and ``does_h_matter.md`` (the
+    comparisons as a grid: accuracy, and every measure that changes beyond the seed spread),
+    from the sweeps' saved specialization results (the report reads them)."""
     from mhainterp.figures._common import save_figure
     from mhainterp.figures.headcount import plot_does_h_matter
-    from mhainterp.io import write_csv
+    from mhainterp.io import write_csv, write_text
 
     specs = [SweepSpecialization.load(sweep) for sweep in sweeps]
     comparisons = pd.concat([s.comparisons for s in specs], ignore_index=True)
     table = pd.concat([does_h_matter_table(s) for s in specs], ignore_index=True)
+    grid = comparison_grid(comparisons, GRID_MEASURES, changes_only=True)
     return [
         write_csv(out / "study_comparisons.csv", comparisons),
+        write_text(out / "does_h_matter.md", grid + "\n"),
         save_figure(plot_does_h_matter(table), out / "does_h_matter.png", table),
     ]
 

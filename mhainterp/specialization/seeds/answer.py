@@ -30,7 +30,7 @@ import pandas as pd
 from mhainterp.specialization.settings import DivisionSettings
 from mhainterp.stats import all_seeds_equal, format_number, smallest_p
 
-__all__ = ["MAX_CHARS", "SOLVED", "answer_line"]
+__all__ = ["MAX_CHARS", "SOLVED", "answer_line", "comparison_grid"]
 
 MAX_CHARS = 300
 """The longest answer line: what a reader takes in at a glance."""
@@ -219,3 +219,54 @@ def answer_line(task: str, comparisons: pd.DataFrame, alpha: float = 0.05) -> st
         line += f"; {clause}"
     line += tail
     return line if len(line) <= MAX_CHARS else line[: MAX_CHARS - 1] + "…"
+
+
+def comparison_grid(
+    comparisons: pd.DataFrame, measures: tuple[str, ...], *, changes_only: bool = False
+) -> str:
+    """A Markdown table of adjacent head-count comparisons: one row per task and measure, one
+    column per pair of head counts; each cell the difference of seed means and its Holm p,
+    **bold** where it is beyond the seed spread. What the README's "Does h matter?" shows,
+    written from the study's ``study_comparisons.csv`` (a test checks the README against it).
+
+    Args:
+        comparisons: Head-count comparisons of several tasks.
+        measures: The measures to show (``accuracy``, ``division_position``, ...); a task's
+            row is left out where it has no comparison of that measure.
+        changes_only: Show a measure other than the accuracy only where some pair of head
+            counts differs beyond the seed spread (the accuracy is always shown).
+
+    Example:
+        >>> from mhainterp.specialization.seeds.summary import head_count_comparisons
+        >>> runs = pd.DataFrame({"task": ["t"] * 12, "n_heads": [1] * 6 + [4] * 6,
+        ...     "run": list("abcdefghijkl"), "accuracy": [0.6, 0.62, 0.64] * 2 + [0.99] * 6})
+        >>> print(comparison_grid(head_count_comparisons(runs), ("accuracy",)))
+        | task, measure | h = 1 → 4 |
+        |---|---|
+        | t, accuracy | **+0.37** (p 0.0022) |
+    """
+    pairs = sorted(set(zip(comparisons["n_heads_a"], comparisons["n_heads_b"], strict=True)))
+    header = "| task, measure | " + " | ".join(f"h = {a} → {b}" for a, b in pairs) + " |"
+    lines = [header, "|" + "---|" * (len(pairs) + 1)]
+    for task, rows in comparisons.groupby("task", sort=False):
+        for measure in measures:
+            mine = rows[rows["measure"] == measure]
+            if not len(mine) or (changes_only and measure != "accuracy" and not len(_beyond(mine))):
+                continue
+            cells = []
+            for a, b in pairs:
+                row = mine[(mine["n_heads_a"] == a) & (mine["n_heads_b"] == b)]
+                cells.append(_grid_cell(row.iloc[0]) if len(row) else "")
+            name = str(mine["quantity"].iloc[0]).removeprefix("division index ")
+            lines.append(f"| {task}, {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _grid_cell(row: pd.Series) -> str:
+    if pd.isna(row["p_holm"]):
+        return "n < 2"
+    if all_seeds_equal(row):
+        return f"every seed {format_number(row['mean_a'])}"
+    diff = format_number(row["diff"], signed=True)
+    text = f"**{diff}**" if row["beyond"] is True or row["beyond"] == True else diff  # noqa: E712
+    return f"{text} (p {row['p_holm']:.2g})"
