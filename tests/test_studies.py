@@ -149,3 +149,38 @@ def test_specialization_study_writes_report(tmp_path):
     assert study.main(args) == 0
     assert (tmp_path / "multi_relation" / "results.csv").is_file()
     assert "multi_relation" in (tmp_path / "report.md").read_text()
+
+
+def test_replicate_seeds_runs_the_grid_again_and_names_what_does_not_replicate(
+    tmp_path, monkeypatch, capsys
+):
+    """--replicate-seeds: the same grid on the held-out seeds, then replication.csv; a
+    comparison beyond the spread on the first seeds but not the others is named."""
+    study = _load("head_count_study")
+    from mhainterp.specialization.seeds.summary import head_count_comparisons
+
+    def comparisons(separated: bool) -> pd.DataFrame:
+        high = [0.9, 0.91, 0.92, 0.93, 0.94, 0.95]
+        low = (
+            [0.5, 0.51, 0.52, 0.53, 0.54, 0.55] if separated else [0.9, 0.96, 0.91, 0.97, 0.9, 0.9]
+        )
+        runs = pd.DataFrame({"task": ["t"] * 12, "n_heads": [1] * 6 + [4] * 6,
+                             "run": list("abcdefghijkl"), "accuracy": low + high})  # fmt: skip
+        return head_count_comparisons(runs)
+
+    seen = []
+
+    def run_study(grid, out, **options):
+        seen.append((grid.seeds, Path(out).name))
+        Path(out).mkdir(parents=True, exist_ok=True)
+        comparisons(Path(out).name != "held_out").to_csv(Path(out) / "study_comparisons.csv")
+
+    monkeypatch.setattr(study, "run_study", run_study)
+    argv = ["--grid", "demo", "--out", str(tmp_path), "--replicate-seeds", "6-11", "--quiet"]
+    assert study.main(argv) == 0
+    assert seen == [(tuple(range(6)), tmp_path.name), (tuple(range(6, 12)), "held_out")]
+    table = pd.read_csv(tmp_path / "replication.csv")
+    assert table["replicates"].tolist() == [False]
+    printed = capsys.readouterr().out
+    assert "replication: 0 of 1 comparisons beyond the seed spread replicate" in printed
+    assert "does not replicate: t accuracy h = 1 → 4" in printed
