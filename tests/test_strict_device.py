@@ -490,9 +490,9 @@ def test_train_still_stops_at_the_first_bad_loss(task, model):
 @pytest.mark.parametrize("method", ["zero", "mean", "resample"])
 def test_an_ablation_makes_the_same_syncs_whatever_the_number_of_head_sets(method, task):
     """A handful per call (the plan, the replacement, the table), none per forward: the 28
-    pairs of heads in 14 forwards cost what 2 head sets do in one (it was 112 against 10). A model with LayerNorm, so that every
-    forward is a full one (the linear readout of attention-only last layers checks its near
-    ties from the host, once per forward)."""
+    pairs of heads in 14 forwards cost what 2 head sets do in one (it was 112 against 10).
+    A model with LayerNorm, so that every forward is a full one (the linear readout of
+    attention-only last layers checks its near ties from the host, once per forward)."""
     cpu = build_model(
         task, d_model=16, n_heads=4, n_layers=2, seed=0, device="cpu", normalization_type="LN"
     )
