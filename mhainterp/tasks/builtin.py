@@ -6,6 +6,7 @@ Shapes: n sequences, pos positions, q/k query/key positions; ``L`` is a sequence
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
@@ -35,11 +36,11 @@ Relations = dict[str, Float[Tensor, "n q k"]]
 
 
 def _count_previous(tokens: Int[Tensor, "n pos"]) -> Int[Tensor, "n pos"]:
-    """How many earlier positions hold the same token (padding sits after, so never counted)."""
-    counts = torch.zeros_like(tokens)
-    for t in range(1, tokens.shape[1]):
-        counts[:, t] = (tokens[:, :t] == tokens[:, t : t + 1]).sum(-1)
-    return counts
+    """How many earlier positions hold the same token (padding sits after, so never counted):
+    the ``[n, q, k]`` token matches below the diagonal (``k < q``), summed over ``k``; three
+    device ops for the whole batch, whatever ``pos``."""
+    same = tokens[:, :, None] == tokens[:, None, :]  # (n, q, k)
+    return same.tril(-1).sum(-1).to(tokens.dtype)
 
 
 def _mirror(
@@ -47,13 +48,13 @@ def _mirror(
 ) -> Int[Tensor, "n pos"]:
     """``tokens[L - 1 - t]`` (clamped to 0 at padding positions, which are masked anyway)."""
     lengths = padding_mask.sum(-1, keepdim=True)  # (n, 1)
-    source = (lengths - 1 - torch.arange(tokens.shape[1], device=tokens.device)).clamp(min=0)
-    return tokens.gather(-1, source)
+    one_based = torch.arange(1, tokens.shape[1] + 1, device=tokens.device)  # t + 1
+    return tokens.gather(-1, (lengths - one_based).clamp(min=0))
 
 
 def _previous(tokens: Int[Tensor, "n pos"], first: int) -> Int[Tensor, "n pos"]:
     """``tokens[t - 1]``, and the class ``first`` at ``t = 0``."""
-    return torch.cat([torch.full_like(tokens[:, :1], first), tokens[:, :-1]], dim=-1)
+    return F.pad(tokens[:, :-1], (1, 0), value=first)  # one op: shifted right, ``first`` in
 
 
 class CountPreviousTask(Task):
@@ -273,19 +274,32 @@ class InductionTask(Task):
         return torch.where(in_blocks, block_tokens, prefix_tokens)  # (n, T)
 
     def block_length_of(self, tokens: Int[Tensor, "n pos"]) -> Int[Tensor, " n"]:
-        """Each sequence's ``B`` read from its tokens (0 where no block length fits)."""
+        """Each sequence's ``B`` read from its tokens (0 where no block length fits): the
+        largest ``B`` whose last two blocks are equal (unique for sampled tokens). Every ``B``
+        is tested at once: row ``b`` of a ``[len(block_lengths), seq_len // 2]`` index pairs
+        the last block's positions with the block before them (unused slots pair the last
+        position with itself, which always matches)."""
         T = tokens.shape[-1]
-        found = torch.zeros(tokens.shape[0], dtype=torch.int64, device=tokens.device)
-        for B in self.block_lengths:  # the largest fitting B wins (unique for sampled tokens)
-            equal = (tokens[:, T - B :] == tokens[:, T - 2 * B : T - B]).all(dim=-1)
-            found = torch.where(equal, torch.full_like(found, B), found)
-        return found
+        sizes = list(self.block_lengths)
+        width = max(sizes)
+        pairs = [
+            [(T - B + j, T - 2 * B + j) if j < B else (T - 1, T - 1) for j in range(width)]
+            for B in sizes
+        ]  # (n_B, width, 2): (position, position B earlier)
+        index = torch.tensor(pairs, device=tokens.device)
+        picked = tokens[:, index]  # (n, n_B, width, 2)
+        equal = (picked[..., 0] == picked[..., 1]).all(dim=-1)  # (n, n_B)
+        lengths = torch.tensor(sizes, dtype=torch.int64, device=tokens.device)
+        return (equal * lengths).amax(dim=-1)  # 0 where no B fits
 
     def compute_targets(self, tokens: Tensor, padding_mask: Tensor) -> Targets:
         T = self.seq_len
         B = self.block_length_of(tokens)[:, None]  # (n, 1)
-        pos = torch.arange(T, device=tokens.device)[None, :]
-        mask = (B > 0) & (pos >= T - B) & (pos <= T - 2)  # the second copy, next token inside it
+        # Scored: t in the second copy (t >= T - B, i.e. B >= T - t) whose next token is inside
+        # it (t <= T - 2); B = 0 (no block) scores nothing. One comparison with the smallest
+        # B that scores each t (T + 1, more than any B, at the last position).
+        smallest = torch.tensor([T - t for t in range(T - 1)] + [T + 1], device=tokens.device)
+        mask = smallest <= B  # (n, pos)
         next_token = torch.roll(tokens, -1, dims=-1)  # (n, pos): tokens[t + 1] (wraps at end)
         return next_token, mask & padding_mask
 
