@@ -158,9 +158,9 @@ def copy_logits(
     logits = logits.reshape(len(copy_masks), *out[:-1], out[-1], s, T)  # (c, [k,] V, s, T)
     order = (0, logits.ndim - 2, logits.ndim - 1, *range(1, logits.ndim - 2))
     logits = logits.permute(order)  # the model's shape (c, s, T, [k,] V), class-major memory
-    unsure = _near_ties(logits, part)  # (c, s)
-    if bool(unsure.any()):
-        pairs = unsure.nonzero()  # (m, 2): (copy, sequence)
+    # (m, 2): (copy, sequence) pairs with a near tie; reading them is this chunk's one sync
+    pairs = _near_ties(logits, part).nonzero()
+    if len(pairs):
         copy_z = torch.where(
             copy_masks[pairs[:, 0]][:, None, :, None],  # (m, 1, h, 1)
             values.expand_as(z)[pairs[:, 1]],
