@@ -114,7 +114,7 @@ def _one_layer_tasks() -> tuple[str, ...]:
 # 0.0079, which survives only families of up to 6.
 GRIDS = {
     "demo": Grid("demo", ("count_previous", "reverse"), (1, 4, 8), tuple(range(6))),
-    "cpu": Grid("cpu", _one_layer_tasks(), (1, 2, 4, 8), tuple(range(6))),
+    "cpu": Grid("cpu", _one_layer_tasks(), (1, 2, 4, 8), tuple(range(6))),  # a name, not a device
     "full": Grid("full", tuple(list_tasks()), (1, 2, 4, 8, 16, 32, 64), tuple(range(30))),
     "quick": Grid("quick", ("count_previous", "reverse"), (1, 4), (0, 1, 2), 150),
 }
