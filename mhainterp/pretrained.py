@@ -25,13 +25,15 @@ temporary folder and renamed into place, so an interrupted one is redone, never 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
+import io
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,7 @@ __all__ = [
     "cache_dir",
     "load_pretrained",
     "pretrained_folder",
+    "quiet_loading",
     "random_init_models",
 ]
 
@@ -236,10 +239,32 @@ def load_pretrained(
 def _boot(folder: str, device: str, load_weights: bool = True) -> Any:
     from transformer_lens.model_bridge import TransformerBridge
 
-    bridge = TransformerBridge.boot_transformers(
-        folder, device=device, dtype=torch.float32, load_weights=load_weights
-    )
-    return bridge.eval()
+    # TransformerLens prints "Moving model to device" on stdout, which is the command's
+    # output (tables, verdicts): kept off it.
+    with contextlib.redirect_stdout(io.StringIO()):
+        bridge = TransformerBridge.boot_transformers(
+            folder, device=device, dtype=torch.float32, load_weights=load_weights
+        )
+        return bridge.eval()
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Inside it, ``transformers`` draws no weight-loading bar (``--quiet``).
+
+    Example:
+        >>> with quiet_loading():
+        ...     pass
+    """
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def random_init_models(model: BridgedModel, seeds: Sequence[int]) -> list[BridgedModel]:
@@ -261,7 +286,8 @@ def random_init_models(model: BridgedModel, seeds: Sequence[int]) -> list[Bridge
     for seed in seeds:
         torch.manual_seed(int(seed))
         bridge = _boot(str(folder), device, load_weights=False)
-        bridge = bridge.to(device).float().eval()
+        with contextlib.redirect_stdout(io.StringIO()):  # "Moving model to device" (see _boot)
+            bridge = bridge.to(device).float().eval()
         provenance = {**model.provenance, "quantisation": f"random init (seed {int(seed)})"}
         out.append(BridgedModel(bridge, objective=model.cfg.objective, provenance=provenance))
     return out

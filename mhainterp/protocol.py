@@ -443,7 +443,7 @@ class BridgedModel(nn.Module):
         """Output weights per query head."""
         return self.bridge.W_O
 
-    def _linear(self, layer: int, name: str) -> nn.Linear:
+    def head_linear(self, layer: int, name: str) -> nn.Linear:
         """The Hugging Face linear layer that holds ``name`` of layer ``layer``."""
         part = {"W_Q": "q", "W_K": "k", "W_V": "v", "W_O": "o"}[name]
         component = getattr(self.bridge.blocks[layer].attn, part)
@@ -451,7 +451,7 @@ class BridgedModel(nn.Module):
 
     def head_matrix(self, layer: int, name: str) -> Tensor:
         """See :func:`mhainterp.protocol.head_matrix` (a copy; grouped heads as stored)."""
-        weight = self._linear(layer, name).weight.detach()
+        weight = self.head_linear(layer, name).weight.detach()
         d_head = self.cfg.d_head
         if name == "W_O":  # (d_model, h * d_head) -> (h, d_head, d_model)
             return weight.reshape(weight.shape[0], -1, d_head).permute(1, 2, 0).clone()
@@ -460,7 +460,7 @@ class BridgedModel(nn.Module):
 
     def set_head_matrix(self, layer: int, name: str, value: Tensor) -> None:
         """See :func:`mhainterp.protocol.set_head_matrix`."""
-        weight = self._linear(layer, name).weight
+        weight = self.head_linear(layer, name).weight
         if name == "W_O":
             flat = value.permute(2, 0, 1).reshape(weight.shape)
         else:

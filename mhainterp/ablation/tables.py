@@ -69,6 +69,13 @@ def _with_clean(
     return result, metrics[0], metrics[1:], metric_names(result.target_names)
 
 
+EMBEDDING_MEASURE = (
+    "embedding metric: loss = mean over real positions of 1 - cos(output, clean output); "
+    "no accuracy (no targets)"
+)
+"""What :func:`head_importance` measures on an embedding model, in its ``measures`` column."""
+
+
 @uses_work_threads
 def head_importance(
     model: HookedModel,
@@ -97,6 +104,10 @@ def head_importance(
         One row per head (layer-major): ``head_label, layer, head, method``, the metrics, their
         ``delta_`` and ``baseline_`` columns. Equals ablating each head with
         :func:`~mhainterp.ablation.ablate` and calling ``training.evaluate`` (to rounding).
+        For an embedding model (MiniLM: no output head, no targets) ``loss`` is the embedding
+        metric, ``1 - cos`` of each position's output to the clean model's, averaged over the
+        real positions (baseline 0), the accuracy columns are NaN and a ``measures`` column
+        says so (:data:`EMBEDDING_MEASURE`).
 
     Example:
         >>> head_importance(model, task, method="mean")  # doctest: +SKIP
@@ -124,7 +135,14 @@ def head_importance(
         }
         for (layer, head), metrics in zip(heads, results, strict=True)
     ]
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    if getattr(model.cfg, "objective", "next_token") == "embedding":
+        # No targets: the engine scores the embedding metric in the loss columns
+        # (scoring.damage_metric); accuracy means nothing there. The table says so.
+        accuracy = [c for c in frame.columns if "accuracy" in c]
+        frame[accuracy] = float("nan")
+        frame["measures"] = EMBEDDING_MEASURE
+    return frame
 
 
 def head_sets_table(result: AblationResult) -> pd.DataFrame:

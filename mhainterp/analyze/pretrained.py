@@ -302,6 +302,8 @@ def analyze_pretrained(
     n_random: int = 8,
     n_pairwise: int = 3,
     max_len: int = 48,
+    ablation: bool = True,
+    bos: bool = True,
     progress: bool = False,
 ) -> list[Path]:
     """Run the battery on a pretrained model and write its tables and figures into ``out``.
@@ -318,6 +320,10 @@ def analyze_pretrained(
         n_pairwise: Pairwise ablation among this many verified heads of largest exact damage
             (mean ablation; 0 skips it).
         max_len: Longest tokenized sentence.
+        ablation: Write the ablation tables (attribution, verified heads, zero vs mean,
+            pairwise, pruning); False keeps the role scores and categories only.
+        bos: Keep a decoder's BOS prefix (SmolLM2's chat marker ``<|im_start|>``;
+            :func:`~mhainterp.tasks.text.text_batch`).
         progress: Show progress bars.
 
     Returns:
@@ -332,7 +338,7 @@ def analyze_pretrained(
     n_eval = check_int("n_eval", n_eval, minimum=2)
     model = model if isinstance(model, BridgedModel) else load_pretrained(model)
     sentences = sentences_of(text)[:n_eval]
-    batch = text_batch(model, sentences, max_len=max_len)
+    batch = text_batch(model, sentences, max_len=max_len, bos=bos)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = [
@@ -347,6 +353,8 @@ def analyze_pretrained(
                 "n_tokens": int(batch.padding_mask.sum()),
                 "n_init": n_init,
                 "n_null": n_null,
+                "bos_prefix": bos,
+                "ablation": ablation,
             },
         )
     ]
@@ -358,6 +366,11 @@ def analyze_pretrained(
     written.append(out / "roles.csv")
     categories = clark_categories(roles, causal=model.cfg.causal)
     written.append(write_csv(out / "categories.csv", categories))
+    if not ablation:  # --no-ablation: the role scores and categories only
+        steps.close()
+        summary = _summary(model, batch, categories, None, None)
+        written.append(write_text(out / "summary.md", summary))
+        return written
     if model.cfg.objective == "next_token":
         attribution = attribution_patching(model, batch, ("zero", "mean"), batch_size=BATCH)
         written.append(write_csv(out / "attribution.csv", attribution))
@@ -395,7 +408,7 @@ def _summary(
     batch: Batch,
     categories: pd.DataFrame,
     agreement: pd.DataFrame | None,
-    both: pd.DataFrame,
+    both: pd.DataFrame | None,
 ) -> str:
     """The headline numbers of an analysis in Markdown sentences."""
     p = model.provenance
@@ -426,6 +439,8 @@ def _summary(
                 f"- {row.method}: Spearman {row.spearman:.2f}, Pearson {row.pearson:.2f}, "
                 f"top-{row.top_k} overlap {row.top_k_overlap:.2f} ({row.n_verified} heads)"
             )
+    if both is None:
+        return "\n".join([*lines, "", "Ablation not run (--no-ablation)."]) + "\n"
     disagree = both[both["disagree"]].sort_values("delta_zero", ascending=False)
     lines += ["", f"Zero and mean ablation disagree on {len(disagree)} of {len(both)} heads:", ""]
     for row in disagree.head(8).itertuples():

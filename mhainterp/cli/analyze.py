@@ -10,6 +10,17 @@ from __future__ import annotations
 import argparse
 
 from mhainterp.cli.options import add_n_eval, add_runtime_args, check_run_folders
+from mhainterp.cli.pretrained_options import (
+    TEXT_N_EVAL,
+    add_pretrained_args,
+    check_model_name,
+    load_model,
+    n_eval_for,
+    n_eval_given,
+    sentences_line,
+    text_n_eval_default,
+)
+from mhainterp.cli.static import DEFAULT_N_EVAL
 from mhainterp.cli.task_modules import add_task_module_argument
 from mhainterp.validation import invalid
 
@@ -33,21 +44,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "  mhainterp analyze --model smollm2 --text stdlib --n-eval 64 --out runs/smollm2",
     )
     analyze.add_argument("path", nargs="?", help="a run folder or a sweep folder")
-    analyze.add_argument(
-        "--model", help="a pretrained model: smollm2, minilm or a Hugging Face folder"
-    )
-    analyze.add_argument(
-        "--text",
-        default="stdlib",
-        help="with --model: 'stdlib' or a text file (one sentence a line)",
-    )
-    analyze.add_argument("--out", help="with --model: the folder to write (default runs/NAME)")
+    add_pretrained_args(analyze)
     add_n_eval(
         analyze,
         "sequences of the task's fixed evaluation set (with --model: sentences, "
         "at most as many as the text has)",
     )
-    analyze.add_argument("--no-ablation", action="store_true", help="skip the ablation tables")
+    text_n_eval_default(analyze)
+    analyze.add_argument(
+        "--no-ablation",
+        action="store_true",
+        help="skip the ablation tables (with --model: attribution, exact ablation, zero vs "
+        "mean, pairwise and pruning; the role scores and categories remain)",
+    )
     analyze.add_argument("--quiet", action="store_true", help="no progress bars")
     add_task_module_argument(analyze)
     add_runtime_args(analyze)
@@ -62,8 +71,9 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     from mhainterp.analyze import analyze_path
 
     check_run_folders(args.path)
+    n_eval = n_eval_for(args, DEFAULT_N_EVAL)
     results = analyze_path(
-        args.path, n_eval=args.n_eval, ablation=not args.no_ablation, progress=not args.quiet
+        args.path, n_eval=n_eval, ablation=not args.no_ablation, progress=not args.quiet
     )
     for run_dir, written in results.items():
         print(f"{run_dir}: {len(written)} files in {run_dir / 'analysis'}")
@@ -71,29 +81,29 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def _cmd_analyze_pretrained(args: argparse.Namespace) -> int:
-    import os
+    import contextlib
+    import sys
     from pathlib import Path
 
-    name = args.model
-    shipped = ("smollm2", "minilm")
-    if name not in shipped and not Path(name).is_dir():
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        if offline or name.startswith((".", "/", "~")) or "/" not in name:
-            raise invalid(
-                "--model",
-                name,
-                f"one of {', '.join(shipped)} or a Hugging Face folder (no such folder)",
-            )
-    if args.text != "stdlib" and not Path(args.text).is_file():
-        raise invalid("--text", args.text, "'stdlib' or a text file (no such file)")
+    name = check_model_name(args.model, args.text)
+    n_eval = n_eval_for(args, TEXT_N_EVAL)
+    if not args.quiet:
+        default = " (the default on text; --n-eval to change)" if not n_eval_given(args) else ""
+        print(sentences_line(name, args.text, n_eval, default), file=sys.stderr)
     from mhainterp.analyze import analyze_pretrained
-    from mhainterp.pretrained import load_pretrained
+    from mhainterp.pretrained import quiet_loading
 
-    try:
-        model = load_pretrained(name)
-    except ModuleNotFoundError as error:  # a shipped model's wheel: the message says how
-        raise ValueError(str(error)) from None
     out = Path(args.out or Path("runs") / Path(name).name)
-    written = analyze_pretrained(model, args.text, out, n_eval=args.n_eval, progress=not args.quiet)
+    with quiet_loading() if args.quiet else contextlib.nullcontext():
+        model = load_model(name)
+        written = analyze_pretrained(
+            model,
+            args.text,
+            out,
+            n_eval=n_eval,
+            ablation=not args.no_ablation,
+            bos=args.chat_prefix,
+            progress=not args.quiet,
+        )
     print(f"{name}: {len(written)} files in {out}")
     return 0

@@ -18,8 +18,13 @@ from mhainterp.cli.options import (
     check_run_folders,
     settings_from_args,
 )
+from mhainterp.cli.pretrained_options import n_eval_for, text_n_eval_default
+from mhainterp.cli.static import DEFAULT_N_EVAL
 
 __all__ = ["register"]
+
+PRETRAINED_MARKER = "pretrained_verdict.json"
+"""``mhainterp.analyze.pretrained_verdict.MARKER`` (the parser imports no torch)."""
 
 REPORT_DESCRIPTION = """\
 Write report.md and a self-contained report.html (figures embedded) for a run folder, a sweep
@@ -27,8 +32,12 @@ folder, or a folder of sweeps (like the demo's runs/quickstart). The head-count 
 specialization test (computed where missing), the figures and the caveats are all generated
 from the numbers.
 
+A folder written by `mhainterp specialize --model NAME` (a pretrained model's verdict) gets
+its report from the saved files: one sentence per question, then the evidence.
+
 examples:
   mhainterp report runs/quickstart
+  mhainterp report runs/minilm
   mhainterp report runs/quickstart/reverse --out reports/reverse
 """
 
@@ -41,14 +50,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=REPORT_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    report.add_argument("path", metavar="RUN_OR_SWEEP", help="a run, sweep or sweeps folder")
+    report.add_argument(
+        "path",
+        metavar="RUN_OR_SWEEP",
+        help="a run, sweep or sweeps folder, or what `specialize --model` wrote",
+    )
     report.add_argument("--out", default=None, help="folder for the report (default: the path)")
     add_settings_args(report)
+    text_n_eval_default(report)
     add_runtime_args(report)
     report.set_defaults(func=_cmd_report)
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    if (Path(args.path) / PRETRAINED_MARKER).is_file():  # `specialize --model`'s folder
+        from mhainterp.analyze.pretrained_verdict import write_pretrained_report
+
+        md, html = write_pretrained_report(args.path, args.out)
+        print(f"report: {md}\n        {html}")
+        return 0
+    args.n_eval = n_eval_for(args, DEFAULT_N_EVAL)
     from mhainterp.figures.saved import save_folder_figures
     from mhainterp.report import write_report
     from mhainterp.specialization import specialize_folder

@@ -2,6 +2,7 @@
 
     mhainterp specialize runs/quickstart/count_previous/runs/h4_seed0
     mhainterp specialize runs/quickstart/count_previous
+    mhainterp specialize --model minilm --text stdlib --n-eval 64 --out runs/minilm
 
 Prints the per-head table (label and evidence) and the verdict of a run, or the per-head-count
 table and verdicts of a sweep (or of every sweep of a folder), then the division of labour, and
@@ -12,6 +13,8 @@ the figures the report embeds.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,19 @@ from mhainterp.cli.options import (
     check_run_folders,
     settings_from_args,
 )
+from mhainterp.cli.pretrained_options import (
+    DEFAULT_BY,
+    TEXT_N_EVAL,
+    add_pretrained_args,
+    check_model_name,
+    load_model,
+    n_eval_for,
+    n_eval_given,
+    sentences_line,
+    text_n_eval_default,
+)
+from mhainterp.cli.static import DEFAULT_N_EVAL
+from mhainterp.validation import invalid
 
 __all__ = ["register"]
 
@@ -37,7 +53,16 @@ Do the heads specialize? Three questions, each against a null:
   its work), or dead (writes almost nothing AND removing it costs nothing).
 Each head's "finding" says all three; the verdict leads with one sentence per run.
 
+A pretrained model (--model smollm2, minilm or a Hugging Face folder) goes through the same
+test on real text (--text stdlib or a file, one sentence a line; --n-eval sentences, default
+64): the relation templates are previous, next, self, first, last, punctuation and same token,
+the division's axes the query token class, position bucket and target frequency, and damage
+the loss increase per position (next-token cross-entropy; for MiniLM, 1 - cos of each
+position's output to the clean one). The verdict leads with one sentence per question and is
+saved in --out (default runs/NAME); `mhainterp report` on that folder renders it.
+
 examples:
+  mhainterp specialize --model minilm --text stdlib
   mhainterp specialize runs/quickstart/count_previous/runs/h4_seed0
   mhainterp specialize runs/quickstart/count_previous --alpha 0.01
   mhainterp specialize runs/quickstart/count_previous --by token,position
@@ -74,8 +99,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=SPECIALIZE_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    specialize.add_argument("path", metavar="RUN_OR_SWEEP", help="a run, sweep or sweeps folder")
+    specialize.add_argument(
+        "path", nargs="?", metavar="RUN_OR_SWEEP", help="a run, sweep or sweeps folder"
+    )
+    add_pretrained_args(specialize)
     add_settings_args(specialize)
+    text_n_eval_default(specialize)
     specialize.add_argument(
         "--headline-stability",
         action="store_true",
@@ -89,10 +118,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_specialize(args: argparse.Namespace) -> int:
+    if args.model is not None:
+        return _cmd_specialize_pretrained(args)
+    if args.path is None:
+        raise invalid("path", None, "a run or sweep folder, or --model NAME_OR_PATH")
     from mhainterp.figures.saved import save_folder_figures
     from mhainterp.render import markdown_table
     from mhainterp.specialization import SpecializationResult, specialize_folder
 
+    args.n_eval = n_eval_for(args, DEFAULT_N_EVAL)
     path = Path(args.path)
     check_run_folders(path)
     settings, by = settings_from_args(args), by_axes(args)
@@ -124,6 +158,39 @@ def _cmd_specialize(args: argparse.Namespace) -> int:
             print(f"  {run_dir.name}: {division.summary_line()}")
     if args.headline_stability:
         _print_headline_stability(path, settings, by, quiet=args.quiet)
+    return 0
+
+
+def _cmd_specialize_pretrained(args: argparse.Namespace) -> int:
+    from mhainterp.analyze.pretrained_verdict import specialize_pretrained
+    from mhainterp.pretrained import quiet_loading
+
+    name = check_model_name(args.model, args.text)
+    n_eval = n_eval_for(args, TEXT_N_EVAL)
+    if not args.quiet:
+        default = " (the default on text; --n-eval to change)" if not n_eval_given(args) else ""
+        print(sentences_line(name, args.text, n_eval, default), file=sys.stderr)
+    args.n_eval = n_eval
+    settings = settings_from_args(args)
+    by = None if args.by == DEFAULT_BY else by_axes(args)
+    out = Path(args.out or Path("runs") / Path(name).name)
+    with quiet_loading() if args.quiet else contextlib.nullcontext():
+        model = load_model(name)
+        verdict = specialize_pretrained(
+            model,
+            args.text,
+            out,
+            settings,
+            by=by,
+            n_eval=n_eval,
+            bos=args.chat_prefix,
+            progress=not args.quiet,
+        )
+    for sentence in verdict.sentences:
+        print(sentence)
+    print()
+    print(verdict.result.to_markdown())
+    print(f"tables saved in {out / 'analysis'}; `mhainterp report {out}` renders them")
     return 0
 
 

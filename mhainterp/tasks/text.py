@@ -153,13 +153,24 @@ def read_sentences(path: str | Path, n: int | None = None) -> list[str]:
 # ----------------------------------------------------------------------------- batch
 
 
-def text_batch(model: BridgedModel, sentences: Sequence[str], *, max_len: int = 48) -> Batch:
+def text_batch(
+    model: BridgedModel, sentences: Sequence[str], *, max_len: int = 48, bos: bool = True
+) -> Batch:
     """Tokenize ``sentences`` with ``model.tokenizer`` into a right-padded ``Batch``.
+
+    **The chat prefix.** TransformerLens sets up a decoder's tokenizer to start every text
+    with its BOS token. For SmolLM2-Instruct that token is ``<|im_start|>`` (id 1), the marker
+    that opens a chat turn: every sentence then reads ``<|im_start|>The cat sat.``, position 0
+    is that token (where the ``first`` relation and attention sinks point) and the first word
+    is scored as a next-token target after it. ``bos=False`` drops it, so the text starts at
+    its first word (an encoder's ``[CLS]`` ... ``[SEP]`` are always kept: MiniLM's embedding
+    is computed with them).
 
     Args:
         model: A :class:`~mhainterp.protocol.BridgedModel` (its tokenizer and objective).
         sentences: The texts.
         max_len: Longest tokenized sentence (longer ones are cut).
+        bos: Keep a decoder's BOS prefix (``<|im_start|>`` for SmolLM2; default True).
 
     Returns:
         A Batch. Next-token objective: ``targets[i, t] = tokens[i, t + 1]``, scored where both
@@ -174,6 +185,14 @@ def text_batch(model: BridgedModel, sentences: Sequence[str], *, max_len: int = 
     tokens = encoded["input_ids"].long()
     padding_mask = encoded["attention_mask"].bool()
     _check_right_padded(padding_mask)
+    bos_id = getattr(model.tokenizer, "bos_token_id", None)
+    if not bos and model.cfg.causal and bos_id is not None and bool((tokens[:, 0] == bos_id).all()):
+        pad = tokens[padding_mask.logical_not()]
+        fill = int(pad[0]) if pad.numel() else 0
+        tokens = torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], fill)], 1)
+        padding_mask = torch.cat([padding_mask[:, 1:], torch.zeros_like(padding_mask[:, :1])], 1)
+        keep = int(padding_mask.any(0).nonzero().max()) + 1
+        tokens, padding_mask = tokens[:, :keep], padding_mask[:, :keep]
     if model.cfg.objective == "embedding":
         targets = torch.zeros_like(tokens).masked_fill(~padding_mask, IGNORE_INDEX)
         return Batch(tokens=tokens, targets=targets, mask=padding_mask, padding_mask=padding_mask)
@@ -407,6 +426,8 @@ class TextTask(Task):
         n_eval: Sentences in the evaluation set (default :data:`TEXT_N_EVAL`).
         max_len: Longest tokenized sentence (longer ones are cut).
         sentences: The sentences themselves, instead of ``text``.
+        bos: Keep a decoder's BOS prefix (SmolLM2's chat marker ``<|im_start|>``; see
+            :func:`text_batch`).
 
     Example:
         >>> task = TextTask(load_pretrained("minilm"), "stdlib", n_eval=8)  # doctest: +SKIP
@@ -424,15 +445,17 @@ class TextTask(Task):
         n_eval: int = TEXT_N_EVAL,
         max_len: int = 48,
         sentences: Sequence[str] | None = None,
+        bos: bool = True,
     ) -> None:
         self.model = model
+        self.bos = bool(bos)
         self.text = str(text)
         self.n_eval = check_int("n_eval", n_eval, minimum=1)
         self.max_len = check_int("max_len", max_len, minimum=2)
         chosen = list(sentences) if sentences is not None else text_sentences(text)
         self.sentences = chosen[: self.n_eval]
         self.n_eval = len(self.sentences)
-        self._batch = text_batch(model, self.sentences, max_len=self.max_len)
+        self._batch = text_batch(model, self.sentences, max_len=self.max_len, bos=self.bos)
         self.causal = bool(model.cfg.causal)
         self._punctuation = tuple(punctuation_ids(model.tokenizer))
         super().__init__(seq_len=self._batch.tokens.shape[1], d_vocab=int(model.cfg.d_vocab))
@@ -441,7 +464,7 @@ class TextTask(Task):
     @property
     def params(self) -> dict[str, Any]:
         """What identifies the evaluation set (the model is not part of it)."""
-        return {"text": self.text, "n_eval": self.n_eval, "max_len": self.max_len}
+        return {"text": self.text, "n_eval": self.n_eval, "max_len": self.max_len, "bos": self.bos}
 
     @property
     def d_vocab_out(self) -> int:

