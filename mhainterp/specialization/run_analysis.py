@@ -196,9 +196,15 @@ def analyse_run(inp: RunInput, settings: SpecializationSettings, progress: bool)
         inp.run, evidence, dict(zip(heads["head_label"], heads["label"])), settings
     )
     accuracy = float(evaluate(model, batch)["accuracy"])
+    unit = "accuracy"
+    if isinstance(model, BridgedModel):  # damage is a loss increase; accuracy says little
+        accuracy = math.nan
+        unit = "embedding metric" if model.cfg.objective == "embedding" else "nats of loss"
     meta = {"run": inp.run, "task": task.name, "n_heads": model.cfg.n_heads, "seed": inp.seed}
     heads = _with_meta(heads, meta)[HEAD_COLUMNS]
-    verdict = _run_verdict(heads, roles, model, settings, accuracy, model_numbers, inp, stability)
+    verdict = _run_verdict(
+        heads, roles, model, settings, accuracy, model_numbers, inp, stability, unit
+    )
     return {
         "heads": heads,
         "roles": _with_meta(roles, meta),
@@ -295,6 +301,7 @@ def _run_verdict(
     causal: tuple[float, float, float],
     inp: RunInput,
     stability: pd.DataFrame,
+    unit: str = "accuracy",
 ) -> RunVerdict:
     role_rows = heads[~heads["label"].isin(LABELS_OTHER)]
     unspecialized = heads[heads["label"] == "unspecialized"]
@@ -333,6 +340,7 @@ def _run_verdict(
         causal_null=causal[1],
         causal_p=causal[2],
         accuracy=accuracy,
+        damage_unit=unit,
         relations=_relations(heads),
         needed=heads.loc[heads["needed"].astype(bool), "head_label"].tolist(),
         backed_up=heads.loc[heads["backed_up"].astype(bool), "head_label"].tolist(),

@@ -355,6 +355,8 @@ class RunVerdict:
         causal_selectivity, causal_null, causal_p: Model selectivity, its null mean and p
             (NaN on single-target tasks).
         accuracy: The model's accuracy on the evaluation batch.
+        damage_unit: What ``min_damage`` is in: ``"accuracy"``, or on a pretrained model
+            ``"nats of loss"`` / ``"embedding metric"`` (its damage is a loss increase).
         relations: Relation (role) -> the live heads that hold it, backed up or not.
         needed: Heads whose removal alone costs ``>= min_damage`` accuracy on some target.
         backed_up: Live heads whose work others carry (redundant, or not needed in a group
@@ -391,6 +393,7 @@ class RunVerdict:
     causal_null: float = math.nan
     causal_p: float = math.nan
     accuracy: float = math.nan
+    damage_unit: str = "accuracy"
     relations: dict[str, list[str]] = field(default_factory=dict)
     needed: list[str] = field(default_factory=list)
     backed_up: list[str] = field(default_factory=list)
@@ -475,7 +478,7 @@ class RunVerdict:
             text = f"No head of {total} holds a relation (none beats both nulls)"
         text += (
             f"; {len(self.needed)} of {total} needed (removing one alone costs ≥ "
-            f"{self.min_damage:g} accuracy), {len(self.backed_up)} backed up, "
+            f"{self.min_damage:g} {self.damage_unit}), {len(self.backed_up)} backed up, "
             f"{len(self.dead)} dead."
         )
         return text
@@ -542,7 +545,7 @@ class RunVerdict:
         elif math.isnan(self.causal_selectivity):
             causal = (
                 f"Causal selectivity: undefined (no head's removal costs ≥ {self.min_damage:g} "
-                "accuracy)."
+                f"{self.damage_unit})."
             )
         else:
             causal = (
@@ -552,7 +555,7 @@ class RunVerdict:
         if self.role_heads:
             causal += (
                 f" Ablation backs {len(self.supported)} of {self.n_role} role heads (removing "
-                f"the head costs its relation's target ≥ {self.min_damage:g} accuracy)."
+                f"the head costs its relation's target ≥ {self.min_damage:g} {self.damage_unit})."
             )
         return causal
 
@@ -579,7 +582,10 @@ class RunVerdict:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if out["damage_unit"] == "accuracy":  # the default: saved verdicts read as before
+            del out["damage_unit"]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RunVerdict:
