@@ -12,6 +12,7 @@ Shapes: M models, B batch, T positions, d d_model, h heads.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,7 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from mhainterp.fast.stacked_params import StackedModels
+from mhainterp.model.loss import IGNORE_INDEX
 from mhainterp.scoring import scored_positions
 
 __all__ = ["batched_logits", "batched_loss"]
@@ -38,9 +40,10 @@ def _attend(
     q: Float[Tensor, "n T d_head"],
     k: Float[Tensor, "n T d_head"],
     v: Float[Tensor, "n T d_head"],
-    causal: bool,
+    causal_bias: Float[Tensor, "T T"] | None,
 ) -> Float[Tensor, "n T d_head"]:
-    """Attention of ``n`` (sequence, head) pairs without padding.
+    """Attention of ``n`` (sequence, head) pairs without padding (``causal_bias``: the additive
+    ``-inf`` mask of a causal model, :func:`_causal_bias`; None: bidirectional).
 
     The fastest formulation measured on a CPU for these tiny heads (T = 16, d_head = 8..64):
     the scale is the ``alpha`` of a ``baddbmm`` whose input is the additive ``-inf`` causal
@@ -50,10 +53,8 @@ def _attend(
     """
     n, T, d_head = q.shape
     scale = 1.0 / math.sqrt(d_head)
-    if causal:
-        bias = torch.zeros(T, T, dtype=q.dtype, device=q.device)
-        bias = bias.masked_fill(_future_mask(T, q.device), float("-inf"))
-        scores = torch.baddbmm(bias.expand(n, T, T), q, k.transpose(1, 2), alpha=scale)
+    if causal_bias is not None:
+        scores = torch.baddbmm(causal_bias.expand(n, T, T), q, k.transpose(1, 2), alpha=scale)
     else:
         scores = torch.bmm(q, k.transpose(1, 2)) * scale  # (n, T_q, T_k)
     return torch.bmm(torch.softmax(scores, dim=-1), v)
@@ -80,11 +81,12 @@ def _padded_attention(
     qkv: Float[Tensor, "m N 3d"],
     T: int,
     n_heads: int,
-    causal: bool,
+    future: Bool[Tensor, "T T"] | None,
     key_mask: Bool[Tensor, "m B T"],
 ) -> Float[Tensor, "m N d"]:
     """Attention with a padding mask: the model's own math (``masked_fill``, softmax, and
-    ``nan_to_num`` for a query that sees only padding)."""
+    ``nan_to_num`` for a query that sees only padding); ``future``: a causal model's blocked
+    keys (:func:`_future_mask`), None for a bidirectional one."""
     m, N, three_d = qkv.shape
     d = three_d // 3
     d_head = d // n_heads
@@ -92,17 +94,56 @@ def _padded_attention(
     q, k, v = (x.transpose(1, 2) for x in qkv.view(-1, T, 3, n_heads, d_head).unbind(2))
     scores = q @ k.transpose(-1, -2) / math.sqrt(d_head)  # (m * B, h, T_q, T_k)
     blocked = ~key_mask.reshape(-1, 1, 1, T)
-    if causal:
-        blocked = blocked | _future_mask(T, qkv.device)
+    if future is not None:
+        blocked = blocked | future
     pattern = torch.softmax(scores.masked_fill(blocked, float("-inf")), dim=-1)
     z = torch.nan_to_num(pattern, nan=0.0) @ v  # a query that sees only padding: 0
     return z.transpose(1, 2).reshape(m, N, d)  # merge heads: (m, B * T, d)
 
 
-def _gather_rows(table: Float[Tensor, "R c"], rows: Int[Tensor, " N"]) -> Float[Tensor, "N c"]:
+class _SortedGather(torch.autograd.Function):
+    """``table.index_select(0, rows)`` on the CPU, whose backward adds the same gradients in
+    the same order, faster.
+
+    ``index_select``'s backward is ``index_add`` into zeros, on the CPU a ``scatter_add``
+    that walks the whole ``[N, c]`` gradient once per column, in row order (10-17% of a
+    ``train_many`` step, profiled). Here the gradient rows are first gathered in the stable
+    order of ``rows`` (``order``, made once per step for both layer-0 gathers), and each
+    table row's run is summed by ``segment_reduce``: ``0 + g_i + g_j + ...`` over the same
+    ``i < j < ...``, the same IEEE additions in the same order, so the same bits
+    (``tests/test_batched.py``).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, table: Tensor, rows: Tensor, order: Tensor, counts: Tensor) -> Tensor:
+        ctx.save_for_backward(order, counts)
+        return table.index_select(0, rows)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
+        order, counts = ctx.saved_tensors
+        in_order = grad.index_select(0, order)  # (N, c): each table row's gradients, in turn
+        summed = torch.segment_reduce(in_order, "sum", lengths=counts, axis=0, unsafe=True)
+        return summed, None, None, None
+
+
+def _row_order(rows: Int[Tensor, " N"], n_rows: int) -> tuple[Tensor, Tensor] | None:
+    """What :class:`_SortedGather` needs of ``rows`` (a stable sort and the count of each of
+    ``n_rows`` table rows), on the CPU; None elsewhere (no use there)."""
+    if rows.device.type != "cpu":
+        return None
+    return torch.argsort(rows, stable=True), torch.bincount(rows, minlength=n_rows)
+
+
+def _gather_rows(
+    table: Float[Tensor, "R c"],
+    rows: Int[Tensor, " N"],
+    order: tuple[Tensor, Tensor] | None = None,
+) -> Float[Tensor, "N c"]:
     """``table[rows]``, with a backward that is deterministic on every device.
 
-    On the CPU ``index_select`` (measured faster there; its backward runs in order). Elsewhere
+    On the CPU ``index_select`` (measured faster there; its backward runs in order), with
+    :class:`_SortedGather`'s backward when ``order`` (:func:`_row_order`) is given. Elsewhere
     ``F.embedding``, the same gather, whose CUDA backward reduces repeated rows in a fixed
     order: ``index_select``'s backward accumulates them with atomics, so two runs of the same
     seeds could differ in the last bits (torch's ``use_deterministic_algorithms`` notes).
@@ -113,11 +154,26 @@ def _gather_rows(table: Float[Tensor, "R c"], rows: Int[Tensor, " N"]) -> Float[
     """
     if table.device.type == "cuda":
         return F.embedding(rows, table)
+    if order is not None and table.requires_grad:
+        return _SortedGather.apply(table, rows, *order)
     return table.index_select(0, rows)
 
 
 def _future_mask(T: int, device: torch.device) -> Bool[Tensor, "T T"]:
     return torch.ones(T, T, dtype=torch.bool, device=device).triu(1)
+
+
+def _causal_bias(T: int, dtype: torch.dtype, device: torch.device) -> Float[Tensor, "T T"]:
+    """The additive causal mask: 0 on and below the diagonal, ``-inf`` above."""
+    bias = torch.zeros(T, T, dtype=dtype, device=device)
+    return bias.masked_fill(_future_mask(T, device), float("-inf"))
+
+
+def _table_offsets(M: int, V: int, T: int, device: torch.device) -> Int[Tensor, "M 1 T"]:
+    """``position + m * V * T``: with ``token * T`` added, the row of each (model, token,
+    position) in the stacked ``[M * V * T]`` table of layer 0."""
+    positions = torch.arange(T, device=device)
+    return positions + torch.arange(M, device=device)[:, None, None] * (V * T)
 
 
 def batched_logits(
@@ -152,19 +208,27 @@ def batched_logits(
     # instead of on all B * T tokens (exact; fewer FLOPs whenever V < B, and the table is
     # then smaller than the activations it replaces).
     table_first_layer = V < B if use_table is None else use_table
+    # Constants of the shape (the same every step): made once per stack (stack.constant).
+    device = tokens.device
     if table_first_layer:
         # Row of each position in its model's (token, position) table: V * T rows per model.
-        positions = torch.arange(T, device=tokens.device)
-        model_offset = torch.arange(M, device=tokens.device)[:, None, None] * (V * T)
-        flat_rows = (tokens * T + positions + model_offset).reshape(-1)  # (M * B * T,)
+        offsets = stack.constant(("table_offsets", T), lambda: _table_offsets(M, V, T, device))
+        flat_rows = (tokens * T + offsets).reshape(-1)  # (M * B * T,)
+        order = _row_order(flat_rows, M * V * T) if torch.is_grad_enabled() else None
         table = (s["embed"][:, :, None, :] + s["pos_embed"][:, None, :T, :]).reshape(M, -1, d)
-        resid = _gather_rows(table.reshape(M * V * T, d), flat_rows).view(M, B * T, d)
+        resid = _gather_rows(table.reshape(M * V * T, d), flat_rows, order).view(M, B * T, d)
     else:
         offsets = torch.arange(M, device=tokens.device)[:, None, None] * V
         resid = F.embedding(tokens + offsets, s["embed"].reshape(M * V, d))  # (M, B, T, d)
         resid = (resid + s["pos_embed"][:, None, :T]).reshape(M, B * T, d)
     groups = stack.head_groups()
     sizes = [b - a for a, b, _ in groups]
+    causal_bias = future = None
+    if cfg.causal and padding_mask is None:
+        dtype = stack.flat.dtype
+        causal_bias = stack.constant(("causal_bias", T), lambda: _causal_bias(T, dtype, device))
+    elif cfg.causal:
+        future = stack.constant(("future", T), lambda: _future_mask(T, device))
     for layer in range(cfg.n_layers):
         p = f"blocks.{layer}."
         first = layer == 0 and table_first_layer
@@ -173,19 +237,21 @@ def batched_logits(
             x = _layer_norm(x, s[p + "ln1.w"], s[p + "ln1.b"], cfg.eps)
         qkv = _linear(x, s[p + "W_qkv"], s[p + "b_qkv"])  # (M, V * T or B * T, 3d)
         if first:
-            qkv = _gather_rows(qkv.reshape(M * V * T, 3 * d), flat_rows).view(M, B * T, -1)
-        # split (not slicing): the backward is one cat, not a zero-filled copy per group
+            qkv = _gather_rows(qkv.reshape(M * V * T, 3 * d), flat_rows, order)
+            qkv = qkv.view(M, B * T, -1)
+        # split (not slicing): the backward is one cat, not a zero-filled copy per group;
+        # one head count: no split (its backward would be a cat of one tensor, a copy)
+        qkv_parts = qkv.split(sizes) if len(groups) > 1 else (qkv,)
         if padding_mask is None:
             parts = [
-                _merge_heads(_attend(*_split_heads(part, T, h), cfg.causal), b - a, h)
-                for part, (a, b, h) in zip(qkv.split(sizes), groups, strict=True)
+                _merge_heads(_attend(*_split_heads(part, T, h), causal_bias), b - a, h)
+                for part, (a, b, h) in zip(qkv_parts, groups, strict=True)
             ]
         else:
+            pads = padding_mask.split(sizes) if len(groups) > 1 else (padding_mask,)
             parts = [
-                _padded_attention(part, T, h, cfg.causal, pad)
-                for part, pad, (_, _, h) in zip(
-                    qkv.split(sizes), padding_mask.split(sizes), groups, strict=True
-                )
+                _padded_attention(part, T, h, future, pad)
+                for part, pad, (_, _, h) in zip(qkv_parts, pads, groups, strict=True)
             ]
         z = parts[0] if len(parts) == 1 else torch.cat(parts)  # (M, B * T, d)
         resid = resid + _linear(z, s[p + "W_O"], s[p + "b_O"])
@@ -206,10 +272,28 @@ def batched_loss(
     targets: Int[Tensor, "M B T *k"],
     mask: Bool[Tensor, "M B T"],
     d_vocab_out: int,
+    *,
+    labelled: bool = False,
+    n_scored: Int[Tensor, " M"] | None = None,
 ) -> Float[Tensor, " M"]:
     """Each model's mean cross-entropy over its scored (position, target) pairs, as
-    :meth:`HookedMHATransformer.loss` computes it."""
+    :meth:`HookedMHATransformer.loss` computes it.
+
+    ``labelled=True`` says that ``targets`` already hold ``IGNORE_INDEX`` wherever ``mask`` is
+    False (as :func:`~mhainterp.fast.stacked.sample_many` labels them): the scored pairs are
+    then the targets that are not ``IGNORE_INDEX``, and ``cross_entropy``'s own
+    ``ignore_index`` gives their 0 (the same values; four ops fewer a step, and two in the
+    backward). ``n_scored``: each model's count of scored pairs when the caller knows it
+    (every position scored: ``B * T * k``), two ops fewer again."""
     M, B, T = mask.shape
+    if labelled:
+        flat = targets.reshape(-1)  # (M * B * T * k,)
+        losses = F.cross_entropy(
+            logits.reshape(-1, d_vocab_out), flat, ignore_index=IGNORE_INDEX, reduction="none"
+        )
+        if n_scored is None:
+            n_scored = (flat != IGNORE_INDEX).view(M, -1).sum(1)
+        return losses.view(M, -1).sum(1) / n_scored
     targets = targets.reshape(M * B, T, -1)  # (M * B, T, k)
     scored = scored_positions(targets, mask.reshape(M * B, T)).reshape(-1)  # (M * B * T * k,)
     losses = F.cross_entropy(

@@ -10,7 +10,7 @@ Shapes: M models, P parameters per model.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -177,6 +177,7 @@ class StackedModels:
             start += math.prod(shape)
         if start != flat.shape[1]:
             raise ValueError(f"flat has {flat.shape[1]} columns; the layout needs {start}")
+        self._constants: dict[Any, Tensor] = {}
         self.slots: dict[str, Tensor] = {}
         for slot, (names, shape) in _slot_layout(cfg).items():
             first = self.offsets[names[0]][0]
@@ -200,6 +201,15 @@ class StackedModels:
 
     def __len__(self) -> int:
         return self.flat.shape[0]
+
+    def constant(self, key: Any, make: Callable[[], Tensor]) -> Tensor:
+        """A tensor that depends only on this stack's shape and a step's (``key`` names it):
+        ``make()`` the first time, the same tensor after (the forward's index offsets and
+        causal mask, made once per group instead of once per step). The stack's rows never
+        change (:meth:`select` makes a new stack), so nothing here goes stale."""
+        if key not in self._constants:
+            self._constants[key] = make()
+        return self._constants[key]
 
     def select(self, rows: Sequence[int]) -> StackedModels:
         """A new stack holding only ``rows`` (copies)."""
