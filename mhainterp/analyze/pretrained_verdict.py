@@ -133,7 +133,7 @@ def headline_sentences(
     )
     divided = index[index["call"] == "divided"]
     parts = [
-        f"{row.by} (index {row.index:.2f} vs same-function null {row.null_high:.2f})"
+        f"{row.by} (index {row.index:.2f} vs same-function null, 95% quantile {row.null_high:.2f})"
         for row in index.itertuples()
         if row.call != "cannot tell"
     ]
@@ -141,7 +141,8 @@ def headline_sentences(
         whom = f"{name}, whom they serve: not measured."
     elif len(divided):
         axes = ", ".join(
-            f"{row.by} (index {row.index:.2f} vs null {row.null_high:.2f})"
+            f"{row.by} (index {row.index:.2f} vs same-function null, 95% quantile "
+            f"{row.null_high:.2f})"
             for row in divided.itertuples()
         )
         rest = [r for r in index["by"] if r not in set(divided["by"])]
