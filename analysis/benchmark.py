@@ -38,14 +38,22 @@ Measures, side by side in one process, with interleaved repeats and medians:
    ``--explore-loads`` busy processes; ``ratio`` = the 200 ms budget / the median (> 1: within
    it). ``analysis/bench_explore.py`` measures the rest (HTTP, browser, start-up, page weight).
 7. ``job`` (optional, ``--job-demo`` or ``--job CMD``): wall time and peak memory of a command.
-8. ``gpu`` (opt-in, ``--sections gpu``; CUDA only, else one row saying it was skipped): the
-   stacked trainer :func:`~mhainterp.fast.stacked.train_many` on CUDA against its own
-   plain-torch reference (:class:`ReferenceStack`: every model's weights stacked on a leading
-   axis, fused AdamW, fp32 with TF32 matmuls, eager), model-steps/s at h = 1 and 8 and 90 and
-   900 models, in interleaved rounds; ``ratio`` = ours / the reference's (>= 1 is the target of
-   issue 30). Ours is timed in full fp32 and with TF32. ``host_draw`` rows: what our step
+8. ``gpu`` (opt-in, ``--sections gpu``; on CUDA, or where ``--device`` says, else one row
+   saying it was skipped): the stacked trainer :func:`~mhainterp.fast.stacked.train_many`
+   against two plain-torch references, every model's weights stacked on a leading axis, eager:
+   :class:`ReferenceStack` (fused Q/K/V, attention written by hand, AdamW fused on CUDA, fp32
+   with TF32 matmuls) and the stronger :class:`SdpaReferenceStack` (the same with
+   ``F.scaled_dot_product_attention``; AdamW fused on CUDA, ``foreach`` on the CPU),
+   model-steps/s at h = 1 and 8 and 90 and 900 models on CUDA (9 and 27, the demo's groups,
+   on the CPU), in interleaved rounds; ``ratio`` = ours / ``ReferenceStack``'s (>= 1 is the
+   target of issue 30), ``ratio_vs_sdpa`` = ours / ``SdpaReferenceStack``'s (>= 1.25 on the
+   CPU is the target of issue 38); ``gflops`` and ``pct_of_peak``: the standard model's FLOPs
+   at that rate, and their share of the device's fp32 matmul peak (the ``matmul_fp32`` row).
+   Ours is timed in full fp32 and, on CUDA, with TF32. ``host_draw`` rows: what our step
    keeps on the host (every model's batch drawn from its CPU generator), in us per model-step,
    with one draw thread and with ``train_many``'s, against the reference's whole step.
+   ``study_path``: the study's path end to end in runs per minute: a mixed-h sweep
+   (set-up, training, evaluation, saving; ``run_sweep``) and the division of every run.
 
 Writes ``bench.csv`` (one row per measurement) and ``bench.md`` to ``--out``. Ratios are the
 claims; absolute times depend on the machine and on what else runs on it (the load average
@@ -113,6 +121,7 @@ COLUMNS = [
     "ratio",
     "ratio_to",
     "ratio_vs_boot_native",
+    "ratio_vs_sdpa",
     "gflops",
     "pct_of_peak",
     "repeats",
@@ -122,7 +131,8 @@ COLUMNS = [
 ``unit``, measured with ``processes`` processes of ``threads`` torch threads each; ``ratio`` is
 the case's speed relative to ``ratio_to`` (> 1 = faster; in the ``cache`` section it is
 time(run_with_cache) / time(forward), < 1.25 is the target); ``ratio_vs_boot_native`` is the
-training speed relative to TransformerLens's boot_native model; ``gflops`` is the achieved
+training speed relative to TransformerLens's boot_native model; ``ratio_vs_sdpa`` (``gpu``
+section) the speed relative to the plain stacked SDPA trainer; ``gflops`` is the achieved
 rate of the counted training FLOPs and ``pct_of_peak`` its share of the measured fp32 matmul
 peak of the same number of threads."""
 
@@ -149,8 +159,12 @@ class BenchSettings:
         explore_loads: Busy processes beside the explorer clicks, one row each (0: idle).
         explore_clicks: Clicks per explorer row.
         gpu_heads: Head counts of the ``gpu`` section.
-        gpu_models: Group sizes (models trained together) of the ``gpu`` section.
+        gpu_models: Group sizes (models trained together) of the ``gpu`` section on CUDA.
         gpu_repeats: Interleaved rounds of the ``gpu`` section.
+        gpu_device: Where the ``gpu`` section runs: None or ``"auto"`` (CUDA, else one row
+            saying it was skipped), ``"cpu"``, ``"cuda"``, ``"cuda:N"``.
+        cpu_models: Group sizes of the ``gpu`` section on the CPU (the demo's groups).
+        study_seeds: Seeds per head count of the ``study_path`` row (runs: heads x seeds).
         division_steps: Training steps of the ``division`` section's trained model.
     """
 
@@ -170,6 +184,9 @@ class BenchSettings:
     gpu_heads: tuple[int, ...] = (1, 8)
     gpu_models: tuple[int, ...] = (90, 900)
     gpu_repeats: int = 3
+    gpu_device: str | None = None
+    cpu_models: tuple[int, ...] = (9, 27)
+    study_seeds: int = 3
     division_steps: int = 600  # heads damage; the noisy copy retries (noise 0.1 -> 0.05)
 
     @classmethod
@@ -184,6 +201,8 @@ class BenchSettings:
             gpu_heads=(1,),
             gpu_models=(4,),
             gpu_repeats=1,
+            cpu_models=(2,),
+            study_seeds=1,
             division_steps=20,
         )
         return replace(quick, **overrides)
@@ -733,6 +752,7 @@ def _row(case: _Case, value: float, unit: str, repeats: int, note: str = "") -> 
         "ratio": float("nan"),
         "ratio_to": "",
         "ratio_vs_boot_native": float("nan"),
+        "ratio_vs_sdpa": float("nan"),
         "gflops": float("nan"),
         "pct_of_peak": float("nan"),
         "repeats": repeats,
@@ -1145,6 +1165,42 @@ class ReferenceStack(nn.Module):
         return torch.baddbmm(self.b_U, x, self.W_U).view(M, B, T, -1)
 
 
+class SdpaReferenceStack(ReferenceStack):
+    """The stronger plain-torch reference (issue 39): :class:`ReferenceStack`'s weights and
+    step, its attention core ``F.scaled_dot_product_attention(..., is_causal=True)`` (torch's
+    fused kernel where the device has one) instead of the hand-written scores, mask and
+    softmax; trained with ``torch.optim.AdamW``, fused on CUDA, ``foreach`` elsewhere
+    (:func:`reference_optimizer`). Same function of the same weights
+    (``tests/test_bench.py``).
+
+    Example:
+        >>> model = SdpaReferenceStack(2, n_heads=4, device=torch.device("cpu"))
+        >>> model(torch.zeros(2, 3, SEQ_LEN, dtype=torch.long)).shape
+        torch.Size([2, 3, 16, 16])
+    """
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``[M, B, T]`` tokens -> ``[M, B, T, n_classes]`` logits, model ``m`` on batch ``m``."""
+        M, B, T = tokens.shape
+        d, h = D_MODEL, self.n_heads
+        models = torch.arange(M, device=tokens.device)[:, None, None]
+        x = (self.embed[models, tokens] + self.pos[:, None, :T]).reshape(M, B * T, d)
+        qkv = torch.baddbmm(self.b_qkv, x, self.W_qkv)  # [M, B * T, 3d]
+        q, k, v = qkv.view(M * B, T, 3, h, d // h).permute(2, 0, 3, 1, 4)  # [M * B, h, T, dh]
+        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [M * B, h, T, dh]
+        z = z.transpose(1, 2).reshape(M, B * T, d)
+        x = x + torch.baddbmm(self.b_O, z, self.W_O)
+        return torch.baddbmm(self.b_U, x, self.W_U).view(M, B, T, -1)
+
+
+def reference_optimizer(model: nn.Module, device: torch.device) -> torch.optim.Optimizer:
+    """``torch.optim.AdamW`` as a plain stacked trainer asks for it: ``fused=True`` on CUDA
+    (one kernel per step), ``foreach=True`` elsewhere (one multi-tensor op per update term;
+    the CPU rows use it)."""
+    fast = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(model.parameters(), lr=3e-3, **fast)
+
+
 def reference_stack_batch(
     n_models: int, generator: torch.Generator, batch: int = BATCH
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1187,11 +1243,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_reference_stack(n_heads: int, n_models: int, steps: int, device: torch.device) -> float:
-    """Model-steps/s of :class:`ReferenceStack` over ``steps`` timed steps."""
-    model = ReferenceStack(n_models, n_heads, device)
-    fused = {"fused": True} if device.type == "cuda" else {}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, **fused)
+def _time_reference_stack(
+    n_heads: int, n_models: int, steps: int, device: torch.device, sdpa: bool = False
+) -> float:
+    """Model-steps/s of :class:`ReferenceStack` (``sdpa``: :class:`SdpaReferenceStack`) over
+    ``steps`` timed steps."""
+    if sdpa:
+        model: ReferenceStack = SdpaReferenceStack(n_models, n_heads, device)
+        optimizer = reference_optimizer(model, device)
+    else:
+        model = ReferenceStack(n_models, n_heads, device)
+        fused = {"fused": True} if device.type == "cuda" else {}
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, **fused)
     generator = torch.Generator(device=device).manual_seed(0)
     with _tf32(device, True):
         for _ in range(GPU_WARMUP_STEPS):
@@ -1241,28 +1304,62 @@ def gpu_measure(
     repeats: int,
     echo: Callable[[str], None] = lambda text: None,
 ) -> list[dict]:
-    """The ``gpu`` rows: for each head count and group size, the reference, ``train_many``
-    in fp32 and ``train_many`` with TF32, in interleaved rounds; medians, and each one's ratio
-    to the reference's (> 1: faster)."""
-    cases = [
-        (h, m, name)
-        for h in heads
-        for m in n_models
-        for name in ("reference_stack", "train_many", "train_many_tf32")
-    ]
+    """The ``gpu`` rows: for each head count and group size, both plain-torch references
+    (:class:`ReferenceStack`, :class:`SdpaReferenceStack`), ``train_many`` in fp32 and, on
+    CUDA, ``train_many`` with TF32, in interleaved rounds; medians, each one's ratio to the
+    reference (``ratio``, > 1: faster) and to the SDPA reference (``ratio_vs_sdpa``), its
+    GFLOP/s and share of ``device``'s fp32 matmul peak (a ``matmul_fp32`` row, measured
+    between the rounds)."""
+    names = ["reference_stack", "reference_sdpa", "train_many"]
+    if device.type == "cuda":
+        names.append("train_many_tf32")
+    cases = [(h, m, name) for h in heads for m in n_models for name in names]
     samples: dict[tuple, list[float]] = {case: [] for case in cases}
+    peaks: list[float] = []
     for r in range(repeats):
         for h, m, name in cases:
-            if name == "reference_stack":
-                value = _time_reference_stack(h, m, steps, device)
+            if name.startswith("reference"):
+                value = _time_reference_stack(h, m, steps, device, sdpa=name == "reference_sdpa")
             else:
                 value = _time_stacked(h, m, steps, device, tf32=name.endswith("tf32"))
             samples[(h, m, name)].append(value)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+        peaks.append(_device_matmul_gflops(device))
         echo(f"gpu round {r + 1}/{repeats} done")
-    rows = _gpu_table(samples, device, steps)
+    peak = statistics.median(peaks)
+    rows = [_gpu_peak_row(device, peak, len(peaks)), *_gpu_table(samples, device, steps, peak)]
     return rows + _host_draw_rows(device, n_models, samples, min(heads))
+
+
+def _device_matmul_gflops(device: torch.device) -> float:
+    """fp32 matmul GFLOP/s on ``device`` (1024 x 1024 on the CPU with this process's
+    threads, 8192 x 8192 on CUDA in full fp32: the peak the ``gpu`` rows are a share of)."""
+    if device.type != "cuda":
+        return _matmul_gflops()
+    n, reps = 8192, 5
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    with _tf32(device, False):
+        a @ b
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(reps):
+            a @ b
+        _sync(device)
+    return 2 * n**3 * reps / (time.perf_counter() - start) / 1e9
+
+
+def _gpu_peak_row(device: torch.device, peak: float, repeats: int) -> dict:
+    threads = torch.get_num_threads() if device.type != "cuda" else 0
+    case = _Case("gpu", "matmul_fp32", (), 0, 0, threads, lambda k: 0.0)
+    note = f"{_where(device)}; the peak the rows' pct_of_peak is a share of"
+    return _row(case, peak, "GFLOP/s", repeats, note)
+
+
+def _where(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"{device} ({torch.get_num_threads()} threads)"
 
 
 def _host_draw_rows(
@@ -1294,30 +1391,111 @@ def _host_draw_rows(
     return rows
 
 
-def _gpu_table(samples: dict[tuple, list[float]], device: torch.device, steps: int) -> list[dict]:
-    where = torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+def _gpu_table(
+    samples: dict[tuple, list[float]], device: torch.device, steps: int, peak: float
+) -> list[dict]:
     rows = []
     for (h, m, name), values in samples.items():
         case = _Case("gpu", name, (h,), m, m * steps, torch.get_num_threads(), lambda k: 0.0)
-        tf32 = "TF32 matmuls" if name != "train_many" else "fp32 matmuls (no TF32)"
-        note = f"{where}; {steps} timed steps after {GPU_WARMUP_STEPS}; {tf32}"
+        if device.type != "cuda":
+            tf32 = "fp32"
+        elif name == "train_many":
+            tf32 = "fp32 matmuls (no TF32)"
+        else:
+            tf32 = "TF32 matmuls"
+        note = f"{_where(device)}; {steps} timed steps after {GPU_WARMUP_STEPS}; {tf32}"
         row = _row(case, statistics.median(values), "model-steps/s", len(values), note)
         reference = statistics.median(samples[(h, m, "reference_stack")])
+        sdpa = statistics.median(samples[(h, m, "reference_sdpa")])
         row["ratio"], row["ratio_to"] = row["value"] / reference, "reference_stack"
+        row["ratio_vs_sdpa"] = row["value"] / sdpa
+        row["gflops"] = row["value"] * _gpu_flops(h) / 1e9
+        row["pct_of_peak"] = 100 * row["gflops"] / peak
         rows.append(row)
     return rows
 
 
+_FLOPS: dict[int, float] = {}
+
+
+def _gpu_flops(n_heads: int) -> float:
+    """FLOPs of one model-step of the standard model (:func:`flops_per_model_step`), cached."""
+    if n_heads not in _FLOPS:
+        _FLOPS[n_heads] = flops_per_model_step(n_heads)
+    return _FLOPS[n_heads]
+
+
+def study_path_rows(
+    device: torch.device,
+    heads: Sequence[int],
+    seeds: int,
+    steps: int,
+    n_eval: int,
+    echo: Callable[[str], None] = lambda text: None,
+) -> list[dict]:
+    """The study's path end to end, one row: a head-count sweep of ``count_previous`` (h in
+    ``heads`` x ``seeds`` seeds, one mixed stack where the executor stacks them) with
+    :func:`~mhainterp.run_sweep` on ``device`` (set-up, training, each run's evaluation,
+    saving), then :func:`~mhainterp.division_of_labour` of every run (every axis, defaults but
+    ``n_eval``), in runs per minute; the note gives the split."""
+    from mhainterp import division_of_labour, run_sweep
+    from mhainterp.config import SweepConfig, TrainConfig
+    from mhainterp.training import load_run
+
+    n_runs = len(heads) * seeds
+    train = TrainConfig(steps=steps, n_eval=n_eval)
+    config = SweepConfig(
+        task=TASK,
+        task_params={"seq_len": SEQ_LEN, "d_vocab": D_VOCAB},
+        n_heads=list(heads),
+        seeds=list(range(seeds)),
+        model={"d_model": D_MODEL, "n_layers": 1},
+        train=train,
+    )
+    with tempfile.TemporaryDirectory() as folder, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        start = time.perf_counter()
+        table = run_sweep(config, Path(folder) / "sweep", progress=False, device=device)
+        trained = time.perf_counter()
+        for run_dir in table["run_dir"]:
+            run = load_run(run_dir, device=device)
+            division_of_labour(run.model, run.task, n_eval=n_eval)
+        _sync(device)
+        end = time.perf_counter()
+    case = _Case(
+        "gpu", "study_path", tuple(heads), n_runs, 0, torch.get_num_threads(), lambda k: 0.0
+    )
+    note = (
+        f"{_where(device)}; {n_runs} runs x {steps} steps, n_eval {n_eval}: sweep (set-up, "
+        f"training, evaluation, saving) {trained - start:.1f} s + division of every run "
+        f"{end - trained:.1f} s"
+    )
+    echo(f"study path: {n_runs} runs in {end - start:.1f} s")
+    return [_row(case, 60 * n_runs / (end - start), "runs/min", 1, note)]
+
+
+def _gpu_device(settings: BenchSettings) -> torch.device | None:
+    """Where the ``gpu`` section runs (None: nowhere, no CUDA here and none asked for)."""
+    if settings.gpu_device in (None, "auto"):
+        return torch.device("cuda") if torch.cuda.is_available() else None
+    return torch.device(settings.gpu_device)
+
+
 def _gpu_rows(settings: BenchSettings, echo: Callable) -> list[dict]:
-    """The ``gpu`` section on CUDA; without it, one row that says the section was skipped."""
-    if not torch.cuda.is_available():
+    """The ``gpu`` section on CUDA, or where ``gpu_device`` says (``--device cpu``: the same
+    rows on the CPU, with the demo's group sizes); without CUDA and without ``--device``,
+    one row that says the section was skipped."""
+    device = _gpu_device(settings)
+    if device is None:
         case = _Case("gpu", "skipped", (), 0, 0, 0, lambda k: 0.0)
         note = "skipped: no CUDA device here (torch.cuda.is_available() is False)"
         echo(f"gpu section {note}")
         return [_row(case, float("nan"), "model-steps/s", 0, note)]
-    device = torch.device("cuda")
     steps, repeats = settings.steps, settings.gpu_repeats
-    return gpu_measure(device, settings.gpu_heads, settings.gpu_models, steps, repeats, echo)
+    sizes = settings.gpu_models if device.type == "cuda" else settings.cpu_models
+    rows = gpu_measure(device, settings.gpu_heads, sizes, steps, repeats, echo)
+    heads = sorted(set(settings.grid_heads))
+    return rows + study_path_rows(device, heads, settings.study_seeds, steps, settings.n_eval, echo)
 
 
 def _job_rows(command: list[str]) -> list[dict]:
@@ -1618,6 +1796,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="busy processes beside the explorer clicks, comma-separated (default 0,4,8)",
     )
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="where the gpu section runs: auto (CUDA, else skipped; the default), cpu (the "
+        "same rows on this CPU, the demo's group sizes), cuda, cuda:N",
+    )
     parser.add_argument("--job", default=None, help="also time this command (quoted)")
     parser.add_argument(
         "--job-demo",
@@ -1670,6 +1854,14 @@ def settings_from_args(args: argparse.Namespace, out: Path) -> BenchSettings:
                 f"--explore-loads={args.explore_loads!r} is invalid: integers >= 0, comma-separated"
             )
         overrides["explore_loads"] = loads
+    if args.device is not None:
+        from mhainterp.runtime import resolve_device
+
+        try:
+            resolve_device(args.device)
+        except Exception as error:
+            raise ValueError(f"--device={args.device!r} is invalid: {error}") from None
+        overrides["gpu_device"] = args.device
     if args.job:
         overrides["job"] = shlex.split(args.job)
     elif args.job_demo:
@@ -1701,8 +1893,9 @@ examples:
   python analysis/benchmark.py --sections train --steps 300    only training throughput, longer
   python analysis/benchmark.py --sections explore --out runs/bench_explore   explorer clicks, busy
   python analysis/benchmark.py --job-demo --out runs/bench     also time `mhainterp demo`
-  python analysis/benchmark.py --sections gpu --out runs/bench_gpu   train_many on CUDA vs a
-                                                               plain-torch stacked trainer
+  python analysis/benchmark.py --sections gpu --out runs/bench_gpu   train_many on CUDA vs two
+                                                               plain-torch stacked trainers
+  python analysis/benchmark.py --sections gpu --device cpu     the same rows on this CPU
 """
 
 

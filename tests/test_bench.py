@@ -245,9 +245,11 @@ def test_every_claim_the_benchmark_measures_has_its_row_in_the_readme():
 
 
 # ----- the gpu section: its plain-torch reference runs here too -----------------------------------
-def _reference_from(models) -> "bench.ReferenceStack":
-    """A :class:`ReferenceStack` holding our models' weights (nn.Linear weights transposed)."""
-    reference = bench.ReferenceStack(len(models), models[0].cfg.n_heads, torch.device("cpu"))
+def _reference_from(models, kind=None) -> "bench.ReferenceStack":
+    """A :class:`ReferenceStack` (or ``kind``) holding our models' weights (nn.Linear weights
+    transposed)."""
+    kind = kind or bench.ReferenceStack
+    reference = kind(len(models), models[0].cfg.n_heads, torch.device("cpu"))
     stacked = {
         "embed": [m.embed.weight for m in models],
         "pos": [m.pos_embed.weight for m in models],
@@ -266,18 +268,26 @@ def _reference_from(models) -> "bench.ReferenceStack":
     return reference
 
 
+@pytest.mark.parametrize("sdpa", [False, True], ids=["hand_written", "sdpa"])
 @pytest.mark.parametrize("n_heads", [1, 8])
-def test_reference_stack_computes_our_models_function(n_heads):
+def test_reference_stacks_compute_our_models_function(n_heads, sdpa):
     from mhainterp.training import build_model
 
     task = bench._task()
     models = [build_model(task, d_model=bench.D_MODEL, n_heads=n_heads, seed=s, device="cpu")
               for s in (0, 1)]  # fmt: skip
     tokens = torch.stack([task.sample(3, torch.Generator().manual_seed(s)).tokens for s in (0, 1)])
+    kind = bench.SdpaReferenceStack if sdpa else bench.ReferenceStack
     with torch.no_grad():
-        got = _reference_from(models)(tokens)
+        got = _reference_from(models, kind)(tokens)
         for i, model in enumerate(models):
             torch.testing.assert_close(got[i], model.logits(tokens[i]), atol=1e-5, rtol=1e-5)
+
+
+def test_the_sdpa_reference_asks_for_adamw_as_a_plain_trainer_would():
+    model = bench.SdpaReferenceStack(2, n_heads=2, device=torch.device("cpu"))
+    optimizer = bench.reference_optimizer(model, torch.device("cpu"))
+    assert optimizer.defaults["foreach"] is True and not optimizer.defaults["fused"]
 
 
 def test_reference_stack_batches_are_the_tasks_labels():
@@ -292,15 +302,21 @@ def test_gpu_section_runs_here_at_tiny_size_and_is_skipped_without_cuda(monkeypa
     # The measuring code is the CUDA code (device-agnostic torch); tiny sizes on the CPU.
     rows = bench.gpu_measure(torch.device("cpu"), heads=(2,), n_models=(2,), steps=2, repeats=1)
     assert [r["case"] for r in rows] == [
-        "reference_stack", "train_many", "train_many_tf32", "host_draw",
+        "matmul_fp32", "reference_stack", "reference_sdpa", "train_many", "host_draw",
     ]  # fmt: skip
     assert all(math.isfinite(r["value"]) and r["value"] > 0 for r in rows)
-    assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in rows)
-    assert rows[0]["ratio"] == 1.0 and {r["ratio_to"] for r in rows[:3]} == {"reference_stack"}
-    assert [(r["n_heads"], r["n_models"], r["unit"]) for r in rows] == [
+    timed = rows[1:4]
+    assert all(math.isfinite(r["ratio"]) and r["ratio"] > 0 for r in rows[1:])
+    assert timed[0]["ratio"] == 1.0 and {r["ratio_to"] for r in timed} == {"reference_stack"}
+    assert timed[1]["ratio_vs_sdpa"] == 1.0  # ours is read against both, side by side
+    for row in timed:  # every timed row has its rate's share of the measured peak
+        assert row["gflops"] > 0 and row["pct_of_peak"] > 0
+        assert row["pct_of_peak"] == pytest.approx(100 * row["gflops"] / rows[0]["value"])
+    assert rows[0]["unit"] == "GFLOP/s" and "cpu" in rows[0]["note"]
+    assert [(r["n_heads"], r["n_models"], r["unit"]) for r in rows[1:]] == [
         ("2", 2, "model-steps/s")
     ] * 3 + [("", 2, "us/model-step")]
-    assert rows[3]["threads"] == 1  # on the CPU the draw has one thread
+    assert rows[4]["threads"] == 1  # on the CPU the draw has one thread
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     (skipped,) = bench._gpu_rows(BenchSettings(sections=("gpu",)), lambda text: None)
     assert skipped["case"] == "skipped" and math.isnan(skipped["value"])
@@ -310,5 +326,19 @@ def test_gpu_section_runs_here_at_tiny_size_and_is_skipped_without_cuda(monkeypa
 def test_gpu_section_is_opt_in_with_the_issues_sizes(tmp_path):
     assert "gpu" not in BenchSettings().sections
     settings = bench.settings_from_args(_args(tmp_path, "--sections", "gpu"), tmp_path)
-    assert settings.sections == ("gpu",)
+    assert settings.sections == ("gpu",) and settings.gpu_device is None
     assert (settings.gpu_heads, settings.gpu_models) == ((1, 8), (90, 900))
+    assert settings.cpu_models == (9, 27)  # issue 38: the demo's groups on the CPU
+    on_cpu = bench.settings_from_args(_args(tmp_path, "--sections", "gpu", "--device", "cpu"),
+                                      tmp_path)  # fmt: skip
+    assert on_cpu.gpu_device == "cpu" and bench._gpu_device(on_cpu) == torch.device("cpu")
+    with pytest.raises(ValueError, match="--device='nope' is invalid"):
+        bench.settings_from_args(_args(tmp_path, "--device", "nope"), tmp_path)
+
+
+def test_the_study_path_row_counts_runs_per_minute_end_to_end():
+    (row,) = bench.study_path_rows(torch.device("cpu"), (1, 2), 1, steps=2, n_eval=16)
+    assert (row["section"], row["case"], row["unit"]) == ("gpu", "study_path", "runs/min")
+    assert row["n_heads"] == "1,2" and row["n_models"] == 2
+    assert math.isfinite(row["value"]) and row["value"] > 0
+    assert "2 runs x 2 steps" in row["note"] and "division of every run" in row["note"]
