@@ -297,3 +297,47 @@ def test_the_chat_prefix_is_switchable(llama):
         assert without.tokens[0].tolist() == with_bos.tokens[0, 1:].tolist()
     else:
         assert torch.equal(with_bos.tokens, without.tokens)
+
+
+def _write_only_at(model, layer: int, head: int, positions: slice) -> None:
+    """A fixed hook on the Hugging Face output projection of ``layer`` (downstream of every
+    ablation, which replaces ``hook_z``): head ``head`` writes only at ``positions``."""
+    d = model.cfg.d_head
+    columns = slice(head * d, (head + 1) * d)
+
+    def keep_only(module, args):
+        (x,) = args  # (B, T, h * d_head)
+        mask = torch.zeros(x.shape[1], dtype=x.dtype)
+        mask[positions] = 1
+        x = x.clone()
+        x[..., columns] = x[..., columns] * mask[None, :, None]
+        return (x,)
+
+    model.head_linear(layer, "W_O").register_forward_pre_hook(keep_only)
+
+
+def test_a_constructed_split_along_position_is_divided_along_position_only(tmp_path_factory):
+    """Two heads of the last layer, the only ones that write: L1H0 writes only at positions
+    0-3, L1H1 only at 4 and later. Their damage falls on disjoint position buckets: divided
+    along position (index 1.00 vs the null's 95% quantile 0.03), not along token class (0.01);
+    token frequency is "method-dependent", never "divided" ([CLS], the commonest token, sits at
+    position 0: frequency and position are not independent on text)."""
+    model = _tiny(tmp_path_factory, "bert_split")
+    for layer, head in [(0, 0), (0, 1), (0, 2), (0, 3), (1, 2), (1, 3)]:
+        _zero_output(model, layer, head)
+    W_O = head_matrix(model, 1, "W_O")
+    set_head_matrix(model, 1, "W_O", W_O * 100)  # BERT's init (std 0.02) writes too little
+    W_Q = head_matrix(model, 1, "W_Q")  # and attends almost uniformly: sharpen it, so that
+    set_head_matrix(model, 1, "W_Q", W_Q * 30)  # what a head writes depends on the input
+    set_head_matrix(model, 1, "W_V", head_matrix(model, 1, "W_V") * 100)
+    _write_only_at(model, 1, 0, slice(0, 4))
+    _write_only_at(model, 1, 1, slice(4, None))
+    task = TextTask(model, sentences=_sentences(24), n_eval=24)
+    # the damage gates in this tiny model's unit (1 - cos; its post-LN output moves little)
+    gates = {"min_damage": 5e-4, "min_loss_increase": 5e-4}
+    result = division_of_labour(model, task, n_bootstrap=50, **gates)
+    calls = result.index.set_index("by")["call"].to_dict()
+    heads = result.heads.drop_duplicates("head_label")[["head_label", "damage_alone"]]
+    shown = (result.index[["by", "call", "index", "null_high"]], heads)
+    assert calls["position"] == "divided", shown
+    assert calls["token_class"] != "divided" and calls["target_frequency"] != "divided"
