@@ -135,8 +135,10 @@ def headline_sentences(
     parts = [
         f"{row.by} (index {row.index:.2f} vs same-function null, 95% quantile {row.null_high:.2f})"
         for row in index.itertuples()
-        if row.call != "cannot tell"
+        if row.call == "not divided"
     ]
+    calls = dict(zip(index["by"], index["call"], strict=True))
+    unsettled = [b for b, c in calls.items() if c not in ("divided", "not divided")]
     if not len(index):
         whom = f"{name}, whom they serve: not measured."
     elif len(divided):
@@ -155,6 +157,8 @@ def headline_sentences(
         )
     else:
         whom = f"{name}, whom they serve: cannot tell (too few heads do measurable damage)."
+    if unsettled and (len(divided) or parts):  # method-dependent, cannot tell: said so
+        whom = whom[:-1] + "; " + ", ".join(f"{calls[b]} along {b}" for b in unsettled) + "."
     if damage:
         whom = whom[:-1] + f"; damage is the {damage}."
     needed = int(heads["needed"].astype(bool).sum())
