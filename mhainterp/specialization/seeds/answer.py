@@ -256,7 +256,7 @@ def comparison_grid(
             cells = []
             for a, b in pairs:
                 row = mine[(mine["n_heads_a"] == a) & (mine["n_heads_b"] == b)]
-                cells.append(_grid_cell(row.iloc[0]) if len(row) else "")
+                cells.append(_grid_cell(row.iloc[0]) if len(row) else "—")
             name = str(mine["quantity"].iloc[0]).removeprefix("division index ")
             lines.append(f"| {task}, {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
