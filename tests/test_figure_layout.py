@@ -29,7 +29,11 @@ from mhainterp.figures.ablation import (
     prune_curve_figure,
 )
 from mhainterp.figures.division import division_heatmap, division_vs_heads
-from mhainterp.figures.headcount import plot_head_count_accuracy, plot_training_curves
+from mhainterp.figures.headcount import (
+    plot_does_h_matter,
+    plot_head_count_accuracy,
+    plot_training_curves,
+)
 from mhainterp.figures.patterns import plot_average_patterns, plot_example_patterns
 from mhainterp.figures.similarity import plot_head_map, plot_similarity_heatmap
 from mhainterp.figures.specialization import (
@@ -238,7 +242,26 @@ def _pretrained(draw, data):
     return caught[0]
 
 
+def does_h_matter() -> pd.DataFrame:
+    """Per task and h, as ``analyze.study.does_h_matter_table`` writes it: accuracy and the
+    division index by two axes, seed mean with a 95% interval (none at h = 1)."""
+    rows = []
+    for task, level in (("count_previous", 0.6), ("reverse", 1.0)):
+        for i, h in enumerate((1, 2, 4, 8)):
+            accuracy = min(1.0, level + 0.1 * i)
+            high = min(1.0, accuracy + 0.05)
+            row = {"task": task, "n_heads": h, "accuracy_mean": accuracy,
+                   "accuracy_ci_low": accuracy - 0.05, "accuracy_ci_high": high}  # fmt: skip
+            for axis, step in (("token", 0.08), ("position", 0.05)):
+                index = float("nan") if h == 1 else step * i
+                row |= {f"{axis}_index_mean": index, f"{axis}_index_ci_low": index - 0.02,
+                        f"{axis}_index_ci_high": index + 0.02}  # fmt: skip
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
 FIGURES = {
+    "does_h_matter": lambda: plot_does_h_matter(does_h_matter()),
     "ablation_importance": lambda: importance_figure(importance()),
     "ablation_pairwise": lambda: pairwise_figure(pairwise()),
     "ablation_prune_curve": lambda: prune_curve_figure(prune_curve()),
@@ -264,7 +287,7 @@ FIGURES = {
 }
 """Every figure kind of mhainterp.figures (test_every_figure_kind_is_listed keeps it whole)."""
 
-SWEEP_FIGURES = {"division_sweep", "head_count_accuracy", "training_curves",
+SWEEP_FIGURES = {"division_sweep", "head_count_accuracy", "training_curves", "does_h_matter",
                  "specialization_vs_heads", "consistency", "role_scores"}  # fmt: skip
 """Figures of a sweep: a reader must see which task they show."""
 
@@ -389,7 +412,7 @@ def test_every_figure_kind_is_listed():
               "plot_example_patterns", "plot_similarity_heatmap", "plot_head_map",
               "role_heatmap", "causal_matrix_figure", "specialization_vs_heads",
               "consistency_figure", "plot_roles_vs_null", "plot_attribution_vs_exact",
-              "plot_zero_vs_mean"}  # fmt: skip
+              "plot_zero_vs_mean", "plot_does_h_matter"}  # fmt: skip
     assert kinds == listed
 
 

@@ -207,19 +207,21 @@ def plot_does_h_matter(table: pd.DataFrame, axes: Sequence[str] | None = None) -
     axes = list(axes or [c.removesuffix("_index_mean") for c in table if c.endswith("_index_mean")])
     tasks = list(dict.fromkeys(table["task"]))
     fig, grid = plt.subplots(
-        len(tasks), 2, figsize=(9, 2.4 * len(tasks) + 0.6), squeeze=False, sharex=True
+        len(tasks), 2, figsize=(10, 2.6 * len(tasks) + 0.4), squeeze=False, sharex=True
     )
     heads = sorted(table["n_heads"].unique())
     for row, task in zip(grid, tasks, strict=True):
         group = table[table["task"] == task]
         _with_interval(row[0], group, "accuracy", "accuracy")
-        row[0].set_ylabel(f"{task}\nval accuracy")
+        row[0].set_ylabel("val accuracy")
+        row[0].set_title(f"{task}: accuracy (seed mean, 95% CI)", fontsize=9)
         drawn = [axis for axis in axes if group[f"{axis}_index_mean"].notna().any()]
         for axis in drawn:
             _with_interval(row[1], group, f"{axis}_index", axis)
         row[1].set_ylabel("division index")
+        row[1].set_title(f"{task}: division index by axis (seed mean, 95% CI)", fontsize=9)
         if drawn:
-            row[1].legend(fontsize=7, loc="upper left")
+            legend_outside(row[1], fontsize=7)
         else:  # say why the panel is empty rather than leave a blank box
             row[1].text(
                 0.5,
@@ -231,8 +233,6 @@ def plot_does_h_matter(table: pd.DataFrame, axes: Sequence[str] | None = None) -
                 fontsize=8,
                 transform=row[1].transAxes,
             )
-    grid[0][0].set_title("accuracy (seed mean, 95% CI)")
-    grid[0][1].set_title("division of labour by axis (seed mean, 95% CI)")
     for ax in grid[-1]:
         ax.set_xscale("log", base=2)
         ax.set_xticks(heads, labels=[str(h) for h in heads])
