@@ -194,3 +194,21 @@ def test_an_undefined_call_is_not_counted_as_not_divided_in_the_headline():
     one, four = Verdict(runs).headlines()["t"]
     assert "seeds divided" not in one  # h = 1: every seed undefined, no "0/3 divided"
     assert "2/3 seeds divided by token (1 undefined)" in four
+
+
+def test_an_accuracy_that_rises_at_every_step_is_one_chain_of_table_numbers():
+    """h = 1, 2, 4, 8 x 6 seeds, every seed above the last head count's: one chain of seed
+    means (each one a number of the table), and the family of 3 accuracy comparisons."""
+    levels = {1: 0.62, 2: 0.97, 4: 0.99, 8: 0.999}
+    runs = pd.DataFrame(
+        [
+            {"task": "t", "n_heads": h, "run": f"h{h}_{s}", "accuracy": level + 0.0001 * s}
+            for h, level in levels.items()
+            for s in range(6)
+        ]
+    )
+    comparisons = head_count_comparisons(runs)
+    line = answers(comparisons)["t"]
+    assert line.startswith("t: more heads help at every step: accuracy 0.62 → 0.97 → 0.99 → 1.00")
+    assert "from h = 1 to 8, every seed at every step (Holm p ≤ 0.0065 over 3)" in line
+    assert all(number in _displayed(comparisons) for number in _numbers(line)), line

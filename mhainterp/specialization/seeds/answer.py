@@ -53,7 +53,10 @@ def _span(row: pd.Series) -> str:
 
 
 def _means(row: pd.Series) -> str:
-    return f"{format_number(row['mean_a'])} → {format_number(row['mean_b'])}"
+    """``0.62 → 0.99``; where both print alike (``1.00 → 1.00``), the difference instead, as
+    the table's difference column prints it (``+0.00057``)."""
+    a, b = format_number(row["mean_a"]), format_number(row["mean_b"])
+    return f"{a} → {b}" if a != b else format_number(row["diff"], signed=True)
 
 
 def _every_seed(row: pd.Series) -> str:
@@ -65,11 +68,14 @@ def _beyond(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _accuracy_clause(rows: pd.DataFrame) -> str:
-    """Does h change the accuracy: the largest change beyond the spread, or why none is."""
+    """Does h change the accuracy: the changes beyond the spread, or why none is."""
     if not len(rows):
         return "accuracy not compared"
     shown = _beyond(rows)
     if len(shown):
+        chain = _chain(shown)
+        if chain:
+            return chain
         row = shown.loc[shown["diff"].abs().idxmax()]
         verb = "more heads help" if row["diff"] > 0 else "more heads hurt"
         text = f"{verb}: accuracy {_means(row)} {_span(row)}{_every_seed(row)} ({_p(row)})"
@@ -89,6 +95,22 @@ def _accuracy_clause(rows: pd.DataFrame) -> str:
         f"no accuracy change shown (largest: {_means(row)} {_span(row)}{_every_seed(row)}, "
         f"{_p(row)})"
     )
+
+
+def _chain(shown: pd.DataFrame) -> str:
+    """Every pair of adjacent head counts changes the accuracy the same way: one chain of seed
+    means, ``accuracy 0.62 → 0.97 → 0.99 → 1.00 from h = 1 to 8``; "" otherwise."""
+    rows = shown.sort_values("n_heads_a")
+    linked = (rows["n_heads_a"].iloc[1:].to_numpy() == rows["n_heads_b"].iloc[:-1].to_numpy()).all()
+    if len(rows) < 2 or not linked or (rows["diff"] > 0).nunique() != 1:
+        return ""
+    means = [format_number(rows["mean_a"].iloc[0]), *map(format_number, rows["mean_b"])]
+    if len(set(means)) < len(means):  # a step too small to print: said pair by pair instead
+        return ""
+    verb = "more heads help" if rows["diff"].iloc[0] > 0 else "more heads hurt"
+    seeds = ", every seed at every step" if rows["separated"].astype(bool).all() else ""
+    span = f"from h = {rows['n_heads_a'].iloc[0]} to {rows['n_heads_b'].iloc[-1]}"
+    return f"{verb} at every step: accuracy {' → '.join(means)} {span}{seeds} ({_holm_range(rows)})"
 
 
 def _holm_range(rows: pd.DataFrame) -> str:
@@ -121,12 +143,12 @@ def _division_clause(rows: pd.DataFrame) -> str:
 def _needed_clause(row: pd.Series) -> str:
     """A change of the backed-up or needed share (said once: the two are complements when
     every head is one or the other)."""
-    numbers = f"share {_means(row)}{_every_seed(row)}, {_p(row)}"
+    numbers = f"{_means(row)}{_every_seed(row)}, {_p(row)}"
     if row["measure"] == "frac_backed_up" and row["mean_b"] == 1.0 and row["diff"] > 0:
-        return f"from h = {row['n_heads_b']} every head is backed up ({numbers})"
+        return f"from h = {row['n_heads_b']} every head is backed up (share {numbers})"
     if row["measure"] == "frac_needed" and row["mean_b"] == 0.0 and row["diff"] < 0:
-        return f"from h = {row['n_heads_b']} no head is needed alone ({numbers})"
-    return f"{_span(row)} the {row['quantity']} goes {_means(row)} ({numbers[6:]})"
+        return f"from h = {row['n_heads_b']} no head is needed alone (share {numbers})"
+    return f"{_span(row)} the {row['quantity']} goes {numbers}"
 
 
 def _effect_clauses(shown: pd.DataFrame) -> list[str]:
@@ -234,7 +256,8 @@ def comparison_grid(
         measures: The measures to show (``accuracy``, ``division_position``, ...); a task's
             row is left out where it has no comparison of that measure.
         changes_only: Show a measure other than the accuracy only where some pair of head
-            counts differs beyond the seed spread (the accuracy is always shown).
+            counts differs beyond the seed spread (the accuracy is always shown), and a
+            division index only where that change reaches the division test's effect gate.
 
     Example:
         >>> from mhainterp.specialization.seeds.summary import head_count_comparisons
@@ -251,7 +274,7 @@ def comparison_grid(
     for task, rows in comparisons.groupby("task", sort=False):
         for measure in measures:
             mine = rows[rows["measure"] == measure]
-            if not len(mine) or (changes_only and measure != "accuracy" and not len(_beyond(mine))):
+            if not len(mine) or (changes_only and measure != "accuracy" and not _changes(mine)):
                 continue
             cells = []
             for a, b in pairs:
@@ -260,6 +283,15 @@ def comparison_grid(
             name = str(mine["quantity"].iloc[0]).removeprefix("division index ")
             lines.append(f"| {task}, {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _changes(rows: pd.DataFrame) -> bool:
+    """Whether a measure changes beyond the seed spread somewhere, by more than a negligible
+    amount (a division index below the effect gate at both head counts divides nothing)."""
+    shown = _beyond(rows)
+    if str(rows["measure"].iloc[0]).startswith("division_"):
+        shown = shown[shown[["mean_a", "mean_b"]].max(axis=1) >= MIN_INDEX]
+    return len(shown) > 0
 
 
 def _grid_cell(row: pd.Series) -> str:
