@@ -526,3 +526,24 @@ def test_validate_inputs_makes_no_sync_on_device_tokens(model):
             moved.validate_inputs((tokens + 3).to(DEVICE))
     with pytest.raises(ValueError, match=r"got values in \[3, 7\]"):  # on the host: the values
         model.validate_inputs(tokens + 3)
+
+
+def test_a_pretrained_model_runs_on_the_device_with_the_cpus_tables(tmp_path_factory):
+    """The pretrained path, offline: a tiny Llama (grouped key/value heads) saved locally and
+    loaded through ``load_pretrained``, moved to the device; head importance and the division
+    of labour on a text task give exactly the CPU's tables."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    import test_pretrained_verdict as tiny
+
+    from mhainterp.tasks.text import TextTask
+
+    model = tiny._tiny(tmp_path_factory, "llama")
+    task = TextTask(model, sentences=tiny._sentences(), n_eval=6)
+    importance = head_importance(model, task, method="mean")
+    division = division_of_labour(model, task).index
+    with strict_device():
+        model.to(DEVICE)
+        assert {p.device for p in model.parameters()} == {DEVICE}
+        pd.testing.assert_frame_equal(head_importance(model, task, method="mean"), importance)
+        pd.testing.assert_frame_equal(division_of_labour(model, task).index, division)
