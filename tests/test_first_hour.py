@@ -501,11 +501,12 @@ def test_static_mirrors_equal_their_library_homes():
     from mhainterp.data import DEFAULT_N_EVAL
     from mhainterp.specialization import SpecializationSettings
     from mhainterp.stats import CORRECTIONS
-    from mhainterp.tasks import ENTRY_POINT_GROUP
+    from mhainterp.tasks import AXES, ENTRY_POINT_GROUP
 
     assert cli_static.DEFAULT_N_EVAL == DEFAULT_N_EVAL
     assert cli_static.DEMO_STEPS == DEMO_STEPS
-    assert cli_static.DEMO_SEEDS == GRIDS["demo"].seeds
+    assert GRIDS["demo"].seeds == cli_static.DEMO_SEEDS
+    assert cli_static.DIVISION_AXES == AXES  # the default of specialize --by
     assert cli_static.ABLATION_METHODS == METHODS
     assert cli_static.CORRECTIONS == CORRECTIONS
     assert cli_static.ENTRY_POINT_GROUP == ENTRY_POINT_GROUP

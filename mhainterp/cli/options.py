@@ -17,6 +17,7 @@ from mhainterp.cli.static import (
     ABLATION_METHODS,
     CORRECTIONS,
     DEFAULT_N_EVAL,
+    DIVISION_AXES,
     SPECIALIZATION_DEFAULTS,
     TRAIN_DEFAULTS,
 )
@@ -445,9 +446,9 @@ def add_settings_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--by",
-        default="token,position,target_class,target",
+        default=",".join(DIVISION_AXES),
         help="axes of the division of labour, comma-separated (default: every axis that "
-        "applies: token,position,target_class,target); 'none' to skip it",
+        f"applies: {','.join(DIVISION_AXES)}); 'none' to skip it",
     )
     group.add_argument("--quiet", action="store_true", help="no progress bars")
     add_task_module_argument(parser)

@@ -14,6 +14,7 @@ __all__ = [
     "ABLATION_METHODS",
     "BUILTIN_TASKS",
     "CORRECTIONS",
+    "DIVISION_AXES",
     "DEFAULT_N_EVAL",
     "DEMO_SEEDS",
     "DEMO_STEPS",
@@ -39,6 +40,9 @@ ABLATION_METHODS = ("zero", "mean", "resample")
 
 CORRECTIONS = ("holm", "bh", "none")
 """``mhainterp.stats.CORRECTIONS``."""
+
+DIVISION_AXES = ("token", "position", "target_class", "target")
+"""``mhainterp.tasks.AXES``: the division of labour's axes, the default of ``--by``."""
 
 SPECIALIZATION_DEFAULTS: dict[str, Any] = {
     "alpha": 0.05,
