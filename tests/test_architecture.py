@@ -268,10 +268,6 @@ def test_no_module_imports_a_private_name_from_another():
 # what stays here is a damaged file, an unloaded plug-in, an internal invariant or state.
 PLAIN_VALUE_ERRORS = {
     "io.py": (2, "read_json: a damaged JSON file (the message names the file)"),
-    "cli/analyze.py": (
-        1,
-        "a shipped model's wheel is missing (the message says how to install it)",
-    ),
     "explore/app.py": (1, "a run folder that fails to load (names the folder and the fix)"),
     "fast/stacked_params.py": (1, "the flat parameter layout disagrees with itself (invariant)"),
     "specialization/where/roles.py": (1, "output_ratio asked of sums captured without outputs"),

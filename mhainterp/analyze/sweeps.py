@@ -4,7 +4,7 @@ Example:
     >>> summary = run_sweep_with_figures(config, "runs/rev", "auto", True)  # doctest: +SKIP
     >>> print("\\n".join(seed_lines("reverse", summary.table)))  # doctest: +SKIP
     reverse: val accuracy by head count (seed mean ± std, n)
-      h=1  1.00 ± 0.00  n=6
+      h=1   1.00 ± 0.00  n=6
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ def seed_lines(task: str, table: pd.DataFrame) -> list[str]:
         ...     "val_accuracy_std": [0.0866, 0.0039], "n": [6, 6]})
         >>> print("\\n".join(seed_lines("count_previous", table)))
         count_previous: val accuracy by head count (seed mean ± std, n)
-          h=1  0.64 ± 0.09  n=6
-          h=4  0.99 ± 0.00  n=6
+          h=1   0.64 ± 0.09  n=6
+          h=4   0.99 ± 0.00  n=6
     """
     lines = [f"{task}: val accuracy by head count (seed mean ± std, n)"]
     for row in table.itertuples(index=False):

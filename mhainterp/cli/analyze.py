@@ -8,6 +8,7 @@ table and figure under ``RUN/analysis/``.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from mhainterp.cli.options import add_n_eval, add_runtime_args, check_run_folders
 from mhainterp.cli.pretrained_options import (
@@ -82,20 +83,19 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 def _cmd_analyze_pretrained(args: argparse.Namespace) -> int:
     import contextlib
-    import sys
     from pathlib import Path
 
     name = check_model_name(args.model, args.text)
     n_eval = n_eval_for(args, TEXT_N_EVAL)
-    if not args.quiet:
-        default = " (the default on text; --n-eval to change)" if not n_eval_given(args) else ""
-        print(sentences_line(name, args.text, n_eval, default), file=sys.stderr)
+    default = "" if n_eval_given(args) else " (the default on text; --n-eval to change)"
     from mhainterp.analyze import analyze_pretrained
     from mhainterp.pretrained import quiet_loading
 
     out = Path(args.out or Path("runs") / Path(name).name)
     with quiet_loading() if args.quiet else contextlib.nullcontext():
         model = load_model(name)
+        if not args.quiet:  # said once the model is there: an error stays one line
+            print(sentences_line(name, args.text, n_eval, default), file=sys.stderr)
         written = analyze_pretrained(
             model,
             args.text,

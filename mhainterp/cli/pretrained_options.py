@@ -106,7 +106,7 @@ def load_model(name: str, **kwargs: Any) -> Any:
     try:
         return load_pretrained(name, **kwargs)
     except ModuleNotFoundError as error:  # a shipped model's wheel: the message says how
-        raise ValueError(str(error)) from None
+        raise invalid("--model", name, str(error)) from None
 
 
 def sentences_line(name: str, text: str, n_eval: int, note: str = "") -> str:

@@ -167,15 +167,15 @@ def _cmd_specialize_pretrained(args: argparse.Namespace) -> int:
 
     name = check_model_name(args.model, args.text)
     n_eval = n_eval_for(args, TEXT_N_EVAL)
-    if not args.quiet:
-        default = " (the default on text; --n-eval to change)" if not n_eval_given(args) else ""
-        print(sentences_line(name, args.text, n_eval, default), file=sys.stderr)
+    default = "" if n_eval_given(args) else " (the default on text; --n-eval to change)"
     args.n_eval = n_eval
     settings = settings_from_args(args)
     by = None if args.by == DEFAULT_BY else by_axes(args)
     out = Path(args.out or Path("runs") / Path(name).name)
     with quiet_loading() if args.quiet else contextlib.nullcontext():
         model = load_model(name)
+        if not args.quiet:  # said once the model is there: an error stays one line
+            print(sentences_line(name, args.text, n_eval, default), file=sys.stderr)
         verdict = specialize_pretrained(
             model,
             args.text,

@@ -390,8 +390,8 @@ def answers(comparisons: pd.DataFrame, alpha: float = 0.05) -> dict[str, str]:
         >>> runs = pd.DataFrame({"task": ["t"] * 6, "n_heads": [1, 1, 1, 4, 4, 4],
         ...     "run": list("abcdef"), "accuracy": [0.5, 0.52, 0.51, 0.9, 0.91, 0.92]})
         >>> answers(head_count_comparisons(runs))["t"]  # doctest: +NORMALIZE_WHITESPACE
-        't: no accuracy change shown (largest: 0.51 → 0.91 from h = 1 to 4, every seed, Holm
-        p = 0.1 over 1); 3 seeds per h cannot show a change (exact floor p = 0.1); 4 can'
+        't: accuracy 0.51 → 0.91 from h = 1 to 4, every seed, but 3 seeds per h cannot show
+        a change (exact floor p = 0.1, Holm over 1); 4 can'
     """
     return {
         str(task): answer_line(str(task), rows, alpha)
