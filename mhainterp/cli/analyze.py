@@ -8,17 +8,13 @@ table and figure under ``RUN/analysis/``.
 from __future__ import annotations
 
 import argparse
-import sys
 
 from mhainterp.cli.options import add_n_eval, add_runtime_args, check_run_folders
 from mhainterp.cli.pretrained_options import (
-    TEXT_N_EVAL,
     add_pretrained_args,
-    check_model_name,
-    load_model,
+    load_and_announce,
+    model_plan,
     n_eval_for,
-    n_eval_given,
-    sentences_line,
     text_n_eval_default,
 )
 from mhainterp.cli.static import DEFAULT_N_EVAL
@@ -85,17 +81,13 @@ def _cmd_analyze_pretrained(args: argparse.Namespace) -> int:
     import contextlib
     from pathlib import Path
 
-    name = check_model_name(args.model, args.text)
-    n_eval = n_eval_for(args, TEXT_N_EVAL)
-    default = "" if n_eval_given(args) else " (the default on text; --n-eval to change)"
+    name, n_eval, note = model_plan(args)
     from mhainterp.analyze import analyze_pretrained
     from mhainterp.pretrained import quiet_loading
 
     out = Path(args.out or Path("runs") / Path(name).name)
     with quiet_loading() if args.quiet else contextlib.nullcontext():
-        model = load_model(name)
-        if not args.quiet:  # said once the model is there: an error stays one line
-            print(sentences_line(name, args.text, n_eval, default), file=sys.stderr)
+        model = load_and_announce(args, name, n_eval, note)
         written = analyze_pretrained(
             model,
             args.text,

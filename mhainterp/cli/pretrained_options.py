@@ -109,6 +109,26 @@ def load_model(name: str, **kwargs: Any) -> Any:
         raise invalid("--model", name, str(error)) from None
 
 
+def model_plan(args: argparse.Namespace) -> tuple[str, int, str]:
+    """``(model name, sentences to evaluate, note)`` of a ``--model`` command: the name checked,
+    ``--n-eval`` or the text default, and the note that says the default was taken."""
+    name = check_model_name(args.model, args.text)
+    n_eval = n_eval_for(args, TEXT_N_EVAL)
+    note = "" if n_eval_given(args) else " (the default on text; --n-eval to change)"
+    return name, n_eval, note
+
+
+def load_and_announce(args: argparse.Namespace, name: str, n_eval: int, note: str) -> Any:
+    """Load the model, then say what the command evaluates (on stderr, unless ``--quiet``):
+    said once the model is there, so a loading error stays one line."""
+    import sys
+
+    model = load_model(name)
+    if not args.quiet:
+        print(sentences_line(name, args.text, n_eval, note), file=sys.stderr)
+    return model
+
+
 def sentences_line(name: str, text: str, n_eval: int, note: str = "") -> str:
     """``"minilm: 64 of 335 sentences of stdlib (...)"``: what the command evaluates."""
     from mhainterp.tasks.text import text_sentences

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -27,13 +26,10 @@ from mhainterp.cli.options import (
 )
 from mhainterp.cli.pretrained_options import (
     DEFAULT_BY,
-    TEXT_N_EVAL,
     add_pretrained_args,
-    check_model_name,
-    load_model,
+    load_and_announce,
+    model_plan,
     n_eval_for,
-    n_eval_given,
-    sentences_line,
     text_n_eval_default,
 )
 from mhainterp.cli.static import DEFAULT_N_EVAL
@@ -165,17 +161,13 @@ def _cmd_specialize_pretrained(args: argparse.Namespace) -> int:
     from mhainterp.analyze.pretrained_verdict import specialize_pretrained
     from mhainterp.pretrained import quiet_loading
 
-    name = check_model_name(args.model, args.text)
-    n_eval = n_eval_for(args, TEXT_N_EVAL)
-    default = "" if n_eval_given(args) else " (the default on text; --n-eval to change)"
+    name, n_eval, note = model_plan(args)
     args.n_eval = n_eval
     settings = settings_from_args(args)
     by = None if args.by == DEFAULT_BY else by_axes(args)
     out = Path(args.out or Path("runs") / Path(name).name)
     with quiet_loading() if args.quiet else contextlib.nullcontext():
-        model = load_model(name)
-        if not args.quiet:  # said once the model is there: an error stays one line
-            print(sentences_line(name, args.text, n_eval, default), file=sys.stderr)
+        model = load_and_announce(args, name, n_eval, note)
         verdict = specialize_pretrained(
             model,
             args.text,
