@@ -4,7 +4,10 @@ and the host-sync budgets (DESIGN.md, "Devices").
 CI has no GPU. On the strict device a CPU tensor meeting a device tensor, a ``.numpy()`` of a
 device tensor or a CPU generator for a device factory fails as on CUDA, and every host sync is
 counted. The device computes with the CPU's kernels, so each call's tables must equal the CPU's
-exactly: a difference would be a path taken only on a device.
+exactly: a difference would be a path taken only on a device. One such path is by design: the
+CPU scores an attention-only last layer's ablated copies through the linear readout, a device
+by full forwards (``fast.linear_readout.applies``). The CPU's references here take the full
+forward too (the readout is tested equal to it in ``test_ablation.py``), so equality stays exact.
 """
 
 from __future__ import annotations
@@ -42,12 +45,20 @@ from mhainterp import (
 from mhainterp.attribution import attribution_patching
 from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.explore.session import ExploreSession
+from mhainterp.fast import linear_readout
 from mhainterp.fast.stacked import sample_many, train_many
 from mhainterp.scoring import Totals
 from mhainterp.similarity import SIMILARITY_METHODS, cross_model_similarity
 from mhainterp.training import evaluate, train
 
 N_EVAL = 48
+LINEAR_READOUT_APPLIES = linear_readout.applies  # before the fixture below replaces it
+
+
+@pytest.fixture(autouse=True)
+def cpu_runs_full_forwards(monkeypatch):
+    """The CPU's references score ablated copies as the device does: by full forwards."""
+    monkeypatch.setattr(linear_readout, "applies", lambda model, layer: False)
 
 
 @pytest.fixture(scope="module")
@@ -487,17 +498,21 @@ def test_train_still_stops_at_the_first_bad_loss(task, model):
     assert str(on_dev.value) == str(on_cpu.value)
 
 
+@pytest.mark.parametrize("kind", [{"normalization_type": "LN"}, {"attn_only": True}])
 @pytest.mark.parametrize("method", ["zero", "mean", "resample"])
-def test_an_ablation_makes_the_same_syncs_whatever_the_number_of_head_sets(method, task):
+def test_an_ablation_makes_the_same_syncs_whatever_the_number_of_head_sets(
+    method, task, kind, monkeypatch
+):
     """A handful per call (the plan, the replacement, the table), none per forward: the 28
     pairs of heads in 14 forwards cost what 2 head sets do in one (it was 112 against 10).
-    A model with LayerNorm, so that every forward is a full one (the linear readout of
-    attention-only last layers checks its near ties from the host, once per forward)."""
-    cpu = build_model(
-        task, d_model=16, n_heads=4, n_layers=2, seed=0, device="cpu", normalization_type="LN"
-    )
+    Both kinds of model: with LayerNorm every forward is a full one; attention-only, the CPU
+    scores the last layer's copies through the linear readout, whose tie guard reads from the
+    host once per chunk, so on a device the engine runs full forwards instead."""
+    cpu = build_model(task, d_model=16, n_heads=4, n_layers=2, seed=0, device="cpu", **kind)
     heads = [f"L{layer}H{head}" for layer in range(2) for head in range(4)]
     many = [[a, b] for a in heads for b in heads if a < b]  # 28
+
+    monkeypatch.setattr(linear_readout, "applies", LINEAR_READOUT_APPLIES)  # the real rule
 
     def syncs(head_sets: list) -> tuple[int, list]:
         with strict_device() as device:
@@ -509,8 +524,19 @@ def test_an_ablation_makes_the_same_syncs_whatever_the_number_of_head_sets(metho
     few, _, report = syncs([[], ["L1H0"]])
     more, metrics, _ = syncs(many)
     assert few == more <= 8, report
-    expected = evaluate_head_sets(cpu, task, many, method, n_eval=32, max_rows=64).metrics()
+    with monkeypatch.context() as full_forwards:  # the device's path, on the CPU
+        full_forwards.setattr(linear_readout, "applies", lambda model, layer: False)
+        expected = evaluate_head_sets(cpu, task, many, method, n_eval=32, max_rows=64).metrics()
     assert metrics == expected
+
+
+def test_the_linear_readout_is_a_cpu_path(task):
+    """Its tie guard reads from the host once per chunk: on a device the engine runs full
+    forwards, so that an ablation's syncs stay constant (the test above)."""
+    cpu = build_model(task, d_model=16, n_heads=4, n_layers=1, seed=0, device="cpu", attn_only=True)
+    assert LINEAR_READOUT_APPLIES(cpu, 0)
+    with strict_device():
+        assert not LINEAR_READOUT_APPLIES(on_device(cpu), 0)
 
 
 def test_validate_inputs_makes_no_sync_on_device_tokens(model):

@@ -14,6 +14,9 @@ It is a fenced copy of :meth:`HookedMHATransformer.logits_from_z` for that case,
 it (``tests/test_ablation.py``), and it uses only public model methods. A change to the model's
 forward after ``hook_z`` must be followed here (``model.py`` names this module).
 
+**CPU only.** On a device where reading a value waits (a GPU), :func:`applies` is False and
+the engine runs full forwards, so that the tie guard's read is no host sync per chunk.
+
 **Tie guard.** Where a scored position's best two logits are within a relative 1e-4 (hand-built
 models have exact ties), float rounding of the sum could pick another argmax than the model's own
 forward; those (copy, sequence) pairs are re-scored with the full forward.
@@ -43,8 +46,16 @@ TIE_TOLERANCE = 1e-4
 
 
 def applies(model: HookedModel, layer: int) -> bool:
-    """Whether the readout after layer ``layer``'s ``hook_z`` is linear and unhooked."""
+    """Whether the readout after layer ``layer``'s ``hook_z`` is linear and unhooked, on a
+    device whose values the host reads without waiting.
+
+    On a GPU the tie guard's read (one per chunk) would be a host sync per forward, and the
+    full forward it saves is cheap there: so the fast path is a CPU path, and an ablation job
+    makes the same few syncs whatever the number of head sets (``tests/test_strict_device.py``).
+    """
     cfg = model.cfg
+    if not reads_without_wait(next(model.parameters()).device):
+        return False
     if layer != cfg.n_layers - 1 or not cfg.attn_only or cfg.normalization_type is not None:
         return False
     if getattr(cfg, "use_attn_result", False):
