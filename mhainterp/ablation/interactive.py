@@ -20,6 +20,7 @@ from torch import Tensor
 
 from mhainterp.ablation.engine import head_masks, run_masks
 from mhainterp.ablation.replacement import (
+    RESAMPLE_SEED,
     CleanCache,
     Method,
     Replacement,
@@ -35,8 +36,6 @@ from mhainterp.scoring import PositionScores, Totals, metric_names
 from mhainterp.validation import check_int
 
 __all__ = ["DEFAULT_CACHE_BYTES", "DEFAULT_CACHE_SIZE", "Ablator"]
-
-_RESAMPLE_SEED = 0
 
 DEFAULT_CACHE_SIZE = 128
 """Configurations (method, heads) whose results an :class:`Ablator` keeps, least recently used
@@ -132,7 +131,7 @@ class Ablator:
             else as_batch(reference, n_eval=n_eval, name="reference")
         )
         if generator is None:
-            generator = torch.Generator().manual_seed(_RESAMPLE_SEED)
+            generator = torch.Generator().manual_seed(RESAMPLE_SEED)
         self._seed_state = generator.get_state()
         self._replacements: dict[str, Replacement] = {}
         self._cache: OrderedDict[_Key, _Entry] = OrderedDict()

@@ -29,7 +29,11 @@ from mhainterp.ablation import METHODS as ABLATION_METHODS
 from mhainterp.heads import head_set_labels, parse_head_label
 from mhainterp.render import format_p
 from mhainterp.specialization.settings import DIVISION_DEFAULTS
-from mhainterp.specialization.whom.division_calls import zero_artefact, zero_left_out_text
+from mhainterp.specialization.whom.division_calls import (
+    CALLS,
+    zero_artefact,
+    zero_left_out_text,
+)
 from mhainterp.stats import correction_name
 
 __all__ = [
@@ -113,10 +117,6 @@ def _mean_std(values: list[float]) -> str:
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
-
-CALLS = ("divided", "not divided", "cannot tell", "method-dependent")
-"""The per-axis calls of the division test (the verdict contract), in the order a headline
-names them."""
 
 METHODS = (
     DIVISION_DEFAULTS["method"],

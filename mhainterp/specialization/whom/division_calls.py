@@ -55,6 +55,8 @@ __all__ = [
 
 BASES = ("single", "kept", "group")
 CALLS = ("divided", "not divided", "cannot tell", "method-dependent")
+"""The per-axis calls of the division test (the verdict contract), in the order a headline
+names them."""
 TOLERANCE = 1e-9  # rounding: identical profiles give an index of +-1e-16, not a split
 
 
