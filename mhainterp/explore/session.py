@@ -187,7 +187,7 @@ class ExploreSession(Ablator):
         Returns:
             ``{"method", "ablated", "overall", "by"}``. ``overall`` is ``{"loss": {"clean",
             "ablated"}, "accuracy": {...}, "n_scored"}``; ``by[axis]`` (axis one of
-            :attr:`axes`) is a list of rows ``{"key", "n", "loss": {"clean", "ablated"},
+            ``axes``) is a list of rows ``{"key", "n", "loss": {"clean", "ablated"},
             "accuracy": {...}}``, one per value of the axis that has scored pairs (key: the
             value's name as the division of labour writes it, a string). With no head
             ablated, ``ablated`` equals ``clean`` exactly.
@@ -321,7 +321,7 @@ class ExploreSession(Ablator):
         """Each head's importance alone: the change in :attr:`importance_quantity` when it
         alone is ablated with ``method`` (default: the current one).
 
-        Exact (:attr:`importance_source`): the single heads are scored once per method in one
+        Exact (``importance_source``): the single heads are scored once per method in one
         batched pass, per position, into the Ablator's cache, so the first click on any head
         is a cache hit. Attribution: every method's estimate from one forward + backward
         (:func:`~mhainterp.attribution.attribution_patching` on the evaluation batch, which is

@@ -27,7 +27,7 @@ class ExplorerWidget(anywidget.AnyWidget):
 
     Attributes:
         explorer: The :class:`Explorer` it shows; ``widget.explorer.session`` is the
-            :class:`ExploreSession`, for reading the numbers from code.
+            :class:`~mhainterp.explore.session.ExploreSession`, for reading the numbers from code.
     """
 
     _esm = ASSET_DIR / "explorer.js"

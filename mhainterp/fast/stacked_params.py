@@ -95,7 +95,8 @@ def _shape_key(cfg: ModelConfig) -> dict[str, Any]:
 
 
 def check_batchable(models: Sequence[HookedMHATransformer]) -> None:
-    """Raise ``ValueError`` unless the models can be trained together by :func:`train_many`.
+    """Raise ``ValueError`` unless the models can be trained together by
+    :func:`~mhainterp.fast.stacked.train_many`.
 
     They must be :class:`HookedMHATransformer` s with equal configs except ``n_heads`` (and the
     derived ``d_head``) and ``seed``, no hooks attached, and the standard parameters only.
@@ -141,8 +142,8 @@ class StackedModels:
     """The parameters of ``M`` same-shaped models in one ``[M, P]`` buffer, with its gradient.
 
     Each forward-pass weight is a leaf tensor ``[M, *shape]`` that is a *view* of row slices of
-    :attr:`flat`, with its ``.grad`` a view of :attr:`grad`. Autograd accumulates gradients in
-    place into those views, so after ``backward()`` the whole gradient is :attr:`grad`, and an
+    ``flat``, with its ``.grad`` a view of ``grad``. Autograd accumulates gradients in
+    place into those views, so after ``backward()`` the whole gradient is ``grad``, and an
     optimiser step or a per-model norm is one op over the buffer.
 
     Attributes:
@@ -228,7 +229,7 @@ class StackedModels:
 
     @torch.no_grad()
     def write_to(self, row: int, model: HookedMHATransformer, flat: Tensor | None = None) -> None:
-        """Copy row ``row`` (of ``flat``, default :attr:`flat`) into ``model``'s parameters."""
+        """Copy row ``row`` (of ``flat``, default ``flat``) into ``model``'s parameters."""
         values = self.state_dict(row, flat)
         for name, param in model.named_parameters():
             param.copy_(values[name])

@@ -71,8 +71,9 @@ def division_heatmap(
     lone damaging head) is removed. A panel's title names the axis's call and that basis, so
     the figure shows the evidence of the sentence it illustrates (a call on kept-head
     profiles beside a blank single-head heatmap showed none). A ``*`` marks a value a head
-    serves (:attr:`DivisionResult.heads` ``serves``: significant and an effect), on the
-    profile of the head's own basis, and only on a cell that shows at least ``min_damage``.
+    serves (:attr:`~mhainterp.specialization.DivisionResult.heads` ``serves``: significant and an
+    effect), on the profile of the head's own basis, and only on a cell that shows at least
+    ``min_damage``.
 
     Panels sit side by side, or one per row when side by side would make a strip more than
     four times as wide as it is high (few heads, many values). Values left out of the indices
@@ -81,15 +82,17 @@ def division_heatmap(
     not evidence of anything.
 
     Args:
-        profiles: :attr:`DivisionResult.profiles` (``head_label, by, value, damage,
-            in_index``), the single-head profiles.
-        heads: :attr:`DivisionResult.heads`; its ``serves`` (and ``basis``) place the ``*``.
+        profiles: :attr:`~mhainterp.specialization.DivisionResult.profiles` (``head_label, by,
+            value, damage, in_index``), the single-head profiles.
+        heads: :attr:`~mhainterp.specialization.DivisionResult.heads`; its ``serves`` (and
+            ``basis``) place the ``*``.
         min_damage: Accuracy below which a cell counts as nothing (the library's
             ``min_damage`` default).
-        basis_profiles: :attr:`DivisionResult.basis_profiles`, the kept-head and group
-            profiles (without them every panel is single-head).
-        index: :attr:`DivisionResult.index`; its ``basis`` and ``call`` per axis pick each
-            panel's profiles and title (without it: single-head, titled by the axis alone).
+        basis_profiles: :attr:`~mhainterp.specialization.DivisionResult.basis_profiles`, the
+            kept-head and group profiles (without them every panel is single-head).
+        index: :attr:`~mhainterp.specialization.DivisionResult.index`; its ``basis`` and ``call``
+            per axis pick each panel's profiles and title (without it: single-head, titled by
+            the axis alone).
 
     Example:
         >>> fig = division_heatmap(result.profiles, result.heads,
@@ -407,9 +410,10 @@ def _index_panel(ax: plt.Axes, part: pd.DataFrame, log_x: bool) -> None:
 
 
 def save_division_figures(result: object, folder: str | os.PathLike[str]) -> list[Path]:
-    """Draw the heatmap of a :class:`DivisionResult` (each axis on its call's basis) into
-    ``folder/division_profiles.png``, beside ``division_profiles.csv`` (which
-    :meth:`DivisionResult.save` wrote); nothing when the result has no profiles.
+    """Draw the heatmap of a :class:`~mhainterp.specialization.DivisionResult` (each axis on its
+    call's basis) into ``folder/division_profiles.png``, beside ``division_profiles.csv`` (which
+    :meth:`~mhainterp.specialization.DivisionResult.save` wrote); nothing when the result has no
+    profiles.
 
     Example:
         >>> save_division_figures(result, "runs/cp/runs/h8_seed0/analysis")  # doctest: +SKIP

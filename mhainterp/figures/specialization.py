@@ -90,8 +90,8 @@ def role_heatmap(
     relations come first and carry a trailing ``†`` on the axis.
 
     Args:
-        roles: :attr:`SpecializationResult.roles` (``run, head_label, role, task_relation``,
-            ``value``, ``p_adj``, ``significant``).
+        roles: :attr:`~mhainterp.specialization.SpecializationResult.roles` (``run, head_label,
+            role, task_relation``, ``value``, ``p_adj``, ``significant``).
         value: The column to colour by (``"score"`` or ``"effect"``).
         alpha: The level the ``*`` mark uses (the test's ``alpha``).
         max_runs: Draw at most this many runs.
@@ -157,7 +157,8 @@ def causal_matrix_figure(causal: pd.DataFrame, *, max_runs: int = 4) -> plt.Figu
     """Heads x targets heatmap of the accuracy drop when the head is ablated alone.
 
     Args:
-        causal: :attr:`SpecializationResult.causal` (``run, head_label, target, damage``).
+        causal: :attr:`~mhainterp.specialization.SpecializationResult.causal` (``run, head_label,
+            target, damage``).
         max_runs: Draw at most this many runs.
 
     Example:
@@ -213,8 +214,8 @@ def specialization_vs_heads(runs: pd.DataFrame) -> plt.Figure:
     :func:`mhainterp.figures.division.division_vs_heads`.
 
     Args:
-        runs: :attr:`SweepSpecialization.runs` (``task, n_heads, seed, n_relations,
-            heads_per_relation, frac_backed_up, frac_dead`` and ``val_accuracy`` or
+        runs: :attr:`~mhainterp.specialization.SweepSpecialization.runs` (``task, n_heads, seed,
+            n_relations, heads_per_relation, frac_backed_up, frac_dead`` and ``val_accuracy`` or
             ``accuracy``; ``heads_per_relation`` is NaN for a seed without a relation).
 
     Example:
@@ -278,8 +279,8 @@ def consistency_figure(consistency: pd.DataFrame) -> plt.Figure:
     consistency, a grey dash the random-matching null and a red dash the head-shuffled null.
 
     Args:
-        consistency: :attr:`SpecializationResult.consistency` (``task, n_heads, consistency,
-            random_matching, null_shuffled``).
+        consistency: :attr:`~mhainterp.specialization.SpecializationResult.consistency` (``task,
+            n_heads, consistency, random_matching, null_shuffled``).
 
     Example:
         >>> fig = consistency_figure(result.consistency)  # doctest: +SKIP

@@ -17,8 +17,8 @@ Each head then gets one **label** (:mod:`.labels`): ``"dead"`` > ``"backed up"``
 role (e.g. ``"previous"``, or ``"count:same_token_upto+sink"`` for a counting head) >
 ``"unspecialized"`` (which includes heads that mix two relations), the flags ``holds``,
 ``needed``, ``backed_up``, ``dead``, and the share of its attention the known roles
-``explained``; the run gets a :class:`~.verdict.RunVerdict` whose text is generated from the
-tables. Whom the heads serve (the division test) enters with ``division=True`` (it runs
+``explained``; the run gets a :class:`~mhainterp.specialization.RunVerdict` whose text is generated
+from the tables. Whom the heads serve (the division test) enters with ``division=True`` (it runs
 :func:`~mhainterp.specialization.division_of_labour`), ``division=`` a result of it, or
 :func:`attach_division` afterwards; without it the verdict does not claim that the heads
 divide the work.

@@ -87,7 +87,7 @@ class SweepSpecialization:
     """What :func:`sweep_specialization` returns.
 
     Attributes:
-        runs: One row per run (:data:`~mhainterp.specialization.battery.RUN_COLUMNS` plus
+        runs: One row per run (:data:`~mhainterp.specialization.verdict.result.RUN_COLUMNS` plus
             ``run_dir``, relative to the first sweep folder, and ``val_accuracy``).
         summary: One row per (task, n_heads), columns :data:`SUMMARY_COLUMNS`.
         result: The stacked :class:`~mhainterp.specialization.battery.SpecializationResult`.

@@ -242,7 +242,7 @@ def load_curves(
     """Stack every run's ``metrics.csv`` into one tidy table.
 
     Args:
-        results: A per-run table (:func:`run_sweep`, :func:`read_results`).
+        results: A per-run table (:func:`run_sweep`, :func:`~mhainterp.runs.read_results`).
         sweep_dir: The folder of the ``results.csv`` the table was read from, when its
             ``run_dir`` entries are as stored there (relative to it).
 

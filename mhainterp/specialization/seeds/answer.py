@@ -152,8 +152,9 @@ def _needed_clause(row: pd.Series) -> str:
 
 
 def _effect_clauses(shown: pd.DataFrame) -> list[str]:
-    """The changes beyond the spread other than the accuracy, in words, largest first within
-    each family; families in :data:`_EFFECT_ORDER`."""
+    """The changes beyond the spread other than the accuracy, in words: the needed family
+    (backed-up share first), then the division (whom), then where heads look, largest first
+    within each family."""
     clauses: list[str] = []
     needed = shown[shown["family"] == "needed"]
     backed = needed[needed["measure"] == "frac_backed_up"]

@@ -86,19 +86,18 @@ SUMMARY_COLUMNS = [
     "consistency_p",
     "consistency_p_floor",
 ]
-"""Columns of :attr:`SweepSpecialization.summary`, one row per (task, n_heads): the graded
-numbers of the verdict as seed mean and sample std (``_mean``, ``_std``; std NaN with one
-seed). Counts and shares are separate columns, never mixed: ``n_relations`` (relations some
-live head holds) and ``heads_per_relation`` (over the ``n_seeds_with_relation`` seeds that
-have one) are counts; ``frac_*`` are shares of all heads (needed, backed up, dead,
-labels that change with a threshold x 0.8 or x 1.25). ``division_{axis}_*`` per axis of the
-division of labour: of the ``n_measured`` seeds where it was measured, the index's seed
-``mean`` and ``std`` over the ``n_defined`` where it is defined (two or more heads or groups
-do the work), its null (same-function heads: noisy copies of the model compared on split
-halves of the sequences): ``null`` the seed mean of the null's mean, ``null_high`` the seed
-mean of its upper ``1 - alpha`` quantile, the line each seed's call uses, and ``n_beyond``,
-the seeds whose call is "divided". ``accuracy`` is the sweep's ``val_accuracy`` when
-known; the consistency columns are NaN with fewer than 2 seeds."""
+"""Columns of :attr:`~mhainterp.specialization.SweepSpecialization.summary`, one row per (task,
+n_heads): the graded numbers of the verdict as seed mean and sample std (``_mean``, ``_std``; std
+NaN with one seed). Counts and shares are separate columns, never mixed: ``n_relations`` (relations
+some live head holds) and ``heads_per_relation`` (over the ``n_seeds_with_relation`` seeds that have
+one) are counts; ``frac_*`` are shares of all heads (needed, backed up, dead, labels that change
+with a threshold x 0.8 or x 1.25). ``division_{axis}_*`` per axis of the division of labour: of the
+``n_measured`` seeds where it was measured, the index's seed ``mean`` and ``std`` over the
+``n_defined`` where it is defined (two or more heads or groups do the work), its null (same-function
+heads: noisy copies of the model compared on split halves of the sequences): ``null`` the seed mean
+of the null's mean, ``null_high`` the seed mean of its upper ``1 - alpha`` quantile, the line each
+seed's call uses, and ``n_beyond``, the seeds whose call is "divided". ``accuracy`` is the sweep's
+``val_accuracy`` when known; the consistency columns are NaN with fewer than 2 seeds."""
 
 
 def display_summary(group: pd.DataFrame, alpha: float = 0.05) -> list[tuple[str, pd.DataFrame]]:
@@ -200,12 +199,12 @@ def specialization_summary(
     """Per (task, n_heads): the verdict's graded numbers over seeds (:data:`SUMMARY_COLUMNS`).
 
     Args:
-        runs: The per-run table (:data:`~mhainterp.specialization.battery.RUN_COLUMNS`; with
+        runs: The per-run table (:data:`~mhainterp.specialization.verdict.result.RUN_COLUMNS`; with
             ``val_accuracy`` or ``accuracy``). Columns it lacks are NaN in the summary.
         consistency: ``"task/h"`` -> consistency summary (from the combined verdict).
         division: The division indices per run and axis (``run, by, index, null_index``, as
-            :attr:`SpecializationResult.division`); the ``run`` names match ``runs``. Whether
-            a run is beyond the null is read from its ``specialized_along``.
+            :attr:`~mhainterp.specialization.SpecializationResult.division`); the ``run`` names
+            match ``runs``. Whether a run is beyond the null is read from its ``specialized_along``.
 
     Example:
         >>> runs = pd.DataFrame({"run": ["a", "b"], "task": ["t", "t"], "n_heads": [2, 2],

@@ -4,6 +4,6 @@
 ``labels``      one label per head and the flags holds / needed / backed_up / dead
 ``sentences``   the verdict objects whose text is generated from the numbers
 ``stability``   labels re-decided with every threshold moved, from the saved evidence
-``result``      :class:`SpecializationResult`: the tables' columns, save and load
+``result``      :class:`~.result.SpecializationResult`: the tables' columns, save and load
 ==============  =========================================================================
 """

@@ -65,7 +65,8 @@ HEAD_COLUMNS = [
     "serves",
     "finding",
 ]
-"""Columns of :attr:`SpecializationResult.heads` (see :func:`label_heads`)."""
+"""Columns of :attr:`SpecializationResult.heads` (see
+:func:`~mhainterp.specialization.label_heads`)."""
 
 _TEXT_COLUMNS = (
     "role",
@@ -157,7 +158,7 @@ class SpecializationResult:
             labels can be re-decided without the data.
         stability: The labels re-decided with each threshold x 0.8 / x 1.25 (``run`` +
             :data:`.stability.STABILITY_COLUMNS`).
-        verdict: The :class:`~.verdict.Verdict`.
+        verdict: The :class:`~mhainterp.specialization.Verdict`.
         settings: The settings used.
         division: Optional division indices per run and axis (``run, by, index,
             null_index, p``; empty when the division test was not run).

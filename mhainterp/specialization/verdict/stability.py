@@ -199,9 +199,9 @@ def run_stability(
 def label_stability(
     result: SpecializationResult, factors: Sequence[float] = FACTORS
 ) -> pd.DataFrame:
-    """Re-label every run of a :class:`~.core.SpecializationResult` with each threshold x
-    each factor and count the labels that change (module docstring). What
-    :func:`~.core.specialization_test` stores as ``result.stability``; call it again on a
+    """Re-label every run of a :class:`~mhainterp.specialization.SpecializationResult` with each
+    threshold x each factor and count the labels that change (module docstring). What
+    :func:`~mhainterp.specialization_test` stores as ``result.stability``; call it again on a
     saved result to try other factors.
 
     Returns:

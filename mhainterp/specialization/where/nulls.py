@@ -27,7 +27,7 @@ union of the two null hypotheses). A role without a permutation null
 tested against the initialisation null alone, ``p = p_init``, with the effect measured from the
 untrained heads: ``(score - init_mean) / (1 - init_mean)``, the share of the way from an
 untrained head's spread to perfectly even. These p-values are adjusted over every testable
-head x role pair of a run (Holm by default, :mod:`mhainterp.specialization.corrections`), and a
+head x role pair of a run (Holm by default, :func:`~mhainterp.stats.adjust_pvalues`), and a
 role is *significant* when ``p_adj < alpha`` and its effect size is at least ``min_effect``.
 """
 

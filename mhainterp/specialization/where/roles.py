@@ -633,7 +633,8 @@ def permutation_null_samples(
     Args:
         patterns: One head's attention ``[n, T, T]`` (rows of padding queries 0).
         template: The role's 0/1 template ``[n, T, T]``.
-        visible: Which keys each query may see ``[n, T, T]`` (:func:`capture.visible_keys`).
+        visible: Which keys each query may see ``[n, T, T]``
+            (:func:`~mhainterp.capture.core.visible_keys`).
         n_permutations: Number of draws ``M``.
         generator: Source of randomness (seed 0 when None).
         chunk: Draws per vectorised step (bounds memory at ``chunk * n * T * T``).

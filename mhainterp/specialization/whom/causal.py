@@ -116,7 +116,7 @@ def target_damage(
 
     One pass of the ablation engine with per-position outputs (the clean model and every
     single-head ablation), shared with the division of labour:
-    :func:`~mhainterp.specialization.whom.division.triple_damage`, summed per sequence and target.
+    :func:`~mhainterp.specialization.whom.damage.triple_damage`, summed per sequence and target.
 
     Args:
         model: The model.

@@ -255,7 +255,7 @@ def _null_draws(ev: Evidence, configs: Configs, basis: str, defined: Tensor, met
 def index_rows(
     ev: Evidence, configs: Configs, gate: dict[str, Gates], basis: str, s: DivisionSettings
 ) -> list[dict]:
-    """The rows of :attr:`DivisionResult.index`, one per axis (columns in
+    """The rows of :attr:`~mhainterp.specialization.DivisionResult.index`, one per axis (columns in
     :mod:`~.division_result`); every axis's statistics computed at once."""
     primary = gate[s.method]
     B = s.n_bootstrap
@@ -446,8 +446,8 @@ def heads_rows(
     s: DivisionSettings,
     generator: torch.Generator,
 ) -> list[dict]:
-    """Columns of :attr:`DivisionResult.heads`, one dict per axis; every axis's statistics
-    computed at once.
+    """Columns of :attr:`~mhainterp.specialization.DivisionResult.heads`, one dict per axis; every
+    axis's statistics computed at once.
 
     A head is **specialized** along an axis when its profile is significantly more selective
     than both nulls (``p_adj < alpha``, corrected over every head and axis), by an effect of
