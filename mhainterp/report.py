@@ -79,7 +79,7 @@ from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, ROLE_NULLS, SAME
 from mhainterp.specialization.seeds.summary import BLOCK_MARK, display_summary
 from mhainterp.specialization.verdict.sentences import BASIS_NAMES
 from mhainterp.specialization.whom.selectivity import SELECTIVITY_MEANING
-from mhainterp.stats import POWER_NOTE_MARK, comparison_display
+from mhainterp.sweep.compare import POWER_NOTE_MARK, comparison_display
 from mhainterp.sweep.summary import ACCURACY_BLOCK_MARK
 
 __all__ = ["write_report"]
@@ -549,7 +549,7 @@ COMPARISON_RULE = (
 
 
 def _is_power_note(note: str) -> bool:
-    """Whether ``note`` is :func:`mhainterp.stats.seed_power_note`'s sentence."""
+    """Whether ``note`` is :func:`mhainterp.sweep.compare.seed_power_note`'s sentence."""
     return POWER_NOTE_MARK in note
 
 

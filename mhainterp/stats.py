@@ -1,6 +1,7 @@
-"""Small, honest statistics for comparing head counts over seeds.
+"""The statistics: tests, intervals, corrections and power, in numbers only.
 
-With 3 seeds nothing is certain; these functions report what the data allow and never hide n.
+Small and honest: with 3 seeds nothing is certain; these functions report what the data allow
+and never hide n.
 
 **Which test and interval, by n** (seeds per group; :data:`ASYMPTOTIC_MIN_SEEDS` = 10):
 
@@ -19,14 +20,20 @@ With 3 seeds nothing is certain; these functions report what the data allow and 
 Yes/no outcomes use Fisher's exact test. Undefined values (NaN: an index one head cannot have,
 a "cannot tell" call) are left out of every test, never counted as "no".
 
-- :func:`compare_seeds` is the one comparison of two groups of seeds: the difference of
-  means, its interval, the test suited to n, its floor and whether the groups are completely
-  separated. It never returns p = 0.
-- :func:`compare_head_counts` compares *adjacent* head counts of each task on every measure
-  (where the measure is defined at both), Holm-corrected over the task's block
-  (:func:`beyond_seed_spread`); :func:`comparison_sentence` writes one row.
-- :func:`seeds_to_settle` and :func:`seed_power_note` say what ``n`` seeds can show, and what
-  n would settle a comparison that is still open.
+- corrections: :func:`adjust_pvalues` (:func:`holm`, :func:`benjamini_hochberg`), and over one
+  block of comparisons :func:`holm_block` and :func:`beyond_seed_spread`;
+- two groups: :func:`compare_seeds` is the one comparison of two groups of seeds: the
+  difference of means, its interval (:func:`difference_interval`), the test suited to n, its
+  floor and whether the groups are completely separated. It never returns p = 0;
+- power: :func:`seeds_for_floor`, :func:`seeds_for_power` and :func:`seeds_to_settle` say
+  what n seeds can show and what n would settle a comparison that is still open;
+- a mean: :func:`describe` (mean, std, n) and :func:`mean_interval`.
+
+What lives elsewhere: the head-count comparison built on these, and every sentence that says a
+result in words, are :mod:`mhainterp.sweep.compare`'s (``compare_head_counts``,
+``comparison_sentence``, ``seed_power_note``). This module writes no sentences (test names,
+interval methods and short error values only; ``tests/test_architecture.py`` checks it) and
+imports nothing of ours but :mod:`mhainterp.validation`, so every layer may use it.
 
 Example:
     >>> compare_seeds([1.0, 1.0, 1.0], [0.0, 0.0, 0.0])["p"]  # exact: 2 of the 20 splits
@@ -42,10 +49,8 @@ from collections.abc import Sequence
 from typing import Any, Literal, get_args
 
 import numpy as np
-import pandas as pd
 from scipy import stats as scipy_stats
 
-from mhainterp.render import format_p
 from mhainterp.validation import check_float, check_option, invalid
 
 __all__ = [
@@ -53,34 +58,25 @@ __all__ = [
     "CONFIDENCE",
     "CORRECTIONS",
     "EXACT_TESTS",
-    "HEAD_COUNT_COLUMNS",
-    "format_number",
-    "mean_interval",
     "OUTCOME_KINDS",
-    "POWER_NOTE_MARK",
     "Correction",
     "OutcomeKind",
     "adjust_pvalues",
-    "all_seeds_equal",
     "as_pvalues",
     "benjamini_hochberg",
     "beyond_seed_spread",
     "bootstrap_interval",
-    "compare_head_counts",
     "compare_seeds",
-    "comparison_display",
-    "comparison_sentence",
     "correction_name",
-    "defined_head_counts",
+    "defined_values",
     "describe",
     "difference_interval",
-    "difference_text",
     "exact_permutation_p",
     "fisher_p",
     "holm",
     "holm_block",
+    "mean_interval",
     "permutation_floor",
-    "seed_power_note",
     "seeds_for_floor",
     "seeds_for_power",
     "seeds_to_settle",
@@ -101,6 +97,10 @@ test's floor is a bound and prints "< floor")."""
 ASYMPTOTIC_MIN_SEEDS = 10
 """From this many seeds in *both* groups, Welch's test and the bootstrap interval; below it,
 the exact permutation test and Welch's t interval (module docstring)."""
+
+CONFIDENCE = 0.95
+"""Level of every interval of seeds the toolkit reports: a head-count comparison's
+(:mod:`mhainterp.sweep.compare`) and a mean's (:func:`mean_interval`)."""
 
 _EXACT_LIMIT = 50_000
 """Above this many splits the permutation test draws this many at random instead (9 vs 9
@@ -233,8 +233,14 @@ def _no_spread(x: np.ndarray) -> bool:
     return bool(x.size) and float(np.ptp(x)) <= 1e-12 * max(1.0, float(np.abs(x).max()))
 
 
-def _defined(values: Sequence[float]) -> np.ndarray:
-    """The values as floats, undefined ones (NaN) left out."""
+def defined_values(values: Sequence[float]) -> np.ndarray:
+    """The values as a flat float array, undefined ones (NaN) left out: what every test here
+    compares (an outcome that cannot be measured is never counted as "no").
+
+    Example:
+        >>> defined_values([0.5, float("nan"), 1.0]).tolist()
+        [0.5, 1.0]
+    """
     x = np.asarray(values, dtype=float).ravel()
     return x[~np.isnan(x)]
 
@@ -394,7 +400,7 @@ def difference_interval(
         'none (no seed spread)'
     """
     check_float("confidence", confidence, minimum=0.0, maximum=1.0, inclusive=False)
-    x, y = _defined(a), _defined(b)
+    x, y = defined_values(a), defined_values(b)
     if x.size < 2 or y.size < 2:
         return {"low": math.nan, "high": math.nan, "method": "none (n < 2)"}
     if _no_spread(x) and _no_spread(y):
@@ -414,7 +420,7 @@ def separation(a: Sequence[float], b: Sequence[float]) -> int:
         >>> separation([0.1, 0.2], [0.3, 0.5]), separation([1, 1], [1, 1])
         (1, 0)
     """
-    x, y = _defined(a), _defined(b)
+    x, y = defined_values(a), defined_values(b)
     if not x.size or not y.size:
         return 0
     if y.min() > x.max():
@@ -457,7 +463,7 @@ def compare_seeds(
         2
     """
     check_option("kind", kind, OUTCOME_KINDS)
-    x, y = _defined(a), _defined(b)
+    x, y = defined_values(a), defined_values(b)
     out: dict[str, Any] = {
         "diff": float(y.mean() - x.mean()) if x.size and y.size else math.nan,
         "n_a": int(x.size),
@@ -612,102 +618,7 @@ def seeds_to_settle(
     return n
 
 
-POWER_NOTE_MARK = " per head count: "
-"""In every :func:`seed_power_note` sentence, right after ``n seed(s)``: how a reader that
-states it once (the report) knows it among other notes."""
-
-
-def seed_power_note(n_seeds: int, alpha: float = 0.05, n_comparisons: int = 1) -> str:
-    """One sentence on what ``n_seeds`` seeds per head count can and cannot show: the test and
-    interval used at that n, the exact test's floor, the level Holm over ``n_comparisons``
-    asks for, and the n at which a complete separation would reach it.
-
-    Example:
-        >>> seed_power_note(3)[:60]
-        '3 seeds per head count: an exact test of 3 vs 3 seeds cannot'
-        >>> "Welch's t test" in seed_power_note(30)
-        True
-    """
-    if n_seeds < 2:
-        return (
-            f"{n_seeds} seed{POWER_NOTE_MARK}no seed spread is known, so no difference between "
-            "head counts can be tested; rerun with 3 or more seeds."
-        )
-    floor = smallest_p(n_seeds, n_seeds)
-    level = alpha / max(1, n_comparisons)
-    holm = (
-        f"; with Holm over {n_comparisons} comparisons a difference needs p below {level:.2g}"
-        if n_comparisons > 1
-        else ""
-    )
-    if n_seeds >= ASYMPTOTIC_MIN_SEEDS:
-        return (
-            f"{n_seeds} seeds{POWER_NOTE_MARK}differences between head counts use Welch's t "
-            f"test and 95% percentile bootstrap intervals over seeds (from "
-            f"{ASYMPTOTIC_MIN_SEEDS} seeds per head count; an exact test of {n_seeds} vs "
-            f"{n_seeds} seeds could reach p = {floor:.2g}, so the floor no longer binds){holm}. "
-            "A difference Welch does not find is not shown to be absent."
-        )
-    reach = "cannot" if floor >= alpha else "can"
-    needed = seeds_for_floor(alpha, n_comparisons)
-    shown = (
-        "no difference between head counts can be shown at this n, whatever its size"
-        if floor >= level
-        else "a complete separation of the seeds reaches that level"
-    )
-    return (
-        f"{n_seeds} seeds{POWER_NOTE_MARK}an exact test of {n_seeds} vs {n_seeds} seeds "
-        f"{reach} reach p < {alpha:g} (its smallest p is {floor:.2g}); below "
-        f"{ASYMPTOTIC_MIN_SEEDS} seeds per head count every difference is tested exactly (a "
-        f"permutation test of the seed means){holm}, so {shown} (the exact test's floor falls "
-        f"below {level:.2g} from {needed} seeds per head count). Intervals are Welch t "
-        "intervals (they assume a normal seed spread); a difference not shown is not shown "
-        "to be absent."
-    )
-
-
-# ----------------------------------------------------------------------------- head counts
-
-CONFIDENCE = 0.95
-"""Level of every interval of a head-count comparison."""
-
-HEAD_COUNT_COLUMNS = [
-    "task",
-    "family",
-    "quantity",
-    "measure",
-    "n_heads_a",
-    "n_heads_b",
-    "n_a",
-    "mean_a",
-    "std_a",
-    "n_b",
-    "mean_b",
-    "std_b",
-    "diff",
-    "ci_low",
-    "ci_high",
-    "ci_method",
-    "test",
-    "p",
-    "p_floor",
-    "p_holm",
-    "n_holm",
-    "beyond",
-    "separated",
-    "n_to_settle",
-    "verdict",
-]
-"""Columns of :func:`compare_head_counts`, one row per (task, measure, adjacent pair of head
-counts ``a < b`` where the measure is defined at both): ``family`` the question the measure
-answers (its Holm family within the task); ``n_a, mean_a, std_a`` over the seeds
-where it is defined (likewise ``b``); ``diff = mean_b - mean_a`` with its 95% interval
-``ci_low, ci_high`` (``ci_method``: Welch t, bootstrap or none) ; ``test``, ``p`` and its
-``p_floor`` (:func:`compare_seeds`); ``p_holm`` over the ``n_holm`` tested rows of the task's
-family; ``beyond`` = ``p_holm < alpha`` (None when not tested); ``separated`` +1 / -1 when
-every seed of ``b`` lies above / below every seed of ``a``; ``n_to_settle`` the seeds per head
-count that would settle a comparison still open (:func:`seeds_to_settle`; inf when nothing
-differs, NaN when settled or not tested); ``verdict`` in words."""
+# ----------------------------------------------------------------------------- one group
 
 
 def mean_interval(
@@ -721,299 +632,8 @@ def mean_interval(
         >>> [round(v, 3) for v in mean_interval([0.5, 0.6, 0.7])]
         [0.352, 0.848]
     """
-    x = _defined(values)
+    x = defined_values(values)
     if x.size < 2:
         return math.nan, math.nan
     half = scipy_stats.t.ppf(0.5 + CONFIDENCE / 2, x.size - 1) * x.std(ddof=1) / math.sqrt(x.size)
     return float(max(bounds[0], x.mean() - half)), float(min(bounds[1], x.mean() + half))
-
-
-def defined_head_counts(per_seed: pd.DataFrame, column: str) -> list[int]:
-    """The head counts at which ``column`` has a value for some seed, ascending (h = 1 has
-    no division index: it is left out, never counted as 0).
-
-    Example:
-        >>> runs = pd.DataFrame({"n_heads": [1, 4, 8], "index": [float("nan"), 0.1, 0.3]})
-        >>> defined_head_counts(runs, "index")
-        [4, 8]
-    """
-    has_value = per_seed[column].notna()
-    return sorted(int(h) for h in per_seed.loc[has_value, "n_heads"].unique())
-
-
-def compare_head_counts(
-    per_seed: pd.DataFrame,
-    measures: Sequence[tuple[str, str] | tuple[str, str, str]],
-    *,
-    alpha: float = 0.05,
-) -> pd.DataFrame:
-    """Adjacent head counts of each task compared on every measure, Holm-corrected together
-    within each *family*: the measures that answer one question (does h change the accuracy;
-    whom the heads serve; ...). A measure given as ``(column, words)`` joins the family
-    ``"all"``, so measures given without a family form one block per task.
-
-    One family per question keeps each question's error rate at ``alpha`` however many
-    questions a grid asks, and keeps a family small enough that a complete separation of 6
-    vs 6 seeds (exact floor 0.0022) survives it up to 23 comparisons: one block over every
-    measure of four head counts (24 and more) could never pass.
-
-    Adjacent pairs (h = 1 vs 4 and 4 vs 8 of h in {1, 4, 8}) say *where* along h a measure
-    changes, and keep the family at ``(#head counts - 1)`` per measure, so Holm stays
-    usable; smallest vs largest would add one more per measure and say less. A measure
-    undefined at a head count (no seed has a value there) skips it: the pair is formed with
-    the next head count where it is defined.
-
-    Args:
-        per_seed: One row per run: ``task, n_heads`` and the ``measures`` columns (NaN where
-            undefined for that seed; a column it lacks is skipped).
-        measures: ``(column, words)`` or ``(column, words, family)``, in the order the block
-            lists them.
-        alpha: Family-wise error rate of one task's family.
-
-    Returns:
-        :data:`HEAD_COUNT_COLUMNS`.
-
-    Example:
-        >>> runs = pd.DataFrame({"task": ["t"] * 6, "n_heads": [4, 4, 4, 8, 8, 8],
-        ...                      "index": [0.10, 0.11, 0.09, 0.26, 0.30, 0.22]})
-        >>> row = compare_head_counts(runs, [("index", "division index")]).iloc[0]
-        >>> row["test"], float(row["p"]), int(row["separated"]), row["verdict"]
-        ('exact permutation', 0.1, 1, 'no difference shown (complete separation at the floor)')
-    """
-    check_float("alpha", alpha, minimum=0.0, maximum=1.0, inclusive=False)
-    families: dict[str, list[tuple[str, str]]] = {}
-    for column, words, *family in measures:
-        families.setdefault(family[0] if family else "all", []).append((column, words))
-    rows: list[dict[str, Any]] = []
-    for task, group in per_seed.groupby("task", sort=False):
-        for family, members in families.items():
-            block = [
-                row
-                for column, words in members
-                if column in group.columns
-                for row in _adjacent_rows(str(task), family, group, column, words)
-            ]
-            rows += _holm_over(block, alpha)
-    return pd.DataFrame(rows, columns=HEAD_COUNT_COLUMNS)
-
-
-def _adjacent_rows(
-    task: str, family: str, group: pd.DataFrame, column: str, words: str
-) -> list[dict]:
-    """One uncorrected row per adjacent pair of the head counts where ``column`` is defined."""
-    heads = defined_head_counts(group, column)
-    rows = []
-    for h_a, h_b in itertools.pairwise(heads):
-        a = _defined(group.loc[group["n_heads"] == h_a, column])
-        b = _defined(group.loc[group["n_heads"] == h_b, column])
-        result = compare_seeds(a, b, "graded", CONFIDENCE)
-        da, db = describe(a), describe(b)
-        rows.append(
-            {
-                "task": task,
-                "family": family,
-                "quantity": words,
-                "measure": column,
-                "n_heads_a": h_a,
-                "n_heads_b": h_b,
-                "mean_a": da["mean"],
-                "std_a": da["std"],
-                "mean_b": db["mean"],
-                "std_b": db["std"],
-                **result,
-            }
-        )
-    return rows
-
-
-def _holm_over(block: list[dict[str, Any]], alpha: float) -> list[dict[str, Any]]:
-    """The rows of one block with ``p_holm, n_holm, beyond``, what n would settle each open
-    one, and the verdict."""
-    p = [row["p"] for row in block]
-    tested = int(sum(not math.isnan(v) for v in p))
-    for row, adjusted, beyond in zip(
-        block, holm_block(p), beyond_seed_spread(p, alpha), strict=True
-    ):
-        row["p_holm"] = math.nan if adjusted is None else adjusted
-        row["n_holm"] = tested
-        row["beyond"] = beyond
-        row["n_to_settle"] = (
-            seeds_to_settle(row["diff"], row["std_a"], row["std_b"], alpha, tested)
-            if beyond is False
-            else math.nan
-        )
-        row["verdict"] = _verdict(row)
-    return block
-
-
-def all_seeds_equal(row: dict[str, Any] | pd.Series) -> bool:
-    """Whether every seed of both groups of a :func:`compare_head_counts` row has the same
-    value (up to floating-point noise): no difference, and nothing more seeds could settle.
-
-    Example:
-        >>> all_seeds_equal({"diff": 0.0, "std_a": 0.0, "std_b": 2e-19})
-        True
-    """
-    tiny = 1e-12
-    return abs(row["diff"]) <= tiny and row["std_a"] <= tiny and row["std_b"] <= tiny
-
-
-def _at_floor(row: dict[str, Any] | pd.Series) -> bool:
-    floor = row["p_floor"]
-    return not math.isnan(floor) and row["p"] <= floor * (1 + 1e-9)
-
-
-def _verdict(row: dict[str, Any] | pd.Series) -> str:
-    """A comparison in a few words: which head count is higher, or why none is shown."""
-    if row["beyond"] is None or (isinstance(row["beyond"], float) and math.isnan(row["beyond"])):
-        return "undetermined (n < 2)"
-    if bool(row["beyond"]):
-        return f"h={row['n_heads_b']} {'higher' if row['diff'] > 0 else 'lower'}"
-    if all_seeds_equal(row):
-        return "no difference (every seed equal)"
-    if row["separated"]:
-        at = " at the floor" if _at_floor(row) else ""
-        return f"no difference shown (complete separation{at})"
-    return "no difference shown (within the seed spread)"
-
-
-def format_number(value: float, signed: bool = False) -> str:
-    """Two decimals, or two significant digits for a small non-zero value: how every seed
-    mean and difference of a head-count comparison is printed.
-
-    Example:
-        >>> format_number(0.6424), format_number(0.00089), format_number(0.35, signed=True)
-        ('0.64', '0.00089', '+0.35')
-    """
-    sign = "+" if signed else ""
-    if value != 0 and abs(value) < 0.01:
-        return f"{value:{sign}.2g}"
-    return f"{value:{sign}.2f}"
-
-
-def _mean_std(mean: float, std: float) -> str:
-    return (
-        format_number(mean) if math.isnan(std) else f"{format_number(mean)} ± {format_number(std)}"
-    )
-
-
-def difference_text(row: dict[str, Any] | pd.Series) -> str:
-    """The difference of a :func:`compare_head_counts` row with its interval.
-
-    Example:
-        >>> difference_text({"diff": 0.39, "ci_low": 0.35, "ci_high": 0.43,
-        ...                  "ci_method": "Welch t"})
-        '+0.39 [95% Welch t CI +0.35, +0.43]'
-    """
-    change = format_number(row["diff"], True)
-    if math.isnan(row["ci_low"]):
-        reason = str(row["ci_method"]).removeprefix("none (").rstrip(")")
-        return f"{change} (no interval: {reason})"
-    low, high = format_number(row["ci_low"], True), format_number(row["ci_high"], True)
-    return f"{change} [{CONFIDENCE:.0%} {row['ci_method']} CI {low}, {high}]"
-
-
-def _seeds_each(n_a: int, n_b: int) -> str:
-    return f"{n_a} seeds each" if n_a == n_b else f"{n_a} and {n_b} seeds"
-
-
-def _test_text(row: dict[str, Any] | pd.Series) -> str:
-    """``Welch p = 2.3e-05``, or an exact p at its floor as the floor (``= 0.1, the smallest 3
-    vs 3 seeds allow``)."""
-    if _at_floor(row) and row["p"] < 1 and row["test"] in EXACT_TESTS:
-        return (
-            f"{row['test']} p = {row['p_floor']:.2g}, the smallest "
-            f"{int(row['n_a'])} vs {int(row['n_b'])} seeds allow"
-        )
-    return f"{row['test']} {format_p(row['p'], row['p_floor'])}"
-
-
-def comparison_sentence(row: dict[str, Any] | pd.Series) -> str:
-    """One comparison of :func:`compare_head_counts` in words: the two seed means, the
-    difference with its interval, and whether it is beyond the seed spread; a complete
-    separation is said as such, with the test's floor.
-
-    Example:
-        >>> runs = pd.DataFrame({"task": ["t"] * 6, "n_heads": [1, 1, 1, 4, 4, 4],
-        ...                      "needed": [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]})
-        >>> print(comparison_sentence(compare_head_counts(runs, [("needed", "needed share")])
-        ...     .iloc[0]))  # doctest: +NORMALIZE_WHITESPACE
-        needed share 1.00 ± 0.00 (h=1) → 0.00 ± 0.00 (h=4): -1.00 (no interval: no seed
-        spread); every seed at h=4 is below every seed at h=1, but with 3 seeds each the exact
-        test's floor is p = 0.1 (Holm p = 0.1 over 1): no difference shown
-    """
-    h_a, h_b = row["n_heads_a"], row["n_heads_b"]
-    head = (
-        f"{row['quantity']} {_mean_std(row['mean_a'], row['std_a'])} (h={h_a}) → "
-        f"{_mean_std(row['mean_b'], row['std_b'])} (h={h_b})"
-    )
-    if math.isnan(row["p"]):
-        return f"{head}: too few seeds to compare (n = {row['n_a']} and {row['n_b']})"
-    holm = f"Holm {format_p(row['p_holm'])} over {int(row['n_holm'])}"
-    change = difference_text(row)
-    if bool(row["beyond"]):
-        return f"{head}: {change}, beyond the seed spread ({_test_text(row)}; {holm})"
-    if all_seeds_equal(row):
-        return f"{head}: every seed equal, no difference ({_test_text(row)}; {holm})"
-    if row["separated"]:
-        where = "exceeds" if row["separated"] > 0 else "is below"
-        text = f"{head}: {change}; every seed at h={h_b} {where} every seed at h={h_a}, "
-        if _at_floor(row) and row["test"] in EXACT_TESTS:
-            seeds = _seeds_each(int(row["n_a"]), int(row["n_b"]))
-            return (
-                f"{text}but with {seeds} the exact test's floor is p = "
-                f"{row['p_floor']:.2g} ({holm}): no difference shown"
-            )
-        return f"{text}yet no difference is shown ({_test_text(row)}; {holm})"
-    return (
-        f"{head}: {change}; no difference shown, within the seed spread ({_test_text(row)}; {holm})"
-    )
-
-
-def _test_cell(row: pd.Series) -> str:
-    """``exact permutation p = 0.1 (the floor)``, or ``none (n < 2)``."""
-    if math.isnan(row["p"]):
-        return str(row["test"])
-    exact = row["test"] in EXACT_TESTS
-    return f"{row['test']} {format_p(row['p'], row['p_floor'], exact=exact)}"
-
-
-def comparison_display(rows: pd.DataFrame) -> pd.DataFrame:
-    """:func:`compare_head_counts` rows formatted for reading (7 columns: a report table does
-    not scroll): the measure, the pair, the seed means ± std (n), the difference with its
-    interval, the test's p (an exact p at its floor says so), the Holm p with the size of its
-    family (in the header when every row shares one), and the verdict.
-
-    Example:
-        >>> runs = pd.DataFrame({"task": ["t"] * 6, "n_heads": [1, 1, 1, 4, 4, 4],
-        ...                      "acc": [0.5, 0.52, 0.51, 0.9, 0.91, 0.92]})
-        >>> table = comparison_display(compare_head_counts(runs, [("acc", "accuracy")]))
-        >>> table.iloc[0].tolist()  # doctest: +NORMALIZE_WHITESPACE
-        ['accuracy', 'h=1 → 4', '0.51 ± 0.01 → 0.91 ± 0.01 (n = 3, 3)',
-         '+0.40 [95% Welch t CI +0.38, +0.42]', 'exact permutation p = 0.1 (the floor)', '0.1',
-         'no difference shown (complete separation at the floor)']
-    """
-    m = int(rows["n_holm"].max()) if len(rows) else 0
-    # one Holm family: its size in the header; several: each cell says its family's size
-    one_family = rows["n_holm"].nunique() <= 1
-    holm_header = f"Holm p (over {m})" if one_family else "Holm p (of the family's n)"
-    return pd.DataFrame(
-        {
-            "measure": rows["quantity"].to_numpy(),
-            "heads": [
-                f"h={a} → {b}" for a, b in zip(rows["n_heads_a"], rows["n_heads_b"], strict=True)
-            ],
-            "seed means": [
-                f"{_mean_std(r['mean_a'], r['std_a'])} → {_mean_std(r['mean_b'], r['std_b'])} "
-                f"(n = {int(r['n_a'])}, {int(r['n_b'])})"
-                for _, r in rows.iterrows()
-            ],
-            "difference": [difference_text(r) for _, r in rows.iterrows()],
-            "test": [_test_cell(r) for _, r in rows.iterrows()],
-            holm_header: [
-                "" if math.isnan(p) else f"{p:.2g}" if one_family else f"{p:.2g} (of {int(n)})"
-                for p, n in zip(rows["p_holm"].astype(float), rows["n_holm"], strict=True)
-            ],
-            "verdict": rows["verdict"].to_numpy(),
-        }
-    )

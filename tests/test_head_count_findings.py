@@ -24,7 +24,7 @@ from mhainterp.specialization.seeds.summary import (
     specialization_summary,
     summary_notes,
 )
-from mhainterp.stats import comparison_display
+from mhainterp.sweep.compare import comparison_display
 
 HEADS = (1, 4, 8)
 

@@ -23,7 +23,7 @@ from mhainterp.analyze.study import GRID_MEASURES
 from mhainterp.specialization.seeds.answer import MAX_CHARS, comparison_grid
 from mhainterp.specialization.seeds.replication import replication
 from mhainterp.specialization.seeds.summary import answers
-from mhainterp.stats import HEAD_COUNT_COLUMNS
+from mhainterp.sweep.compare import HEAD_COUNT_COLUMNS
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "data" / "reference" / "quickstart"

@@ -34,8 +34,8 @@ from mhainterp.specialization import (
 )
 from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, SAME_FUNCTION_NULL
 from mhainterp.specialization.seeds.answer import MAX_CHARS
-from mhainterp.stats import seed_power_note
 from mhainterp.sweep import run_sweep, summarize
+from mhainterp.sweep.compare import seed_power_note
 from mhainterp.tasks import get_task
 from mhainterp.training import evaluate, save_run
 

@@ -14,22 +14,24 @@ import pytest
 from mhainterp.stats import (
     ASYMPTOTIC_MIN_SEEDS,
     beyond_seed_spread,
-    compare_head_counts,
     compare_seeds,
-    comparison_display,
-    comparison_sentence,
     difference_interval,
     exact_permutation_p,
     fisher_p,
     holm_block,
     permutation_floor,
-    seed_power_note,
     seeds_for_floor,
     seeds_for_power,
     seeds_to_settle,
     smallest_p,
     welch_interval,
     welch_test,
+)
+from mhainterp.sweep.compare import (
+    compare_head_counts,
+    comparison_display,
+    comparison_sentence,
+    seed_power_note,
 )
 from mhainterp.validation import ParameterError
 

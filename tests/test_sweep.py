@@ -64,7 +64,7 @@ def test_summarize_exact_table_and_verdicts():
     assert table.loc[4, "val_accuracy_std"] == pytest.approx(0.01)
     assert table.loc[4, "d_head"] == 16 and table.loc[8, "n"] == 3
     assert table.loc[1, "final_train_loss_mean"] == pytest.approx(0.48)
-    # Adjacent head counts only (stats.compare_head_counts); with 3 seeds each the exact
+    # Adjacent head counts only (sweep.compare.compare_head_counts); with 3 seeds each the exact
     # permutation test is used, whose floor 2 / C(6, 3) = 0.1 a complete separation reaches.
     cmp = summary.comparisons.set_index(["n_heads_a", "n_heads_b"])
     assert list(cmp.index) == [(1, 4), (4, 8)]

@@ -60,7 +60,7 @@ from mhainterp.specialization.verdict.result import RUN_COLUMNS, SpecializationR
 from mhainterp.specialization.verdict.stability import DIVISION_THRESHOLD
 from mhainterp.specialization.whom.division import division_of_labour, division_request
 from mhainterp.specialization.whom.division_result import DivisionResult, saved_division
-from mhainterp.stats import HEAD_COUNT_COLUMNS
+from mhainterp.sweep.compare import HEAD_COUNT_COLUMNS
 from mhainterp.sweep.summary import summarize
 from mhainterp.tasks import AXES
 from mhainterp.training import load_run
@@ -95,7 +95,7 @@ class SweepSpecialization:
             (:func:`~.seeds.summary.summary_notes`).
         comparisons: The head-count comparisons behind the answers
             (:func:`~.seeds.summary.head_count_comparisons`, columns
-            :data:`mhainterp.stats.HEAD_COUNT_COLUMNS`).
+            :data:`mhainterp.sweep.compare.HEAD_COUNT_COLUMNS`).
     """
 
     runs: pd.DataFrame

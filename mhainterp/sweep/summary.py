@@ -1,8 +1,8 @@
 """Summarise a sweep: the seed table (mean, std, n per head count), the accuracy of adjacent
-head counts compared (:func:`mhainterp.stats.compare_head_counts`: the exact permutation test
-below 10 seeds per head count, Welch from there, each difference with its 95% interval,
-Holm-corrected over each task's comparisons), and plain-language notes generated from the
-numbers, including what the number of seeds can and cannot show.
+head counts compared (:func:`mhainterp.sweep.compare.compare_head_counts`: the exact
+permutation test below 10 seeds per head count, Welch from there, each difference with its 95%
+interval, Holm-corrected over each task's comparisons), and plain-language notes generated
+from the numbers, including what the number of seeds can and cannot show.
 
 :func:`summarize` computes; :meth:`SweepSummary.save` writes ``summary_table.csv``,
 ``summary_comparisons.csv`` and ``summary_notes.json`` into the sweep folder, and
@@ -23,11 +23,11 @@ import pandas as pd
 from mhainterp.io import FileSet, read_json
 from mhainterp.render import markdown_table
 from mhainterp.runs import resolve_run_dir
-from mhainterp.stats import (
+from mhainterp.stats import describe
+from mhainterp.sweep.compare import (
     compare_head_counts,
     comparison_display,
     comparison_sentence,
-    describe,
     seed_power_note,
 )
 from mhainterp.validation import check_float, invalid
@@ -60,10 +60,11 @@ class SweepSummary:
         table: One row per (task, n_heads): ``task, n_heads, d_head, n_params, n_attn_params,
             final_train_loss_mean, val_accuracy_mean, val_accuracy_std, n`` (+ per-target means).
         comparisons: One row per (task, adjacent head counts a < b) on the validation
-            accuracy, columns :data:`mhainterp.stats.HEAD_COUNT_COLUMNS`: ``diff`` (= mean_b -
-            mean_a) with its 95% interval, the test suited to n with its floor, ``p_holm``
-            (Holm over the task's ``n_holm`` pairs), ``beyond`` (``p_holm < alpha``; None
-            when a group has fewer than 2 seeds), ``separated`` and ``verdict``.
+            accuracy, columns :data:`mhainterp.sweep.compare.HEAD_COUNT_COLUMNS`: ``diff``
+            (= mean_b - mean_a) with its 95% interval, the test suited to n with its floor,
+            ``p_holm`` (Holm over the task's ``n_holm`` pairs), ``beyond`` (``p_holm <
+            alpha``; None when a group has fewer than 2 seeds), ``separated`` and
+            ``verdict``.
         notes: Plain-language findings and caveats generated from the numbers.
         alpha: The family-wise level used.
     """

@@ -7,9 +7,10 @@ counts, every seed or not, its Holm p), then the other changes beyond the seed s
 this order: whether heads are needed or backed up (the largest effect the demo finds: every
 head backed up from h = 4 on reverse), how they divide the work (one clause per pair of head
 counts), where they look (counts); middle head counts included. Every number in it is
-printed in the comparison table below it (:func:`mhainterp.stats.comparison_display`) with the
-same formatting: the seed means as :func:`~mhainterp.stats.format_number` writes them, the
-Holm p as ``.2g``, the family's size. When the seeds cannot reach
+printed in the comparison table below it
+(:func:`mhainterp.sweep.compare.comparison_display`) with the same formatting: the seed means
+as :func:`~mhainterp.sweep.compare.format_number` writes them, the Holm p as ``.2g``, the
+family's size. When the seeds cannot reach
 significance at all (3 seeds: the exact floor is 0.1), the line says so and says how many
 would.
 
@@ -28,7 +29,8 @@ from __future__ import annotations
 import pandas as pd
 
 from mhainterp.specialization.settings import DivisionSettings
-from mhainterp.stats import all_seeds_equal, format_number, smallest_p
+from mhainterp.stats import smallest_p
+from mhainterp.sweep.compare import all_seeds_equal, format_number
 
 __all__ = ["MAX_CHARS", "SOLVED", "answer_line", "comparison_grid"]
 

@@ -47,7 +47,7 @@ def replication(reference: pd.DataFrame, held_out: pd.DataFrame) -> pd.DataFrame
 
     Args:
         reference: Head-count comparisons on the seeds the claims come from
-            (:data:`mhainterp.stats.HEAD_COUNT_COLUMNS`).
+            (:data:`mhainterp.sweep.compare.HEAD_COUNT_COLUMNS`).
         held_out: The same comparisons on other seeds.
 
     Returns:

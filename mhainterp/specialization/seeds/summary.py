@@ -5,7 +5,7 @@ numbers over seeds, and the comparisons between head counts that answer "does h 
 - :func:`head_count_comparisons` compares *adjacent* head counts of each task on every
   measure of :data:`FINDINGS_MEASURES` (accuracy, relations covered, heads per relation, the
   needed and backed-up shares, the division index per axis) with
-  :func:`mhainterp.stats.compare_head_counts`: each difference of seed means with its 95%
+  :func:`mhainterp.sweep.compare.compare_head_counts`: each difference of seed means with its 95%
   interval, the exact permutation test below 10 seeds per head count (its floor stated) and
   Welch from there, Holm over the task's block. A measure undefined at a head count (h = 1
   has no division index) is left out there, never counted as 0 or "no";
@@ -29,11 +29,11 @@ from mhainterp.render import format_p
 from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, SAME_FUNCTION_NULL
 from mhainterp.specialization.seeds.answer import answer_line
 from mhainterp.specialization.verdict.sentences import BASIS_NAMES, UNDEFINED_INDEX, group_key
-from mhainterp.stats import (
+from mhainterp.stats import describe
+from mhainterp.sweep.compare import (
     all_seeds_equal,
     compare_head_counts,
     comparison_sentence,
-    describe,
     seed_power_note,
 )
 from mhainterp.tasks import AXES
@@ -320,7 +320,7 @@ def head_count_comparisons(
     runs: pd.DataFrame, division: pd.DataFrame | None = None, *, alpha: float = 0.05
 ) -> pd.DataFrame:
     """Adjacent head counts of each task on every :data:`FINDINGS_MEASURES` measure, Holm over
-    the task's block (:func:`mhainterp.stats.compare_head_counts`).
+    the task's block (:func:`mhainterp.sweep.compare.compare_head_counts`).
 
     Args:
         runs: The per-run table (``task, n_heads, run`` and the measures' columns; those it
@@ -329,8 +329,8 @@ def head_count_comparisons(
         alpha: Family-wise error rate of one task's block.
 
     Returns:
-        :data:`mhainterp.stats.HEAD_COUNT_COLUMNS`, one row per (task, measure, adjacent pair
-        of head counts where the measure is defined at both).
+        :data:`mhainterp.sweep.compare.HEAD_COUNT_COLUMNS`, one row per (task, measure,
+        adjacent pair of head counts where the measure is defined at both).
 
     Example:
         >>> runs = pd.DataFrame({"task": ["t"] * 6, "n_heads": [1, 1, 1, 4, 4, 4],
@@ -416,7 +416,7 @@ def summary_notes(
     where the division index is undefined, what n would settle what is open, the block of
     comparisons (every one in words, with the size of the Holm family it was corrected in)
     and the cross-seed consistency per head count; then what the number of seeds can show
-    (:func:`mhainterp.stats.seed_power_note`).
+    (:func:`mhainterp.sweep.compare.seed_power_note`).
 
     Example:
         >>> notes = summary_notes(spec.summary, spec.comparisons)  # doctest: +SKIP
