@@ -18,8 +18,8 @@ from mhainterp.attribution import attribution_patching
 from mhainterp.cli import build_parser
 from mhainterp.cli import static as cli_static
 from mhainterp.config import TrainConfig
-from mhainterp.model.handbuilt import split_batch, split_heads_model
 from mhainterp.explore import Explorer
+from mhainterp.model.handbuilt import split_batch, split_heads_model
 from mhainterp.report import write_report
 from mhainterp.specialization import DivisionResult, division_of_labour, specialize_folder
 from mhainterp.specialization.seeds.combine import verdict_division_columns
@@ -58,6 +58,7 @@ PARITY = DivisionAxis(
     "whether the query position is even or odd",
     lambda batch, i, t, j: t % 2,
     lambda value, target_names: ("even", "odd")[value],
+    title="position parity",
 )
 
 
@@ -208,7 +209,7 @@ def test_the_report_and_the_explorer_take_both(extended, model, task, tmp_path):
     explorer = Explorer.from_model(model, task, n_eval=N_EVAL, method="gaussian")
     state = explorer.state()
     assert state["methods"] == ["zero", "mean", "resample", "gaussian"]
-    assert [a["key"] for a in state["axes"]][-1] == "parity"
+    assert state["axes"][-1] == {"key": "parity", "name": "position parity"}
     by_parity = explorer.session.metrics()["by"]["parity"]
     assert [row["key"] for row in by_parity] == ["even", "odd"]
     importance = explorer.session.importance("gaussian")

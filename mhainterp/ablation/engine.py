@@ -2,7 +2,9 @@
 
 Every ablation in the toolkit replaces the chosen heads' slice of ``blocks.{l}.attn.hook_z``
 (``[batch, pos, head, d_head]``, the heads' outputs *before* ``W_O``), so exactly those heads
-change and every other head, the biases and the residual stream are left alone. Three methods:
+change and every other head, the biases and the residual stream are left alone. The methods
+are a registry (:data:`~mhainterp.ablation.replacement.METHODS`, one registered
+:class:`~mhainterp.ablation.replacement.Replacement` each); the three built-ins:
 
 ``"zero"``
     The head's z is set to 0: the head writes nothing into the residual stream.

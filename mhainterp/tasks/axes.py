@@ -53,12 +53,18 @@ class DivisionAxis:
             triples, on the batch's device).
         label: ``(id, target_names) -> str``: how a value is named in tables (default: the
             number).
+        title: What the explorer's page calls it (default: the name, ``_`` as spaces).
     """
 
     name: str
     help: str
     values: AxisValues
     label: Callable[[int, Sequence[str]], str] = _number
+    title: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.title:
+            object.__setattr__(self, "title", self.name.replace("_", " "))
 
 
 AXES: Registry[DivisionAxis] = Registry("axis")
@@ -86,7 +92,9 @@ def _target_name(value: int, target_names: Sequence[str]) -> str:
 
 
 for _axis in (
-    DivisionAxis("token", "the query token", lambda batch, i, t, j: batch.tokens[i, t]),
+    DivisionAxis(
+        "token", "the query token", lambda batch, i, t, j: batch.tokens[i, t], title="query token"
+    ),
     DivisionAxis("position", "the query position", lambda batch, i, t, j: t),
     DivisionAxis("target_class", "the class to output", _target_class),
     DivisionAxis("target", "which target (multi-target tasks)", lambda b, i, t, j: j, _target_name),
