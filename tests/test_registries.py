@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mhainterp.ablation import METHODS, head_importance
-from mhainterp.ablation.replacement import Replacement, register_method
+from mhainterp.ablation.replacement import Replacement, build_replacement, register_method
 from mhainterp.analyze.tables import ablation_tables
 from mhainterp.attribution import attribution_patching
 from mhainterp.cli import build_parser
@@ -130,6 +130,18 @@ def test_a_method_without_values_is_refused_by_name():
     with METHODS.temporary(), pytest.raises(ParameterError, match="method='opaque' is invalid"):
         register_method(Opaque)
     assert "opaque" not in METHODS
+
+
+def test_a_method_says_how_many_reference_sequences_it_needs(model, task):
+    class Triples(GaussianNoise):
+        name, help, needs_reference, min_sequences = "triples", "needs 3", True, 3
+
+    with METHODS.temporary():
+        register_method(Triples)
+        message = r"reference is invalid: at least 3 sequences for method='triples', got 2"
+        with pytest.raises(ParameterError, match=message):
+            build_replacement(model, "triples", task.eval_batch(2))
+        assert isinstance(build_replacement(model, "triples", task.eval_batch(3)), Triples)
 
 
 # ----------------------------------------------------------------------------- one more of each

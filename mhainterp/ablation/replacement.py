@@ -179,7 +179,7 @@ class Replacement:
         """Why a reference of ``n_sequences`` cannot be used (None: it can)."""
         if n_sequences >= cls.min_sequences:
             return None
-        return f"at least {cls.min_sequences} sequences for method={cls.name!r}"
+        return f"at least {cls.min_sequences} sequences for method={cls.name!r}, got {n_sequences}"
 
     def values(
         self, layer: int, rows: Int[Tensor, " s"], z: Float[Tensor, "s T h d_head"]
