@@ -37,6 +37,8 @@ from mhainterp.ablation.engine import (
 )
 from mhainterp.ablation.replacement import (
     DEFAULT_MAX_ROWS,
+    METHODS,
+    AttributionSums,
     CleanCache,
     Method,
     build_replacement,
@@ -396,14 +398,18 @@ def attribution_patching(
     at each layer's ``hook_z``, where ``L`` is the batch's mean cross-entropy (the engine's
     ``loss``) and the replacement is the engine's (:func:`~mhainterp.ablation.engine
     .build_replacement`): 0 for ``"zero"``, the per-position reference mean for ``"mean"``.
-    The gradient is shared by every method, so a second method costs nothing more. The
-    model's parameter gradients are not touched.
+    The gradient is shared by every method, so a second method costs nothing more. When the
+    batch is its own reference and every method has a closed form
+    (:attr:`~mhainterp.ablation.replacement.Replacement.closed_form`: zero and mean do), the
+    estimates come from sums over that one pass; otherwise each method's replacement is built
+    and applied. The model's parameter gradients are not touched.
 
     Args:
         model: A next-token model (the embedding objective has zero gradient at the clean
             output, so its first-order estimate is 0: ablate its heads exactly instead).
         data: A Task (its evaluation set of ``n_eval``) or a Batch with targets.
-        methods: Ablation methods to estimate (``"zero"``, ``"mean"``, ``"resample"``).
+        methods: Ablation methods to estimate (names of
+            :data:`~mhainterp.ablation.replacement.METHODS`).
         reference: Where mean/resample values come from; default: the evaluated batch.
         n_eval: Size of a Task's evaluation set.
         batch_size: Sequences per forward + backward (bounds the memory of the logits).
@@ -430,8 +436,8 @@ def attribution_patching(
     n_scored = float(batch.scored.sum())
     order = length_order(batch)  # chunks of similar length, cut after their last real token
     parts = [order[s : s + batch_size] for s in range(0, len(batch), batch_size)]
-    if reference is None and "resample" not in methods:
-        estimate = _own_mean_estimates(model, batch, parts, n_scored, methods, progress)
+    if reference is None and all(METHODS[m].closed_form is not None for m in methods):
+        estimate = _closed_form_estimates(model, batch, parts, n_scored, methods, progress)
     else:
         ref = batch if reference is None else as_batch(reference, n_eval=n_eval, name="reference")
         cache = CleanCache()
@@ -461,7 +467,7 @@ def attribution_patching(
     return pd.DataFrame(rows_out)
 
 
-def _own_mean_estimates(
+def _closed_form_estimates(
     model: HookedModel,
     batch: Batch,
     parts: list[Tensor],
@@ -469,9 +475,10 @@ def _own_mean_estimates(
     methods: tuple[Method, ...],
     progress: bool,
 ) -> dict[Method, Float[Tensor, "L h"]]:
-    """Zero and mean estimates when the reference is the evaluated batch, from ONE pass.
+    """Each method's closed-form estimate when the reference is the evaluated batch, from ONE
+    pass that accumulates :class:`~mhainterp.ablation.replacement.AttributionSums`.
 
-    The mean replacement ``m[pos, h, d]`` is the same for every sequence, so
+    The mean replacement ``m[pos, h, d]``, say, is the same for every sequence, so
     ``sum g (m - z) = sum_{pos, d} G m - sum g z`` with ``G = sum_seq g``: the forward that
     gives the gradients also gives the per-position means (the engine's
     :func:`~mhainterp.ablation.replacement.build_replacement` would need a forward of its own).
@@ -494,13 +501,8 @@ def _own_mean_estimates(
                 g_dot_z[layer] += (g * z).sum((0, 1, 3))
                 g_sum[layer, :cut] += g.sum(0)
                 z_sum[layer, :cut] += (z * real[:, :, None, None]).sum(0)
-    estimate = {"zero": -g_dot_z}
-    if "mean" in methods:
-        per_position = z_sum / counts.clamp(min=1)[None, :, None, None]
-        overall = z_sum.sum(1) / counts.sum().clamp(min=1)  # (L, h, d_head)
-        mean = torch.where(counts[None, :, None, None] > 0, per_position, overall[:, None])
-        estimate["mean"] = (g_sum * mean).sum((1, 3)) - g_dot_z
-    return {m: estimate[m] for m in methods}
+    sums = AttributionSums(g_dot_z, g_sum, z_sum, counts)
+    return {m: METHODS[m].closed_form(sums) for m in methods}
 
 
 def _z_and_gradients(

@@ -30,6 +30,9 @@ LAYERS: dict[str, float] = {
     "io": 0,
     "stats": 0,
     "runtime": 0,
+    # Things registered by name (ablation methods, division axes): a mapping over validation,
+    # below both registries' homes (tasks/axes.py, ablation/replacement.py)
+    "registry": 0,
     # Markdown / HTML blocks from DataFrames: formatting only (it imports nothing of ours), so
     # the summaries that save their text (sweep, specialization) and the report all use it.
     "render": 0,

@@ -17,8 +17,8 @@ from mhainterp.specialization import DivisionResult, target_damage
 from mhainterp.specialization.whom.damage import _small_unique, triple_damage
 from mhainterp.specialization.whom.division_result import (
     HEADS_COLUMNS,
-    INDEX_COLUMNS,
     PROFILE_COLUMNS,
+    index_columns,
 )
 from mhainterp.specialization.whom.selectivity import (
     SELECTIVITY_MEANING,
@@ -94,7 +94,7 @@ def test_heads_that_split_the_target_classes(batch):
     model = split_heads_model([("target", A), ("target", B)])
     result = division_of_labour(model, batch, **FAST)
     assert list(result.heads.columns) == HEADS_COLUMNS
-    assert list(result.index.columns) == INDEX_COLUMNS
+    assert list(result.index.columns) == index_columns()
     assert list(result.profiles.columns) == PROFILE_COLUMNS
     assert set(result.index.by) == {"token", "position", "target_class"}
     assert result.skipped == {"target": "a single-target model"}

@@ -506,8 +506,9 @@ def test_static_mirrors_equal_their_library_homes():
     assert cli_static.DEFAULT_N_EVAL == DEFAULT_N_EVAL
     assert cli_static.DEMO_STEPS == DEMO_STEPS
     assert GRIDS["demo"].seeds == cli_static.DEMO_SEEDS
-    assert cli_static.DIVISION_AXES == AXES  # the default of specialize --by
-    assert cli_static.ABLATION_METHODS == METHODS
+    # the registries' built-ins, names, help and order (the default of specialize --by)
+    assert list(cli_static.DIVISION_AXES.items()) == [(n, a.help) for n, a in AXES.items()]
+    assert list(cli_static.ABLATION_METHODS.items()) == [(n, m.help) for n, m in METHODS.items()]
     assert cli_static.CORRECTIONS == CORRECTIONS
     assert cli_static.ENTRY_POINT_GROUP == ENTRY_POINT_GROUP
     train = TrainConfig()

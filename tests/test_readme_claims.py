@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from mhainterp.analyze.study import GRID_MEASURES
+from mhainterp.analyze.study import grid_measures
 from mhainterp.specialization.seeds.answer import MAX_CHARS, comparison_grid
 from mhainterp.specialization.seeds.replication import replication
 from mhainterp.specialization.seeds.summary import answers
@@ -75,7 +75,7 @@ def test_the_replication_the_readme_states_is_the_reference_tables(folder, secti
 
 def test_the_readme_grid_is_the_cpu_studys():
     comparisons = _comparisons(STUDY / "study_comparisons.csv")
-    grid = comparison_grid(comparisons, GRID_MEASURES, changes_only=True)
+    grid = comparison_grid(comparisons, grid_measures(), changes_only=True)
     assert grid in _readme_section("Does h matter?")
     tasks = set(comparisons["task"])
     assert len(tasks) >= 6  # every built-in task one layer can learn

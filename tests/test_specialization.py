@@ -28,7 +28,6 @@ from mhainterp.model import HookedMHATransformer
 from mhainterp.model.handbuilt import handbuilt_model, selector_width_model
 from mhainterp.specialization import (
     HEAD_COLUMNS,
-    SUMMARY_COLUMNS,
     THRESHOLDS,
     RunVerdict,
     SpecializationResult,
@@ -58,6 +57,7 @@ from mhainterp.specialization import (
     specialization_summary,
     specialization_test,
     stability_summary,
+    summary_columns,
     target_damage,
 )
 from mhainterp.specialization.seeds.summary import display_summary
@@ -815,7 +815,7 @@ def test_summary_table_known_values():
         "t/h4": {"consistency": 0.8, "random_matching": 0.3, "null_shuffled": 0.4, "p_value": 0.02}
     }
     table = specialization_summary(runs, consistency, division)
-    assert list(table.columns) == SUMMARY_COLUMNS
+    assert list(table.columns) == summary_columns()
     h1, h4 = table.set_index("n_heads").loc[1], table.set_index("n_heads").loc[4]
     # counts: relations covered over every seed, heads per relation over the seeds with one
     assert h4["n_relations_mean"] == 1.0 and h4["n_relations_std"] == pytest.approx(math.sqrt(2))

@@ -2,8 +2,10 @@
 
 - :mod:`~mhainterp.ablation.engine`: the one engine (any head sets, one batched pass,
   per-position outputs) and the :func:`ablate` context manager;
-- :mod:`~mhainterp.ablation.replacement`: the methods (zero, mean, resample) and the values an
-  ablated head's z becomes, from one clean capture of the reference;
+- :mod:`~mhainterp.ablation.replacement`: the registry of methods (:data:`METHODS`; the
+  built-ins zero, mean, resample; one :class:`Replacement` subclass each, added with
+  :func:`register_method`) and the values an ablated head's z becomes, from one clean capture
+  of the reference;
 - :mod:`~mhainterp.ablation.tables`: importance, head-set and pairwise tables over it (head sets
   are evaluated by :func:`evaluate_head_sets`, :func:`head_sets_table` lays its result out);
 - :mod:`~mhainterp.ablation.interactive`: :class:`Ablator`, toggle heads and see the metrics.
@@ -14,7 +16,14 @@ run, both kinds side by side, in :func:`mhainterp.analyze.ablation_tables`.
 
 from mhainterp.ablation.engine import AblationResult, ablate, evaluate_head_sets
 from mhainterp.ablation.interactive import Ablator
-from mhainterp.ablation.replacement import METHODS, Method, check_method
+from mhainterp.ablation.replacement import (
+    METHODS,
+    Method,
+    Replacement,
+    check_method,
+    method_order,
+    register_method,
+)
 from mhainterp.ablation.tables import head_importance, head_sets_table, pairwise_ablation
 from mhainterp.heads import resolve_heads
 
@@ -23,11 +32,14 @@ __all__ = [
     "AblationResult",
     "Ablator",
     "Method",
+    "Replacement",
     "ablate",
     "check_method",
     "evaluate_head_sets",
     "head_importance",
     "head_sets_table",
+    "method_order",
     "pairwise_ablation",
+    "register_method",
     "resolve_heads",
 ]

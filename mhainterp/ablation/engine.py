@@ -2,7 +2,9 @@
 
 Every ablation in the toolkit replaces the chosen heads' slice of ``blocks.{l}.attn.hook_z``
 (``[batch, pos, head, d_head]``, the heads' outputs *before* ``W_O``), so exactly those heads
-change and every other head, the biases and the residual stream are left alone. Three methods:
+change and every other head, the biases and the residual stream are left alone. The methods
+are a registry (:data:`~mhainterp.ablation.replacement.METHODS`, one registered
+:class:`~mhainterp.ablation.replacement.Replacement` each); the three built-ins:
 
 ``"zero"``
     The head's z is set to 0: the head writes nothing into the residual stream.
@@ -33,7 +35,7 @@ not depend on the split. The sequences are chunked longest first and each chunk 
 its last real token, so padded text wastes few positions, and one clean forward per chunk
 gives the prefixes of every first layer. When the batch is its own mean/resample reference and
 fits one chunk, the forward that gives the replacement is that clean forward too
-(:class:`ReferencePrefix`).
+(:class:`~mhainterp.ablation.replacement.ReferencePrefix`).
 
 Shapes: C configurations, n sequences, T positions, L layers, h heads, k targets.
 

@@ -1,9 +1,16 @@
-"""What an ablated head's ``hook_z`` becomes: the methods, their replacement values, and the
-clean capture of the reference they come from (see :mod:`mhainterp.ablation.engine`).
+"""What an ablated head's ``hook_z`` becomes: the registry of methods, their replacement
+values, and the clean capture of the reference they come from (see
+:mod:`mhainterp.ablation.engine`).
 
-- ``"zero"``: 0; ``"mean"``: the reference's per-position mean over real tokens; ``"resample"``:
-  another reference sequence's z (a single-cycle permutation, so never its own: a reference of
-  one sequence is refused, its ablation would equal the clean run).
+- A method is ONE :class:`Replacement` subclass registered by name (:func:`register_method`,
+  pyvene style): its name, a one-line help, how it is built from the reference's clean capture
+  (:meth:`Replacement.build`), its values (:meth:`Replacement.values`) and, optionally, a
+  closed-form attribution estimate (:attr:`Replacement.closed_form`). :data:`METHODS` is the
+  registry; every method list, column, default and help text of the toolkit iterates it.
+- The built-ins, in this order: ``"zero"``: 0; ``"mean"``: the reference's per-position mean
+  over real tokens; ``"resample"``: another reference sequence's z (a single-cycle permutation,
+  so never its own: a reference of one sequence is refused, its ablation would equal the clean
+  run).
 - :func:`capture_z` runs the reference clean once; :class:`ReferencePrefix` keeps that run's
   prefixes when the reference is also the evaluated batch, so the engine does not repeat it.
 - The chunk sizes both that capture and the engine's passes use live here too.
@@ -13,10 +20,10 @@ Shapes: m reference sequences, T positions, h heads, L layers.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal, get_args
+from typing import Any, ClassVar, Literal
 
 import torch
 from jaxtyping import Bool, Float, Int
@@ -25,9 +32,10 @@ from torch import Tensor
 from mhainterp.data import batch_for_model
 from mhainterp.model import StopForward
 from mhainterp.protocol import HookedModel
+from mhainterp.registry import Registry
 from mhainterp.runtime import DRAW_DEVICE, eval_mode
 from mhainterp.tasks import Batch
-from mhainterp.validation import ParameterError, check_option, check_type, invalid
+from mhainterp.validation import ParameterError, check_type, invalid
 
 __all__ = [
     "DEFAULT_MAX_ROWS",
@@ -35,20 +43,21 @@ __all__ = [
     "LINEAR_READOUT_ROWS",
     "METHODS",
     "RESAMPLE_SEED",
+    "AttributionSums",
     "CleanCache",
     "Method",
+    "Reference",
     "ReferencePrefix",
     "Replacement",
     "build_replacement",
     "capture_z",
     "check_method",
+    "method_order",
+    "register_method",
 ]
 
-Method = Literal["zero", "mean", "resample"]
-METHODS: tuple[Method, ...] = get_args(Method)
-"""The ablation methods (see the module docstring), spelled once, in the ``Method`` type. An
-order with a primary method first derives from it: ``(primary, *[m for m in METHODS if m !=
-primary])``; ``mhainterp.cli.static.ABLATION_METHODS`` mirrors it for ``--help``."""
+Method = str
+"""The name of a registered ablation method (a key of :data:`METHODS`)."""
 
 DEFAULT_MAX_ROWS: int | None = None
 """Rows (copies x sequences) per forward when none is asked: ``FULL_FORWARD_ROWS`` where the
@@ -63,49 +72,120 @@ RESAMPLE_SEED = 0
 
 
 def check_method(method: Any) -> Method:
-    """``method`` if it is one of :data:`METHODS`.
+    """``method`` if it is registered in :data:`METHODS`.
 
     Example:
         >>> check_method("mean")
         'mean'
     """
-    return check_option("method", method, METHODS)
+    return METHODS.check(method)
 
 
-# ----------------------------------------------------------------------------- replacements
+def method_order(primary: Method) -> tuple[Method, ...]:
+    """Every registered method, ``primary`` first, the others in registration order (the order
+    of every per-method column).
+
+    Example:
+        >>> method_order("mean")
+        ('mean', 'zero', 'resample')
+    """
+    return (primary, *[m for m in METHODS if m != primary])
+
+
+# ----------------------------------------------------------------------------- the methods
 
 
 @dataclass
-class Replacement:
-    """What an ablated head's z becomes, per layer (see the module docstring)."""
+class AttributionSums:
+    """What one forward + backward over the evaluated batch accumulates, from which a method's
+    closed-form attribution estimate (:attr:`Replacement.closed_form`) follows when the batch
+    is its own reference (:func:`mhainterp.attribution.attribution_patching`). ``g`` is
+    ``dL/dz``, summed in float64 where z lives.
 
-    method: Method
-    mean_z: list[Float[Tensor, "T h d_head"]] | None = None
-    donor_z: list[Float[Tensor, "m T h d_head"]] | None = None
-    donor_real: Bool[Tensor, "m T"] | None = None
-    sigma: Int[Tensor, " m"] | None = None
+    Attributes:
+        g_dot_z: ``[L, h]``: ``sum_{seq, pos, d} g * z`` per head.
+        g_sum: ``[L, T, h, d_head]``: ``G = sum_seq g``.
+        z_sum: ``[L, T, h, d_head]``: z summed over the real tokens.
+        counts: ``[T]``: real tokens per position.
+    """
+
+    g_dot_z: Float[Tensor, "L h"]
+    g_sum: Float[Tensor, "L T h d_head"]
+    z_sum: Float[Tensor, "L T h d_head"]
+    counts: Float[Tensor, " T"]
+
+
+@dataclass
+class Reference:
+    """The reference's clean capture that a method's values are built from (one per model,
+    reference and :class:`CleanCache`, shared by every method).
+
+    Attributes:
+        batch: The reference.
+        donor_z: Per layer, its clean ``hook_z`` ``[m, T, h, d_head]``.
+        mean_z: Per layer, the per-position mean over real tokens ``[T, h, d_head]``.
+        prefix: Its clean prefixes, when the caller keeps them (:class:`ReferencePrefix`).
+    """
+
+    batch: Batch
+    donor_z: list[Float[Tensor, "m T h d_head"]]
+    mean_z: list[Float[Tensor, "T h d_head"]]
+    prefix: ReferencePrefix | None = None
+
+
+class Replacement:
+    """One ablation method: what an ablated head's z becomes, per layer.
+
+    A method is a subclass registered by name with :func:`register_method`; an instance holds
+    the values built for one model and reference (:func:`build_replacement` builds it).
+
+    Class attributes:
+        name: The method's name (its key in :data:`METHODS`, its columns' suffix).
+        help: One line for ``--help`` and the docs.
+        needs_reference: Whether its values come from a reference's clean run (False: it is
+            built from nothing, and :meth:`build` gets ``reference=None``).
+        min_sequences: The fewest reference sequences it accepts.
+        closed_form: ``AttributionSums -> [L, h]`` estimate of its loss change when the
+            evaluated batch is its own reference, or None (attribution then builds the
+            replacement and uses the general path).
+
+    Example:
+        >>> class Ones(Replacement):
+        ...     name, help, needs_reference = "ones", "z set to 1", False
+        ...     def values(self, layer, rows, z):
+        ...         return z.new_ones(())
+        >>> with METHODS.temporary():
+        ...     _ = register_method(Ones)
+        ...     method_order("mean")
+        ('mean', 'zero', 'resample', 'ones')
+    """
+
+    name: ClassVar[str]
+    help: ClassVar[str]
+    needs_reference: ClassVar[bool] = True
+    min_sequences: ClassVar[int] = 1
+    closed_form: ClassVar[Callable[[AttributionSums], Tensor] | None] = None
+
     reference_prefix: ReferencePrefix | None = None
+
+    @classmethod
+    def build(cls, reference: Reference | None, generator: torch.Generator | None) -> Replacement:
+        """The method's values for ``reference`` (None when it needs none); ``generator``
+        draws any randomness (None: the method's fixed seed)."""
+        return cls()
+
+    @classmethod
+    def refusal(cls, n_sequences: int) -> str | None:
+        """Why a reference of ``n_sequences`` cannot be used (None: it can)."""
+        if n_sequences >= cls.min_sequences:
+            return None
+        return f"at least {cls.min_sequences} sequences for method={cls.name!r}, got {n_sequences}"
 
     def values(
         self, layer: int, rows: Int[Tensor, " s"], z: Float[Tensor, "s T h d_head"]
     ) -> Tensor:
         """Replacement z for rows ``rows`` of the evaluated batch, broadcastable to ``z``."""
-        T = z.shape[1]
-        if self.method == "zero":
-            return z.new_zeros(())
-        mean = self.mean_z[layer]
-        if mean.shape[0] < T:
-            raise ParameterError(
-                f"reference is invalid: a batch at least as long as the ablated one ({T} "
-                f"positions), got {mean.shape[0]} positions"
-            )
-        mean = mean[:T].to(z.dtype)  # (T, h, d_head)
-        if self.method == "mean":
-            return mean[None]  # (1, T, h, d_head)
-        donors = self.sigma[rows % self.sigma.shape[0]]  # (s,)
-        donor = self.donor_z[layer][donors, :T].to(z.dtype)  # (s, T, h, d_head)
-        real = self.donor_real[donors, :T, None, None]  # (s, T, 1, 1)
-        return torch.where(real, donor, mean[None])
+        raise NotImplementedError(f"method={self.name!r}: {type(self).__name__} has no values()")
 
     def replace_heads(
         self,
@@ -122,6 +202,34 @@ class Replacement:
         if rows is None:
             rows = torch.arange(z.shape[0], device=z.device)
         return torch.where(head_mask[None, None, :, None], self.values(layer, rows, z), z)
+
+
+METHODS: Registry[type[Replacement]] = Registry("method")
+"""The ablation methods by name, in registration order (the built-ins: zero, mean, resample).
+An order with a primary method first is :func:`method_order`; ``mhainterp.cli.static
+.ABLATION_METHODS`` mirrors the built-ins' names and help for ``--help``."""
+
+
+def register_method(cls: type[Replacement], *, replace: bool = False) -> type[Replacement]:
+    """Register the :class:`Replacement` subclass ``cls`` as ``cls.name`` (a class decorator).
+
+    Raises:
+        ParameterError: not a Replacement subclass with a name and a help line, or the name
+            is taken (and ``replace`` is False), or it defines no :meth:`Replacement.values`.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Replacement)):
+        raise invalid("method", cls, "a subclass of Replacement")
+    if cls.values is Replacement.values:
+        # without values no engine pass (nor attribution's general path) can use it
+        raise invalid("method", getattr(cls, "name", cls.__name__), "a Replacement with values()")
+    for attribute in ("name", "help"):
+        check_type(
+            f"{getattr(cls, '__name__', cls)}.{attribute}",
+            getattr(cls, attribute, None),
+            str,
+            "a string",
+        )
+    return METHODS.register(cls.name, cls, replace=replace)
 
 
 def capture_z(
@@ -204,7 +312,8 @@ class ReferencePrefix:
     """The reference's clean ``(hook_resid_pre, hook_z)`` of every layer, from the forward that
     gave the mean/resample replacement. When the evaluated batch is that reference in one
     chunk, these ARE its clean prefixes (the same forward on the same tensors), and
-    :func:`run_masks` takes them instead of running that forward a second time."""
+    :func:`~mhainterp.ablation.engine.run_masks` takes them instead of running that forward a
+    second time."""
 
     tokens: Tensor
     padding_mask: Bool[Tensor, "m T"]
@@ -339,25 +448,34 @@ def build_replacement(
     run's prefixes on the replacement (:class:`ReferencePrefix`) when it was one chunk, so the
     evaluation does not repeat that forward. The caller drops the replacement after.
     """
-    method = check_method(method)
-    if method == "zero":
-        return Replacement("zero")
+    kind = METHODS[method]
+    if not kind.needs_reference:
+        return kind.build(None, generator)
     if reference is None:
         allowed = "a Task, Batch or tokens whose clean activations give the replacement"
-        needs = f"method={method!r} needs reference=; method='zero' needs none"
+        without = ", ".join(repr(m) for m, k in METHODS.items() if not k.needs_reference)
+        needs = f"method={method!r} needs reference=" + (
+            f"; method={without} needs none" if without else ""
+        )
         raise invalid("reference", None, f"{allowed} ({needs})")
     reference = batch_for_model(model, reference, scored=False)
     if not bool(reference.padding_mask.any()):
         raise ParameterError("reference is invalid: a batch with real tokens, got padding only")
-    if method == "resample" and len(reference) < 2:
-        # A single-cycle permutation of one sequence is that sequence: its own z would replace
-        # the ablated heads' z, and the ablation would equal the clean run.
-        raise ParameterError(
-            "reference is invalid: at least 2 sequences for method='resample' (each sequence "
-            "takes another one's z; with one sequence that is its own z, and the ablation "
-            "equals the clean run), got 1 sequence; use method='mean' or 'zero', or more "
-            "sequences"
-        )
+    refusal = kind.refusal(len(reference))
+    if refusal is not None:
+        raise ParameterError(f"reference is invalid: {refusal}")
+    return kind.build(_capture(model, reference, max_rows, cache, keep_prefix), generator)
+
+
+def _capture(
+    model: HookedModel,
+    reference: Batch,
+    max_rows: int | None,
+    cache: CleanCache | None,
+    keep_prefix: bool,
+) -> Reference:
+    """The reference's clean ``hook_z`` and per-position means (from ``cache`` when it has
+    them, kept there otherwise) and, with ``keep_prefix``, its prefixes."""
     if cache is not None:
         cache.check(model, reference, "reference")
     resid_pre: list[Tensor] = []
@@ -383,14 +501,104 @@ def build_replacement(
         means = [_per_position_mean(z, real) for z in donor_z]
         if cache is not None:
             cache.mean_z = means
-    if method == "mean":
-        return Replacement("mean", mean_z=means, reference_prefix=prefix)
-    sigma = _single_cycle(len(reference), _generator(generator)).to(real.device)
-    return Replacement(
-        "resample",
-        mean_z=means,
-        donor_z=donor_z,
-        donor_real=real,
-        sigma=sigma,
-        reference_prefix=prefix,
-    )
+    return Reference(reference, donor_z, means, prefix)
+
+
+# ----------------------------------------------------------------------------- the built-ins
+
+
+def _check_length(mean: Tensor, T: int) -> None:
+    if mean.shape[0] < T:
+        raise ParameterError(
+            f"reference is invalid: a batch at least as long as the ablated one ({T} "
+            f"positions), got {mean.shape[0]} positions"
+        )
+
+
+@register_method
+class ZeroReplacement(Replacement):
+    """z set to 0: the head writes nothing into the residual stream."""
+
+    name = "zero"
+    help = "the head's z set to 0 (it writes nothing)"
+    needs_reference = False
+
+    @staticmethod
+    def closed_form(sums: AttributionSums) -> Float[Tensor, "L h"]:
+        """``sum g (0 - z)``."""
+        return -sums.g_dot_z
+
+    def values(self, layer: int, rows: Tensor, z: Tensor) -> Tensor:
+        return z.new_zeros(())
+
+
+@register_method
+@dataclass
+class MeanReplacement(Replacement):
+    """z set to the reference's per-position mean over real tokens."""
+
+    name: ClassVar[str] = "mean"
+    help: ClassVar[str] = "the head's z set to its per-position mean over the reference"
+    mean_z: list[Float[Tensor, "T h d_head"]] = field(default_factory=list)
+    reference_prefix: ReferencePrefix | None = None
+
+    @classmethod
+    def build(cls, reference: Reference | None, generator: torch.Generator | None) -> Replacement:
+        return cls(mean_z=reference.mean_z, reference_prefix=reference.prefix)
+
+    @staticmethod
+    def closed_form(sums: AttributionSums) -> Float[Tensor, "L h"]:
+        """``sum_{pos, d} G m - sum g z``: the mean ``m`` is the same for every sequence."""
+        counts, z_sum = sums.counts, sums.z_sum
+        per_position = z_sum / counts.clamp(min=1)[None, :, None, None]
+        overall = z_sum.sum(1) / counts.sum().clamp(min=1)  # (L, h, d_head)
+        mean = torch.where(counts[None, :, None, None] > 0, per_position, overall[:, None])
+        return (sums.g_sum * mean).sum((1, 3)) - sums.g_dot_z
+
+    def values(self, layer: int, rows: Tensor, z: Tensor) -> Tensor:
+        mean = self.mean_z[layer]
+        _check_length(mean, z.shape[1])
+        return mean[: z.shape[1]].to(z.dtype)[None]  # (1, T, h, d_head)
+
+
+@register_method
+@dataclass
+class ResampleReplacement(Replacement):
+    """z taken from another reference sequence (a single-cycle permutation ``sigma``)."""
+
+    name: ClassVar[str] = "resample"
+    help: ClassVar[str] = "the head's z taken from another reference sequence"
+    min_sequences: ClassVar[int] = 2
+    mean_z: list[Float[Tensor, "T h d_head"]] = field(default_factory=list)
+    donor_z: list[Float[Tensor, "m T h d_head"]] = field(default_factory=list)
+    donor_real: Bool[Tensor, "m T"] | None = None
+    sigma: Int[Tensor, " m"] | None = None
+    reference_prefix: ReferencePrefix | None = None
+
+    @classmethod
+    def build(cls, reference: Reference | None, generator: torch.Generator | None) -> Replacement:
+        real = reference.batch.padding_mask
+        sigma = _single_cycle(len(reference.batch), _generator(generator)).to(real.device)
+        return cls(reference.mean_z, reference.donor_z, real, sigma, reference.prefix)
+
+    @classmethod
+    def refusal(cls, n_sequences: int) -> str | None:
+        if n_sequences >= 2:
+            return None
+        # A single-cycle permutation of one sequence is that sequence: its own z would replace
+        # the ablated heads' z, and the ablation would equal the clean run.
+        return (
+            "at least 2 sequences for method='resample' (each sequence takes another one's z; "
+            "with one sequence that is its own z, and the ablation equals the clean run), got "
+            "1 sequence; use method='mean' or 'zero', or more sequences"
+        )
+
+    def values(self, layer: int, rows: Tensor, z: Tensor) -> Tensor:
+        T = z.shape[1]
+        mean = self.mean_z[layer]
+        _check_length(mean, T)
+        mean = mean[:T].to(z.dtype)  # (T, h, d_head)
+        donors = self.sigma[rows % self.sigma.shape[0]]  # (s,)
+        donor = self.donor_z[layer][donors, :T].to(z.dtype)  # (s, T, h, d_head)
+        real = self.donor_real[donors, :T, None, None]  # (s, T, 1, 1)
+        return torch.where(real, donor, mean[None])

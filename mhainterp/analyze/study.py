@@ -62,12 +62,11 @@ LABEL_N_EVAL = 256
 of hundreds of runs stays minutes; the division of labour, on which the answer rests, uses the
 default evaluation set. ``mhainterp specialize`` uses the default for both."""
 STEPS = 1500
-GRID_MEASURES = (
-    "accuracy",
-    "frac_backed_up",
-    *(f"division_{axis}" for axis in AXES),
-)
-"""The measures of ``does_h_matter.md`` (and the README's table), where they change."""
+
+
+def grid_measures() -> tuple[str, ...]:
+    """The measures of ``does_h_matter.md`` (and the README's table), where they change."""
+    return ("accuracy", "frac_backed_up", *(f"division_{axis}" for axis in AXES))
 
 
 @dataclass(frozen=True)
@@ -203,7 +202,7 @@ def write_study_tables(out: Path, sweeps: Sequence[Path]) -> list[Path]:
     specs = [SweepSpecialization.load(sweep) for sweep in sweeps]
     comparisons = pd.concat([s.comparisons for s in specs], ignore_index=True)
     table = pd.concat([does_h_matter_table(s) for s in specs], ignore_index=True)
-    grid = comparison_grid(comparisons, GRID_MEASURES, changes_only=True)
+    grid = comparison_grid(comparisons, grid_measures(), changes_only=True)
     return [
         write_csv(out / "study_comparisons.csv", comparisons),
         write_text(out / "does_h_matter.md", grid + "\n"),

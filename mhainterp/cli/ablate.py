@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TextIO
 
 from mhainterp.cli.options import add_choice, add_n_eval, add_runtime_args, add_seed
-from mhainterp.cli.static import ABLATION_METHODS
+from mhainterp.cli.static import ablation_methods
 from mhainterp.cli.task_modules import add_task_module_argument
 from mhainterp.heads import head_set_labels, parse_head_label
 from mhainterp.validation import ParameterError, invalid
@@ -72,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--heads", default=None, help="comma-separated heads to ablate, e.g. L0H1,L0H3"
     )
-    add_choice(parser, "--method", "ablation method", ABLATION_METHODS, default="zero")
+    add_choice(parser, "--method", "ablation method", ablation_methods(), default="zero")
     parser.add_argument(
         "--interactive", action="store_true", help="open a session that reads commands from stdin"
     )
@@ -190,7 +190,7 @@ def _command_table(ablator: Ablator) -> dict[str, Callable[[str], bool]]:
 
     def method(arg: str) -> bool:
         if not arg.strip():
-            names = ", ".join(ABLATION_METHODS)
+            names = ", ".join(ablation_methods())
             raise invalid("method", arg, f"one of {names} (now {ablator.method!r})")
         ablator.method = arg.strip()
         return True

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from mhainterp.cli.options import MAX_COUNT, Checked, add_choice, add_runtime_args
-from mhainterp.cli.static import ABLATION_METHODS, DEFAULT_N_EVAL
+from mhainterp.cli.static import DEFAULT_N_EVAL, ablation_methods
 from mhainterp.cli.task_modules import add_task_module_argument
 from mhainterp.errors import PortInUseError
 from mhainterp.explore import TEXT_N_EVAL
@@ -100,7 +100,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help=f"evaluation sequences (an integer >= 1, default {DEFAULT_N_EVAL}; with --model: "
         f"sentences, default {TEXT_N_EVAL})",
     )
-    add_choice(parser, "--method", "initial ablation method", ABLATION_METHODS, default="zero")
+    add_choice(parser, "--method", "initial ablation method", ablation_methods(), default="zero")
     add_task_module_argument(parser)
     add_runtime_args(parser)
     parser.set_defaults(func=run_explore)

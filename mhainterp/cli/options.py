@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mhainterp.cli.static import (
-    ABLATION_METHODS,
     CORRECTIONS,
     DEFAULT_N_EVAL,
-    DIVISION_AXES,
     SPECIALIZATION_DEFAULTS,
     TRAIN_DEFAULTS,
+    ablation_methods,
+    division_axes,
 )
 from mhainterp.cli.task_modules import add_task_module_argument
 from mhainterp.runtime import DEFAULT_THREADS, DEVICE_CHOICES, check_device_name
@@ -147,16 +147,28 @@ def add_float(
 
 
 def add_choice(
-    parser: Any, flag: str, help: str, options: tuple[str, ...], *, default: str
+    parser: Any,
+    flag: str,
+    help: str,
+    options: tuple[str, ...] | dict[str, str],
+    *,
+    default: str,
 ) -> None:
-    """An option that takes one of ``options``; help lists them and the default."""
+    """An option that takes one of ``options``; help lists them (each with its description,
+    when ``options`` maps names to one) and the default."""
+    names = tuple(options)
+    listed = (
+        "; ".join(f"{name}: {text}" for name, text in options.items())
+        if isinstance(options, dict)
+        else ", ".join(names)
+    )
     parser.add_argument(
         flag,
         action=Checked,
-        check=lambda name, value: check_option(name, value, options),
+        check=lambda name, value: check_option(name, value, names),
         default=default,
-        metavar="{" + ",".join(options) + "}",
-        help=f"{help}: {', '.join(options)} (default {default})",
+        metavar="{" + ",".join(names) + "}",
+        help=f"{help}: {listed} (default {default})",
     )
 
 
@@ -441,14 +453,16 @@ def add_settings_args(parser: argparse.ArgumentParser) -> None:
         group,
         "--ablation-method",
         "ablation method for damage, redundancy and the division",
-        ABLATION_METHODS,
+        ablation_methods(),
         default=defaults["method"],
     )
+    axes = division_axes()
+    listed = "; ".join(f"{name}: {text}" for name, text in axes.items())
     group.add_argument(
         "--by",
-        default=",".join(DIVISION_AXES),
-        help="axes of the division of labour, comma-separated (default: every axis that "
-        f"applies: {','.join(DIVISION_AXES)}); 'none' to skip it",
+        default=",".join(axes),
+        help=f"axes of the division of labour, comma-separated ({listed}; default: every "
+        f"axis that applies: {','.join(axes)}); 'none' to skip it",
     )
     group.add_argument("--quiet", action="store_true", help="no progress bars")
     add_task_module_argument(parser)

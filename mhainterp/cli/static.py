@@ -3,11 +3,14 @@ importing torch (which takes seconds, tens of seconds on a busy machine).
 
 Each value below mirrors its one home in the library, named beside it; ``tests/test_first_hour.py``
 checks that every mirror equals its home, so a change there fails the tests until it is copied
-here. Nothing else in the CLI may hard-code these values.
+here. Nothing else in the CLI may hard-code these values. The two registries (ablation methods,
+division axes) are read through :func:`ablation_methods` and :func:`division_axes`, which give
+the live registry once the library has loaded it and the mirror before.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 __all__ = [
@@ -21,6 +24,8 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "SPECIALIZATION_DEFAULTS",
     "TRAIN_DEFAULTS",
+    "ablation_methods",
+    "division_axes",
 ]
 
 DEFAULT_N_EVAL = 1024
@@ -35,14 +40,58 @@ DEMO_SEEDS = tuple(range(6))
 TRAIN_DEFAULTS: dict[str, Any] = {"steps": 2000, "batch_size": 128, "lr": 3e-3, "grad_clip": 1.0}
 """The defaults of :class:`mhainterp.config.TrainConfig` that the training options show."""
 
-ABLATION_METHODS = ("zero", "mean", "resample")
-"""``mhainterp.ablation.METHODS``."""
+ABLATION_METHODS: dict[str, str] = {
+    "zero": "the head's z set to 0 (it writes nothing)",
+    "mean": "the head's z set to its per-position mean over the reference",
+    "resample": "the head's z taken from another reference sequence",
+}
+"""``mhainterp.ablation.METHODS``: each built-in method's name and help, in registration order
+(read through :func:`ablation_methods`)."""
 
 CORRECTIONS = ("holm", "bh", "none")
 """``mhainterp.stats.CORRECTIONS``."""
 
-DIVISION_AXES = ("token", "position", "target_class", "target")
-"""``mhainterp.tasks.AXES``: the division of labour's axes, the default of ``--by``."""
+DIVISION_AXES: dict[str, str] = {
+    "token": "the query token",
+    "position": "the query position",
+    "target_class": "the class to output",
+    "target": "which target (multi-target tasks)",
+}
+"""``mhainterp.tasks.AXES``: each built-in division axis's name and help, in registration
+order, the default of ``--by`` (read through :func:`division_axes`)."""
+
+
+def _registered(module: str, name: str, mirror: dict[str, str]) -> dict[str, str]:
+    """``{name: help}`` of the registry ``module.name`` when that module is loaded (a
+    ``--task-module`` or a notebook may have registered more), else its mirror: loading it
+    here would import torch."""
+    loaded = sys.modules.get(module)
+    if loaded is None:
+        return dict(mirror)
+    return {key: entry.help for key, entry in getattr(loaded, name).items()}
+
+
+def ablation_methods() -> dict[str, str]:
+    """The registered ablation methods' ``{name: help}``, in order (:data:`ABLATION_METHODS`
+    until :mod:`mhainterp.ablation.replacement` is loaded).
+
+    Example:
+        >>> list(ablation_methods())
+        ['zero', 'mean', 'resample']
+    """
+    return _registered("mhainterp.ablation.replacement", "METHODS", ABLATION_METHODS)
+
+
+def division_axes() -> dict[str, str]:
+    """The registered division axes' ``{name: help}``, in order (:data:`DIVISION_AXES` until
+    :mod:`mhainterp.tasks.axes` is loaded).
+
+    Example:
+        >>> list(division_axes())
+        ['token', 'position', 'target_class', 'target']
+    """
+    return _registered("mhainterp.tasks.axes", "AXES", DIVISION_AXES)
+
 
 SPECIALIZATION_DEFAULTS: dict[str, Any] = {
     "alpha": 0.05,

@@ -35,7 +35,7 @@ from mhainterp.explore.memory import release_free_memory
 from mhainterp.explore.results import SavedResults
 from mhainterp.explore.runs import RunEntry, default_run, explorable_runs
 from mhainterp.explore.session import ExploreSession, ImportanceSource
-from mhainterp.explore.text import AXIS_TITLES
+from mhainterp.explore.text import axis_title
 from mhainterp.explore.wire import json_ready
 from mhainterp.heads import head_label
 from mhainterp.protocol import BridgedModel, HookedModel
@@ -308,7 +308,7 @@ class Explorer:
                 "loss": LOSS_NAMES.get(opened.session.objective, "loss"),
                 "accuracy": opened.session.objective != "embedding",
             },
-            "axes": [{"key": a, "name": AXIS_TITLES.get(a, a)} for a in opened.session.axes],
+            "axes": [{"key": a, "name": axis_title(a)} for a in opened.session.axes],
             "importance": {
                 "source": opened.session.importance_source,
                 "quantity": opened.session.importance_quantity,

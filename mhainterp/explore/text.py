@@ -19,26 +19,37 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from mhainterp.tasks import Batch
+from mhainterp.tasks import AXES, Batch
 from mhainterp.tasks.text import POSITION_BUCKETS, TOKEN_CLASSES, text_axes
 
 __all__ = [
     "AXIS_TITLES",
     "FREQUENCY_NAMES",
+    "axis_title",
     "position_bucket_names",
     "text_axis_values",
     "token_strings",
 ]
 
 AXIS_TITLES = {
-    "target_class": "target class",
-    "token": "query token",
-    "position": "position",
-    "target": "target",
     "token_class": "query token class",
     "target_frequency": "next-token frequency",
 }
-"""What the page calls each axis of ``ExploreSession.metrics()["by"]``."""
+"""What the page calls a text task's own axes of ``ExploreSession.metrics()["by"]`` (the
+division axes' titles are theirs: :class:`~mhainterp.tasks.DivisionAxis`)."""
+
+
+def axis_title(axis: str) -> str:
+    """What the page calls ``axis``: a text task's own title, a division axis's, or its name.
+
+    Example:
+        >>> axis_title("token"), axis_title("target_frequency")
+        ('query token', 'next-token frequency')
+    """
+    if axis in AXIS_TITLES:
+        return AXIS_TITLES[axis]
+    return AXES[axis].title if axis in AXES else axis
+
 
 FREQUENCY_NAMES = ("rare", "medium", "common")
 """Names of :func:`~mhainterp.tasks.text.text_axes`'s three next-token frequency buckets."""

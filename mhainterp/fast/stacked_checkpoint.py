@@ -69,7 +69,8 @@ class GroupCheckpoint:
 
     def save_if_due(self, step: int) -> None:
         """Save the state after ``step`` (a logged step: the interval sums are empty) if
-        :data:`CHECKPOINT_SECONDS` have passed and no model of the group has left it."""
+        :data:`~mhainterp.training.CHECKPOINT_SECONDS` have passed and no model of the group has
+        left it."""
         g = self.group
         if self.path is None or g.messages:
             return

@@ -65,7 +65,7 @@ from mhainterp.specialization.seeds.consistency import (
     profile_similarity,
     role_profiles,
 )
-from mhainterp.specialization.seeds.summary import SUMMARY_COLUMNS, specialization_summary
+from mhainterp.specialization.seeds.summary import specialization_summary, summary_columns
 from mhainterp.specialization.settings import THRESHOLDS, DivisionSettings, SpecializationSettings
 from mhainterp.specialization.verdict.labels import (
     LABELS_OTHER,
@@ -119,7 +119,6 @@ __all__ = [
     "HEAD_COLUMNS",
     "LABELS_OTHER",
     "RUN_COLUMNS",
-    "SUMMARY_COLUMNS",
     "THRESHOLDS",
     "CausalSelectivity",
     "DivisionResult",
@@ -168,6 +167,7 @@ __all__ = [
     "role_templates",
     "selectivity_index",
     "specialization_summary",
+    "summary_columns",
     "specialization_test",
     "saved_division",
     "saved_specialization",

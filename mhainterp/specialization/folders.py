@@ -48,11 +48,11 @@ from mhainterp.specialization.seeds.combine import (
     combine_results,
 )
 from mhainterp.specialization.seeds.summary import (
-    SUMMARY_COLUMNS,
     answers,
     display_summary,
     head_count_comparisons,
     specialization_summary,
+    summary_columns,
     summary_notes,
 )
 from mhainterp.specialization.settings import SpecializationSettings
@@ -89,7 +89,8 @@ class SweepSpecialization:
     Attributes:
         runs: One row per run (:data:`~mhainterp.specialization.verdict.result.RUN_COLUMNS` plus
             ``run_dir``, relative to the first sweep folder, and ``val_accuracy``).
-        summary: One row per (task, n_heads), columns :data:`SUMMARY_COLUMNS`.
+        summary: One row per (task, n_heads), columns
+            :func:`~mhainterp.specialization.seeds.summary.summary_columns`.
         result: The stacked :class:`~mhainterp.specialization.battery.SpecializationResult`.
         notes: The evidence behind the answers in words, generated from the numbers
             (:func:`~.seeds.summary.summary_notes`).
@@ -156,7 +157,7 @@ class SweepSpecialization:
         runs = read_result_table(out_dir / "specialization_runs.csv", RUN_COLUMNS)
         bases = [f"division_{axis}_basis" for axis in AXES]  # "" (no basis) reads as NaN
         summary = read_result_table(
-            out_dir / "specialization_summary.csv", SUMMARY_COLUMNS, text=bases
+            out_dir / "specialization_summary.csv", summary_columns(), text=bases
         )
         comparisons = read_result_table(out_dir / COMPARISONS_FILE, HEAD_COUNT_COLUMNS)
         # True / False, None where not tested

@@ -22,8 +22,9 @@ Layout: ``batch`` (Batch), ``templates`` (relation template builders), ``base`` 
 
 from mhainterp.errors import InvalidTaskError, TaskModuleError
 from mhainterp.model.loss import IGNORE_INDEX
+from mhainterp.tasks.axes import AXES, Axis, DivisionAxis, register_axis
 from mhainterp.tasks.base import Task
-from mhainterp.tasks.batch import AXES, Axis, Batch
+from mhainterp.tasks.batch import Batch
 from mhainterp.tasks.builtin import (
     BUILTIN_TASKS,
     CountPreviousTask,
@@ -71,6 +72,7 @@ __all__ = [
     "Axis",
     "Batch",
     "CountPreviousTask",
+    "DivisionAxis",
     "HistogramTask",
     "InductionTask",
     "InvalidTaskError",
@@ -89,6 +91,7 @@ __all__ = [
     "load_task_module",
     "mirror_template",
     "previous_token_template",
+    "register_axis",
     "register_task",
     "same_token_template",
     "self_template",

@@ -6,7 +6,7 @@ Shapes: n sequences, pos positions (``task.seq_len``), k targets per position (`
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 from jaxtyping import Bool, Int
@@ -15,13 +15,7 @@ from torch import Tensor
 from mhainterp.scoring import scored_positions
 from mhainterp.validation import ParameterError
 
-__all__ = ["AXES", "Axis", "Batch"]
-
-Axis = Literal["token", "position", "target_class", "target"]
-AXES: tuple[Axis, ...] = get_args(Axis)
-"""What a batch's scored (sequence, position, target) triples can be grouped by: the query
-token, its position, the class to output, and which target (multi-target tasks). The division
-of labour splits damage by them and the explorer groups loss and accuracy by them."""
+__all__ = ["Batch"]
 
 
 @dataclass(frozen=True)

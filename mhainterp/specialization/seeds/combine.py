@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from mhainterp.ablation.replacement import method_order
 from mhainterp.heads import HEAD_SET_SEPARATOR
 from mhainterp.specialization.seeds.consistency import CONSISTENCY_COLUMNS, cross_seed_consistency
 from mhainterp.specialization.settings import DivisionSettings, SpecializationSettings
@@ -32,32 +33,30 @@ from mhainterp.validation import ParameterError, invalid
 __all__ = [
     "FLAG_EVIDENCE",
     "SERVES_QUALIFIERS",
-    "VERDICT_DIVISION_COLUMNS",
     "attach_division",
     "combine_results",
     "compared_units",
     "single_result",
+    "verdict_division_columns",
 ]
 
-VERDICT_DIVISION_COLUMNS = (
-    "divided",
-    "call",
-    "basis",
-    "reason",
-    "ci_low",
-    "ci_high",
-    "null_high",
-    "p_floor",
-    "index_mean",
-    "index_zero",
-    "index_resample",
-    "call_mean",
-    "call_zero",
-    "call_resample",
-    "n_damaging",
-)
-"""The division index columns the verdict's sentences read besides :data:`DIVISION_COLUMNS`
-(the calibrated call of the verdict contract; each is carried when the table has it)."""
+
+def verdict_division_columns() -> tuple[str, ...]:
+    """The division index columns the verdict's sentences read besides :data:`DIVISION_COLUMNS`
+    (the calibrated call of the verdict contract; each is carried when the table has it): the
+    index and call under every registered method, the division's default method first.
+
+    Example:
+        >>> verdict_division_columns()[8:11]
+        ('index_mean', 'index_zero', 'index_resample')
+    """
+    methods = method_order(DivisionSettings.method)
+    return (
+        *("divided", "call", "basis", "reason", "ci_low", "ci_high", "null_high", "p_floor"),
+        *(f"index_{m}" for m in methods),
+        *(f"call_{m}" for m in methods),
+        "n_damaging",
+    )
 
 
 def _run_row(verdict: RunVerdict, heads: pd.DataFrame) -> dict[str, Any]:
@@ -111,7 +110,7 @@ def attach_division(
             index, heads and settings are used), or only its index table: ``by, index,
             null_index, p`` per axis and ``run`` naming the result's runs (without ``run``, the
             result must hold one run). The calibrated columns
-            (:data:`VERDICT_DIVISION_COLUMNS`: ``call``, ``basis``, ``reason``, the CI, the p
+            (:func:`verdict_division_columns`: ``call``, ``basis``, ``reason``, the CI, the p
             floor, the per-method indices and calls) are carried into the verdict when
             present.
         heads: Per head and axis (``head_label, by, serves, specialized`` and ``run`` as for
@@ -152,7 +151,7 @@ def attach_division(
     stability = result.stability
     if head_rows is not None and _has_flag_evidence(head_rows):
         stability = _with_division_stability(stability, head_rows, settings)
-    carried = [*DIVISION_COLUMNS, *(c for c in VERDICT_DIVISION_COLUMNS if c in frame.columns)]
+    carried = [*DIVISION_COLUMNS, *(c for c in verdict_division_columns() if c in frame.columns)]
     rows = frame[carried].to_dict("records")
     verdicts = []
     for v in result.verdict.runs:

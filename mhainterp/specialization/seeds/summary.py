@@ -1,9 +1,9 @@
 """The sweep-level summary of the specialization test: per (task, h) the verdict's graded
 numbers over seeds, and the comparisons between head counts that answer "does h matter?".
 
-- :func:`specialization_summary` is the table (:data:`SUMMARY_COLUMNS`);
+- :func:`specialization_summary` is the table (:func:`summary_columns`);
 - :func:`head_count_comparisons` compares *adjacent* head counts of each task on every
-  measure of :data:`FINDINGS_MEASURES` (accuracy, relations covered, heads per relation, the
+  measure of :func:`findings_measures` (accuracy, relations covered, heads per relation, the
   needed and backed-up shares, the division index per axis) with
   :func:`mhainterp.sweep.compare.compare_head_counts`: each difference of seed means with its 95%
   interval, the exact permutation test below 10 seeds per head count (its floor stated) and
@@ -41,14 +41,14 @@ from mhainterp.tasks import AXES
 __all__ = [
     "BLOCK_MARK",
     "OPEN_MARK",
-    "FINDINGS_MEASURES",
-    "SUMMARY_COLUMNS",
     "answers",
     "display_summary",
+    "findings_measures",
     "head_count_comparisons",
     "open_note",
     "per_seed_measures",
     "specialization_summary",
+    "summary_columns",
     "summary_notes",
 ]
 
@@ -72,36 +72,45 @@ _DIVISION_STATS = (
     "n_beyond",
     "basis",
 )
-SUMMARY_COLUMNS = [
-    "task",
-    "n_heads",
-    "n_seeds",
-    *[f"{name}_{stat}" for _, name in _GRADED for stat in ("mean", "std")],
-    "n_seeds_with_relation",
-    *[f"division_{axis}_{stat}" for axis in AXES for stat in _DIVISION_STATS],
-    "causal_null_mean",
-    "consistency",
-    "random_matching",
-    "null_shuffled",
-    "consistency_p",
-    "consistency_p_floor",
-]
-"""Columns of :attr:`~mhainterp.specialization.SweepSpecialization.summary`, one row per (task,
-n_heads): the graded numbers of the verdict as seed mean and sample std (``_mean``, ``_std``; std
-NaN with one seed). Counts and shares are separate columns, never mixed: ``n_relations`` (relations
-some live head holds) and ``heads_per_relation`` (over the ``n_seeds_with_relation`` seeds that have
-one) are counts; ``frac_*`` are shares of all heads (needed, backed up, dead, labels that change
-with a threshold x 0.8 or x 1.25). ``division_{axis}_*`` per axis of the division of labour: of the
-``n_measured`` seeds where it was measured, the index's seed ``mean`` and ``std`` over the
-``n_defined`` where it is defined (two or more heads or groups do the work), its null (same-function
-heads: noisy copies of the model compared on split halves of the sequences): ``null`` the seed mean
-of the null's mean, ``null_high`` the seed mean of its upper ``1 - alpha`` quantile, the line each
-seed's call uses, and ``n_beyond``, the seeds whose call is "divided". ``accuracy`` is the sweep's
-``val_accuracy`` when known; the consistency columns are NaN with fewer than 2 seeds."""
+
+
+def summary_columns() -> list[str]:
+    """Columns of :attr:`~mhainterp.specialization.SweepSpecialization.summary`, one row per (task,
+    n_heads): the graded numbers of the verdict as seed mean and sample std (``_mean``, ``_std``;
+    std NaN with one seed). Counts and shares are separate columns, never mixed: ``n_relations``
+    (relations some live head holds) and ``heads_per_relation`` (over the ``n_seeds_with_relation``
+    seeds that have one) are counts; ``frac_*`` are shares of all heads (needed, backed up, dead,
+    labels that change with a threshold x 0.8 or x 1.25). ``division_{axis}_*`` per axis of the
+    division of labour: of the ``n_measured`` seeds where it was measured, the index's seed ``mean``
+    and ``std`` over the ``n_defined`` where it is defined (two or more heads or groups do the
+    work), its null (same-function heads: noisy copies of the model compared on split halves of the
+    sequences): ``null`` the seed mean of the null's mean, ``null_high`` the seed mean of its upper
+    ``1 - alpha`` quantile, the line each seed's call uses, and ``n_beyond``, the seeds whose call
+    is "divided". ``accuracy`` is the sweep's ``val_accuracy`` when known; the consistency columns
+    are NaN with fewer than 2 seeds.
+
+    Example:
+        >>> summary_columns()[:3]
+        ['task', 'n_heads', 'n_seeds']
+    """
+    return [
+        "task",
+        "n_heads",
+        "n_seeds",
+        *[f"{name}_{stat}" for _, name in _GRADED for stat in ("mean", "std")],
+        "n_seeds_with_relation",
+        *[f"division_{axis}_{stat}" for axis in AXES for stat in _DIVISION_STATS],
+        "causal_null_mean",
+        "consistency",
+        "random_matching",
+        "null_shuffled",
+        "consistency_p",
+        "consistency_p_floor",
+    ]
 
 
 def display_summary(group: pd.DataFrame, alpha: float = 0.05) -> list[tuple[str, pd.DataFrame]]:
-    """:data:`SUMMARY_COLUMNS` rows formatted for reading, as ``(caption, table)`` pairs of at
+    """:func:`summary_columns` rows formatted for reading, as ``(caption, table)`` pairs of at
     most 8 columns each (a table wider than that scrolls in a report): counts, shares of
     heads, one column per measured division axis (``index ± std vs null q95 (seeds divided /
     seeds)``, the null's upper ``1 - alpha`` quantile, the line the call uses), and the causal
@@ -196,7 +205,7 @@ def specialization_summary(
     consistency: dict[str, dict[str, float]] | None = None,
     division: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """Per (task, n_heads): the verdict's graded numbers over seeds (:data:`SUMMARY_COLUMNS`).
+    """Per (task, n_heads): the verdict's graded numbers over seeds (:func:`summary_columns`).
 
     Args:
         runs: The per-run table (:data:`~mhainterp.specialization.verdict.result.RUN_COLUMNS`; with
@@ -245,7 +254,7 @@ def specialization_summary(
         row["consistency_p"] = summary.get("p_value", math.nan)
         row["consistency_p_floor"] = summary.get("p_floor", math.nan)
         rows.append(row)
-    table = pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+    table = pd.DataFrame(rows, columns=summary_columns())
     return table.sort_values(["task", "n_heads"], kind="stable", ignore_index=True)
 
 
@@ -278,19 +287,21 @@ def _bases(rows: pd.DataFrame) -> str:
     return "/".join(sorted({b for b in bases if b}))
 
 
-FINDINGS_MEASURES = (
-    ("accuracy", "accuracy", "accuracy"),
-    ("n_relations", "relations covered (a count)", "where"),
-    ("heads_per_relation", "heads per relation (a count)", "where"),
-    ("frac_needed", "needed share", "needed"),
-    ("frac_backed_up", "backed-up share", "needed"),
-    *((f"division_{axis}", f"division index by {axis}", "whom") for axis in AXES),
-)
-"""``(per-seed column, words, family)`` of every measure the Findings compare across h. Each
-family is one question (does h change the accuracy, where the heads look, whether they are
-needed, whom they serve), Holm-corrected on its own within the task. The dead share and the
-causal selectivity stay in the seed table but out of the tests: every measure added is one
-more Holm comparison per pair of head counts."""
+def findings_measures() -> tuple[tuple[str, str, str], ...]:
+    """``(per-seed column, words, family)`` of every measure the Findings compare across h. Each
+    family is one question (does h change the accuracy, where the heads look, whether they are
+    needed, whom they serve), Holm-corrected on its own within the task. The dead share and the
+    causal selectivity stay in the seed table but out of the tests: every measure added is one
+    more Holm comparison per pair of head counts."""
+    return (
+        ("accuracy", "accuracy", "accuracy"),
+        ("n_relations", "relations covered (a count)", "where"),
+        ("heads_per_relation", "heads per relation (a count)", "where"),
+        ("frac_needed", "needed share", "needed"),
+        ("frac_backed_up", "backed-up share", "needed"),
+        *((f"division_{axis}", f"division index by {axis}", "whom") for axis in AXES),
+    )
+
 
 OPEN_MARK = ": what more seeds would settle: "
 """In every :func:`open_note`, right after the task: how the report finds it."""
@@ -319,7 +330,7 @@ def per_seed_measures(runs: pd.DataFrame, division: pd.DataFrame | None) -> pd.D
 def head_count_comparisons(
     runs: pd.DataFrame, division: pd.DataFrame | None = None, *, alpha: float = 0.05
 ) -> pd.DataFrame:
-    """Adjacent head counts of each task on every :data:`FINDINGS_MEASURES` measure, Holm over
+    """Adjacent head counts of each task on every :func:`findings_measures` measure, Holm over
     the task's block (:func:`mhainterp.sweep.compare.compare_head_counts`).
 
     Args:
@@ -345,7 +356,7 @@ def head_count_comparisons(
     """
     division = division if division is not None and len(division) else None
     per_seed = per_seed_measures(runs, division)
-    return compare_head_counts(per_seed, FINDINGS_MEASURES, alpha=alpha)
+    return compare_head_counts(per_seed, findings_measures(), alpha=alpha)
 
 
 def _is_division(rows: pd.DataFrame) -> pd.Series:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from mhainterp.ablation import METHODS as ABLATION_METHODS
+from mhainterp.ablation.replacement import method_order
 from mhainterp.heads import head_set_labels, parse_head_label
 from mhainterp.render import format_p
 from mhainterp.specialization.settings import DIVISION_DEFAULTS
@@ -118,11 +118,10 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-METHODS = (
-    DIVISION_DEFAULTS["method"],
-    *(m for m in ABLATION_METHODS if m != DIVISION_DEFAULTS["method"]),
-)
-"""The ablation methods in the order a sentence names them: the division's default first."""
+def _methods() -> tuple[str, ...]:
+    """The ablation methods in the order a sentence names them: the division's default first."""
+    return method_order(DIVISION_DEFAULTS["method"])
+
 
 SERVING_CALLS = ("divided", "method-dependent")
 """Calls whose index a headline shows beside them: the axes it claims or hedges on."""
@@ -208,10 +207,12 @@ def _index_text(d: dict[str, Any]) -> str:
     units = compared_unit_labels(str(d.get("units") or ""))
     if len({_layer_of(u) for u in units}) > 1:
         text += f", comparing {with_layers(units)}"
-    methods = [f"{m} {float(d[f'index_{m}']):.2f}" for m in METHODS if _finite(d.get(f"index_{m}"))]
+    methods = [
+        f"{m} {float(d[f'index_{m}']):.2f}" for m in _methods() if _finite(d.get(f"index_{m}"))
+    ]
     if axis_call(d) == "method-dependent" and methods:
         text += f"; by method: {', '.join(methods)}"
-    calls = {m: d.get(f"call_{m}") for m in METHODS}
+    calls = {m: d.get(f"call_{m}") for m in _methods()}
     if zero_artefact(calls, str(d.get("by"))) and axis_call(d) != "method-dependent":
         text += f"; {zero_left_out_text(d)}"
     return text
@@ -294,7 +295,7 @@ def _basis_text(division: list[dict[str, Any]]) -> str:
     bases = sorted({d["basis"] for d in division if d.get("basis") in BASIS_NAMES})
     if not bases:
         return ""
-    methods = [m for m in METHODS if any(_finite(d.get(f"index_{m}")) for d in division)]
+    methods = [m for m in _methods() if any(_finite(d.get(f"index_{m}")) for d in division)]
     named = ", ".join(BASIS_NAMES[b] for b in bases)
     if not methods:
         return f"; basis: {named}"

@@ -90,22 +90,12 @@ def axis_values(
     and accuracy by the same ones.
     """
     i, t, j = scored.nonzero(as_tuple=True)
-    n, T, k = scored.shape
-    raw: dict[Axis, Tensor] = {
-        "token": batch.tokens[i, t],
-        "position": t,
-        "target_class": batch.targets.reshape(n, T, k)[i, t, j],
-        "target": j,
-    }
     values: dict[Axis, Tensor] = {}
     value_names: dict[Axis, list[str]] = {}
-    for axis in AXES:
-        unique, ids = _small_unique(raw[axis].cpu())
+    for axis, spec in AXES.items():
+        unique, ids = _small_unique(spec.values(batch, i, t, j).cpu())
         values[axis] = ids
-        if axis == "target":
-            value_names[axis] = [names[int(u)] if names else str(int(u)) for u in unique]
-        else:
-            value_names[axis] = [str(int(u)) for u in unique]
+        value_names[axis] = [spec.label(int(u), names) for u in unique]
     return values, value_names
 
 

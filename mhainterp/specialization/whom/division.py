@@ -166,7 +166,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from mhainterp.ablation.replacement import CleanCache
+from mhainterp.ablation.replacement import METHODS, CleanCache
 from mhainterp.data import Data, as_batch, batch_for_model, target_names
 from mhainterp.heads import head_label, resolve_heads
 from mhainterp.model import HookedMHATransformer
@@ -191,9 +191,9 @@ from mhainterp.specialization.whom.division_calls import (
 from mhainterp.specialization.whom.division_result import (
     BASIS_PROFILE_COLUMNS,
     HEADS_COLUMNS,
-    INDEX_COLUMNS,
     PROFILE_COLUMNS,
     DivisionResult,
+    index_columns,
     join_columns,
 )
 from mhainterp.specialization.whom.profiles import (
@@ -243,7 +243,9 @@ def _task_axes(data: Any, by: Sequence[str] | str) -> tuple[Any, list[str], list
         return None, _normalise_by(by), list(AXES)
     own = list(getattr(data, "axis_names", None) or TEXT_AXES)
     known = list(dict.fromkeys([*own, *AXES]))
-    asked = own if not isinstance(by, str) and tuple(by) == AXES else _normalise_by(by, known)
+    asked = (
+        own if not isinstance(by, str) and tuple(by) == tuple(AXES) else _normalise_by(by, known)
+    )
     return axes_of, asked, known
 
 
@@ -405,7 +407,7 @@ def division_of_labour(
     heads = _frame(heads_parts, HEADS_COLUMNS)  # p_adj: corrected over every head and axis
     return DivisionResult(
         heads=heads,
-        index=pd.DataFrame(index, columns=INDEX_COLUMNS),
+        index=pd.DataFrame(index, columns=index_columns()),
         profiles=_frame(profile_parts, PROFILE_COLUMNS),
         attention=attention,
         basis_profiles=_frame(basis_parts, BASIS_PROFILE_COLUMNS),
@@ -628,10 +630,11 @@ def _noisy_passes(
 
 
 def _can_run(method: str, n_sequences: int) -> bool:
-    """Whether ``method`` can ablate on ``n_sequences``: resample takes each sequence's
-    replacement from another one, so it needs two (one sequence is refused by
+    """Whether ``method`` can ablate on ``n_sequences`` (resample, say, takes each sequence's
+    replacement from another one, so it needs two: one sequence is refused by
     :func:`~mhainterp.ablation.replacement.build_replacement`)."""
-    return method != "resample" or n_sequences >= 2
+    fewest = METHODS[method].min_sequences
+    return fewest <= 1 or n_sequences >= fewest
 
 
 def _triple_damage(

@@ -16,21 +16,24 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from mhainterp.ablation import METHODS
+from mhainterp.ablation.replacement import METHODS, method_order
 from mhainterp.errors import OutdatedResultError
 from mhainterp.io import write_csv, write_json
 from mhainterp.runs import read_result_table, read_saved_meta
+from mhainterp.specialization.settings import DIVISION_DEFAULTS
 from mhainterp.specialization.whom.division_calls import zero_artefact
 
 __all__ = [
     "ATTENTION_COLUMNS",
     "BASIS_PROFILE_COLUMNS",
     "HEADS_COLUMNS",
-    "INDEX_COLUMNS",
     "PROFILE_COLUMNS",
     "DivisionResult",
+    "index_columns",
     "join_columns",
     "saved_division",
+    "table_columns",
+    "text_columns",
 ]
 
 HEADS_COLUMNS = [
@@ -82,7 +85,7 @@ largest), ``serves`` the same where specialized and "" elsewhere; ``kept_scope``
 readers. ``damage_alone`` (= ``total_damage``),
 ``damage_group``, ``group``, ``kept_contribution``, ``write_norm`` and ``write_share`` are the
 inputs of "dead by function"."""
-INDEX_COLUMNS = [
+_INDEX_LEADING = [
     "by",
     "index",
     "null_index",
@@ -99,33 +102,31 @@ INDEX_COLUMNS = [
     "ci_high",
     "null_high",
     "p_floor",
-    "index_mean",
-    "index_zero",
-    "index_resample",
-    "call_mean",
-    "call_zero",
-    "call_resample",
-    "null_index_mean",
-    "null_index_zero",
-    "null_index_resample",
-    "null_high_mean",
-    "null_high_zero",
-    "null_high_resample",
-    "index_single",
-    "index_kept",
-    "index_group",
-    "n_kept",
-    "n_groups",
 ]
-"""Columns of :attr:`DivisionResult.index`, one row per axis: ``call`` (divided, not
-divided, cannot tell, method-dependent) on ``basis`` (single, kept, group; "" when no basis
-applies), ``index`` with its bootstrap ``ci_low, ci_high``, the same-function null
-(``null_index``, its upper quantile ``null_high``, ``null_index_std``), ``p`` against it with
-its floor ``p_floor``, the index and call under each method with that method's own
-same-function null (``null_index_<method>``, ``null_high_<method>``: the noisy copy scored under
-that method), the primary method's index on
-every basis, and the counts of damaging heads, heads contributing kept alone and groups.
-``divided`` is ``call == "divided"``; ``null_init_index`` is kept NaN for old readers."""
+_PER_METHOD = ("index", "call", "null_index", "null_high")
+_INDEX_TRAILING = ["index_single", "index_kept", "index_group", "n_kept", "n_groups"]
+
+
+def index_columns() -> list[str]:
+    """Columns of :attr:`DivisionResult.index`, one row per axis: ``call`` (divided, not
+    divided, cannot tell, method-dependent) on ``basis`` (single, kept, group; "" when no basis
+    applies), ``index`` with its bootstrap ``ci_low, ci_high``, the same-function null
+    (``null_index``, its upper quantile ``null_high``, ``null_index_std``), ``p`` against it with
+    its floor ``p_floor``, the index and call under each registered method (the default method
+    first) with that method's own same-function null (``null_index_<method>``,
+    ``null_high_<method>``: the noisy copy scored under that method), the primary method's index
+    on every basis, and the counts of damaging heads, heads contributing kept alone and groups.
+    ``divided`` is ``call == "divided"``; ``null_init_index`` is kept NaN for old readers.
+
+    Example:
+        >>> index_columns()[16:20]
+        ['index_mean', 'index_zero', 'index_resample', 'call_mean']
+    """
+    methods = method_order(DIVISION_DEFAULTS["method"])
+    per_method = [f"{column}_{m}" for column in _PER_METHOD for m in methods]
+    return [*_INDEX_LEADING, *per_method, *_INDEX_TRAILING]
+
+
 PROFILE_COLUMNS = [
     "head_label",
     "layer",
@@ -157,17 +158,23 @@ BASIS_PROFILE_COLUMNS = [
 ``unit`` the head set), per value, observed, unclipped."""
 
 PREFIX = "division"
-TABLE_COLUMNS = {
-    "heads": HEADS_COLUMNS,
-    "index": INDEX_COLUMNS,
-    "profiles": PROFILE_COLUMNS,
-    "attention": ATTENTION_COLUMNS,
-    "basis_profiles": BASIS_PROFILE_COLUMNS,
-}
-TEXT_COLUMNS = (
-    *("serves", "served_values", "kept_scope", "group", "basis", "reason"),
-    *(f"call_{m}" for m in METHODS),
-)  # read back as "" where CSV wrote an empty string
+
+
+def table_columns() -> dict[str, list[str]]:
+    """Each table of a :class:`DivisionResult` and its columns, in the order they are saved."""
+    return {
+        "heads": HEADS_COLUMNS,
+        "index": index_columns(),
+        "profiles": PROFILE_COLUMNS,
+        "attention": ATTENTION_COLUMNS,
+        "basis_profiles": BASIS_PROFILE_COLUMNS,
+    }
+
+
+def text_columns() -> tuple[str, ...]:
+    """The text columns, read back as "" where CSV wrote an empty string."""
+    calls = (f"call_{m}" for m in METHODS)
+    return ("serves", "served_values", "kept_scope", "group", "basis", "reason", *calls)
 
 
 def join_columns(parts: list[dict[str, Any]], names: list[str]) -> dict[str, np.ndarray]:
@@ -191,7 +198,7 @@ class DivisionResult:
 
     Attributes:
         heads: One row per head and axis, columns :data:`HEADS_COLUMNS`.
-        index: One row per axis, columns :data:`INDEX_COLUMNS`.
+        index: One row per axis, columns :func:`index_columns`.
         profiles: Head x value damage, columns :data:`PROFILE_COLUMNS`.
         attention: Template mass per head, value and relation, :data:`ATTENTION_COLUMNS`.
         basis_profiles: Kept-head and group profiles, :data:`BASIS_PROFILE_COLUMNS`.
@@ -234,7 +241,7 @@ class DivisionResult:
         folder = Path(folder)
         paths = [
             write_csv(folder / f"{prefix}_{name}.csv", getattr(self, name))
-            for name in TABLE_COLUMNS
+            for name in table_columns()
         ]
         meta = {"settings": self.settings, "skipped": self.skipped}
         return [*paths, write_json(folder / f"{prefix}.json", meta)]
@@ -257,14 +264,15 @@ class DivisionResult:
                 f"`mhainterp specialize {folder.parent}`"
             )
         meta = read_saved_meta(meta_path, ("settings",))
+        text = text_columns()
         tables = {
             name: read_result_table(
                 folder / f"{prefix}_{name}.csv",
-                TABLE_COLUMNS[name],
-                text=TEXT_COLUMNS,
+                columns,
+                text=text,
                 dtype={"value": str, "unit": str},
             )
-            for name in TABLE_COLUMNS
+            for name, columns in table_columns().items()
         }
         return cls(**tables, settings=meta["settings"], skipped=meta.get("skipped", {}))
 
@@ -273,7 +281,8 @@ def saved_division(
     run_dir: str | os.PathLike[str], request: Mapping[str, Any] | None = None
 ) -> DivisionResult | None:
     """A run's saved division of labour (``run_dir/analysis/division_*``), or None when there
-    is none or it was made otherwise than ``request`` (:func:`division_request`; None: any).
+    is none or it was made otherwise than ``request``
+    (:func:`~mhainterp.specialization.whom.division.division_request`; None: any).
 
     Example:
         >>> saved_division("runs/rev/runs/h4_seed0") is None  # doctest: +SKIP
