@@ -47,6 +47,7 @@ from tqdm.auto import tqdm
 from mhainterp.errors import BatchDivergedError, TrainingDivergedError
 from mhainterp.fast.stacked_memory import stacked_bytes_per_model
 from mhainterp.io import atomic_path, remove_stale_temps
+from mhainterp.runtime import enter_worker, worker_environment
 from mhainterp.sweep.memory import (
     device_allocation_failures,
     device_memory,
@@ -315,12 +316,19 @@ def available_cpus() -> list[int]:
 _worker_steps: Any = None  # in a pool worker: the shared counter of model-steps done
 
 
-def _pin_worker(cpu_queue: Any, steps: Any, parent: int | None = None) -> None:
-    """Process-pool initializer: pin this worker to one CPU, with one torch thread; leave
-    Ctrl-C (and SIGTERM's one-line ending) to the parent; die with the parent (a killed
-    sweep leaves no orphans training)."""
+def _pin_worker(
+    cpu_queue: Any,
+    steps: Any,
+    parent: int | None = None,
+    environment: dict[str, str] | None = None,
+) -> None:
+    """Process-pool initializer: start with the sweep's ``environment``
+    (:func:`mhainterp.runtime.worker_environment`: the runs' device, the command's threads);
+    pin this worker to one CPU, with one torch thread; leave Ctrl-C (and SIGTERM's one-line
+    ending) to the parent; die with the parent (a killed sweep leaves no orphans training)."""
     import torch
 
+    enter_worker(environment or {})
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's SIGTERM-as-Ctrl-C
     _die_with_parent(parent)
@@ -419,7 +427,8 @@ def run_batched(
             messages.update(train_group(chunk, progress=progress))
     else:
         worker_fn = _train_in_worker if batch else _train_alone_in_worker
-        messages = _run_in_pool(chunks, workers, progress, worker_fn)
+        environment = worker_environment(device)
+        messages = _run_in_pool(chunks, workers, progress, worker_fn, environment)
     _raise_diverged(messages)
 
 
@@ -467,7 +476,10 @@ def _run_in_pool(
     workers: int,
     progress: bool,
     worker_fn: Callable[[Sequence[RunSpec]], dict[str, str]],
+    environment: dict[str, str] | None = None,
 ) -> dict[str, str]:
+    """Train ``chunks`` in ``workers`` processes, each started with ``environment`` (the one
+    place, with Ray's tasks, where the toolkit writes an environment: the workers' own)."""
     context = _mp_context()
     cpus = available_cpus()
     cpu_queue = context.Queue()
@@ -481,7 +493,7 @@ def _run_in_pool(
             workers,
             mp_context=context,
             initializer=_pin_worker,
-            initargs=(cpu_queue, steps, os.getpid()),
+            initargs=(cpu_queue, steps, os.getpid(), environment),
         ) as pool,
         tqdm(
             total=total,
@@ -613,10 +625,11 @@ def run_ray(
     fn = _task_fn or train_group_files
     chunks = group_specs(specs, group_size)
     device = _planned_device(specs)
+    environment = worker_environment(device)
     pending = {
         remote.options(
             **ray_task_options(len(chunk), group_size, device, num_cpus, max_retries)
-        ).remote(fn, chunk, num_cpus): chunk
+        ).remote(fn, chunk, num_cpus, environment): chunk
         for chunk in chunks
     }
     messages: dict[str, str] = {}
@@ -679,8 +692,16 @@ def _planned_device(specs: Sequence[RunSpec]) -> torch.device:
     return torch.device(str(specs[0].model_config.device))
 
 
-def _ray_task(fn: Callable[[Sequence[RunSpec]], Any], chunk: Sequence[RunSpec], threads: int):
+def _ray_task(
+    fn: Callable[[Sequence[RunSpec]], Any],
+    chunk: Sequence[RunSpec],
+    threads: int,
+    environment: dict[str, str] | None = None,
+):
+    """One Ray task, in a Ray worker process: the sweep's ``environment`` first
+    (:func:`mhainterp.runtime.worker_environment`), then ``threads`` torch threads."""
     import torch
 
+    enter_worker(environment or {})
     torch.set_num_threads(max(1, threads))
     return fn(chunk)

@@ -25,10 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from mhainterp.ablation import METHODS as ABLATION_METHODS
 from mhainterp.heads import head_set_labels, parse_head_label
 from mhainterp.render import format_p
-from mhainterp.specialization.settings import DIVISION_DEFAULTS
+from mhainterp.specialization.settings import DivisionSettings
 from mhainterp.specialization.whom.division_calls import zero_artefact, zero_left_out_text
 from mhainterp.stats import correction_name
 
@@ -118,11 +117,14 @@ CALLS = ("divided", "not divided", "cannot tell", "method-dependent")
 """The per-axis calls of the division test (the verdict contract), in the order a headline
 names them."""
 
-METHODS = (
-    DIVISION_DEFAULTS["method"],
-    *(m for m in ABLATION_METHODS if m != DIVISION_DEFAULTS["method"]),
-)
+METHODS = DivisionSettings().methods  # the division's default method first, then the others
 """The ablation methods in the order a sentence names them: the division's default first."""
+
+UNCALLED_MIN_GAIN = 0.0
+"""How far above its null a division row without a call (only the index, its null and ``p``)
+must put its index to be "divided" (:func:`axis_call`): any amount, with ``p < alpha``. A row
+the calibrated test wrote has its own call, taken with ``min_index`` and
+``min_selectivity_gain``."""
 
 SERVING_CALLS = ("divided", "method-dependent")
 """Calls whose index a headline shows beside them: the axes it claims or hedges on."""
@@ -132,7 +134,7 @@ def axis_call(d: dict[str, Any], alpha: float = 0.05) -> str:
     """The call of one division row: its own ``call`` (the calibrated test) where it has one;
     for a row without one (a division table given with only the index and its null),
     ``divided`` or ``p < alpha`` and an index at least the division
-    test's ``min_gain`` above its null, and "cannot tell" where the index is undefined.
+    :data:`UNCALLED_MIN_GAIN` above its null, and "cannot tell" where the index is undefined.
 
     Example:
         >>> axis_call({"by": "token", "index": float("nan"), "null_index": 0.0, "p": 1.0})
@@ -148,11 +150,10 @@ def axis_call(d: dict[str, Any], alpha: float = 0.05) -> str:
     divided = str(d.get("divided"))  # a bool, or its text after a CSV round trip
     if divided in ("True", "False"):
         return "divided" if divided == "True" else "not divided"
-    gain = DIVISION_DEFAULTS["min_gain"]
     beyond = (
         _finite(d.get("p"))
         and float(d["p"]) < alpha
-        and float(d["index"]) - float(d["null_index"]) >= gain
+        and float(d["index"]) - float(d["null_index"]) >= UNCALLED_MIN_GAIN
     )
     return "divided" if beyond else "not divided"
 
