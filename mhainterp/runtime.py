@@ -148,7 +148,7 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     if device is None:  # no context: the environment, else CUDA when available
         device, source = os.environ.get(DEVICE_ENV, ""), f" (from ${DEVICE_ENV})"
         if not device.strip() or _decides(device):
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")  # decided
     if isinstance(device, torch.device):
         name = str(device)
     elif isinstance(device, str):

@@ -70,6 +70,7 @@ __all__ = [
     "run_batched",
     "run_ray",
     "split_group",
+    "start_ray",
     "train_group",
 ]
 
@@ -555,6 +556,22 @@ def _import_ray() -> Any:
     return ray
 
 
+def start_ray(address: str | None = None) -> Any:
+    """Ray, connected: ``ray.init(address=...)`` unless it is initialised already, with
+    ``address`` from the argument, else the ``MHAINTERP_RAY_ADDRESS`` environment variable
+    (``"auto"``, ``"ray://host:10001"``...), else Ray's default (an existing local cluster, or
+    a new one). ``mhainterp sweep --address`` calls it before the sweep, so the address
+    needs no environment.
+
+    Raises:
+        ImportError: Ray is not installed (``pip install 'mhainterp[ray]'``).
+    """
+    ray = _import_ray()
+    if not ray.is_initialized():
+        ray.init(address=address or os.environ.get(RAY_ADDRESS_ENV) or None, log_to_driver=False)
+    return ray
+
+
 def train_group_files(specs: Sequence[RunSpec]) -> list[tuple[str, dict[str, bytes], str | None]]:
     """Train a group in a temporary folder and return its run files (for remote workers).
 
@@ -595,17 +612,16 @@ def run_ray(
 ) -> None:
     """The "ray" executor: each group of runs is one Ray task; results land in ``run_dir`` s.
 
-    Ray is initialised if it is not already: ``ray.init(address=...)`` with ``address`` from
-    the argument, else the ``MHAINTERP_RAY_ADDRESS`` environment variable (``"auto"``,
-    ``"ray://host:10001"``...), else Ray's default (an existing local cluster, or a new one).
-    Each finished task's run folders are written as soon as it returns, so a sweep whose
-    workers die can be rerun and only the missing runs are trained. Runs planned for CUDA ask
-    Ray for their share of a GPU (:func:`ray_task_options`).
+    Ray is initialised if it is not already (:func:`start_ray`). Each finished task's run
+    folders are written as soon as it returns, so a sweep whose workers die can be rerun and
+    only the missing runs are trained. Runs planned for CUDA ask Ray for their share of a GPU
+    (:func:`ray_task_options`); each task's worker starts with the runs' device in its
+    environment (:func:`mhainterp.runtime.worker_environment`).
 
     Args:
         specs: Runs to do.
         progress: Show a progress bar.
-        address: Ray cluster address (see above).
+        address: Ray cluster address (see :func:`start_ray`).
         group_size: Most runs per task (batched together on the worker); 1 = one run per task.
         num_cpus: CPUs each task reserves (and torch threads it uses).
         max_retries: Ray retries of a task whose worker died.
@@ -615,12 +631,11 @@ def run_ray(
         TrainingDivergedError: after all other runs finished, if some runs diverged.
         RuntimeError: some tasks failed; their runs are missing and a rerun does them.
     """
-    ray = _import_ray()
     specs = list(specs)
     if not specs:
+        _import_ray()  # Ray missing is refused even with nothing to do
         return
-    if not ray.is_initialized():
-        ray.init(address=address or os.environ.get(RAY_ADDRESS_ENV) or None, log_to_driver=False)
+    ray = start_ray(address)
     remote = ray.remote(_ray_task)
     fn = _task_fn or train_group_files
     chunks = group_specs(specs, group_size)
