@@ -12,7 +12,8 @@ imports it), so each function imports torch when it is called.
   parameters are, and every function that takes a model follows it.
 - :func:`torch_threads` runs a block with a chosen number of torch threads;
   :func:`work_threads` is the rule ``train()`` and the analyses follow (``threads=None``:
-  ``$MHAINTERP_THREADS``, else :data:`DEFAULT_THREADS`).
+  the innermost :func:`threads_context`, else ``$MHAINTERP_THREADS``, else
+  :data:`DEFAULT_THREADS`).
 - :func:`device_context` and :func:`threads_context` are how ``--device`` and ``--threads``
   reach every function a command calls (as scikit-learn's ``config_context``): they set what
   ``device=None`` and ``threads=None`` mean inside the block, in this thread's context, never
@@ -316,8 +317,9 @@ def uses_work_threads(function: F) -> F:
     """Give an analysis the keyword ``threads=None`` and run it under :func:`work_threads`.
 
     One rule for every public analysis (``head_importance``, ``division_of_labour``,
-    ``specialization_test``, ...), as ``train()`` has it: ``threads=None`` is
-    ``$MHAINTERP_THREADS`` or :data:`DEFAULT_THREADS`, an integer that many, 0 torch's own.
+    ``specialization_test``, ...), as ``train()`` has it: ``threads=None`` is the innermost
+    :func:`threads_context`'s, else ``$MHAINTERP_THREADS`` or :data:`DEFAULT_THREADS`; an
+    integer that many, 0 torch's own.
     The signature shows the keyword (``help()``, ``inspect.signature``).
 
     Example:

@@ -43,6 +43,7 @@ __all__ = [
     "MAX_PORT",
     "MAX_SEED",
     "Constraint",
+    "ConstraintList",
     "DistinctList",
     "Interval",
     "Options",
@@ -51,6 +52,7 @@ __all__ = [
     "SEED_RANGE",
     "Satisfies",
     "SomeOf",
+    "allowed_text",
     "check_bool",
     "check_float",
     "check_int",
@@ -251,7 +253,7 @@ SEED_RANGE = Interval(int, 0, MAX_SEED, note="2**63 - 1")
 BOOLEAN = Satisfies(lambda value: isinstance(value, bool), "True or False")
 """True or False (not 1, not ``"yes"``)."""
 
-ConstraintList = Sequence["Constraint | None"]
+ConstraintList = Sequence[Constraint | None]
 
 
 def allowed_text(constraints: ConstraintList, value: Any = None) -> str:
