@@ -242,3 +242,34 @@ def test_pool_workers_start_with_the_planned_device_and_the_commands_threads(tmp
     seen = {(Path(s.run_dir) / "seen.txt").read_text() for s in specs}
     assert seen == {"cpu 1 cpu"}
     assert DEVICE_ENV not in os.environ and THREADS_ENV not in os.environ  # the parent's
+
+
+# ----------------------------------------------------------------------------- threads
+
+
+def test_the_explorers_threads_see_the_commands_device_and_threads(monkeypatch):
+    """``mhainterp explore`` loads the model in one thread and serves in another; a new thread
+    starts with an empty context, so each runs in the context it was made in."""
+    pytest.importorskip("uvicorn")
+    import urllib.request
+
+    from mhainterp.explore.server import ExplorerLoader, ServerThread
+
+    monkeypatch.setenv(DEVICE_ENV, "cpu")
+
+    def seen() -> str:
+        with work_threads():
+            return f"{resolve_device(None)} {torch.get_num_threads()}"
+
+    async def app(scope, receive, send):
+        body = seen().encode()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": body})
+
+    with device_context("meta"), threads_context(2):
+        loader = ExplorerLoader(seen)
+        server = ServerThread(app)
+    assert loader.start().wait(30) and loader.error is None
+    with server, urllib.request.urlopen(server.url, timeout=30) as response:
+        served = response.read().decode()
+    assert loader.explorer == served == "meta 2"
