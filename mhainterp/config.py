@@ -270,7 +270,7 @@ class TrainConfig:
         "weight_decay": [Interval(float, 0)],
         "grad_clip": [Interval(float, 0, closed="right"), None],
         "lr_schedule": [Options(get_args(LRSchedule))],
-        "betas": [Satisfies(lambda betas: _two_betas(betas), "two numbers in [0, 1)")],
+        "betas": [Satisfies(_two_betas, "two numbers in [0, 1)")],
     }
 
     steps: int = 2000

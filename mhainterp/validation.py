@@ -199,8 +199,8 @@ class SomeOf:
 
 @dataclass(frozen=True)
 class DistinctList:
-    """A non-empty list (or tuple) of distinct values that ``each`` allows; ``what`` names
-    them in words (``"seeds, each in [0, 9]"``).
+    """A non-empty list (or tuple) of distinct Python numbers that ``each`` allows; ``what``
+    names them in words (``"seeds, each in [0, 9]"``).
 
     Example:
         >>> DistinctList(Interval(int, 1), "head counts").describe([4, 4])
@@ -214,9 +214,12 @@ class DistinctList:
         return self._valid_items(value) and len(set(value)) == len(value)
 
     def _valid_items(self, value: Any) -> bool:
-        return (
-            isinstance(value, (list, tuple)) and bool(value) and all(map(self.each.allows, value))
-        )
+        return isinstance(value, (list, tuple)) and bool(value) and all(map(self._item, value))
+
+    def _item(self, item: Any) -> bool:
+        # a Python number, not a NumPy one: the list is written to JSON as it is
+        kinds = (int, float) if self.each.kind is float else self.each.kind
+        return isinstance(item, kinds) and self.each.allows(item)
 
     def describe(self, value: Any = None) -> str:
         if self._valid_items(value):  # only a repeat is wrong: say that

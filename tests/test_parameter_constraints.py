@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
+import numpy as np
 import pytest
 
 from mhainterp.config import ModelConfig, SweepConfig, TrainConfig
@@ -41,7 +42,8 @@ def _candidates(constraint) -> list:
     if isinstance(constraint, SomeOf):
         values += [()]
     if isinstance(constraint, DistinctList):
-        values += [[], [constraint.each.low, constraint.each.low]]
+        low = constraint.each.low
+        values += [[], [low, low], [np.int64(low)]]  # a NumPy int would not reach JSON
     return values
 
 
