@@ -174,8 +174,10 @@ def _decides(device: Any) -> bool:
 def device_context(device: str | torch.device | None) -> Iterator[None]:
     """Inside the block, ``device=None`` (and ``"auto"``) means ``device``: how a command's
     ``--device`` reaches every model it builds or loads and every analysis it runs, as
-    scikit-learn's ``config_context`` does (a context variable: this thread and the tasks it
-    starts, never the environment). None or ``"auto"`` leave the outer choice as it is. The
+    scikit-learn's ``config_context`` does. It is a context variable, never the environment:
+    this thread sees it, and so do the asyncio tasks it starts; a new thread starts with an
+    empty context, so one that must see it runs in ``contextvars.copy_context()`` (the
+    explorer's threads do). None or ``"auto"`` leave the outer choice as it is. The
     device is checked first, so one this machine lacks is one line before any work. Blocks
     nest; leaving one restores the outer choice.
 
