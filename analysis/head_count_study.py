@@ -35,7 +35,7 @@ import pandas as pd
 from mhainterp.analyze.study import GRIDS, Grid, run_study
 from mhainterp.cli.options import int_list
 from mhainterp.io import write_csv
-from mhainterp.runtime import command_settings, resolve_device
+from mhainterp.runtime import device_context, resolve_device
 from mhainterp.specialization.seeds.replication import replication
 from mhainterp.sweep import fastest_executor
 
@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.verdict_seeds is not None:
         print("--verdict-seeds is no longer used: every run is divided, as in the demo")
-    with command_settings(device=args.device):
-        device = resolve_device("auto")
+    with device_context(args.device):
+        device = resolve_device(None)
         grid = choose_grid(args, on_gpu=device.type == "cuda")
         print(f"on {device}")
         executor = args.executor or fastest_executor()

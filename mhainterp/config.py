@@ -2,7 +2,13 @@
 
 Every config validates itself on construction through :mod:`mhainterp.validation` and raises its
 ``ParameterError`` (a ``ValueError``) naming the field, the value and what is allowed, so a typo
-fails at the line that made it, not deep inside torch.
+fails at the line that made it, not deep inside torch. What each field allows is a table, the
+class's ``_parameter_constraints`` (as scikit-learn's), walked by
+:func:`~mhainterp.validation.validate`; ``__post_init__`` adds only what relates two fields.
+
+:class:`TrainConfig` and :class:`SweepConfig` are frozen (``dataclasses.replace`` makes a
+changed copy, validated). :class:`ModelConfig` cannot be: it subclasses TransformerLens's
+mutable config, and ``model.to(device)`` keeps its ``device`` equal to where the weights are.
 """
 
 from __future__ import annotations
@@ -11,27 +17,43 @@ import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Literal, get_args
 
 import torch
 from transformer_lens.config import TransformerLensConfig
 
+from mhainterp.runtime import resolve_device
 from mhainterp.validation import (
+    BOOLEAN,
     MAX_SEED,
-    check_bool,
-    check_float,
+    SEED_RANGE,
+    ConstraintList,
+    DistinctList,
+    Interval,
+    Options,
+    Satisfies,
     check_int,
     check_keys,
-    check_option,
-    check_seed,
     invalid,
+    validate,
 )
 
-__all__ = ["ModelConfig", "TrainConfig", "SweepConfig", "config_to_dict"]
+__all__ = [
+    "LRSchedule",
+    "ModelConfig",
+    "NormalizationType",
+    "TrainConfig",
+    "SweepConfig",
+    "config_to_dict",
+]
 
-_NORMALIZATION_TYPES = (None, "LN")
+NormalizationType = Literal[None, "LN"]
+"""``None`` (no LayerNorm, the seed's model) or ``"LN"`` (pre-norm)."""
+
+LRSchedule = Literal["constant", "cosine"]
+"""The learning-rate schedule after warm-up."""
+
 _ACT_FNS = ("relu", "gelu")
-_POSITIONAL_EMBEDDING_TYPES = ("standard",)
 _FLAGS = (
     "causal",
     "attn_only",
@@ -40,6 +62,7 @@ _FLAGS = (
     "use_attn_in",
     "use_hook_mlp_in",
 )
+_COUNT = Interval(int, 1)
 
 
 @dataclass
@@ -76,12 +99,33 @@ class ModelConfig(TransformerLensConfig):
             attention input for Q, K and V). Excludes ``use_split_qkv_input``.
         use_hook_mlp_in: TransformerLens's flag: fire ``hook_mlp_in`` (the MLP input, before ln2).
         seed: Initialisation seed; the same seed gives bit-identical initial weights.
+        device: Where the model is built; None (or ``"auto"``): decided by
+            :func:`mhainterp.runtime.resolve_device` (the command's ``--device``, else
+            ``$MHAINTERP_DEVICE``, else CUDA when available, else the CPU). A name given is
+            kept as given: a saved config records where it was trained, loading never needs it.
 
     Example:
         >>> cfg = ModelConfig(d_model=64, n_heads=4, n_ctx=16, d_vocab=10, d_vocab_out=16)
         >>> cfg.d_head
         16
     """
+
+    _parameter_constraints: ClassVar[dict[str, ConstraintList]] = {
+        "d_model": [_COUNT],
+        "n_heads": [_COUNT],
+        "n_layers": [_COUNT],
+        "n_ctx": [_COUNT],
+        "d_vocab": [_COUNT],
+        "n_targets": [_COUNT],
+        "seed": [SEED_RANGE],
+        "d_vocab_out": [_COUNT],
+        "normalization_type": [Options(get_args(NormalizationType))],
+        **{flag: [BOOLEAN] for flag in _FLAGS},
+        "eps": [Interval(float, 0, closed="right")],
+        "act_fn": [Options(_ACT_FNS)],
+        "positional_embedding_type": [Options(("standard",))],
+        "d_mlp": [_COUNT, None],
+    }
 
     # Redeclared with defaults so that d_head may be omitted (the parent requires it).
     d_model: int = 64
@@ -94,15 +138,15 @@ class ModelConfig(TransformerLensConfig):
     n_targets: int = 1
     causal: bool = False
     attn_only: bool = True
-    normalization_type: str | None = None
+    normalization_type: NormalizationType = None
     use_attn_in: bool = False
     use_hook_mlp_in: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("d_model", "n_heads", "n_layers", "n_ctx", "d_vocab", "n_targets"):
-            check_int(name, getattr(self, name), minimum=1)
-        check_seed("seed", self.seed)
+        if self.d_vocab_out in (-1, None):
+            self.d_vocab_out = self.d_vocab
+        validate(self)
         if self.d_model % self.n_heads:
             raise invalid(
                 "n_heads",
@@ -120,25 +164,11 @@ class ModelConfig(TransformerLensConfig):
             raise invalid(
                 "d_head", self.d_head, f"d_model // n_heads = {derived_d_head} (or omitted)"
             )
-        if self.d_vocab_out in (-1, None):
-            self.d_vocab_out = self.d_vocab
-        check_int("d_vocab_out", self.d_vocab_out, minimum=1)
-        check_option("normalization_type", self.normalization_type, _NORMALIZATION_TYPES)
-        for name in _FLAGS:
-            check_bool(name, getattr(self, name))
         if self.use_attn_in and self.use_split_qkv_input:
             raise invalid(
                 "use_attn_in",
                 self.use_attn_in,
                 "False when use_split_qkv_input is True (TransformerLens's rule)",
-            )
-        check_float("eps", self.eps, minimum=0, inclusive=False)
-        check_option("act_fn", self.act_fn, _ACT_FNS)
-        if self.positional_embedding_type not in _POSITIONAL_EMBEDDING_TYPES:
-            raise invalid(
-                "positional_embedding_type",
-                self.positional_embedding_type,
-                "'standard' (a learned embedding)",
             )
         if self.n_key_value_heads not in (None, self.n_heads):
             raise invalid(
@@ -150,9 +180,10 @@ class ModelConfig(TransformerLensConfig):
             self.dtype = getattr(torch, self.dtype.removeprefix("torch."))
         if isinstance(self.device, torch.device):
             self.device = str(self.device)  # keeps the config JSON-serialisable
-        # The parent fills device (cuda if available) and d_mlp (4 * d_model).
+        if self.device is None or self.device == "auto":  # TransformerLens's default ignores
+            self.device = str(resolve_device(None))  # --device and $MHAINTERP_DEVICE
+        # The parent fills d_mlp (4 * d_model).
         super().__post_init__()
-        check_int("d_mlp", self.d_mlp, minimum=1)
 
     @property
     def n_attn_params(self) -> int:
@@ -187,11 +218,20 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _two_betas(betas: Any) -> bool:
+    """AdamW's betas: two numbers in [0, 1) (a tuple or a list, as JSON gives it back)."""
+    return (
+        isinstance(betas, (tuple, list))
+        and len(betas) == 2
+        and all(_is_number(b) and math.isfinite(b) and 0 <= b < 1 for b in betas)
+    )
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     """How one model is trained.
 
@@ -218,13 +258,28 @@ class TrainConfig:
         128
     """
 
+    _parameter_constraints: ClassVar[dict[str, ConstraintList]] = {
+        "steps": [_COUNT],
+        "warmup_steps": [Interval(int, 0), None],  # None: 10% of steps; <= steps (below)
+        "batch_size": [_COUNT],
+        "n_eval": [_COUNT],
+        "log_every": [_COUNT],
+        "eval_every": [Interval(int, 0)],
+        "seed": [SEED_RANGE],
+        "lr": [Interval(float, 0, closed="right")],
+        "weight_decay": [Interval(float, 0)],
+        "grad_clip": [Interval(float, 0, closed="right"), None],
+        "lr_schedule": [Options(get_args(LRSchedule))],
+        "betas": [Satisfies(_two_betas, "two numbers in [0, 1)")],
+    }
+
     steps: int = 2000
     batch_size: int = 128
     lr: float = 3e-3
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_steps: int | None = None
-    lr_schedule: str = "cosine"
+    lr_schedule: LRSchedule = "cosine"
     grad_clip: float | None = 1.0
     seed: int = 0
     n_eval: int = 1024
@@ -232,25 +287,12 @@ class TrainConfig:
     eval_every: int = 0
 
     def __post_init__(self) -> None:
-        check_int("steps", self.steps, minimum=1)
+        validate(self)
         if self.warmup_steps is None:
-            self.warmup_steps = min(100, self.steps // 10)
+            object.__setattr__(self, "warmup_steps", min(100, self.steps // 10))
         check_int("warmup_steps", self.warmup_steps, minimum=0, maximum=self.steps)
-        for name in ("batch_size", "n_eval", "log_every"):
-            check_int(name, getattr(self, name), minimum=1)
-        check_int("eval_every", self.eval_every, minimum=0)
-        check_seed("seed", self.seed)
-        check_float("lr", self.lr, minimum=0, inclusive=False)
-        check_float("weight_decay", self.weight_decay, minimum=0)
-        if self.grad_clip is not None:
-            check_float("grad_clip", self.grad_clip, minimum=0, inclusive=False)
-        check_option("lr_schedule", self.lr_schedule, ("constant", "cosine"))
-        betas = tuple(self.betas) if isinstance(self.betas, (tuple, list)) else ()
-        if len(betas) != 2 or not all(
-            _is_number(b) and math.isfinite(b) and 0 <= b < 1 for b in betas
-        ):
-            raise invalid("betas", self.betas, "two numbers in [0, 1)")
-        self.betas = tuple(float(b) for b in betas)  # JSON round-trips tuples as lists
+        # JSON round-trips tuples as lists
+        object.__setattr__(self, "betas", tuple(float(b) for b in self.betas))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -261,7 +303,7 @@ class TrainConfig:
         return cls(**config_dict)
 
 
-@dataclass
+@dataclass(frozen=True)
 class SweepConfig:
     """The head-count experiment: everything fixed except ``n_heads`` (and the seed).
 
@@ -278,6 +320,11 @@ class SweepConfig:
         9
     """
 
+    _parameter_constraints: ClassVar[dict[str, ConstraintList]] = {
+        "n_heads": [DistinctList(_COUNT, "head counts, each an integer >= 1")],
+        "seeds": [DistinctList(SEED_RANGE, f"seeds, each in [0, {MAX_SEED}]")],
+    }
+
     task: str = "count_previous"
     task_params: dict[str, Any] = field(default_factory=dict)
     n_heads: list[int] = field(default_factory=lambda: [1, 4, 8])
@@ -287,11 +334,8 @@ class SweepConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.train, dict):
-            self.train = TrainConfig.from_dict(self.train)
-        _check_distinct("n_heads", self.n_heads, "head counts, each an integer >= 1", minimum=1)
-        _check_distinct(
-            "seeds", self.seeds, f"seeds, each in [0, {MAX_SEED}]", minimum=0, maximum=MAX_SEED
-        )
+            object.__setattr__(self, "train", TrainConfig.from_dict(self.train))
+        validate(self)
         known = {f.name for f in dataclasses.fields(ModelConfig)}
         unknown = sorted(set(self.model) - known)
         if unknown:
@@ -326,19 +370,6 @@ class SweepConfig:
     def from_dict(cls, config_dict: dict[str, Any]) -> SweepConfig:
         check_keys("SweepConfig", config_dict, _field_names(cls))
         return cls(**config_dict)
-
-
-def _check_distinct(
-    name: str, values: Any, what: str, *, minimum: int, maximum: int | None = None
-) -> None:
-    """Refuse an empty list, a non-integer entry, one outside ``[minimum, maximum]``, a repeat."""
-    ok = isinstance(values, (list, tuple)) and len(values) >= 1
-    top = float("inf") if maximum is None else maximum
-    ok = ok and all(_is_int(v) and minimum <= v <= top for v in values)
-    if not ok:
-        raise invalid(name, values, f"a non-empty list of {what}")
-    if len(set(values)) != len(values):
-        raise invalid(name, values, f"a list of distinct {what} (no repeats)")
 
 
 def config_to_dict(config: ModelConfig | TrainConfig | SweepConfig) -> dict[str, Any]:

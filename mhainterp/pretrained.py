@@ -188,7 +188,7 @@ def load_pretrained(
     name_or_path: str | os.PathLike,
     *,
     objective: Objective | None = None,
-    device: Any = "auto",
+    device: str | torch.device | None = None,
 ) -> BridgedModel:
     """A pretrained model that satisfies :mod:`mhainterp.protocol`, with its provenance.
 
@@ -197,8 +197,10 @@ def load_pretrained(
             (needs the network).
         objective: ``"next_token"`` or ``"embedding"``; default: next-token for causal models,
             the embedding for encoders.
-        device: Where to run it: ``auto`` (CUDA when available, else the CPU), ``cpu``,
-            ``cuda``, ``cuda:N``, ``mps`` (:func:`mhainterp.runtime.resolve_device`).
+        device: Where to run it: None or ``auto`` (decided by
+            :func:`mhainterp.runtime.resolve_device`: ``--device``, else
+            ``$MHAINTERP_DEVICE``, else CUDA when available, else the CPU), ``cpu``, ``cuda``,
+            ``cuda:N``, ``mps``.
 
     Returns:
         A :class:`~mhainterp.protocol.BridgedModel` in evaluation mode, fp32, with

@@ -202,7 +202,9 @@ class BridgedConfig:
     n_ctx: int
     causal: bool
     objective: Objective
-    device: Any = None  # where the bridge was booted; model_device() is where it is now
+    device: str | torch.device | None = (
+        None  # where the bridge was booted; model_device() is where it is now
+    )
     architecture: str = ""
     n_targets: int = 1
     attn_only: bool = False

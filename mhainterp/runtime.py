@@ -3,16 +3,22 @@
 Light on purpose: importing this module imports neither torch nor pandas (the CLI's ``--help``
 imports it), so each function imports torch when it is called.
 
-- :func:`resolve_device` turns ``auto|cpu|cuda|cuda:N|mps`` (the ``--device`` option, the
+- :func:`resolve_device` turns ``None|cpu|cuda|cuda:N|mps`` (the ``--device`` option, the
   ``device=`` argument of ``build_model``, ``load_run`` and ``load_pretrained``) into a
-  ``torch.device`` that exists on this machine, or raises one line saying what does.
+  ``torch.device`` that exists on this machine, or raises one line saying what does. None
+  ("decide for me", also spelt ``"auto"``) is decided here and only here: the innermost
+  :func:`device_context`, else ``$MHAINTERP_DEVICE``, else CUDA when available, else the CPU.
 - :func:`model_device` is THE device rule (DESIGN.md, "Devices"): a model's device is where its
   parameters are, and every function that takes a model follows it.
 - :func:`torch_threads` runs a block with a chosen number of torch threads;
   :func:`work_threads` is the rule ``train()`` and the analyses follow (``threads=None``:
-  ``$MHAINTERP_THREADS``, else :data:`DEFAULT_THREADS`).
-- :func:`command_settings` is how ``--device`` and ``--threads`` reach every function a
-  command calls (they set what ``auto`` and ``threads=None`` mean for the block).
+  the innermost :func:`threads_context`, else ``$MHAINTERP_THREADS``, else
+  :data:`DEFAULT_THREADS`).
+- :func:`device_context` and :func:`threads_context` are how ``--device`` and ``--threads``
+  reach every function a command calls (as scikit-learn's ``config_context``): they set what
+  ``device=None`` and ``threads=None`` mean inside the block, in this thread's context, never
+  in the environment. The environment is written only in a sweep's worker processes, which
+  start with :func:`worker_environment` (:func:`enter_worker`).
 - :func:`eval_mode` puts a model in evaluation mode for a block.
 - :func:`terminate_as_interrupt` makes SIGTERM end the work as Ctrl-C does.
 
@@ -46,22 +52,26 @@ __all__ = [
     "DEVICE_ENV",
     "THREADS_ENV",
     "check_device_name",
-    "command_settings",
+    "device_context",
+    "enter_worker",
     "eval_mode",
     "model_device",
     "reads_without_wait",
     "resolve_device",
     "terminate_as_interrupt",
+    "threads_context",
     "torch_threads",
     "uses_work_threads",
     "work_threads",
+    "worker_environment",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
 ModelT = TypeVar("ModelT", bound="torch.nn.Module")
 
 DEVICE_CHOICES = "auto|cpu|cuda|cuda:N|mps"
-"""What ``--device`` and every ``device=`` accept (``auto``: CUDA when available, else CPU)."""
+"""What ``--device`` and every ``device=`` accept (``auto``, or None: decide for me, see
+:func:`resolve_device`). A ``torch.device("meta")`` is accepted too: shapes, no data."""
 
 DRAW_DEVICE = "cpu"  # the one place data is drawn: the same seed, the same batch on every device
 """Where every random draw of data happens (tasks' and resampling's CPU ``torch.Generator``);
@@ -69,8 +79,10 @@ a batch is then moved to the model's device once (``Batch.to``,
 :func:`mhainterp.data.batch_for_model`)."""
 
 DEVICE_ENV = "MHAINTERP_DEVICE"
-"""Environment variable that ``auto`` reads first: set it to ``cpu`` to keep everything on the
-CPU on a machine with a GPU (the test suite does, so its exact CPU tables stay exact)."""
+"""Environment variable that ``device=None`` reads outside any :func:`device_context`: set it
+to ``cpu`` to keep everything on the CPU on a machine with a GPU (the test suite does, so its
+exact CPU tables stay exact). A sweep's worker processes start with it set to the device their
+runs were planned for (:func:`worker_environment`)."""
 
 DEFAULT_THREADS = 1
 """torch threads that ``train()`` and the analyses use when not told (``threads=None``). Their
@@ -80,7 +92,7 @@ tensors are small, so handing their matmuls to more threads costs more than it s
 contend for the cores; the README's Performance section). ``threads=0`` keeps torch's own."""
 
 THREADS_ENV = "MHAINTERP_THREADS"
-"""Environment variable that ``threads=None`` reads first (what ``--threads`` sets)."""
+"""Environment variable that ``threads=None`` reads outside any :func:`threads_context`."""
 
 _DEVICE_PATTERN = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
@@ -98,13 +110,21 @@ def check_device_name(name: Any, what: str = "device") -> str:
     return name.strip().lower()
 
 
-def resolve_device(device: Any = "auto") -> torch.device:
+_DEVICE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "mhainterp_device", default=None
+)
+"""What ``device=None`` means in this context (:func:`device_context`); None: not set here."""
+
+
+def resolve_device(device: str | torch.device | None = None) -> torch.device:
     """The ``torch.device`` that ``device`` names, checked to exist on this machine.
 
+    None (or ``"auto"``, the same) is decided here, first match wins: the innermost
+    :func:`device_context`, else ``$MHAINTERP_DEVICE``, else CUDA when available, else the CPU.
+
     Args:
-        device: ``"auto"`` or None (``$MHAINTERP_DEVICE`` if set, else CUDA when available,
-            else the CPU), ``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"mps"``, or a
-            ``torch.device``.
+        device: None or ``"auto"`` (decide, as above), ``"cpu"``, ``"cuda"``, ``"cuda:N"``,
+            ``"mps"``, or a ``torch.device`` (``meta`` included: shapes, no data).
 
     Raises:
         ParameterError: a name that is none of these, or a device this machine does not have
@@ -113,6 +133,9 @@ def resolve_device(device: Any = "auto") -> torch.device:
     Example:
         >>> resolve_device("cpu").type
         'cpu'
+        >>> with device_context("cpu"):
+        ...     resolve_device(None).type
+        'cpu'
         >>> resolve_device("gpu")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
@@ -120,24 +143,60 @@ def resolve_device(device: Any = "auto") -> torch.device:
     """
     import torch
 
-    if device is None:
-        device = "auto"
+    source = ""  # where a decided name came from, for the error
+    if _decides(device):
+        device, source = _DEVICE.get(), " (from device_context)"
+    if device is None:  # no context: the environment, else CUDA when available
+        device, source = os.environ.get(DEVICE_ENV, ""), f" (from ${DEVICE_ENV})"
+        if not device.strip() or _decides(device):
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")  # decided
     if isinstance(device, torch.device):
         name = str(device)
     elif isinstance(device, str):
         name = device.strip().lower()
     else:
         raise ParameterError(f"device={device!r} is invalid: one of {DEVICE_CHOICES}")
-    if name == "auto":
-        name = os.environ.get(DEVICE_ENV, "").strip().lower() or "auto"
-        if name == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")  # auto
-    if not _DEVICE_PATTERN.match(name) or name == "auto":
-        source = f" (from ${DEVICE_ENV})" if device in (None, "auto") else ""
+    if name == "meta":  # shapes only: present on every machine
+        return torch.device("meta")
+    if not _DEVICE_PATTERN.match(name):
         raise ParameterError(f"device={device!r}{source} is invalid: one of {DEVICE_CHOICES}")
     resolved = torch.device(name)
     _require_present(resolved, device)
     return resolved
+
+
+def _decides(device: Any) -> bool:
+    """Whether ``device`` asks to be decided (None, or the word ``auto``)."""
+    return device is None or (isinstance(device, str) and device.strip().lower() == "auto")
+
+
+@contextmanager
+def device_context(device: str | torch.device | None) -> Iterator[None]:
+    """Inside the block, ``device=None`` (and ``"auto"``) means ``device``: how a command's
+    ``--device`` reaches every model it builds or loads and every analysis it runs, as
+    scikit-learn's ``config_context`` does. It is a context variable, never the environment:
+    this thread sees it, and so do the asyncio tasks it starts; a new thread starts with an
+    empty context, so one that must see it runs in ``contextvars.copy_context()`` (the
+    explorer's threads do). None or ``"auto"`` leave the outer choice as it is. The
+    device is checked first, so one this machine lacks is one line before any work. Blocks
+    nest; leaving one restores the outer choice.
+
+    Example:
+        >>> with device_context("cpu"):
+        ...     with device_context(None):  # decide for me: the outer choice stays
+        ...         str(resolve_device(None))
+        'cpu'
+    """
+    if _decides(device):
+        yield
+        return
+    resolve_device(device)  # a device this machine lacks: one line, now
+    name = str(device) if not isinstance(device, str) else device.strip().lower()
+    token = _DEVICE.set(name)
+    try:
+        yield
+    finally:
+        _DEVICE.reset(token)
 
 
 def _require_present(resolved: torch.device, asked: Any) -> None:
@@ -217,7 +276,8 @@ def torch_threads(threads: int | None) -> Iterator[None]:
 @contextmanager
 def work_threads(threads: int | None = None) -> Iterator[None]:
     """Run the block with the threads ``train()`` and the analyses use: ``threads`` if given
-    (0: torch's own setting), else ``$MHAINTERP_THREADS``, else :data:`DEFAULT_THREADS`.
+    (0: torch's own setting), else the innermost :func:`threads_context`'s, else
+    ``$MHAINTERP_THREADS``, else :data:`DEFAULT_THREADS`.
     Inside another such block, ``threads=None`` keeps the outer choice (an analysis that calls
     another does not undo its caller's ``threads=``).
 
@@ -231,9 +291,10 @@ def work_threads(threads: int | None = None) -> Iterator[None]:
         if _INSIDE_WORK.get():
             yield
             return
-        threads = _threads_from_environment()
-    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
-        raise ParameterError(f"threads={threads!r} is invalid: an integer >= 0 (0: torch's own)")
+        threads = _THREADS.get()
+        if threads is None:
+            threads = _threads_from_environment()
+    _check_threads(threads)
     token = _INSIDE_WORK.set(True)
     try:
         with torch_threads(threads):
@@ -243,14 +304,24 @@ def work_threads(threads: int | None = None) -> Iterator[None]:
 
 
 _INSIDE_WORK: contextvars.ContextVar[bool] = contextvars.ContextVar("inside_work", default=False)
+_THREADS: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "mhainterp_threads", default=None
+)
+"""What ``threads=None`` means in this context (:func:`threads_context`); None: not set here."""
+
+
+def _check_threads(threads: Any) -> None:
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 0:
+        raise ParameterError(f"threads={threads!r} is invalid: an integer >= 0 (0: torch's own)")
 
 
 def uses_work_threads(function: F) -> F:
     """Give an analysis the keyword ``threads=None`` and run it under :func:`work_threads`.
 
     One rule for every public analysis (``head_importance``, ``division_of_labour``,
-    ``specialization_test``, ...), as ``train()`` has it: ``threads=None`` is
-    ``$MHAINTERP_THREADS`` or :data:`DEFAULT_THREADS`, an integer that many, 0 torch's own.
+    ``specialization_test``, ...), as ``train()`` has it: ``threads=None`` is the innermost
+    :func:`threads_context`'s, else ``$MHAINTERP_THREADS`` or :data:`DEFAULT_THREADS`; an
+    integer that many, 0 torch's own.
     The signature shows the keyword (``help()``, ``inspect.signature``).
 
     Example:
@@ -290,33 +361,54 @@ def _threads_from_environment() -> int:
 
 
 @contextmanager
-def command_settings(device: str | None = None, threads: int | None = None) -> Iterator[None]:
-    """Inside, ``device="auto"`` means ``device`` and ``threads=None`` means ``threads``: how
-    a command's ``--device`` and ``--threads`` reach every model it loads or builds and every
-    analysis it runs, down to the sweep's worker processes (they inherit the environment).
-    The device is checked first, so one that does not exist is one line before any work.
+def threads_context(threads: int | None) -> Iterator[None]:
+    """Inside the block, ``threads=None`` means ``threads`` (what ``--threads`` sets for a
+    command; None leaves the outer choice). A context variable, as :func:`device_context`.
 
     Example:
-        >>> with command_settings(device="cpu"):
-        ...     str(resolve_device("auto"))
-        'cpu'
+        >>> import torch
+        >>> with threads_context(2), work_threads():
+        ...     torch.get_num_threads()
+        2
     """
-    wanted = {}
-    if device is not None:
-        resolve_device(device)  # a device this machine lacks: one line, now
-        wanted[DEVICE_ENV] = check_device_name(device)
-    if threads is not None:
-        wanted[THREADS_ENV] = str(threads)
-    before = {name: os.environ.get(name) for name in wanted}
-    os.environ.update(wanted)
+    if threads is None:
+        yield
+        return
+    _check_threads(threads)
+    token = _THREADS.set(threads)
     try:
         yield
     finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        _THREADS.reset(token)
+
+
+def worker_environment(device: str | torch.device) -> dict[str, str]:
+    """The environment a sweep's worker process starts with (a process pool's or Ray's):
+    ``device``, the one the runs were planned for (resolved when they were planned; as named,
+    since a Ray driver may have no GPU of its own), and this context's ``threads`` when a
+    :func:`threads_context` set them. A worker is a new process: this thread's context does
+    not reach it (under spawn, or on another machine); its environment does.
+
+    Example:
+        >>> with threads_context(2):
+        ...     worker_environment("cpu")
+        {'MHAINTERP_DEVICE': 'cpu', 'MHAINTERP_THREADS': '2'}
+    """
+    environment = {DEVICE_ENV: str(device)}
+    threads = _THREADS.get()
+    if threads is not None:
+        environment[THREADS_ENV] = str(threads)
+    return environment
+
+
+def enter_worker(environment: dict[str, str]) -> None:
+    """In a sweep's worker process, as it starts: write ``environment``
+    (:func:`worker_environment`) into this process's environment, the one place the toolkit
+    writes it, and drop any device or threads context a fork copied from the parent, so
+    the environment is the worker's one source."""
+    os.environ.update(environment)
+    _DEVICE.set(None)
+    _THREADS.set(None)
 
 
 @contextmanager

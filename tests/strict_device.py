@@ -404,7 +404,7 @@ def cuda_is_strict(monkeypatch: Any) -> Iterator[None]:
     real_groups, real_memory = memory.trains_in_groups, memory.device_memory
     real_read = training._read_weights
 
-    def resolve_device(device: Any = "auto") -> torch.device:
+    def resolve_device(device: Any = None) -> torch.device:
         if _is_device(device):
             return DEVICE
         resolved = real_resolve(device)

@@ -10,7 +10,7 @@ import torch
 from mhainterp import build_model, get_task, head_importance
 from mhainterp.cli import main
 from mhainterp.cli.options import MAX_LIST, int_list
-from mhainterp.runtime import command_settings, model_device, resolve_device
+from mhainterp.runtime import device_context, model_device, resolve_device, threads_context
 
 
 def test_seed_ranges_expand():
@@ -58,7 +58,7 @@ def test_threads_reach_the_analyses():
     try:
         before = torch.get_num_threads()
         head_importance(model, task, n_eval=8)
-        with command_settings(threads=2):
+        with threads_context(2):
             head_importance(model, task, n_eval=8)
             head_importance(model, task, n_eval=8, threads=3)
         assert torch.get_num_threads() == before  # restored
@@ -69,7 +69,7 @@ def test_threads_reach_the_analyses():
 
 
 def test_device_setting_reaches_auto(tmp_path):
-    with command_settings(device="cpu"):
-        assert resolve_device("auto") == torch.device("cpu")
+    with device_context("cpu"):
+        assert resolve_device(None) == torch.device("cpu")
         model = build_model(get_task("reverse"), n_heads=2)
     assert model_device(model).type == "cpu"

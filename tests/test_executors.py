@@ -199,16 +199,23 @@ def test_ray_missing_says_how_to_install(monkeypatch, tmp_path):
 
 def test_ray_tasks_ask_for_a_share_of_a_gpu_on_cuda(monkeypatch, tmp_path):
     """Without a GPU request Ray hides every GPU from its tasks. The options are read off a
-    stand-in for ray (ray itself need not be installed)."""
+    stand-in for ray (ray itself need not be installed). Each task carries the environment
+    its worker starts with: the device the runs were planned for."""
     from dataclasses import replace
 
     asked: list[tuple[int, dict]] = []
+    environments: list[dict[str, str]] = []
+
+    def remote(options):
+        def call(fn, chunk, threads, environment):
+            environments.append(environment)
+            return asked.append((len(chunk), options)) or object()
+
+        return call
 
     class Remote:
         def options(self, **options):
-            return types.SimpleNamespace(
-                remote=lambda fn, chunk, threads: asked.append((len(chunk), options)) or object()
-            )
+            return types.SimpleNamespace(remote=remote(options))
 
     fake = types.SimpleNamespace(
         is_initialized=lambda: True,
@@ -222,9 +229,12 @@ def test_ray_tasks_ask_for_a_share_of_a_gpu_on_cuda(monkeypatch, tmp_path):
     run_ray(on_cuda, progress=False, group_size=4, num_cpus=2)
     assert sorted((n, o.get("num_gpus")) for n, o in asked) == [(2, 0.5), (4, 1.0)]
     assert all(o["num_cpus"] == 2 and o["max_retries"] == 3 for _, o in asked)
+    assert environments == [{"MHAINTERP_DEVICE": "cuda"}] * 2  # as planned: no GPU needed here
     asked.clear()
+    environments.clear()
     run_ray(specs, progress=False, group_size=4)  # on the CPU: no GPU asked
     assert [("num_gpus" in o) for _, o in asked] == [False, False]
+    assert environments == [{"MHAINTERP_DEVICE": "cpu"}] * 2
     assert ray_task_options(5, None, torch.device("cuda"))["num_gpus"] == 1.0
     assert ray_task_options(1, 3, torch.device("cuda"))["num_gpus"] == 0.3333
 

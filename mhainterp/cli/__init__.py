@@ -29,7 +29,7 @@ from typing import NoReturn
 
 from mhainterp.cli.task_modules import load_task_modules
 from mhainterp.errors import RunLockedError, TrainingDivergedError
-from mhainterp.runtime import command_settings, terminate_as_interrupt
+from mhainterp.runtime import device_context, terminate_as_interrupt, threads_context
 
 __all__ = ["OneLineParser", "build_parser", "main"]
 
@@ -147,9 +147,10 @@ def _main(argv: list[str], command: str | None) -> int:
         if args.command not in ("tasks", "explore"):  # explore serves its page before torch
             _import_numerics()
         load_task_modules(args)  # --task-module: the user's own tasks, before anything else
-        # --device and --threads reach every model the command loads and every analysis it runs
-        settings = {k: getattr(args, k, None) for k in ("device", "threads")}
-        with command_settings(**settings):
+        # --device and --threads reach every model the command loads and every analysis it
+        # runs (context variables; the environment is written only in a sweep's workers)
+        device, threads = getattr(args, "device", None), getattr(args, "threads", None)
+        with device_context(device), threads_context(threads):
             return int(args.func(args) or 0)
     except KeyboardInterrupt:
         if os.environ.get("MHAINTERP_DEBUG"):

@@ -212,8 +212,9 @@ def add_int_list(
 
 def add_runtime_args(parser: argparse.ArgumentParser) -> None:
     """The ``where it runs`` group of every command that runs a model: ``--device`` and
-    ``--threads`` (:func:`mhainterp.runtime.command_settings` carries them to every model the
-    command loads and every analysis it runs)."""
+    ``--threads`` (:func:`mhainterp.runtime.device_context` and
+    :func:`~mhainterp.runtime.threads_context` carry them to every model the command loads and
+    every analysis it runs)."""
     group = parser.add_argument_group("where it runs")
     group.add_argument(
         "--device",

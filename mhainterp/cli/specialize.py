@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mhainterp.cli.options import (
     add_runtime_args,
@@ -34,6 +34,9 @@ from mhainterp.cli.pretrained_options import (
 )
 from mhainterp.cli.static import DEFAULT_N_EVAL
 from mhainterp.validation import invalid
+
+if TYPE_CHECKING:  # annotations only: --help imports no torch
+    from mhainterp.specialization.settings import SpecializationSettings
 
 __all__ = ["register"]
 
@@ -186,7 +189,9 @@ def _cmd_specialize_pretrained(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_headline_stability(path: Path, settings: Any, by: tuple[str, ...], quiet: bool) -> None:
+def _print_headline_stability(
+    path: Path, settings: SpecializationSettings | None, by: tuple[str, ...], quiet: bool
+) -> None:
     from mhainterp.specialization.headline import (
         headline_stability_folder,
         headline_summary,

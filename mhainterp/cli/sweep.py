@@ -9,7 +9,6 @@ Rerunning with the same settings resumes: finished runs are kept.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from mhainterp.cli.options import (
@@ -84,8 +83,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         model=overrides,
         train=train_config(args),
     )
-    if args.address:
-        os.environ["MHAINTERP_RAY_ADDRESS"] = args.address
+    if args.address and args.executor == "ray":  # connected now: no environment to carry it
+        from mhainterp.sweep.executors import start_ray
+
+        start_ray(args.address)
     summary = run_sweep_with_figures(config, Path(args.out), args.executor, not args.quiet)
     print(summary.to_markdown())
     print(f"results, figures and summary in {args.out}")

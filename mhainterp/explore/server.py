@@ -32,6 +32,7 @@ Example:
 
 from __future__ import annotations
 
+import contextvars
 import json
 import socket
 import threading
@@ -126,6 +127,8 @@ def allowed_hosts(bound: str) -> frozenset[str]:
 
 class ExplorerLoader:
     """The explorer being built in a background thread, so the page shows while it loads.
+    The thread runs in the context it was made in: the command's ``--device`` and
+    ``--threads`` (:func:`mhainterp.runtime.device_context`) reach the model it loads.
 
     Args:
         build: Builds the explorer (loads the model, runs the clean forward).
@@ -141,7 +144,8 @@ class ExplorerLoader:
         self.explorer: Any = None
         self.error: BaseException | None = None
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(build,), daemon=True)
+        context = contextvars.copy_context()  # a new thread starts with an empty one
+        self._thread = threading.Thread(target=context.run, args=(self._run, build), daemon=True)
 
     def start(self) -> ExplorerLoader:
         """Start building; returns self."""
@@ -314,7 +318,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 class ServerThread:
-    """Run the app in a background thread (the CLI, notebooks, tests, the benchmark).
+    """Run the app in a background thread (the CLI, notebooks, tests, the benchmark), in the
+    context it was made in (the command's ``--device`` and ``--threads`` reach every request).
 
     Args:
         app: The app (:func:`build_app`).
@@ -339,7 +344,8 @@ class ServerThread:
         config = uvicorn.Config(app, log_level="warning", lifespan="off")
         self.server = uvicorn.Server(config)
         self._finished = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
+        context = contextvars.copy_context()  # a new thread starts with an empty one
+        self.thread = threading.Thread(target=context.run, args=(self._serve,), daemon=True)
 
     def _serve(self) -> None:
         try:

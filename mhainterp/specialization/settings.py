@@ -1,6 +1,6 @@
 """Every setting of the specialization test, labels and division of labour, in one family.
 
-Two validated dataclasses live here, and nothing else does:
+Two frozen, validated dataclasses live here, and nothing else does:
 
 - :class:`SpecializationSettings`: every threshold of
   :func:`~mhainterp.specialization.specialization_test` (where a head looks, whether it is
@@ -22,6 +22,11 @@ compared field by field to decide reuse) and ``division.json`` (the division's) 
 The ablation method is called ``method`` in both (saved settings that say
 ``ablation_method``, the old name, load through :func:`mhainterp.runs.migrate_settings`).
 
+What each field allows is a table, the class's ``_parameter_constraints`` (as
+scikit-learn's), walked on construction by :func:`mhainterp.validation.validate`: a bad value
+is one line naming the field, the value and what is allowed. Both classes are frozen:
+``dataclasses.replace`` (or :meth:`DivisionSettings.replace`) makes a changed, validated copy.
+
 This module is a leaf of ``specialization/``: it imports none of its sub-packages, which all
 read their settings from here.
 
@@ -38,17 +43,26 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from mhainterp.ablation import METHODS, check_method
+from mhainterp.ablation import METHODS, Method
 from mhainterp.data import DEFAULT_N_EVAL
-from mhainterp.similarity import SIMILARITY_METHODS
-from mhainterp.stats import CORRECTIONS
-from mhainterp.validation import check_float, check_int, check_keys, check_option, invalid
+from mhainterp.similarity import SIMILARITY_METHODS, SimilarityMethod
+from mhainterp.stats import CORRECTIONS, Correction
+from mhainterp.validation import (
+    ConstraintList,
+    Interval,
+    Options,
+    SomeOf,
+    check_keys,
+    check_option,
+    invalid,
+    validate,
+)
 
 __all__ = [
-    "DIVISION_DEFAULTS",
     "DIVISION_GATES",
     "SHARED_FIELDS",
     "THRESHOLDS",
@@ -76,7 +90,13 @@ THRESHOLDS = (
 level, not an effect threshold, and is left out; so are the null sizes."""
 
 
-@dataclass
+_COUNT = Interval(int, 1)
+_SHARE = Interval(float, 0, 1, closed="right")  # a share that must be positive
+_AT_LEAST_ZERO = Interval(float, 0)
+_SEED = Interval(int, 0)
+
+
+@dataclass(frozen=True)
 class SpecializationSettings:
     """Every knob of :func:`specialization_test`, validated on construction.
 
@@ -112,13 +132,34 @@ class SpecializationSettings:
         seed: Seed of every null's random generator.
     """
 
+    _parameter_constraints: ClassVar[dict[str, ConstraintList]] = {
+        "n_eval": [_COUNT],
+        "n_permutations": [_COUNT],
+        "n_shuffles": [_COUNT],
+        "n_init": [Interval(int, 2)],
+        "seed": [_SEED],
+        "alpha": [_SHARE],
+        "min_similarity": [_SHARE],
+        "backup_ratio": [_SHARE],
+        "min_selectivity": [_SHARE],
+        "mix_ratio": [_SHARE],
+        "min_evenness": [_SHARE],
+        "min_effect": [_AT_LEAST_ZERO],
+        "min_joint_damage": [_AT_LEAST_ZERO],
+        "dead_tol": [_AT_LEAST_ZERO],
+        "min_damage": [_AT_LEAST_ZERO],
+        "correction": [Options(CORRECTIONS)],
+        "method": [Options(METHODS)],
+        "similarity_method": [Options(SIMILARITY_METHODS)],
+    }
+
     n_eval: int = DEFAULT_N_EVAL
     alpha: float = 0.05
-    correction: str = "holm"
+    correction: Correction = "holm"
     min_effect: float = 0.3
     n_init: int = 4
-    method: str = "mean"
-    similarity_method: str = "js"
+    method: Method = "mean"
+    similarity_method: SimilarityMethod = "js"
     min_similarity: float = 0.9
     backup_ratio: float = 0.5
     min_joint_damage: float = 0.005
@@ -132,25 +173,7 @@ class SpecializationSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("n_eval", "n_permutations", "n_shuffles"):
-            check_int(name, getattr(self, name), minimum=1)
-        check_int("n_init", self.n_init, minimum=2)
-        check_int("seed", self.seed, minimum=0)
-        for name in (
-            "alpha",
-            "min_similarity",
-            "backup_ratio",
-            "min_selectivity",
-            "mix_ratio",
-            "min_evenness",
-        ):
-            if check_float(name, getattr(self, name), minimum=0, maximum=1) == 0:
-                raise invalid(name, getattr(self, name), "a finite number > 0 and <= 1")
-        for name in ("min_effect", "min_joint_damage", "dead_tol", "min_damage"):
-            check_float(name, getattr(self, name), minimum=0)
-        check_option("correction", self.correction, CORRECTIONS)
-        check_method(self.method)
-        check_option("similarity_method", self.similarity_method, SIMILARITY_METHODS)
+        validate(self)
 
     @property
     def division(self) -> DivisionSettings:
@@ -244,8 +267,29 @@ class DivisionSettings:
         seed: Seed of the bootstrap and of the noise.
     """
 
-    method: str = "mean"
-    methods: tuple[str, ...] = METHODS
+    _parameter_constraints: ClassVar[dict[str, ConstraintList]] = {
+        "method": [Options(METHODS)],
+        "methods": [SomeOf(METHODS)],
+        "n_eval": [_COUNT],
+        "min_damage": [Interval(float, 0.0)],
+        "min_loss_increase": [Interval(float)],
+        "min_count": [_COUNT],
+        "serve_share": [Interval(float, 0.0, 1.0)],
+        "min_selectivity_gain": [Interval(float, 0.0, 1.0)],
+        "min_index": [Interval(float, 0.0, 1.0)],
+        "alpha": [Interval(float, 0.0, 1.0, closed="neither")],
+        "correction": [Options(CORRECTIONS)],
+        "n_bootstrap": [Interval(int, 10)],
+        "n_noise": [_COUNT],
+        "noise": [Interval(float, 0.0, 1.0, closed="neither")],
+        "max_accuracy_change": [Interval(float, 0.0)],
+        "group_similarity": [Interval(float, 0.0, 1.0)],
+        "n_attention": [_COUNT],
+        "seed": [_SEED],
+    }
+
+    method: Method = "mean"
+    methods: tuple[Method, ...] = METHODS
     n_eval: int = DEFAULT_N_EVAL
     min_damage: float = 0.01
     min_loss_increase: float = 0.01
@@ -254,7 +298,7 @@ class DivisionSettings:
     min_selectivity_gain: float = 0.075
     min_index: float = 0.02
     alpha: float = 0.05
-    correction: str = "holm"
+    correction: Correction = "holm"
     n_bootstrap: int = 200
     n_noise: int = 1
     noise: float = 0.1
@@ -264,30 +308,12 @@ class DivisionSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        check_method(self.method)
-        methods = tuple(self.methods) if not isinstance(self.methods, str) else (self.methods,)
-        if not methods:
-            raise invalid("methods", self.methods, f"one or more of {', '.join(METHODS)}")
-        for m in methods:
-            check_method(m)
+        if isinstance(self.methods, Mapping):  # the default: every method registered now
+            object.__setattr__(self, "methods", tuple(self.methods))
+        validate(self)
+        methods = (self.methods,) if isinstance(self.methods, str) else tuple(self.methods)
         ordered = (self.method, *[m for m in METHODS if m in methods and m != self.method])
         object.__setattr__(self, "methods", ordered)
-        check_int("n_eval", self.n_eval, minimum=1)
-        check_float("min_damage", self.min_damage, minimum=0.0)
-        check_float("min_loss_increase", self.min_loss_increase)
-        check_int("min_count", self.min_count, minimum=1)
-        check_float("serve_share", self.serve_share, minimum=0.0, maximum=1.0)
-        check_float("min_selectivity_gain", self.min_selectivity_gain, minimum=0.0, maximum=1.0)
-        check_float("min_index", self.min_index, minimum=0.0, maximum=1.0)
-        check_float("alpha", self.alpha, minimum=0.0, maximum=1.0, inclusive=False)
-        check_option("correction", self.correction, CORRECTIONS)
-        check_int("n_bootstrap", self.n_bootstrap, minimum=10)
-        check_int("n_noise", self.n_noise, minimum=1)
-        check_float("noise", self.noise, minimum=0.0, maximum=1.0, inclusive=False)
-        check_float("max_accuracy_change", self.max_accuracy_change, minimum=0.0)
-        check_float("group_similarity", self.group_similarity, minimum=0.0, maximum=1.0)
-        check_int("n_attention", self.n_attention, minimum=1)
-        check_int("seed", self.seed, minimum=0)
 
     def replace(self, **changes: Any) -> DivisionSettings:
         """A validated copy with ``changes`` (unknown names raise)."""
@@ -328,12 +354,6 @@ class DivisionSettings:
             if method != self.method:
                 out.append((f"method={method}", self.replace(method=method)))
         return out
-
-
-DIVISION_DEFAULTS: dict[str, Any] = {**DivisionSettings().to_dict(), "min_gain": 0.0}
-"""The defaults as a dict. ``min_gain`` (0.0) decides a division row given without a call
-(:func:`~mhainterp.specialization.verdict.sentences.axis_call`):
-the effects are now ``min_index`` (the index) and ``min_selectivity_gain`` (a head)."""
 
 
 def resolve_settings(

@@ -47,6 +47,7 @@ from tqdm.auto import tqdm
 from mhainterp.errors import BatchDivergedError, TrainingDivergedError
 from mhainterp.fast.stacked_memory import stacked_bytes_per_model
 from mhainterp.io import atomic_path, remove_stale_temps
+from mhainterp.runtime import enter_worker, worker_environment
 from mhainterp.sweep.memory import (
     device_allocation_failures,
     device_memory,
@@ -69,6 +70,7 @@ __all__ = [
     "run_batched",
     "run_ray",
     "split_group",
+    "start_ray",
     "train_group",
 ]
 
@@ -315,12 +317,19 @@ def available_cpus() -> list[int]:
 _worker_steps: Any = None  # in a pool worker: the shared counter of model-steps done
 
 
-def _pin_worker(cpu_queue: Any, steps: Any, parent: int | None = None) -> None:
-    """Process-pool initializer: pin this worker to one CPU, with one torch thread; leave
-    Ctrl-C (and SIGTERM's one-line ending) to the parent; die with the parent (a killed
-    sweep leaves no orphans training)."""
+def _pin_worker(
+    cpu_queue: Any,
+    steps: Any,
+    parent: int | None = None,
+    environment: dict[str, str] | None = None,
+) -> None:
+    """Process-pool initializer: start with the sweep's ``environment``
+    (:func:`mhainterp.runtime.worker_environment`: the runs' device, the command's threads);
+    pin this worker to one CPU, with one torch thread; leave Ctrl-C (and SIGTERM's one-line
+    ending) to the parent; die with the parent (a killed sweep leaves no orphans training)."""
     import torch
 
+    enter_worker(environment or {})
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's SIGTERM-as-Ctrl-C
     _die_with_parent(parent)
@@ -419,7 +428,8 @@ def run_batched(
             messages.update(train_group(chunk, progress=progress))
     else:
         worker_fn = _train_in_worker if batch else _train_alone_in_worker
-        messages = _run_in_pool(chunks, workers, progress, worker_fn)
+        environment = worker_environment(device)
+        messages = _run_in_pool(chunks, workers, progress, worker_fn, environment)
     _raise_diverged(messages)
 
 
@@ -467,7 +477,10 @@ def _run_in_pool(
     workers: int,
     progress: bool,
     worker_fn: Callable[[Sequence[RunSpec]], dict[str, str]],
+    environment: dict[str, str] | None = None,
 ) -> dict[str, str]:
+    """Train ``chunks`` in ``workers`` processes, each started with ``environment`` (the one
+    place, with Ray's tasks, where the toolkit writes an environment: the workers' own)."""
     context = _mp_context()
     cpus = available_cpus()
     cpu_queue = context.Queue()
@@ -481,7 +494,7 @@ def _run_in_pool(
             workers,
             mp_context=context,
             initializer=_pin_worker,
-            initargs=(cpu_queue, steps, os.getpid()),
+            initargs=(cpu_queue, steps, os.getpid(), environment),
         ) as pool,
         tqdm(
             total=total,
@@ -543,6 +556,22 @@ def _import_ray() -> Any:
     return ray
 
 
+def start_ray(address: str | None = None) -> Any:
+    """Ray, connected: ``ray.init(address=...)`` unless it is initialised already, with
+    ``address`` from the argument, else the ``MHAINTERP_RAY_ADDRESS`` environment variable
+    (``"auto"``, ``"ray://host:10001"``...), else Ray's default (an existing local cluster, or
+    a new one). ``mhainterp sweep --address`` calls it before the sweep, so the address
+    needs no environment.
+
+    Raises:
+        ImportError: Ray is not installed (``pip install 'mhainterp[ray]'``).
+    """
+    ray = _import_ray()
+    if not ray.is_initialized():
+        ray.init(address=address or os.environ.get(RAY_ADDRESS_ENV) or None, log_to_driver=False)
+    return ray
+
+
 def train_group_files(specs: Sequence[RunSpec]) -> list[tuple[str, dict[str, bytes], str | None]]:
     """Train a group in a temporary folder and return its run files (for remote workers).
 
@@ -583,17 +612,16 @@ def run_ray(
 ) -> None:
     """The "ray" executor: each group of runs is one Ray task; results land in ``run_dir`` s.
 
-    Ray is initialised if it is not already: ``ray.init(address=...)`` with ``address`` from
-    the argument, else the ``MHAINTERP_RAY_ADDRESS`` environment variable (``"auto"``,
-    ``"ray://host:10001"``...), else Ray's default (an existing local cluster, or a new one).
-    Each finished task's run folders are written as soon as it returns, so a sweep whose
-    workers die can be rerun and only the missing runs are trained. Runs planned for CUDA ask
-    Ray for their share of a GPU (:func:`ray_task_options`).
+    Ray is initialised if it is not already (:func:`start_ray`). Each finished task's run
+    folders are written as soon as it returns, so a sweep whose workers die can be rerun and
+    only the missing runs are trained. Runs planned for CUDA ask Ray for their share of a GPU
+    (:func:`ray_task_options`); each task's worker starts with the runs' device in its
+    environment (:func:`mhainterp.runtime.worker_environment`).
 
     Args:
         specs: Runs to do.
         progress: Show a progress bar.
-        address: Ray cluster address (see above).
+        address: Ray cluster address (see :func:`start_ray`).
         group_size: Most runs per task (batched together on the worker); 1 = one run per task.
         num_cpus: CPUs each task reserves (and torch threads it uses).
         max_retries: Ray retries of a task whose worker died.
@@ -603,20 +631,20 @@ def run_ray(
         TrainingDivergedError: after all other runs finished, if some runs diverged.
         RuntimeError: some tasks failed; their runs are missing and a rerun does them.
     """
-    ray = _import_ray()
     specs = list(specs)
     if not specs:
+        _import_ray()  # Ray missing is refused even with nothing to do
         return
-    if not ray.is_initialized():
-        ray.init(address=address or os.environ.get(RAY_ADDRESS_ENV) or None, log_to_driver=False)
+    ray = start_ray(address)
     remote = ray.remote(_ray_task)
     fn = _task_fn or train_group_files
     chunks = group_specs(specs, group_size)
     device = _planned_device(specs)
+    environment = worker_environment(device)
     pending = {
         remote.options(
             **ray_task_options(len(chunk), group_size, device, num_cpus, max_retries)
-        ).remote(fn, chunk, num_cpus): chunk
+        ).remote(fn, chunk, num_cpus, environment): chunk
         for chunk in chunks
     }
     messages: dict[str, str] = {}
@@ -679,8 +707,16 @@ def _planned_device(specs: Sequence[RunSpec]) -> torch.device:
     return torch.device(str(specs[0].model_config.device))
 
 
-def _ray_task(fn: Callable[[Sequence[RunSpec]], Any], chunk: Sequence[RunSpec], threads: int):
+def _ray_task(
+    fn: Callable[[Sequence[RunSpec]], Any],
+    chunk: Sequence[RunSpec],
+    threads: int,
+    environment: dict[str, str] | None = None,
+):
+    """One Ray task, in a Ray worker process: the sweep's ``environment`` first
+    (:func:`mhainterp.runtime.worker_environment`), then ``threads`` torch threads."""
     import torch
 
+    enter_worker(environment or {})
     torch.set_num_threads(max(1, threads))
     return fn(chunk)

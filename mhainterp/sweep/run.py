@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pandas as pd
+import torch
 from tqdm.auto import tqdm
 
 from mhainterp.config import SweepConfig
@@ -95,8 +96,8 @@ EXECUTORS: dict[str, Callable[[Sequence[RunSpec], bool], None]] = {
 Executor = Literal["auto", "local", "batched", "ray"]
 
 
-def fastest_executor(device: Any = None) -> str:
-    """The executor ``"auto"`` means for runs on ``device`` (None: ``auto``,
+def fastest_executor(device: str | torch.device | None = None) -> str:
+    """The executor ``"auto"`` means for runs on ``device`` (None: decided by
     :func:`mhainterp.runtime.resolve_device`): ``"batched"`` on a GPU (stacked groups sized by
     its memory) and on a CPU with several cores (measured 1.9x the local loop on 2 cores,
     README "Performance"), ``"local"`` where only one CPU is usable.
@@ -154,7 +155,7 @@ def run_sweep(
     *,
     executor: Executor = "auto",
     progress: bool = True,
-    device: Any = None,
+    device: str | torch.device | None = None,
     **config_fields: Any,
 ) -> pd.DataFrame:
     """Run (or resume) the head-count experiment and return its per-run table.
@@ -166,8 +167,8 @@ def run_sweep(
             :func:`fastest_executor`), or one of :data:`EXECUTORS`. The table does not depend on
             it (tested).
         progress: Show progress bars.
-        device: Where the runs train: ``auto`` or None (``$MHAINTERP_DEVICE``, else CUDA when
-            available, else the CPU; :func:`mhainterp.runtime.resolve_device`), ``cpu``,
+        device: Where the runs train: None or ``auto`` (the sweep's ``model["device"]`` if it
+            names one, else decided by :func:`mhainterp.runtime.resolve_device`), ``cpu``,
             ``cuda``, ``cuda:N``, ``mps``. Each run's ``config.json`` records it; a sweep
             started on one device resumes on another. On a GPU the "batched" executor trains
             every run in as few stacked groups as its free memory allows, in this process.
@@ -189,7 +190,7 @@ def run_sweep(
     elif config_fields:
         raise TypeError("pass either a SweepConfig or a task name with keywords, not both")
     check_option("executor", executor, ("auto", *EXECUTORS))
-    device = resolve_device(config.model.get("device", "auto") if device is None else device)
+    device = resolve_device(config.model.get("device") if device is None else device)
     if executor == "auto":
         executor = fastest_executor(device)
     out_dir = Path(out_dir) if out_dir is not None else Path("runs") / config.task
@@ -212,7 +213,7 @@ def run_sweep(
     return results
 
 
-def _check_memory(specs: Sequence[RunSpec], executor: str, device: Any) -> None:
+def _check_memory(specs: Sequence[RunSpec], executor: str, device: torch.device) -> None:
     """Refuse, in one line, runs that cannot fit: on a GPU the "batched" executor's group plan
     (:func:`~mhainterp.sweep.executors.plan_device_groups`) or, for one run at a time, one
     run's training against the device's free memory; on the CPU each run's training against

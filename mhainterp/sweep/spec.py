@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mhainterp.config import ModelConfig, SweepConfig, TrainConfig
 from mhainterp.runtime import resolve_device
 from mhainterp.tasks import Task, get_task
@@ -52,7 +54,10 @@ class RunSpec:
 
 
 def plan_sweep(
-    config: SweepConfig, out_dir: str | os.PathLike[str], *, device: Any = None
+    config: SweepConfig,
+    out_dir: str | os.PathLike[str],
+    *,
+    device: str | torch.device | None = None,
 ) -> list[RunSpec]:
     """The runs of a sweep, head count major, then seed, each to be trained on ``device``.
 
@@ -61,12 +66,12 @@ def plan_sweep(
         out_dir: The sweep folder.
         device: Where the runs train, recorded in each run's ``ModelConfig.device`` (so in its
             ``config.json``; loading and resuming never need it). None: the sweep's
-            ``model["device"]`` if it names one, else ``auto``
-            (:func:`mhainterp.runtime.resolve_device`).
+            ``model["device"]`` if it names one, else decided by
+            :func:`mhainterp.runtime.resolve_device`.
     """
     out_dir = Path(out_dir)
     task = get_task(config.task, **config.task_params)
-    where = str(resolve_device(config.model.get("device", "auto") if device is None else device))
+    where = str(resolve_device(config.model.get("device") if device is None else device))
     specs = []
     for n_heads in config.n_heads:
         for seed in config.seeds:

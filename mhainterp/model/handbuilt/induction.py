@@ -19,7 +19,7 @@ import torch
 
 from mhainterp.config import ModelConfig
 from mhainterp.model import HookedMHATransformer
-from mhainterp.model.handbuilt.relations import feature_model
+from mhainterp.model.handbuilt.relations import feature_model, placed
 from mhainterp.validation import check_int
 
 __all__ = ["induction_circuit_model", "offset_head_model"]
@@ -73,7 +73,9 @@ def _unembed_copy_block(model: HookedMHATransformer) -> None:
     model.unembed.weight[:V, _slices(V, T)[3]] = _LOGIT_SCALE * torch.eye(V)
 
 
-def induction_circuit_model(seq_len: int = 16, d_vocab: int = 10) -> HookedMHATransformer:
+def induction_circuit_model(
+    seq_len: int = 16, d_vocab: int = 10, *, device: str | torch.device | None = None
+) -> HookedMHATransformer:
     """Two layers, one head each: ``L0H0`` a previous-token head, ``L1H0`` an induction head.
 
     ``L0H0`` writes ``tokens[q - 1]`` into the previous-token block. ``L1H0``'s query is the
@@ -81,6 +83,13 @@ def induction_circuit_model(seq_len: int = 16, d_vocab: int = 10) -> HookedMHATr
     previous token equals ``tokens[t]`` (K-composition), and copies that key's token: the token
     that followed the earlier copy of the current one. Exact on ``induction`` whatever the
     block length.
+
+    Args:
+        seq_len: ``n_ctx`` (T).
+        d_vocab: Number of tokens (V).
+        device: Where the model goes once its weights are set (on the CPU, exactly): None
+            (decided by :func:`mhainterp.runtime.resolve_device`), ``"cpu"``, ``"cuda"``,
+            ... or ``"meta"`` (shapes only).
 
     Example:
         >>> from mhainterp.tasks import get_task
@@ -113,14 +122,28 @@ def induction_circuit_model(seq_len: int = 16, d_vocab: int = 10) -> HookedMHATr
         W_O[0, :V, copy] = torch.eye(V)
         attn.W_Q, attn.W_K, attn.W_V, attn.W_O = W_Q, W_K, W_V, W_O
         _unembed_copy_block(model)
-    return model.eval()
+    return placed(model, device)
 
 
-def offset_head_model(offset: int, seq_len: int = 16, d_vocab: int = 10) -> HookedMHATransformer:
+def offset_head_model(
+    offset: int,
+    seq_len: int = 16,
+    d_vocab: int = 10,
+    *,
+    device: str | torch.device | None = None,
+) -> HookedMHATransformer:
     """One layer, one head that copies the token ``offset`` positions back.
 
     The best a single positional head can do on ``induction``: right on the sequences whose
     block length is ``offset + 1``, wrong elsewhere.
+
+    Args:
+        offset: How far back the head looks (1 .. seq_len - 1).
+        seq_len: ``n_ctx`` (T).
+        d_vocab: Number of tokens (V).
+        device: Where the model goes once its weights are set (on the CPU, exactly): None
+            (decided by :func:`mhainterp.runtime.resolve_device`), ``"cpu"``, ``"cuda"``,
+            ... or ``"meta"`` (shapes only).
 
     Example:
         >>> offset_head_model(3).cfg.n_layers
@@ -133,4 +156,4 @@ def offset_head_model(offset: int, seq_len: int = 16, d_vocab: int = 10) -> Hook
     with torch.no_grad():
         _positional_copy_head(model, 0, offset=offset, out=_slices(V, T)[3])
         _unembed_copy_block(model)
-    return model.eval()
+    return placed(model, device)

@@ -23,6 +23,7 @@ import torch
 
 from mhainterp.config import ModelConfig
 from mhainterp.model import HookedMHATransformer
+from mhainterp.runtime import resolve_device
 from mhainterp.validation import invalid
 
 __all__ = ["HEAD_KINDS", "feature_model", "handbuilt_model"]
@@ -50,6 +51,18 @@ def feature_model(cfg: ModelConfig) -> tuple[HookedMHATransformer, tuple[slice, 
     return model, (slice(0, V), slice(V, V + T), slice(V + T, V + T + V))
 
 
+def placed(model: HookedMHATransformer, device: str | torch.device | None) -> HookedMHATransformer:
+    """``model`` (its weights set by hand on the CPU) on ``device``, in evaluation mode: what
+    every hand-set builder returns (None: :func:`~mhainterp.runtime.resolve_device` decides).
+
+    Example:
+        >>> model, _ = feature_model(ModelConfig(d_model=32, n_ctx=4, device="cpu"))
+        >>> placed(model, "meta").cfg.device
+        'meta'
+    """
+    return model.to(resolve_device(device)).eval()
+
+
 def _key_for_query(kind: str, q: int, seq_len: int) -> int | None:
     if kind == "previous":
         return q - 1 if q >= 1 else None
@@ -72,6 +85,7 @@ def handbuilt_model(
     sharpness: float = 30.0,
     copy_weights: Sequence[float] | None = None,
     uniform_weight: float = 0.3,
+    device: str | torch.device | None = None,
 ) -> HookedMHATransformer:
     """A one-layer attention-only model whose head ``i`` does exactly ``kinds[i]``.
 
@@ -99,6 +113,9 @@ def handbuilt_model(
         copy_weights: Output scale of each copying head; default 1 / (number of copying heads),
             so identical heads share the work and each alone still decides the argmax.
         uniform_weight: Output scale of each uniform head.
+        device: Where the model goes once its weights are set (on the CPU, exactly): None
+            (decided by :func:`mhainterp.runtime.resolve_device`), ``"cpu"``, ``"cuda"``,
+            ... or ``"meta"`` (shapes only).
 
     Example:
         >>> model = handbuilt_model(["previous", "uniform", "previous"], d_head=16)
@@ -181,4 +198,4 @@ def handbuilt_model(
         logit_scale = 20.0
         model.unembed.weight[:V, copy] = logit_scale * torch.eye(V)
         model.unembed.weight[V, V + 0] = 2 * logit_scale
-    return model.eval()
+    return placed(model, device)

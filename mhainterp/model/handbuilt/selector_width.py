@@ -28,6 +28,7 @@ import torch
 
 from mhainterp.config import ModelConfig
 from mhainterp.model import HookedMHATransformer
+from mhainterp.model.handbuilt.relations import placed
 from mhainterp.validation import check_int
 
 __all__ = ["selector_width_model"]
@@ -40,6 +41,7 @@ def selector_width_model(
     bos: int = 0,
     d_model: int = 16,
     scale: float = 2000.0,
+    device: str | torch.device | None = None,
 ) -> HookedMHATransformer:
     """A one-head model whose head counts every real token, the BOS included (see the module
     docstring); its output at every real position is the sequence's real length ``L``
@@ -52,6 +54,9 @@ def selector_width_model(
         d_model: Residual width (= ``d_head``: one head); at least 2.
         scale: Logit scale of the readout (the gap between neighbouring lengths
             ``1 / L`` and ``1 / (L + 1)`` times ``scale`` decides the margin).
+        device: Where the model goes once its weights are set (on the CPU, exactly): None
+            (decided by :func:`mhainterp.runtime.resolve_device`), ``"cpu"``, ``"cuda"``,
+            ... or ``"meta"`` (shapes only).
     """
     T = check_int("seq_len", seq_len, minimum=2)
     V = check_int("d_vocab", d_vocab, minimum=2)
@@ -83,4 +88,4 @@ def selector_width_model(
         model.unembed.weight[1:, 1] = 2.0 * scale / lengths
         model.unembed.bias[1:] = -scale / lengths**2
         model.unembed.bias[0] = -2.0 * scale  # length 0 does not occur
-    return model.eval()
+    return placed(model, device)

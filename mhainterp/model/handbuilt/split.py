@@ -42,7 +42,7 @@ import torch
 
 from mhainterp.config import ModelConfig
 from mhainterp.model import HookedMHATransformer
-from mhainterp.model.handbuilt.relations import feature_model
+from mhainterp.model.handbuilt.relations import feature_model, placed
 from mhainterp.tasks import IGNORE_INDEX, Batch
 from mhainterp.validation import check_int, invalid
 
@@ -80,6 +80,7 @@ def split_heads_model(
     d_head: int = 16,
     sharpness: float = 30.0,
     n_layers: int = 1,
+    device: str | torch.device | None = None,
 ) -> HookedMHATransformer:
     """An attention-only causal model; head ``i`` of every layer is ``heads[i] = (kind, set)``.
 
@@ -91,6 +92,9 @@ def split_heads_model(
         d_head: Head width (>= ``max(seq_len, d_vocab)``).
         sharpness: Attention logit of the intended key; 30 gives > 0.999 weight.
         n_layers: Layers, each holding ``heads`` (each layer alone does the whole job).
+        device: Where the model goes once its weights are set (on the CPU, exactly): None
+            (decided by :func:`mhainterp.runtime.resolve_device`), ``"cpu"``, ``"cuda"``,
+            ... or ``"meta"`` (shapes only).
 
     Example:
         >>> split_heads_model([("query", [0, 1]), ("all", None)]).cfg.n_heads
@@ -146,7 +150,7 @@ def split_heads_model(
             attn.W_Q, attn.W_K, attn.W_V, attn.W_O = (w.clone() for w in (W_Q, W_K, W_V, W_O))
         model.unembed.weight[:V, copy] = 20.0 * torch.eye(V)
         model.unembed.bias[bos] = 1.0  # nothing written -> the never-correct BOS class wins
-    return model.eval()
+    return placed(model, device)
 
 
 def head_copies_model(
@@ -174,7 +178,8 @@ def head_copies_model(
             one = weight[source]
             rms = one.pow(2).mean().sqrt()
             copies = one[None].repeat(h, *([1] * one.ndim))
-            copies = copies + noise * rms * torch.randn(copies.shape, generator=generator)
+            draw = torch.randn(copies.shape, generator=generator)  # on the CPU: any device
+            copies = copies + noise * rms * draw.to(copies.device)
             if name == "W_O":
                 copies = copies / h
             setattr(attn, name, copies)

@@ -28,7 +28,7 @@ import numpy as np
 from mhainterp.ablation.replacement import method_order
 from mhainterp.heads import head_set_labels, parse_head_label
 from mhainterp.render import format_p
-from mhainterp.specialization.settings import DIVISION_DEFAULTS
+from mhainterp.specialization.settings import DivisionSettings
 from mhainterp.specialization.whom.division_calls import (
     CALLS,
     zero_artefact,
@@ -120,8 +120,14 @@ def _plural(n: int, word: str) -> str:
 
 def _methods() -> tuple[str, ...]:
     """The ablation methods in the order a sentence names them: the division's default first."""
-    return method_order(DIVISION_DEFAULTS["method"])
+    return method_order(DivisionSettings().method)
 
+
+UNCALLED_MIN_GAIN = 0.0
+"""How far above its null a division row without a call (only the index, its null and ``p``)
+must put its index to be "divided" (:func:`axis_call`): any amount, with ``p < alpha``. A row
+the calibrated test wrote has its own call, taken with ``min_index`` and
+``min_selectivity_gain``."""
 
 SERVING_CALLS = ("divided", "method-dependent")
 """Calls whose index a headline shows beside them: the axes it claims or hedges on."""
@@ -131,7 +137,7 @@ def axis_call(d: dict[str, Any], alpha: float = 0.05) -> str:
     """The call of one division row: its own ``call`` (the calibrated test) where it has one;
     for a row without one (a division table given with only the index and its null),
     ``divided`` or ``p < alpha`` and an index at least the division
-    test's ``min_gain`` above its null, and "cannot tell" where the index is undefined.
+    :data:`UNCALLED_MIN_GAIN` above its null, and "cannot tell" where the index is undefined.
 
     Example:
         >>> axis_call({"by": "token", "index": float("nan"), "null_index": 0.0, "p": 1.0})
@@ -147,11 +153,10 @@ def axis_call(d: dict[str, Any], alpha: float = 0.05) -> str:
     divided = str(d.get("divided"))  # a bool, or its text after a CSV round trip
     if divided in ("True", "False"):
         return "divided" if divided == "True" else "not divided"
-    gain = DIVISION_DEFAULTS["min_gain"]
     beyond = (
         _finite(d.get("p"))
         and float(d["p"]) < alpha
-        and float(d["index"]) - float(d["null_index"]) >= gain
+        and float(d["index"]) - float(d["null_index"]) >= UNCALLED_MIN_GAIN
     )
     return "divided" if beyond else "not divided"
 

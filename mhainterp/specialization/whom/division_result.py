@@ -20,7 +20,7 @@ from mhainterp.ablation.replacement import METHODS, method_order
 from mhainterp.errors import OutdatedResultError
 from mhainterp.io import write_csv, write_json
 from mhainterp.runs import read_result_table, read_saved_meta
-from mhainterp.specialization.settings import DIVISION_DEFAULTS
+from mhainterp.specialization.settings import DivisionSettings
 from mhainterp.specialization.whom.division_calls import zero_artefact
 
 __all__ = [
@@ -122,7 +122,7 @@ def index_columns() -> list[str]:
         >>> index_columns()[16:20]
         ['index_mean', 'index_zero', 'index_resample', 'call_mean']
     """
-    methods = method_order(DIVISION_DEFAULTS["method"])
+    methods = method_order(DivisionSettings().method)
     per_method = [f"{column}_{m}" for column in _PER_METHOD for m in methods]
     return [*_INDEX_LEADING, *per_method, *_INDEX_TRAILING]
 
