@@ -390,7 +390,8 @@ def print_eval(metrics: dict[str, Any]) -> None:
 def check_run_folders(path: str | os.PathLike[str]) -> None:
     """Load every run folder at or below ``path`` (each folder with a run file), so that a
     damaged or disagreeing one is refused, naming the file, before anything is computed."""
-    from mhainterp.training import RUN_FILES, load_run
+    from mhainterp.runs import RUN_FILES
+    from mhainterp.training import load_run
 
     path = Path(path)
     if any((path / name).exists() for name in RUN_FILES):
