@@ -8,6 +8,7 @@ One module per job (lower ones first; a module imports only those above it in th
 ``identity``     which run a folder holds: a run's ``config.json`` content and its comparison
                  with a planned run (:func:`saved_config_matches`, :func:`run_identity`, ...)
 ``run_folder``   the run folder: :func:`save_run`, :func:`load_run` -> :class:`Run`,
+                 :func:`check_run_folder` (from the files, no weights loaded),
                  :func:`run_folder_state`, :data:`ARCHITECTURE_FIELDS`
 ``checkpoints``  the training state an interrupted run resumes from (:func:`write_checkpoint`,
                  :func:`read_checkpoint`, :data:`CHECKPOINT_SECONDS`)
@@ -45,6 +46,7 @@ from mhainterp.training.memory import (
 from mhainterp.training.run_folder import (
     ARCHITECTURE_FIELDS,
     Run,
+    check_run_folder,
     load_run,
     run_folder_state,
     save_run,
@@ -58,6 +60,7 @@ __all__ = [
     "evaluate",
     "save_run",
     "load_run",
+    "check_run_folder",
     "run_folder_state",
     "run_config_differences",
     "saved_config_matches",

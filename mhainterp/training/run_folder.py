@@ -17,6 +17,7 @@ import json
 import math
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,8 @@ __all__ = [
     "LEGACY_LOSS_RTOL",
     "METADATA_KEY",
     "Run",
+    "SAFETENSORS_DTYPES",
+    "check_run_folder",
     "load_run",
     "run_folder_state",
     "save_run",
@@ -220,11 +223,7 @@ def load_run(path: str | os.PathLike[str], *, device: Any = "auto", verify: bool
         >>> run.model.cfg.n_heads, run.eval["accuracy"]  # doctest: +SKIP
     """
     path = Path(path)
-    missing = [name for name in RUN_FILES if not (path / name).is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"{path} is not a complete run folder: missing {', '.join(missing)}"
-        )
+    _check_complete(path)
     config_path, weights_path = path / "config.json", path / "model.safetensors"
     device = str(resolve_device(device))
     model_config, train_config, task = _read_config(config_path, device)
@@ -236,13 +235,7 @@ def load_run(path: str | os.PathLike[str], *, device: Any = "auto", verify: bool
     model.load_state_dict(state)
     model.eval()
     saved_eval = read_eval(path)
-    metrics_path = path / "metrics.csv"
-    try:
-        metrics = pd.read_csv(metrics_path)
-    except (ValueError, UnicodeDecodeError) as error:  # EmptyDataError, ParserError
-        reason = " ".join(str(error).split())
-        raise RunFolderError(f"{metrics_path} is not a readable CSV table ({reason})") from None
-    check_metrics(metrics_path, metrics, train_config, saved_eval)
+    metrics = _read_metrics(path, train_config, saved_eval)
     if metadata is None and verify:
         _verify_legacy(path, model, task, train_config, saved_eval)
     return Run(
@@ -254,6 +247,58 @@ def load_run(path: str | os.PathLike[str], *, device: Any = "auto", verify: bool
         metrics=metrics,
         eval=saved_eval,
     )
+
+
+def check_run_folder(path: str | os.PathLike[str]) -> None:
+    """Refuse a damaged run folder as :func:`load_run` would, from its files, without loading
+    the weights: the file set, ``config.json``, the weights file's header (whole, its metadata,
+    every tensor's name, shape and dtype against the config), ``eval.json`` and
+    ``metrics.csv``. The tensors' values are read when the run is loaded (which refuses NaN or
+    infinite weights); a run saved before the weights carried metadata is loaded in full, as
+    only its recorded loss can check its config.
+
+    Raises:
+        FileNotFoundError: a run file is missing.
+        RunFolderError: a file is damaged or two files disagree; the message names them (the
+            message :func:`load_run` gives).
+
+    Example:
+        >>> check_run_folder("runs/quickstart/count_previous/runs/h4_seed0")  # doctest: +SKIP
+    """
+    path = Path(path)
+    _check_complete(path)
+    config_path, weights_path = path / "config.json", path / "model.safetensors"
+    model_config, train_config, _ = _read_config(config_path, "meta")
+    header, metadata = _read_weight_header(weights_path)
+    if metadata is None:  # an old run: its weights must reproduce its loss
+        load_run(path)
+        return
+    _check_architecture(config_path, weights_path, model_config, metadata)
+    with torch.device("meta"):  # shapes and dtypes only: nothing allocated
+        model = HookedMHATransformer(model_config)
+    check_tensors(weights_path, config_path, header, model)
+    _read_metrics(path, train_config, read_eval(path))
+
+
+def _check_complete(path: Path) -> None:
+    missing = [name for name in RUN_FILES if not (path / name).is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"{path} is not a complete run folder: missing {', '.join(missing)}"
+        )
+
+
+def _read_metrics(
+    path: Path, train_config: TrainConfig, saved_eval: dict[str, Any]
+) -> pd.DataFrame:
+    metrics_path = path / "metrics.csv"
+    try:
+        metrics = pd.read_csv(metrics_path)
+    except (ValueError, UnicodeDecodeError) as error:  # EmptyDataError, ParserError
+        reason = " ".join(str(error).split())
+        raise RunFolderError(f"{metrics_path} is not a readable CSV table ({reason})") from None
+    check_metrics(metrics_path, metrics, train_config, saved_eval)
+    return metrics
 
 
 def _read_config(config_path: Path, device: str) -> tuple[ModelConfig, TrainConfig, Task]:
@@ -276,10 +321,52 @@ def _read_config(config_path: Path, device: str) -> tuple[ModelConfig, TrainConf
 def _read_weights(
     weights_path: Path, device: str
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """The tensors of ``weights_path`` on ``device``, and its architecture metadata (None for
+    weights saved before it was written)."""
+    return _read_safetensors(weights_path, device, lambda weights, name: weights.get_tensor(name))
+
+
+SAFETENSORS_DTYPES = {
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "I32": torch.int32,
+    "I64": torch.int64,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+}
+"""torch's dtype of each safetensors dtype name a header may give (the ones a model's weights
+may be saved in; another is refused as damaged)."""
+
+
+def _read_weight_header(
+    weights_path: Path,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """As :func:`_read_weights`, from the file's header alone: each tensor as an empty tensor
+    on the meta device, with its saved shape and dtype (no value is read)."""
+
+    def header_tensor(weights: Any, name: str) -> torch.Tensor:
+        saved = weights.get_slice(name)
+        dtype = SAFETENSORS_DTYPES.get(saved.get_dtype())
+        if dtype is None:
+            raise OSError(f"tensor {name} has dtype {saved.get_dtype()}, which torch cannot hold")
+        return torch.empty(saved.get_shape(), dtype=dtype, device="meta")
+
+    return _read_safetensors(weights_path, "cpu", header_tensor)
+
+
+def _read_safetensors(
+    weights_path: Path, device: str, read: Callable[[Any, str], torch.Tensor]
+) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None]:
+    """``read(file, name)`` for every tensor of ``weights_path`` (opened on ``device``), and its
+    architecture metadata; a damaged file or metadata is a RunFolderError naming it."""
     try:
         with safe_open(str(weights_path), framework="pt", device=device) as weights:
             metadata = weights.metadata() or {}
-            state = {name: weights.get_tensor(name) for name in weights.keys()}  # noqa: SIM118
+            state = {name: read(weights, name) for name in weights.keys()}  # noqa: SIM118
     except (SafetensorError, OSError) as error:
         raise RunFolderError(
             f"{weights_path} is damaged ({error}); retrain this run (rerun the sweep, or "
