@@ -3,8 +3,9 @@
 validation/config -> model -> tasks/data/scoring/runs -> training -> capture ->
 similarity/ablation -> attribution -> specialization -> figures -> render/report -> analyze ->
 explore -> cli. Inside a package, its modules may have layers of their own between the package's
-and the next one's (``explore.session`` below ``explore.app``; in specialization, settings ->
-where -> needed -> whom/verdict -> seeds -> run_analysis -> battery -> folders/headline).
+and the next one's (``explore.session`` below ``explore.app``; in training, run_folder below
+loop; in specialization, settings -> where -> needed -> whom/verdict -> seeds -> run_analysis
+-> battery -> folders/headline).
 
 The import graph is read from the source (``ast``, top-level and function-level imports alike,
 so an import moved into a function to dodge a cycle still counts). Known exceptions are listed
@@ -45,6 +46,14 @@ LAYERS: dict[str, float] = {
     "model.handbuilt": 2,
     "pretrained": 2,
     "training": 3,
+    # Inside training/: leaves (memory estimates, evaluate, which run a folder holds), then the
+    # run folder and the checkpoints, then the loop that uses them all.
+    "training.memory": 3,
+    "training.evaluation": 3,
+    "training.identity": 3,
+    "training.run_folder": 3.1,
+    "training.checkpoints": 3.1,
+    "training.loop": 3.2,
     "fast": 3,
     "sweep": 3,
     "capture": 4,
