@@ -33,9 +33,9 @@ __all__ = ["CHECKPOINT_SECONDS", "Checkpoint", "read_checkpoint", "write_checkpo
 
 
 CHECKPOINT_SECONDS = 30.0
-"""How often :func:`train` saves its state for a resume (at the first logged step after this
-many seconds): at most this much training is lost to an interruption, and a run shorter than
-this writes no checkpoint at all."""
+"""How often :func:`~mhainterp.training.train` saves its state for a resume (at the first
+logged step after this many seconds): at most this much training is lost to an interruption,
+and a run shorter than this writes no checkpoint at all."""
 
 
 class Checkpoint:

@@ -125,9 +125,10 @@ def train(
     The data order comes from ``config.seed`` alone (a ``torch.Generator``); the initial weights
     from ``model.cfg.seed``. The same two seeds give identical loss curves and weights.
 
-    With ``run_dir``, an interrupted run resumes: every :data:`CHECKPOINT_SECONDS` (at a logged
-    step) the training state is saved to ``run_dir/checkpoint.pt``, and a later ``train`` of
-    the same run continues from it, to the same weights and curve as an uninterrupted run.
+    With ``run_dir``, an interrupted run resumes: every
+    :data:`~mhainterp.training.CHECKPOINT_SECONDS` (at a logged step) the training state is
+    saved to ``run_dir/checkpoint.pt``, and a later ``train`` of the same run continues from
+    it, to the same weights and curve as an uninterrupted run.
 
     Args:
         model: A model that fits the task (see :func:`build_model`).

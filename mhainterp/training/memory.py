@@ -35,9 +35,10 @@ def itemsize(config: ModelConfig) -> int:
 
 
 def training_memory(config: ModelConfig, train_config: TrainConfig) -> int:
-    """A lower bound on the bytes :func:`train` allocates: weights, gradients, two AdamW
-    moments and the last good copy (5 x parameters); one step's activations, kept for the
-    backward pass; the fixed evaluation set (tokens, targets, mask: int64)."""
+    """A lower bound on the bytes :func:`~mhainterp.training.train` allocates: weights,
+    gradients, two AdamW moments and the last good copy (5 x parameters); one step's
+    activations, kept for the backward pass; the fixed evaluation set (tokens, targets, mask:
+    int64)."""
     n = config.n_ctx
     per_token = config.n_layers * (8 * config.d_model + 3 * config.n_heads * n)
     if not config.attn_only:

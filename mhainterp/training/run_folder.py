@@ -87,8 +87,8 @@ checks against ``config.json``: the fused weights ``[d_model, d_model]`` do not 
 
 @dataclass
 class Run:
-    """A trained model with its task, configs and results: what :func:`train` returns and
-    :func:`load_run` rebuilds from a run folder.
+    """A trained model with its task, configs and results: what
+    :func:`~mhainterp.training.train` returns and :func:`load_run` rebuilds from a run folder.
 
     Attributes:
         path: The run folder, or None for a run trained without ``run_dir``.
