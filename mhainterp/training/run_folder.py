@@ -355,7 +355,7 @@ def _read_weight_header(
             raise OSError(f"tensor {name} has dtype {saved.get_dtype()}, which torch cannot hold")
         return torch.empty(saved.get_shape(), dtype=dtype, device="meta")
 
-    return _read_safetensors(weights_path, "cpu", header_tensor)
+    return _read_safetensors(weights_path, "cpu", header_tensor)  # the header only: no data
 
 
 def _read_safetensors(
