@@ -22,12 +22,9 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 from mhainterp.validation import ParameterError
-
-if TYPE_CHECKING:  # annotations only: errors.py imports nothing heavy
-    from mhainterp.training import Run
 
 __all__ = [
     "BadRequestError",
@@ -60,7 +57,9 @@ class BatchDivergedError(TrainingDivergedError):
             have raised.
     """
 
-    def __init__(self, results: list[Run | None], messages: dict[int, str]) -> None:
+    # Any, not Run: errors.py sits below training and imports nothing of it, not even for
+    # an annotation (tests/test_architecture.py)
+    def __init__(self, results: list[Any], messages: dict[int, str]) -> None:
         self.results = results
         self.messages = messages
         lines = [f"model {i}: {message}" for i, message in sorted(messages.items())]

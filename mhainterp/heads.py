@@ -19,16 +19,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from mhainterp.validation import ParameterError, invalid
-
-if TYPE_CHECKING:  # annotations only: heads sits below the model (no cycle)
-    from mhainterp.protocol import HookedModel
 
 __all__ = [
     "HEAD_SET_SEPARATOR",
     "HeadSpec",
+    "ModelWithHeads",
     "all_head_labels",
     "all_heads",
     "format_heads",
@@ -41,6 +39,17 @@ __all__ = [
 HEAD_SET_SEPARATOR = ","
 HeadSpec = str | tuple[int, int]
 """One head: a label ``"L0H1"`` or a ``(layer, head)`` pair."""
+
+
+class ModelWithHeads(Protocol):
+    """What :func:`resolve_heads` reads of a model: ``cfg.n_layers`` and ``cfg.n_heads``.
+
+    Every model of the toolkit has them (:class:`mhainterp.protocol.HookedModel`); heads.py
+    sits below the model and the protocol, so it names only this, importing neither.
+    """
+
+    cfg: Any
+
 
 _LABEL = re.compile(r"L(\d+)H(\d+)")
 
@@ -93,7 +102,7 @@ def parse_head_label(
     raise invalid("head", label, f"valid heads for this model: {', '.join(valid)}")
 
 
-def resolve_heads(model: HookedModel, heads: str | Iterable[HeadSpec]) -> list[tuple[int, int]]:
+def resolve_heads(model: ModelWithHeads, heads: str | Iterable[HeadSpec]) -> list[tuple[int, int]]:
     """Turn head names into sorted, de-duplicated ``(layer, head)`` pairs for ``model``.
 
     Args:

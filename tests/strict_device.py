@@ -394,7 +394,7 @@ def cuda_is_strict(monkeypatch: Any) -> Iterator[None]:
     import mhainterp
     import mhainterp.runtime as runtime
     import mhainterp.sweep.memory as memory
-    import mhainterp.training as training
+    import mhainterp.training.run_folder as run_folder
 
     for info in pkgutil.walk_packages(mhainterp.__path__, "mhainterp."):
         if not info.name.endswith("__main__"):
@@ -402,7 +402,7 @@ def cuda_is_strict(monkeypatch: Any) -> Iterator[None]:
                 importlib.import_module(info.name)
     real_resolve = runtime.resolve_device
     real_groups, real_memory = memory.trains_in_groups, memory.device_memory
-    real_read = training._read_weights
+    real_read = run_folder._read_weights
 
     def resolve_device(device: Any = None) -> torch.device:
         if _is_device(device):

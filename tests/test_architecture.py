@@ -3,8 +3,9 @@
 validation/config -> model -> tasks/data/scoring/runs -> training -> capture ->
 similarity/ablation -> attribution -> specialization -> figures -> render/report -> analyze ->
 explore -> cli. Inside a package, its modules may have layers of their own between the package's
-and the next one's (``explore.session`` below ``explore.app``; in specialization, settings ->
-where -> needed -> whom/verdict -> seeds -> run_analysis -> battery -> folders/headline).
+and the next one's (``explore.session`` below ``explore.app``; in training, run_folder below
+loop; in specialization, settings -> where -> needed -> whom/verdict -> seeds -> run_analysis
+-> battery -> folders/headline).
 
 The import graph is read from the source (``ast``, top-level and function-level imports alike,
 so an import moved into a function to dodge a cycle still counts). Known exceptions are listed
@@ -48,6 +49,14 @@ LAYERS: dict[str, float] = {
     "model.handbuilt": 2,
     "pretrained": 2,
     "training": 3,
+    # Inside training/: leaves (memory estimates, evaluate, which run a folder holds), then the
+    # run folder and the checkpoints, then the loop that uses them all.
+    "training.memory": 3,
+    "training.evaluation": 3,
+    "training.identity": 3,
+    "training.run_folder": 3.1,
+    "training.checkpoints": 3.1,
+    "training.loop": 3.2,
     "fast": 3,
     "sweep": 3,
     "capture": 4,
@@ -101,11 +110,12 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(path: Path) -> set[str]:
-    """Every ``mhainterp.*`` module ``path`` imports, at any depth of the file."""
+def _imports(path: Path, *, annotations: bool = False) -> set[str]:
+    """Every ``mhainterp.*`` module ``path`` imports, at any depth of the file; with
+    ``annotations``, those under ``if TYPE_CHECKING:`` too."""
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
-        if _is_type_checking_block(node):
+        if _is_type_checking_block(node) and not annotations:
             node.body = [ast.Pass()]  # annotations only: no dependency at run time
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -120,9 +130,9 @@ def _is_type_checking_block(node: ast.AST) -> bool:
     return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(*, annotations: bool = False) -> dict[str, set[str]]:
     return {
-        _module_name(path): _imports(path)
+        _module_name(path): _imports(path, annotations=annotations)
         for path in PACKAGE.rglob("*.py")
         if "assets" not in path.parts
     }
@@ -147,19 +157,34 @@ def test_every_module_has_a_layer() -> None:
     assert missing == [], f"add these to LAYERS (DESIGN.md's order): {missing}"
 
 
-def test_dependencies_flow_one_way() -> None:
+def _upward_arrows(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """``(importer, imported)`` pairs where the imported module sits above the importer."""
     arrows = set()
-    for importer, imported in _graph().items():
+    for importer, imported in graph.items():
         for target in imported:
             if target.startswith(importer + ".") and _is_package(importer):
                 continue  # a package's __init__ gathers its own modules' API
             low, high = _layer(importer), _layer(target)
             if low is not None and high is not None and high > low:
                 arrows.add((importer, target))
+    return arrows
+
+
+def test_dependencies_flow_one_way() -> None:
+    arrows = _upward_arrows(_graph())
     new = sorted(arrows - set(KNOWN_BACK_ARROWS))
     gone = sorted(set(KNOWN_BACK_ARROWS) - arrows)
     assert new == [], f"imports against DESIGN.md's order: {new}"
     assert gone == [], f"fixed: remove from KNOWN_BACK_ARROWS: {gone}"
+
+
+def test_annotations_import_nothing_above_them_either() -> None:
+    """An import under ``if TYPE_CHECKING:`` costs nothing at run time but is still a
+    dependency: of the reader and of the type checker. A module names nothing above its layer,
+    not even for an annotation (errors.py once imported training for ``Run``, and heads.py
+    protocol for ``HookedModel``: circles that only the annotations closed)."""
+    arrows = _upward_arrows(_graph(annotations=True)) - set(KNOWN_BACK_ARROWS)
+    assert sorted(arrows) == [], f"annotation-only imports against DESIGN.md's order: {arrows}"
 
 
 def test_no_import_cycles_between_modules() -> None:

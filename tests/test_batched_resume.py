@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from mhainterp import training
 from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.errors import RunFolderError
 from mhainterp.fast.stacked import train_many
 from mhainterp.fast.stacked_checkpoint import GROUP_CHECKPOINT_GLOB
 from mhainterp.sweep import run_sweep
 from mhainterp.tasks import get_task
-from mhainterp.training import build_model
+from mhainterp.training import build_model, checkpoints
 
 RUN_FILES = ("config.json", "model.safetensors", "metrics.csv", "eval.json")
 STEPS = 40
@@ -21,7 +20,7 @@ STEPS = 40
 
 @pytest.fixture(autouse=True)
 def checkpoint_at_every_logged_step(monkeypatch):
-    monkeypatch.setattr(training, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(checkpoints, "CHECKPOINT_SECONDS", 0.0)
 
 
 def _group(folder, stop_after=None):

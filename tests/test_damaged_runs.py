@@ -18,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from mhainterp.cli import main
 from mhainterp.config import TrainConfig
+from mhainterp.errors import RunFolderError
 from mhainterp.tasks import get_task
 from mhainterp.training import build_model, train
 
@@ -287,3 +288,48 @@ def test_damaged_run_is_refused_on_train_resume_sweep_resume_and_in_the_explorer
     with pytest.raises(ValueError) as error:
         Explorer.from_path(run)
     assert named in str(error.value) and "\n" not in str(error.value)
+
+
+# ----- checking folders from their files (issue 41) ---------------------------------------------
+VALUE_CASES = {"weights-all-nan", "weights-all-inf"}
+"""Damage in the tensors' values alone: the check from the files passes it, loading refuses it."""
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_checking_a_folder_from_its_files_refuses_it_as_loading_does(case, good_run, tmp_path):
+    from mhainterp.training import check_run_folder, load_run
+
+    run = tmp_path / "run"
+    shutil.copytree(good_run, run)
+    CASES[case][0](run)
+    with pytest.raises((FileNotFoundError, ValueError)) as loading:  # RunFolderError, read_json
+        load_run(run, device="cpu")
+    if case in VALUE_CASES:
+        check_run_folder(run)
+        return
+    with pytest.raises(type(loading.value)) as checking:
+        check_run_folder(run)
+    assert str(checking.value) == str(loading.value)
+
+
+def test_checking_run_folders_loads_no_weights(good_run, tmp_path, monkeypatch):
+    """``analyze``, ``specialize`` and ``report`` check every run folder before computing
+    (check_run_folders): from the files, with no run's weights loaded, and still refusing a
+    folder whose config disagrees with its weights."""
+    import mhainterp.training.run_folder as run_folder
+    from mhainterp.cli.options import check_run_folders
+
+    runs = tmp_path / "sweep" / "runs"
+    for name in ("h2_seed0", "h2_seed1"):
+        shutil.copytree(good_run, runs / name)
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a run's weights were loaded")
+
+    monkeypatch.setattr(run_folder, "_read_weights", no_loading)
+    monkeypatch.setattr(run_folder, "load_run", no_loading)
+    monkeypatch.setattr(run_folder.HookedMHATransformer, "load_state_dict", no_loading)
+    check_run_folders(tmp_path / "sweep")
+    _edit_config(n_heads=4, d_head=2)(runs / "h2_seed1")
+    with pytest.raises(RunFolderError, match="n_heads=4 in config.json but 2 in the weights"):
+        check_run_folders(tmp_path / "sweep")

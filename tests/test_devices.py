@@ -38,10 +38,11 @@ from mhainterp import (
     specialization_test,
 )
 from mhainterp.attribution import attribution_patching
+from mhainterp.config import TrainConfig
 from mhainterp.runtime import model_device, resolve_device
 from mhainterp.similarity import cross_model_similarity
 from mhainterp.similarity.separation import head_separation
-from mhainterp.training import TrainConfig, evaluate, train
+from mhainterp.training import evaluate, train
 
 PACKAGE = Path(mhainterp.__file__).parent
 N_EVAL = 48

@@ -25,15 +25,15 @@ from conftest import TINY_SWEEP
 from safetensors import SafetensorError, safe_open
 
 import mhainterp.io as mio
-import mhainterp.training as training
+import mhainterp.training.run_folder as run_folder
 from mhainterp.cli import main
 from mhainterp.config import TrainConfig
-from mhainterp.errors import RunLockedError
+from mhainterp.errors import RunFolderError, RunLockedError
 from mhainterp.io import RunLock, atomic_path, write_csv, write_text
-from mhainterp.runs import is_finished_run, read_results, resolve_run_dir
+from mhainterp.runs import RUN_FILES, is_finished_run, read_results, resolve_run_dir
 from mhainterp.sweep import execute_run, plan_sweep, run_sweep, summarize
 from mhainterp.tasks import get_task
-from mhainterp.training import ARCHITECTURE_FIELDS, build_model, load_run
+from mhainterp.training import ARCHITECTURE_FIELDS, build_model, load_run, save_run
 
 TINY_ARGS = ["--task", "reverse", "--task-param", "seq_len=6", "--task-param", "d_vocab=4",
              "--d-model", "8", "--steps", "10", "--batch-size", "8", "--warmup-steps", "2",
@@ -45,7 +45,7 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(folder)): p.read_bytes()
         for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name in training.RUN_FILES
+        if p.is_file() and p.name in RUN_FILES
     }
 
 
@@ -64,7 +64,7 @@ def test_written_files_honour_the_umask(tmp_path, umask, mode):
         write_csv(tmp_path / "b.csv", pd.DataFrame({"a": [1]}))
         task = get_task("reverse", seq_len=6, d_vocab=4)
         model = build_model(task, d_model=8, n_heads=2)
-        training.save_run(model, task, tmp_path / "run", TrainConfig(), pd.DataFrame(), {})
+        save_run(model, task, tmp_path / "run", TrainConfig(), pd.DataFrame(), {})
     finally:
         os.umask(old)
     for path in (tmp_path / "a.txt", tmp_path / "b.csv", tmp_path / "run" / "model.safetensors"):
@@ -148,7 +148,7 @@ def test_weights_metadata_repeats_the_architecture_and_load_refuses_a_mismatch(
     config = json.loads((run / "config.json").read_text())
     config["model"].update(n_heads=4, d_head=2)
     (run / "config.json").write_text(json.dumps(config))
-    with pytest.raises(training.RunFolderError) as error:
+    with pytest.raises(RunFolderError) as error:
         load_run(run)
     assert "n_heads=4 in config.json but 2 in the weights" in str(error.value)
     assert str(run / "config.json") in str(error.value)
@@ -454,7 +454,7 @@ def test_sweep_skips_a_run_another_process_holds_then_waits(tiny_sweep, tmp_path
 # ----- a full disk --------------------------------------------------------------------------------
 def test_enospc_at_a_write_is_one_line_and_the_sweep_stays_resumable(tmp_path, monkeypatch, capsys):
     out = tmp_path / "full"
-    real = training.save_file
+    real = run_folder.save_file
     calls = {"n": 0}
 
     def fills_up(state, filename, metadata=None):
@@ -469,7 +469,7 @@ def test_enospc_at_a_write_is_one_line_and_the_sweep_stays_resumable(tmp_path, m
 
     args = ["sweep", *TINY_ARGS, "--n-heads", "1,2", "--seeds", "0,1", "--executor", "local"]
     assert main([*args, "--out", str(tmp_path / "reference")]) == 0
-    monkeypatch.setattr(training, "save_file", fills_up)
+    monkeypatch.setattr(run_folder, "save_file", fills_up)
     args += ["--out", str(out)]
     assert main(args) == 2
     line = _one_line(capsys.readouterr().err)
@@ -480,7 +480,7 @@ def test_enospc_at_a_write_is_one_line_and_the_sweep_stays_resumable(tmp_path, m
     )
     assert list(out.rglob("*.tmp")) == []
     assert sorted(p.parent.name for p in out.rglob("eval.json")) == ["h1_seed0", "h1_seed1"]
-    monkeypatch.setattr(training, "save_file", real)
+    monkeypatch.setattr(run_folder, "save_file", real)
     assert main(args) == 0  # space freed: the same command resumes
     assert _files(out) == _files(tmp_path / "reference")
 
@@ -529,7 +529,7 @@ def test_a_copied_run_of_another_seed_is_refused_not_adopted(tiny_sweep, tmp_pat
     shutil.rmtree(out / "runs" / "h2_seed1")
     shutil.copytree(tiny_sweep / "runs" / "h2_seed0", out / "runs" / "h2_seed1")  # says seed 0
     before = _files(out)
-    with pytest.raises(training.RunFolderError) as error:
+    with pytest.raises(RunFolderError) as error:
         run_sweep(TINY_SWEEP, out, executor="local", progress=False)
     message = str(error.value)
     assert str(out / "runs" / "h2_seed1") in message and "holds another run" in message

@@ -6,9 +6,11 @@ one-line messages that come back.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -319,3 +321,31 @@ def test_a_sweep_whose_run_was_retrained_is_refused_not_summarised_with_old_numb
     for name in ("model.safetensors", "eval.json", "metrics.csv", "config.json"):
         shutil.copy(tiny_sweep / "runs" / "h2_seed0" / name, run / name)  # the sweep's run again
     assert read_results(sweep)["run_dir"].tolist() == [str(sweep / "runs" / n) for n in NAMES]
+
+
+def test_specialize_loads_each_run_once_and_a_rerun_none(tiny_sweep, tmp_path, monkeypatch):
+    """``mhainterp specialize`` of a sweep checks the run folders from their files, then loads
+    each run once for both its division of labour and its labels (it loaded each three times:
+    the check, the division, the labels; issue 41); a rerun reuses what was saved."""
+    import mhainterp.training.run_folder as run_folder
+
+    for name in ("mhainterp.cli.specialize", "mhainterp.specialization.folders"):
+        importlib.import_module(name)  # now, so that their load_run is replaced below
+
+    sweep = tmp_path / "rev"
+    shutil.copytree(tiny_sweep, sweep)
+    real = run_folder.load_run
+    loads: dict[str, int] = {}
+
+    def counted(path, *args, **kwargs):
+        loads[Path(path).name] = loads.get(Path(path).name, 0) + 1
+        return real(path, *args, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("mhainterp") and vars(module).get("load_run") is real:
+            monkeypatch.setattr(module, "load_run", counted)
+    argv = ["specialize", str(sweep), "--n-eval", "16", "--quiet"]
+    assert main(argv) == 0
+    assert loads == dict.fromkeys(NAMES, 1)
+    assert main(argv) == 0
+    assert loads == dict.fromkeys(NAMES, 1)

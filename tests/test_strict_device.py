@@ -488,7 +488,7 @@ def test_train_syncs_once_per_logging_interval(task, model):
 
 
 def test_train_still_stops_at_the_first_bad_loss(task, model):
-    from mhainterp.training import TrainingDivergedError
+    from mhainterp.errors import TrainingDivergedError
 
     config = TrainConfig(steps=20, n_eval=32, log_every=10, lr=1e6, batch_size=16)
     with pytest.raises(TrainingDivergedError) as on_cpu:

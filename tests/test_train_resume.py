@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from mhainterp import TrainConfig, build_model, get_task, train
-from mhainterp import training as training_module
 from mhainterp.errors import RunFolderError
 from mhainterp.runs import CHECKPOINT_FILE, run_status
 from mhainterp.tasks.builtin import ReverseTask
+from mhainterp.training import checkpoints
 
 RUN_FILES = ("config.json", "model.safetensors", "metrics.csv", "eval.json")
 CONFIG = TrainConfig(steps=40, batch_size=16, n_eval=32, log_every=5, seed=3)
@@ -42,7 +42,7 @@ def _train(task, run_dir, **kwargs):
 
 @pytest.fixture(autouse=True)
 def checkpoint_at_every_logged_step(monkeypatch):
-    monkeypatch.setattr(training_module, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(checkpoints, "CHECKPOINT_SECONDS", 0.0)
 
 
 def test_an_interrupted_run_resumes_to_the_uninterrupted_files(tmp_path):
@@ -93,7 +93,7 @@ def test_a_full_disk_at_a_checkpoint_is_an_os_error_naming_the_checkpoint(tmp_pa
         written.append(file.name)
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(training_module.torch, "save", disk_full)
+    monkeypatch.setattr(checkpoints.torch, "save", disk_full)
     with pytest.raises(OSError) as raised:
         _train(_task(), tmp_path / "run")
     assert raised.value.errno == 28

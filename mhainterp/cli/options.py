@@ -401,9 +401,11 @@ def print_eval(metrics: dict[str, Any]) -> None:
 
 
 def check_run_folders(path: str | os.PathLike[str]) -> None:
-    """Load every run folder at or below ``path`` (each folder with a run file), so that a
-    damaged or disagreeing one is refused, naming the file, before anything is computed."""
-    from mhainterp.training import RUN_FILES, load_run
+    """Check every run folder at or below ``path`` (each folder with a run file) from its files
+    (:func:`~mhainterp.training.check_run_folder`: no weights loaded), so that a damaged or
+    disagreeing one is refused, naming the file, before anything is computed."""
+    from mhainterp.runs import RUN_FILES
+    from mhainterp.training import check_run_folder
 
     path = Path(path)
     if any((path / name).exists() for name in RUN_FILES):
@@ -411,7 +413,7 @@ def check_run_folders(path: str | os.PathLike[str]) -> None:
     else:
         runs = {found.parent for name in RUN_FILES for found in path.rglob(name)}
     for run in sorted(runs):
-        load_run(run)
+        check_run_folder(run)
 
 
 # ----- specialization settings ------------------------------------------------------------------

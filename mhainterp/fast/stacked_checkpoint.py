@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 
-from mhainterp import training
-from mhainterp.training import read_checkpoint, run_identity, write_checkpoint
+from mhainterp.training import checkpoints, read_checkpoint, run_identity, write_checkpoint
 
 __all__ = ["GroupCheckpoint", "GROUP_CHECKPOINT_GLOB"]
 
@@ -74,7 +73,7 @@ class GroupCheckpoint:
         g = self.group
         if self.path is None or g.messages:
             return
-        if time.monotonic() - self.saved_at < training.CHECKPOINT_SECONDS:
+        if time.monotonic() - self.saved_at < checkpoints.CHECKPOINT_SECONDS:
             return
         state: dict[str, Any] = {
             "format": 1,

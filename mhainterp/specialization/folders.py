@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,7 @@ from mhainterp.specialization.whom.division_result import DivisionResult, saved_
 from mhainterp.sweep.compare import HEAD_COUNT_COLUMNS
 from mhainterp.sweep.summary import summarize
 from mhainterp.tasks import AXES
-from mhainterp.training import load_run
+from mhainterp.training import Run, load_run
 
 __all__ = [
     "SweepSpecialization",
@@ -80,6 +80,25 @@ SWEEP_PREFIX = "specialization_sweep"
 """File prefix of a sweep's stacked result in the sweep folder."""
 NOTES_FILE = "specialization_notes.json"
 COMPARISONS_FILE = "specialization_comparisons.csv"
+
+LoadRun = Callable[[str | os.PathLike[str]], Run]
+"""How a run folder is loaded here: :func:`~mhainterp.training.load_run`, or
+:func:`_loading_once`'s."""
+
+
+def _loading_once() -> LoadRun:
+    """``load_run`` that loads each run folder once and keeps it: :func:`specialize_folder`
+    computes a run's division of labour and its labels from one load. The runs are held until
+    the loader is let go (one per sweep: a sweep's models are small beside its analyses)."""
+    loaded: dict[Path, Run] = {}
+
+    def load(run_dir: str | os.PathLike[str]) -> Run:
+        key = Path(run_dir)
+        if key not in loaded:
+            loaded[key] = load_run(key)
+        return loaded[key]
+
+    return load
 
 
 @dataclass
@@ -188,9 +207,21 @@ def cached_specialization(
         >>> result = cached_specialization("runs/rev/runs/h4_seed0",
         ...                                SpecializationSettings())  # doctest: +SKIP
     """
+    return _cached_specialization(run_dir, settings, reuse, save, progress, load_run)
+
+
+def _cached_specialization(
+    run_dir: str | os.PathLike[str],
+    settings: SpecializationSettings,
+    reuse: bool,
+    save: bool,
+    progress: bool,
+    load: LoadRun,
+) -> SpecializationResult:
+    """:func:`cached_specialization`, loading the run (when not saved) with ``load``."""
     set_aside_stale_analysis(run_dir)  # results of other weights are not reused
     saved = saved_specialization(run_dir, settings) if reuse else None
-    result = saved or specialization_test(run_dir, settings=settings, progress=progress)
+    result = saved or specialization_test(load(run_dir), settings=settings, progress=progress)
     # Whom the heads serve enters the verdict when the run's division of labour is saved:
     # "specialized" then means dividing the work, along the axes whose index beats its null.
     division = saved_division(run_dir)
@@ -306,12 +337,24 @@ def sweep_specialization(
     """
     settings = _with_overrides(settings, overrides)
     sweeps = [sweep] if isinstance(sweep, (str, os.PathLike)) else list(sweep)
+    return _sweep_specialization(sweeps, settings, reuse, save, progress, load_run)
+
+
+def _sweep_specialization(
+    sweeps: list[str | os.PathLike[str]],
+    settings: SpecializationSettings,
+    reuse: bool,
+    save: bool,
+    progress: bool,
+    load: LoadRun,
+) -> SweepSpecialization:
+    """:func:`sweep_specialization`, loading the runs (those not saved) with ``load``."""
     results = _load_results(sweeps)
     singles, ids = [], []
     rows = list(results.itertuples(index=False))
     for row in tqdm(rows, desc="specialization", disable=not progress):
         run_id = f"{row.sweep}/{Path(row.run_dir).name}"
-        single = cached_specialization(row.run_dir, settings, reuse=reuse, save=save)
+        single = _cached_specialization(row.run_dir, settings, reuse, save, False, load)
         singles.append(_renamed(single, run_id))
         ids.append(run_id)
     combined = combine_results(singles) if len(singles) > 1 else singles[0]
@@ -366,15 +409,21 @@ def specialize_folder(
     settings = _with_overrides(settings, overrides)
     path = Path(path)
     kind = folder_kind(path)
-    if by:
-        division_folder(path, settings, by=by, reuse=reuse, progress=progress)
+    # Each run is loaded once for its division and its labels (those not saved), and its
+    # model let go with its sweep's loader.
     if kind == "run":
-        return [(path, cached_specialization(path, settings, reuse=reuse, progress=progress))]
+        load = _loading_once()
+        if by:
+            _division_folder(path, settings, by, reuse, progress, load)
+        return [(path, _cached_specialization(path, settings, reuse, True, progress, load))]
     out: list[tuple[Path, SpecializationResult | SweepSpecialization]] = []
     for sweep in [path] if kind == "sweep" else sweep_folders(path):
+        load = _loading_once()
+        if by:
+            _division_folder(sweep, settings, by, reuse, progress, load)
         results = read_results(sweep)
         summarize(results, alpha=settings.alpha).save(sweep)  # the seed table the report reads
-        spec = sweep_specialization(sweep, settings, reuse=reuse, progress=progress)
+        spec = _sweep_specialization([sweep], settings, reuse, True, progress, load)
         spec.save(sweep)
         out.append((sweep, spec))
     return out
@@ -397,11 +446,23 @@ def division_folder(
         >>> for run_dir, result in division_folder("runs/quickstart"):  # doctest: +SKIP
         ...     print(run_dir.name, result.summary_line())
     """
+    return _division_folder(path, settings, by, reuse, progress, load_run)
+
+
+def _division_folder(
+    path: str | os.PathLike[str],
+    settings: SpecializationSettings | None,
+    by: Sequence[str] | str,
+    reuse: bool,
+    progress: bool,
+    load: LoadRun,
+) -> list[tuple[Path, DivisionResult]]:
+    """:func:`division_folder`, loading the runs (those not saved) with ``load``."""
     path = Path(path)
     kind = folder_kind(path)
     request = division_request(settings, by)
     if kind == "run":
-        return [(path, _cached_division(path, settings, request, reuse, progress))]
+        return [(path, _cached_division(path, settings, request, reuse, progress, load))]
     out = []
     for sweep in [path] if kind == "sweep" else sweep_folders(path):
         results = read_results(sweep)
@@ -410,7 +471,7 @@ def division_folder(
             list(results.itertuples(index=False)), desc="division", disable=not progress
         ):
             run_dir = Path(row.run_dir)
-            result = _cached_division(run_dir, settings, request, reuse, False)
+            result = _cached_division(run_dir, settings, request, reuse, False, load)
             meta = {"task": row.task, "n_heads": row.n_heads, "seed": row.seed, "run": run_dir.name}
             frames.append(result.index.assign(**meta)[[*meta, *result.index.columns]])
             out.append((run_dir, result))
@@ -425,12 +486,13 @@ def _cached_division(
     request: dict[str, Any],
     reuse: bool,
     progress: bool,
+    load: LoadRun,
 ) -> DivisionResult:
     set_aside_stale_analysis(run_dir)  # results of other weights are not reused
     saved = saved_division(run_dir, request) if reuse else None
     if saved is not None:
         return saved
-    run = load_run(run_dir)
+    run = load(run_dir)
     result = division_of_labour(
         run.model, run.task, request["by_asked"], settings=settings, progress=progress
     )

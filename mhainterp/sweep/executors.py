@@ -47,6 +47,7 @@ from tqdm.auto import tqdm
 from mhainterp.errors import BatchDivergedError, TrainingDivergedError
 from mhainterp.fast.stacked_memory import stacked_bytes_per_model
 from mhainterp.io import atomic_path, remove_stale_temps
+from mhainterp.runs import RUN_FILES
 from mhainterp.runtime import enter_worker, worker_environment
 from mhainterp.sweep.memory import (
     device_allocation_failures,
@@ -56,7 +57,7 @@ from mhainterp.sweep.memory import (
     trains_in_groups,
 )
 from mhainterp.sweep.spec import RunSpec, execute_run
-from mhainterp.training import RUN_FILES, training_memory
+from mhainterp.training import training_memory
 from mhainterp.validation import check_int, invalid
 
 __all__ = [
