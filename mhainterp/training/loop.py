@@ -35,12 +35,12 @@ __all__ = ["build_model", "check_compatible", "lr_at", "save_diverged", "train"]
 
 
 def build_model(
-    task: Task, *, device: Any = "auto", **model_overrides: Any
+    task: Task, *, device: str | torch.device | None = None, **model_overrides: Any
 ) -> HookedMHATransformer:
     """A model shaped for ``task`` (context, vocabularies, targets, causality, min layers),
-    on ``device`` (``auto``: CUDA when available, else the CPU;
-    :func:`mhainterp.runtime.resolve_device`). The weights are the same on every device: they
-    are drawn on the CPU from the config's seed, then moved.
+    on ``device`` (None or ``"auto"``: decided by :func:`mhainterp.runtime.resolve_device`).
+    The weights are the same on every device: they are drawn on the CPU from the config's seed,
+    then moved.
 
     Example:
         >>> from mhainterp.tasks import get_task
@@ -136,9 +136,10 @@ def train(
         config: Training settings (defaults: :class:`TrainConfig`).
         run_dir: If given, the run folder to write (see module docstring).
         progress: Show a tqdm progress bar.
-        threads: torch threads while training (restored afterwards); None:
-            ``$MHAINTERP_THREADS``, else :data:`mhainterp.runtime.DEFAULT_THREADS` (1), as the
-            sweep executors' workers use; 0 keeps torch's current setting.
+        threads: torch threads while training (restored afterwards); None: the innermost
+            :func:`mhainterp.runtime.threads_context`, else ``$MHAINTERP_THREADS``, else
+            :data:`mhainterp.runtime.DEFAULT_THREADS` (1), as the sweep executors' workers
+            use; 0 keeps torch's current setting.
         resume: Continue from ``run_dir``'s checkpoint of this very run, if there is one
             (False: start over; ``mhainterp train --overwrite``).
 

@@ -199,10 +199,12 @@ def run_folder_state(
     return "same unfinished"
 
 
-def load_run(path: str | os.PathLike[str], *, device: Any = "auto", verify: bool = True) -> Run:
+def load_run(
+    path: str | os.PathLike[str], *, device: str | torch.device | None = None, verify: bool = True
+) -> Run:
     """Rebuild the exact model, task and configs of a saved run, refusing a damaged folder.
 
-    The model is loaded on ``device`` (``auto``: CUDA when available, else the CPU; see
+    The model is loaded on ``device`` (None or ``"auto"``: decided by
     :func:`mhainterp.runtime.resolve_device`), whatever device the run was trained on: its
     ``config.json`` records that device, and loading never needs it.
 

@@ -176,6 +176,7 @@ from mhainterp.scoring import CleanOutputMetric
 from mhainterp.specialization.needed.redundancy import similar_groups
 from mhainterp.specialization.settings import (
     DivisionSettings,
+    SpecializationSettings,
     resolve_settings,
 )
 from mhainterp.specialization.whom.damage import TripleDamage, axis_values
@@ -249,7 +250,11 @@ def _task_axes(data: Any, by: Sequence[str] | str) -> tuple[Any, list[str], list
     return axes_of, asked, known
 
 
-def division_request(settings: Any = None, by: Sequence[str] | str = AXES, **given: Any) -> dict:
+def division_request(
+    settings: DivisionSettings | SpecializationSettings | None = None,
+    by: Sequence[str] | str = AXES,
+    **given: Any,
+) -> dict:
     """What a saved result must have been made with to be reused: the resolved settings and
     the axes asked for (compared with the saved ``settings``).
 
@@ -285,7 +290,7 @@ def division_of_labour(
     data: Data,
     by: Sequence[str] | str = AXES,
     *,
-    settings: Any = None,
+    settings: DivisionSettings | SpecializationSettings | None = None,
     groups: Sequence[str | Sequence[Any]] | None = None,
     relations: Any = None,
     progress: bool = False,
