@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see: the same names, imported ea
         head_importance,
         head_sets_table,
         pairwise_ablation,
+        register_method,
     )
     from mhainterp.analyze import (
         analyze_run,
@@ -69,6 +70,10 @@ if TYPE_CHECKING:  # what static tools and IDEs see: the same names, imported ea
     from mhainterp.report import (
         write_report,
     )
+    from mhainterp.runtime import (
+        device_context,
+        threads_context,
+    )
     from mhainterp.similarity import (
         cluster_heads,
         cross_model_similarity,
@@ -97,6 +102,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see: the same names, imported ea
         get_task,
         list_tasks,
         load_task_module,
+        register_axis,
         register_task,
     )
     from mhainterp.training import (
@@ -169,66 +175,14 @@ _EXPORTS: dict[str, str] = {
     "save_run": "mhainterp.training",
     "train": "mhainterp.training",
     "ParameterError": "mhainterp.validation",
+    "register_method": "mhainterp.ablation",
+    "register_axis": "mhainterp.tasks",
+    "device_context": "mhainterp.runtime",
+    "threads_context": "mhainterp.runtime",
 }
 """Public name -> the module that defines it."""
 
-__all__ = [
-    "Ablator",
-    "DivisionSettings",
-    "SpecializationSettings",
-    "headline_stability",
-    "load_pretrained",
-    "specialize_folder",
-    "ParameterError",
-    "as_batch",
-    "attach_division",
-    "division_of_labour",
-    "evaluate_head_sets",
-    "format_heads",
-    "resolve_heads",
-    "specialization_test",
-    "sweep_specialization",
-    "write_report",
-    "ablate",
-    "analyze_run",
-    "average_patterns",
-    "cluster_heads",
-    "cross_model_similarity",
-    "example_patterns",
-    "explore",
-    "gradient_importance",
-    "head_importance",
-    "head_sets_table",
-    "head_map_mds",
-    "head_similarity",
-    "head_statistics",
-    "match_heads",
-    "pairwise_ablation",
-    "prune_curve",
-    "Batch",
-    "HookedMHATransformer",
-    "ModelConfig",
-    "MultiHeadAttention",
-    "Run",
-    "SweepConfig",
-    "SweepSummary",
-    "Task",
-    "TrainConfig",
-    "TransformerBlock",
-    "build_model",
-    "evaluate",
-    "get_task",
-    "handbuilt_model",
-    "head_label",
-    "list_tasks",
-    "load_run",
-    "load_task_module",
-    "register_task",
-    "run_sweep",
-    "save_run",
-    "summarize",
-    "train",
-]
+__all__ = sorted(_EXPORTS)  # derived: a public name is added to _EXPORTS (and the block above)
 
 
 # ``explore`` is the subpackage, callable as its function (``mhainterp.explore(run)``): one

@@ -26,3 +26,25 @@ def test_importing_the_package_and_the_command_loads_no_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
+
+
+def test_the_static_imports_are_the_lazy_exports():
+    """``__all__`` is derived from ``_EXPORTS``; the ``TYPE_CHECKING`` block that static tools
+    read must name the same names from the same modules, or an IDE sees another API."""
+    import ast
+    from pathlib import Path
+
+    tree = ast.parse(Path(mhainterp.__file__).read_text())
+    (block,) = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+    ]
+    static = {
+        alias.name: node.module
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert static == mhainterp._EXPORTS
+    assert mhainterp.__all__ == sorted(mhainterp._EXPORTS)
