@@ -44,9 +44,6 @@ LAYERS: dict[str, float] = {
     "data": 2,
     "runs": 2,
     "provenance": 2,  # saved analyses tied to their weights (reads runs' ANALYSIS_DIR)
-    # The hand-set models (tests' and doctests' ground truth) build on the model and return a
-    # task's Batch, so they sit above the rest of model/ (which does not import them).
-    "model.handbuilt": 2,
     "pretrained": 2,
     "training": 3,
     # Inside training/: leaves (memory estimates, evaluate, which run a folder holds), then the
@@ -143,8 +140,8 @@ def _is_package(module: str) -> bool:
 
 
 def _layer(module: str) -> float | None:
-    """The layer of the longest LAYERS key that starts ``module`` (``model.handbuilt`` before
-    ``model``)."""
+    """The layer of the longest LAYERS key that starts ``module`` (``training.loop`` before
+    ``training``)."""
     parts = module.split(".")[1:]
     for n in range(len(parts), 0, -1):
         if ".".join(parts[:n]) in LAYERS:

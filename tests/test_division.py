@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from mhainterp import division_of_labour
-from mhainterp.model.handbuilt import split_batch, split_heads_model
+from mhainterp.model.handbuilt import split_heads_model
 from mhainterp.specialization import DivisionResult, target_damage
 from mhainterp.specialization.whom.damage import _small_unique, triple_damage
 from mhainterp.specialization.whom.division_result import (
@@ -25,7 +25,7 @@ from mhainterp.specialization.whom.selectivity import (
     division_index,
     selectivity,
 )
-from mhainterp.tasks import Batch, get_task
+from mhainterp.tasks import Batch, get_task, split_batch
 from mhainterp.tasks.templates import first_position_template, previous_token_template
 from mhainterp.training import build_model
 from mhainterp.validation import ParameterError

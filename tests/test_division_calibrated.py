@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from mhainterp import division_of_labour
-from mhainterp.model.handbuilt import head_copies_model, split_batch, split_heads_model
+from mhainterp.model.handbuilt import head_copies_model, split_heads_model
 from mhainterp.specialization import DivisionResult
+from mhainterp.tasks import split_batch
 
 FAST = dict(method="zero", methods=("zero",), n_bootstrap=50)
 POSITIONS = list(range(2, 12))  # the scored positions of split_batch(seq_len=12)

@@ -15,7 +15,8 @@ import pytest
 
 from mhainterp import division_of_labour
 from mhainterp.figures.division import division_heatmap, save_division_figures
-from mhainterp.model.handbuilt import split_batch, split_heads_model
+from mhainterp.model.handbuilt import split_heads_model
+from mhainterp.tasks import split_batch
 
 POSITIONS = list(range(2, 12))  # the scored positions of split_batch(seq_len=12)
 FIRST, SECOND = ("position", POSITIONS[:5]), ("position", POSITIONS[5:])

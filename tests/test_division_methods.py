@@ -13,13 +13,12 @@ from mhainterp import division_of_labour
 from mhainterp.model.handbuilt import (
     head_copies_model,
     induction_circuit_model,
-    split_batch,
     split_heads_model,
 )
 from mhainterp.specialization.settings import DivisionSettings
 from mhainterp.specialization.verdict.stability import division_stability
 from mhainterp.specialization.whom.division_calls import specialized_rule
-from mhainterp.tasks import get_task
+from mhainterp.tasks import get_task, split_batch
 
 AXES = "token,position,target_class"
 POSITIONS = list(range(2, 12))  # the scored positions of split_batch(seq_len=12)

@@ -19,14 +19,14 @@ from mhainterp.cli import build_parser
 from mhainterp.cli import static as cli_static
 from mhainterp.config import TrainConfig
 from mhainterp.explore import Explorer
-from mhainterp.model.handbuilt import split_batch, split_heads_model
+from mhainterp.model.handbuilt import split_heads_model
 from mhainterp.report import write_report
 from mhainterp.specialization import DivisionResult, division_of_labour, specialize_folder
 from mhainterp.specialization.seeds.combine import verdict_division_columns
 from mhainterp.specialization.seeds.summary import findings_measures, summary_columns
 from mhainterp.specialization.settings import DivisionSettings
 from mhainterp.specialization.whom.division_result import index_columns, text_columns
-from mhainterp.tasks import AXES, DivisionAxis, get_task, register_axis
+from mhainterp.tasks import AXES, DivisionAxis, get_task, register_axis, split_batch
 from mhainterp.training import build_model, evaluate, save_run
 from mhainterp.validation import ParameterError
 

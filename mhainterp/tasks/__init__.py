@@ -17,7 +17,8 @@ through the ``mhainterp.tasks`` entry-point group (see :mod:`mhainterp.tasks.plu
 
 Layout: ``batch`` (Batch), ``templates`` (relation template builders), ``base`` (Task),
 ``builtin`` (the built-in tasks), ``registry`` (register_task / get_task / list_tasks),
-``plugins`` (load_task_module, entry points), ``contract`` (the check every task passes once).
+``plugins`` (load_task_module, entry points), ``contract`` (the check every task passes once),
+``axes`` (the division axes, registered once), ``split_data`` (the hand-set split heads' data).
 """
 
 from mhainterp.errors import InvalidTaskError, TaskModuleError
@@ -51,6 +52,7 @@ from mhainterp.tasks.registry import (
     task_record,
     unregister_task,
 )
+from mhainterp.tasks.split_data import split_batch
 from mhainterp.tasks.templates import (
     RELATION_TEMPLATES,
     first_position_template,
@@ -93,6 +95,7 @@ __all__ = [
     "previous_token_template",
     "register_axis",
     "register_task",
+    "split_batch",
     "same_token_template",
     "self_template",
     "task_from_record",

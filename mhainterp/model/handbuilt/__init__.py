@@ -6,7 +6,8 @@ Analyses are tested on these before they are trusted on trained models.
 ``relations``       :func:`handbuilt_model`: one head per relation (previous, mirror, self,
                     first, uniform, dead, counting); :func:`feature_model`, the one-hot
                     residual layout the others build on
-``split``           :func:`split_heads_model`, :func:`split_batch`, :func:`head_copies_model`:
+``split``           :func:`split_heads_model`, :func:`head_copies_model` (their data is
+                    :func:`mhainterp.tasks.split_batch`):
                     heads that divide the work (or do not), the division-of-labour tests'
                     ground truth
 ``induction``       :func:`induction_circuit_model`, :func:`offset_head_model`: the two-layer
@@ -15,8 +16,9 @@ Analyses are tested on these before they are trusted on trained models.
                     evenly over the BOS and every real token, whose output is the length
 ==================  ========================================================================
 
-They sit above the rest of :mod:`mhainterp.model` (``split`` returns a task
-:class:`~mhainterp.tasks.Batch`), so :mod:`mhainterp.model` itself does not import them.
+They build on the rest of :mod:`mhainterp.model`, which does not import them, and import nothing
+above it (the split heads' data, a task :class:`~mhainterp.tasks.Batch`, lives in
+:mod:`mhainterp.tasks.split_data`).
 
 Example:
     >>> from mhainterp.model.handbuilt import handbuilt_model
@@ -30,7 +32,6 @@ from mhainterp.model.handbuilt.selector_width import selector_width_model
 from mhainterp.model.handbuilt.split import (
     SPLIT_KINDS,
     head_copies_model,
-    split_batch,
     split_heads_model,
 )
 
@@ -43,6 +44,5 @@ __all__ = [
     "induction_circuit_model",
     "offset_head_model",
     "selector_width_model",
-    "split_batch",
     "split_heads_model",
 ]

@@ -20,15 +20,16 @@ removing one of two costs nothing and removing both costs everything it served. 
 features (never what an earlier layer wrote): each layer alone does the whole job, so the layers
 back each other up (the cross-layer case of the division's kept profiles).
 
-The data is :func:`split_batch`: position 0 holds the BOS token ``d_vocab - 1``, positions
-``1..`` random tokens ``0 .. d_vocab - 2``, the target at ``t`` is ``tokens[t - 1]``, scored from
-``t = 2`` on. When no head writes, the unembedding's bias makes the never-correct BOS class win,
-so with zero ablation a removed head's damage is exactly 1 on the values it serves and 0
-elsewhere. Residual layout as :mod:`mhainterp.model.handbuilt.relations`: token, position,
-copy blocks.
+The data is :func:`mhainterp.tasks.split_batch`: position 0 holds the BOS token ``d_vocab - 1``,
+positions ``1..`` random tokens ``0 .. d_vocab - 2``, the target at ``t`` is ``tokens[t - 1]``,
+scored from ``t = 2`` on. When no head writes, the unembedding's bias makes the never-correct BOS
+class win, so with zero ablation a removed head's damage is exactly 1 on the values it serves and 0
+elsewhere. Residual layout as :mod:`mhainterp.model.handbuilt.relations`: token, position, copy
+blocks.
 
 Example:
     >>> model = split_heads_model([("target", [0, 1, 2, 3]), ("target", [4, 5, 6, 7, 8])])
+    >>> from mhainterp.tasks import split_batch
     >>> batch = split_batch(64)
     >>> bool((model(batch.tokens).argmax(-1) == batch.targets)[batch.mask].all())
     True
@@ -43,33 +44,11 @@ import torch
 from mhainterp.config import ModelConfig
 from mhainterp.model import HookedMHATransformer
 from mhainterp.model.handbuilt.relations import feature_model, placed
-from mhainterp.tasks import IGNORE_INDEX, Batch
 from mhainterp.validation import check_int, invalid
 
-__all__ = ["SPLIT_KINDS", "split_batch", "split_heads_model"]
+__all__ = ["SPLIT_KINDS", "head_copies_model", "split_heads_model"]
 
 SPLIT_KINDS = ("all", "target", "query", "position")
-
-
-def split_batch(n: int, *, seq_len: int = 12, d_vocab: int = 10, seed: int = 0) -> Batch:
-    """``n`` sequences ``[BOS, x_1, ..., x_{T-1}]`` with target ``tokens[t - 1]`` from ``t = 2``.
-
-    Example:
-        >>> b = split_batch(2, seq_len=4)
-        >>> b.tokens[:, 0].tolist(), b.mask[0].tolist()
-        ([9, 9], [False, False, True, True])
-    """
-    n = check_int("n", n, minimum=1)
-    generator = torch.Generator().manual_seed(seed)
-    bos = d_vocab - 1
-    tokens = torch.randint(0, bos, (n, seq_len), generator=generator)
-    tokens[:, 0] = bos
-    mask = torch.zeros(n, seq_len, dtype=torch.bool)
-    mask[:, 2:] = True
-    targets = torch.full((n, seq_len), IGNORE_INDEX, dtype=torch.long)
-    targets[:, 1:] = tokens[:, :-1]
-    targets[~mask] = IGNORE_INDEX
-    return Batch(tokens, targets, mask, torch.ones_like(mask))
 
 
 def split_heads_model(

@@ -145,7 +145,8 @@ Shapes: H heads, N scored triples, K values of an axis, B = 1 + n_bootstrap resa
 observed), U units of a basis, C configurations.
 
 Example:
-    >>> from mhainterp.model.handbuilt import split_heads_model, split_batch
+    >>> from mhainterp.model.handbuilt import split_heads_model
+    >>> from mhainterp.tasks import split_batch
     >>> model = split_heads_model([("target", [0, 1, 2, 3]), ("target", [4, 5, 6, 7, 8])])
     >>> result = division_of_labour(model, split_batch(256), method="zero", n_bootstrap=50)
     >>> result.heads.query("by == 'target_class'")["serves"].tolist()
