@@ -44,7 +44,8 @@ from mhainterp.ablation.replacement import (
     build_replacement,
     check_method,
 )
-from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
+from mhainterp.config import DEFAULT_N_EVAL
+from mhainterp.data import Data, as_batch, batch_for_model, target_names
 from mhainterp.heads import all_heads, format_heads, head_label, resolve_heads
 from mhainterp.protocol import HookedModel
 from mhainterp.runtime import eval_mode, uses_work_threads
@@ -388,7 +389,7 @@ def attribution_patching(
     methods: tuple[Method, ...] = ("zero", "mean"),
     reference: Data | None = None,
     *,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     batch_size: int = 16,
     progress: bool = False,
 ) -> pd.DataFrame:
@@ -538,7 +539,7 @@ def verify_attribution(
     top_k: int = 8,
     n_random: int = 8,
     seed: int = 0,
-    n_eval: int = 1024,
+    n_eval: int = DEFAULT_N_EVAL,
     max_rows: int | None = DEFAULT_MAX_ROWS,
     cache: CleanCache | None = None,
     progress: bool = False,

@@ -39,6 +39,7 @@ from mhainterp.validation import (
 )
 
 __all__ = [
+    "DEFAULT_N_EVAL",
     "LRSchedule",
     "ModelConfig",
     "NormalizationType",
@@ -46,6 +47,10 @@ __all__ = [
     "SweepConfig",
     "config_to_dict",
 ]
+
+DEFAULT_N_EVAL = 1024
+"""Sequences of a Task's evaluation set when a function is given a Task (``n_eval``): the one
+default that training, every analysis and the CLI's ``--n-eval`` share."""
 
 NormalizationType = Literal[None, "LN"]
 """``None`` (no LayerNorm, the seed's model) or ``"LN"`` (pre-norm)."""
@@ -282,7 +287,7 @@ class TrainConfig:
     lr_schedule: LRSchedule = "cosine"
     grad_clip: float | None = 1.0
     seed: int = 0
-    n_eval: int = 1024
+    n_eval: int = DEFAULT_N_EVAL
     log_every: int = 50
     eval_every: int = 0
 

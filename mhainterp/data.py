@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from mhainterp.config import DEFAULT_N_EVAL
 from mhainterp.model.loss import IGNORE_INDEX
 from mhainterp.runtime import model_device
 from mhainterp.tasks import Batch, Task
@@ -35,10 +36,8 @@ from mhainterp.validation import ParameterError, check_int
 if TYPE_CHECKING:  # annotations only: protocol imports the model, which data must not need
     from mhainterp.protocol import HookedModel
 
-__all__ = ["DEFAULT_N_EVAL", "Data", "as_batch", "batch_for_model", "target_names"]
+__all__ = ["Data", "as_batch", "batch_for_model", "target_names"]
 
-DEFAULT_N_EVAL = 1024
-"""Sequences of a Task's evaluation set when a function is given a Task (``n_eval``)."""
 
 Data = Task | Batch | Tensor
 

@@ -327,7 +327,7 @@ def test_cli_bad_model_or_text_is_one_line(explore_command, capsys, argv, messag
 
 def test_cli_model_explores_16_sentences_unless_n_eval_is_typed():
     from mhainterp.cli.explore import sentences_wanted
-    from mhainterp.data import DEFAULT_N_EVAL
+    from mhainterp.config import DEFAULT_N_EVAL
 
     parser = cli.build_parser()
     plain = parser.parse_args(["explore", "--model", "smollm2"])

@@ -497,8 +497,7 @@ def test_help_and_task_listing_import_no_torch(args):
 def test_static_mirrors_equal_their_library_homes():
     from mhainterp.ablation import METHODS
     from mhainterp.analyze import DEMO_STEPS, GRIDS
-    from mhainterp.config import TrainConfig
-    from mhainterp.data import DEFAULT_N_EVAL
+    from mhainterp.config import DEFAULT_N_EVAL, TrainConfig
     from mhainterp.specialization import SpecializationSettings
     from mhainterp.stats import CORRECTIONS
     from mhainterp.tasks import AXES, ENTRY_POINT_GROUP
@@ -555,7 +554,7 @@ def _subparsers() -> dict[str, object]:
 
 
 def test_n_eval_has_one_default_in_every_command():
-    from mhainterp.data import DEFAULT_N_EVAL
+    from mhainterp.config import DEFAULT_N_EVAL
 
     defaults = {
         name: action.default

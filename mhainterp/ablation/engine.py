@@ -72,7 +72,8 @@ from mhainterp.ablation.replacement import (
     build_replacement,
     check_method,
 )
-from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
+from mhainterp.config import DEFAULT_N_EVAL
+from mhainterp.data import Data, as_batch, batch_for_model, target_names
 from mhainterp.fast import linear_readout
 from mhainterp.heads import HeadSpec, format_heads, resolve_heads
 from mhainterp.model import StopForward

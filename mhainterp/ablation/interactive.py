@@ -28,7 +28,8 @@ from mhainterp.ablation.replacement import (
     check_method,
 )
 from mhainterp.ablation.tables import with_deltas
-from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch, batch_for_model, target_names
+from mhainterp.config import DEFAULT_N_EVAL
+from mhainterp.data import Data, as_batch, batch_for_model, target_names
 from mhainterp.heads import HeadSpec, head_label, resolve_heads
 from mhainterp.protocol import HookedModel
 from mhainterp.runtime import eval_mode

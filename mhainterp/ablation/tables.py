@@ -24,7 +24,8 @@ import torch
 
 from mhainterp.ablation.engine import AblationResult, evaluate_head_sets
 from mhainterp.ablation.replacement import DEFAULT_MAX_ROWS, Method
-from mhainterp.data import DEFAULT_N_EVAL, Data
+from mhainterp.config import DEFAULT_N_EVAL
+from mhainterp.data import Data
 from mhainterp.heads import HeadSpec, all_heads, format_heads, head_label, resolve_heads
 from mhainterp.protocol import HookedModel
 from mhainterp.runtime import uses_work_threads

@@ -26,7 +26,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from mhainterp.analyze.tables import ablation_tables
-from mhainterp.data import DEFAULT_N_EVAL
+from mhainterp.config import DEFAULT_N_EVAL
 from mhainterp.io import allocation_failures, remove_stale_temps, require_memory, write_csv
 from mhainterp.provenance import record_analysis_source, set_aside_stale_analysis
 from mhainterp.runs import find_runs, is_finished_run

@@ -14,7 +14,7 @@ way, and the demo is the grid ``demo``::
 
 Steps, each resumable (rerun after an interruption and only what is missing is done):
 train every task's sweep; analyse the run with the most heads of each task; the division of
-labour of every run (on :data:`~mhainterp.data.DEFAULT_N_EVAL` sequences: the answer rests on
+labour of every run (on :data:`~mhainterp.config.DEFAULT_N_EVAL` sequences: the answer rests on
 it); the specialization test of every run (on :data:`LABEL_N_EVAL` sequences); the
 comparisons, the figures and the report.
 

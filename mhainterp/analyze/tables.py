@@ -22,7 +22,8 @@ import pandas as pd
 
 from mhainterp.ablation import METHODS, Method, check_method, head_importance, pairwise_ablation
 from mhainterp.attribution import gradient_importance, importance_agreement, prune_curve
-from mhainterp.data import DEFAULT_N_EVAL, Data
+from mhainterp.config import DEFAULT_N_EVAL
+from mhainterp.data import Data
 from mhainterp.protocol import HookedModel
 from mhainterp.training import Run
 

@@ -21,7 +21,8 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch
+from mhainterp.config import DEFAULT_N_EVAL
+from mhainterp.data import Data, as_batch
 from mhainterp.model import HookedMHATransformer, StopForward
 from mhainterp.protocol import HookedModel, check_model
 from mhainterp.runtime import model_device

@@ -21,7 +21,8 @@ from mhainterp.capture.core import (
     attention_patterns,
     iter_patterns,
 )
-from mhainterp.data import DEFAULT_N_EVAL, Data, as_batch
+from mhainterp.config import DEFAULT_N_EVAL
+from mhainterp.data import Data, as_batch
 from mhainterp.heads import head_label
 from mhainterp.model import HookedMHATransformer
 from mhainterp.runtime import uses_work_threads

@@ -30,7 +30,8 @@ from mhainterp.capture.patterns import (
     tensor_frame,
     with_head_labels,
 )
-from mhainterp.data import DEFAULT_N_EVAL, Data
+from mhainterp.config import DEFAULT_N_EVAL
+from mhainterp.data import Data
 from mhainterp.model import HookedMHATransformer
 from mhainterp.runtime import uses_work_threads
 from mhainterp.tasks import Task

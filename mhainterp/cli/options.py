@@ -237,7 +237,7 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_n_eval(parser: Any, help: str = "evaluation sequences") -> None:
-    """``--n-eval``, one default for every command (``mhainterp.data.DEFAULT_N_EVAL``)."""
+    """``--n-eval``, one default for every command (``mhainterp.config.DEFAULT_N_EVAL``)."""
     add_count(parser, "--n-eval", help, default=DEFAULT_N_EVAL)
 
 

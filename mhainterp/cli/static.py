@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 DEFAULT_N_EVAL = 1024
-"""``mhainterp.data.DEFAULT_N_EVAL``: the evaluation sequences of every command's ``--n-eval``."""
+"""``mhainterp.config.DEFAULT_N_EVAL``: the evaluation sequences of every command's ``--n-eval``."""
 
 DEMO_STEPS = 1500
 """``mhainterp.analyze.demo.DEMO_STEPS``: the demo's training steps per run."""

@@ -88,7 +88,7 @@ def explore(run: Any, task: Any = None, *, n_eval: int | None = None, method: st
         >>> view = explore(handbuilt_model(["previous", "uniform"]), task)  # doctest: +SKIP
         >>> view = explore(load_pretrained("smollm2"), "stdlib", n_eval=16)  # doctest: +SKIP
     """
-    from mhainterp.data import DEFAULT_N_EVAL
+    from mhainterp.config import DEFAULT_N_EVAL
     from mhainterp.explore.app import Explorer
     from mhainterp.explore.results import SavedResults
     from mhainterp.protocol import BridgedModel

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from mhainterp.ablation import METHODS, Method
-from mhainterp.data import DEFAULT_N_EVAL
+from mhainterp.config import DEFAULT_N_EVAL
 from mhainterp.errors import BadRequestError
 from mhainterp.explore import TEXT_N_EVAL
 from mhainterp.explore.memory import release_free_memory

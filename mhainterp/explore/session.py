@@ -48,7 +48,8 @@ from mhainterp.ablation.interactive import DEFAULT_CACHE_SIZE
 from mhainterp.analyze.pretrained import embedding_metric
 from mhainterp.attribution import attribution_agreement, attribution_patching, verification_plan
 from mhainterp.capture import average_patterns
-from mhainterp.data import DEFAULT_N_EVAL, as_batch, batch_for_model
+from mhainterp.config import DEFAULT_N_EVAL
+from mhainterp.data import as_batch, batch_for_model
 from mhainterp.explore.text import text_axis_values, token_strings
 from mhainterp.heads import all_heads, head_label
 from mhainterp.protocol import BridgedModel, HookedModel

@@ -42,7 +42,7 @@ import pandas as pd
 from torch import Tensor
 
 from mhainterp.capture import Data
-from mhainterp.data import DEFAULT_N_EVAL
+from mhainterp.config import DEFAULT_N_EVAL
 from mhainterp.model import HookedMHATransformer
 from mhainterp.protocol import check_model
 from mhainterp.runtime import uses_work_threads

@@ -25,7 +25,7 @@ from mhainterp.capture import (
     statistic_queries,
     visible_keys,
 )
-from mhainterp.data import DEFAULT_N_EVAL
+from mhainterp.config import DEFAULT_N_EVAL
 from mhainterp.model import HookedMHATransformer
 from mhainterp.protocol import check_model
 from mhainterp.runtime import uses_work_threads

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from mhainterp.ablation import METHODS, Method
-from mhainterp.data import DEFAULT_N_EVAL
+from mhainterp.config import DEFAULT_N_EVAL
 from mhainterp.similarity import SIMILARITY_METHODS, SimilarityMethod
 from mhainterp.stats import CORRECTIONS, Correction
 from mhainterp.validation import (

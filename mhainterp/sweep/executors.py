@@ -57,7 +57,7 @@ from mhainterp.sweep.memory import (
     trains_in_groups,
 )
 from mhainterp.sweep.spec import RunSpec, execute_run
-from mhainterp.training import training_memory
+from mhainterp.training import EVAL_BATCH_SIZE, training_memory
 from mhainterp.validation import check_int, invalid
 
 __all__ = [
@@ -257,9 +257,10 @@ def plan_device_groups(
 
 def _evaluation_bytes(spec: RunSpec) -> int:
     """What a group needs besides its models: one model's evaluation on the fixed set (models
-    are evaluated one at a time, at most 1024 sequences per pass), counted as training it."""
+    are evaluated one at a time, at most :data:`~mhainterp.training.evaluation.EVAL_BATCH_SIZE`
+    sequences per pass), counted as training it."""
     train = spec.train_config
-    size = min(train.n_eval, 1024)
+    size = min(train.n_eval, EVAL_BATCH_SIZE)
     return training_memory(spec.model_config, replace(train, batch_size=size))
 
 

@@ -21,6 +21,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from mhainterp.config import DEFAULT_N_EVAL
 from mhainterp.io import require_memory
 from mhainterp.model.loss import IGNORE_INDEX
 from mhainterp.runtime import DRAW_DEVICE
@@ -299,7 +300,7 @@ class Task(abc.ABC):
             what = f"sampling {n:,} sequences of {self.name!r} (n_eval or batch_size)"
             require_memory(needed, what)
 
-    def eval_batch(self, n: int = 1024) -> Batch:
+    def eval_batch(self, n: int = DEFAULT_N_EVAL) -> Batch:
         """The fixed evaluation set: ``sample(n)`` from a generator seeded with ``eval_seed``.
 
         The same (name, params) gives the same sequences in every process and every run. It is

@@ -30,7 +30,7 @@ Example:
 """
 
 from mhainterp.training.checkpoints import CHECKPOINT_SECONDS, read_checkpoint, write_checkpoint
-from mhainterp.training.evaluation import evaluate
+from mhainterp.training.evaluation import EVAL_BATCH_SIZE, evaluate
 from mhainterp.training.identity import (
     run_config_differences,
     run_identity,
@@ -53,6 +53,7 @@ from mhainterp.training.run_folder import (
 )
 
 __all__ = [
+    "EVAL_BATCH_SIZE",
     "ARCHITECTURE_FIELDS",
     "Run",
     "build_model",

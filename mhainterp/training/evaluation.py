@@ -11,14 +11,19 @@ from typing import Any
 
 import torch
 
-from mhainterp.data import DEFAULT_N_EVAL, as_batch, batch_for_model, target_names
+from mhainterp.config import DEFAULT_N_EVAL
+from mhainterp.data import as_batch, batch_for_model, target_names
 from mhainterp.model import HookedMHATransformer
 from mhainterp.runtime import eval_mode
 from mhainterp.scoring import Totals, position_scores, totals
 from mhainterp.tasks import Batch, Task
 from mhainterp.validation import check_int
 
-__all__ = ["evaluate"]
+__all__ = ["EVAL_BATCH_SIZE", "evaluate"]
+
+EVAL_BATCH_SIZE = 1024
+"""Sequences per forward when :func:`evaluate` scores the evaluation set (the sweeps plan
+their memory with it)."""
 
 
 @torch.no_grad()
@@ -27,7 +32,7 @@ def evaluate(
     data: Task | Batch,
     *,
     n_eval: int = DEFAULT_N_EVAL,
-    batch_size: int = 1024,
+    batch_size: int = EVAL_BATCH_SIZE,
 ) -> dict[str, Any]:
     """Loss and accuracy on the scored positions of ``data`` (a Task's fixed evaluation set).
 

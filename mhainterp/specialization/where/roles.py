@@ -91,7 +91,7 @@ from mhainterp.capture import (
     statistic_queries,
     visible_keys,
 )
-from mhainterp.data import DEFAULT_N_EVAL
+from mhainterp.config import DEFAULT_N_EVAL
 from mhainterp.heads import head_label
 from mhainterp.model import HookedMHATransformer
 from mhainterp.protocol import head_matrix
