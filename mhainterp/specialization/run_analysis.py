@@ -85,16 +85,70 @@ class RunInput:
 
 
 def analyse_run(inp: RunInput, settings: SpecializationSettings, progress: bool) -> dict[str, Any]:
-    """All tables and the verdict of one run.
+    """All tables and the verdict of one run, in the battery's order (each step one function
+    below, reading what the steps before it found):
+
+    1. :func:`_where`: where each head looks, against the random-weight and key-permutation
+       nulls;
+    2. :func:`_damage`: what removing each head costs, per target (whom it serves);
+    3. :func:`_needed`: dead heads and redundant pairs and groups, with the evidence every
+       perturbed setting of the stability test needs (so relabelling never runs the model);
+    4. :func:`_labels`: one label per head, and how they change when a threshold moves;
+    5. :func:`_verdict`: the run's sentences.
 
     Returns:
         The tables of :class:`~mhainterp.specialization.verdict.result.SpecializationResult`
         but ``consistency`` and ``runs`` (one run has no seeds to compare), by name, and
-        ``"verdict"``: the run's :class:`~.verdict.sentences.RunVerdict`.
+        ``"verdict"``: the run's :class:`~mhainterp.specialization.RunVerdict`.
         :func:`~mhainterp.specialization.seeds.combine.single_result` makes the result of them.
     """
+    batch = inp.task.eval_batch(settings.n_eval)
+    where = _where(inp, batch, settings, progress)
+    damage = _damage(inp, batch, settings, progress)
+    needed = _needed(inp.model, batch, settings, where, damage)
+    heads, groups, stability = _labels(inp, settings, where, damage, needed)
+    heads, verdict = _verdict(inp, batch, settings, heads, where, damage, stability)
+    meta = _meta(inp)
+    return {
+        "heads": heads,
+        "roles": _with_meta(where.roles, meta),
+        "causal": _with_meta(damage.matrix, meta),
+        "redundancy": _with_meta(needed.pairs, meta),
+        "redundancy_groups": _with_meta(groups, meta),
+        "init_null": _with_meta(where.init, meta),
+        "nested": pd.DataFrame(sorted(where.nested), columns=["inner", "outer"]).pipe(
+            _with_meta, {"run": inp.run}
+        ),
+        "stability": stability,
+        "quiet": needed.quiet.assign(run=inp.run)[["run", *needed.quiet.columns]],
+        "verdict": verdict,
+    }
+
+
+def _meta(inp: RunInput) -> dict[str, Any]:
+    """The columns that name the run in each of its tables."""
+    return {
+        "run": inp.run,
+        "task": inp.task.name,
+        "n_heads": inp.model.cfg.n_heads,
+        "seed": inp.seed,
+    }
+
+
+@dataclass
+class _Where:
+    """Where each head looks (step 1)."""
+
+    roles: pd.DataFrame  # one row per (head, role): score, nulls, corrected p, effect
+    init: pd.DataFrame  # the random-weight null's draws
+    ratio: dict[str, float]  # head -> its output's share of the attention layer's output
+    nested: set[tuple[str, str]]  # (inner, outer) role templates, inner inside outer
+
+
+def _where(inp: RunInput, batch: Any, settings: SpecializationSettings, progress: bool) -> _Where:
+    """Role scores of every head against the random-weight null (same architecture, random
+    init) and the key permutation, corrected over the run's head x role pairs."""
     model, task = inp.model, inp.task
-    batch = task.eval_batch(settings.n_eval)
     tokens, mask = batch.tokens, batch.padding_mask
     templates = role_templates(tokens, mask, task=task, causal=model.cfg.causal)
     relations = list(task.relations(tokens[:1], mask[:1]))
@@ -111,14 +165,31 @@ def analyse_run(inp: RunInput, settings: SpecializationSettings, progress: bool)
     )
     ratio_tensor = sums.output_ratio()
     ratio = {label: float(ratio_tensor.flatten()[i]) for i, label in enumerate(model.head_labels)}
+    nested = nested_roles(templates, visible_keys(mask, model.cfg.causal))
+    return _Where(roles, init, ratio, nested)
+
+
+@dataclass
+class _Damage:
+    """What removing each head costs (step 2)."""
+
+    heads: pd.DataFrame  # per head: total damage, the target it serves, its selectivity
+    matrix: pd.DataFrame  # head x target damage
+    numbers: tuple[float, float, float]  # the model's selectivity, its null mean, p (or NaN)
+    max_damage: dict[str, float]  # head -> its largest damage on any target
+
+
+def _damage(inp: RunInput, batch: Any, settings: SpecializationSettings, progress: bool) -> _Damage:
+    """Each head's damage per target (``settings.method``), and with two or more targets its
+    causal selectivity against a permutation null."""
+    task = inp.task
     damage = target_damage(
-        model,
+        inp.model,
         batch,
         method=settings.method,
         target_names=task.target_names,
         progress=progress,
     )
-    variants = [settings] + [v for _, _, v in variant_settings(settings)]
     generator = torch.Generator().manual_seed(settings.seed)
     if len(task.target_names) >= 2:
         selectivity = causal_selectivity(
@@ -128,19 +199,47 @@ def analyse_run(inp: RunInput, settings: SpecializationSettings, progress: bool)
             alpha=settings.alpha,  # the draws are raised so Holm over the heads can pass
             generator=generator,
         )
-        causal_heads, causal_matrix = selectivity.heads, selectivity.matrix
-        model_numbers = (selectivity.selectivity, selectivity.null_mean, selectivity.p_value)
+        heads, matrix = selectivity.heads, selectivity.matrix
+        numbers = (selectivity.selectivity, selectivity.null_mean, selectivity.p_value)
     else:
-        causal_heads = head_damage_table(damage)
-        causal_heads["causal_target"] = [
-            task.target_names[0] if d >= settings.min_damage else ""
-            for d in causal_heads["total_damage"]
+        heads = head_damage_table(damage)
+        heads["causal_target"] = [
+            task.target_names[0] if d >= settings.min_damage else "" for d in heads["total_damage"]
         ]
-        causal_heads["selectivity"] = math.nan
-        causal_heads["p_selectivity"] = math.nan
-        causal_matrix = damage.frame()
-        model_numbers = (math.nan, math.nan, math.nan)
-    max_damage = causal_matrix.groupby("head_label")["damage"].max().astype(float).to_dict()
+        heads["selectivity"] = math.nan
+        heads["p_selectivity"] = math.nan
+        matrix = damage.frame()
+        numbers = (math.nan, math.nan, math.nan)
+    max_damage = matrix.groupby("head_label")["damage"].max().astype(float).to_dict()
+    return _Damage(heads, matrix, numbers, max_damage)
+
+
+@dataclass
+class _Needed:
+    """Dead and redundant heads (step 3), with the evidence of every perturbed setting."""
+
+    evidence: RunEvidence
+    dead: list[str]  # dead under the run's own settings, in head order
+    similarity: pd.DataFrame  # head x head similarity (``settings.similarity_method``)
+    pairs: pd.DataFrame  # redundant pairs, down to the loosest similarity gate
+    groups: pd.DataFrame  # candidate groups of every variant, tested
+    quiet: pd.DataFrame  # the quiet-ablation evidence of the dead test
+
+
+def _needed(
+    model: HookedMHATransformer,
+    batch: Any,
+    settings: SpecializationSettings,
+    where: _Where,
+    damage: _Damage,
+) -> _Needed:
+    """Dead heads (quiet AND costing nothing when removed), and redundant pairs and groups.
+
+    Gathers the evidence every perturbed setting of the stability test needs, so relabelling
+    never runs the model: pairs down to the loosest similarity gate, and the candidate groups
+    of every variant (similar components, heads sharing a role)."""
+    variants = [settings] + [v for _, _, v in variant_settings(settings)]
+    ratio, max_damage = where.ratio, damage.max_damage
     quiet = quiet_ablations(model, batch, ratio, max_damage, variants, settings.method)
 
     def dead_under(variant: SpecializationSettings) -> list[str]:
@@ -149,11 +248,7 @@ def analyse_run(inp: RunInput, settings: SpecializationSettings, progress: bool)
         return [h for h in ratio if h in found]
 
     dead = dead_under(settings)
-    nested = nested_roles(templates, visible_keys(mask, model.cfg.causal))
     similarity = head_similarity(model, batch, method=settings.similarity_method)
-    # Gather the evidence every perturbed setting of the stability test needs, so relabelling
-    # never runs the model: pairs down to the loosest similarity gate, and the candidate
-    # groups of every variant (similar components, heads sharing a role).
     loosest = min(v.min_similarity for v in variants)
     pairs = redundancy_pairs(
         model, batch, settings, dead=dead, similarity=similarity, evidence_similarity=loosest
@@ -169,56 +264,72 @@ def analyse_run(inp: RunInput, settings: SpecializationSettings, progress: bool)
                 similar_sets.add(tuple(g))
                 candidates.append((basis, g))
         held: dict[str, list[str]] = {}
-        for head, d in decide_labels(roles, ratio, {}, variant, nested, dead_v).items():
+        for head, d in decide_labels(where.roles, ratio, {}, variant, where.nested, dead_v).items():
             if d.role and not d.dead:
                 held.setdefault(d.role, []).append(head)
         candidates += [(f"role:{r}", m) for r, m in held.items() if len(m) >= 3]
     groups = redundancy_groups(
         model, batch, settings, groups=candidates, dead=dead, similarity=similarity
     )
-    evidence = RunEvidence(roles, ratio, pairs, groups, nested, max_damage, quiet)
-    decisions, _, _ = relabel(evidence, settings)
+    evidence = RunEvidence(where.roles, ratio, pairs, groups, where.nested, max_damage, quiet)
+    return _Needed(evidence, dead, similarity, pairs, groups, quiet)
+
+
+def _labels(
+    inp: RunInput,
+    settings: SpecializationSettings,
+    where: _Where,
+    damage: _Damage,
+    needed: _Needed,
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """One label per head (dead > backed up > role > unspecialized, with the flags), the
+    groups marked with what these settings test, and the labels' stability.
+
+    Returns:
+        ``(heads, groups, stability)``.
+    """
+    decisions, _, _ = relabel(needed.evidence, settings)
     partners = {h: d.partners for h, d in decisions.items() if d.partners}
-    groups = _mark_tested_groups(groups, decisions, similarity, settings, dead)
+    groups = _mark_tested_groups(needed.groups, decisions, needed.similarity, settings, needed.dead)
     heads = label_heads(
-        roles,
-        ratio,
+        where.roles,
+        where.ratio,
         partners,
-        causal_matrix,
-        causal_heads,
+        damage.matrix,
+        damage.heads,
         settings,
-        role_targets(task),
-        nested,
+        role_targets(inp.task),
+        where.nested,
         covered=_covered(groups, decisions, settings),
-        dead=dead,
+        dead=needed.dead,
     )
     stability = run_stability(
-        inp.run, evidence, dict(zip(heads["head_label"], heads["label"])), settings
+        inp.run, needed.evidence, dict(zip(heads["head_label"], heads["label"])), settings
     )
+    return heads, groups, stability
+
+
+def _verdict(
+    inp: RunInput,
+    batch: Any,
+    settings: SpecializationSettings,
+    heads: pd.DataFrame,
+    where: _Where,
+    damage: _Damage,
+    stability: pd.DataFrame,
+) -> tuple[pd.DataFrame, RunVerdict]:
+    """The heads table in its saved columns, and the run's :class:`RunVerdict`."""
+    model = inp.model
     accuracy = float(evaluate(model, batch)["accuracy"])
     unit = "accuracy"
     if isinstance(model, BridgedModel):  # damage is a loss increase; accuracy says little
         accuracy = math.nan
         unit = "embedding metric" if model.cfg.objective == "embedding" else "nats of loss"
-    meta = {"run": inp.run, "task": task.name, "n_heads": model.cfg.n_heads, "seed": inp.seed}
-    heads = _with_meta(heads, meta)[HEAD_COLUMNS]
+    heads = _with_meta(heads, _meta(inp))[HEAD_COLUMNS]
     verdict = _run_verdict(
-        heads, roles, model, settings, accuracy, model_numbers, inp, stability, unit
+        heads, where.roles, model, settings, accuracy, damage.numbers, inp, stability, unit
     )
-    return {
-        "heads": heads,
-        "roles": _with_meta(roles, meta),
-        "causal": _with_meta(causal_matrix, meta),
-        "redundancy": _with_meta(pairs, meta),
-        "redundancy_groups": _with_meta(groups, meta),
-        "init_null": _with_meta(init, meta),
-        "nested": pd.DataFrame(sorted(nested), columns=["inner", "outer"]).pipe(
-            _with_meta, {"run": inp.run}
-        ),
-        "stability": stability,
-        "quiet": quiet.assign(run=inp.run)[["run", *quiet.columns]],
-        "verdict": verdict,
-    }
+    return heads, verdict
 
 
 def _covered(
