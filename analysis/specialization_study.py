@@ -22,8 +22,7 @@ from mhainterp.analyze import analyze_run, run_sweep_with_figures
 from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.figures.saved import save_folder_figures
 from mhainterp.report import write_report
-from mhainterp.specialization import SpecializationSettings, specialize_folder
-from mhainterp.specialization.folders import division_folder
+from mhainterp.specialization import DivisionSettings, SpecializationSettings, specialize_folder
 from mhainterp.sweep import fastest_executor
 
 QUICK = {"n_heads": "1,2,4", "seeds": "0,1,2", "steps": 200, "n_eval": 128}
@@ -88,9 +87,11 @@ def main(argv: list[str] | None = None) -> int:
                 run_dir = sweep_dir / "runs" / f"h{h}_seed{seeds[0]}"
                 analyze_run(run_dir, n_eval=args.analyze_eval, progress=progress)
         # The division of labour of every run (on the default evaluation set), then the labels
-        # on --n-eval and the sweep's tables, the saved division attached: what the report reads.
-        division_folder(sweep_dir, progress=progress)
-        ((_, spec),) = specialize_folder(sweep_dir, settings, progress=progress, by=())
+        # on --n-eval and the sweep's tables, the division attached: what the report reads.
+        # Each run is loaded once for both.
+        ((_, spec),) = specialize_folder(
+            sweep_dir, settings, progress=progress, division_settings=DivisionSettings()
+        )
         print(spec.to_markdown())
         print("\n".join(spec.result.verdict.lines))
     save_folder_figures(args.out)  # beside the tables, for the report to embed

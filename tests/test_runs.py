@@ -349,3 +349,35 @@ def test_specialize_loads_each_run_once_and_a_rerun_none(tiny_sweep, tmp_path, m
     assert loads == dict.fromkeys(NAMES, 1)
     assert main(argv) == 0
     assert loads == dict.fromkeys(NAMES, 1)
+
+
+def test_a_division_on_other_settings_than_the_labels_loads_each_run_once(
+    tiny_sweep, tmp_path, monkeypatch
+):
+    """The study divides on more sequences than it labels on (``division_settings``): still one
+    load per run, and the division saved is the one made with the division's settings."""
+    import mhainterp.training.run_folder as run_folder
+    from mhainterp.specialization import DivisionSettings, SpecializationSettings
+    from mhainterp.specialization.folders import specialize_folder
+    from mhainterp.specialization.whom.division import division_request
+    from mhainterp.specialization.whom.division_result import saved_division
+
+    sweep = tmp_path / "rev"
+    shutil.copytree(tiny_sweep, sweep)
+    real = run_folder.load_run
+    loads: dict[str, int] = {}
+
+    def counted(path, *args, **kwargs):
+        loads[Path(path).name] = loads.get(Path(path).name, 0) + 1
+        return real(path, *args, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if name.startswith("mhainterp") and vars(module).get("load_run") is real:
+            monkeypatch.setattr(module, "load_run", counted)
+    dividing = DivisionSettings(n_eval=32)
+    labels = SpecializationSettings(n_eval=16)
+    specialize_folder(sweep, labels, progress=False, division_settings=dividing)
+    assert loads == dict.fromkeys(NAMES, 1)
+    for name in NAMES:  # saved with the division's own settings, not the labels'
+        assert saved_division(sweep / "runs" / name, division_request(dividing)) is not None
+        assert saved_division(sweep / "runs" / name, division_request(labels)) is None

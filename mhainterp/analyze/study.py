@@ -158,8 +158,11 @@ def run_study(
     """
     from mhainterp.figures.saved import save_folder_figures
     from mhainterp.report import write_report
-    from mhainterp.specialization import SpecializationSettings, specialize_folder
-    from mhainterp.specialization.folders import division_folder
+    from mhainterp.specialization import (
+        DivisionSettings,
+        SpecializationSettings,
+        specialize_folder,
+    )
 
     out = Path(out)
     echo(
@@ -175,10 +178,11 @@ def run_study(
         if i == 0 and len(grid.tasks) > 1:
             echo(estimate_line("training", "task", len(grid.tasks), time.perf_counter() - start))
     echo(f"specialization: the division and the specialization test of {grid.n_runs} runs")
-    division_folder(out, progress=progress)  # the division first, on DEFAULT_N_EVAL sequences
-    labels = SpecializationSettings(n_eval=LABEL_N_EVAL)  # by=(): attaches the saved one
+    # the division on DEFAULT_N_EVAL sequences, the labels on fewer: each run loaded once
+    labels = SpecializationSettings(n_eval=LABEL_N_EVAL)
     answers: list[str] = []
-    for _, spec in specialize_folder(out, labels, progress=progress, by=()):
+    dividing = DivisionSettings()
+    for _, spec in specialize_folder(out, labels, progress=progress, division_settings=dividing):
         answers += list(spec.answers.values())
     sweeps = [out / task for task in grid.tasks]
     for sweep in tqdm(sweeps, desc="figures", unit="sweep", disable=not progress):

@@ -55,7 +55,7 @@ from mhainterp.specialization.seeds.summary import (
     summary_columns,
     summary_notes,
 )
-from mhainterp.specialization.settings import SpecializationSettings
+from mhainterp.specialization.settings import DivisionSettings, SpecializationSettings
 from mhainterp.specialization.verdict.result import RUN_COLUMNS, SpecializationResult
 from mhainterp.specialization.verdict.stability import DIVISION_THRESHOLD
 from mhainterp.specialization.whom.division import division_of_labour, division_request
@@ -380,6 +380,7 @@ def specialize_folder(
     reuse: bool = True,
     progress: bool = True,
     by: Sequence[str] | str = AXES,
+    division_settings: SpecializationSettings | DivisionSettings | None = None,
     **overrides: Any,
 ) -> list[tuple[Path, SpecializationResult | SweepSpecialization]]:
     """Compute and save every specialization result a report of ``path`` reads.
@@ -396,7 +397,9 @@ def specialize_folder(
         reuse: Reuse a run's saved result made with the same settings.
         progress: tqdm bars.
         by: Axes of the division of labour saved for every run (:func:`division_folder`);
-            empty: none.
+            empty: none (a division saved before is attached).
+        division_settings: The division's own settings when they differ from the labels'
+            (the study divides on more sequences than it labels on); None: ``settings``.
         **overrides: Settings fields.
 
     Returns:
@@ -407,6 +410,7 @@ def specialize_folder(
         >>> specialize_folder("runs/quickstart")  # doctest: +SKIP
     """
     settings = _with_overrides(settings, overrides)
+    dividing = settings if division_settings is None else division_settings
     path = Path(path)
     kind = folder_kind(path)
     # Each run is loaded once for its division and its labels (those not saved), and its
@@ -414,13 +418,13 @@ def specialize_folder(
     if kind == "run":
         load = _loading_once()
         if by:
-            _division_folder(path, settings, by, reuse, progress, load)
+            _division_folder(path, dividing, by, reuse, progress, load)
         return [(path, _cached_specialization(path, settings, reuse, True, progress, load))]
     out: list[tuple[Path, SpecializationResult | SweepSpecialization]] = []
     for sweep in [path] if kind == "sweep" else sweep_folders(path):
         load = _loading_once()
         if by:
-            _division_folder(sweep, settings, by, reuse, progress, load)
+            _division_folder(sweep, dividing, by, reuse, progress, load)
         results = read_results(sweep)
         summarize(results, alpha=settings.alpha).save(sweep)  # the seed table the report reads
         spec = _sweep_specialization([sweep], settings, reuse, True, progress, load)
@@ -431,7 +435,7 @@ def specialize_folder(
 
 def division_folder(
     path: str | os.PathLike[str],
-    settings: SpecializationSettings | None = None,
+    settings: SpecializationSettings | DivisionSettings | None = None,
     *,
     by: Sequence[str] | str = AXES,
     reuse: bool = True,
@@ -451,7 +455,7 @@ def division_folder(
 
 def _division_folder(
     path: str | os.PathLike[str],
-    settings: SpecializationSettings | None,
+    settings: SpecializationSettings | DivisionSettings | None,
     by: Sequence[str] | str,
     reuse: bool,
     progress: bool,
@@ -482,7 +486,7 @@ def _division_folder(
 
 def _cached_division(
     run_dir: Path,
-    settings: SpecializationSettings | None,
+    settings: SpecializationSettings | DivisionSettings | None,
     request: dict[str, Any],
     reuse: bool,
     progress: bool,
