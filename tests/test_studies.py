@@ -73,19 +73,16 @@ def test_specialization_study_plan(tmp_path, monkeypatch):
     def analyze(run_dir, n_eval, progress):
         calls.append(("analyze", run_dir.name, n_eval))
 
-    def division(sweep, progress):  # every run's division, on the default evaluation set
-        calls.append(("division", sweep.name))
-
-    def specialize(sweep, settings, progress, by):
-        # specialize_folder labels the heads, attaches the saved division, saves the tables
-        calls.append(("specialize", sweep.name, settings.n_eval, by))
+    def specialize(sweep, settings, progress, division_settings):
+        # specialize_folder divides every run (on the default evaluation set, whatever
+        # --n-eval says), labels the heads on --n-eval, attaches the division, saves the tables
+        calls.append(("specialize", sweep.name, settings.n_eval, division_settings.n_eval))
         verdict = SimpleNamespace(lines=["a verdict"])
         spec = SimpleNamespace(to_markdown=lambda: "", result=SimpleNamespace(verdict=verdict))
         return [(sweep, spec)]
 
     monkeypatch.setattr(study, "run_sweep_with_figures", sweep)
     monkeypatch.setattr(study, "analyze_run", analyze)
-    monkeypatch.setattr(study, "division_folder", division)
     monkeypatch.setattr(study, "specialize_folder", specialize)
     monkeypatch.setattr(study, "save_folder_figures", lambda path: calls.append(("figures", path)))
     monkeypatch.setattr(study, "write_report", _report(calls))
@@ -94,8 +91,7 @@ def test_specialization_study_plan(tmp_path, monkeypatch):
     assert calls == [
         ("sweep", "reverse", tmp_path / "reverse"),
         ("analyze", "h4_seed0", 256),  # --quick: only the largest head count, seed 0
-        ("division", "reverse"),  # on 1,024 sequences, whatever --n-eval says
-        ("specialize", "reverse", 128, ()),  # computed and saved before the report reads it
+        ("specialize", "reverse", 128, 1024),  # computed and saved before the report reads it
         ("figures", tmp_path),  # drawn beside the tables
         ("report", tmp_path),
     ]
