@@ -23,12 +23,12 @@ from mhainterp.cli.static import DEFAULT_N_EVAL, ablation_methods
 from mhainterp.cli.task_modules import add_task_module_argument
 from mhainterp.errors import PortInUseError
 from mhainterp.explore import TEXT_N_EVAL
+from mhainterp.explore.server import LOCAL_HOSTS
 from mhainterp.validation import check_int, check_port, invalid
 
 __all__ = ["register", "run_explore"]
 
 DEFAULT_PORT = 8765
-LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 SHIPPED_MODELS = ("smollm2", "minilm")
 
 EXPLORE_DESCRIPTION = """\
