@@ -16,6 +16,7 @@ the list only shrinks.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "mhainterp"
@@ -316,3 +317,45 @@ def test_bad_arguments_raise_parameter_error_not_plain_value_error() -> None:
     assert fewer == {}, (
         f"converted: lower these in PLAIN_VALUE_ERRORS (the list only shrinks): {fewer}"
     )
+
+
+MAY_IMPORT = re.compile(r"May import \(.*?\):(?P<names>.*?)\.\s*$", re.S)
+
+
+def _part(package: str, target: str) -> str:
+    """How a package's "May import" names ``target``: its top-level part, and inside
+    specialization/ the sub-package (``specialization.settings``)."""
+    parts = target.split(".")[1:]
+    inside = package.startswith("mhainterp.specialization") and parts[0] == "specialization"
+    return ".".join(parts[:2] if inside and len(parts) > 1 else parts[:1])
+
+
+def test_each_package_says_what_it_may_import_and_it_is_true() -> None:
+    """Each sub-package's ``__init__`` docstring ends with "May import (...): ``a``, ``b``."
+    naming exactly what its modules import from outside it (annotation-only imports included),
+    each at or below its own layer, so a reader learns the package's place without reading
+    its imports, and the sentence cannot go stale."""
+    graph = _graph(annotations=True)
+    wrong = {}
+    for init in sorted(PACKAGE.rglob("__init__.py")):
+        package = _module_name(init)
+        if "assets" in init.parts or package == "mhainterp":
+            continue
+        docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
+        said = MAY_IMPORT.search(docstring)
+        if said is None:
+            wrong[package] = "no 'May import (...): ...' paragraph at the end of its docstring"
+            continue
+        named = set(re.findall(r"``([\w.]+)``", said.group("names")))
+        used = {
+            _part(package, target)
+            for module, targets in graph.items()
+            if module == package or module.startswith(package + ".")
+            for target in targets
+            if not (target == package or target.startswith(package + "."))
+        }
+        above = sorted(n for n in named if (_layer(f"mhainterp.{n}") or 0) > _layer(package))
+        if named != used or above:
+            wrong[package] = {"unsaid": sorted(used - named), "unused": sorted(named - used)}
+            wrong[package]["above its layer"] = above
+    assert wrong == {}, wrong

@@ -12,6 +12,10 @@
 
 Gradient importance and pruning curves are in :mod:`mhainterp.attribution`; every table of a
 run, both kinds side by side, in :func:`mhainterp.analyze.ablation_tables`.
+
+May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
+checks this list): ``config``, ``data``, ``fast``, ``heads``, ``model``, ``protocol``, ``registry``,
+``runtime``, ``scoring``, ``tasks``, ``validation``.
 """
 
 from mhainterp.ablation.engine import AblationResult, ablate, evaluate_head_sets

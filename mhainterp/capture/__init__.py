@@ -31,6 +31,10 @@ The modules, each with one job (every name is re-exported here):
   :func:`patterns_frame`, :func:`relations_frame`);
 - :mod:`~mhainterp.capture.statistics`: per-head statistics and the template-mass accumulator
   (:func:`head_statistics`, :class:`TemplateMass`, :func:`offset_profile`).
+
+May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
+checks this list): ``config``, ``data``, ``heads``, ``model``, ``protocol``, ``runtime``, ``tasks``,
+``validation``.
 """
 
 from mhainterp.capture.core import (

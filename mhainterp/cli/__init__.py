@@ -12,6 +12,11 @@ with one line on stderr and exit code 2; Ctrl-C, and SIGTERM, with one line and 
 Start-up: ``--help`` of every command and ``mhainterp tasks`` import no torch (the command
 modules import the library inside their handlers; :mod:`mhainterp.cli.static` holds what help
 and the task list show).
+
+May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
+checks this list): ``ablation``, ``analyze``, ``config``, ``errors``, ``explore``, ``figures``,
+``heads``, ``io``, ``pretrained``, ``render``, ``report``, ``runs``, ``runtime``,
+``specialization``, ``sweep``, ``tasks``, ``training``, ``validation``.
 """
 
 from __future__ import annotations

@@ -28,6 +28,11 @@ Modules, each with one job::
 Example:
     >>> import mhainterp
     >>> mhainterp.explore("runs/quickstart/reverse/runs/h4_seed0")  # doctest: +SKIP
+
+May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
+checks this list): ``ablation``, ``analyze``, ``attribution``, ``capture``, ``config``, ``data``,
+``errors``, ``heads``, ``io``, ``protocol``, ``provenance``, ``runs``, ``runtime``, ``scoring``,
+``specialization``, ``tasks``, ``training``, ``validation``.
 """
 
 from __future__ import annotations

@@ -11,4 +11,8 @@
 
 ``model.py`` (with its layers in ``components.py``) is the one reference forward; a change to
 it names these modules in its commit.
+
+May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
+checks this list): ``config``, ``errors``, ``model``, ``protocol``, ``runtime``, ``scoring``,
+``tasks``, ``training``, ``validation``.
 """

@@ -11,6 +11,10 @@ folder)``, ``plot_roles_vs_null(roles, path, title=...)``. The layout
 rules every figure follows live there too: whole-number ticks on integer axes, tick labels and
 cell text sized to fit (cell text dropped below 6 pt), legends outside the data, count error bars
 clipped at 0.
+
+May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
+checks this list): ``attribution``, ``heads``, ``io``, ``provenance``, ``runs``, ``similarity``,
+``specialization``, ``sweep``, ``validation``.
 """
 
 from mhainterp.figures._common import save_figure

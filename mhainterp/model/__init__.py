@@ -35,6 +35,9 @@ hook with TransformerLens 4's own model: maximum difference 0.0). The intentiona
   4.x bridge does.
 - **scope**: no bridge wrapper hooks, ``hook_tokens``, KV cache, generation or rotary
   embeddings: one learned positional embedding, fixed-length contexts.
+
+May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
+checks this list): ``config``, ``heads``, ``runtime``, ``validation``.
 """
 
 from mhainterp.model.components import (

@@ -34,6 +34,10 @@ are degenerate and 0 otherwise.
 Also: :func:`cross_model_similarity` (heads of model A x heads of model B on the same tokens,
 for models of any head count), :func:`match_heads` (Hungarian assignment),
 :func:`cluster_heads` (hierarchical clustering) and :func:`head_map_mds` (a 2-D map of heads).
+
+May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
+checks this list): ``capture``, ``config``, ``heads``, ``model``, ``protocol``, ``runtime``,
+``validation``.
 """
 
 from __future__ import annotations

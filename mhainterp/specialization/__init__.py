@@ -42,6 +42,11 @@ Example:
     >>> result = specialization_test(handbuilt_model(["previous", "uniform", "dead"]), task)
     >>> result.heads["label"].tolist()
     ['previous', 'unspecialized', 'dead']
+
+May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
+checks this list): ``ablation``, ``capture``, ``config``, ``data``, ``errors``, ``heads``, ``io``,
+``model``, ``pretrained``, ``protocol``, ``provenance``, ``render``, ``runs``, ``runtime``,
+``scoring``, ``similarity``, ``stats``, ``sweep``, ``tasks``, ``training``, ``validation``.
 """
 
 from mhainterp.specialization.battery import specialization_test

@@ -19,6 +19,10 @@
 Example:
     >>> df = run_sweep("reverse", n_heads=[1, 4, 8], seeds=[0, 1, 2])  # doctest: +SKIP
     >>> print(summarize(df))  # doctest: +SKIP
+
+May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
+checks this list): ``config``, ``errors``, ``fast``, ``io``, ``render``, ``runs``, ``runtime``,
+``stats``, ``tasks``, ``training``, ``validation``.
 """
 
 from mhainterp.sweep.compare import (

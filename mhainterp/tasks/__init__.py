@@ -19,6 +19,10 @@ Layout: ``batch`` (Batch), ``templates`` (relation template builders), ``base`` 
 ``builtin`` (the built-in tasks), ``registry`` (register_task / get_task / list_tasks),
 ``plugins`` (load_task_module, entry points), ``contract`` (the check every task passes once),
 ``axes`` (the division axes, registered once), ``split_data`` (the hand-set split heads' data).
+
+May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
+checks this list): ``config``, ``errors``, ``io``, ``model``, ``protocol``, ``registry``,
+``runtime``, ``scoring``, ``validation``.
 """
 
 from mhainterp.errors import InvalidTaskError, TaskModuleError

@@ -27,6 +27,10 @@ Example:
     ...             TrainConfig(steps=4, batch_size=8, n_eval=16), progress=False)
     >>> run.eval["status"], int(run.metrics["step"].iloc[-1])
     ('finished', 4)
+
+May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
+checks this list): ``config``, ``data``, ``errors``, ``io``, ``model``, ``runs``, ``runtime``,
+``scoring``, ``tasks``, ``validation``.
 """
 
 from mhainterp.training.checkpoints import CHECKPOINT_SECONDS, read_checkpoint, write_checkpoint

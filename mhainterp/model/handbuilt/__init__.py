@@ -24,6 +24,9 @@ Example:
     >>> from mhainterp.model.handbuilt import handbuilt_model
     >>> handbuilt_model(["previous", "uniform", "dead"]).cfg.n_heads
     3
+
+May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
+checks this list): ``config``, ``model``, ``runtime``, ``validation``.
 """
 
 from mhainterp.model.handbuilt.induction import induction_circuit_model, offset_head_model

@@ -6,4 +6,9 @@
 ``stability``   labels re-decided with every threshold moved, from the saved evidence
 ``result``      :class:`~.result.SpecializationResult`: the tables' columns, save and load
 ==============  =========================================================================
+
+May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
+checks this list): ``ablation``, ``heads``, ``io``, ``provenance``, ``render``, ``runs``,
+``specialization.needed``, ``specialization.settings``, ``specialization.where``,
+``specialization.whom``, ``stats``, ``tasks``.
 """

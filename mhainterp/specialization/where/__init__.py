@@ -6,4 +6,8 @@
 ``nulls``   the initialisation null (the same architecture untrained, matched seeds) and
             the p-values of both nulls combined
 ==========  =============================================================================
+
+May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
+checks this list): ``capture``, ``config``, ``heads``, ``model``, ``pretrained``, ``protocol``,
+``runtime``, ``stats``, ``tasks``, ``validation``.
 """

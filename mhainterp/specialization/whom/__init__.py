@@ -13,4 +13,9 @@
 ``division_attention``    the attention-side view of the same axes
 ``causal``                head x target damage and causal selectivity on multi-target tasks
 ========================  ===================================================================
+
+May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
+checks this list): ``ablation``, ``capture``, ``data``, ``errors``, ``heads``, ``io``, ``model``,
+``protocol``, ``runs``, ``runtime``, ``scoring``, ``specialization.needed``,
+``specialization.settings``, ``stats``, ``tasks``, ``validation``.
 """
