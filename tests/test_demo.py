@@ -1,5 +1,5 @@
 """The README's main job: its plan (fast, the heavy steps recorded instead of run), and the
-whole of it end to end at a tiny size (slow; the real one trains 1,500 steps)."""
+whole of it end to end at a tiny size (slow; the real one trains 1,000 steps)."""
 
 from __future__ import annotations
 
@@ -49,12 +49,9 @@ def test_demo_plan_sweeps_and_analyses_each_task_then_specializes_then_reports(
         calls.append(("analyze", Path(run_dir), reference))
         return []
 
-    def division(path, settings=None, **options):
-        calls.append(("division", Path(path), settings))
-        return []
-
     def specialize(path, settings=None, **options):
-        calls.append(("specialize", Path(path), settings.n_eval, options["by"]))
+        division = options["division_settings"]
+        calls.append(("specialize", Path(path), settings.n_eval, division.n_eval))
         return [(Path(path), _Spec())]
 
     def tables(path, sweeps):
@@ -69,7 +66,6 @@ def test_demo_plan_sweeps_and_analyses_each_task_then_specializes_then_reports(
     monkeypatch.setattr(mhainterp.analyze.study, "run_sweep_with_figures", sweep)
     monkeypatch.setattr(mhainterp.analyze.study, "analyze_run", analyze)
     monkeypatch.setattr(mhainterp.analyze.study, "write_study_tables", tables)
-    monkeypatch.setattr(mhainterp.specialization.folders, "division_folder", division)
     monkeypatch.setattr(mhainterp.specialization, "specialize_folder", specialize)
     figures = lambda path: calls.append(("figures", Path(path))) or []  # noqa: E731
     monkeypatch.setattr(mhainterp.figures.saved, "save_folder_figures", figures)
@@ -92,9 +88,8 @@ def test_demo_plan_sweeps_and_analyses_each_task_then_specializes_then_reports(
         ("steps", 8),
         ("analyze", runs["reverse"] / "h2_seed0", runs["reverse"] / "h1_seed0"),
         # The report only reads, so the specialization results are saved first: the division
-        # on the default evaluation set, then the labels on 256 sequences (it attaches it).
-        ("division", out, None),
-        ("specialize", out, 256, ()),
+        # on the default evaluation set and the labels on 256 sequences, each run loaded once.
+        ("specialize", out, 256, 1024),
         # drawn beside the tables (the report only embeds them), one sweep at a time: a bar
         ("figures", out / "count_previous"),
         ("figures", out / "reverse"),
@@ -130,7 +125,7 @@ def test_demo_defaults_are_the_study_protocol(tmp_path, monkeypatch):
     mhainterp.analyze.demo.run_demo(tmp_path, analysis=False, executor="local", progress=False)
     assert [c.task for c in seen] == ["count_previous", "reverse"]
     assert {(tuple(c.n_heads), tuple(c.seeds), c.train.steps) for c in seen} == {
-        ((1, 4, 8), (0, 1, 2, 3, 4, 5), 1500)
+        ((1, 4, 8), (0, 1, 2, 3, 4, 5), 1000)
     }
     study = mhainterp.analyze.study
     grid = study.GRIDS["demo"]
