@@ -1,7 +1,7 @@
 """The README's main job: the head-count study on its ``demo`` grid, then the report.
 
 ``mhainterp demo --out runs/quickstart`` runs :data:`~mhainterp.analyze.study.GRIDS` ``["demo"]``
-(count_previous and reverse, h = 1, 4, 8 x 6 seeds, 1,500 steps) through
+(count_previous and reverse, h = 1, 4, 8 x 6 seeds, 1,000 steps) through
 :func:`~mhainterp.analyze.study.run_study`, the same path as ``analysis/head_count_study.py``,
 and writes what it describes. Fewer seeds still run (``--seeds 0-2``), and the answer says what
 they cannot show.

@@ -84,7 +84,7 @@ class Grid:
         return len(self.tasks) * len(self.n_heads) * len(self.seeds)
 
     def describe(self) -> str:
-        """``demo grid: 2 tasks x h in {1, 4, 8} x 6 seeds (0-5) = 36 runs of 1,500 steps``."""
+        """``demo grid: 2 tasks x h in {1, 4, 8} x 6 seeds (0-5) = 36 runs of 1,000 steps``."""
         seeds = list(self.seeds)
         consecutive = seeds == list(range(seeds[0], seeds[0] + len(seeds)))
         which = f"{seeds[0]}-{seeds[-1]}" if consecutive else ", ".join(map(str, seeds))
@@ -112,7 +112,11 @@ def _one_layer_tasks() -> tuple[str, ...]:
 # = 0.0022) survives Holm over a question's family of up to 23 comparisons; 5 seeds reach
 # 0.0079, which survives only families of up to 6.
 GRIDS = {
-    "demo": Grid("demo", ("count_previous", "reverse"), (1, 4, 8), tuple(range(6))),
+    # 1,000 steps: every comparison of seeds 0-5 that 1,500 steps decide gets the same verdict,
+    # and both answers the same sentence (one count_previous measure, heads per relation at
+    # h = 4 -> 8, becomes undetermined: one seed of h = 8 covers a relation, was two), in two
+    # thirds of the training time (issue 38)
+    "demo": Grid("demo", ("count_previous", "reverse"), (1, 4, 8), tuple(range(6)), 1000),
     "cpu": Grid("cpu", _one_layer_tasks(), (1, 2, 4, 8), tuple(range(6))),  # a name, not a device
     "full": Grid("full", tuple(list_tasks()), (1, 2, 4, 8, 16, 32, 64), tuple(range(30))),
     "quick": Grid("quick", ("count_previous", "reverse"), (1, 4), (0, 1, 2), 150),

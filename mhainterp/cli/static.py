@@ -31,7 +31,7 @@ __all__ = [
 DEFAULT_N_EVAL = 1024
 """``mhainterp.config.DEFAULT_N_EVAL``: the evaluation sequences of every command's ``--n-eval``."""
 
-DEMO_STEPS = 1500
+DEMO_STEPS = 1000
 """``mhainterp.analyze.demo.DEMO_STEPS``: the demo's training steps per run."""
 
 DEMO_SEEDS = tuple(range(6))
