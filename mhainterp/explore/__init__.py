@@ -67,7 +67,14 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def explore(run: Any, task: Any = None, *, n_eval: int | None = None, method: str = "zero") -> Any:
+def explore(
+    run: Any,
+    task: Any = None,
+    *,
+    n_eval: int | None = None,
+    method: str = "zero",
+    verdict: str | os.PathLike[str] | None = None,
+) -> Any:
     """The explorer as a notebook widget: display it (last line of a cell) to use it inline.
 
     Args:
@@ -78,6 +85,8 @@ def explore(run: Any, task: Any = None, *, n_eval: int | None = None, method: st
             sentences, :func:`~mhainterp.tasks.text.text_batch`).
         n_eval: Evaluation sequences (default 1,024; sentences of a text: 16).
         method: Initial ablation method: ``"zero"``, ``"mean"`` or ``"resample"``.
+        verdict: With a pretrained model and a text: the folder ``mhainterp specialize
+            --model NAME --out FOLDER`` wrote, for each head's finding beside its card.
 
     Returns:
         An ``ExplorerWidget`` (needs ``pip install "mhainterp[explore]"``).
@@ -104,7 +113,9 @@ def explore(run: Any, task: Any = None, *, n_eval: int | None = None, method: st
     options = {"n_eval": n_eval or DEFAULT_N_EVAL, "method": method}
     if isinstance(run, BridgedModel) and isinstance(task, (str, os.PathLike)):
         return ExplorerWidget(
-            Explorer.from_text(run, task, n_eval=n_eval or TEXT_N_EVAL, method=method)
+            Explorer.from_text(
+                run, task, n_eval=n_eval or TEXT_N_EVAL, method=method, verdict=verdict
+            )
         )
     if isinstance(run, (str, os.PathLike)):
         explorer = Explorer.from_path(run, **options)

@@ -175,15 +175,17 @@ def build_app(explorer: Any, host: str = "127.0.0.1") -> Any:
         explorer: What to serve.
         host: The address the server listens on (its name is accepted in ``Host``).
 
-    One lock serialises requests: a session is a mutable state and torch runs one forward at a
-    time on these models anyway.
+    Requests are answered in worker threads, so a click can arrive while an older click's
+    exact work runs and cancel it; the explorer serialises them itself
+    (:meth:`~mhainterp.explore.app.Explorer.handle`: a session is a mutable state and torch
+    runs one forward at a time on these models anyway).
     """
     from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import Route
 
-    lock = threading.Lock()
     pages = {name: asset_bytes(name) for name in ("index.html", *ASSETS)}
     no_cache = {"Cache-Control": "no-store"}
     hosts = allowed_hosts(host)
@@ -209,14 +211,13 @@ def build_app(explorer: Any, host: str = "127.0.0.1") -> Any:
                 return reply({"error": f"cannot load {loader.what}: {loader.error}"}, 500)
             return reply({"loading": f"loading {loader.what}…"}, 503)
         try:
-            with lock:
-                result = target.handle(action, body)
+            result = target.handle(action, body)
         except BadRequestError as error:
             return reply({"error": str(error)}, 400)
         return reply(result)
 
     async def get_state(request: Request) -> Response:
-        return answer("state", {})
+        return await run_in_threadpool(answer, "state", {})
 
     async def post_action(request: Request) -> Response:
         origin = request.headers.get("origin")
@@ -228,7 +229,7 @@ def build_app(explorer: Any, host: str = "127.0.0.1") -> Any:
         body = _parse_object(raw)
         if isinstance(body, str):
             return reply({"error": body}, 400)
-        return answer(request.path_params["action"], body)
+        return await run_in_threadpool(answer, request.path_params["action"], body)
 
     routes = [
         Route("/", index, methods=["GET"]),
