@@ -316,6 +316,7 @@ def test_cli_refuses_a_model_and_a_run_folder_together(explore_command, tmp_path
     [
         (["--model", "no/such/folder"], "--model='no/such/folder' is invalid: one of smollm2"),
         (["--model", "smollm2", "--text", "missing.txt"], "--text='missing.txt' is invalid"),
+        (["--model", "smollm2", "--verdict", "no/such"], "--verdict='no/such' is invalid"),
         ([], "RUN_OR_SWEEP=None is invalid: a run or sweep folder, or --model"),
     ],
 )

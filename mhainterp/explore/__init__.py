@@ -98,7 +98,7 @@ def explore(
         >>> view = explore(load_pretrained("smollm2"), "stdlib", n_eval=16)  # doctest: +SKIP
     """
     from mhainterp.config import DEFAULT_N_EVAL
-    from mhainterp.explore.app import Explorer
+    from mhainterp.explore.app import Explorer, no_verdict_note
     from mhainterp.explore.results import SavedResults
     from mhainterp.protocol import BridgedModel
     from mhainterp.training import Run
@@ -122,7 +122,10 @@ def explore(
     elif isinstance(run, Run):
         saved = SavedResults.load(run.path)  # labels and importance saved beside the run
         name = run.path.name
-        explorer = Explorer.from_model(run.model, run.task, name=name, saved=saved, **options)
+        note = None if saved.has_verdict else no_verdict_note(str(run.path))
+        explorer = Explorer.from_model(
+            run.model, run.task, name=name, saved=saved, verdict_note=note, **options
+        )
     elif task is not None:
         explorer = Explorer.from_model(run, task, **options)
     else:

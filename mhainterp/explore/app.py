@@ -187,8 +187,11 @@ class Explorer:
                 importance=importance,
             )
         saved = saved or SavedResults()
-        if verdict_note is None:
-            verdict_note = "" if saved.has_verdict else no_verdict_note(name)
+        if verdict_note is None and saved.has_verdict:
+            verdict_note = ""
+        elif verdict_note is None:  # in memory: the folder is not known here
+            pretrained = isinstance(model, BridgedModel)
+            verdict_note = no_verdict_note(*((name, "stdlib") if pretrained else ("RUN_FOLDER",)))
         explorer._install(name, task, session, saved, _note(model), verdict_note)
         return explorer
 
