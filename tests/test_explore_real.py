@@ -304,6 +304,12 @@ def explore_command(monkeypatch):
     monkeypatch.setattr(cli, "COMMAND_MODULES", ("mhainterp.cli.explore",))
 
 
+def test_cli_refuses_a_verdict_folder_beside_a_run_folder(explore_command, tmp_path, capsys):
+    assert cli.main(["explore", str(tmp_path), "--verdict", str(tmp_path), "--no-browser"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "given with --model only" in err[0]
+
+
 def test_cli_refuses_a_model_and_a_run_folder_together(explore_command, tmp_path, capsys):
     assert cli.main(["explore", str(tmp_path), "--model", "smollm2", "--no-browser"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -505,6 +511,48 @@ def test_a_click_stops_the_idle_check_of_the_estimates(llama, counted_forwards):
     counted_forwards["gate"] = None
     check = explorer.handle("verify")["estimate_check"]  # goes on later: 2 heads, and the
     assert check["n_checked"] == 3 and "L0H1" in check["exact"]  # one ablated alone now
+
+
+def test_over_http_a_click_stops_the_older_clicks_exact_forward(llama, counted_forwards):
+    """The server answers 'exact' from a worker thread: the newer click's request is read
+    while the older forward runs, cancels it, and is answered once it has stopped."""
+    pytest.importorskip("uvicorn")
+    import http.client
+    import threading
+
+    from mhainterp.explore.server import ServerThread, build_app
+
+    model, batch = llama
+    explorer = Explorer.from_model(model, batch, n_eval=len(batch))
+
+    def post(action, body):
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        connection.request("POST", f"/api/{action}", body=json.dumps(body))
+        return json.loads(connection.getresponse().read())
+
+    answers = {}
+    with ServerThread(build_app(explorer)) as server:
+        first = post("toggle", {"head": "L1H2", "estimate": True})["job"]
+        counted_forwards["finished"].clear()
+        counted_forwards["gate"] = gate = threading.Event()
+        older = threading.Thread(target=lambda: answers.update(old=post("exact", {"job": first})))
+        older.start()
+        assert counted_forwards["waiting"].wait(30)
+        newer = threading.Thread(
+            target=lambda: answers.update(new=post("toggle", {"head": "L0H1", "estimate": True}))
+        )
+        newer.start()
+        while explorer._jobs.current == first:
+            newer.join(0.01)
+        gate.set()
+        older.join(60)
+        newer.join(60)
+        counted_forwards["gate"] = None
+        view = post("exact", {"job": answers["new"]["job"]})
+    assert answers["old"] == {"job": first, "cancelled": True}
+    assert answers["new"]["estimate"]["source"] == "attribution"
+    assert len(counted_forwards["finished"]) == 1  # the newer click's forward alone
+    assert view["ablated"] == ["L0H1", "L1H2"] and "metrics" in view
 
 
 def test_the_widget_answers_a_clicks_exact_view_from_a_thread(llama):

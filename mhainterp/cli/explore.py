@@ -150,6 +150,8 @@ def run_explore(args: argparse.Namespace) -> int:
         shown = f"{args.model} on {args.text}"
     elif args.path is None:
         raise invalid("RUN_OR_SWEEP", None, "a run or sweep folder, or --model NAME_OR_PATH")
+    elif args.verdict is not None:  # a run's verdict is read from the run folder itself
+        raise invalid("--verdict", args.verdict, "given with --model only (a run keeps its own)")
     else:
         runs = explorable_runs(args.path)  # a folder that is neither: one line, exit 2
         first = default_run(runs)

@@ -24,11 +24,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from torch import Tensor
+if TYPE_CHECKING:  # light: the server imports CANCELLABLE before any model is loaded
+    from torch import Tensor
 
-__all__ = ["ClickCancelled", "ClickJobs"]
+__all__ = ["CANCELLABLE", "ClickCancelled", "ClickJobs"]
+
+CANCELLABLE = ("exact", "verify")
+"""Explorer actions whose forward a newer click stops: the server and the widget answer them
+from a thread, so that click is heard (and stops them) meanwhile; every other action is
+answered where it arrives, as before."""
 
 
 class ClickCancelled(Exception):  # noqa: N818 - a signal, as StopForward is, not an error

@@ -43,6 +43,7 @@ from importlib import resources
 from typing import Any
 
 from mhainterp.errors import BadRequestError, PortInUseError
+from mhainterp.explore.exact import CANCELLABLE
 from mhainterp.explore.wire import json_ready
 
 __all__ = [
@@ -175,10 +176,11 @@ def build_app(explorer: Any, host: str = "127.0.0.1") -> Any:
         explorer: What to serve.
         host: The address the server listens on (its name is accepted in ``Host``).
 
-    Requests are answered in worker threads, so a click can arrive while an older click's
-    exact work runs and cancel it; the explorer serialises them itself
-    (:meth:`~mhainterp.explore.app.Explorer.handle`: a session is a mutable state and torch
-    runs one forward at a time on these models anyway).
+    The explorer serialises requests itself (:meth:`~mhainterp.explore.app.Explorer.handle`:
+    a session is a mutable state and torch runs one forward at a time on these models
+    anyway). The work a newer click cancels (``exact``, ``verify``:
+    :data:`~mhainterp.explore.exact.CANCELLABLE`) is answered in a worker thread, so that click
+    can arrive meanwhile and stop it; the rest is answered where it arrives, as before.
     """
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
@@ -217,7 +219,7 @@ def build_app(explorer: Any, host: str = "127.0.0.1") -> Any:
         return reply(result)
 
     async def get_state(request: Request) -> Response:
-        return await run_in_threadpool(answer, "state", {})
+        return answer("state", {})
 
     async def post_action(request: Request) -> Response:
         origin = request.headers.get("origin")
@@ -229,7 +231,10 @@ def build_app(explorer: Any, host: str = "127.0.0.1") -> Any:
         body = _parse_object(raw)
         if isinstance(body, str):
             return reply({"error": body}, 400)
-        return await run_in_threadpool(answer, request.path_params["action"], body)
+        action = request.path_params["action"]
+        if action in CANCELLABLE:
+            return await run_in_threadpool(answer, action, body)
+        return answer(action, body)
 
     routes = [
         Route("/", index, methods=["GET"]),
