@@ -10,12 +10,15 @@ On a pretrained model and real text (``explore(load_pretrained("smollm2"), "stdl
 ``mhainterp explore --model smollm2 --text stdlib``) the same page shows the next-token
 cross-entropy (an encoder's embedding damage), the example sentence's tokens coloured by the
 change in log-probability of each as the next token, and per head the attribution estimate
-of its loss change, computed once at load; a click ablates the current set exactly.
+of its loss change, computed once at load; a click shows the set's estimate at once, then
+ablates it exactly (a newer click cancels that work: :mod:`mhainterp.explore.exact`). With a
+saved verdict each head's finding shows beside its card (:mod:`mhainterp.explore.results`).
 
 Modules, each with one job::
 
     session.py   ExploreSession: the only caller of the ablation and scoring code
     app.py       Explorer: runs, sessions and the one request handler
+    exact.py     click jobs: a newer click cancels an older click's exact work
     results.py   saved per-head results (labels, importance, division of labour)
     text.py      what differs on real text: the text axes, tokens as strings
     runs.py      which runs a folder holds
