@@ -228,6 +228,52 @@ def test_saved_results_read_and_tolerate_missing_or_broken_files(tmp_path):
     assert SavedResults.load(tmp_path).importance == {}  # computed by the page, not read
 
 
+def test_a_finding_not_measured_in_the_heads_table_is_composed_from_the_saved_division(tmp_path):
+    """Saved text only: the heads table's flags and the division's per-head ``serves``; a
+    saved finding that measured whom the head serves is kept as it is."""
+    analysis = tmp_path / "analysis"
+    analysis.mkdir()
+    unmeasured = "looks at previous; whom it serves not measured; needed"
+    pd.DataFrame(
+        {"head_label": ["L0H0", "L0H1", "L0H2"], "label": ["previous", "dead", "unspecialized"],
+         "holds": ["previous", "", ""], "needed": [True, False, False],
+         "backed_up": [False, False, True], "dead": [False, True, False],
+         "finding": [unmeasured, "dead", "looks at no known relation; serves token: 3; backed up"]}
+    ).to_csv(analysis / "specialization_heads.csv", index=False)  # fmt: skip
+    pd.DataFrame(
+        {"head_label": ["L0H0", "L0H0", "L0H2"], "by": ["position", "token", "token"],
+         "selectivity": [0.8, 0.1, 0.2], "specialized": [True, False, False],
+         "serves": ["9,10,11,12", "1", "7"]}
+    ).to_csv(analysis / "division_heads.csv", index=False)  # fmt: skip
+    saved = SavedResults.load(tmp_path)
+    assert saved.findings == {
+        "L0H0": "looks at previous; serves position: 9,10,11,12; needed",
+        "L0H1": "dead",
+        "L0H2": "looks at no known relation; serves token: 3; backed up",  # measured: kept
+    }
+    assert saved.has_verdict and not SavedResults().has_verdict
+
+
+def test_the_page_says_once_that_no_verdict_was_saved_and_the_command_that_saves_one(
+    tmp_path, task
+):
+    run = make_run(tmp_path / "h3_seed0", handbuilt_model(["previous", "uniform", "dead"]), task)
+    state = Explorer.from_path(run, n_eval=N_EVAL).state()
+    assert state["verdict"] == {
+        "saved": False,
+        "note": f"No saved verdict, so no finding per head: `mhainterp specialize {run}` "
+        "saves one; open the explorer again.",
+    }
+    assert [h["finding"] for h in state["heads"]] == [None, None, None]  # none invented
+    (run / "analysis").mkdir(exist_ok=True)
+    pd.DataFrame({"head_label": ["L0H0"], "label": ["previous"], "finding": ["dead"]}).to_csv(
+        run / "analysis" / "specialization_heads.csv", index=False
+    )
+    state = Explorer.from_path(run, n_eval=N_EVAL).state()
+    assert state["verdict"] == {"saved": True, "note": ""}
+    assert [h["finding"] for h in state["heads"]] == ["dead", None, None]
+
+
 # ----------------------------------------------------------------------------- runs, explorer
 
 
@@ -271,6 +317,7 @@ def test_the_explore_package_is_its_callable_and_its_modules_import_by_dotted_na
         "task",
         "n_eval",
         "method",
+        "verdict",
     ]
     with pytest.raises(TypeError, match="run must be a run or sweep folder"):
         mhainterp.explore(object())

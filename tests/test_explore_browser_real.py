@@ -115,3 +115,58 @@ def test_attention_of_a_large_model_arrives_for_the_hovered_token(page, monkeypa
     )
     weight = explorer.session.attention(0, 2)["L0H1"][0]
     assert title == f"L0H1: {weight:.3f} on position 0"
+
+
+def _loss(driver) -> dict:
+    return driver.execute_script(
+        "const e = document.querySelector('[data-metric=\"loss\"]');"
+        "return e && {kind: e.dataset.kind, value: e.dataset.value, text: e.textContent,"
+        " pending: document.querySelector('.mhx').dataset.pending || null}"
+    )
+
+
+def test_a_click_shows_its_estimate_at_once_then_the_exact_value(page, monkeypatch):
+    """The exact work is held at its start (a deliberately slow exact path): the page shows
+    the click's attribution estimate meanwhile, marked as one, and the exact value once the
+    forward is let through."""
+    import threading
+
+    from mhainterp.ablation import interactive
+
+    driver, explorer = page
+    driver.get(driver.current_url)
+    checked = "const e = document.querySelector('[data-estimate]'); return e && e.dataset.checked"
+    wait(driver, lambda d: d.execute_script(checked) == "8", timeout=60)  # no verify left to run
+    driver.execute_script("document.querySelector('[data-head=\"L0H0\"]').click()")
+    wait(driver, lambda d: (_loss(d) or {}).get("kind") == "exact" and not _loss(d)["pending"])
+    original, gate, held = interactive.run_masks, threading.Event(), threading.Event()
+
+    def slow(*args, **kwargs):
+        held.set()
+        assert gate.wait(30)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(interactive, "run_masks", slow)
+    driver.execute_script("document.querySelector('[data-head=\"L1H1\"]').click()")
+    wait(driver, lambda d: (_loss(d) or {}).get("kind") == "estimate")
+    assert held.wait(30)  # the exact work has begun, and waits: the estimate came first
+    estimate = explorer.session.importance("zero")
+    shown = _loss(driver)
+    expected = float(shown["value"])
+    assert shown["text"] == f"≈ {expected:.4f}" and shown["pending"] is not None
+    note = driver.execute_script(
+        "return document.querySelector('[data-estimate-note]').textContent"
+    )
+    assert note.startswith("≈ attribution estimate of this click")
+    gate.set()
+    wait(driver, lambda d: (_loss(d) or {}).get("kind") == "exact" and not _loss(d)["pending"])
+    exact = explorer.session.metrics()["overall"]["loss"]
+    assert float(_loss(driver)["value"]) == pytest.approx(exact["ablated"], abs=1e-9)
+    assert expected == pytest.approx(exact["clean"] + estimate["L0H0"] + estimate["L1H1"])
+    for label in ("L1H1", "L0H0"):  # restore, for the other tests
+        driver.execute_script(f"document.querySelector('[data-head=\"{label}\"]').click()")
+        restored = (
+            f"return !document.querySelector('[data-head=\"{label}\"]').classList"
+            ".contains('ablated') && !document.querySelector('.mhx').dataset.pending"
+        )
+        wait(driver, lambda d, restored=restored: d.execute_script(restored))

@@ -19,7 +19,7 @@ from test_real_heads import SENTENCES, tiny_bert_folder, tiny_llama_folder  # no
 from mhainterp import cli  # noqa: E402
 from mhainterp.ablation import METHODS  # noqa: E402
 from mhainterp.attribution import attribution_patching  # noqa: E402
-from mhainterp.explore import Explorer, ExploreSession  # noqa: E402
+from mhainterp.explore import BadRequestError, Explorer, ExploreSession  # noqa: E402
 from mhainterp.explore import session as session_module  # noqa: E402
 from mhainterp.explore.text import position_bucket_names  # noqa: E402
 from mhainterp.model.handbuilt import handbuilt_model  # noqa: E402
@@ -304,6 +304,12 @@ def explore_command(monkeypatch):
     monkeypatch.setattr(cli, "COMMAND_MODULES", ("mhainterp.cli.explore",))
 
 
+def test_cli_refuses_a_verdict_folder_beside_a_run_folder(explore_command, tmp_path, capsys):
+    assert cli.main(["explore", str(tmp_path), "--verdict", str(tmp_path), "--no-browser"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "given with --model only" in err[0]
+
+
 def test_cli_refuses_a_model_and_a_run_folder_together(explore_command, tmp_path, capsys):
     assert cli.main(["explore", str(tmp_path), "--model", "smollm2", "--no-browser"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -316,6 +322,7 @@ def test_cli_refuses_a_model_and_a_run_folder_together(explore_command, tmp_path
     [
         (["--model", "no/such/folder"], "--model='no/such/folder' is invalid: one of smollm2"),
         (["--model", "smollm2", "--text", "missing.txt"], "--text='missing.txt' is invalid"),
+        (["--model", "smollm2", "--verdict", "no/such"], "--verdict='no/such' is invalid"),
         ([], "RUN_OR_SWEEP=None is invalid: a run or sweep folder, or --model"),
     ],
 )
@@ -350,3 +357,291 @@ def test_notebook_widget_of_a_pretrained_model_on_a_text_file(llama, tmp_path):
     first = text_batch(model, SENTENCES[:2]).tokens[0].tolist()
     assert state["view"]["example"]["text"]["tokens"] == [f"w{i}" for i in first]
     assert explore(model, batch).explorer.state()["n_eval"] == len(SENTENCES)
+
+
+# ----------------------------------------------------------------------------- a click at once
+
+
+@pytest.fixture
+def counted_forwards(monkeypatch):
+    """Every engine pass of the Ablator (the exact work of a click), recorded; set
+    ``gate`` to hold each pass until it is released (a deliberately slow exact path)."""
+    import threading
+
+    from mhainterp.ablation import interactive
+
+    original = interactive.run_masks
+    record = {"started": [], "finished": [], "gate": None, "waiting": threading.Event()}
+
+    def run_masks(model, batch, masks, *args, **kwargs):
+        record["started"].append(masks.clone())
+        if record["gate"] is not None:
+            record["waiting"].set()
+            assert record["gate"].wait(30)
+        result = original(model, batch, masks, *args, **kwargs)
+        record["finished"].append(masks.clone())
+        return result
+
+    monkeypatch.setattr(interactive, "run_masks", run_masks)
+    return record
+
+
+def test_a_click_answers_with_its_estimate_before_any_forward_then_the_exact_view(
+    llama, counted_forwards
+):
+    """toggle {estimate: true} answers from the attribution computed at load (no forward),
+    labelled as an estimate; 'exact' {job} then runs the forward and answers the view the
+    plain (synchronous) toggle answers."""
+    model, batch = llama
+    explorer = Explorer.from_model(model, batch, n_eval=len(batch))
+    reference = Explorer.from_model(model, batch, n_eval=len(batch))
+    estimates = explorer.session.importance("zero")
+    counted_forwards["started"].clear()
+    counted_forwards["finished"].clear()
+    answer = explorer.handle("toggle", {"head": "L1H2", "estimate": True})
+    assert counted_forwards["started"] == []  # answered before any exact work
+    assert set(answer) == {"method", "ablated", "estimate", "job"}
+    assert answer["ablated"] == ["L1H2"] and answer["estimate"]["source"] == "attribution"
+    clean = reference.view()["metrics"]["overall"]["loss"]["clean"]
+    assert answer["estimate"]["delta_loss"] == pytest.approx(estimates["L1H2"])
+    assert answer["estimate"]["loss"] == pytest.approx(
+        {"clean": clean, "ablated": clean + estimates["L1H2"]}
+    )
+    exact = explorer.handle("exact", {"job": answer["job"]})
+    assert len(counted_forwards["started"]) == 1  # the one forward, now
+    plain = reference.handle("toggle", {"head": "L1H2"})
+    assert exact["metrics"] == plain["metrics"] and exact["job"] == answer["job"]
+    assert exact["example"] == plain["example"] and "estimate" not in exact
+    # a set: first order, so the sum of its heads' estimates
+    two = explorer.handle("toggle", {"head": "L0H1", "estimate": True})["estimate"]
+    assert two["delta_loss"] == pytest.approx(estimates["L1H2"] + estimates["L0H1"])
+    # our own models' numbers are exact: a click answers the exact view, as before
+    task = get_task("previous_token", seq_len=16, d_vocab=10)
+    own = Explorer.from_model(handbuilt_model(["previous", "uniform", "previous"]), task, n_eval=8)
+    assert "metrics" in own.handle("toggle", {"head": "L0H0", "estimate": True})
+
+
+def test_a_newer_click_skips_the_older_clicks_exact_work_before_its_forward(
+    llama, counted_forwards
+):
+    model, batch = llama
+    explorer = Explorer.from_model(model, batch, n_eval=len(batch))
+    counted_forwards["started"].clear()
+    counted_forwards["finished"].clear()
+    first = explorer.handle("toggle", {"head": "L1H2", "estimate": True})["job"]
+    second = explorer.handle("toggle", {"head": "L0H1", "estimate": True})["job"]
+    assert explorer.handle("exact", {"job": first}) == {"job": first, "cancelled": True}
+    assert counted_forwards["started"] == []  # the stale job never reached its forward
+    view = explorer.handle("exact", {"job": second})
+    assert view["ablated"] == ["L0H1", "L1H2"] and len(counted_forwards["started"]) == 1
+    # a refused click cancels nothing: the current job stays answerable
+    with pytest.raises(BadRequestError):
+        explorer.handle("toggle", {"head": "L9H9", "estimate": True})
+    assert "metrics" in explorer.handle("exact", {"job": second})
+
+
+def test_a_newer_click_stops_the_running_exact_work_at_its_next_layer(llama, counted_forwards):
+    """The older click's forward is running (held at its start by the slowed path) when the
+    newer click comes: the newer click's request cancels it before waiting its turn, the
+    forward stops at its first layer check (it never finishes, nothing is cached for it),
+    and the newer click gets its estimate, then its exact view, the plain toggle's."""
+    import threading
+
+    model, batch = llama
+    explorer = Explorer.from_model(model, batch, n_eval=len(batch))
+    reference = Explorer.from_model(model, batch, n_eval=len(batch))
+    first = explorer.handle("toggle", {"head": "L1H2", "estimate": True})["job"]
+    counted_forwards["started"].clear()
+    counted_forwards["finished"].clear()
+    counted_forwards["gate"] = gate = threading.Event()
+    answers = {}
+    older = threading.Thread(
+        target=lambda: answers.update(old=explorer.handle("exact", {"job": first}))
+    )
+    older.start()
+    assert counted_forwards["waiting"].wait(30)  # the older click's forward has begun
+    newer = threading.Thread(
+        target=lambda: answers.update(
+            new=explorer.handle("toggle", {"head": "L0H1", "estimate": True})
+        )
+    )
+    newer.start()
+    while explorer._jobs.current == first:  # the newer click has cancelled the older job
+        newer.join(0.01)
+    gate.set()  # let the older forward go on: it must stop at its first layer
+    older.join(30)
+    newer.join(30)
+    assert answers["old"] == {"job": first, "cancelled": True}
+    assert len(counted_forwards["started"]) == 1 and counted_forwards["finished"] == []
+    assert not explorer.session._cached(
+        explorer.session._config(["L1H2"], "zero"), per_position=True
+    )
+    counted_forwards["gate"] = None
+    view = explorer.handle("exact", {"job": answers["new"]["job"]})
+    reference.handle("toggle", {"head": "L1H2"})
+    assert view["metrics"] == reference.handle("toggle", {"head": "L0H1"})["metrics"]
+
+
+def test_a_click_stops_the_idle_check_of_the_estimates(llama, counted_forwards):
+    """'verify' (the page's idle work) is stopped by a click as a stale job is: the click
+    need not wait for its forward."""
+    import threading
+
+    model, batch = llama
+    explorer = Explorer.from_model(model, batch, n_eval=len(batch))
+    counted_forwards["finished"].clear()
+    counted_forwards["gate"] = gate = threading.Event()
+    answers = {}
+    verify = threading.Thread(target=lambda: answers.update(verify=explorer.handle("verify")))
+    verify.start()
+    assert counted_forwards["waiting"].wait(30)
+    click = threading.Thread(
+        target=lambda: answers.update(
+            click=explorer.handle("toggle", {"head": "L0H1", "estimate": True})
+        )
+    )
+    click.start()
+    while explorer._jobs.current == 0:
+        click.join(0.01)
+    gate.set()
+    verify.join(30)
+    click.join(30)
+    assert answers["verify"] == {"cancelled": True} and counted_forwards["finished"] == []
+    assert answers["click"]["ablated"] == ["L0H1"]
+    counted_forwards["gate"] = None
+    check = explorer.handle("verify")["estimate_check"]  # goes on later: 2 heads, and the
+    assert check["n_checked"] == 3 and "L0H1" in check["exact"]  # one ablated alone now
+
+
+def test_over_http_a_click_stops_the_older_clicks_exact_forward(llama, counted_forwards):
+    """The server answers 'exact' from a worker thread: the newer click's request is read
+    while the older forward runs, cancels it, and is answered once it has stopped."""
+    pytest.importorskip("uvicorn")
+    import http.client
+    import threading
+
+    from mhainterp.explore.server import ServerThread, build_app
+
+    model, batch = llama
+    explorer = Explorer.from_model(model, batch, n_eval=len(batch))
+
+    def post(action, body):
+        connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+        connection.request("POST", f"/api/{action}", body=json.dumps(body))
+        return json.loads(connection.getresponse().read())
+
+    answers = {}
+    with ServerThread(build_app(explorer)) as server:
+        first = post("toggle", {"head": "L1H2", "estimate": True})["job"]
+        counted_forwards["finished"].clear()
+        counted_forwards["gate"] = gate = threading.Event()
+        older = threading.Thread(target=lambda: answers.update(old=post("exact", {"job": first})))
+        older.start()
+        assert counted_forwards["waiting"].wait(30)
+        newer = threading.Thread(
+            target=lambda: answers.update(new=post("toggle", {"head": "L0H1", "estimate": True}))
+        )
+        newer.start()
+        while explorer._jobs.current == first:
+            newer.join(0.01)
+        gate.set()
+        older.join(60)
+        newer.join(60)
+        counted_forwards["gate"] = None
+        view = post("exact", {"job": answers["new"]["job"]})
+    assert answers["old"] == {"job": first, "cancelled": True}
+    assert answers["new"]["estimate"]["source"] == "attribution"
+    assert len(counted_forwards["finished"]) == 1  # the newer click's forward alone
+    assert view["ablated"] == ["L0H1", "L1H2"] and "metrics" in view
+
+
+def test_the_widget_answers_a_clicks_exact_view_from_a_thread(llama):
+    pytest.importorskip("anywidget")
+    from mhainterp.explore.widget import ExplorerWidget
+
+    model, batch = llama
+    widget = ExplorerWidget(Explorer.from_model(model, batch, n_eval=len(batch)))
+    sent = []
+    widget.send = sent.append
+    widget._on_message(
+        widget, {"id": 1, "action": "toggle", "body": {"head": "L1H2", "estimate": True}}, []
+    )
+    job = sent[0]["body"]["job"]
+    widget._on_message(widget, {"id": 2, "action": "exact", "body": {"job": job}}, [])
+    for _ in range(3000):
+        if len(sent) == 2:
+            break
+        threading_sleep(0.01)
+    assert sent[1]["id"] == 2 and sent[1]["body"]["ablated"] == ["L1H2"]
+    assert sent[1]["body"]["metrics"] == widget.explorer.view()["metrics"]
+
+
+def threading_sleep(seconds: float) -> None:
+    import time
+
+    time.sleep(seconds)
+
+
+# ----------------------------------------------------------------------------- findings
+
+
+def _verdict_folder(folder, model, heads, division=None):
+    """A pretrained verdict folder as ``specialize_pretrained`` writes it (the files the
+    explorer reads)."""
+    import pandas as pd
+
+    analysis = folder / "analysis"
+    analysis.mkdir(parents=True)
+    pd.DataFrame(heads).to_csv(analysis / "specialization_heads.csv", index=False)
+    if division is not None:
+        pd.DataFrame(division).to_csv(analysis / "division_heads.csv", index=False)
+    (folder / "provenance.json").write_text(json.dumps(model.provenance))
+    (folder / "pretrained_verdict.json").write_text(json.dumps({"sentences": [], "name": "m"}))
+    return folder
+
+
+UNMEASURED = "looks at no known relation; whom it serves not measured; backed up"
+
+
+def test_a_pretrained_models_saved_verdict_puts_each_heads_finding_beside_its_card(llama, tmp_path):
+    model, _ = llama
+    text = tmp_path / "sentences.txt"
+    text.write_text("\n".join(SENTENCES) + "\n")
+    finding = "looks at previous; serves position: 9,10,11,12; needed"
+    saved = _verdict_folder(
+        tmp_path / "verdict",
+        model,
+        {"head_label": ["L0H1", "L1H2", "L1H3"], "label": ["previous", "dead", "unspecialized"],
+         "holds": ["previous", "", ""], "needed": [True, False, False],
+         "backed_up": [False, False, True], "dead": [False, True, False],
+         "serves": ["position: 9,10,11,12", None, None],
+         "finding": [finding, "dead", UNMEASURED]},
+        {"head_label": ["L1H3", "L1H3"], "by": ["position", "token_class"],
+         "selectivity": [0.6, 0.1], "specialized": [True, False], "serves": ["0-3", "word"]},
+    )  # fmt: skip
+    state = Explorer.from_text(model, text, n_eval=4, verdict=saved).state()
+    shown = {h["label"]: h["finding"] for h in state["heads"]}
+    assert shown["L0H1"] == finding and shown["L1H2"] == "dead"
+    # not measured in the heads table, saved in the division's: composed from both
+    assert shown["L1H3"] == "looks at no known relation; serves position: 0-3; backed up"
+    assert shown["L0H0"] is None  # nothing saved for it: nothing invented
+    assert state["verdict"] == {"saved": True, "note": f"findings from {saved}"}
+    # without a verdict: said once, with the command that saves one
+    bare = Explorer.from_text(model, text, n_eval=4).state()
+    assert all(h["finding"] is None for h in bare["heads"])
+    assert bare["verdict"]["saved"] is False
+    assert "`mhainterp specialize --model " in bare["verdict"]["note"]
+    assert "--verdict " in bare["verdict"]["note"]
+
+
+def test_a_verdict_folder_of_another_model_or_none_at_all_is_refused(llama, tmp_path):
+    model, _ = llama
+    text = tmp_path / "sentences.txt"
+    text.write_text("\n".join(SENTENCES) + "\n")
+    other = dict(model.provenance, source="pip:someone-else==1.0")
+    folder = _verdict_folder(tmp_path / "other", model, {"head_label": ["L0H0"], "label": ["x"]})
+    (folder / "provenance.json").write_text(json.dumps(other))
+    with pytest.raises(ValueError, match="the verdict of this model"):
+        Explorer.from_text(model, text, n_eval=2, verdict=folder)
+    with pytest.raises(ValueError, match="a folder `mhainterp specialize --model` wrote"):
+        Explorer.from_text(model, text, n_eval=2, verdict=tmp_path)

@@ -3,6 +3,7 @@
     mhainterp explore runs/quickstart/reverse/runs/h4_seed0
     mhainterp explore runs/quickstart/reverse --port 8800 --no-browser
     mhainterp explore --model smollm2 --text stdlib --n-eval 16
+    mhainterp explore --model smollm2 --verdict runs/smollm2
 
 Serves a local page (127.0.0.1 unless --host says otherwise) and opens it in the browser. The
 page is up at once and shows "loading" until the model has loaded; it opens on the largest head
@@ -47,13 +48,17 @@ folder; --text stdlib or a text file, one sentence per line): the metric is the 
 cross-entropy (an encoder's: the damage to the sentence embedding, 1 - cos), the example
 sentence shows each token coloured by the change in log-probability of it as the next token,
 and each head's number is its attribution estimate (one forward + backward at load); a click
-ablates the current set exactly.
+shows the estimate for the set at once, then its exact value. Each head's finding (where it
+looks, whom it serves, whether it is needed) shows beside its card when a verdict was saved:
+--verdict FOLDER, the folder `mhainterp specialize --model NAME --out FOLDER` wrote (default:
+runs/NAME when it holds one).
 
 examples:
   mhainterp explore runs/quickstart/reverse/runs/h4_seed0
   mhainterp explore runs/quickstart/reverse --port 8800 --no-browser
   mhainterp explore runs/my_sweep --task-module my_tasks.py
   mhainterp explore --model smollm2 --text stdlib --n-eval 16
+  mhainterp explore --model smollm2 --verdict runs/smollm2
 """
 
 
@@ -75,6 +80,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--text",
         default="stdlib",
         help="with --model: 'stdlib' or a text file (one sentence per line; default stdlib)",
+    )
+    parser.add_argument(
+        "--verdict",
+        metavar="FOLDER",
+        help="with --model: the verdict `mhainterp specialize --model NAME --out FOLDER` saved, "
+        "for each head's finding beside its card (default: runs/NAME when it holds one)",
     )
     parser.add_argument(
         "--port",
@@ -139,6 +150,8 @@ def run_explore(args: argparse.Namespace) -> int:
         shown = f"{args.model} on {args.text}"
     elif args.path is None:
         raise invalid("RUN_OR_SWEEP", None, "a run or sweep folder, or --model NAME_OR_PATH")
+    elif args.verdict is not None:  # a run's verdict is read from the run folder itself
+        raise invalid("--verdict", args.verdict, "given with --model only (a run keeps its own)")
     else:
         runs = explorable_runs(args.path)  # a folder that is neither: one line, exit 2
         first = default_run(runs)
@@ -197,6 +210,12 @@ def _pretrained_builder(args: argparse.Namespace) -> tuple[object, str]:
         )
     if args.text != "stdlib" and not Path(args.text).is_file():
         raise invalid("--text", args.text, "'stdlib' or a text file (no such file)")
+    from mhainterp.analyze.pretrained_verdict import is_pretrained_folder  # heavy: when asked
+
+    if args.verdict is not None and not is_pretrained_folder(args.verdict):
+        raise invalid(
+            "--verdict", args.verdict, "a folder `mhainterp specialize --model NAME --out` wrote"
+        )
     return (lambda: _build_pretrained(args)), name
 
 
@@ -216,7 +235,24 @@ def _build_pretrained(args: argparse.Namespace) -> object:
         n_eval=sentences_wanted(args),
         name=Path(args.model).name,
         method=args.method,
+        verdict=args.verdict or default_verdict(model, args.model),
     )
+
+
+def default_verdict(model: object, name: str) -> Path | None:
+    """``runs/NAME`` (where ``mhainterp specialize --model NAME`` saves) when it holds this
+    model's verdict, else None: the page then says how to get one."""
+    from mhainterp.analyze.pretrained_verdict import is_pretrained_folder
+    from mhainterp.explore.app import pretrained_verdict
+
+    folder = Path("runs") / Path(name).name
+    if not is_pretrained_folder(folder):
+        return None
+    try:
+        pretrained_verdict(model, folder)
+    except ValueError:  # another model's verdict: not this one's
+        return None
+    return folder
 
 
 def sentences_wanted(args: argparse.Namespace) -> int:

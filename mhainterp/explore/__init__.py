@@ -10,12 +10,15 @@ On a pretrained model and real text (``explore(load_pretrained("smollm2"), "stdl
 ``mhainterp explore --model smollm2 --text stdlib``) the same page shows the next-token
 cross-entropy (an encoder's embedding damage), the example sentence's tokens coloured by the
 change in log-probability of each as the next token, and per head the attribution estimate
-of its loss change, computed once at load; a click ablates the current set exactly.
+of its loss change, computed once at load; a click shows the set's estimate at once, then
+ablates it exactly (a newer click cancels that work: :mod:`mhainterp.explore.exact`). With a
+saved verdict each head's finding shows beside its card (:mod:`mhainterp.explore.results`).
 
 Modules, each with one job::
 
     session.py   ExploreSession: the only caller of the ablation and scoring code
     app.py       Explorer: runs, sessions and the one request handler
+    exact.py     click jobs: a newer click cancels an older click's exact work
     results.py   saved per-head results (labels, importance, division of labour)
     text.py      what differs on real text: the text axes, tokens as strings
     runs.py      which runs a folder holds
@@ -72,7 +75,14 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def explore(run: Any, task: Any = None, *, n_eval: int | None = None, method: str = "zero") -> Any:
+def explore(
+    run: Any,
+    task: Any = None,
+    *,
+    n_eval: int | None = None,
+    method: str = "zero",
+    verdict: str | os.PathLike[str] | None = None,
+) -> Any:
     """The explorer as a notebook widget: display it (last line of a cell) to use it inline.
 
     Args:
@@ -83,6 +93,8 @@ def explore(run: Any, task: Any = None, *, n_eval: int | None = None, method: st
             sentences, :func:`~mhainterp.tasks.text.text_batch`).
         n_eval: Evaluation sequences (default 1,024; sentences of a text: 16).
         method: Initial ablation method: ``"zero"``, ``"mean"`` or ``"resample"``.
+        verdict: With a pretrained model and a text: the folder ``mhainterp specialize
+            --model NAME --out FOLDER`` wrote, for each head's finding beside its card.
 
     Returns:
         An ``ExplorerWidget`` (needs ``pip install "mhainterp[explore]"``).
@@ -94,7 +106,7 @@ def explore(run: Any, task: Any = None, *, n_eval: int | None = None, method: st
         >>> view = explore(load_pretrained("smollm2"), "stdlib", n_eval=16)  # doctest: +SKIP
     """
     from mhainterp.config import DEFAULT_N_EVAL
-    from mhainterp.explore.app import Explorer
+    from mhainterp.explore.app import Explorer, no_verdict_note
     from mhainterp.explore.results import SavedResults
     from mhainterp.protocol import BridgedModel
     from mhainterp.training import Run
@@ -109,14 +121,19 @@ def explore(run: Any, task: Any = None, *, n_eval: int | None = None, method: st
     options = {"n_eval": n_eval or DEFAULT_N_EVAL, "method": method}
     if isinstance(run, BridgedModel) and isinstance(task, (str, os.PathLike)):
         return ExplorerWidget(
-            Explorer.from_text(run, task, n_eval=n_eval or TEXT_N_EVAL, method=method)
+            Explorer.from_text(
+                run, task, n_eval=n_eval or TEXT_N_EVAL, method=method, verdict=verdict
+            )
         )
     if isinstance(run, (str, os.PathLike)):
         explorer = Explorer.from_path(run, **options)
     elif isinstance(run, Run):
         saved = SavedResults.load(run.path)  # labels and importance saved beside the run
         name = run.path.name
-        explorer = Explorer.from_model(run.model, run.task, name=name, saved=saved, **options)
+        note = None if saved.has_verdict else no_verdict_note(str(run.path))
+        explorer = Explorer.from_model(
+            run.model, run.task, name=name, saved=saved, verdict_note=note, **options
+        )
     elif task is not None:
         explorer = Explorer.from_model(run, task, **options)
     else:

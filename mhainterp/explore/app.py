@@ -10,7 +10,19 @@ Actions: ``state`` (everything the page draws), ``toggle {head}``, ``method {met
 ``reset``, ``example {index} | {draw: true}``, ``run {run}`` (switch run; answers ``state``),
 ``attention {query}`` (where every head attends from one position of the shown example:
 a large model's example carries no patterns), ``verify`` (check a few more attribution
-estimates against exact ablation; answers the view).
+estimates against exact ablation; answers the view, or ``{"cancelled": true}`` when a click
+came meanwhile: it stops as a stale click's work does), ``exact {job}`` (the exact view of a
+click answered with its estimate).
+
+A click that answers at once: ``toggle {head, estimate: true}`` on a session whose importance
+is an attribution estimate (a pretrained next-token model) answers without a forward:
+``{"method", "ablated", "estimate", "job"}`` (:meth:`ExploreSession.estimate`); the page then
+asks ``exact {job}`` for the view. Every change of the ablated heads or the method starts a new
+job (:class:`~mhainterp.explore.exact.ClickJobs`), so an older click's exact work is skipped
+before its forward, or stops at its next layer if it is running, and answers
+``{"job", "cancelled": true}``. Without ``estimate`` (and for exact importance) a toggle
+answers the exact view, as before. ``handle`` is thread-safe: requests are served one at a
+time, except that a new click cancels the running exact work before it waits its turn.
 
 Example:
     >>> explorer = Explorer.from_model(model, task)  # doctest: +SKIP
@@ -20,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import os
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,20 +44,35 @@ from mhainterp.ablation import METHODS, Method
 from mhainterp.config import DEFAULT_N_EVAL
 from mhainterp.errors import BadRequestError
 from mhainterp.explore import TEXT_N_EVAL
+from mhainterp.explore.exact import ClickCancelled, ClickJobs
 from mhainterp.explore.memory import release_free_memory
 from mhainterp.explore.results import SavedResults
 from mhainterp.explore.runs import RunEntry, default_run, explorable_runs
 from mhainterp.explore.session import ExploreSession, ImportanceSource
 from mhainterp.explore.text import axis_title
 from mhainterp.explore.wire import json_ready
-from mhainterp.heads import head_label
+from mhainterp.heads import head_label, resolve_heads
 from mhainterp.protocol import BridgedModel, HookedModel
 from mhainterp.runtime import work_threads
 from mhainterp.validation import check_int, invalid
 
 __all__ = ["ACTIONS", "Explorer", "answer_message"]
 
-ACTIONS = ("state", "toggle", "method", "reset", "example", "run", "attention", "verify")
+ACTIONS = (
+    "state",
+    "toggle",
+    "method",
+    "reset",
+    "example",
+    "run",
+    "attention",
+    "verify",
+    "exact",
+)
+
+CHANGES = ("toggle", "method", "reset", "run")
+"""Actions that change what is ablated (or the run): each starts a new click job, so older
+clicks' exact work is cancelled (:class:`~mhainterp.explore.exact.ClickJobs`)."""
 
 LOSS_NAMES = {
     "classes": "loss",
@@ -62,7 +90,8 @@ model's clean activations, so keeping every run of a 9-run sweep made memory gro
 
 @dataclass
 class _Opened:
-    """A run the user has opened: its session, what was saved for it, its average patterns."""
+    """A run the user has opened: its session, what was saved for it, its average patterns,
+    and what the page says about its verdict (where it was read from, or how to get one)."""
 
     name: str
     task: str
@@ -70,6 +99,7 @@ class _Opened:
     saved: SavedResults
     thumbnails: dict[str, list[list[float]]]
     note: str = ""
+    verdict_note: str = ""
 
 
 class Explorer:
@@ -107,6 +137,8 @@ class Explorer:
         self._current: _Opened | None = None
         self._example = 0
         self.threads = threads
+        self._lock = threading.RLock()  # one request at a time (a session is a mutable state)
+        self._jobs = ClickJobs()
 
     @classmethod
     def from_path(cls, path: str | os.PathLike[str], **options: Any) -> Explorer:
@@ -127,6 +159,7 @@ class Explorer:
         saved: SavedResults | None = None,
         task: str | None = None,
         importance: ImportanceSource | None = None,
+        verdict_note: str | None = None,
         **options: Any,
     ) -> Explorer:
         """The explorer of an in-memory model on ``data`` (a Task or Batch).
@@ -139,6 +172,8 @@ class Explorer:
             task: What the page calls the data (default: the task's name, or ``"Batch"``).
             importance: ``"exact"`` or ``"attribution"`` (default: see
                 :class:`ExploreSession`).
+            verdict_note: What the page says about the verdict (default: where the findings
+                come from, or that none was saved and the command that saves one).
             **options: The explorer's (``n_eval``, ``method``, ``seed``, ``threads``).
         """
         explorer = cls([RunEntry(id=name, path=Path("."), n_heads=None, seed=None)], **options)
@@ -151,7 +186,13 @@ class Explorer:
                 method=explorer._method,
                 importance=importance,
             )
-        explorer._install(name, task, session, saved or SavedResults(), _note(model))
+        saved = saved or SavedResults()
+        if verdict_note is None and saved.has_verdict:
+            verdict_note = ""
+        elif verdict_note is None:  # in memory: the folder is not known here
+            pretrained = isinstance(model, BridgedModel)
+            verdict_note = no_verdict_note(*((name, "stdlib") if pretrained else ("RUN_FOLDER",)))
+        explorer._install(name, task, session, saved, _note(model), verdict_note)
         return explorer
 
     @classmethod
@@ -162,22 +203,34 @@ class Explorer:
         *,
         n_eval: int = TEXT_N_EVAL,
         max_len: int = 48,
+        verdict: str | os.PathLike[str] | None = None,
         **options: Any,
     ) -> Explorer:
         """The explorer of a pretrained model on the first ``n_eval`` sentences of ``text``
         (``"stdlib"`` or a text file, one sentence per line; see
         :func:`~mhainterp.tasks.text.text_batch`), its first answer computed.
 
+        ``verdict``: the folder ``mhainterp specialize --model NAME --out FOLDER`` wrote
+        (:func:`~mhainterp.analyze.pretrained_verdict.specialize_pretrained`): each head's
+        finding is shown beside its card (read, never recomputed). Without it the page says
+        that no verdict was saved and how to get one.
         ``options``: :meth:`from_model`'s (``method``, ``importance``, ``threads``, ...).
+
+        Raises:
+            ParameterError: ``verdict`` is not a pretrained verdict folder, or one of another
+                model.
         """
         from mhainterp.analyze.pretrained import sentences_of
         from mhainterp.tasks.text import text_batch
 
         n_eval = check_int("n_eval", n_eval, minimum=1)
+        saved = None if verdict is None else pretrained_verdict(model, verdict)
         batch = text_batch(model, sentences_of(text)[:n_eval], max_len=max_len)
         folder = (getattr(model, "provenance", None) or {}).get("folder") or "model"
         shown = "stdlib sentences" if str(text) == "stdlib" else Path(text).name
-        options = {"name": Path(str(folder)).name, "task": shown, **options}
+        name = Path(str(folder)).name
+        note = f"findings from {verdict}" if saved is not None else no_verdict_note(name, text)
+        options = {"name": name, "task": shown, "saved": saved, "verdict_note": note, **options}
         explorer = cls.from_model(model, batch, n_eval=len(batch), **options)
         explorer.state()  # attribution and patterns now, so the first request is fast
         return explorer
@@ -213,14 +266,22 @@ class Explorer:
                 ) from None
             session = ExploreSession(run.model, run.task, n_eval=self.n_eval, method=self._method)
         session.set(self._closed.pop(run_id, []))  # as it was left when its session was dropped
-        self._install(run_id, run.task.name, session, SavedResults.load(entry.path))
+        saved = SavedResults.load(entry.path)
+        verdict_note = "" if saved.has_verdict else no_verdict_note(str(entry.path))
+        self._install(run_id, run.task.name, session, saved, verdict_note=verdict_note)
 
     def _install(
-        self, name: str, task: str, session: ExploreSession, saved: SavedResults, note: str = ""
+        self,
+        name: str,
+        task: str,
+        session: ExploreSession,
+        saved: SavedResults,
+        note: str = "",
+        verdict_note: str = "",
     ) -> None:
         with work_threads(self.threads):
             thumbnails = session.average_patterns()
-        opened = _Opened(name, task, session, saved, thumbnails, note)
+        opened = _Opened(name, task, session, saved, thumbnails, note, verdict_note)
         self._opened[name] = self._current = opened
         self._example = 0
         while len(self._opened) > OPEN_RUNS:
@@ -233,12 +294,53 @@ class Explorer:
         body = body if isinstance(body, dict) else {}
         if action not in ACTIONS:
             raise BadRequestError(f"action={action!r} is invalid: one of {', '.join(ACTIONS)}")
-        with work_threads(self.threads):
-            answer = self._handle(action, body)
+        if action == "exact":
+            return self._exact(_field(body, "job", int))
+        job = None
+        if action in CHANGES:
+            self._check_change(action, body)  # a refused click cancels nothing
+            job = self._jobs.new()  # a running exact forward stops at its next layer
+        with self._lock, work_threads(self.threads):
+            answer = self._handle(action, body, job)
         release_free_memory()
         return answer
 
-    def _handle(self, action: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _check_change(self, action: str, body: dict[str, Any]) -> None:
+        """Refuse a bad change before it cancels the current job (cheap: no forward)."""
+        try:
+            if action == "toggle":
+                resolve_heads(self.session.model, _field(body, "head", str))
+            elif action == "run" and _field(body, "run", str) not in self.runs:
+                raise BadRequestError(
+                    f"run={body['run']!r} is invalid: one of {', '.join(self.runs)}"
+                )
+            elif action == "method" and _field(body, "method", str) not in METHODS:
+                raise BadRequestError(
+                    f"method={body['method']!r} is invalid: one of {', '.join(METHODS)}"
+                )
+        except BadRequestError:
+            raise
+        except (ValueError, TypeError) as error:  # resolve_heads on an unknown head
+            raise BadRequestError(str(error)) from None
+
+    def _exact(self, job: int) -> dict[str, Any]:
+        """The exact view of click ``job``, or ``{"job", "cancelled": true}`` when a newer
+        click came first: then its forward is skipped, or stopped at the next layer."""
+        cancelled = {"job": job, "cancelled": True}
+        if self._jobs.is_stale(job):
+            return cancelled
+        with self._lock, work_threads(self.threads):
+            if self._jobs.is_stale(job):  # a newer click came while this one waited its turn
+                return cancelled
+            try:
+                with self._jobs.watching(self.session.model, job):
+                    view = self.view()
+            except ClickCancelled:
+                return cancelled
+        release_free_memory()
+        return {**view, "job": job}
+
+    def _handle(self, action: str, body: dict[str, Any], job: int | None) -> dict[str, Any]:
         try:
             if action == "state":
                 return self.state()
@@ -247,6 +349,8 @@ class Explorer:
                 return self.state()
             if action == "toggle":
                 self.session.toggle(_field(body, "head", str))
+                if body.get("estimate") is True and self.session.estimate() is not None:
+                    return self.estimate_view(job)
             elif action == "method":
                 method = _field(body, "method", str)
                 if method not in METHODS:
@@ -259,8 +363,13 @@ class Explorer:
                 self.session.reset()
             elif action == "example":
                 self._example = self._pick_example(body)
-            elif action == "verify":
-                self.session.verify_estimates()
+            elif action == "verify":  # idle work: a click stops it as it stops a stale job
+                current = self._jobs.current
+                try:
+                    with self._jobs.watching(self.session.model, current):
+                        self.session.verify_estimates()
+                except ClickCancelled:
+                    return {"cancelled": True}
             elif action == "attention":
                 query = _field(body, "query", int)
                 return {
@@ -315,8 +424,21 @@ class Explorer:
             },
             "methods": list(METHODS),
             "heads": heads,
+            "verdict": {"saved": opened.saved.has_verdict, "note": opened.verdict_note},
             "thumbnails": opened.thumbnails,
             "view": self.view(),
+        }
+
+    def estimate_view(self, job: int | None) -> dict[str, Any]:
+        """A click's answer before its forward: the ablated heads, the method, the
+        attribution estimate of the loss (:meth:`ExploreSession.estimate`, labelled
+        ``"source": "attribution"``) and the ``job`` whose exact view ``exact`` answers."""
+        session = self.session
+        return {
+            "method": session.method,
+            "ablated": session.heads,
+            "estimate": session.estimate(),
+            "job": job,
         }
 
     def view(self) -> dict[str, Any]:
@@ -356,6 +478,47 @@ class Explorer:
         if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
             raise BadRequestError(f"index={index!r} is invalid: an integer in [0, {n})")
         return index
+
+
+def no_verdict_note(where: str, text: str | os.PathLike[str] | None = None) -> str:
+    """What the page says once when no verdict was saved: that, and the command that saves
+    one (for a pretrained model, ``where`` is its name and ``text`` what it reads).
+
+    Example:
+        >>> no_verdict_note("runs/rev/runs/h4_seed0")[:60]
+        'No saved verdict, so no finding per head: `mhainterp special'
+    """
+    lead = "No saved verdict, so no finding per head"
+    if text is None:
+        return f"{lead}: `mhainterp specialize {where}` saves one; open the explorer again."
+    folder = f"runs/{where}"
+    return (
+        f"{lead}: `mhainterp specialize --model {where} --text {text} --out {folder}` saves "
+        f"one; then `mhainterp explore --model {where} --verdict {folder}`."
+    )
+
+
+def pretrained_verdict(model: HookedModel, folder: str | os.PathLike[str]) -> SavedResults:
+    """The per-head results of ``folder``, a pretrained model's verdict
+    (:func:`~mhainterp.analyze.pretrained_verdict.specialize_pretrained`) of ``model``.
+
+    Raises:
+        ParameterError: ``folder`` holds no pretrained verdict, or one of another model's
+            weights (its ``provenance.json`` names another source).
+    """
+    from mhainterp.analyze.pretrained_verdict import is_pretrained_folder
+    from mhainterp.io import read_json
+
+    if not is_pretrained_folder(folder):
+        raise invalid("verdict", str(folder), "a folder `mhainterp specialize --model` wrote")
+    try:
+        source = read_json(Path(folder) / "provenance.json").get("source")
+    except (OSError, ValueError, AttributeError):
+        source = None
+    own = (getattr(model, "provenance", None) or {}).get("source")
+    if source is not None and own is not None and source != own:
+        raise invalid("verdict", str(folder), f"the verdict of this model ({own}), not of {source}")
+    return SavedResults.load(folder)
 
 
 def _note(model: HookedModel) -> str:

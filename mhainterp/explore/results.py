@@ -1,8 +1,11 @@
 """Read what earlier commands saved in a run's ``analysis/`` folder, tolerating its absence.
 
-The explorer shows, per head, what ``mhainterp specialize`` labelled it
-(``specialization_heads.csv``: ``head_label, label`` and, where saved, ``finding``: what the
-head does on every axis), its single-head importance from
+The folder is a run folder or a pretrained model's verdict folder (``mhainterp specialize
+--model NAME --out FOLDER``): both keep their tables under ``analysis/``. The explorer shows,
+per head, what ``mhainterp specialize`` labelled it (``specialization_heads.csv``:
+``head_label, label`` and, where saved, ``finding``: what the head does on every axis; a
+table without a measured finding but with ``holds, needed, backed_up, dead`` gets one
+composed from those and the division's per-head ``serves``), its single-head importance from
 ``mhainterp analyze`` (``ablation_importance.csv``: ``head_label, method, delta_accuracy``) and,
 where a division-of-labour result was saved (a CSV under ``analysis/`` whose name contains
 ``division`` with columns ``head_label, by, selectivity``), whom the head serves. A missing,
@@ -27,10 +30,17 @@ import pandas as pd
 from mhainterp.errors import RunFolderError
 from mhainterp.provenance import analysis_is_current
 from mhainterp.runs import read_result_table
+from mhainterp.specialization.verdict.labels import head_finding
 
-__all__ = ["DIVISION_COLUMNS", "SavedResults"]
+__all__ = ["DIVISION_COLUMNS", "FLAG_COLUMNS", "SavedResults"]
 
 DIVISION_COLUMNS = ("by", "selectivity", "null_mean", "p_adj", "specialized", "serves")
+
+FLAG_COLUMNS = ("holds", "needed", "backed_up", "dead")
+"""What a saved heads table needs for a finding to be composed when it has none measured."""
+
+NOT_MEASURED = "not measured"
+"""In a saved finding: a part the verdict did not measure (whom the head serves)."""
 
 
 @dataclass
@@ -44,6 +54,10 @@ class SavedResults:
         importance: method -> head label -> change in accuracy when the head alone is ablated.
         division: head label -> rows ``{by, selectivity, null_mean, p_adj, specialized,
             serves}`` (the columns the file has).
+
+    Example:
+        >>> SavedResults(findings={"L0H0": "dead"}).has_verdict
+        True
     """
 
     labels: dict[str, str] = field(default_factory=dict)
@@ -58,12 +72,18 @@ class SavedResults:
         folder = Path(run_dir) / "analysis"
         if not analysis_is_current(run_dir):
             return cls()
+        division = _division(sorted(folder.glob("*division*.csv")))
         return cls(
             labels=_column(folder / "specialization_heads.csv", "label"),
-            findings=_column(folder / "specialization_heads.csv", "finding"),
+            findings=_findings(folder / "specialization_heads.csv", division),
             importance=_importance(folder / "ablation_importance.csv"),
-            division=_division(sorted(folder.glob("*division*.csv"))),
+            division=division,
         )
+
+    @property
+    def has_verdict(self) -> bool:
+        """Whether a verdict was saved: a label or a finding for some head."""
+        return bool(self.labels or self.findings)
 
 
 def _read(path: Path, columns: tuple[str, ...]) -> pd.DataFrame | None:
@@ -83,6 +103,49 @@ def _column(path: Path, column: str) -> dict[str, str]:
         return {}
     pairs = zip(table["head_label"], table[column])
     return {str(h): str(v) for h, v in pairs if _present(v) and str(v)}
+
+
+def _findings(path: Path, division: dict[str, list[dict[str, Any]]]) -> dict[str, str]:
+    """head label -> its one-line finding: the saved ``finding``; where that is missing or
+    did not measure whom the head serves, composed from the saved flags (:data:`FLAG_COLUMNS`)
+    and the division table's ``serves`` (:func:`head_finding`). Saved text only: nothing is
+    recomputed, and a head without either has no finding."""
+    saved = _column(path, "finding")
+    table = _read(path, ("head_label", *FLAG_COLUMNS))
+    if table is None:
+        return saved
+    out = dict(saved)
+    for row in table.to_dict("records"):
+        label = str(row["head_label"])
+        serves = _serves(division[label]) if label in division else None
+        if NOT_MEASURED not in saved.get(label, NOT_MEASURED) or (serves is None and label in out):
+            continue  # the saved finding says all the saved files say
+        holds = row["holds"] if isinstance(row["holds"], str) else ""
+        flags = [_flag(row[name]) for name in ("needed", "backed_up", "dead")]
+        out[label] = head_finding(holds, serves, *flags)
+    return out
+
+
+def _serves(rows: list[dict[str, Any]] | None) -> str:
+    """Whom a head serves from its division rows: ``"position: 9,10; token: 3"`` over the
+    axes it serves a subset of (flagged ``specialized``), "" for none.
+
+    Example:
+        >>> _serves([{"by": "position", "specialized": True, "serves": "9,10"},
+        ...          {"by": "token", "specialized": False, "serves": "3"}])
+        'position: 9,10'
+    """
+    parts = [
+        f"{row['by']}: {row['serves']}"
+        for row in rows or []
+        if _flag(row.get("specialized")) and isinstance(row.get("serves"), str) and row["serves"]
+    ]
+    return "; ".join(parts)
+
+
+def _flag(value: Any) -> bool:
+    """A saved boolean (``True``, ``"True"``; NaN and anything else: False)."""
+    return value is True or str(value) == "True"
 
 
 def _importance(path: Path) -> dict[str, dict[str, float]]:

@@ -43,6 +43,7 @@ from importlib import resources
 from typing import Any
 
 from mhainterp.errors import BadRequestError, PortInUseError
+from mhainterp.explore.exact import CANCELLABLE
 from mhainterp.explore.wire import json_ready
 
 __all__ = [
@@ -175,15 +176,18 @@ def build_app(explorer: Any, host: str = "127.0.0.1") -> Any:
         explorer: What to serve.
         host: The address the server listens on (its name is accepted in ``Host``).
 
-    One lock serialises requests: a session is a mutable state and torch runs one forward at a
-    time on these models anyway.
+    The explorer serialises requests itself (:meth:`~mhainterp.explore.app.Explorer.handle`:
+    a session is a mutable state and torch runs one forward at a time on these models
+    anyway). The work a newer click cancels (``exact``, ``verify``:
+    :data:`~mhainterp.explore.exact.CANCELLABLE`) is answered in a worker thread, so that click
+    can arrive meanwhile and stop it; the rest is answered where it arrives, as before.
     """
     from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import Route
 
-    lock = threading.Lock()
     pages = {name: asset_bytes(name) for name in ("index.html", *ASSETS)}
     no_cache = {"Cache-Control": "no-store"}
     hosts = allowed_hosts(host)
@@ -209,8 +213,7 @@ def build_app(explorer: Any, host: str = "127.0.0.1") -> Any:
                 return reply({"error": f"cannot load {loader.what}: {loader.error}"}, 500)
             return reply({"loading": f"loading {loader.what}…"}, 503)
         try:
-            with lock:
-                result = target.handle(action, body)
+            result = target.handle(action, body)
         except BadRequestError as error:
             return reply({"error": str(error)}, 400)
         return reply(result)
@@ -228,7 +231,10 @@ def build_app(explorer: Any, host: str = "127.0.0.1") -> Any:
         body = _parse_object(raw)
         if isinstance(body, str):
             return reply({"error": body}, 400)
-        return answer(request.path_params["action"], body)
+        action = request.path_params["action"]
+        if action in CANCELLABLE:
+            return await run_in_threadpool(answer, action, body)
+        return answer(action, body)
 
     routes = [
         Route("/", index, methods=["GET"]),

@@ -172,6 +172,7 @@ class ExploreSession(Ablator):
         }
         clean = self.position_scores(heads=[])
         self._clean_sums = self._sums(clean)
+        self._clean_loss = float(clean.nll.sum() / int(self._scored.sum()))  # as metrics()'s
         self._importance: dict[str, dict[str, float]] = {}
         self._exact: dict[str, dict[str, float]] = {}  # method -> head -> exact Δloss alone
         self._patterns: tuple[Any, Tensor] | None = None  # (index, method, heads) -> patterns
@@ -348,6 +349,29 @@ class ExploreSession(Ablator):
             for pair in heads
         }
         return self._importance[method]
+
+    def estimate(self) -> dict[str, Any] | None:
+        """The attribution estimate of the current configuration's loss, without a forward.
+
+        Attribution patching is first order, so a set's estimated change in loss is the sum
+        of its heads' (:meth:`importance`, computed at load). A click shows this at once and
+        the exact value when its forward is done (:mod:`mhainterp.explore.exact`).
+
+        Returns:
+            None for exact importance (nothing is estimated); else ``{"source":
+            "attribution", "delta_loss", "loss": {"clean", "ablated"}}``: the estimated
+            change and the loss it gives, next to the clean loss (``metrics()``'s).
+
+        Example:
+            >>> session.toggle("L1H2").estimate()["delta_loss"]  # doctest: +SKIP
+            0.0132
+        """
+        if self.importance_source != "attribution":
+            return None
+        per_head = self.importance(self.method)
+        delta = float(sum(per_head[label] for label in self.heads))
+        loss = {"clean": self._clean_loss, "ablated": self._clean_loss + delta}
+        return {"source": "attribution", "delta_loss": delta, "loss": loss}
 
     # -- how far an estimate can be trusted ---------------------------------------------------
     def estimate_check(self, method: Method | None = None) -> dict[str, Any] | None:

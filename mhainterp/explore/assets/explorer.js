@@ -6,6 +6,10 @@
 // Automation hooks: every head cell has data-head="L0H2"; the overall accuracy has
 // data-metric="accuracy" (its exact value in data-value); the page sets data-busy while a
 // request is in flight, and data-loading while the server is still loading the model.
+// A click on a model whose head numbers are attribution estimates answers at once with the
+// estimate (the loss's value has data-kind="estimate", the page data-pending="<job>"), then
+// asks for the exact view ("exact" {job}) and draws it (data-kind="exact"); a newer click
+// cancels the older one's exact work on the Python side, and its answer is dropped here.
 
 export function httpCall(action, body = {}) {
   return fetch(`api/${action}`, {
@@ -117,13 +121,53 @@ export function mount(root, call) {
   const update = async (action, body) => {
     const clicked = performance.now();
     ui.clicks = (ui.clicks || 0) + 1;
+    let answer;
     try {
-      ui.view = await request(action, body);
+      answer = await request(action, body);
     } finally {
       ui.clicks -= 1;
     }
+    if (answer.estimate && answer.metrics === undefined) {
+      // The estimate, at once; the exact view of this click follows (job).
+      ui.view = { ...ui.view, method: answer.method, ablated: answer.ablated, estimate: answer.estimate };
+      ui.job = answer.job;
+      root.setAttribute("data-pending", String(answer.job));
+      renderDynamic();
+      root.setAttribute("data-estimate-ms", (performance.now() - clicked).toFixed(1));
+      fetchExact(answer.job, clicked);
+      return;
+    }
+    ui.job = null;
+    root.removeAttribute("data-pending");
+    ui.view = answer;
     renderDynamic();
     // Click-to-render time, for the benchmark and the status line.
+    root.setAttribute("data-last-ms", (performance.now() - clicked).toFixed(1));
+    checkEstimates();
+  };
+
+  // A head click: with estimate, when the head numbers are attribution estimates.
+  const click = (label) =>
+    update("toggle", { head: label, estimate: (ui.state.importance || {}).source === "attribution" });
+
+  // The exact view of click `job`; dropped when a newer click came (its own follows).
+  const fetchExact = async (job, clicked) => {
+    ui.clicks = (ui.clicks || 0) + 1;
+    let answer;
+    try {
+      answer = await call("exact", { job });
+    } catch (error) {
+      showError(error.message);
+      return;
+    } finally {
+      ui.clicks -= 1;
+    }
+    if (ui.job !== job) return; // a newer click (or another change) has taken over
+    if (answer.cancelled) return;
+    ui.job = null;
+    ui.view = answer;
+    renderDynamic();
+    root.removeAttribute("data-pending");
     root.setAttribute("data-last-ms", (performance.now() - clicked).toFixed(1));
     checkEstimates();
   };
@@ -138,7 +182,7 @@ export function mount(root, call) {
       try {
         if (!ui.clicks) {
           const view = await call("verify", {});
-          if (!ui.clicks) { ui.view = view; renderDynamic(); }
+          if (!ui.clicks && !view.cancelled) { ui.view = view; renderDynamic(); }
         }
       } catch (error) {
         return; // shown by the next request's error bar, if any
@@ -197,6 +241,9 @@ export function mount(root, call) {
           "section",
           { class: "mhx-grid-box" },
           h("h3", {}, "Heads: click to ablate / restore"),
+          s.verdict && s.verdict.note
+            ? h("div", { class: "mhx-verdict-note", "data-verdict": s.verdict.saved ? "saved" : "none" }, s.verdict.note)
+            : null,
           headGrid(s),
           colourScale(s.causal),
           h("div", { class: "mhx-estimate", "data-estimate": "check" }),
@@ -230,13 +277,13 @@ export function mount(root, call) {
               class: "mhx-head",
               "data-head": head.label,
               title: `${head.label}: click to ablate or restore`,
-              onclick: () => update("toggle", { head: head.label }),
+              onclick: () => click(head.label),
               onmouseenter: () => { ui.detail = head; showDetail(head); },
             },
             thumb,
             h("div", { class: "mhx-head-name" }, head.label),
             h("div", { class: "mhx-head-label", title: head.finding || "" }, head.role || ""),
-            h("div", { class: "mhx-head-finding", "data-finding": head.label }, head.finding || ""),
+            h("div", { class: "mhx-head-finding", "data-finding": head.label, title: head.finding || "" }, head.finding || ""),
             h("div", { class: "mhx-head-imp", "data-importance": head.label }),
           ),
         );
@@ -377,20 +424,29 @@ export function mount(root, call) {
     if (status) status.textContent = `ablated: ${v.ablated.join(",") || "none"} · ${v.method}`;
     const error = root.querySelector(".mhx-error");
     if (error) error.textContent = "";
-    renderMetrics(v.metrics);
+    renderMetrics(v.metrics, v.estimate);
     renderExample(v.example);
+    const example = root.querySelector(".mhx-example");
+    if (example) example.classList.toggle("mhx-waiting", Boolean(v.estimate));
   }
 
-  function renderMetrics(m) {
+  // estimate: a click's attribution estimate of the loss while its exact value is computed
+  // (the loss shows it, marked "≈ estimate"; accuracy and the tables wait, dimmed).
+  function renderMetrics(m, estimate) {
     const box = root.querySelector(".mhx-metrics");
+    box.classList.toggle("mhx-waiting", Boolean(estimate));
     const o = m.overall;
-    const metric = (name, pair, better, title = name) =>
+    const metric = (name, pair, better, title = name, kind = "exact") =>
       h(
         "div",
         { class: "mhx-big" },
-        h("div", { class: "mhx-big-name" }, title),
-        h("div", { class: "mhx-big-value", "data-metric": name, "data-value": String(pair.ablated) }, fmt(pair.ablated, 4)),
-        h("div", { class: "mhx-big-clean", "data-metric-clean": name }, `clean ${fmt(pair.clean, 4)} · Δ ${signed(pair.ablated - pair.clean, 4)}`),
+        h("div", { class: "mhx-big-name" }, kind === "estimate" ? `${title} ≈ estimate` : title),
+        h(
+          "div",
+          { class: "mhx-big-value", "data-metric": name, "data-kind": kind, "data-value": String(pair.ablated) },
+          kind === "pending" ? "…" : `${kind === "estimate" ? "≈ " : ""}${fmt(pair.ablated, 4)}`,
+        ),
+        h("div", { class: "mhx-big-clean", "data-metric-clean": name }, `clean ${fmt(pair.clean, 4)} · Δ ${kind === "pending" ? "…" : signed(pair.ablated - pair.clean, 4)}`),
         h("div", { class: `mhx-bar-outer` }, bar(pair, better)),
       );
     // The division of labour's axes, or the text axes of a pretrained model (state.axes).
@@ -403,7 +459,7 @@ export function mount(root, call) {
       "span",
       { class: "mhx-groups" },
       Object.entries(groups).map(([key, name]) =>
-        h("button", { class: ui.groupBy === key ? "on" : "", "data-group": key, onclick: () => { ui.groupBy = key; renderMetrics(ui.view.metrics); } }, name),
+        h("button", { class: ui.groupBy === key ? "on" : "", "data-group": key, onclick: () => { ui.groupBy = key; renderMetrics(ui.view.metrics, ui.view.estimate); } }, name),
       ),
     );
     const rows = (list) =>
@@ -417,9 +473,20 @@ export function mount(root, call) {
       h(
         "div",
         { class: "mhx-bigs" },
-        withAccuracy ? metric("accuracy", o.accuracy, "high") : null,
-        metric("loss", o.loss, "low", lossName),
+        withAccuracy
+          ? estimate
+            ? metric("accuracy", { clean: o.accuracy.clean, ablated: null }, "high", "accuracy", "pending")
+            : metric("accuracy", o.accuracy, "high")
+          : null,
+        estimate ? metric("loss", estimate.loss, "low", lossName, "estimate") : metric("loss", o.loss, "low", lossName),
       ),
+      estimate
+        ? h(
+            "div",
+            { class: "mhx-estimate-note", "data-estimate-note": "pending" },
+            `≈ attribution estimate of this click (first order: the sum of the ablated heads' estimates, no forward); the exact value follows…`,
+          )
+        : null,
       m.by.target && m.by.target.length > 1 ? h("div", {}, h("h4", {}, "per target"), table(head, rows(m.by.target), "target")) : null,
       h("h4", {}, "by ", switcher),
       table(head, rows(m.by[ui.groupBy]), ui.groupBy),
