@@ -454,3 +454,31 @@ def test_an_interrupted_verdict_resumes_and_a_damaged_stage_is_refused(tmp_path,
     with pytest.raises(RunFolderError, match="division.*delete") as error:
         pretrained_verdict.specialize_pretrained(bert, text, out)
     assert str(marker.parent) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_layer_rule_flags_a_layer_the_estimates_miss_and_not_one_they_explain():
+    """Two layers of two heads (a SimpleNamespace stands in for the model: no forward runs).
+    Layer 0: its removal costs 0.05, its heads' estimates 0.001 each -> both exact ("layer").
+    Layer 1: removal 0.03, estimates +0.02 and -0.03 (a signed sum of -0.01 would flag it):
+    the damaging head accounts for it within LAYER_SLACK -> L1H0 exact by its estimate only."""
+    from types import SimpleNamespace
+
+    from mhainterp.specialization.settings import DivisionSettings
+    from mhainterp.specialization.whom.profiles import PassScores, build_configs
+    from mhainterp.specialization.whom.screen import screen_heads
+
+    configs = build_configs(2, 2)
+    C, N = len(configs.head_sets), 4
+    nll = torch.full((C, N), float("nan"))
+    nll[configs.clean] = 1.0
+    nll[configs.layer[0]], nll[configs.layer[1]] = 1.05, 1.03
+    nll[configs.nothing] = 1.1
+    first = PassScores("mean", -nll, nll)
+    single = torch.tensor([0.001, 0.001, 0.02, -0.03])[:, None].expand(4, N)
+    layers = torch.tensor([0.002, -0.01])[:, None].expand(2, N)
+    every = torch.full((1, N), 0.0)
+    estimate = torch.cat([single, single, single, layers, every])  # (3H + L + 1, N)
+    model = SimpleNamespace(cfg=SimpleNamespace(objective="embedding"))  # the screen reads nll
+    s = DivisionSettings(screen="attribution", screen_sample=0.0)
+    screen = screen_heads(model, None, configs, first, {"mean": estimate}, s)
+    assert screen.why == ["layer", "layer", "estimate", ""]
