@@ -56,6 +56,8 @@ from mhainterp.validation import ParameterError, check_int, check_option, invali
 __all__ = [
     "attribution_agreement",
     "attribution_patching",
+    "attribution_per_position",
+    "ESTIMATE_UNITS",
     "compare_importance",
     "gradient_importance",
     "importance_agreement",
@@ -527,6 +529,197 @@ def _z_and_gradients(
         loss = scores.nll.sum() / n_scored
         grads = torch.autograd.grad(loss, shifts)
     return zs, [g.detach() for g in grads]
+
+
+ESTIMATE_UNITS = ("single", "kept", "kept_model", "layer", "every")
+"""The rows of :func:`attribution_per_position` with ``units="all"``, in order: each head
+removed alone (H), kept alone in its layer (H, the contribution above its layer removed),
+kept alone in the model (H, above every head removed), each layer removed whole (L), every
+head removed (1)."""
+
+
+@torch.no_grad()
+def attribution_per_position(
+    model: HookedModel,
+    batch: Batch,
+    replacements: dict[str, Any],
+    *,
+    units: Literal["single", "all"] = "single",
+    n_probes: int = 8,
+    generator: torch.Generator | None = None,
+    batch_size: int = 16,
+) -> dict[str, Float[Tensor, "U n T"]]:
+    """Every head's estimated damage of removing it alone, per (sequence, position), under
+    each replacement, from forwards and backwards of the clean model only.
+
+    With ``dz_q`` a head's change ``replacement - z`` at ``hook_z`` position ``q`` and
+    ``t_q = grad . dz_q`` (summed over the head's ``d_head`` entries; a change at ``q`` also
+    reaches later positions, so the estimate put at ``q`` is an approximate profile):
+
+    - a next-token model: ``grad`` of the batch's **summed** cross-entropy, so ``t_q`` is the
+      first-order nll increase (nats) put at ``q``. To first order removals add up, so a head
+      kept alone contributes what removing it alone costs, and a layer costs its heads' sum;
+    - an embedding model (``cfg.objective == "embedding"``, damage ``1 - cos`` of each
+      position's output to the clean one): the damage is quadratic at the clean output (zero
+      gradient), ``f(v) = 1/2 |P_perp v|^2 / |o|^2`` of the output change ``v = J dz``, which
+      ``n_probes`` Gaussian probes estimate (Hutchinson, ``E[(r . v)^2] = |v|^2``): the backward
+      of ``sum_p r_p . o_p`` (``r_p`` orthogonal to the clean output ``o_p``, scaled by
+      ``1 / |o_p|``) gives ``t_q`` per probe, and a sequence's ``S = sum_q t_q``. Removing the
+      head alone costs ``1/2 mean(S_h^2)`` (cross terms between positions kept); kept alone in
+      its layer it contributes ``f(D) - f(D - d_h) = mean(S_D S_h) - 1/2 mean(S_h^2)`` with
+      ``D`` its layer's change (the model's, kept alone in the model); a layer costs
+      ``1/2 mean(S_D^2)``, every head ``1/2 mean(S_all^2)``. A sequence's estimate is shared
+      over its positions in proportion to ``mean(t_q^2)`` of the head (of the layer, for a
+      layer).
+
+    Args:
+        model: A model satisfying :mod:`mhainterp.protocol`.
+        batch: The evaluated batch (with targets for a next-token model).
+        replacements: Method name -> a built
+            :class:`~mhainterp.ablation.replacement.Replacement` for ``batch``.
+        units: ``"single"`` (each head removed alone, ``H`` rows) or ``"all"``
+            (:data:`ESTIMATE_UNITS`, ``3H + L + 1`` rows).
+        n_probes: Probes of an embedding model's estimate.
+        generator: The probes' generator (CPU; default seeded 0).
+        batch_size: Sequences per forward and backward.
+
+    Returns:
+        Method -> ``[U, n, T]`` estimated damage (0 at padding), heads layer-major.
+
+    Example:
+        >>> reps = {"mean": build_replacement(model, "mean", batch)}  # doctest: +SKIP
+        >>> attribution_per_position(model, batch, reps)["mean"].sum((1, 2))  # doctest: +SKIP
+    """
+    check_option("units", units, ("single", "all"))
+    L, h = model.cfg.n_layers, model.cfg.n_heads
+    n, T = batch.tokens.shape
+    embedding = getattr(model.cfg, "objective", "next_token") == "embedding"
+    generator = torch.Generator().manual_seed(0) if generator is None else generator
+    U = L * h if units == "single" else 3 * L * h + L + 1
+    out = {m: torch.zeros(U, n, T, dtype=torch.float64) for m in replacements}
+    with eval_mode(model):
+        for start in range(0, n, batch_size):
+            rows = torch.arange(start, min(start + batch_size, n), device=batch.device)
+            part = batch[rows]
+            real = part.padding_mask.to(torch.float64).cpu()  # (s, T)
+            zs, shifts, output = _output_with_shifts(model, part)
+            with torch.enable_grad():
+                changes = {
+                    m: [r.values(lay, rows, zs[lay]) - zs[lay] for lay in range(L)]
+                    for m, r in replacements.items()
+                }
+                if embedding:
+                    probes = _orthogonal_probes(
+                        output.detach(), part.padding_mask, n_probes, generator
+                    )
+                    terms: dict[str, list[Tensor]] = {m: [] for m in changes}
+                    for k, probe in enumerate(probes):
+                        scalar = (output * probe).sum()
+                        grads = torch.autograd.grad(scalar, shifts, retain_graph=k + 1 < n_probes)
+                        for m, change in changes.items():
+                            terms[m].append(_per_head_terms(grads, change) * real)  # (H, s, T)
+                    for m, per_probe in terms.items():
+                        t = torch.stack(per_probe)  # (P, H, s, T)
+                        out[m][:, rows.cpu()] = _quadratic_units(t, L, units)
+                else:
+                    scores = position_scores(output, part.targets, part.mask)
+                    grads = torch.autograd.grad(scores.nll.sum(), shifts)
+                    for m, change in changes.items():
+                        t = _per_head_terms(grads, change) * real  # (H, s, T)
+                        out[m][:, rows.cpu()] = _linear_units(t, L, units)
+    return out
+
+
+def _output_with_shifts(model: HookedModel, part: Batch) -> tuple[list, list, Tensor]:
+    """Each layer's clean ``hook_z`` on ``part``, a zero shift added there (``d/dshift =
+    d/dz``), and the model's output, with the graph from the shifts to it."""
+    L = model.cfg.n_layers
+    zs: list[Tensor] = [None] * L  # type: ignore[list-item]
+    shifts: list[Tensor] = [None] * L  # type: ignore[list-item]
+
+    def keep(z: Tensor, hook: Any, layer: int) -> Tensor:
+        shift = torch.zeros_like(z, requires_grad=True)  # dL/dshift = dL/dz
+        zs[layer], shifts[layer] = z.detach(), shift
+        return z + shift
+
+    hooks = [(f"blocks.{lay}.attn.hook_z", partial(keep, layer=lay)) for lay in range(L)]
+    with torch.enable_grad(), model.hooks(fwd_hooks=hooks):
+        output = model.logits(part.tokens, part.padding_mask)
+    return zs, shifts, output
+
+
+def _linear_units(t: Float[Tensor, "H s T"], L: int, units: str) -> Float[Tensor, "U s T"]:
+    """First-order units: removals add up, so kept alone = removed alone."""
+    if units == "single":
+        return t
+    layers = t.reshape(L, -1, *t.shape[1:]).sum(1)
+    return torch.cat([t, t, t, layers, layers.sum(0, keepdim=True)])
+
+
+def _quadratic_units(t: Float[Tensor, "P H s T"], L: int, units: str) -> Float[Tensor, "U s T"]:
+    """Second-order units of a damage quadratic at the clean output, from per-probe terms
+    (:func:`attribution_per_position`)."""
+    P, H, s, T = t.shape
+    S = t.sum(-1)  # (P, H, s): each sequence's probe sum
+    single = 0.5 * S.pow(2).mean(0)  # (H, s)
+    share = t.pow(2).mean(0)  # (H, s, T)
+    share = share / share.sum(-1, keepdim=True).clamp(min=1e-300)
+    if units == "single":
+        return single[..., None] * share
+    h = H // L
+    S_layer = S.reshape(P, L, h, s).sum(2)  # (P, L, s)
+    S_all = S_layer.sum(1, keepdim=True)  # (P, 1, s)
+    layer_of = torch.arange(H) // h
+    kept = (S_layer[:, layer_of] * S).mean(0) - single  # (H, s)
+    kept_model = (S_all * S).mean(0) - single
+    t_layer = t.reshape(P, L, h, s, T).sum(2)
+    layer_share = t_layer.pow(2).mean(0)
+    layer_share = layer_share / layer_share.sum(-1, keepdim=True).clamp(min=1e-300)
+    layer = 0.5 * S_layer.pow(2).mean(0)  # (L, s)
+    t_all = t_layer.sum(1, keepdim=True)  # (P, 1, s, T)
+    all_share = t_all.pow(2).mean(0)
+    all_share = all_share / all_share.sum(-1, keepdim=True).clamp(min=1e-300)
+    every = 0.5 * S_all.pow(2).mean(0)  # (1, s)
+    return torch.cat(
+        [
+            single[..., None] * share,
+            kept[..., None] * share,
+            kept_model[..., None] * share,
+            layer[..., None] * layer_share,
+            every[..., None] * all_share,
+        ]
+    )
+
+
+def _per_head_terms(grads: tuple[Tensor, ...], changes: list[Tensor]) -> Float[Tensor, "H s T"]:
+    """``grad . change`` summed over each head's ``d_head`` entries, per (sequence, position),
+    heads layer-major, in float64 on the CPU."""
+    per_layer = [
+        (g.double() * c.double()).sum(-1).permute(2, 0, 1)  # (h, s, T)
+        for g, c in zip(grads, changes, strict=True)
+    ]
+    return torch.cat(per_layer).cpu()
+
+
+def _orthogonal_probes(
+    output: Float[Tensor, "s T d"],
+    padding_mask: Bool[Tensor, "s T"],
+    n_probes: int,
+    generator: torch.Generator,
+) -> list[Tensor]:
+    """Gaussian probes per real position, orthogonal to the clean output there and scaled by
+    ``1 / |output|`` (so ``E[(r . v)^2] = |P_perp v|^2 / |o|^2``); drawn on the CPU (the same
+    probes on every device)."""
+    o = output.double()
+    norm = o.norm(dim=-1, keepdim=True).clamp(min=1e-12)
+    unit = o / norm
+    probes = []
+    for _ in range(n_probes):
+        r = torch.randn(o.shape, generator=generator, dtype=torch.float64).to(o.device)
+        r = r - (r * unit).sum(-1, keepdim=True) * unit
+        r = r / norm * padding_mask[..., None].to(o.dtype)
+        probes.append(r.to(output.dtype))
+    return probes
 
 
 def verify_attribution(

@@ -341,3 +341,144 @@ def test_a_constructed_split_along_position_is_divided_along_position_only(tmp_p
     shown = (result.index[["by", "call", "index", "null_high"]], heads)
     assert calls["position"] == "divided", shown
     assert calls["token_class"] != "divided" and calls["target_frequency"] != "divided"
+
+
+# ----------------------------------------------------------------------------- fast: the screen
+
+
+def test_the_screen_is_off_by_default_and_leaves_saved_settings_as_they_were():
+    from mhainterp.specialization.settings import SCREEN_FIELDS, DivisionSettings
+
+    assert DivisionSettings().screen == "none"
+    assert not set(SCREEN_FIELDS) & set(DivisionSettings().to_dict())  # toy files unchanged
+    on = DivisionSettings(screen="attribution").to_dict()
+    assert on["screen"] == "attribution" and on["screen_margin"] == 0.5
+    assert DivisionSettings.from_dict(on).screen == "attribution"
+    with pytest.raises(ValueError, match="screen"):
+        DivisionSettings(screen="gradient")
+
+
+def _estimates_and_exact(model, task):
+    """Each head's estimated and exact loss increase removed alone (mean ablation)."""
+    from mhainterp.ablation.replacement import build_replacement
+    from mhainterp.attribution import attribution_per_position
+    from mhainterp.data import batch_for_model
+
+    batch = batch_for_model(model, task.eval_batch())
+    reps = {"mean": build_replacement(model, "mean", batch)}
+    estimate = attribution_per_position(model, batch, reps)["mean"]  # (H, n, T)
+    n_scored = float(batch.scored.sum())
+    result = division_of_labour(model, task, n_bootstrap=20, methods=("mean",))
+    heads = result.heads.drop_duplicates("head_label")
+    return estimate.sum((1, 2)).numpy() / n_scored, heads["loss_increase"].to_numpy()
+
+
+@pytest.mark.parametrize("kind", ["llama", "bert"])
+def test_attribution_per_position_estimates_what_removing_a_head_costs(kind, tmp_path_factory):
+    """Next-token (first order) and embedding (second order, by probes) estimates against
+    the exact single-head removals; heads made to matter (their writes scaled up)."""
+    model = _tiny(tmp_path_factory, f"{kind}_estimate")
+    for layer in (0, 1):
+        set_head_matrix(model, layer, "W_O", head_matrix(model, layer, "W_O") * 30)
+    task = TextTask(model, sentences=_sentences(), n_eval=12)
+    estimate, exact = _estimates_and_exact(model, task)
+    assert np.corrcoef(estimate, exact)[0, 1] > 0.8
+    assert 0.5 < estimate.sum() / exact.sum() < 2
+
+
+def _screened(model, task, **changes):
+    return division_of_labour(
+        model, task, n_bootstrap=20, methods=("mean",), screen="attribution", **changes
+    )
+
+
+def test_a_zeroed_head_is_screened_out_below_the_threshold_and_still_dead(tmp_path_factory):
+    model = _tiny(tmp_path_factory, "llama_screen_dead")
+    _zero_output(model, 1, 2)
+    task = TextTask(model, sentences=_sentences(), n_eval=12)
+    result = _screened(model, task, screen_sample=0.0)
+    heads = result.heads.drop_duplicates("head_label").set_index("head_label")
+    summary = result.settings["screen_summary"]
+    assert heads.loc["L1H2", "evidence"] == "attribution-screened"
+    assert heads.loc["L1H2", "loss_increase"] == 0.0  # no write, no gradient: estimate 0
+    assert heads.loc["L1H2", "write_norm"] == 0.0 and heads.loc["L1H2", "damage_alone"] == 0.0
+    screened = heads[heads["evidence"] == "attribution-screened"]
+    assert (screened["loss_increase"] < summary["threshold"]).all()  # the stated threshold
+    assert summary["threshold"] == 0.5 * result.settings["min_loss_increase"]
+    assert summary["n_screened"] == len(screened)
+    labels = specialization_test(model, task, n_init=2, division=result).heads
+    assert labels.set_index("head_label").loc["L1H2", "label"] == "dead"
+
+
+def test_a_copied_pair_is_computed_exactly_and_keeps_one_profile(tmp_path_factory):
+    """Layer 1's writes scaled up so its heads matter; L1H0 copied into L1H3 (each copy
+    writes half); layer 0 and L1H1 silenced, so they are screened out."""
+    model = _tiny(tmp_path_factory, "bert_screen_copy")
+    set_head_matrix(model, 1, "W_O", head_matrix(model, 1, "W_O") * 30)
+    _copy_head(model, 1, source=0, target=3)
+    for layer, head in [(0, 0), (0, 1), (0, 2), (0, 3), (1, 1)]:
+        _zero_output(model, layer, head)
+    task = TextTask(model, sentences=_sentences(), n_eval=12)
+    gate = dict(min_loss_increase=1e-4, min_damage=1e-4)
+    result = _screened(model, task, screen_sample=0.0, **gate)
+    evidence = result.heads.drop_duplicates("head_label").set_index("head_label")["evidence"]
+    why = result.settings["screen_summary"]["exact_because"]
+    assert evidence["L1H0"] == evidence["L1H3"] == "exact"
+    assert why["L1H0"] == why["L1H3"] == "estimate"  # not by chance: no sample
+    assert evidence["L0H0"] == evidence["L1H1"] == "attribution-screened"
+    profiles = result.profiles.set_index(["by", "head_label", "value"])["damage"].sort_index()
+    for axis in result.index["by"]:
+        a, b = profiles.loc[(axis, "L1H0")].to_numpy(), profiles.loc[(axis, "L1H3")].to_numpy()
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_an_interrupted_verdict_resumes_and_a_damaged_stage_is_refused(tmp_path, bert, monkeypatch):
+    from mhainterp.analyze import pretrained_verdict
+    from mhainterp.errors import RunFolderError
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(_sentences(8)) + "\n")
+    out = tmp_path / "verdict"
+    first = pretrained_verdict.specialize_pretrained(bert, text, out)
+    assert first.division.heads["evidence"].isin(["exact", "attribution-screened"]).all()
+
+    def not_again(*args, **kwargs):
+        raise AssertionError("a finished stage was recomputed")
+
+    monkeypatch.setattr(pretrained_verdict, "division_of_labour", not_again)
+    monkeypatch.setattr(pretrained_verdict, "specialization_test", not_again)
+    again = pretrained_verdict.specialize_pretrained(bert, text, out)
+    assert again.sentences == first.sentences
+    (marker,) = (out / "cache").glob("*/division.json")
+    marker.write_text("{not json")
+    with pytest.raises(RunFolderError, match="division.*delete") as error:
+        pretrained_verdict.specialize_pretrained(bert, text, out)
+    assert str(marker.parent) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_layer_rule_flags_a_layer_the_estimates_miss_and_not_one_they_explain():
+    """Two layers of two heads (a SimpleNamespace stands in for the model: no forward runs).
+    Layer 0: its removal costs 0.05, its heads' estimates 0.001 each -> both exact ("layer").
+    Layer 1: removal 0.03, estimates +0.02 and -0.03 (a signed sum of -0.01 would flag it):
+    the damaging head accounts for it within LAYER_SLACK -> L1H0 exact by its estimate only."""
+    from types import SimpleNamespace
+
+    from mhainterp.specialization.settings import DivisionSettings
+    from mhainterp.specialization.whom.profiles import PassScores, build_configs
+    from mhainterp.specialization.whom.screen import screen_heads
+
+    configs = build_configs(2, 2)
+    C, N = len(configs.head_sets), 4
+    nll = torch.full((C, N), float("nan"))
+    nll[configs.clean] = 1.0
+    nll[configs.layer[0]], nll[configs.layer[1]] = 1.05, 1.03
+    nll[configs.nothing] = 1.1
+    first = PassScores("mean", -nll, nll)
+    single = torch.tensor([0.001, 0.001, 0.02, -0.03])[:, None].expand(4, N)
+    layers = torch.tensor([0.002, -0.01])[:, None].expand(2, N)
+    every = torch.full((1, N), 0.0)
+    estimate = torch.cat([single, single, single, layers, every])  # (3H + L + 1, N)
+    model = SimpleNamespace(cfg=SimpleNamespace(objective="embedding"))  # the screen reads nll
+    s = DivisionSettings(screen="attribution", screen_sample=0.0)
+    screen = screen_heads(model, None, configs, first, {"mean": estimate}, s)
+    assert screen.why == ["layer", "layer", "estimate", ""]

@@ -17,10 +17,10 @@ Example:
     >>> written = analyze_run("runs/quickstart/reverse/runs/h8_seed0")  # doctest: +SKIP
 
 May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
-checks this list): ``ablation``, ``attribution``, ``capture``, ``config``, ``data``, ``figures``,
-``heads``, ``io``, ``pretrained``, ``protocol``, ``provenance``, ``render``, ``report``, ``runs``,
-``runtime``, ``scoring``, ``similarity``, ``specialization``, ``stats``, ``sweep``, ``tasks``,
-``training``, ``validation``.
+checks this list): ``ablation``, ``attribution``, ``capture``, ``config``, ``data``, ``errors``,
+``figures``, ``heads``, ``io``, ``pretrained``, ``protocol``, ``provenance``, ``render``,
+``report``, ``runs``, ``runtime``, ``scoring``, ``similarity``, ``specialization``, ``stats``,
+``sweep``, ``tasks``, ``training``, ``validation``.
 """
 
 from mhainterp.analyze.demo import DEMO_STEPS, DEMO_TASKS, run_demo

@@ -30,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from tqdm.auto import tqdm
 
+from mhainterp.analyze.verdict_cache import stage_cache
 from mhainterp.io import write_json
 from mhainterp.pretrained import load_pretrained
 from mhainterp.protocol import BridgedModel
@@ -181,6 +183,7 @@ def specialize_pretrained(
     n_eval: int = TEXT_N_EVAL,
     bos: bool = True,
     progress: bool = False,
+    screen: str = "attribution",
 ) -> PretrainedVerdict:
     """The verdict on a pretrained model: :func:`specialization_test` and
     :func:`division_of_labour` on ``n_eval`` sentences of ``text``, saved in ``out``.
@@ -195,7 +198,15 @@ def specialize_pretrained(
         n_eval: Sentences (default :data:`~mhainterp.tasks.text.TEXT_N_EVAL`).
         bos: Keep a decoder's BOS prefix (SmolLM2's ``<|im_start|>``;
             :func:`~mhainterp.tasks.text.text_batch`).
-        progress: Progress bars.
+        progress: Progress bars (one over the verdict's stages, with an estimate).
+        screen: The division's head screen (``DivisionSettings.screen``): ``"attribution"``
+            (the default here: exact profiles only for the heads that matter and a sample of
+            the rest, :mod:`~mhainterp.specialization.whom.screen`) or ``"none"``.
+
+    Each stage (the division, then the specialization test) is saved when it finishes under
+    ``out/cache/`` (:func:`~mhainterp.analyze.verdict_cache.stage_cache`, keyed by the model,
+    the text, ``n_eval``, ``bos`` and the settings): a run that is interrupted and started
+    again continues from the last finished stage.
 
     Example:
         >>> v = specialize_pretrained("minilm", "stdlib", "runs/minilm", n_eval=8)  # doctest: +SKIP
@@ -206,11 +217,22 @@ def specialize_pretrained(
     base = (settings or SpecializationSettings()).to_dict()
     settings = SpecializationSettings.from_dict({**base, "n_eval": task.n_eval})
     division_kwargs = {} if by is None else {"by": by}
-    division = division_of_labour(
-        model, task, settings=settings, progress=progress, **division_kwargs
-    )
-    result = specialization_test(model, task, settings, progress=progress, division=division)
     out = Path(out)
+    cache = stage_cache(out, model, text, task.n_eval, bos, settings, by, screen)
+    stages = tqdm(total=2, desc="verdict stages", disable=not progress, unit="stage")
+    division = cache.load("division", DivisionResult.load)
+    if division is None:
+        division = division_of_labour(
+            model, task, settings=settings, progress=progress, screen=screen, **division_kwargs
+        )
+        cache.save("division", division.save)
+    stages.update()
+    result = cache.load("specialization", SpecializationResult.load)
+    if result is None:
+        result = specialization_test(model, task, settings, progress=progress, division=division)
+        cache.save("specialization", result.save)
+    stages.update()
+    stages.close()
     analysis = out / "analysis"
     analysis.mkdir(parents=True, exist_ok=True)
     paths = result.save(analysis)
@@ -257,8 +279,15 @@ def write_pretrained_report(
     analysis = path / "analysis"
     heads = pd.read_csv(analysis / "specialization_heads.csv", keep_default_na=False)
     index = pd.read_csv(analysis / f"{_DIVISION_PREFIX}_index.csv")
+    division_heads = pd.read_csv(analysis / f"{_DIVISION_PREFIX}_heads.csv")
+    if "evidence" in division_heads.columns:  # the attribution screen: each head's basis
+        evidence = division_heads.drop_duplicates("head_label").set_index("head_label")
+        heads["evidence"] = heads["head_label"].map(evidence["evidence"])
+    division_meta = json.loads((analysis / f"{_DIVISION_PREFIX}.json").read_text("utf-8"))
+    screened = division_meta.get("settings", {}).get("screen_summary")
     title = f"mhainterp report: {meta['name']}"
-    columns = ["head_label", "finding", "label", "holds", "needed", "backed_up", "dead"]
+    columns = ["head_label", "evidence", "finding", "label", "holds", "needed", "backed_up"]
+    columns += ["dead"]
     columns += ["top_role", "top_effect", "total_damage", "output_ratio"]
     index_columns = ["by", "call", "index", "ci_low", "ci_high", "null_index", "null_high"]
     index_columns += ["p", "basis", "n_damaging", "reason"]
@@ -271,6 +300,7 @@ def write_pretrained_report(
             f"{provenance.get('n_sentences')} sentences of {provenance.get('text')}, "
             f"{provenance.get('n_tokens')} tokens. Damage: {provenance.get('damage')}."
         ),
+        *_screen_paragraph(screened),
         Heading("Whom the heads serve: division index per text axis", 2),
         Table(index.reindex(columns=[c for c in index_columns if c in index.columns])),
         Heading("Every head", 2),
@@ -281,3 +311,18 @@ def write_pretrained_report(
     html_path = out_dir / "report.html"
     html_path.write_text(render_html(blocks, title), encoding="utf-8")
     return md, html_path
+
+
+def _screen_paragraph(screened: dict | None) -> list[Paragraph]:
+    """What the division's head screen did, for the report (nothing without a screen)."""
+    if not screened:
+        return []
+    return [
+        Paragraph(
+            f"Division profiles: {screened['n_exact']} heads computed exactly (estimated damage "
+            f"at least {screened['threshold']:g}, a layer the estimate misses, or a random "
+            f"sample), {screened['n_screened']} attribution-screened (their estimate is below "
+            "that threshold, half the damage gate; their profiles are estimates); the "
+            "`evidence` column says which."
+        )
+    ]

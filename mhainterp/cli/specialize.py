@@ -57,8 +57,12 @@ test on real text (--text stdlib or a file, one sentence a line; --n-eval senten
 64): the relation templates are previous, next, self, first, last, punctuation and same token,
 the division's axes the query token class, position bucket and target frequency, and damage
 the loss increase per position (next-token cross-entropy; for MiniLM, 1 - cos of each
-position's output to the clean one). The verdict leads with one sentence per question and is
-saved in --out (default runs/NAME); `mhainterp report` on that folder renders it.
+position's output to the clean one). The division first screens every head by attribution
+patching and computes exactly only the heads whose estimate reaches half the damage gate, the
+heads of layers the estimate misses, and a 10% sample (the `evidence` column says which).
+The verdict leads with one sentence per question and is saved in --out (default runs/NAME);
+`mhainterp report` on that folder renders it. Each stage is saved when it finishes
+(--out/cache/): interrupted and started again, the command continues.
 
 examples:
   mhainterp specialize --model minilm --text stdlib

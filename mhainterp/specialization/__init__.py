@@ -44,9 +44,10 @@ Example:
     ['previous', 'unspecialized', 'dead']
 
 May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
-checks this list): ``ablation``, ``capture``, ``config``, ``data``, ``errors``, ``heads``, ``io``,
-``model``, ``pretrained``, ``protocol``, ``provenance``, ``render``, ``runs``, ``runtime``,
-``scoring``, ``similarity``, ``stats``, ``sweep``, ``tasks``, ``training``, ``validation``.
+checks this list): ``ablation``, ``attribution``, ``capture``, ``config``, ``data``, ``errors``,
+``heads``, ``io``, ``model``, ``pretrained``, ``protocol``, ``provenance``, ``render``, ``runs``,
+``runtime``, ``scoring``, ``similarity``, ``stats``, ``sweep``, ``tasks``, ``training``,
+``validation``.
 """
 
 from mhainterp.specialization.battery import specialization_test

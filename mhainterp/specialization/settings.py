@@ -64,6 +64,8 @@ from mhainterp.validation import (
 
 __all__ = [
     "DIVISION_GATES",
+    "SCREENS",
+    "SCREEN_FIELDS",
     "SHARED_FIELDS",
     "THRESHOLDS",
     "DivisionSettings",
@@ -224,6 +226,11 @@ DIVISION_GATES: tuple[str, ...] = (
     "min_index",
 )
 """The gates :meth:`DivisionSettings.perturbations` moves x 0.8 and x 1.25."""
+SCREENS: tuple[str, ...] = ("none", "attribution")
+"""How the division's exact profiles are chosen: every head, or the heads an attribution
+screen keeps (:mod:`~mhainterp.specialization.whom.screen`)."""
+SCREEN_FIELDS: tuple[str, ...] = ("screen", "screen_margin", "screen_sample")
+
 _DIVISION_SHARES = ("serve_share", "alpha", "noise", "min_selectivity_gain", "min_index")  # < 1
 
 
@@ -265,6 +272,17 @@ class DivisionSettings:
             have at least this cosine form a group (when no groups are given).
         n_attention: Sequences of the attention-side view.
         seed: Seed of the bootstrap and of the noise.
+        screen: ``"none"`` (every head's profiles computed exactly, the default) or
+            ``"attribution"``: every head is first screened by attribution patching
+            (:mod:`~mhainterp.specialization.whom.screen`), and only the heads whose estimated
+            damage reaches ``screen_margin`` x the damage gate, the heads of layers the
+            estimate misses, and a seeded random ``screen_sample`` share of the rest are
+            computed exactly; the others keep their estimated profiles (``evidence``
+            "attribution-screened").
+        screen_margin: A head is screened out only when its estimate is below this share of
+            the gate (0.5: half of ``min_loss_increase``).
+        screen_sample: Share of the screened-out heads computed exactly anyway (at random,
+            seeded by ``seed``), to check the screen (0.1).
     """
 
     _parameter_constraints: ClassVar[dict[str, ConstraintList]] = {
@@ -286,6 +304,9 @@ class DivisionSettings:
         "group_similarity": [Interval(float, 0.0, 1.0)],
         "n_attention": [_COUNT],
         "seed": [_SEED],
+        "screen": [Options(SCREENS)],
+        "screen_margin": [Interval(float, 0.0, 1.0, closed="right")],
+        "screen_sample": [Interval(float, 0.0, 1.0)],
     }
 
     method: Method = "mean"
@@ -306,6 +327,9 @@ class DivisionSettings:
     group_similarity: float = 0.9
     n_attention: int = 256
     seed: int = 0
+    screen: str = "none"
+    screen_margin: float = 0.5
+    screen_sample: float = 0.1
 
     def __post_init__(self) -> None:
         if isinstance(self.methods, Mapping):  # the default: every method registered now
@@ -324,9 +348,14 @@ class DivisionSettings:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as plain values (``methods`` as a list), for JSON."""
+        """The fields as plain values (``methods`` as a list), for JSON. With ``screen``
+        "none" the screen's fields are left out: a result saved before screening existed
+        (or without it) reads, and is reused, as it was."""
         out = dataclasses.asdict(self)
         out["methods"] = list(self.methods)
+        if self.screen == "none":
+            for name in SCREEN_FIELDS:
+                out.pop(name)
         return out
 
     @classmethod

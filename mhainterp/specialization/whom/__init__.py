@@ -15,7 +15,7 @@
 ========================  ===================================================================
 
 May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
-checks this list): ``ablation``, ``capture``, ``data``, ``errors``, ``heads``, ``io``, ``model``,
-``protocol``, ``runs``, ``runtime``, ``scoring``, ``specialization.needed``,
+checks this list): ``ablation``, ``attribution``, ``capture``, ``data``, ``errors``, ``heads``,
+``io``, ``model``, ``protocol``, ``runs``, ``runtime``, ``scoring``, ``specialization.needed``,
 ``specialization.settings``, ``stats``, ``tasks``, ``validation``.
 """

@@ -23,6 +23,14 @@ the methods: it ablates nothing). The methods share one
 :class:`~mhainterp.ablation.replacement.CleanCache` per model (the clean activations and
 prefixes); the copies are shared by the methods.
 
+**Screen** (``screen="attribution"``, off by default; on for pretrained models in
+:func:`~mhainterp.analyze.pretrained_verdict.specialize_pretrained`): every head's damage is
+first estimated by attribution patching, and only the heads whose estimate reaches half the
+damage gate (with the heads of any layer the estimate misses, and a seeded sample of the rest)
+get their configurations run, under every method and on the noisy copies; the others keep
+their estimated rows, below every gate (:mod:`~.screen`; the tables' ``evidence`` column says
+which heads are "exact" and which "attribution-screened").
+
 **Profiles** over an axis's values ``v`` (each value weighs the same whatever its count;
 values with fewer than ``min_count`` triples are kept in the tables but left out of the
 statistics), by **basis**:
@@ -212,6 +220,7 @@ from mhainterp.specialization.whom.profiles import (
     run_rows,
     write_norms,
 )
+from mhainterp.specialization.whom.screen import Screen, estimate_damage, screen_heads
 from mhainterp.tasks import AXES, Batch, Task
 from mhainterp.tasks.text import TEXT_AXES
 from mhainterp.validation import check_option, invalid
@@ -339,9 +348,13 @@ def division_of_labour(
     # The methods share the clean activations of this model and batch; the clean run also
     # keeps the attention view's patterns.
     cache = CleanCache(pattern_rows=s.n_attention if relations is not None else 0)
-    primary, engine = run_pass(
-        model, batch, configs.head_sets, s.method, progress=progress, cache=cache, metric=metric
-    )
+    screen = None
+    if s.screen == "attribution":  # exact profiles only for the heads that matter (.screen)
+        primary, engine, screen = _screened_pass(model, batch, configs, s, cache, metric, progress)
+    else:
+        primary, engine = run_pass(
+            model, batch, configs.head_sets, s.method, progress=progress, cache=cache, metric=metric
+        )
     # The engine ran on the model's device; the statistics run on the CPU, where the passes'
     # per-triple scores are (run_pass), so the axes' values come along.
     scored = engine.scores.scored
@@ -371,18 +384,27 @@ def division_of_labour(
     basis = choose_basis(gates(primary, configs, s))
     # The other methods and the noisy copies run only what the call's basis needs.
     rows = basis_rows(configs, basis)
+    # the screened-out heads' rows are not run: they come from their estimates
+    run = rows if screen is None else screen.exact_rows(rows)
     passes = {s.method: primary}
     for method in tqdm(s.methods[1:] if basis else (), desc="methods", disable=not progress):
         if not _can_run(method, len(batch)):
             continue  # its call is "cannot tell"
         passes[method] = run_rows(
-            model, batch, configs, rows, method, cache, clean_from=primary, metric=metric
+            model, batch, configs, run, method, cache, clean_from=primary, metric=metric
         )
+        if screen is not None:
+            screen.fill(passes[method])
     noisy, noise_used = (
-        _noisy_passes(model, batch, configs, rows, primary, sequence, s, progress, metric)
+        _noisy_passes(model, batch, configs, run, primary, sequence, s, progress, metric)
         if basis
         else ({}, 0.0)
     )
+    if screen is not None:  # a copy's screened heads: the original's estimates
+        on = _noisy_triples(len(batch), sequence, s)
+        for copies in noisy.values():
+            for copy_pass in copies:
+                screen.fill(copy_pass, on)
     gate = {m: gates(p, configs, s) for m, p in passes.items()}
     weights = bootstrap_weights(len(batch), s.n_bootstrap, torch.Generator().manual_seed(s.seed))
     null_generator = torch.Generator().manual_seed(s.seed + 2)
@@ -411,10 +433,17 @@ def division_of_labour(
         "groups_given": given is not None,
     }
     heads = _frame(heads_parts, HEADS_COLUMNS)  # p_adj: corrected over every head and axis
+    profiles = _frame(profile_parts, PROFILE_COLUMNS)
+    if screen is not None:  # which basis each head's numbers rest on
+        exact_total = primary.loss[configs.single] - primary.loss[configs.clean]
+        meta["screen_summary"] = screen.summary(configs.pairs, exact_total)
+        evidence = dict(zip(map(_label, [[p] for p in configs.pairs]), screen.evidence()))
+        heads["evidence"] = heads["head_label"].map(evidence)
+        profiles["evidence"] = profiles["head_label"].map(evidence)
     return DivisionResult(
         heads=heads,
         index=pd.DataFrame(index, columns=index_columns()),
-        profiles=_frame(profile_parts, PROFILE_COLUMNS),
+        profiles=profiles,
         attention=attention,
         basis_profiles=_frame(basis_parts, BASIS_PROFILE_COLUMNS),
         settings=meta,
@@ -633,6 +662,56 @@ def _noisy_passes(
         if _can_run(method, len(run_on))  # else that method's null is undefined
     }
     return by_method, noise
+
+
+def _screened_pass(
+    model: HookedMHATransformer,
+    batch: Batch,
+    configs: Configs,
+    s: DivisionSettings,
+    cache: CleanCache,
+    metric: CleanOutputMetric | None,
+    progress: bool,
+) -> tuple[PassScores, Any, Screen]:
+    """The primary pass under the attribution screen (:mod:`.screen`): the clean model, each
+    layer removed and every head removed, exactly; every head's damage estimated; then the
+    configurations of the heads the screen keeps, exactly; the others filled from their
+    estimates. Returns the pass laid out over every configuration, the engine's result of
+    the first part (its scored mask and batch) and the screen."""
+    bar = tqdm(total=3, desc="division (screened)", disable=not progress, leave=False)
+    first_rows = [configs.clean, *configs.layer] + (
+        [configs.nothing] if configs.nothing is not None else []
+    )
+    sets = [configs.head_sets[r] for r in first_rows]
+    part, engine = run_pass(model, batch, sets, s.method, cache=cache, metric=metric)
+    bar.update()
+    C, N = len(configs.head_sets), part.correct.shape[1]
+    correct = torch.full((C, N), math.nan, device=part.correct.device)  # the statistics'
+    nll = torch.full((C, N), math.nan, device=part.correct.device)
+    correct[first_rows], nll[first_rows] = part.correct, part.nll
+    primary = PassScores(s.method, correct, nll)
+    runnable = tuple(m for m in s.methods if _can_run(m, len(batch)))
+    estimates = estimate_damage(model, batch, runnable, engine.scores.scored, s.seed)
+    bar.update()
+    screen = screen_heads(model, batch, configs, primary, estimates, s)
+    rows = screen.head_rows(screen.exact)
+    if rows:
+        sets = [configs.head_sets[r] for r in rows]
+        more, _ = run_pass(
+            model, batch, sets, s.method, progress=progress, cache=cache, metric=metric
+        )
+        correct[rows], nll[rows] = more.correct, more.nll
+    bar.update()
+    bar.close()
+    return screen.fill(primary), engine, screen
+
+
+def _noisy_triples(n: int, sequence: torch.Tensor, s: DivisionSettings) -> torch.Tensor:
+    """``[N]`` the triples the noisy copies run on (:func:`_noisy_passes`): with one copy the
+    odd sequences' triples, else all."""
+    if s.n_noise == 1:
+        return (~_even_sequences(n, sequence.device))[sequence]
+    return torch.ones(len(sequence), dtype=torch.bool, device=sequence.device)
 
 
 def _can_run(method: str, n_sequences: int) -> bool:
