@@ -223,6 +223,20 @@ CALLS = {
 }
 
 
+def test_the_division_s_attribution_screen_runs_on_the_device(model, task):
+    """The screen (pretrained verdicts turn it on) estimates every head by attribution
+    patching, then computes some exactly: on the device, the CPU's tables."""
+    from mhainterp.specialization import DivisionSettings
+
+    settings = DivisionSettings(screen="attribution", n_eval=N_EVAL, n_bootstrap=20)
+    expected = division_of_labour(model, task, settings=settings, progress=False)
+    with strict_device() as device:
+        got = division_of_labour(on_device(model), task, settings=settings, progress=False)
+        assert device.syncs.total() > 0  # it did run there
+    assert "evidence" in got.heads.columns
+    assert_same_tables(got, expected)
+
+
 @pytest.mark.parametrize("name", sorted(set(CALLS) - {"specialization_test"}))  # trained, below
 def test_every_call_runs_on_the_device_and_gives_the_cpus_tables(name, model, task):
     expected = CALLS[name](model, task)
