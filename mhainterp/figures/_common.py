@@ -116,7 +116,8 @@ def save_figure(
     dpi: int = 120,
     vector: bool = True,
 ) -> Path:
-    """Atomically save ``fig`` as PNG, as PDF beside it, and ``data`` as the CSV; close ``fig``.
+    """Atomically save ``data`` as the CSV, ``fig`` as PDF and then as PNG (written last: the
+    PNG marks a finished figure); close ``fig``.
 
     The one place figures are written: ``head_count.png`` + ``head_count.pdf`` (vector, for a
     paper; no creation date, so the same figure gives the same bytes) + ``head_count.csv``.
@@ -137,11 +138,13 @@ def save_figure(
     try:
         if data is not None:
             write_csv(png_path.with_suffix(".csv"), data)
-        with atomic_path(png_path) as tmp:
-            fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png")
         if vector:
             with atomic_path(png_path.with_suffix(VECTOR_SUFFIX)) as tmp:
                 fig.savefig(tmp, bbox_inches="tight", format="pdf", metadata={"CreationDate": None})
+        # The PNG last: callers take it as the sign that the figure is done, so a process
+        # killed before it leaves a figure that a rerun draws again, PDF included
+        with atomic_path(png_path) as tmp:
+            fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png")
     finally:
         plt.close(fig)
     return png_path
