@@ -323,17 +323,11 @@ def test_a_sweep_whose_run_was_retrained_is_refused_not_summarised_with_old_numb
     assert read_results(sweep)["run_dir"].tolist() == [str(sweep / "runs" / n) for n in NAMES]
 
 
-def test_specialize_loads_each_run_once_and_a_rerun_none(tiny_sweep, tmp_path, monkeypatch):
-    """``mhainterp specialize`` of a sweep checks the run folders from their files, then loads
-    each run once for both its division of labour and its labels (it loaded each three times:
-    the check, the division, the labels; issue 41); a rerun reuses what was saved."""
+def _count_run_loads(monkeypatch) -> dict[str, int]:
+    """Run folder name -> how many times ``load_run`` loaded it, counted in every loaded
+    module of ours that holds ``load_run`` (import the callers first)."""
     import mhainterp.training.run_folder as run_folder
 
-    for name in ("mhainterp.cli.specialize", "mhainterp.specialization.folders"):
-        importlib.import_module(name)  # now, so that their load_run is replaced below
-
-    sweep = tmp_path / "rev"
-    shutil.copytree(tiny_sweep, sweep)
     real = run_folder.load_run
     loads: dict[str, int] = {}
 
@@ -344,6 +338,19 @@ def test_specialize_loads_each_run_once_and_a_rerun_none(tiny_sweep, tmp_path, m
     for name, module in list(sys.modules.items()):
         if name.startswith("mhainterp") and vars(module).get("load_run") is real:
             monkeypatch.setattr(module, "load_run", counted)
+    return loads
+
+
+def test_specialize_loads_each_run_once_and_a_rerun_none(tiny_sweep, tmp_path, monkeypatch):
+    """``mhainterp specialize`` of a sweep checks the run folders from their files, then loads
+    each run once for both its division of labour and its labels (it loaded each three times:
+    the check, the division, the labels; issue 41); a rerun reuses what was saved."""
+    for name in ("mhainterp.cli.specialize", "mhainterp.specialization.folders"):
+        importlib.import_module(name)  # now, so that their load_run is replaced below
+
+    sweep = tmp_path / "rev"
+    shutil.copytree(tiny_sweep, sweep)
+    loads = _count_run_loads(monkeypatch)
     argv = ["specialize", str(sweep), "--n-eval", "16", "--quiet"]
     assert main(argv) == 0
     assert loads == dict.fromkeys(NAMES, 1)
@@ -356,7 +363,6 @@ def test_a_division_on_other_settings_than_the_labels_loads_each_run_once(
 ):
     """The study divides on more sequences than it labels on (``division_settings``): still one
     load per run, and the division saved is the one made with the division's settings."""
-    import mhainterp.training.run_folder as run_folder
     from mhainterp.specialization import DivisionSettings, SpecializationSettings
     from mhainterp.specialization.folders import specialize_folder
     from mhainterp.specialization.whom.division import division_request
@@ -364,16 +370,7 @@ def test_a_division_on_other_settings_than_the_labels_loads_each_run_once(
 
     sweep = tmp_path / "rev"
     shutil.copytree(tiny_sweep, sweep)
-    real = run_folder.load_run
-    loads: dict[str, int] = {}
-
-    def counted(path, *args, **kwargs):
-        loads[Path(path).name] = loads.get(Path(path).name, 0) + 1
-        return real(path, *args, **kwargs)
-
-    for name, module in list(sys.modules.items()):
-        if name.startswith("mhainterp") and vars(module).get("load_run") is real:
-            monkeypatch.setattr(module, "load_run", counted)
+    loads = _count_run_loads(monkeypatch)
     dividing = DivisionSettings(n_eval=32)
     labels = SpecializationSettings(n_eval=16)
     specialize_folder(sweep, labels, progress=False, division_settings=dividing)
