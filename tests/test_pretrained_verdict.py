@@ -24,6 +24,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is local
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -482,3 +483,110 @@ def test_the_layer_rule_flags_a_layer_the_estimates_miss_and_not_one_they_explai
     s = DivisionSettings(screen="attribution", screen_sample=0.0)
     screen = screen_heads(model, None, configs, first, {"mean": estimate}, s)
     assert screen.why == ["layer", "layer", "estimate", ""]
+
+
+def test_a_group_larger_than_the_pretrained_cap_is_kept_untested(bert, monkeypatch):
+    """On a pretrained model a group of more than PRETRAINED_GROUP_SIZE heads is not removed
+    (its g + 1 forwards are what the cap saves): its row stays, with NaN damages, not
+    redundant; a group within the cap is removed as on a toy model."""
+    from mhainterp.specialization.needed import redundancy
+
+    monkeypatch.setattr(redundancy, "PRETRAINED_GROUP_SIZE", 3)
+    seen: list[list] = []
+    real = redundancy.evaluate_head_sets
+
+    def counting(model, batch, head_sets, *args, **kwargs):
+        seen.extend(head_sets)
+        return real(model, batch, head_sets, *args, **kwargs)
+
+    monkeypatch.setattr(redundancy, "evaluate_head_sets", counting)
+    batch = TextTask(bert, sentences=_sentences(), n_eval=12).eval_batch()
+    similarity = pd.DataFrame(np.eye(8), index=bert.head_labels, columns=bert.head_labels)
+    groups = [("role:a", ["L0H0", "L0H1", "L0H2", "L0H3"]), ("role:b", ["L1H0", "L1H1", "L1H2"])]
+    table = redundancy.redundancy_groups(bert, batch, similarity=similarity, groups=groups)
+    rows = table.set_index("basis")
+    assert np.isnan(rows.loc["role:a", "damage_all"]) and not rows.loc["role:a", "redundant"]
+    assert np.isfinite(rows.loc["role:b", "damage_all"])
+    assert len(seen) == 1 + 1 + 3  # clean, the 3-head group, each keep-one: nothing of role:a
+
+
+def test_screened_single_head_damage_runs_the_exact_heads_and_estimates_the_rest(llama):
+    """Every head exact: the engine's rows, bit for bit. None exact: the attribution
+    estimates of removing each head alone. Mixed: each row from its own basis."""
+    from mhainterp.specialization.whom.damage import triple_damage
+    from mhainterp.specialization.whom.screen import estimate_damage, screened_triple_damage
+
+    batch = TextTask(llama, sentences=_sentences(), n_eval=12).eval_batch()
+    full = triple_damage(llama, batch, method="mean")
+    every = screened_triple_damage(llama, batch, method="mean", exact=set(llama.head_labels))
+    assert torch.equal(every.damage, full.damage) and torch.equal(every.index, full.index)
+    scored = torch.zeros(len(batch), batch.tokens.shape[1], batch.n_targets, dtype=torch.bool)
+    scored[tuple(full.index.T)] = True
+    estimate = estimate_damage(llama, batch, ("mean",), scored)["mean"][:8]
+    none = screened_triple_damage(llama, batch, method="mean", exact=set())
+    assert torch.equal(none.damage, estimate)
+    assert not torch.equal(estimate, full.damage)  # the two bases differ: the test can fail
+    mixed = screened_triple_damage(llama, batch, method="mean", exact={"L0H1", "L1H3"})
+    for i, head in enumerate(llama.head_labels):
+        source = full if head in ("L0H1", "L1H3") else none
+        assert torch.equal(mixed.damage[i], source.damage[i]), head
+
+
+def test_the_specialization_test_removes_only_the_divisions_exact_heads(tmp_path_factory, tmp_path):
+    """A screened division's exact heads are the only single removals of the specialization
+    test; a screened-out head's damage is its estimate (the zeroed head: exactly 0). A division
+    computed in this process hands over its per-triple damage, so no pass runs at all; one
+    read back from disk does not have it, and the same damages are computed again."""
+    from mhainterp.specialization.whom import screen
+    from mhainterp.specialization.whom.division_result import DivisionResult
+
+    model = _tiny(tmp_path_factory, "llama")  # a fresh copy: the surgery stays here
+    _zero_output(model, 1, 2)
+    task = TextTask(model, sentences=_sentences(), n_eval=12)
+    division = _screened(model, task, screen_sample=0.0, min_loss_increase=1e-4)
+    evidence = division.heads.drop_duplicates("head_label").set_index("head_label")["evidence"]
+    exact = sorted(evidence[evidence == "exact"].index)
+    assert 0 < len(exact) < 8 and evidence["L1H2"] == "attribution-screened"
+    division.save(tmp_path, "division")
+    reloaded = DivisionResult.load(tmp_path, "division")
+    assert division.single_damage is not None and reloaded.single_damage is None
+    removed: list = []
+    real = screen.triple_damage
+
+    def spy(*args, pairs=None, **kwargs):
+        removed.append([f"L{layer}H{head}" for layer, head in pairs])
+        return real(*args, pairs=pairs, **kwargs)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(screen, "triple_damage", spy)
+    try:
+        handed = specialization_test(model, task, n_init=2, division=division)
+        assert removed == []  # the division's own damage: no pass
+        again = specialization_test(model, task, n_init=2, division=reloaded)
+        assert removed == [exact]
+    finally:
+        mp.undo()
+    for result in (handed, again):
+        causal = result.causal.set_index("head_label")["damage"]
+        assert causal["L1H2"] == 0.0
+        assert result.heads.set_index("head_label").loc["L1H2", "label"] == "dead"
+    np.testing.assert_allclose(
+        handed.causal["damage"].to_numpy(), again.causal["damage"].to_numpy(), atol=1e-6
+    )
+
+
+def test_headline_stability_with_a_model_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """41 whole verdicts would take hours: refused before the model loads, pointing at the
+    labels' stability table the verdict writes anyway."""
+    from mhainterp import pretrained
+    from mhainterp.cli import main
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(pretrained, "load_pretrained", no_loading)
+    argv = ["specialize", "--model", "minilm", "--headline-stability", "--out", str(tmp_path)]
+    assert main(argv) == 2
+    error = capsys.readouterr().err.strip()
+    assert "--headline-stability" in error and "specialization_stability.csv" in error
+    assert "\n" not in error and not any(tmp_path.iterdir())

@@ -114,7 +114,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also re-run each run's analysis with every gate moved x0.8 and x1.25, n_eval "
         f"halved and doubled and each other ablation method ({HEADLINE_ANALYSES} runs of the "
         "analysis per run: minutes per run, announced with an estimate) and save the share of "
-        "verdict sentences that change (analysis/headline_stability.csv)",
+        "verdict sentences that change (analysis/headline_stability.csv); run and sweep "
+        "folders only (with --model it would take hours)",
     )
     add_runtime_args(specialize)
     specialize.set_defaults(func=_cmd_specialize)
@@ -168,6 +169,14 @@ def _cmd_specialize_pretrained(args: argparse.Namespace) -> int:
     from mhainterp.analyze.pretrained_verdict import specialize_pretrained
     from mhainterp.pretrained import quiet_loading
 
+    if args.headline_stability:  # 41 whole verdicts: hours; refused before any loading
+        raise invalid(
+            "--headline-stability",
+            True,
+            "a run or sweep folder: with --model it would rerun the whole verdict 41 times "
+            "(hours on a CPU); the labels' stability under moved gates is in "
+            "analysis/specialization_stability.csv without it",
+        )
     name, n_eval, note = model_plan(args)
     args.n_eval = n_eval
     settings = settings_from_args(args)

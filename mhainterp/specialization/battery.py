@@ -48,6 +48,7 @@ from mhainterp.specialization.verdict.result import (
 )
 from mhainterp.specialization.whom.division import division_of_labour
 from mhainterp.specialization.whom.division_result import DivisionResult
+from mhainterp.specialization.whom.screen import EXACT
 from mhainterp.tasks import Task
 from mhainterp.training import Run, load_run
 from mhainterp.validation import invalid
@@ -116,6 +117,26 @@ def _resolve_one(item: _RunSource, task: Task | None, index: int) -> RunInput:
     )
 
 
+def _screened_exact(division: DivisionResult) -> frozenset[str] | None:
+    """The heads a division's attribution screen computed exactly, or None without a screen
+    (its heads table has no ``evidence`` column): the single-head damage of the
+    specialization test then removes only these, the division's basis."""
+    heads = division.heads
+    if "evidence" not in heads.columns:
+        return None
+    return frozenset(heads.loc[heads["evidence"] == EXACT, "head_label"].astype(str))
+
+
+def _same_pass(division: DivisionResult, settings: SpecializationSettings) -> bool:
+    """Whether the division's in-memory single-head damage is what the specialization test's
+    damage step would compute: the same method on the same ``n_eval`` sequences."""
+    return (
+        division.single_damage is not None
+        and division.settings.get("method") == settings.method
+        and division.settings.get("n_eval") == settings.n_eval
+    )
+
+
 def _pretrained_name(model: BridgedModel) -> str:
     """A pretrained model's name in the tables: its upstream name, else its source."""
     provenance = model.provenance
@@ -160,7 +181,9 @@ def specialization_test(
             ``settings.division``: the same ``n_eval``, ``alpha``, method ...) and attaches it; a
             :class:`DivisionResult` (one run) or its index table (``run, by, index,
             null_index, p``) is attached as given (:func:`attach_division`). Without it
-            each head's finding says "whom it serves not measured".
+            each head's finding says "whom it serves not measured". A division computed
+            under the attribution screen (a pretrained model's) also sets which heads the
+            single-head damage removes: those it computed exactly.
         **overrides: Settings fields, e.g. ``alpha=0.01, n_eval=512``.
 
     Returns:
@@ -187,6 +210,10 @@ def specialization_test(
     if overrides:
         settings = SpecializationSettings.from_dict({**settings.to_dict(), **overrides})
     inputs = _resolve(run_or_model, data)
+    if len(inputs) == 1 and isinstance(division, DivisionResult):
+        inputs[0].exact = _screened_exact(division)
+        if inputs[0].exact is not None and _same_pass(division, settings):
+            inputs[0].single_damage = division.single_damage
     singles = []
     for inp in tqdm(inputs, desc="specialization", disable=not progress or len(inputs) == 1):
         single = single_result(analyse_run(inp, settings, progress), settings)

@@ -62,6 +62,7 @@ from mhainterp.specialization.whom.causal import (
     head_damage_table,
     target_damage,
 )
+from mhainterp.specialization.whom.damage import TripleDamage
 from mhainterp.tasks import Task
 from mhainterp.training import evaluate
 
@@ -79,6 +80,12 @@ class RunInput:
     task: Task
     run: str
     seed: int
+    exact: frozenset[str] | None = None
+    """Under the division's attribution screen (a pretrained model): the heads it computed
+    exactly, the only ones the single-head damage removes (the others: their estimates)."""
+    single_damage: TripleDamage | None = None
+    """That division's single-head damage per triple, when it was computed in this process
+    with the same method and batch: the damage step then runs no pass."""
 
 
 # ----------------------------------------------------------------------------- one run
@@ -189,6 +196,9 @@ def _damage(inp: RunInput, batch: Any, settings: SpecializationSettings, progres
         method=settings.method,
         target_names=task.target_names,
         progress=progress,
+        exact=inp.exact,
+        seed=settings.seed,
+        triples=inp.single_damage,
     )
     generator = torch.Generator().manual_seed(settings.seed)
     if len(task.target_names) >= 2:

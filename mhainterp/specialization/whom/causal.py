@@ -29,7 +29,7 @@ Shapes: H heads (all layers), n sequences, k targets, M permutations.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -41,7 +41,8 @@ from mhainterp.ablation import Method
 from mhainterp.heads import parse_head_label
 from mhainterp.model import HookedMHATransformer
 from mhainterp.runtime import DRAW_DEVICE
-from mhainterp.specialization.whom.damage import triple_damage
+from mhainterp.specialization.whom.damage import TripleDamage, triple_damage
+from mhainterp.specialization.whom.screen import screened_triple_damage
 from mhainterp.tasks import Batch
 from mhainterp.validation import ParameterError, check_int
 
@@ -111,6 +112,9 @@ def target_damage(
     method: Method = "mean",
     target_names: Sequence[str] | None = None,
     progress: bool = False,
+    exact: Collection[str] | None = None,
+    seed: int = 0,
+    triples: TripleDamage | None = None,
 ) -> TargetDamage:
     """Ablate each head alone and record the per-sequence, per-target accuracy drop.
 
@@ -124,6 +128,12 @@ def target_damage(
         method: ``"zero"``, ``"mean"`` or ``"resample"`` (:mod:`mhainterp.ablation`).
         target_names: One name per target (default ``target0..``, or the task's name).
         progress: Show a progress bar.
+        exact: Under the division's attribution screen (a pretrained model), the heads the
+            engine removes; every other head's damage is its attribution estimate
+            (:func:`~mhainterp.specialization.whom.screen.screened_triple_damage`, seeded by
+            ``seed``). None (the default): every head removed.
+        triples: The per-triple single-head damage of this model, batch and method already
+            computed (the screened division's ``single_damage``): summed here, no pass runs.
 
     Returns:
         A :class:`TargetDamage`.
@@ -145,7 +155,14 @@ def target_damage(
         )
     names = list(target_names) if target_names is not None else [f"target{i}" for i in range(k)]
     # One implementation of "every head's damage per scored triple": the division of labour's.
-    td = triple_damage(model, batch, method=method, names=names, progress=progress)
+    if triples is not None:
+        td = triples
+    elif exact is None:
+        td = triple_damage(model, batch, method=method, names=names, progress=progress)
+    else:
+        td = screened_triple_damage(
+            model, batch, method=method, exact=exact, names=names, seed=seed, progress=progress
+        )
     n, H = len(batch), len(td.heads)
     sequence, target = td.index[:, 0], td.index[:, 2]  # (N,) each
     cell = sequence * k + target  # (N,) which (sequence, target) a triple counts for

@@ -107,6 +107,7 @@ def triple_damage(
     method: Method = "mean",
     names: Sequence[str] = (),
     progress: bool = False,
+    pairs: Sequence[tuple[int, int]] | None = None,
 ) -> TripleDamage:
     """One engine pass (clean + every single head, per position) -> :class:`TripleDamage`.
 
@@ -116,6 +117,9 @@ def triple_damage(
         method: The ablation method.
         names: Target names (for the ``target`` axis); empty for single-target models.
         progress: Show a progress bar.
+        pairs: Only these ``(layer, head)`` (default every head, layer-major): the
+            attribution screen runs the heads it computes exactly
+            (:func:`~mhainterp.specialization.whom.screen.screened_triple_damage`).
 
     Example:
         >>> from mhainterp.model.handbuilt import handbuilt_model
@@ -126,7 +130,7 @@ def triple_damage(
         >>> [round(float(d), 2) for d in td.total_damage]
         [0.83, 0.0]
     """
-    pairs = all_heads(model.cfg.n_layers, model.cfg.n_heads)
+    pairs = list(all_heads(model.cfg.n_layers, model.cfg.n_heads) if pairs is None else pairs)
     result = evaluate_head_sets(
         model,
         batch,

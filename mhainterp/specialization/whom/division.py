@@ -448,6 +448,7 @@ def division_of_labour(
         basis_profiles=_frame(basis_parts, BASIS_PROFILE_COLUMNS),
         settings=meta,
         skipped=skipped,
+        single_damage=td if screen is not None else None,  # the specialization test's input
     )
 
 

@@ -21,6 +21,7 @@ from mhainterp.errors import OutdatedResultError
 from mhainterp.io import write_csv, write_json
 from mhainterp.runs import read_result_table, read_saved_meta
 from mhainterp.specialization.settings import DivisionSettings
+from mhainterp.specialization.whom.damage import TripleDamage
 from mhainterp.specialization.whom.division_calls import zero_artefact
 
 __all__ = [
@@ -204,6 +205,10 @@ class DivisionResult:
         basis_profiles: Kept-head and group profiles, :data:`BASIS_PROFILE_COLUMNS`.
         settings: The thresholds used.
         skipped: Axes asked for that do not apply, and why.
+        single_damage: In memory only, under the attribution screen (never saved): the
+            primary method's single-head damage per scored triple, exact or estimated as the
+            ``evidence`` column says; the specialization test of the same model and batch
+            reads it instead of removing every head again.
     """
 
     heads: pd.DataFrame
@@ -215,6 +220,7 @@ class DivisionResult:
     )
     settings: dict[str, Any] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    single_damage: TripleDamage | None = field(default=None, repr=False, compare=False)
 
     def summary_line(self) -> str:
         """``token 0.42 [0.38, 0.46] vs null 0.01 (single): divided; position ...``: per axis

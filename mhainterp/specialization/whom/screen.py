@@ -39,6 +39,7 @@ Shapes: H heads, N scored triples, n sequences, T positions, C configurations, L
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -47,13 +48,22 @@ from torch import Tensor
 
 from mhainterp.ablation.replacement import METHODS, CleanCache, build_replacement
 from mhainterp.attribution import attribution_per_position
-from mhainterp.heads import head_label
+from mhainterp.heads import all_heads, head_label
 from mhainterp.protocol import HookedModel, scored_by_loss
 from mhainterp.specialization.settings import DivisionSettings
+from mhainterp.specialization.whom.damage import TripleDamage, triple_damage
 from mhainterp.specialization.whom.profiles import Configs, PassScores
 from mhainterp.tasks import Batch
+from mhainterp.validation import invalid
 
-__all__ = ["EXACT", "SCREENED", "Screen", "estimate_damage", "screen_heads"]
+__all__ = [
+    "EXACT",
+    "SCREENED",
+    "Screen",
+    "estimate_damage",
+    "screen_heads",
+    "screened_triple_damage",
+]
 
 LAYER_SLACK = 2.0
 """A layer's exact removal may cost up to this many times its estimate (plus the threshold)
@@ -268,3 +278,48 @@ def _calibrated(
         exact_every = float(loss[configs.nothing] - clean)
         heads[2] *= min(1.0, max(0.0, exact_every / max(est_every, 1e-12)))
     return heads
+
+
+def screened_triple_damage(
+    model: HookedModel,
+    batch: Batch,
+    *,
+    method: str,
+    exact: Collection[str],
+    names: Sequence[str] = (),
+    seed: int = 0,
+    progress: bool = False,
+) -> TripleDamage:
+    """:func:`~mhainterp.specialization.whom.damage.triple_damage` where only the ``exact``
+    heads are removed by the engine; every other head's row is its attribution estimate of
+    removing it alone (:func:`estimate_damage`, not calibrated: the single removal never is).
+
+    The specialization test of a pretrained model takes ``exact`` from the division's screen
+    (the heads whose ``evidence`` is :data:`EXACT`), so its single-head damage rests on the
+    same basis as the division's profiles: the other heads' estimates are below half the
+    damage gate. Only for a model scored by its loss, where the damage is the loss increase
+    that the estimate gives (a toy model's accuracy drop has no estimate).
+
+    Example:
+        >>> td = screened_triple_damage(model, batch, method="mean",
+        ...                             exact={"L1H0"})  # doctest: +SKIP
+    """
+    if not scored_by_loss(model):
+        raise invalid("model", type(model).__name__, "a model scored by its loss (pretrained)")
+    every = list(all_heads(model.cfg.n_layers, model.cfg.n_heads))
+    run = [pair for pair in every if head_label(*pair) in set(exact)]
+    part = triple_damage(model, batch, method=method, names=names, progress=progress, pairs=run)
+    scored = torch.zeros(len(batch), batch.tokens.shape[1], batch.n_targets, dtype=torch.bool)
+    scored[tuple(part.index.T)] = True  # the engine's scored triples, row-major as its rows
+    estimate = estimate_damage(model, batch, (method,), scored, seed)[method]  # (3H + L + 1, N)
+    damage = estimate[: len(every)].clone()  # removed alone: the first H units
+    damage[[every.index(pair) for pair in run]] = part.damage
+    return TripleDamage(
+        pairs=every,
+        damage=damage,
+        loss_increase=damage.clone(),  # scored by its loss: the damage is the loss increase
+        clean=part.clean,
+        values=part.values,
+        value_names=part.value_names,
+        index=part.index,
+    )
