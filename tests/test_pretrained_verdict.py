@@ -590,3 +590,32 @@ def test_headline_stability_with_a_model_is_refused_in_one_line(tmp_path, capsys
     error = capsys.readouterr().err.strip()
     assert "--headline-stability" in error and "specialization_stability.csv" in error
     assert "\n" not in error and not any(tmp_path.iterdir())
+
+
+def test_pairwise_ablation_reuses_known_single_removals(llama, monkeypatch):
+    """Heads whose single-removal loss increase is given are not removed again, and the
+    pairs' loss rows are those of the full call (to rounding); their other metrics are NaN."""
+    from mhainterp.ablation import tables
+
+    batch = TextTask(llama, sentences=_sentences(), n_eval=12).eval_batch()
+    pairs = [("L0H0", "L0H1"), ("L0H1", "L1H0")]
+    full = tables.pairwise_ablation(llama, batch, "mean", pairs=pairs)
+    loss = full[full["metric"] == "loss"].set_index(["head_a", "head_b"])
+    singles = {"L0H0": loss.loc[("L0H0", "L0H1"), "damage_a"]}
+    singles["L0H1"] = loss.loc[("L0H0", "L0H1"), "damage_b"]
+    sets: list = []
+    real = tables.evaluate_head_sets
+    monkeypatch.setattr(
+        tables,
+        "evaluate_head_sets",
+        lambda model, data, head_sets, *a, **k: (
+            sets.extend(head_sets) or real(model, data, head_sets, *a, **k)
+        ),
+    )
+    reused = tables.pairwise_ablation(llama, batch, "mean", pairs=pairs, singles=singles)
+    assert len(sets) == 1 + 1 + 2  # the clean model, L1H0 alone, the two pairs
+    again = reused[reused["metric"] == "loss"].set_index(["head_a", "head_b"])
+    columns = ["damage_a", "damage_b", "damage_joint", "interaction"]
+    np.testing.assert_allclose(again[columns].to_numpy(), loss[columns].to_numpy(), atol=1e-6)
+    other = reused[reused["metric"] != "loss"]
+    assert other.empty or other["damage_a"].isna().all()

@@ -16,7 +16,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -222,6 +223,7 @@ def pairwise_ablation(
     *,
     heads: str | Sequence[HeadSpec] | None = None,
     pairs: Sequence[tuple[HeadSpec, HeadSpec]] | None = None,
+    singles: Mapping[str, float] | None = None,
     n_eval: int = DEFAULT_N_EVAL,
     generator: torch.Generator | None = None,
     max_rows: int | None = DEFAULT_MAX_ROWS,
@@ -242,6 +244,9 @@ def pairwise_ablation(
             :func:`head_importance`.
         heads: The heads to pair up (default: all heads of the model): every pair of them.
         pairs: Instead of ``heads``, exactly these pairs.
+        singles: Head label -> the loss increase of removing it alone, already measured on
+            this model, batch and method (the specialization test's single-head damage):
+            those heads are not removed again; their other metrics are NaN.
 
     Returns:
         Tidy DataFrame, one row per pair (``head_a < head_b``, layer-major) and metric, with
@@ -265,10 +270,13 @@ def pairwise_ablation(
         if any(len(pair) != 2 for pair in pairs):
             raise invalid("pairs", [format_heads(p) for p in pairs], "two different heads each")
         chosen = sorted({head for pair in pairs for head in pair})
+    singles = singles or {}
+    known = {h: float(singles[head_label(*h)]) for h in chosen if head_label(*h) in singles}
+    removed = [head for head in chosen if head not in known]
     _, baseline, results, names = _with_clean(
         model,
         data,
-        [[h] for h in chosen] + [list(pair) for pair in pairs],
+        [[h] for h in removed] + [list(pair) for pair in pairs],
         method,
         reference,
         n_eval=n_eval,
@@ -277,9 +285,11 @@ def pairwise_ablation(
         progress=progress,
         desc=f"pairwise ({method})",
     )
-    single = dict(zip(chosen, results[: len(chosen)], strict=True))
+    single = dict(zip(removed, results[: len(removed)], strict=True))
+    for head, loss_increase in known.items():  # measured before: the loss only
+        single[head] = {m: baseline[m] + loss_increase if m == "loss" else math.nan for m in names}
     rows = []
-    for (a, b), joint in zip(pairs, results[len(chosen) :], strict=True):
+    for (a, b), joint in zip(pairs, results[len(removed) :], strict=True):
         for metric in names:
             base = baseline[metric]
             damage_a = damage(metric, single[a][metric], base)

@@ -184,6 +184,7 @@ class _Damage:
     matrix: pd.DataFrame  # head x target damage
     numbers: tuple[float, float, float]  # the model's selectivity, its null mean, p (or NaN)
     max_damage: dict[str, float]  # head -> its largest damage on any target
+    exact_loss: dict[str, float] | None = None  # pretrained: exact single-removal loss increases
 
 
 def _damage(inp: RunInput, batch: Any, settings: SpecializationSettings, progress: bool) -> _Damage:
@@ -221,7 +222,11 @@ def _damage(inp: RunInput, batch: Any, settings: SpecializationSettings, progres
         matrix = damage.frame()
         numbers = (math.nan, math.nan, math.nan)
     max_damage = matrix.groupby("head_label")["damage"].max().astype(float).to_dict()
-    return _Damage(heads, matrix, numbers, max_damage)
+    exact_loss = None  # a pretrained model's exact single removals: the pair test reuses them
+    if isinstance(inp.model, BridgedModel) and "loss_increase" in heads.columns:
+        loss = dict(zip(heads["head_label"], heads["loss_increase"].astype(float), strict=True))
+        exact_loss = {h: v for h, v in loss.items() if inp.exact is None or h in inp.exact}
+    return _Damage(heads, matrix, numbers, max_damage, exact_loss)
 
 
 @dataclass
@@ -261,7 +266,13 @@ def _needed(
     similarity = head_similarity(model, batch, method=settings.similarity_method)
     loosest = min(v.min_similarity for v in variants)
     pairs = redundancy_pairs(
-        model, batch, settings, dead=dead, similarity=similarity, evidence_similarity=loosest
+        model,
+        batch,
+        settings,
+        dead=dead,
+        similarity=similarity,
+        evidence_similarity=loosest,
+        singles=damage.exact_loss,
     )
     candidates: list[tuple[str, list[str]]] = []
     similar_sets: set[tuple[str, ...]] = set()

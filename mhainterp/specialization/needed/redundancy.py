@@ -30,7 +30,7 @@ than this one's mean for two heads.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -77,6 +77,7 @@ def redundancy_pairs(
     similarity: pd.DataFrame | None = None,
     pairwise: pd.DataFrame | None = None,
     evidence_similarity: float | None = None,
+    singles: Mapping[str, float] | None = None,
 ) -> pd.DataFrame:
     """Every pair of heads with its similarity, pairwise-ablation backup and verdict.
 
@@ -96,6 +97,9 @@ def redundancy_pairs(
         evidence_similarity: Ablate the pairs at or above this similarity (default
             ``min_similarity``); lower it to keep the evidence a looser gate needs (the
             stability test re-labels with ``min_similarity`` x 0.8 without a forward pass).
+        singles: On a pretrained model, heads whose single-removal loss increase is already
+            known exactly (the specialization test's damage step): not removed again
+            (:func:`~mhainterp.ablation.pairwise_ablation`'s ``singles``).
 
     Returns:
         One row per unordered pair (layer-major), columns :data:`REDUNDANCY_COLUMNS`; damages
@@ -122,7 +126,14 @@ def redundancy_pairs(
     if pairwise is None:
         gate = settings.min_similarity if evidence_similarity is None else evidence_similarity
         pairwise = _similar_pairwise(
-            model, batch, min(gate, settings.min_similarity), settings, similarity, pairs, dead
+            model,
+            batch,
+            min(gate, settings.min_similarity),
+            settings,
+            similarity,
+            pairs,
+            dead,
+            singles,
         )
     loss = pairwise[pairwise["metric"] == "loss"].set_index(["head_a", "head_b"])
     rows = []
@@ -167,6 +178,7 @@ def _similar_pairwise(
     similarity: pd.DataFrame,
     pairs: list[tuple[str, str]],
     dead: set[str],
+    singles: Mapping[str, float] | None = None,
 ) -> pd.DataFrame:
     """Pairwise ablation among the live heads that have a similar partner (only those pairs
     can be redundant, and ablating every pair of a 16-head model would take 120 passes)."""
@@ -180,7 +192,7 @@ def _similar_pairwise(
         chosen.sort(key=lambda pair: -float(similarity.loc[pair]))
         at_gate = sum(float(similarity.loc[p]) >= settings.min_similarity for p in chosen)
         chosen = chosen[: max(at_gate, PRETRAINED_PAIRS)]
-        return pairwise_ablation(model, batch, settings.method, pairs=chosen)
+        return pairwise_ablation(model, batch, settings.method, pairs=chosen, singles=singles)
     return pairwise_ablation(model, batch, settings.method, heads=heads)
 
 
