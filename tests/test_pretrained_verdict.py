@@ -224,6 +224,28 @@ def test_minilm_surgery_dead_and_copied_heads(minilm):
 
 @pytest.mark.slow
 @minilm_only
+def test_minilm_surgery_through_the_whole_screened_verdict(minilm):
+    """The same surgery through the verdict a user gets (the division under the attribution
+    screen, then the specialization test on its basis): the two copies of L5H7 are backed up
+    by each other (each alone costs 0.005 of 1 - cos, both 0.022: backup 0.51), L4H6 is dead,
+    and the heads divide the work along no axis."""
+    import copy
+
+    model = copy.deepcopy(minilm)
+    _copy_head(model, 5, source=7, target=3)
+    _zero_output(model, 4, 6)
+    task = TextTask(model, "stdlib", n_eval=8)
+    division = division_of_labour(model, task, n_bootstrap=50, screen="attribution")
+    heads = specialization_test(model, task, division=division).heads.set_index("head_label")
+    assert heads.loc["L5H7", "label"] == heads.loc["L5H3", "label"] == "backed up"
+    assert heads.loc["L5H7", "redundant_with"] == "L5H3"
+    assert heads.loc["L5H3", "redundant_with"] == "L5H7"
+    assert heads.loc["L4H6", "label"] == "dead"
+    assert not division.index["divided"].any()
+
+
+@pytest.mark.slow
+@minilm_only
 def test_minilm_with_random_weights_does_not_divide_the_work(minilm):
     (untrained,) = random_init_models(minilm, [0])
     task = TextTask(untrained, "stdlib", n_eval=8)
