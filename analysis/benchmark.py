@@ -1188,7 +1188,7 @@ def _demo_rows(settings: BenchSettings, echo: Callable) -> list[dict]:
     medians = {key: statistics.median(values) for key, values in per_run.items()}
     (slow_task, slow_h), slowest = max(medians.items(), key=lambda item: item[1])
     heads, threads = tuple(grid.n_heads), 1  # the analyses' own default: one torch thread
-    what = f"{grid.describe()}"
+    what = grid.describe()
     each = ", ".join(f"{t} h = {h} {v:.2f} s" for (t, h), v in medians.items())
     spec = _row(
         _Case("demo", "specialization_test_per_run", heads, len(runs), 0, threads, lambda k: 0.0),
