@@ -534,12 +534,19 @@ def _migrate_head_sets(table: pd.DataFrame) -> pd.DataFrame:
     for column in table.columns:
         values = table[column]
         textual = values.dtype == object or pd.api.types.is_string_dtype(values)
-        if textual and values.astype(str).str.match(_HEAD_SET).any():
+        # an old head set has the old separator: a column without one is current (most are;
+        # the regex over every text column was most of reading a saved table)
+        if textual and _has_old_separator(values) and values.astype(str).str.match(_HEAD_SET).any():
             table[column] = [
                 v.replace(_OLD_SEPARATOR, ",") if isinstance(v, str) and _HEAD_SET.match(v) else v
                 for v in values
             ]
     return table
+
+
+def _has_old_separator(values: pd.Series) -> bool:
+    """Whether any value, written as text, contains :data:`_OLD_SEPARATOR`."""
+    return any(_OLD_SEPARATOR in (v if isinstance(v, str) else str(v)) for v in values.tolist())
 
 
 def migrate_folder(path: str | os.PathLike[str]) -> list[Path]:

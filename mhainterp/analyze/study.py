@@ -52,6 +52,7 @@ __all__ = [
     "does_h_matter_table",
     "run_study",
     "sweep_config",
+    "write_study_report",
     "write_study_tables",
 ]
 
@@ -160,8 +161,6 @@ def run_study(
     Returns:
         The path of ``report.md``.
     """
-    from mhainterp.figures.saved import save_folder_figures
-    from mhainterp.report import write_report
     from mhainterp.specialization import (
         DivisionSettings,
         SpecializationSettings,
@@ -188,15 +187,34 @@ def run_study(
     dividing = DivisionSettings()
     for _, spec in specialize_folder(out, labels, progress=progress, division_settings=dividing):
         answers += list(spec.answers.values())
-    sweeps = [out / task for task in grid.tasks]
-    for sweep in tqdm(sweeps, desc="figures", unit="sweep", disable=not progress):
-        save_folder_figures(sweep)
-    write_study_tables(out, sweeps)
-    markdown, html = write_report(out)
+    markdown, html = write_study_report(out, [out / task for task in grid.tasks], progress)
     elapsed = format_duration(time.perf_counter() - start)
     echo("\n".join(["", "Does h matter?", *[f"- {line}" for line in answers], ""]))
     echo(f"report: {markdown} (evidence, figures, every test) and {html} ({elapsed} in all)")
     return markdown
+
+
+def write_study_report(
+    out: Path, sweeps: Sequence[Path], progress: bool = False
+) -> tuple[Path, Path]:
+    """The study's last step, from its saved results: every sweep's figures, the study tables
+    (:func:`write_study_tables`) and ``report.md`` + ``report.html`` (the step the benchmark's
+    ``demo`` section times).
+
+    Returns:
+        ``(report.md path, report.html path)``.
+
+    Example:
+        >>> out = Path("runs/quickstart")
+        >>> write_study_report(out, [out / "count_previous", out / "reverse"])  # doctest: +SKIP
+    """
+    from mhainterp.figures.saved import save_folder_figures
+    from mhainterp.report import write_report
+
+    for sweep in tqdm(sweeps, desc="figures", unit="sweep", disable=not progress):
+        save_folder_figures(sweep)
+    write_study_tables(out, sweeps)
+    return write_report(out)
 
 
 def write_study_tables(out: Path, sweeps: Sequence[Path]) -> list[Path]:

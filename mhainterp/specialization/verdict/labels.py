@@ -192,16 +192,39 @@ def mixed_roles(
         >>> mixed_roles(rows, nested=set(), mix_ratio=0.5)
         ['previous', 'mirror']
     """
-    if len(significant) < 2:
+    rows = [
+        _Significant(str(role), float(effect), math.nan, math.nan)
+        for role, effect in zip(significant["role"], significant["effect"], strict=True)
+    ]
+    return _mixed(rows, nested, mix_ratio)
+
+
+@dataclass(frozen=True)
+class _Significant:
+    """One significant role of a head, as plain numbers (the labelling rules run per head and
+    per perturbed setting: pandas per head cost most of the specialization test)."""
+
+    role: str
+    effect: float
+    chance: float
+    evenness: float
+
+
+def _mixed(
+    rows: list[_Significant], nested: Collection[tuple[str, str]], mix_ratio: float
+) -> list[str]:
+    """:func:`mixed_roles` of a head's significant roles (in the role table's order)."""
+    if len(rows) < 2:
         return []
-    ordered = significant.sort_values("effect", ascending=False, kind="stable")
-    best, best_effect = ordered["role"].iloc[0], float(ordered["effect"].iloc[0])
+    # largest effect first; ties keep the table's order (a stable sort, as pandas' was)
+    ordered = sorted(rows, key=lambda r: r.effect, reverse=True)
+    best, best_effect = ordered[0].role, ordered[0].effect
     others = [
-        role
-        for role, effect in zip(ordered["role"].iloc[1:], ordered["effect"].iloc[1:], strict=True)
-        if (role, best) not in nested
-        and (best, role) not in nested
-        and float(effect) >= mix_ratio * best_effect
+        r.role
+        for r in ordered[1:]
+        if (r.role, best) not in nested
+        and (best, r.role) not in nested
+        and r.effect >= mix_ratio * best_effect
     ]
     return [best, *others] if others else []
 
@@ -214,12 +237,19 @@ def _top_rows(roles: pd.DataFrame) -> pd.DataFrame:
     return ordered.drop_duplicates("head_label").set_index("head_label")
 
 
-def _best_role(significant: pd.DataFrame) -> str:
+def _best_role(significant: list[_Significant]) -> _Significant:
     """The largest-effect significant role; among ties (within :data:`SPECIFIC_TOL`) the most
     specific one (smallest chance), so a head on ``self`` is not called ``same_token_upto``."""
-    effect = significant["effect"].astype(float)
-    ties = significant[effect >= float(effect.max()) - SPECIFIC_TOL]
-    return str(ties.sort_values("chance", kind="stable")["role"].iloc[0])
+    top = max(r.effect for r in significant)
+    ties = [r for r in significant if r.effect >= top - SPECIFIC_TOL]
+    # smallest chance first, a NaN chance last; among equals the first in the table's order
+    # (min keeps the first, as pandas' stable sort did)
+    return min(ties, key=_chance_order)
+
+
+def _chance_order(row: _Significant) -> tuple[bool, float]:
+    """Sort key: by chance, NaN last."""
+    return (math.isnan(row.chance), 0.0 if math.isnan(row.chance) else row.chance)
 
 
 def decide_labels(
@@ -256,29 +286,22 @@ def decide_labels(
         >>> decide_labels(roles, {"L0H0": 1.0}, {}, SpecializationSettings())["L0H0"].label
         'count:same_token_upto'
     """
-    testable = roles[~roles["role"].isin(DESCRIPTIVE_ROLES)]
-    with pd.option_context("mode.chained_assignment", None):
-        significant_all = testable[
-            (testable["p_adj"].astype(float) < settings.alpha)
-            & (testable["effect"].astype(float) >= settings.min_effect)
-        ]
+    by_head = _significant_roles(roles, settings)
     if dead is None:
         dead = {h for h, r in output_ratio.items() if r < settings.dead_tol}
     dead_set, needed_set = set(dead), set(needed)
     out = {}
-    for label in dict.fromkeys(roles["head_label"]):
+    for label in dict.fromkeys(roles["head_label"].tolist()):
         is_dead = label in dead_set
         # A needed head is not backed up (removing it alone costs accuracy): no partners.
         partner = [p for p in partners.get(label, []) if p not in dead_set]
         partner = [] if label in needed_set else partner
-        significant = significant_all[significant_all["head_label"] == label]
-        mixed = mixed_roles(significant, nested, settings.mix_ratio)
-        best = _best_role(significant) if len(significant) and not mixed else ""
-        role = best
-        if best:
-            evenness = float(significant.set_index("role").loc[best, "evenness"])
-            if not math.isnan(evenness) and evenness >= settings.min_evenness:
-                role = COUNT_PREFIX + best
+        significant = by_head.get(label, [])
+        mixed = _mixed(significant, nested, settings.mix_ratio)
+        chosen = _best_role(significant) if significant and not mixed else None
+        best = role = chosen.role if chosen else ""
+        if chosen and not math.isnan(chosen.evenness) and chosen.evenness >= settings.min_evenness:
+            role = COUNT_PREFIX + best
         if is_dead:  # it writes nothing and removing it costs nothing: it holds nothing
             name, role = "dead", ""
         elif partner:
@@ -286,8 +309,34 @@ def decide_labels(
         else:
             name = role or "unspecialized"
         out[label] = HeadDecision(
-            name, role, best, mixed, list(significant["role"]), is_dead, partner
+            name, role, best, mixed, [r.role for r in significant], is_dead, partner
         )
+    return out
+
+
+def _significant_roles(
+    roles: pd.DataFrame, settings: SpecializationSettings
+) -> dict[str, list[_Significant]]:
+    """Head label -> its significant testable roles (corrected ``p < alpha`` and ``effect >=
+    min_effect``), in the role table's order."""
+    # plain lists: pandas filtering here cost ten times the rest, once per setting tried
+    names = roles["role"].tolist()
+    p_adj = roles["p_adj"].to_numpy(dtype=float).tolist()
+    effect = roles["effect"].to_numpy(dtype=float).tolist()
+    rows = [
+        i
+        for i, (role, p, e) in enumerate(zip(names, p_adj, effect, strict=True))
+        if role not in DESCRIPTIVE_ROLES and p < settings.alpha and e >= settings.min_effect
+    ]
+    out: dict[str, list[_Significant]] = {}
+    if not rows:
+        return out
+    labels = roles["head_label"].tolist()
+    chance = roles["chance"].to_numpy(dtype=float).tolist()
+    evenness = roles["evenness"].to_numpy(dtype=float).tolist()
+    for i in rows:
+        found = _Significant(names[i], effect[i], chance[i], evenness[i])
+        out.setdefault(labels[i], []).append(found)
     return out
 
 
