@@ -426,3 +426,44 @@ def test_run_report_shows_the_saved_headline_stability_and_refuses_a_damaged_one
     table.drop(columns="changed").to_csv(analysis / "headline_stability.csv", index=False)
     with pytest.raises(ValueError, match=r"headline_stability\.csv lacks the column\(s\) changed"):
         write_report(run_dir, tmp_path / "report2", n_eval=N_SEQUENCES)
+
+
+def test_report_without_settings_reads_the_saved_results_and_changes_no_table(
+    sweeps, report, tmp_path, monkeypatch
+):
+    """A demo labels on fewer sequences than the defaults: `mhainterp report` without settings
+    options reads the saved results with their own settings. Before, it relabelled every run
+    with the defaults and overwrote the demo's tables (255 CSVs changed on the demo)."""
+    from mhainterp.specialization import folders
+    from mhainterp.specialization.folders import saved_folder_settings
+
+    sweep = tmp_path / "count_previous"
+    shutil.copytree(sweeps / "count_previous", sweep)
+    settings, dividing = saved_folder_settings(sweep)
+    assert settings.n_eval == N_SEQUENCES and dividing is not None
+    tables = {p: p.read_bytes() for p in sweep.rglob("*.csv")}
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a saved result was computed again")
+
+    monkeypatch.setattr(folders, "specialization_test", refuse)
+    monkeypatch.setattr(folders, "division_of_labour", refuse)
+    assert _cli(["report", str(sweep), "--quiet", "--by", ",".join(BY)]) == 0
+    assert {p: p.read_bytes() for p in sweep.rglob("*.csv")} == tables
+    assert (sweep / "report.md").is_file()
+
+
+def test_saved_folder_settings_are_none_when_runs_disagree_or_are_unlabelled(
+    sweeps, report, tmp_path
+):
+    from mhainterp.specialization.folders import saved_folder_settings
+
+    sweep = tmp_path / "count_previous"
+    shutil.copytree(sweeps / "count_previous", sweep)
+    run = next(sweep.glob("runs/*/analysis/specialization.json"))
+    meta = json.loads(run.read_text())
+    meta["settings"]["alpha"] = 0.01
+    run.write_text(json.dumps(meta))
+    assert saved_folder_settings(sweep) is None
+    run.unlink()
+    assert saved_folder_settings(sweep) is None

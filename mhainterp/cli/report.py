@@ -18,8 +18,8 @@ from mhainterp.cli.options import (
     check_run_folders,
     settings_from_args,
 )
-from mhainterp.cli.pretrained_options import n_eval_for, text_n_eval_default
-from mhainterp.cli.static import DEFAULT_N_EVAL
+from mhainterp.cli.pretrained_options import n_eval_for, n_eval_given, text_n_eval_default
+from mhainterp.cli.static import DEFAULT_N_EVAL, SPECIALIZATION_DEFAULTS
 
 __all__ = ["register"]
 
@@ -30,7 +30,9 @@ REPORT_DESCRIPTION = """\
 Write report.md and a self-contained report.html (figures embedded) for a run folder, a sweep
 folder, or a folder of sweeps (like the demo's runs/quickstart). The head-count tables, the
 specialization test (computed where missing), the figures and the caveats are all generated
-from the numbers.
+from the numbers. Without settings options it reads the saved results with the settings they
+were made with (the demo's labels rest on 256 sequences); an option such as --n-eval
+recomputes them with the new settings.
 
 A folder written by `mhainterp specialize --model NAME` (a pretrained model's verdict) gets
 its report from the saved files: one sentence per question, then the evidence.
@@ -71,16 +73,38 @@ def _cmd_report(args: argparse.Namespace) -> int:
         md, html = write_pretrained_report(args.path, args.out)
         print(f"report: {md}\n        {html}")
         return 0
+    given = _settings_given(args)  # before --n-eval's default is filled in
     args.n_eval = n_eval_for(args, DEFAULT_N_EVAL)
     from mhainterp.figures.saved import save_folder_figures
     from mhainterp.report import write_report
     from mhainterp.specialization import specialize_folder
+    from mhainterp.specialization.folders import saved_folder_settings
 
     check_run_folders(args.path)
-    settings = settings_from_args(args)
+    settings, dividing = settings_from_args(args), None
+    saved = None if given else saved_folder_settings(args.path)
+    if saved is not None:  # read what was saved (the demo's 256 sequences), never redo it
+        settings, dividing = saved
     # The report only reads: compute (or reuse) the results it shows and draw their figures.
-    specialize_folder(args.path, settings, progress=not args.quiet, by=by_axes(args))
+    specialize_folder(
+        args.path,
+        settings,
+        progress=not args.quiet,
+        by=by_axes(args),
+        division_settings=dividing,
+    )
     save_folder_figures(args.path)
     md, html = write_report(args.path, args.out, settings=settings)
     print(f"report: {md}\n        {html}")
     return 0
+
+
+def _settings_given(args: argparse.Namespace) -> bool:
+    """Whether any settings option differs from its default (else the saved settings are
+    read: :func:`~mhainterp.specialization.folders.saved_folder_settings`)."""
+    defaults = {"alpha": "alpha", "correction": "correction", "min_effect": "min_effect"}
+    defaults["ablation_method"] = "method"
+    changed = any(
+        getattr(args, dest) != SPECIALIZATION_DEFAULTS[key] for dest, key in defaults.items()
+    )
+    return changed or n_eval_given(args)

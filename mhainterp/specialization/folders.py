@@ -15,6 +15,7 @@ of sweeps reads (:func:`mhainterp.report.write_report` computes nothing);
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from mhainterp.provenance import (
 )
 from mhainterp.render import markdown_table
 from mhainterp.runs import (
+    find_runs,
     folder_kind,
     migrate_settings,
     read_result_table,
@@ -69,6 +71,7 @@ __all__ = [
     "SweepSpecialization",
     "cached_specialization",
     "division_folder",
+    "saved_folder_settings",
     "saved_specialization",
     "specialize_folder",
     "sweep_specialization",
@@ -284,6 +287,43 @@ def saved_specialization(
         return SpecializationResult.load(analysis, RESULT_PREFIX)
     except (FileNotFoundError, OutdatedResultError):  # saved in part, or by an older version
         return None
+
+
+def saved_folder_settings(
+    path: str | os.PathLike[str],
+) -> tuple[SpecializationSettings, DivisionSettings | None] | None:
+    """The settings every run under ``path`` was labelled with, and divided with (None: no
+    run divided), when every run has a saved result and they all agree; else None.
+
+    ``mhainterp report`` without settings options uses them, so that it reads what the demo
+    or a study saved instead of recomputing it with the defaults (the demo labels on 256
+    sequences and divides on 1,024; the defaults label on 1,024 too, so a report made with
+    them would replace every run's labels).
+
+    Example:
+        >>> saved_folder_settings("runs/quickstart")[0].n_eval  # doctest: +SKIP
+        256
+    """
+    labels: set[str] = set()
+    divisions: set[str] = set()
+    runs = find_runs(path)
+    for run_dir in runs:
+        analysis = Path(run_dir) / "analysis"
+        label_meta = analysis / f"{RESULT_PREFIX}.json"
+        if not label_meta.is_file():
+            return None
+        saved = migrate_settings(read_saved_meta(label_meta, ("settings",))["settings"])
+        labels.add(json.dumps(saved, sort_keys=True))
+        division_meta = analysis / "division.json"
+        if division_meta.is_file():
+            divided = read_saved_meta(division_meta, ("settings",))["settings"]
+            known = DivisionSettings.from_dict(divided).to_dict()
+            divisions.add(json.dumps(known, sort_keys=True))
+    if not runs or len(labels) != 1 or len(divisions) > 1:
+        return None
+    settings = SpecializationSettings.from_dict(json.loads(labels.pop()))
+    division = DivisionSettings.from_dict(json.loads(divisions.pop())) if divisions else None
+    return settings, division
 
 
 def _renamed(result: SpecializationResult, run_id: str) -> SpecializationResult:
