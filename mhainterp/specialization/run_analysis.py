@@ -112,7 +112,7 @@ def analyse_run(inp: RunInput, settings: SpecializationSettings, progress: bool)
     batch = inp.task.eval_batch(settings.n_eval)
     where = _where(inp, batch, settings, progress)
     damage = _damage(inp, batch, settings, progress)
-    needed = _needed(inp.model, batch, settings, where, damage)
+    needed = _needed(inp.model, batch, settings, where, damage, progress)
     heads, groups, stability = _labels(inp, settings, where, damage, needed)
     heads, verdict = _verdict(inp, batch, settings, heads, where, damage, stability)
     meta = _meta(inp)
@@ -247,6 +247,7 @@ def _needed(
     settings: SpecializationSettings,
     where: _Where,
     damage: _Damage,
+    progress: bool = False,
 ) -> _Needed:
     """Dead heads (quiet AND costing nothing when removed), and redundant pairs and groups.
 
@@ -273,6 +274,7 @@ def _needed(
         similarity=similarity,
         evidence_similarity=loosest,
         singles=damage.exact_loss,
+        progress=progress,
     )
     candidates: list[tuple[str, list[str]]] = []
     similar_sets: set[tuple[str, ...]] = set()
@@ -290,7 +292,13 @@ def _needed(
                 held.setdefault(d.role, []).append(head)
         candidates += [(f"role:{r}", m) for r, m in held.items() if len(m) >= 3]
     groups = redundancy_groups(
-        model, batch, settings, groups=candidates, dead=dead, similarity=similarity
+        model,
+        batch,
+        settings,
+        groups=candidates,
+        dead=dead,
+        similarity=similarity,
+        progress=progress,
     )
     evidence = RunEvidence(where.roles, ratio, pairs, groups, where.nested, max_damage, quiet)
     return _Needed(evidence, dead, similarity, pairs, groups, quiet)

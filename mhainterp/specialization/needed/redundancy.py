@@ -78,6 +78,7 @@ def redundancy_pairs(
     pairwise: pd.DataFrame | None = None,
     evidence_similarity: float | None = None,
     singles: Mapping[str, float] | None = None,
+    progress: bool = False,
 ) -> pd.DataFrame:
     """Every pair of heads with its similarity, pairwise-ablation backup and verdict.
 
@@ -100,6 +101,7 @@ def redundancy_pairs(
         singles: On a pretrained model, heads whose single-removal loss increase is already
             known exactly (the specialization test's damage step): not removed again
             (:func:`~mhainterp.ablation.pairwise_ablation`'s ``singles``).
+        progress: A progress bar over the pairwise ablation's forwards.
 
     Returns:
         One row per unordered pair (layer-major), columns :data:`REDUNDANCY_COLUMNS`; damages
@@ -134,6 +136,7 @@ def redundancy_pairs(
             pairs,
             dead,
             singles,
+            progress,
         )
     loss = pairwise[pairwise["metric"] == "loss"].set_index(["head_a", "head_b"])
     rows = []
@@ -179,6 +182,7 @@ def _similar_pairwise(
     pairs: list[tuple[str, str]],
     dead: set[str],
     singles: Mapping[str, float] | None = None,
+    progress: bool = False,
 ) -> pd.DataFrame:
     """Pairwise ablation among the live heads that have a similar partner (only those pairs
     can be redundant, and ablating every pair of a 16-head model would take 120 passes)."""
@@ -192,8 +196,10 @@ def _similar_pairwise(
         chosen.sort(key=lambda pair: -float(similarity.loc[pair]))
         at_gate = sum(float(similarity.loc[p]) >= settings.min_similarity for p in chosen)
         chosen = chosen[: max(at_gate, PRETRAINED_PAIRS)]
-        return pairwise_ablation(model, batch, settings.method, pairs=chosen, singles=singles)
-    return pairwise_ablation(model, batch, settings.method, heads=heads)
+        return pairwise_ablation(
+            model, batch, settings.method, pairs=chosen, singles=singles, progress=progress
+        )
+    return pairwise_ablation(model, batch, settings.method, heads=heads, progress=progress)
 
 
 PRETRAINED_GROUP_SIZE = 16
@@ -259,6 +265,7 @@ def redundancy_groups(
     dead: Iterable[str] = (),
     similarity: pd.DataFrame | None = None,
     groups: Sequence[tuple[str, Sequence[str]]] = (),
+    progress: bool = False,
 ) -> pd.DataFrame:
     """Groups of heads tested as a whole: their group-ablation backup and verdict.
 
@@ -269,6 +276,7 @@ def redundancy_groups(
         groups: More ``(basis, heads)`` groups to test (e.g. heads sharing a role) besides the
             similar groups (:func:`similar_groups`); a set of heads is tested once, its bases
             joined by ``+``; sets of fewer than three heads are skipped.
+        progress: A progress bar over the groups' forwards.
 
     Returns:
         One row per group, columns :data:`GROUP_COLUMNS`: ``basis``, ``heads`` as a head set
@@ -307,7 +315,14 @@ def redundancy_groups(
         head_sets += [[h for h in group if h != keep] for keep in group]  # keep one member
     damage = np.array([])
     if head_sets:
-        result = evaluate_head_sets(model, batch, [[], *head_sets], settings.method)
+        result = evaluate_head_sets(
+            model,
+            batch,
+            [[], *head_sets],
+            settings.method,
+            progress=progress,
+            desc="groups removed whole",
+        )
         table = head_sets_table(result).iloc[1:]  # after the clean model
         damage = table["delta_loss"].to_numpy()
     rows, start = [], 0
