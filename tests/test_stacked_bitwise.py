@@ -25,11 +25,15 @@ CASES = [
     ("reverse", {"seq_len": 8, "d_vocab": 5}, (1, 4)),
     ("reverse", {"seq_len": 8, "d_vocab": 5, "min_len": 3}, (1, 4)),
 ]
+DEEP = {"n_layers": 2, "attn_only": False, "normalization_type": "LN"}  # every kind of layer
 
 
-def _models(name, params, heads):
+def _models(name, params, heads, **kwargs):
     task = get_task(name, **params)
-    return task, [build_model(task, n_heads=h, seed=s, d_model=16) for s, h in enumerate(heads)]
+    models = [
+        build_model(task, n_heads=h, seed=s, d_model=16, **kwargs) for s, h in enumerate(heads)
+    ]
+    return task, models
 
 
 def _step(stack, task, batch, work):
@@ -43,12 +47,14 @@ def _step(stack, task, batch, work):
 
 
 @pytest.mark.filterwarnings("ignore:.*gradient layout contract")  # grads: slices of one buffer
+@pytest.mark.parametrize("deep", [False, True])
 @pytest.mark.parametrize(("name", "params", "heads"), CASES)
-def test_the_workspace_step_is_bitwise_the_plain_step(name, params, heads):
-    """Layer 0's gathers and attention core in reused buffers (:mod:`stacked_buffers`, with
-    its hand-written backward) give the bits of the plain ops and autograd, step after step
-    (the second step overwrites the first's buffers)."""
-    task, models = _models(name, params, heads)
+def test_the_workspace_step_is_bitwise_the_plain_step(name, params, heads, deep):
+    """Layer 0's gathers and attention core and every output projection in reused buffers
+    (:mod:`stacked_buffers`, with their backward written out) give the bits of the plain ops
+    and autograd, step after step (the second step overwrites the first's buffers); with
+    one layer, attention only (the demo's models), and two with MLPs and LayerNorm."""
+    task, models = _models(name, params, heads, **(DEEP if deep else {}))
     stacks = [StackedModels.from_models(models) for _ in range(2)]
     work = Workspace()
     for step in range(2):

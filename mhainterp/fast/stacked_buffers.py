@@ -30,7 +30,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from torch.autograd.function import FunctionCtx
 
-__all__ = ["Attention", "GatherRows", "Workspace"]
+__all__ = ["Attention", "GatherRows", "Linear", "Workspace"]
 
 
 class Workspace:
@@ -201,3 +201,49 @@ class Attention(torch.autograd.Function):
             grad_k = grad_kt.transpose(1, 2).view(-1, h, T, dh)
             _scaled_copy(grad_k, grad_parts[1], scale, ctx.causal)
         return grad_qkv, None, None, None, None
+
+
+class Linear(torch.autograd.Function):
+    """:func:`~mhainterp.fast.stacked_forward._linear` (``baddbmm`` of the bias, ``x`` and
+    the weight transposed) plus, if given, the residual stream it writes into, into a
+    workspace buffer; its backward is autograd's (``bmm`` for ``x`` and the weight, the bias's
+    gradient summed by autograd as for any broadcast input), ``x``'s gradient into a buffer.
+
+    ``apply(x, weight, bias, residual, work, name)``: ``x`` ``[M, N, i]``, ``weight``
+    ``[M, o, i]``, ``bias`` ``[M, 1, o]``, ``residual`` ``[M, N, o]`` or None.
+    The residual is added after the product, ``product + residual``: the bits of
+    ``residual + product`` (a floating-point sum of two terms does not depend on their order).
+
+    Example:
+        >>> x, w, b = torch.ones(1, 2, 3), torch.ones(1, 4, 3), torch.zeros(1, 1, 4)
+        >>> Linear.apply(x, w, b, None, Workspace(), "example").tolist()
+        [[[3.0, 3.0, 3.0, 3.0], [3.0, 3.0, 3.0, 3.0]]]
+    """
+
+    @staticmethod
+    def forward(
+        ctx: FunctionCtx,
+        x: Float[Tensor, "M N i"],
+        weight: Float[Tensor, "M o i"],
+        bias: Float[Tensor, "M 1 o"],
+        residual: Float[Tensor, "M N o"] | None,
+        work: Workspace,
+        name: str,
+    ) -> Float[Tensor, "M N o"]:
+        M, N, _ = x.shape
+        out = work.get(f"linear.{name}", (M, N, weight.shape[1]), x)
+        torch.baddbmm(bias, x, weight.transpose(1, 2), out=out)
+        if residual is not None:
+            out.add_(residual)
+        ctx.save_for_backward(x, weight)
+        ctx.work, ctx.name, ctx.residual = work, name, residual is not None
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Float[Tensor, "M N o"]) -> tuple[Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        grad_x = ctx.work.get(f"linear.{ctx.name}.grad_x", x.shape, grad)
+        torch.bmm(grad, weight, out=grad_x)  # grad @ (weight^T)^T
+        grad_weight = torch.bmm(x.transpose(1, 2), grad).transpose(1, 2)  # x^T @ grad, then
+        # the transpose's backward
+        return grad_x, grad_weight, grad, grad if ctx.residual else None, None, None

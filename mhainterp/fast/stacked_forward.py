@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from mhainterp.fast.stacked_buffers import Attention, GatherRows, Workspace
+from mhainterp.fast.stacked_buffers import Attention, GatherRows, Linear, Workspace
 from mhainterp.fast.stacked_params import StackedModels
 from mhainterp.model.loss import IGNORE_INDEX
 from mhainterp.scoring import scored_positions
@@ -27,9 +27,20 @@ __all__ = ["batched_logits", "batched_loss"]
 
 
 # ----- the batched forward pass ------------------------------------------------------------------
-def _linear(x: Float[Tensor, "M N i"], weight: Tensor, bias: Tensor) -> Float[Tensor, "M N o"]:
-    """Per-model ``x @ weight.T + bias`` (weight ``[M, o, i]`` in nn.Linear layout)."""
-    return torch.baddbmm(bias[:, None, :], x, weight.transpose(1, 2))
+def _linear(
+    x: Float[Tensor, "M N i"],
+    weight: Tensor,
+    bias: Tensor,
+    residual: Float[Tensor, "M N o"] | None = None,
+    work: Workspace | None = None,
+    name: str = "",
+) -> Float[Tensor, "M N o"]:
+    """Per-model ``x @ weight.T + bias`` (weight ``[M, o, i]`` in nn.Linear layout), added to
+    ``residual`` if given; into ``work``'s buffers when given (:class:`Linear`)."""
+    if work is not None:
+        return Linear.apply(x, weight, bias[:, None, :], residual, work, name)
+    out = torch.baddbmm(bias[:, None, :], x, weight.transpose(1, 2))
+    return out if residual is None else residual + out
 
 
 def _layer_norm(x: Float[Tensor, "M N d"], weight: Tensor, bias: Tensor, eps: float) -> Tensor:
@@ -247,7 +258,7 @@ def batched_logits(
             z = Attention.apply(qkv, groups, T, causal_bias, work)  # (M, B * T, d)
         else:
             z = _attention(qkv, groups, T, causal_bias, future, padding_mask)
-        resid = resid + _linear(z, s[p + "W_O"], s[p + "b_O"])
+        resid = _linear(z, s[p + "W_O"], s[p + "b_O"], resid, work, p + "W_O")
         if not cfg.attn_only:
             x = resid
             if cfg.normalization_type == "LN":
@@ -257,7 +268,7 @@ def batched_logits(
             resid = resid + _linear(hidden, s[p + "W_out"], s[p + "b_out"])
     if cfg.normalization_type == "LN":
         resid = _layer_norm(resid, s["ln_final.w"], s["ln_final.b"], cfg.eps)
-    return _linear(resid, s["W_U"], s["b_U"]).view(M, B, T, -1)
+    return _linear(resid, s["W_U"], s["b_U"], None, work, "W_U").view(M, B, T, -1)
 
 
 def batched_loss(
