@@ -5,12 +5,13 @@ once enough lies free at the top of its heap, and every block of 32 MiB or more 
 anew, so each step's activations are page-faulted and zeroed by the kernel again before the
 op that writes them runs (measured on the 2-core benchmark machine: a fresh 14 MiB tensor
 filled in 3 ms, the same buffer reused in 1.2 ms; 42 MiB in 60 ms against 4.5 ms). At
-27 models of batch 128, layer 0's gathers and its attention core make a dozen such tensors a
-step. The two autograd functions here compute exactly what the plain ops compute (the same
-kernels on the same shapes, each value rounded once, as :func:`~mhainterp.fast.stacked_forward`
-and autograd would), into :class:`Workspace` buffers, with the plain ops' backward written
-out: :class:`GatherRows` (``index_select``) and :class:`Attention` (the unpadded attention
-core of every head-count group).
+27 models of batch 128, layer 0's gathers, its attention core and the output projections
+made over a dozen such tensors a step. The three autograd functions here compute exactly what
+the plain ops compute (the same kernels on the same shapes, each value rounded once, as
+:mod:`~mhainterp.fast.stacked_forward` and autograd would), into :class:`Workspace` buffers,
+with the plain ops' backward written out: :class:`GatherRows` (``index_select``),
+:class:`Attention` (the unpadded attention core of every head-count group) and
+:class:`Linear` (a projection, and the residual add after it).
 
 A buffer is overwritten by the next step that uses the workspace: only a caller that is done
 with a step's outputs before the next (the training step) passes one
