@@ -408,9 +408,10 @@ class _Group:
         self.configs = configs
         self.run_dirs = run_dirs
         self.stack = StackedModels.from_models([models[i] for i in order])
-        # On the CPU the big activations go to buffers kept from step to step (a fresh one is
-        # page-faulted each step there); CUDA's caching allocator already reuses its blocks.
-        self.work = Workspace() if device.type == "cpu" else None
+        # The big activations go to buffers kept from step to step where the allocator gives
+        # fresh pages (the CPU: page-faulted each step); CUDA's and MPS's caching allocators
+        # already reuse their blocks, and CUDA's gathers keep their deterministic backward.
+        self.work = None if device.type in ("cuda", "mps") else Workspace()
         self.exp_avg = torch.zeros_like(self.stack.flat)
         self.exp_avg_sq = torch.zeros_like(self.stack.flat)
         self.generators = [torch.Generator().manual_seed(configs[i].seed) for i in order]

@@ -120,7 +120,8 @@ class Attention(torch.autograd.Function):
     is still rounded once).
 
     ``apply(qkv, groups, T, causal_bias, work)``: ``groups`` as
-    :meth:`StackedModels.head_groups` gives them, ``causal_bias`` ``[T, T]`` or None.
+    :meth:`~mhainterp.fast.stacked_params.StackedModels.head_groups` gives them,
+    ``causal_bias`` ``[T, T]`` or None.
     """
 
     @staticmethod
