@@ -49,6 +49,7 @@ from tqdm.auto import tqdm
 
 from mhainterp.config import TrainConfig
 from mhainterp.errors import BatchDivergedError, TrainingDivergedError
+from mhainterp.fast.stacked_buffers import Workspace
 from mhainterp.fast.stacked_checkpoint import GroupCheckpoint
 from mhainterp.fast.stacked_forward import batched_logits, batched_loss
 from mhainterp.fast.stacked_params import StackedModels, check_batchable
@@ -407,6 +408,10 @@ class _Group:
         self.configs = configs
         self.run_dirs = run_dirs
         self.stack = StackedModels.from_models([models[i] for i in order])
+        # The big activations go to buffers kept from step to step where the allocator gives
+        # fresh pages (the CPU: page-faulted each step); CUDA's and MPS's caching allocators
+        # already reuse their blocks, and CUDA's gathers keep their deterministic backward.
+        self.work = None if device.type in ("cuda", "mps") else Workspace()
         self.exp_avg = torch.zeros_like(self.stack.flat)
         self.exp_avg_sq = torch.zeros_like(self.stack.flat)
         self.generators = [torch.Generator().manual_seed(configs[i].seed) for i in order]
@@ -454,7 +459,8 @@ class _Group:
         batch = sample_many(
             self.task, config.batch_size, self.generators, self.device, checked=self.n_steps == 0
         )
-        logits = batched_logits(stack, batch.tokens, batch.padding_mask if batch.padded else None)
+        pad = batch.padding_mask if batch.padded else None
+        logits = batched_logits(stack, batch.tokens, pad, work=self.work)
         n_scored = None
         if batch.all_scored:  # the same count every step: a constant of the group
             count = batch.targets[0].numel()

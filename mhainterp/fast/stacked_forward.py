@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from mhainterp.fast.stacked_buffers import Attention, GatherRows, Linear, Workspace
 from mhainterp.fast.stacked_params import StackedModels
 from mhainterp.model.loss import IGNORE_INDEX
 from mhainterp.scoring import scored_positions
@@ -26,9 +27,20 @@ __all__ = ["batched_logits", "batched_loss"]
 
 
 # ----- the batched forward pass ------------------------------------------------------------------
-def _linear(x: Float[Tensor, "M N i"], weight: Tensor, bias: Tensor) -> Float[Tensor, "M N o"]:
-    """Per-model ``x @ weight.T + bias`` (weight ``[M, o, i]`` in nn.Linear layout)."""
-    return torch.baddbmm(bias[:, None, :], x, weight.transpose(1, 2))
+def _linear(
+    x: Float[Tensor, "M N i"],
+    weight: Tensor,
+    bias: Tensor,
+    residual: Float[Tensor, "M N o"] | None = None,
+    work: Workspace | None = None,
+    name: str = "",
+) -> Float[Tensor, "M N o"]:
+    """Per-model ``x @ weight.T + bias`` (weight ``[M, o, i]`` in nn.Linear layout), added to
+    ``residual`` if given; into ``work``'s buffers when given (:class:`Linear`)."""
+    if work is not None:
+        return Linear.apply(x, weight, bias[:, None, :], residual, work, name)
+    out = torch.baddbmm(bias[:, None, :], x, weight.transpose(1, 2))
+    return out if residual is None else residual + out
 
 
 def _layer_norm(x: Float[Tensor, "M N d"], weight: Tensor, bias: Tensor, eps: float) -> Tensor:
@@ -123,6 +135,15 @@ def _gather_rows(table: Float[Tensor, "R c"], rows: Int[Tensor, " N"]) -> Float[
     return table.index_select(0, rows)
 
 
+def _gather(
+    table: Float[Tensor, "R c"], rows: Int[Tensor, " N"], work: Workspace | None, name: str
+) -> Float[Tensor, "N c"]:
+    """:func:`_gather_rows`, into ``work``'s buffer ``name`` when given (CPU only)."""
+    if work is None:
+        return _gather_rows(table, rows)
+    return GatherRows.apply(table, rows, work, name)
+
+
 def _future_mask(T: int, device: torch.device) -> Bool[Tensor, "T T"]:
     return torch.ones(T, T, dtype=torch.bool, device=device).triu(1)
 
@@ -140,11 +161,40 @@ def _table_offsets(M: int, V: int, T: int, device: torch.device) -> Int[Tensor, 
     return positions + torch.arange(M, device=device)[:, None, None] * (V * T)
 
 
+def _attention(
+    qkv: Float[Tensor, "M N 3d"],
+    groups: list[tuple[int, int, int]],
+    T: int,
+    causal_bias: Float[Tensor, "T T"] | None,
+    future: Bool[Tensor, "T T"] | None,
+    padding_mask: Bool[Tensor, "M B T"] | None,
+) -> Float[Tensor, "M N d"]:
+    """One layer's attention of every head-count group (rows ``a:b`` of ``groups``, ``h``
+    heads): :func:`_attend` on each, or :func:`_padded_attention` with a padding mask."""
+    sizes = [b - a for a, b, _ in groups]
+    # split (not slicing): the backward is one cat, not a zero-filled copy per group;
+    # one head count: no split (its backward would be a cat of one tensor, a copy)
+    qkv_parts = qkv.split(sizes) if len(groups) > 1 else (qkv,)
+    if padding_mask is None:
+        parts = [
+            _merge_heads(_attend(*_split_heads(part, T, h), causal_bias), b - a, h)
+            for part, (a, b, h) in zip(qkv_parts, groups, strict=True)
+        ]
+    else:
+        pads = padding_mask.split(sizes) if len(groups) > 1 else (padding_mask,)
+        parts = [
+            _padded_attention(part, T, h, future, pad)
+            for part, pad, (_, _, h) in zip(qkv_parts, pads, groups, strict=True)
+        ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)  # (M, B * T, d)
+
+
 def batched_logits(
     stack: StackedModels,
     tokens: Int[Tensor, "M B T"],
     padding_mask: Bool[Tensor, "M B T"] | None = None,
     use_table: bool | None = None,
+    work: Workspace | None = None,
 ) -> Float[Tensor, "M B T n_out"]:
     """The logits of every model of ``stack`` on its own batch; the function
     :meth:`HookedMHATransformer.logits` computes, one ``bmm`` per weight for all models.
@@ -156,6 +206,10 @@ def batched_logits(
         use_table: Compute layer 0's LayerNorm and Q/K/V projection once per (token,
             position) pair and gather them, instead of once per token: the same function,
             with ``V * T`` instead of ``B * T`` rows. None: when ``d_vocab < B``.
+        work: Buffers kept from call to call for layer 0's gathers and attention core
+            (:mod:`~mhainterp.fast.stacked_buffers`: the same values, without the fresh
+            tensors a CPU pays for); the next call with it overwrites this one's activations.
+            None: plain tensors.
 
     Returns:
         ``[M, B, T, n_targets * d_vocab_out]`` logits.
@@ -179,13 +233,12 @@ def batched_logits(
         offsets = stack.constant(("table_offsets", T), lambda: _table_offsets(M, V, T, device))
         flat_rows = (tokens * T + offsets).reshape(-1)  # (M * B * T,)
         table = (s["embed"][:, :, None, :] + s["pos_embed"][:, None, :T, :]).reshape(M, -1, d)
-        resid = _gather_rows(table.reshape(M * V * T, d), flat_rows).view(M, B * T, d)
+        resid = _gather(table.reshape(M * V * T, d), flat_rows, work, "resid").view(M, B * T, d)
     else:
         offsets = torch.arange(M, device=tokens.device)[:, None, None] * V
         resid = F.embedding(tokens + offsets, s["embed"].reshape(M * V, d))  # (M, B, T, d)
         resid = (resid + s["pos_embed"][:, None, :T]).reshape(M, B * T, d)
     groups = stack.head_groups()
-    sizes = [b - a for a, b, _ in groups]
     causal_bias = future = None
     if cfg.causal and padding_mask is None:
         dtype = stack.flat.dtype
@@ -200,23 +253,12 @@ def batched_logits(
             x = _layer_norm(x, s[p + "ln1.w"], s[p + "ln1.b"], cfg.eps)
         qkv = _linear(x, s[p + "W_qkv"], s[p + "b_qkv"])  # (M, V * T or B * T, 3d)
         if first:
-            qkv = _gather_rows(qkv.reshape(M * V * T, 3 * d), flat_rows).view(M, B * T, -1)
-        # split (not slicing): the backward is one cat, not a zero-filled copy per group;
-        # one head count: no split (its backward would be a cat of one tensor, a copy)
-        qkv_parts = qkv.split(sizes) if len(groups) > 1 else (qkv,)
-        if padding_mask is None:
-            parts = [
-                _merge_heads(_attend(*_split_heads(part, T, h), causal_bias), b - a, h)
-                for part, (a, b, h) in zip(qkv_parts, groups, strict=True)
-            ]
+            qkv = _gather(qkv.reshape(M * V * T, 3 * d), flat_rows, work, "qkv").view(M, B * T, -1)
+        if first and work is not None and padding_mask is None:  # the core in work's buffers
+            z = Attention.apply(qkv, groups, T, causal_bias, work)  # (M, B * T, d)
         else:
-            pads = padding_mask.split(sizes) if len(groups) > 1 else (padding_mask,)
-            parts = [
-                _padded_attention(part, T, h, future, pad)
-                for part, pad, (_, _, h) in zip(qkv_parts, pads, groups, strict=True)
-            ]
-        z = parts[0] if len(parts) == 1 else torch.cat(parts)  # (M, B * T, d)
-        resid = resid + _linear(z, s[p + "W_O"], s[p + "b_O"])
+            z = _attention(qkv, groups, T, causal_bias, future, padding_mask)
+        resid = _linear(z, s[p + "W_O"], s[p + "b_O"], resid, work, p + "W_O")
         if not cfg.attn_only:
             x = resid
             if cfg.normalization_type == "LN":
@@ -226,7 +268,7 @@ def batched_logits(
             resid = resid + _linear(hidden, s[p + "W_out"], s[p + "b_out"])
     if cfg.normalization_type == "LN":
         resid = _layer_norm(resid, s["ln_final.w"], s["ln_final.b"], cfg.eps)
-    return _linear(resid, s["W_U"], s["b_U"]).view(M, B, T, -1)
+    return _linear(resid, s["W_U"], s["b_U"], None, work, "W_U").view(M, B, T, -1)
 
 
 def batched_loss(
