@@ -641,3 +641,22 @@ def test_pairwise_ablation_reuses_known_single_removals(llama, monkeypatch):
     np.testing.assert_allclose(again[columns].to_numpy(), loss[columns].to_numpy(), atol=1e-6)
     other = reused[reused["metric"] != "loss"]
     assert other.empty or other["damage_a"].isna().all()
+
+
+def test_pairs_past_the_pretrained_cap_are_kept_unablated(bert, monkeypatch):
+    """Every pair of a look-alike model passes the similarity gate (SmolLM2's first-token
+    heads): only the PRETRAINED_MAX_PAIRS most similar are removed; the rest keep NaN
+    damages and are not redundant."""
+    from mhainterp.specialization.needed import redundancy
+
+    monkeypatch.setattr(redundancy, "PRETRAINED_PAIRS", 1)
+    monkeypatch.setattr(redundancy, "PRETRAINED_MAX_PAIRS", 3)
+    batch = TextTask(bert, sentences=_sentences(), n_eval=12).eval_batch()
+    labels = bert.head_labels
+    similarity = pd.DataFrame(np.full((8, 8), 0.95), index=labels, columns=labels)
+    similarity.loc["L0H0", "L0H1"] = similarity.loc["L0H1", "L0H0"] = 0.99  # the most similar
+    pairs = redundancy.redundancy_pairs(bert, batch, similarity=similarity)
+    ablated = pairs[pairs["damage_joint"].notna()]
+    assert len(pairs) == 28 and len(ablated) == 3
+    assert ("L0H0", "L0H1") in set(zip(ablated["head_a"], ablated["head_b"]))
+    assert not pairs.loc[pairs["damage_joint"].isna(), "redundant"].any()

@@ -46,6 +46,7 @@ from mhainterp.tasks import Batch
 __all__ = [
     "GROUP_COLUMNS",
     "PRETRAINED_GROUP_SIZE",
+    "PRETRAINED_MAX_PAIRS",
     "REDUNDANCY_COLUMNS",
     "redundancy_groups",
     "redundant_under",
@@ -172,6 +173,12 @@ below it (the stability test's looser gate) up to this many. On MiniLM (8 senten
 loosest gate, 0.72, passes 1,151 of 2,556 pairs (305 s of pairwise ablation), 0.9 passes 30;
 a looser gate's label that needs an unablated pair reads it as not backed up."""
 
+PRETRAINED_MAX_PAIRS = 256
+"""The most pairs ablated on a pretrained model, the most similar first, even when more pass
+``min_similarity``: on SmolLM2 the 167 heads that put most of their attention on the first
+token all look alike (thousands of pairs at 0.9), and the pair test ran past 30 minutes on 16
+sentences. A pair left out keeps its row with NaN damages and is not redundant."""
+
 
 def _similar_pairwise(
     model: HookedMHATransformer,
@@ -195,7 +202,7 @@ def _similar_pairwise(
         chosen = [(a, b) for a, b in pairs if similarity.loc[a, b] >= gate and {a, b} <= alive]
         chosen.sort(key=lambda pair: -float(similarity.loc[pair]))
         at_gate = sum(float(similarity.loc[p]) >= settings.min_similarity for p in chosen)
-        chosen = chosen[: max(at_gate, PRETRAINED_PAIRS)]
+        chosen = chosen[: min(max(at_gate, PRETRAINED_PAIRS), PRETRAINED_MAX_PAIRS)]
         return pairwise_ablation(
             model, batch, settings.method, pairs=chosen, singles=singles, progress=progress
         )
