@@ -660,3 +660,20 @@ def test_pairs_past_the_pretrained_cap_are_kept_unablated(bert, monkeypatch):
     assert len(pairs) == 28 and len(ablated) == 3
     assert ("L0H0", "L0H1") in set(zip(ablated["head_a"], ablated["head_b"]))
     assert not pairs.loc[pairs["damage_joint"].isna(), "redundant"].any()
+
+
+def test_a_quiet_set_past_the_pretrained_cap_is_left_to_the_single_head_test(bert, monkeypatch):
+    """Eight quiet heads that cost nothing alone, the cap at 3: no set is removed, and each
+    head is dead by the single-head test alone, the set counted untested."""
+    from mhainterp.specialization import SpecializationSettings
+    from mhainterp.specialization.needed import dead
+
+    monkeypatch.setattr(dead, "PRETRAINED_QUIET_SET", 3)
+    monkeypatch.setattr(dead, "evaluate_head_sets", lambda *a, **k: pytest.fail("removed"))
+    batch = TextTask(bert, sentences=_sentences(), n_eval=12).eval_batch()
+    ratio = {head: 0.001 for head in bert.head_labels}
+    damage = {head: 0.0 for head in bert.head_labels}
+    settings = SpecializationSettings()
+    quiet = dead.quiet_ablations(bert, batch, ratio, damage, [settings], "mean")
+    assert quiet.empty
+    assert dead.dead_heads(ratio, damage, quiet, settings) == (set(bert.head_labels), 1)

@@ -256,7 +256,7 @@ def _needed(
     of every variant (similar components, heads sharing a role)."""
     variants = [settings] + [v for _, _, v in variant_settings(settings)]
     ratio, max_damage = where.ratio, damage.max_damage
-    quiet = quiet_ablations(model, batch, ratio, max_damage, variants, settings.method)
+    quiet = quiet_ablations(model, batch, ratio, max_damage, variants, settings.method, progress)
 
     def dead_under(variant: SpecializationSettings) -> list[str]:
         """Dead by function under ``variant`` (quiet AND costing nothing when removed)."""
