@@ -309,6 +309,8 @@ def screened_triple_damage(
     every = list(all_heads(model.cfg.n_layers, model.cfg.n_heads))
     run = [pair for pair in every if head_label(*pair) in set(exact)]
     part = triple_damage(model, batch, method=method, names=names, progress=progress, pairs=run)
+    # On the host, as every per-triple table here: triple_damage returns its rows there, and
+    # estimate_damage reads the mask there (attribution fills host tables, as the division's).
     scored = torch.zeros(len(batch), batch.tokens.shape[1], batch.n_targets, dtype=torch.bool)
     scored[tuple(part.index.T)] = True  # the engine's scored triples, row-major as its rows
     estimate = estimate_damage(model, batch, (method,), scored, seed)[method]  # (3H + L + 1, N)
