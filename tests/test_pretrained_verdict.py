@@ -525,11 +525,65 @@ def test_a_group_larger_than_the_pretrained_cap_is_kept_untested(bert, monkeypat
     batch = TextTask(bert, sentences=_sentences(), n_eval=12).eval_batch()
     similarity = pd.DataFrame(np.eye(8), index=bert.head_labels, columns=bert.head_labels)
     groups = [("role:a", ["L0H0", "L0H1", "L0H2", "L0H3"]), ("role:b", ["L1H0", "L1H1", "L1H2"])]
-    table = redundancy.redundancy_groups(bert, batch, similarity=similarity, groups=groups)
+    table = redundancy.redundancy_groups(
+        bert, batch, similarity=similarity, groups=groups, evidence_joint_damage=-np.inf
+    )
     rows = table.set_index("basis")
     assert np.isnan(rows.loc["role:a", "damage_all"]) and not rows.loc["role:a", "redundant"]
     assert np.isfinite(rows.loc["role:b", "damage_all"])
-    assert len(seen) == 1 + 1 + 3  # clean, the 3-head group, each keep-one: nothing of role:a
+    # clean + the 3-head group, then clean + each keep-one: nothing of role:a
+    assert len(seen) == 2 + 1 + 3
+
+
+def test_a_group_whose_removal_costs_less_than_the_gate_is_not_removed_one_kept(bert, monkeypatch):
+    """On a pretrained model the keep-one sets run only for groups whose whole removal costs
+    at least the evidence gate: below it the group cannot be redundant, so its keep-one
+    damages stay NaN (no forward); at or above it, they are the engine's."""
+    from mhainterp.specialization.needed import redundancy
+
+    seen: list[list] = []
+    real = redundancy.evaluate_head_sets
+
+    def counting(model, batch, head_sets, *args, **kwargs):
+        seen.extend(head_sets)
+        return real(model, batch, head_sets, *args, **kwargs)
+
+    monkeypatch.setattr(redundancy, "evaluate_head_sets", counting)
+    batch = TextTask(bert, sentences=_sentences(), n_eval=12).eval_batch()
+    similarity = pd.DataFrame(np.eye(8), index=bert.head_labels, columns=bert.head_labels)
+    groups = [("role:b", ["L1H0", "L1H1", "L1H2"])]
+    kept = redundancy.redundancy_groups(
+        bert, batch, similarity=similarity, groups=groups, evidence_joint_damage=-np.inf
+    ).iloc[0]
+    assert np.isfinite(kept["damage_keep_one_mean"]) and len(seen) == 2 + 1 + 3
+    seen.clear()
+    gated = redundancy.redundancy_groups(
+        bert, batch, similarity=similarity, groups=groups, evidence_joint_damage=np.inf
+    ).iloc[0]
+    assert len(seen) == 2  # the clean model and the whole group only
+    assert gated["damage_all"] == pytest.approx(kept["damage_all"], abs=1e-9)
+    assert np.isnan(gated["damage_keep_one_mean"]) and not gated["redundant"]
+
+
+def test_a_pretrained_division_keeps_each_head_alone_in_its_layer_only(bert, monkeypatch):
+    """No configuration keeps one head alone in the whole model (every other head removed) on
+    a pretrained model: every head set the division removes lies within one layer, and every
+    kept profile is the layer's."""
+    from mhainterp.specialization.whom import profiles
+
+    seen: list[list] = []
+    real = profiles.evaluate_head_sets
+
+    def recording(model, batch, head_sets, *args, **kwargs):
+        seen.extend(head_sets)
+        return real(model, batch, head_sets, *args, **kwargs)
+
+    monkeypatch.setattr(profiles, "evaluate_head_sets", recording)
+    task = TextTask(bert, sentences=_sentences(), n_eval=12)
+    result = division_of_labour(bert, task, n_bootstrap=20, methods=("mean",))
+    layers_touched = {len({pair[0] for pair in head_set}) for head_set in seen}
+    assert seen and layers_touched <= {0, 1}
+    assert set(result.heads["kept_scope"].dropna()) - {""} <= {"layer"}
 
 
 def test_screened_single_head_damage_runs_the_exact_heads_and_estimates_the_rest(llama):
@@ -649,7 +703,6 @@ def test_pairs_past_the_pretrained_cap_are_kept_unablated(bert, monkeypatch):
     damages and are not redundant."""
     from mhainterp.specialization.needed import redundancy
 
-    monkeypatch.setattr(redundancy, "PRETRAINED_PAIRS", 1)
     monkeypatch.setattr(redundancy, "PRETRAINED_MAX_PAIRS", 3)
     batch = TextTask(bert, sentences=_sentences(), n_eval=12).eval_batch()
     labels = bert.head_labels

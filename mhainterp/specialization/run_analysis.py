@@ -298,6 +298,7 @@ def _needed(
         groups=candidates,
         dead=dead,
         similarity=similarity,
+        evidence_joint_damage=min(v.min_joint_damage for v in variants),
         progress=progress,
     )
     evidence = RunEvidence(where.roles, ratio, pairs, groups, where.nested, max_damage, quiet)

@@ -36,6 +36,7 @@ import numpy as np
 import pandas as pd
 
 from mhainterp.ablation import evaluate_head_sets, head_sets_table, pairwise_ablation
+from mhainterp.ablation.replacement import CleanCache
 from mhainterp.heads import HEAD_SET_SEPARATOR
 from mhainterp.model import HookedMHATransformer
 from mhainterp.protocol import scored_by_loss
@@ -167,17 +168,16 @@ def redundancy_pairs(
     return pd.DataFrame(rows, columns=REDUNDANCY_COLUMNS)
 
 
-PRETRAINED_PAIRS = 64
-"""Pairs ablated on a pretrained model: every pair at ``min_similarity``, then the most similar
-below it (the stability test's looser gate) up to this many. On MiniLM (8 sentences, js) the
-loosest gate, 0.72, passes 1,151 of 2,556 pairs (305 s of pairwise ablation), 0.9 passes 30;
-a looser gate's label that needs an unablated pair reads it as not backed up."""
-
-PRETRAINED_MAX_PAIRS = 256
-"""The most pairs ablated on a pretrained model, the most similar first, even when more pass
-``min_similarity``: on SmolLM2 the 167 heads that put most of their attention on the first
-token all look alike (thousands of pairs at 0.9), and the pair test ran past 30 minutes on 16
-sentences. A pair left out keeps its row with NaN damages and is not redundant."""
+PRETRAINED_MAX_PAIRS = 64
+"""The most pairs ablated on a pretrained model, the most similar first (down to the
+stability test's looser gate), even when more pass ``min_similarity``. On MiniLM (8
+sentences, js) the loosest gate, 0.72, passes 1,151 of 2,556 pairs (305 s of pairwise
+ablation), 0.9 passes 30. On SmolLM2 the 167 heads that put most of their attention on the first
+token all look alike (thousands of pairs at 0.9): on 16 sentences its 256 most similar pairs
+(similarity 0.93-0.99) took 7.4 min and none was redundant (13 cost 0.01 nats removed together;
+the largest backup among those was 0.27, against the 0.5 gate). A pair left out keeps its row
+with NaN damages and is not redundant; a looser gate's label that needs it reads it as not
+backed up."""
 
 
 def _similar_pairwise(
@@ -201,8 +201,7 @@ def _similar_pairwise(
         alive = set(heads)
         chosen = [(a, b) for a, b in pairs if similarity.loc[a, b] >= gate and {a, b} <= alive]
         chosen.sort(key=lambda pair: -float(similarity.loc[pair]))
-        at_gate = sum(float(similarity.loc[p]) >= settings.min_similarity for p in chosen)
-        chosen = chosen[: min(max(at_gate, PRETRAINED_PAIRS), PRETRAINED_MAX_PAIRS)]
+        chosen = chosen[:PRETRAINED_MAX_PAIRS]
         return pairwise_ablation(
             model, batch, settings.method, pairs=chosen, singles=singles, progress=progress
         )
@@ -272,6 +271,7 @@ def redundancy_groups(
     dead: Iterable[str] = (),
     similarity: pd.DataFrame | None = None,
     groups: Sequence[tuple[str, Sequence[str]]] = (),
+    evidence_joint_damage: float | None = None,
     progress: bool = False,
 ) -> pd.DataFrame:
     """Groups of heads tested as a whole: their group-ablation backup and verdict.
@@ -283,6 +283,10 @@ def redundancy_groups(
         groups: More ``(basis, heads)`` groups to test (e.g. heads sharing a role) besides the
             similar groups (:func:`similar_groups`); a set of heads is tested once, its bases
             joined by ``+``; sets of fewer than three heads are skipped.
+        evidence_joint_damage: On a pretrained model, the groups whose whole removal costs
+            less than this (default ``min_joint_damage``) are not removed again one member
+            kept (their keep-one damages are NaN: they cannot be redundant); lower it to keep
+            the evidence a looser gate needs. A toy model keeps every group's.
         progress: A progress bar over the groups' forwards.
 
     Returns:
@@ -314,32 +318,16 @@ def redundancy_groups(
     if not bases:
         return pd.DataFrame(columns=GROUP_COLUMNS)
     groups = [list(key) for key in bases]
-    largest = PRETRAINED_GROUP_SIZE if scored_by_loss(model) else None
+    pretrained = scored_by_loss(model)
+    largest = PRETRAINED_GROUP_SIZE if pretrained else None
     tested = [g for g in groups if largest is None or len(g) <= largest]
-    head_sets = []
-    for group in tested:
-        head_sets.append(group)  # remove the whole group
-        head_sets += [[h for h in group if h != keep] for keep in group]  # keep one member
-    damage = np.array([])
-    if head_sets:
-        result = evaluate_head_sets(
-            model,
-            batch,
-            [[], *head_sets],
-            settings.method,
-            progress=progress,
-            desc="groups removed whole",
-        )
-        table = head_sets_table(result).iloc[1:]  # after the clean model
-        damage = table["delta_loss"].to_numpy()
-    rows, start = [], 0
+    gate = settings.min_joint_damage if evidence_joint_damage is None else evidence_joint_damage
+    removed = _group_damages(
+        model, batch, settings.method, tested, gate if pretrained else None, progress
+    )
+    rows = []
     for group in groups:
-        if largest is not None and len(group) > largest:  # not removed: NaN, never redundant
-            damage_all, keep_one = np.nan, np.full(len(group), np.nan)
-        else:
-            damage_all = float(damage[start])
-            keep_one = damage[start + 1 : start + 1 + len(group)]
-            start += 1 + len(group)
+        damage_all, keep_one = removed.get(tuple(group), (np.nan, np.full(len(group), np.nan)))
         backup = 1.0 - float(keep_one.mean()) / damage_all if damage_all > 0 else np.nan
         rows.append(
             {
@@ -356,6 +344,68 @@ def redundancy_groups(
             }
         )
     return pd.DataFrame(rows, columns=GROUP_COLUMNS)
+
+
+def _group_damages(
+    model: HookedMHATransformer,
+    batch: Batch,
+    method: str,
+    groups: list[list[str]],
+    gate: float | None,
+    progress: bool = False,
+) -> dict[tuple[str, ...], tuple[float, np.ndarray]]:
+    """Per group, the loss increase of removing it whole and ``[g]`` of removing all of it but
+    each member. With a ``gate`` the whole groups run first, and only those that cost at least
+    ``gate`` are removed again one member kept (the others keep NaN there: a group whose
+    removal costs less cannot be redundant); without, all in one pass."""
+    out: dict[tuple[str, ...], tuple[float, np.ndarray]] = {}
+    if not groups:
+        return out
+    cache = CleanCache() if gate is not None else None  # clean prefixes shared by two passes
+    whole = groups if gate is not None else []
+    if whole:
+        damage = _set_damages(model, batch, method, whole, cache, progress)
+        out = {
+            tuple(g): (float(d), np.full(len(g), np.nan))
+            for g, d in zip(whole, damage, strict=True)
+        }
+        groups = [g for g, d in zip(whole, damage, strict=True) if d >= gate]
+    head_sets = []
+    for group in groups:
+        head_sets += [] if whole else [group]  # remove the whole group
+        head_sets += [[h for h in group if h != keep] for keep in group]  # keep one member
+    damage = _set_damages(model, batch, method, head_sets, cache, progress)
+    start = 0
+    for group in groups:
+        if not whole:
+            out[tuple(group)] = (float(damage[start]), np.full(len(group), np.nan))
+            start += 1
+        out[tuple(group)] = (out[tuple(group)][0], damage[start : start + len(group)])
+        start += len(group)
+    return out
+
+
+def _set_damages(
+    model: HookedMHATransformer,
+    batch: Batch,
+    method: str,
+    head_sets: list[list[str]],
+    cache: CleanCache | None,
+    progress: bool,
+) -> np.ndarray:
+    """``[S]`` the loss increase of removing each head set (one engine pass)."""
+    if not head_sets:
+        return np.array([])
+    result = evaluate_head_sets(
+        model,
+        batch,
+        [[], *head_sets],
+        method,
+        progress=progress,
+        desc="groups removed whole",
+        cache=cache,
+    )
+    return head_sets_table(result).iloc[1:]["delta_loss"].to_numpy()  # after the clean model
 
 
 def _split_heads(members: str) -> list[str]:

@@ -43,7 +43,10 @@ statistics), by **basis**:
   kept profile is that one (``kept_scope`` "model"): its layer is backed up by another layer
   (removing the whole layer costs nothing), as in a two-layer model whose heads all do one
   job. A head of a serial circuit (a layer-0 head whose output a layer-1 head reads) is
-  defined in its layer and keeps the layer's profile;
+  defined in its layer and keeps the layer's profile. A pretrained model (scored by its loss)
+  has no kept-alone-in-the-model rows: one head kept among hundreds removed is far from
+  anything the model computes, and each such row is a full forward (on SmolLM2, 16
+  sentences, a quarter of the division's forwards);
 - ``group``: ``d_gv = acc_clean(v) - acc_without_g(v)`` for each backed-up group ``g``
   (given as ``groups=``, else found: heads that do no damage alone but contribute kept alone,
   joined when their kept contributions per triple have cosine >= ``group_similarity``, by
@@ -343,7 +346,10 @@ def division_of_labour(
     metric = damage_metric(model, batch)  # None: cross-entropy and accuracy (toy models)
     names = target_names(data, model.cfg.n_targets)
     L, h = model.cfg.n_layers, model.cfg.n_heads
-    configs = build_configs(L, h)  # with 2+ layers also every head kept alone in the model
+    # With 2+ layers also every head kept alone in the model; not on a pretrained model
+    # (scored by its loss), where the kept profile is the head alone in its layer
+    across = not scored_by_loss(model)
+    configs = build_configs(L, h, across_layers=across)
     relations = data if relations is None and isinstance(data, Task) else relations
     # The methods share the clean activations of this model and batch; the clean run also
     # keeps the attention view's patterns.
@@ -375,7 +381,7 @@ def division_of_labour(
     given = None if groups is None else [resolve_heads(model, g) for g in groups]
     found = _groups(primary, configs, s) if given is None else given
     if found:
-        configs = build_configs(L, h, found).kept_across(configs.across)
+        configs = build_configs(L, h, found, across_layers=across).kept_across(configs.across)
         group_sets = [configs.head_sets[i] for i in configs.group]
         more, _ = run_pass(model, batch, group_sets, s.method, cache=cache, metric=metric)
         primary = PassScores(

@@ -112,9 +112,20 @@ class Configs:
         return [self.nothing is not None and r == self.nothing for r in self.kept_ref]
 
 
-def build_configs(n_layers: int, n_heads: int, groups: Sequence[Sequence[Pair]] = ()) -> Configs:
+def build_configs(
+    n_layers: int,
+    n_heads: int,
+    groups: Sequence[Sequence[Pair]] = (),
+    *,
+    across_layers: bool = True,
+) -> Configs:
     """Clean, singles, whole layers, kept-alone heads (in their layer; with two or more
-    layers, then in the whole model, and every head removed) and groups, in that order.
+    layers and ``across_layers``, then in the whole model, and every head removed) and groups,
+    in that order.
+
+    ``across_layers=False`` leaves out the kept-alone-in-the-model rows (a pretrained model:
+    one head kept alone among hundreds removed is far from anything the model computes, and
+    each such row is a full forward).
 
     Example:
         >>> c = build_configs(1, 2, groups=[[(0, 0), (0, 1)]])
@@ -124,6 +135,8 @@ def build_configs(n_layers: int, n_heads: int, groups: Sequence[Sequence[Pair]] 
         ([1, 2], [3], [4, 5], [3, 3], [6])
         >>> build_configs(2, 1).head_sets[7:]  # alone in the model; every head removed
         [[(1, 0)], [(0, 0)], [(0, 0), (1, 0)]]
+        >>> build_configs(2, 1, across_layers=False).kept_model
+        []
     """
     pairs = all_heads(n_layers, n_heads)
     layer_sets = [[(lay, h) for h in range(n_heads)] for lay in range(n_layers)]
@@ -133,7 +146,7 @@ def build_configs(n_layers: int, n_heads: int, groups: Sequence[Sequence[Pair]] 
     kept = _append(sets, [[q for q in layer_sets[p[0]] if q != p] for p in pairs])
     kept_model: list[int] = []
     nothing = None
-    if n_layers > 1:  # with one layer, alone in the model is alone in the layer
+    if n_layers > 1 and across_layers:  # one layer: alone in the model is alone in the layer
         kept_model = _append(sets, [[q for q in pairs if q != p] for p in pairs])
         nothing = _append(sets, [list(pairs)])[0]
     groups = [sorted(g) for g in groups]

@@ -1,8 +1,9 @@
 """The attribution screen of the division test: exact profiles only for the heads that matter.
 
-A pretrained model has hundreds of heads, and the division's engine pass runs three
-configurations per head (removed alone, kept alone in its layer, kept alone in the model)
-under every ablation method and on the noisy copies. Most heads do no measurable damage. With
+A pretrained model has hundreds of heads, and the division's engine pass runs two configurations
+per head (removed alone, kept alone in its layer; a toy model of two or more layers also kept
+alone in the model) under every ablation method and on the noisy copies. Most heads do no
+measurable damage. With
 ``DivisionSettings(screen="attribution")`` every head is first **screened** by attribution
 patching (:func:`~mhainterp.attribution.attribution_per_position`: one forward and backward of
 the clean model per chunk of sequences, or ``n_probes`` backwards for an embedding model), which
@@ -217,6 +218,8 @@ def screen_heads(
     layer_of = torch.tensor([p[0] for p in configs.pairs])
     units = {m: _calibrated(e, loss, configs, layer_of) for m, e in ordered.items()}  # (3, H, N)
     primary = units[s.method].double().mean(-1)  # (3, H): single, kept, kept in the model
+    if len(configs.layer) > 1 and not configs.kept_model:  # none run (a pretrained model)
+        primary = primary[:2]
     # What the estimates account for of each layer's removal: the layer's own estimate, or
     # its heads' damaging estimates added up, whichever is larger (a first-order sum with
     # signs lets heads whose estimates are slightly negative cancel the others: on SmolLM2
