@@ -38,7 +38,6 @@ from typing import Any
 
 import pandas as pd
 
-from mhainterp.errors import RunFolderError
 from mhainterp.figures.division import SWEEP_FIGURE
 from mhainterp.figures.saved import (
     FIGURE_COMMAND,
@@ -63,8 +62,6 @@ from mhainterp.render import (
 from mhainterp.runs import (
     folder_kind,
     read_results,
-    read_saved_meta,
-    read_table,
     sweep_folders,
 )
 from mhainterp.specialization import (
@@ -74,7 +71,7 @@ from mhainterp.specialization import (
     saved_specialization,
 )
 from mhainterp.specialization.folders import SweepSpecialization
-from mhainterp.specialization.headline import HEADLINE_FILE
+from mhainterp.specialization.headline import headline_stability_blocks
 from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, ROLE_NULLS, SAME_FUNCTION_NULL
 from mhainterp.specialization.seeds.summary import BLOCK_MARK, display_summary
 from mhainterp.specialization.verdict.sentences import BASIS_NAMES
@@ -204,40 +201,6 @@ _GROUP_CAPTION = (
 )
 
 
-def _headline_stability_blocks(analysis_dir: Path) -> list[Block]:
-    """The saved headline stability (``mhainterp specialize --headline-stability``), if any:
-    the share of perturbations that change the verdict sentence, beside the share of labels,
-    and the perturbations that change it."""
-    table_path = analysis_dir / HEADLINE_FILE
-    summary_path = table_path.with_suffix(".json")
-    if not summary_path.is_file() or not table_path.is_file():
-        return []
-    keys = ("headline", "n_perturbations", "share_sentences_changed", "share_labels_changed")
-    summary = read_saved_meta(summary_path, keys)
-    n = summary["n_perturbations"]
-    table = read_table(table_path)
-    missing = [c for c in ("perturbation", "headline", "changed") if c not in table.columns]
-    if missing:
-        raise RunFolderError(
-            f"{table_path} lacks the column(s) {', '.join(missing)}; delete it and run "
-            "mhainterp specialize --headline-stability again"
-        )
-    changed = table[table["changed"].astype(bool)]
-    text = (
-        f"Headline stability: with each gate moved x 0.8 and x 1.25, n_eval halved and doubled, "
-        f"and each other ablation method ({n} perturbations), the verdict sentence changes in "
-        f"{len(changed)} of {n} ({summary['share_sentences_changed']:.0%}); "
-        f"{summary['share_labels_changed']:.0%} of head labels change."
-    )
-    blocks: list[Block] = [Paragraph(text)]
-    if len(changed):
-        shown = changed[["perturbation", "headline"]].rename(
-            columns={"headline": "headline under it"}
-        )
-        blocks.append(Table(shown, f"Unperturbed: {summary['headline']}"))
-    return blocks
-
-
 def _group_table(result: SpecializationResult) -> pd.DataFrame:
     columns = {
         "basis": "grouped by",
@@ -265,7 +228,7 @@ def _specialization_blocks(result: SpecializationResult, run_dir: Path, level: i
     stability = _stability_table(result)
     if stability is not None:
         blocks.append(Table(stability, _STABILITY_CAPTION))
-    blocks += _headline_stability_blocks(run_dir / "analysis")
+    blocks += headline_stability_blocks(run_dir / "analysis")
     if len(result.redundancy_groups):
         blocks.append(Table(_group_table(result), _GROUP_CAPTION))
     captions = {

@@ -19,6 +19,7 @@ Surgery (on the Hugging Face linears a :class:`~mhainterp.protocol.BridgedModel`
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything here is local
@@ -651,21 +652,61 @@ def test_the_specialization_test_removes_only_the_divisions_exact_heads(tmp_path
     )
 
 
-def test_headline_stability_with_a_model_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
-    """41 whole verdicts would take hours: refused before the model loads, pointing at the
-    labels' stability table the verdict writes anyway."""
-    from mhainterp import pretrained
+def test_headline_stability_of_a_pretrained_verdict_is_re_decided_not_rerun(
+    tmp_path, capsys, llama
+):
+    """``specialize --model --headline-stability``: every gate moved is re-decided from the
+    verdict's own evidence and passes (a division gate: the same calls as a fresh division
+    under it; a label gate: the labels' own stability rows), the moves of n_eval, the method
+    and the noise are listed as not run, and the report says so."""
     from mhainterp.cli import main
+    from mhainterp.specialization.headline import (
+        MEASURED,
+        gate_perturbations,
+        pretrained_headline_stability,
+    )
+    from mhainterp.specialization.seeds.combine import attach_division
+    from mhainterp.specialization.settings import DivisionSettings
+    from mhainterp.specialization.verdict.result import SpecializationResult
+    from mhainterp.specialization.verdict.sentences import headline_call
+    from mhainterp.specialization.whom.division_result import DivisionResult
 
-    def no_loading(*args, **kwargs):
-        raise AssertionError("the model was loaded")
-
-    monkeypatch.setattr(pretrained, "load_pretrained", no_loading)
-    argv = ["specialize", "--model", "minilm", "--headline-stability", "--out", str(tmp_path)]
-    assert main(argv) == 2
-    error = capsys.readouterr().err.strip()
-    assert "--headline-stability" in error and "specialization_stability.csv" in error
-    assert "\n" not in error and not any(tmp_path.iterdir())
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(_sentences(10)) + "\n")
+    out = tmp_path / "verdict"
+    folder = llama.provenance["folder"]
+    argv = ["specialize", "--model", folder, "--text", str(text), "--out", str(out)]
+    assert main([*argv, "--headline-stability", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "Headline stability" in printed and "not run (each a new verdict)" in printed
+    analysis = out / "analysis"
+    table = pd.read_csv(analysis / "headline_stability.csv")
+    summary = json.loads((analysis / "headline_stability.json").read_text())
+    result = SpecializationResult.load(analysis)
+    division = DivisionResult.load(analysis, "division")
+    settings = DivisionSettings.from_dict(division.settings)
+    every = [p.name for p in gate_perturbations(result.settings, settings)]
+    assert sorted(table["perturbation"]) == sorted(n for n in every if not n.startswith(MEASURED))
+    assert sorted(summary["not_run"]) == sorted(n for n in every if n.startswith(MEASURED))
+    assert summary["n_perturbations"] == len(table) > 0
+    # a label gate: the headline stays, the labels flip as the stability table says
+    stability = result.stability.set_index(["threshold", "factor"])
+    row = table.set_index("perturbation").loc["min_effect x0.8"]
+    assert not row["changed"] and row["headline"] == summary["headline"]
+    assert row["n_labels_changed"] == stability.loc[("min_effect", 0.8), "n_changed"]
+    # a division gate: the call a fresh division under it gives
+    task = TextTask(llama, sentences=_sentences(10), n_eval=10)
+    moved = settings.replace(min_index=settings.min_index * 1.25)
+    fresh = division_of_labour(llama, task, settings=moved)
+    calls = attach_division(result, fresh).verdict.runs[0].calls
+    row = table.set_index("perturbation").loc["division min_index x 1.25"]
+    assert row["headline"] == headline_call(calls)
+    # the same table again, from the saved verdict (no passes kept: the first gate runs them)
+    again = pretrained_headline_stability(llama, task, result, division)
+    assert again["changed"].tolist() == table["changed"].tolist()
+    assert main(["report", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert "Headline stability: with each gate moved" in report and "not run:" in report
 
 
 def test_pairwise_ablation_reuses_known_single_removals(llama, monkeypatch):

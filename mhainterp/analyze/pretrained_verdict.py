@@ -49,6 +49,11 @@ from mhainterp.specialization import (
     division_of_labour,
     specialization_test,
 )
+from mhainterp.specialization.headline import (
+    headline_stability_blocks,
+    pretrained_headline_stability,
+    save_headline_stability,
+)
 from mhainterp.specialization.verdict.result import SpecializationResult
 from mhainterp.specialization.whom.division_result import DivisionResult
 from mhainterp.tasks.text import TEXT_N_EVAL, TextTask
@@ -184,6 +189,7 @@ def specialize_pretrained(
     bos: bool = True,
     progress: bool = False,
     screen: str = "attribution",
+    headline_stability: bool = False,
 ) -> PretrainedVerdict:
     """The verdict on a pretrained model: :func:`specialization_test` and
     :func:`division_of_labour` on ``n_eval`` sentences of ``text``, saved in ``out``.
@@ -202,6 +208,9 @@ def specialize_pretrained(
         screen: The division's head screen (``DivisionSettings.screen``): ``"attribution"``
             (the default here: exact profiles only for the heads that matter and a sample of
             the rest, :mod:`~mhainterp.specialization.whom.screen`) or ``"none"``.
+        headline_stability: Also re-decide the verdict with every gate moved
+            (:func:`~mhainterp.specialization.headline.pretrained_headline_stability`), saved
+            as ``analysis/headline_stability.csv`` and ``.json``.
 
     Each stage (the division, then the specialization test) is saved when it finishes under
     ``out/cache/`` (:func:`~mhainterp.analyze.verdict_cache.stage_cache`, keyed by the model,
@@ -237,6 +246,11 @@ def specialize_pretrained(
     analysis.mkdir(parents=True, exist_ok=True)
     paths = result.save(analysis)
     paths += division.save(analysis, _DIVISION_PREFIX)
+    if headline_stability:
+        table = pretrained_headline_stability(
+            model, task, result, division, progress=progress, **division_kwargs
+        )
+        paths += save_headline_stability(analysis, table)
     name = _name(model)
     damage = str(division.settings.get("damage", ""))
     sentences = headline_sentences(name, result.heads, division.index, damage)
@@ -303,6 +317,7 @@ def write_pretrained_report(
         *_screen_paragraph(screened),
         Heading("Whom the heads serve: division index per text axis", 2),
         Table(index.reindex(columns=[c for c in index_columns if c in index.columns])),
+        *headline_stability_blocks(analysis),
         Heading("Every head", 2),
         Table(heads.reindex(columns=[c for c in columns if c in heads.columns])),
     ]

@@ -114,8 +114,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="also re-run each run's analysis with every gate moved x0.8 and x1.25, n_eval "
         f"halved and doubled and each other ablation method ({HEADLINE_ANALYSES} runs of the "
         "analysis per run: minutes per run, announced with an estimate) and save the share of "
-        "verdict sentences that change (analysis/headline_stability.csv); run and sweep "
-        "folders only (with --model it would take hours)",
+        "verdict sentences that change (analysis/headline_stability.csv); with --model the "
+        "verdict is re-decided instead, from its own evidence and passes, under every moved "
+        "gate (the moves of n_eval, the method and the noise would each be a new verdict: "
+        "listed as not run)",
     )
     add_runtime_args(specialize)
     specialize.set_defaults(func=_cmd_specialize)
@@ -169,14 +171,6 @@ def _cmd_specialize_pretrained(args: argparse.Namespace) -> int:
     from mhainterp.analyze.pretrained_verdict import specialize_pretrained
     from mhainterp.pretrained import quiet_loading
 
-    if args.headline_stability:  # 41 whole verdicts: hours; refused before any loading
-        raise invalid(
-            "--headline-stability",
-            True,
-            "a run or sweep folder: with --model it would rerun the whole verdict 41 times "
-            "(hours on a CPU); the labels' stability under moved gates is in "
-            "analysis/specialization_stability.csv without it",
-        )
     name, n_eval, note = model_plan(args)
     args.n_eval = n_eval
     settings = settings_from_args(args)
@@ -193,13 +187,32 @@ def _cmd_specialize_pretrained(args: argparse.Namespace) -> int:
             n_eval=n_eval,
             bos=args.chat_prefix,
             progress=not args.quiet,
+            headline_stability=args.headline_stability,
         )
     for sentence in verdict.sentences:
         print(sentence)
     print()
     print(verdict.result.to_markdown())
+    if args.headline_stability:
+        _print_pretrained_headline_stability(out / "analysis")
     print(f"tables saved in {out / 'analysis'}; `mhainterp report {out}` renders them")
     return 0
+
+
+def _print_pretrained_headline_stability(analysis: Path) -> None:
+    """The saved headline stability of a pretrained verdict, in two lines."""
+    from mhainterp.io import read_json
+    from mhainterp.specialization.headline import HEADLINE_FILE
+
+    s = read_json(analysis / HEADLINE_FILE.replace(".csv", ".json"))
+    print(
+        f"Headline stability: the verdict sentence changes under "
+        f"{s['share_sentences_changed']:.0%} of {s['n_perturbations']} moved gates "
+        f"(re-decided from this verdict's evidence); {s['share_labels_changed']:.0%} of "
+        "labels change"
+    )
+    if s.get("not_run"):
+        print(f"  not run (each a new verdict): {', '.join(s['not_run'])}")
 
 
 def _print_headline_stability(

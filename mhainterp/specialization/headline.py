@@ -17,6 +17,14 @@ unperturbed one, 41 x the cost of the specialization test and the division of la
 run as ``analysis/headline_stability.csv`` with the pooled shares in
 ``analysis/headline_stability.json``.
 
+A pretrained model's verdict takes minutes to an hour, so
+:func:`pretrained_headline_stability` re-decides it instead of re-running it: every gate the
+labels read from the specialization test's saved evidence (no forward pass), every gate the
+division reads from the division's own engine passes (``passes=``, running only the head sets
+a moved gate adds). The moves that change what is measured (``n_eval``, the ablation method,
+the noise of the same-function null) would each be a new verdict; they are listed as not run
+(``.attrs["not_run"]``, and ``not_run`` in the JSON), never silently left out.
+
 Example:
     >>> table = headline_stability(model, task, by="position")  # doctest: +SKIP
     >>> headline_summary(table)  # doctest: +SKIP
@@ -30,23 +38,27 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 from tqdm.auto import tqdm
 
 from mhainterp.ablation import METHODS
+from mhainterp.errors import RunFolderError
 from mhainterp.io import write_csv, write_json
 from mhainterp.model import HookedMHATransformer
-from mhainterp.render import estimate_line
-from mhainterp.runs import find_runs
+from mhainterp.render import Block, Paragraph, Table, estimate_line
+from mhainterp.runs import find_runs, read_saved_meta, read_table
 from mhainterp.runtime import uses_work_threads
 from mhainterp.specialization.battery import specialization_test
 from mhainterp.specialization.seeds.combine import attach_division
 from mhainterp.specialization.settings import THRESHOLDS, DivisionSettings, SpecializationSettings
+from mhainterp.specialization.verdict.labels import where_label
 from mhainterp.specialization.verdict.result import SpecializationResult
 from mhainterp.specialization.verdict.sentences import headline_call
-from mhainterp.specialization.verdict.stability import FACTORS
+from mhainterp.specialization.verdict.stability import FACTORS, relabel, run_evidence
 from mhainterp.specialization.whom.division import division_of_labour
+from mhainterp.specialization.whom.division_result import DivisionResult
 from mhainterp.tasks import AXES, Task
 from mhainterp.training import load_run
 
@@ -59,6 +71,9 @@ __all__ = [
     "headline_stability_folder",
     "headline_summary",
     "n_analyses",
+    "headline_stability_blocks",
+    "pretrained_headline_stability",
+    "save_headline_stability",
 ]
 
 HEADLINE_COLUMNS = [
@@ -214,6 +229,99 @@ def headline_stability(
     return table
 
 
+MEASURED = ("n_eval", "method=", "division method=", "division noise")
+"""Perturbations that change what is measured (the sequences, the ablation method, the null's
+copies): :func:`pretrained_headline_stability` lists them as not run."""
+
+
+def pretrained_headline_stability(
+    model: Any,
+    data: Task,
+    result: SpecializationResult,
+    division: DivisionResult,
+    *,
+    by: Sequence[str] | str = AXES,
+    factors: Sequence[float] = FACTORS,
+    progress: bool = False,
+) -> pd.DataFrame:
+    """:func:`headline_stability` of a verdict already computed (a pretrained model's), by
+    re-deciding it under every perturbation that changes a gate, not what is measured.
+
+    - A label gate (or ``alpha`` of the labels) moved: the labels re-decided from the saved
+      evidence (:func:`~.verdict.stability.relabel`); the headline is the division's, so it
+      stays.
+    - A division gate moved: :func:`division_of_labour` again with ``passes=`` the
+      division's own (only the head sets the moved gate adds are run), attached to the
+      result.
+    - ``n_eval``, the ablation method and the null's noise (:data:`MEASURED`): not run, named
+      in ``.attrs["not_run"]``.
+
+    Args:
+        model: The model the verdict is of.
+        data: Its task (a :class:`~mhainterp.tasks.text.TextTask`).
+        result: The specialization test's result, the division attached.
+        division: The division (its ``passes``: a division loaded from disk has none, so the
+            first moved gate runs every pass once, the others reuse them).
+        by: The division's axes.
+        factors: How far each gate moves.
+        progress: A bar over the re-decided divisions.
+
+    Returns:
+        Columns :data:`HEADLINE_COLUMNS`; ``.attrs``: ``headline`` (the unperturbed one) and
+        ``not_run`` (the perturbations not run).
+    """
+    settings = result.settings
+    division_settings = DivisionSettings.from_dict(division.settings)
+    perturbations = gate_perturbations(settings, division_settings, factors)
+    measured = [p for p in perturbations if p.name.startswith(MEASURED)]
+    base_labels = dict(zip(result.heads["head_label"], result.heads["label"]))
+    rows = []
+    run = str(result.heads["run"].iloc[0]) if len(result.heads) else ""
+    evidence = run_evidence(result, run)
+    headline = _headline(result)
+    for p in perturbations:
+        if p in measured or p.division != division_settings:
+            continue
+        decisions, _, _ = relabel(evidence, p.settings)
+        changed = sum(d.label != where_label(base_labels.get(h, "")) for h, d in decisions.items())
+        rows.append(_row(p.name, headline, False, len(decisions), changed))
+    passes = division.passes
+    moved = [p for p in perturbations if p not in measured and p.division != division_settings]
+    for p in tqdm(moved, desc="headline stability", disable=not progress, unit="gate"):
+        again = division_of_labour(model, data, by, settings=p.division, passes=passes)
+        passes = again.passes  # a division loaded from disk: the first run fills them
+        variant = attach_division(result, again)
+        rows.append(compare_headlines(result, [(p.name, variant)]).iloc[0].to_dict())
+    table = pd.DataFrame(rows, columns=HEADLINE_COLUMNS)
+    table.attrs["headline"] = headline
+    table.attrs["not_run"] = [p.name for p in measured]
+    return table
+
+
+def _row(name: str, headline: str, changed: bool, n_labels: int, n_changed: int) -> dict:
+    return {
+        "perturbation": name,
+        "headline": headline,
+        "changed": changed,
+        "n_labels": n_labels,
+        "n_labels_changed": n_changed,
+        "share_labels_changed": n_changed / n_labels if n_labels else float("nan"),
+    }
+
+
+def save_headline_stability(folder: str | os.PathLike[str], table: pd.DataFrame) -> list[Path]:
+    """``folder/headline_stability.csv`` and ``.json`` (the unperturbed headline, the pooled
+    shares of :func:`headline_summary` and, where some were not run, ``not_run``)."""
+    folder = Path(folder)
+    summary = {"headline": table.attrs["headline"], **headline_summary(table)}
+    if table.attrs.get("not_run"):
+        summary["not_run"] = list(table.attrs["not_run"])
+    return [
+        write_csv(folder / HEADLINE_FILE, table),
+        write_json(folder / HEADLINE_FILE.replace(".csv", ".json"), summary),
+    ]
+
+
 def n_analyses(settings: SpecializationSettings | None = None) -> int:
     """How many analyses (specialization test + division of labour) one run's
     :func:`headline_stability` makes: the unperturbed one and one per perturbation.
@@ -302,12 +410,51 @@ def headline_stability_folder(
         for run_dir in runs:
             run = load_run(run_dir)
             table = headline_stability(run.model, run.task, settings, by=by, on_analysis=analysed)
-            folder = Path(run_dir) / "analysis"
-            write_csv(folder / HEADLINE_FILE, table)
-            summary = {"headline": table.attrs["headline"], **headline_summary(table)}
-            write_json(folder / HEADLINE_FILE.replace(".csv", ".json"), summary)
+            save_headline_stability(Path(run_dir) / "analysis", table)
             out.append((Path(run_dir), table))
     return out
+
+
+def headline_stability_blocks(analysis_dir: Path) -> list[Block]:
+    """The saved headline stability (``mhainterp specialize --headline-stability``), if any,
+    for a report: the share of perturbations that change the verdict sentence, beside the
+    share of labels, the perturbations not run (a pretrained model's), and the perturbations
+    that change it."""
+    table_path = analysis_dir / HEADLINE_FILE
+    summary_path = table_path.with_suffix(".json")
+    if not summary_path.is_file() or not table_path.is_file():
+        return []
+    keys = ("headline", "n_perturbations", "share_sentences_changed", "share_labels_changed")
+    summary = read_saved_meta(summary_path, keys)
+    n = summary["n_perturbations"]
+    table = read_table(table_path)
+    missing = [c for c in ("perturbation", "headline", "changed") if c not in table.columns]
+    if missing:
+        raise RunFolderError(
+            f"{table_path} lacks the column(s) {', '.join(missing)}; delete it and run "
+            "mhainterp specialize --headline-stability again"
+        )
+    changed = table[table["changed"].astype(bool)]
+    not_run = list(summary.get("not_run", []))
+    moved = (
+        "each gate moved x 0.8 and x 1.25 (re-decided from the verdict's own evidence and "
+        f"passes; not run: {', '.join(not_run)}, each a new verdict)"
+        if not_run
+        else "each gate moved x 0.8 and x 1.25, n_eval halved and doubled, and each other "
+        "ablation method"
+    )
+    text = (
+        f"Headline stability: with {moved} ({n} perturbations), the verdict sentence changes "
+        f"in {len(changed)} of {n} ({summary['share_sentences_changed']:.0%}); "
+        f"{summary['share_labels_changed']:.0%} of head labels change."
+    )
+    blocks: list[Block] = [Paragraph(text)]
+    if len(changed):
+        shown = changed[["perturbation", "headline"]].rename(
+            columns={"headline": "headline under it"}
+        )
+        blocks.append(Table(shown, f"Unperturbed: {summary['headline']}"))
+    return blocks
 
 
 def _silent(text: str) -> None:

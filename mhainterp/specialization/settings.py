@@ -282,7 +282,10 @@ class DivisionSettings:
         screen_margin: A head is screened out only when its estimate is below this share of
             the gate (0.5: half of ``min_loss_increase``).
         screen_sample: Share of the screened-out heads computed exactly anyway (at random,
-            seeded by ``seed``), to check the screen (0.1).
+            seeded by ``seed``, at least one), to check the screen (0.05: on SmolLM2, 16
+            sentences, 0.1 sampled 24 heads beside the 34 the estimates kept, and every
+            exact head costs about five forwards of the division; the 24 sampled heads'
+            exact damages stayed below the gate).
     """
 
     _parameter_constraints: ClassVar[dict[str, ConstraintList]] = {
@@ -329,7 +332,7 @@ class DivisionSettings:
     seed: int = 0
     screen: str = "none"
     screen_margin: float = 0.5
-    screen_sample: float = 0.1
+    screen_sample: float = 0.05
 
     def __post_init__(self) -> None:
         if isinstance(self.methods, Mapping):  # the default: every method registered now

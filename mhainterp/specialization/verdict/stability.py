@@ -47,6 +47,7 @@ __all__ = [
     "flip_summary",
     "label_stability",
     "relabel",
+    "run_evidence",
     "run_stability",
     "stability_summary",
     "variant_settings",
@@ -146,7 +147,9 @@ def variant_settings(
     return [(name, f, settings.scaled(name, f)) for name in THRESHOLDS for f in factors]
 
 
-def _evidence(result: SpecializationResult, run: str) -> RunEvidence:
+def run_evidence(result: SpecializationResult, run: str) -> RunEvidence:
+    """The evidence one run's labels rest on, from a result's tables."""
+
     def of(name: str) -> pd.DataFrame:
         table = getattr(result, name)
         return table[table["run"] == run] if "run" in table.columns else table.iloc[:0]
@@ -213,7 +216,8 @@ def label_stability(
         # where a head looks: a label that says whom it serves is re-decided by
         # division_stability, from the division's own evidence
         labels = dict(zip(own["head_label"], own["label"].map(where_label)))
-        tables.append(run_stability(run, _evidence(result, run), labels, result.settings, factors))
+        evidence = run_evidence(result, run)
+        tables.append(run_stability(run, evidence, labels, result.settings, factors))
     if not tables:
         return pd.DataFrame(columns=STABILITY_COLUMNS)
     return pd.concat(tables, ignore_index=True)

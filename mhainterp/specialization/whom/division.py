@@ -209,6 +209,7 @@ from mhainterp.specialization.whom.division_result import (
     index_columns,
     join_columns,
 )
+from mhainterp.specialization.whom.pass_store import PassStore
 from mhainterp.specialization.whom.profiles import (
     Configs,
     PassScores,
@@ -307,6 +308,7 @@ def division_of_labour(
     groups: Sequence[str | Sequence[Any]] | None = None,
     relations: Any = None,
     progress: bool = False,
+    passes: PassStore | None = None,
     **changes: Any,
 ) -> DivisionResult:
     """Whom each head serves along each axis, and whether the heads divide the work, against
@@ -329,6 +331,10 @@ def division_of_labour(
             templates aligned with the batch, or ``f(tokens, mask) -> dict``; default the Task
             when ``data`` is one.
         progress: Progress bars.
+        passes: The :class:`~.pass_store.PassStore` of an earlier division of the same model
+            and data (its result's ``passes``): every engine row it holds is reused, and only
+            the head sets this call adds are run (a moved gate: seconds, not the passes
+            again). Default: a new store, returned as the result's ``passes``.
         **changes: :class:`DivisionSettings` fields to change (``method="zero"``,
             ``n_bootstrap=100``, ...); None values are ignored.
 
@@ -343,7 +349,9 @@ def division_of_labour(
     axes_of, by, _ = _task_axes(data, by)
     data_batch = as_batch(data, n_eval=s.n_eval, needs_targets=True)
     batch = batch_for_model(model, data_batch)
-    metric = damage_metric(model, batch)  # None: cross-entropy and accuracy (toy models)
+    store = PassStore() if passes is None else passes
+    # None: cross-entropy and accuracy (toy models)
+    metric = store.memo(("metric",), lambda: damage_metric(model, batch))
     names = target_names(data, model.cfg.n_targets)
     L, h = model.cfg.n_layers, model.cfg.n_heads
     # With 2+ layers also every head kept alone in the model; not on a pretrained model
@@ -353,13 +361,23 @@ def division_of_labour(
     relations = data if relations is None and isinstance(data, Task) else relations
     # The methods share the clean activations of this model and batch; the clean run also
     # keeps the attention view's patterns.
-    cache = CleanCache(pattern_rows=s.n_attention if relations is not None else 0)
+    rows_kept = s.n_attention if relations is not None else 0
+    cache = store.cache(model, batch, lambda: CleanCache(pattern_rows=rows_kept))
     screen = None
     if s.screen == "attribution":  # exact profiles only for the heads that matter (.screen)
-        primary, engine, screen = _screened_pass(model, batch, configs, s, cache, metric, progress)
+        primary, engine, screen = _screened_pass(
+            model, batch, configs, s, cache, metric, progress, store
+        )
     else:
         primary, engine = run_pass(
-            model, batch, configs.head_sets, s.method, progress=progress, cache=cache, metric=metric
+            model,
+            batch,
+            configs.head_sets,
+            s.method,
+            progress=progress,
+            cache=cache,
+            metric=metric,
+            store=store,
         )
     # The engine ran on the model's device; the statistics run on the CPU, where the passes'
     # per-triple scores are (run_pass), so the axes' values come along.
@@ -383,7 +401,9 @@ def division_of_labour(
     if found:
         configs = build_configs(L, h, found, across_layers=across).kept_across(configs.across)
         group_sets = [configs.head_sets[i] for i in configs.group]
-        more, _ = run_pass(model, batch, group_sets, s.method, cache=cache, metric=metric)
+        more, _ = run_pass(
+            model, batch, group_sets, s.method, cache=cache, metric=metric, store=store
+        )
         primary = PassScores(
             s.method, torch.cat([primary.correct, more.correct]), torch.cat([primary.nll, more.nll])
         )
@@ -396,13 +416,11 @@ def division_of_labour(
     for method in tqdm(s.methods[1:] if basis else (), desc="methods", disable=not progress):
         if not _can_run(method, len(batch)):
             continue  # its call is "cannot tell"
-        passes[method] = run_rows(
-            model, batch, configs, run, method, cache, clean_from=primary, metric=metric
-        )
+        passes[method] = run_rows(model, batch, configs, run, method, cache, primary, metric, store)
         if screen is not None:
             screen.fill(passes[method])
     noisy, noise_used = (
-        _noisy_passes(model, batch, configs, run, primary, sequence, s, progress, metric)
+        _noisy_passes(model, batch, configs, run, primary, sequence, s, progress, metric, store)
         if basis
         else ({}, 0.0)
     )
@@ -455,6 +473,7 @@ def division_of_labour(
         settings=meta,
         skipped=skipped,
         single_damage=td if screen is not None else None,  # the specialization test's input
+        passes=store,
     )
 
 
@@ -618,6 +637,7 @@ def _noisy_passes(
     s: DivisionSettings,
     progress: bool,
     metric: CleanOutputMetric | None = None,
+    store: PassStore | None = None,
 ) -> tuple[dict[str, list[PassScores]], float]:
     """Per method, the noisy copies' passes (``rows`` only), with the noise that keeps the
     accuracy: on all ``N`` triples (``sequence``: each one's sequence), or, with one copy, on
@@ -630,7 +650,8 @@ def _noisy_passes(
     the other rows once, at the noise kept.
     One copy is compared with the original on the other half of the sequences only
     (:func:`_null_pairs`), so it runs on the odd sequences alone, and its accuracy is checked
-    against the original's there; two or more run on every sequence.
+    against the original's there; two or more run on every sequence. A ``store`` keeps the
+    copies (and their rows) for a later division of the same model and data.
     """
     odd = ~_even_sequences(len(batch), sequence.device)  # on the statistics' device (CPU)
     alone = s.n_noise == 1
@@ -643,26 +664,36 @@ def _noisy_passes(
     if not bool(on.any()):  # one sequence: no odd half to run on, so the null is undefined
         return {m: [] for m in s.methods}, s.noise
     clean_accuracy = float(primary.correct[configs.clean][on].mean())
-    generator = torch.Generator().manual_seed(s.seed + 1)
     clean = [configs.clean]
-    copies: list = [None] * s.n_noise  # a refused copy's model is reused, not copied again
-    for attempt in range(5):  # the copies' own clean rows check the accuracy: no extra forward
-        noise = s.noise / 2**attempt
-        copies = [noisy_copy(model, noise, generator, twin) for twin in copies]
-        # Each copy's clean run, shared by its methods; every layer's clean prefix kept from
-        # it, so the rows run after the check need no clean forward of their own.
-        caches = [CleanCache(every_layer=True) for _ in copies]
-        bar = tqdm(copies, desc="noisy copies", disable=not progress, leave=False)
-        cleans = [
-            run_rows(c, run_on, configs, clean, s.method, k, metric=metric)
-            for c, k in zip(bar, caches)
-        ]
-        accuracy = [float(p.accuracy[configs.clean]) for p in cleans]
-        if all(abs(a - clean_accuracy) <= s.max_accuracy_change for a in accuracy):
-            break
+
+    def checked_copies() -> tuple[list, list[CleanCache], list[PassScores], float]:
+        generator = torch.Generator().manual_seed(s.seed + 1)
+        copies: list = [None] * s.n_noise  # a refused copy's model is reused, not copied again
+        for attempt in range(5):  # the copies' own clean rows check the accuracy
+            noise = s.noise / 2**attempt
+            copies = [noisy_copy(model, noise, generator, twin) for twin in copies]
+            # Each copy's clean run, shared by its methods; every layer's clean prefix kept
+            # from it, so the rows run after the check need no clean forward of their own.
+            caches = [CleanCache(every_layer=True) for _ in copies]
+            bar = tqdm(copies, desc="noisy copies", disable=not progress, leave=False)
+            # not through the store: a refused copy's object is reused with other weights
+            cleans = [
+                run_rows(c, run_on, configs, clean, s.method, k, metric=metric)
+                for c, k in zip(bar, caches)
+            ]
+            accuracy = [float(p.accuracy[configs.clean]) for p in cleans]
+            if all(abs(a - clean_accuracy) <= s.max_accuracy_change for a in accuracy):
+                break
+        return copies, caches, cleans, noise
+
+    # the copies depend on these settings only (and the model and sequences of the store)
+    key = ("noisy copies", s.noise, s.n_noise, s.seed, s.max_accuracy_change, s.method)
+    copies, caches, cleans, noise = (
+        checked_copies() if store is None else store.memo(key, checked_copies)
+    )
     by_method = {
         method: [
-            run_rows(c, run_on, configs, rows, method, k, clean_from=p, metric=metric)
+            run_rows(c, run_on, configs, rows, method, k, p, metric, store)
             for c, k, p in zip(copies, caches, cleans, strict=True)
         ]
         for method in s.methods
@@ -679,6 +710,7 @@ def _screened_pass(
     cache: CleanCache,
     metric: CleanOutputMetric | None,
     progress: bool,
+    store: PassStore | None = None,
 ) -> tuple[PassScores, Any, Screen]:
     """The primary pass under the attribution screen (:mod:`.screen`): the clean model, each
     layer removed and every head removed, exactly; every head's damage estimated; then the
@@ -690,7 +722,7 @@ def _screened_pass(
         [configs.nothing] if configs.nothing is not None else []
     )
     sets = [configs.head_sets[r] for r in first_rows]
-    part, engine = run_pass(model, batch, sets, s.method, cache=cache, metric=metric)
+    part, engine = run_pass(model, batch, sets, s.method, cache=cache, metric=metric, store=store)
     bar.update()
     C, N = len(configs.head_sets), part.correct.shape[1]
     correct = torch.full((C, N), math.nan, device=part.correct.device)  # the statistics'
@@ -698,14 +730,27 @@ def _screened_pass(
     correct[first_rows], nll[first_rows] = part.correct, part.nll
     primary = PassScores(s.method, correct, nll)
     runnable = tuple(m for m in s.methods if _can_run(m, len(batch)))
-    estimates = estimate_damage(model, batch, runnable, engine.scores.scored, s.seed)
+    scored = engine.scores.scored
+
+    def estimated() -> dict[str, Any]:
+        return estimate_damage(model, batch, runnable, scored, s.seed)
+
+    key = ("estimates", runnable, s.seed)
+    estimates = estimated() if store is None else store.memo(key, estimated)
     bar.update()
     screen = screen_heads(model, batch, configs, primary, estimates, s)
     rows = screen.head_rows(screen.exact)
     if rows:
         sets = [configs.head_sets[r] for r in rows]
         more, _ = run_pass(
-            model, batch, sets, s.method, progress=progress, cache=cache, metric=metric
+            model,
+            batch,
+            sets,
+            s.method,
+            progress=progress,
+            cache=cache,
+            metric=metric,
+            store=store,
         )
         correct[rows], nll[rows] = more.correct, more.nll
     bar.update()

@@ -23,6 +23,7 @@ from mhainterp.runs import read_result_table, read_saved_meta
 from mhainterp.specialization.settings import DivisionSettings
 from mhainterp.specialization.whom.damage import TripleDamage
 from mhainterp.specialization.whom.division_calls import zero_artefact
+from mhainterp.specialization.whom.pass_store import PassStore
 
 __all__ = [
     "ATTENTION_COLUMNS",
@@ -209,6 +210,9 @@ class DivisionResult:
             primary method's single-head damage per scored triple, exact or estimated as the
             ``evidence`` column says; the specialization test of the same model and batch
             reads it instead of removing every head again.
+        passes: In memory only (never saved): the engine rows, clean activations, estimates
+            and noisy copies this division ran (:class:`~.pass_store.PassStore`); a division
+            of the same model and data given them (``passes=``) reuses them.
     """
 
     heads: pd.DataFrame
@@ -221,6 +225,7 @@ class DivisionResult:
     settings: dict[str, Any] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     single_damage: TripleDamage | None = field(default=None, repr=False, compare=False)
+    passes: PassStore | None = field(default=None, repr=False, compare=False)
 
     def summary_line(self) -> str:
         """``token 0.42 [0.38, 0.46] vs null 0.01 (single): divided; position ...``: per axis

@@ -35,6 +35,7 @@ from mhainterp.model import HookedMHATransformer
 from mhainterp.protocol import HookedModel, head_matrix, scored_by_loss, set_head_matrix
 from mhainterp.runtime import DRAW_DEVICE, eval_mode
 from mhainterp.scoring import CleanOutputMetric, damage_metric  # noqa: F401 (re-exported)
+from mhainterp.specialization.whom.pass_store import PassStore
 from mhainterp.tasks import Batch
 
 __all__ = [
@@ -199,9 +200,11 @@ def run_pass(
     progress: bool = False,
     cache: CleanCache | None = None,
     metric: CleanOutputMetric | None = None,
+    store: PassStore | None = None,
 ) -> tuple[PassScores, AblationResult]:
     """One engine pass of ``head_sets`` (the batch is its own mean/resample reference; a
-    ``cache`` shares the clean activations between passes over one model and batch).
+    ``cache`` shares the clean activations between passes over one model and batch; a
+    ``store`` keeps every row run and runs only the head sets it has not seen).
 
     ``metric``: the model's damage metric (:func:`damage_metric`; None: cross-entropy and
     accuracy against the targets). On a model scored by its loss
@@ -212,24 +215,32 @@ def run_pass(
         The :class:`PassScores` and the engine's :class:`~mhainterp.ablation.AblationResult`
         (for the scored mask and the evaluated batch).
     """
-    result = evaluate_head_sets(
-        model,
-        batch,
-        [list(s) for s in head_sets],
-        method,
-        per_position=True,
-        progress=progress,
-        desc=f"division ({method})",
-        cache=cache,
-        metric=metric,
-    )
-    scored = result.scores.scored
-    if bool(scored.all()):  # every triple scored: the same values as the mask gives, no copy
-        correct = result.scores.correct.flatten(1).float().cpu()
-        nll = result.scores.nll.flatten(1).float().cpu()
+
+    def engine(sets: list[list[Pair]]) -> tuple[Tensor, Tensor, AblationResult]:
+        result = evaluate_head_sets(
+            model,
+            batch,
+            sets,
+            method,
+            per_position=True,
+            progress=progress,
+            desc=f"division ({method})",
+            cache=cache,
+            metric=metric,
+        )
+        scored = result.scores.scored
+        if bool(scored.all()):  # every triple scored: the values the mask gives, no copy
+            correct = result.scores.correct.flatten(1).float().cpu()
+            nll = result.scores.nll.flatten(1).float().cpu()
+        else:
+            correct = result.scores.correct[:, scored].float().cpu()
+            nll = result.scores.nll[:, scored].float().cpu()
+        return correct, nll, result
+
+    if store is None:
+        correct, nll, result = engine([list(s) for s in head_sets])
     else:
-        correct = result.scores.correct[:, scored].float().cpu()
-        nll = result.scores.nll[:, scored].float().cpu()
+        correct, nll, result = store.run(model, batch, head_sets, method, engine)
     if scored_by_loss(model):
         correct = -nll
     return PassScores(method, correct, nll), result
@@ -244,18 +255,19 @@ def run_rows(
     cache: CleanCache | None = None,
     clean_from: PassScores | None = None,
     metric: CleanOutputMetric | None = None,
+    store: PassStore | None = None,
 ) -> PassScores:
     """:func:`run_pass` of the configurations ``rows`` only, laid out as a full pass (NaN in
     the rows not run), so that every row keeps its meaning.
 
     ``clean_from``: a pass of the same model and batch under another method, whose clean row
     is copied instead of run again (the clean model ablates nothing: every method scores it
-    alike)."""
+    alike); ``store``: as :func:`run_pass`'s."""
     run = [r for r in rows if clean_from is None or r != configs.clean]
     C = len(configs.head_sets)
     if run:
         sets = [configs.head_sets[r] for r in run]
-        part, _ = run_pass(model, batch, sets, method, cache=cache, metric=metric)
+        part, _ = run_pass(model, batch, sets, method, cache=cache, metric=metric, store=store)
         N = part.correct.shape[1]
     else:
         N = clean_from.correct.shape[1]
