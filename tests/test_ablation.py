@@ -750,3 +750,81 @@ def test_a_clean_cache_refuses_another_model_batch_or_reference(model, task, bat
     twin = handbuilt_model(["previous", "uniform", "previous"])
     with pytest.raises(ValueError, match="CleanCache of the model .* another model"):
         evaluate_head_sets(twin, batch, sets, "mean", cache=cache)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_readout_basis_is_the_einsum_of_each_heads_change_bit_for_bit(method):
+    """The linear readout's table holds the clean logits and each head's change
+    ``einsum("sthd,hdv->hvst", values - z, W_O @ W_U)``, written in place by one batched
+    product; bit for bit the einsum's (a rounding change would move every division table)."""
+    from mhainterp.ablation.replacement import build_replacement
+    from mhainterp.fast.linear_readout import readout_basis
+
+    task = get_task("count_previous", seq_len=12, d_vocab=6)
+    model = build_model(task, n_heads=4, seed=3, d_model=32, n_layers=1)
+    batch = task.eval_batch(300)
+    replacement = build_replacement(model, method, batch)
+    z = capture_z_of(model, batch)
+    resid_pre = z["resid_pre"]
+    values = replacement.values(0, torch.arange(len(batch)), z["z"])
+    basis = readout_basis(model, 0, resid_pre, z["z"], values)
+    readout = model.blocks[0].attn.W_O @ model.W_U
+    change = torch.einsum("sthd,hdv->hvst", values - z["z"], readout)
+    assert torch.equal(basis.table[1:], change)
+    assert torch.equal(basis.table[0], basis.clean.reshape(len(batch), 12, -1).permute(2, 0, 1))
+
+
+def capture_z_of(model, batch) -> dict:
+    """The clean ``hook_resid_pre`` and (contiguous) ``hook_z`` of layer 0 on ``batch``."""
+    names = ("blocks.0.hook_resid_pre", "blocks.0.attn.hook_z")
+    _, cache = model.run_with_cache(batch.tokens, names_filter=lambda n: n in names)
+    return {
+        "resid_pre": cache["blocks.0.hook_resid_pre"],
+        "z": cache["blocks.0.attn.hook_z"].contiguous(),
+    }
+
+
+def test_scores_of_sequences_in_order_are_stacked_as_the_scatter_places_them(model, batch):
+    """Per-position scores of a batch whose sequences are already longest first (every chunk
+    holds them all, in order) are stacked in place: the same tensors as the general scatter
+    back through the length order gives (a padded batch takes that path)."""
+    from mhainterp.ablation import engine
+
+    sets = [[], [(0, 0)], [(0, 1)], [(0, 2)], [(0, 0), (0, 2)]]
+    stacked = evaluate_head_sets(model, batch, sets, "mean", per_position=True).scores
+    assert bool(batch.padding_mask.all())  # in order: the stacking path ran
+    jobs = [(0, [0, 1, 2], 0, len(batch)), (0, [3, 4], 0, len(batch))]
+    pieces = {(0, 0): _rows(stacked, [0, 1, 2]), (3, 0): _rows(stacked, [3, 4])}
+    scattered = engine._assemble(pieces, jobs, torch.arange(len(batch)), 5, batch)
+    restacked = engine._stack(pieces, jobs, 5, batch)
+    for name in ("nll", "correct", "predictions"):
+        assert torch.equal(getattr(scattered, name), getattr(stacked, name)), name
+        assert torch.equal(getattr(restacked, name), getattr(stacked, name)), name
+
+
+def _rows(scores, rows: list[int]):
+    from mhainterp.scoring import PositionScores
+
+    return PositionScores(
+        nll=scores.nll[rows],
+        correct=scores.correct[rows],
+        predictions=scores.predictions[rows],
+        scored=scores.scored,
+    )
+
+
+def test_head_masks_mark_exactly_the_listed_heads(multi_model):
+    """One ``[L, h]`` mask per head set, True at its heads only (built on the host in one
+    step), and a head out of range is refused."""
+    from mhainterp.ablation.engine import head_masks
+
+    L, h = multi_model.cfg.n_layers, multi_model.cfg.n_heads
+    sets = [[], [(0, 1)], [(L - 1, h - 1), (0, 0)]]
+    masks = head_masks(multi_model, sets, device="cpu")
+    expected = torch.zeros(len(sets), L, h, dtype=torch.bool)
+    for c, pairs in enumerate(sets):
+        for layer, head in pairs:
+            expected[c, layer, head] = True
+    assert torch.equal(masks, expected)
+    with pytest.raises(IndexError, match="out of range"):
+        head_masks(multi_model, [[(L, 0)]], device="cpu")

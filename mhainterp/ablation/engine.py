@@ -51,6 +51,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -169,11 +170,15 @@ def head_masks(
 
     The masks are filled on the host and moved in one copy (not one per head).
     """
-    shape = (len(head_sets), model.cfg.n_layers, model.cfg.n_heads)
-    masks = torch.zeros(shape, dtype=torch.bool, device=_PLAN_DEVICE)
+    L, h = model.cfg.n_layers, model.cfg.n_heads
+    # Filled as a Python list and made a tensor once: one tensor op, not one per head.
+    flat = [False] * (len(head_sets) * L * h)
     for c, pairs in enumerate(head_sets):
         for layer, head in pairs:
-            masks[c, layer, head] = True
+            if not (-L <= layer < L and -h <= head < h):  # as tensor indexing would refuse
+                raise IndexError(f"head ({layer}, {head}) is out of range for {L} x {h} heads")
+            flat[(c * L + layer % L) * h + head % h] = True
+    masks = torch.tensor(flat, dtype=torch.bool, device=_PLAN_DEVICE).reshape(-1, L, h)
     return masks.to(model_device(model) if device is None else device)
 
 
@@ -371,9 +376,15 @@ def run_masks(
     planned = masks.to(_PLAN_DEVICE)  # free when the caller built them there (head_masks)
     jobs = _plan_jobs(model, batch, _first_layers(planned), max_rows)
     masks = masks.to(model_device(model))
-    order = length_order(batch).to(masks.device)  # chunk s0:s1 holds sequences order[s0:s1]
-    ends = _sequence_ends(batch)[order.to(batch.padding_mask.device)].tolist()
-    T = batch.padding_mask.shape[1]
+    lengths = _sequence_ends(batch)  # (n,)
+    order = torch.argsort(-lengths, stable=True).to(masks.device)  # as length_order(batch)
+    # chunk s0:s1 holds sequences order[s0:s1]; their ends are the lengths sorted longest first
+    lengths_read = lengths.tolist()
+    ends = sorted(lengths_read, reverse=True)
+    # Already longest first (no padding at all, say): the order is the identity, so a chunk of
+    # every sequence is the batch itself, and its scores need no scatter back into place.
+    in_order = all(a >= b for a, b in itertools.pairwise(lengths_read))
+    n, T = batch.padding_mask.shape
     cuts = {(s0, s1): max(ends[s0:s1]) or T for _, _, s0, s1 in jobs}  # as rows_of cuts
     k = batch.n_targets
     loss_sum = torch.zeros(C, dtype=torch.float64, device=masks.device)
@@ -390,7 +401,8 @@ def run_masks(
     with eval_mode(model), torch.no_grad():
         for first, members, s0, s1 in tqdm(jobs, desc=desc, disable=not progress, leave=False):
             rows = order[s0:s1]
-            part = _cut(batch[rows], cuts[(s0, s1)])  # rows_of(batch, rows), planned
+            whole = in_order and (s0, s1) == (0, n)  # rows are 0..n-1: no copy of the batch
+            part = _cut(batch if whole else batch[rows], cuts[(s0, s1)])  # rows_of, planned
             if rows_of_bases != (s0, s1):
                 bases, rows_of_bases = {}, (s0, s1)
             index = torch.tensor(members, device=masks.device)
@@ -430,7 +442,11 @@ def run_masks(
             if per_position:
                 pieces[(members[0], s0)] = scores
     result = Totals(loss_sum=loss_sum, correct=correct, scored=batch.scored.double().sum((0, 1)))
-    return result, (_assemble(pieces, jobs, order, C, batch) if per_position else None)
+    if not per_position:
+        return result, None
+    if in_order and all((s0, s1, cuts[(s0, s1)]) == (0, n, T) for _, _, s0, s1 in jobs):
+        return result, _stack(pieces, jobs, C, batch)
+    return result, _assemble(pieces, jobs, order, C, batch)
 
 
 def _plan_jobs(
@@ -475,6 +491,26 @@ def _even_share(n: int, cap: int) -> int:
         return cap
     chunks = -(-n // cap)
     return -(-n // chunks)
+
+
+def _stack(
+    pieces: dict[tuple[int, int], PositionScores], jobs: list, C: int, batch: Batch
+) -> PositionScores:
+    """:func:`_assemble` where every chunk holds every sequence in order, uncut: each chunk's
+    scores are its configurations' rows as they are, copied in place (no scatter)."""
+    n, T, k = batch.scored.shape
+    device = batch.scored.device
+    nll = torch.empty(C, n, T, k, device=device)
+    correct = torch.empty(C, n, T, k, dtype=torch.bool, device=device)
+    predictions = torch.empty(C, n, T, k, dtype=torch.long, device=device)
+    for _, members, s0, _ in jobs:  # the jobs hold every configuration once
+        piece = pieces[(members[0], s0)]
+        index = torch.tensor(members, device=device)
+        shape = (len(members), n, T, k)
+        nll.index_copy_(0, index, piece.nll.to(nll.dtype).reshape(shape))
+        correct.index_copy_(0, index, piece.correct.reshape(shape))
+        predictions.index_copy_(0, index, piece.predictions.reshape(shape))
+    return PositionScores(nll=nll, correct=correct, predictions=predictions, scored=batch.scored)
 
 
 def _assemble(
