@@ -445,3 +445,28 @@ def test_the_checks_catch_what_they_look_for():
     assert len(narrow_panels(fig)) == 1
     assert legends_over_labels(fig) == ["legend over the panel ''", "legend over 'L0H6'"]
     plt.close(fig)
+
+
+def test_a_heatmap_saved_as_png_and_pdf_is_drawn_three_times(tmp_path, monkeypatch):
+    """Drawing a figure is most of the demo's report time: ``heatmap`` renders nothing (seaborn
+    renders the whole figure per call), and ``save_figure`` lays it out once, then draws it
+    once per format (``bbox_inches="tight"`` drew each format twice, with the layout each
+    time). The PNG keeps the tight box: the same size as matplotlib's own, to a pixel."""
+    draws = []
+    real_draw = plt.Figure.draw
+    monkeypatch.setattr(plt.Figure, "draw", lambda fig, r: draws.append(fig) or real_draw(fig, r))
+    fig, ax = _common.new_figure(4.0, 3.0, layout="constrained")
+    _common.heatmap(
+        pd.DataFrame(np.eye(3), index=list("abc")), ax, annot=True, cbar_kws={"label": "x"}
+    )
+    assert draws == []
+    reference = tmp_path / "reference.png"
+    fig.savefig(reference, dpi=120, bbox_inches="tight")
+    draws.clear()
+    png = save_figure(fig, tmp_path / "heatmap.png")
+    assert len(draws) == 3
+    assert fig.get_layout_engine() is None  # laid out once, then frozen
+    from PIL import Image
+
+    size, expected = Image.open(png).size, Image.open(reference).size
+    assert all(abs(a - b) <= 1 for a, b in zip(size, expected, strict=True)), (size, expected)

@@ -21,7 +21,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+import seaborn.matrix as seaborn_matrix
 from matplotlib.ticker import MaxNLocator
+from matplotlib.transforms import Bbox
 
 from mhainterp.heads import parse_head_label
 from mhainterp.io import atomic_path, write_csv
@@ -29,11 +31,13 @@ from mhainterp.validation import ParameterError, invalid
 
 __all__ = [
     "save_figure",
+    "laid_out",
     "new_figure",
     "wrapped_grid",
     "require_columns",
     "head_order",
     "integer_axis",
+    "heatmap",
     "fit_tick_labels",
     "fit_cell_text",
     "legend_outside",
@@ -138,16 +142,45 @@ def save_figure(
     try:
         if data is not None:
             write_csv(png_path.with_suffix(".csv"), data)
+        box = laid_out(fig, dpi)
         if vector:
             with atomic_path(png_path.with_suffix(VECTOR_SUFFIX)) as tmp:
-                fig.savefig(tmp, bbox_inches="tight", format="pdf", metadata={"CreationDate": None})
+                fig.savefig(tmp, bbox_inches=box, format="pdf", metadata={"CreationDate": None})
         # The PNG last: callers take it as the sign that the figure is done, so a process
         # killed before it leaves a figure that a rerun draws again, PDF included
         with atomic_path(png_path) as tmp:
-            fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png")
+            fig.savefig(tmp, dpi=dpi, bbox_inches=box, format="png")
     finally:
         plt.close(fig)
     return png_path
+
+
+def laid_out(fig: plt.Figure, dpi: float = 120) -> Bbox:
+    """Lay ``fig`` out once at ``dpi`` (the PNG's: text extents, hence the box, depend on it)
+    and freeze it; return its tight box (inches, padded as ``bbox_inches="tight"`` pads it)
+    for every format it is saved in.
+
+    ``savefig(bbox_inches="tight")`` draws a figure twice per format (once to measure its box,
+    once to render), running the constrained layout each time: a PNG + PDF pair cost four draws.
+    Measured once here, each format is one draw of the same layout.
+
+    Example:
+        >>> fig, ax = new_figure(4.0, 3.0, layout="constrained")
+        >>> box = laid_out(fig)
+        >>> fig.get_layout_engine() is None, bool(0.0 < box.width < 4.5)
+        (True, True)
+        >>> plt.close(fig)
+    """
+    shown = fig.dpi
+    fig.set_dpi(dpi)
+    try:
+        fig.draw_without_rendering()  # runs the layout engine, if any, and measures the text
+        box = fig.get_tightbbox(fig.canvas.get_renderer())
+    finally:
+        fig.set_dpi(shown)
+    fig.set_layout_engine(None)  # laid out: each save draws the figure as it is now
+    pad = plt.rcParams["savefig.pad_inches"]
+    return box.padded(pad)
 
 
 def require_columns(df: pd.DataFrame, columns: Iterable[str], name: str, source: str) -> None:
@@ -186,27 +219,59 @@ def integer_axis(ax: plt.Axes, axis: str = "both", *, max_ticks: int | None = No
         getattr(ax, f"{which}axis").set_major_locator(locator)
 
 
+def heatmap(data: pd.DataFrame | np.ndarray, ax: plt.Axes, **kwargs) -> plt.Axes:
+    """``sns.heatmap(data, ax=ax, **kwargs)`` without the render of the whole figure that
+    seaborn makes on every call to turn tick labels that overlap.
+
+    That render cost one full draw per heatmap (a figure of three panels: three), and every
+    figure here sets its labels' rotation itself afterwards (explicitly or by
+    :func:`fit_tick_labels`, measured once per figure). seaborn's own check still runs, on the
+    labels as placed before the layout.
+
+    Example:
+        >>> fig, ax = new_figure()
+        >>> _ = heatmap(pd.DataFrame([[0.0, 1.0]]), ax, annot=True)
+        >>> [t.get_text() for t in ax.texts]
+        ['0', '1']
+        >>> plt.close(fig)
+    """
+    drawn = seaborn_matrix._draw_figure
+    seaborn_matrix._draw_figure = _skip_draw  # the one global seaborn's heatmap renders through
+    try:
+        return sns.heatmap(data, ax=ax, **kwargs)
+    finally:
+        seaborn_matrix._draw_figure = drawn
+
+
+def _skip_draw(fig: plt.Figure) -> None:
+    """Stands in for seaborn's figure render inside :func:`heatmap`."""
+
+
 def _pixels_per_point(fig: plt.Figure) -> float:
     return fig.dpi / 72.0
 
 
-def _measured(ax: plt.Axes):
-    """The axes' drawn box in pixels, after layout and aspect (a draw without rendering)."""
-    ax.figure.draw_without_rendering()
+def _measured(ax: plt.Axes, drawn: bool = False):
+    """The axes' drawn box in pixels, after layout and aspect (a draw without rendering,
+    unless the caller ``drawn`` the figure since it last changed)."""
+    if not drawn:
+        ax.figure.draw_without_rendering()
     return ax.get_window_extent()
 
 
-def fit_tick_labels(ax: plt.Axes, axis: str = "x") -> None:
+def fit_tick_labels(ax: plt.Axes, axis: str = "x", *, drawn: bool = False) -> None:
     """Keep an axis' tick labels from overlapping: rotate, then shrink, then thin them.
 
     Horizontal labels stay when they fit their tick spacing; else they are turned (90° on x),
     their font shrunk to fit the spacing down to 6 pt; below that every k-th label is shown.
-    Call it after the ticks are set (for a heatmap: after ``sns.heatmap``).
+    Call it after the ticks are set (for a heatmap: after ``sns.heatmap``). ``drawn``: the
+    caller drew the figure (``draw_without_rendering``) after its last change, so one draw
+    measures every panel of a figure.
     """
     labels = [t for t in getattr(ax, f"get_{axis}ticklabels")() if t.get_text()]
     if len(labels) < 2:
         return
-    box = _measured(ax)
+    box = _measured(ax, drawn)
     span = box.width if axis == "x" else box.height
     spacing = span / len(labels) / _pixels_per_point(ax.figure)  # points per tick
     size = labels[0].get_fontsize()
@@ -224,11 +289,12 @@ def fit_tick_labels(ax: plt.Axes, axis: str = "x") -> None:
         label.set_visible(i % step == 0)
 
 
-def fit_cell_text(ax: plt.Axes, n_rows: int, n_cols: int) -> bool:
+def fit_cell_text(ax: plt.Axes, n_rows: int, n_cols: int, *, drawn: bool = False) -> bool:
     """Size a heatmap's cell annotations (``ax.texts``) to its cells, or drop them.
 
     The font is the largest (at most 9 pt) at which the longest text fits a cell; when that is
     under 6 pt the annotations are removed (the colour carries the value, the CSV the number).
+    ``drawn``: as in :func:`fit_tick_labels`.
 
     Returns:
         Whether the annotations were kept.
@@ -236,7 +302,7 @@ def fit_cell_text(ax: plt.Axes, n_rows: int, n_cols: int) -> bool:
     texts = [t for t in ax.texts if t.get_text()]
     if not texts or n_rows < 1 or n_cols < 1:
         return bool(texts)
-    box = _measured(ax)
+    box = _measured(ax, drawn)
     per_point = _pixels_per_point(ax.figure)
     cell_w, cell_h = box.width / n_cols / per_point, box.height / n_rows / per_point
     longest = max(len(t.get_text()) for t in texts)

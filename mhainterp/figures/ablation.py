@@ -21,6 +21,7 @@ from mhainterp.figures._common import (
     fit_cell_text,
     fit_tick_labels,
     head_order,
+    heatmap,
     legend_outside,
     mark_layers,
     new_figure,
@@ -173,9 +174,9 @@ def pairwise_figure(
     limit = float(np.abs(finite).max()) if finite.size else 1.0
     drop = "increase" if metric == "loss" else "drop"
     label = f"{metric} {drop}" + (": joint − (a + b)" if value == "interaction" else ": joint")
-    sns.heatmap(
+    heatmap(
         matrix,
-        ax=ax,
+        ax,
         cmap="RdBu_r",
         center=0.0,
         vmin=-limit or -1,

@@ -15,6 +15,7 @@ from matplotlib.patches import Rectangle
 from mhainterp.figures._common import (
     fit_cell_text,
     fit_tick_labels,
+    heatmap,
     legend_outside,
     new_figure,
     plt,
@@ -105,9 +106,9 @@ def plot_similarity_heatmap(
     vmin, vmax, cmap = _colour_range(similarity, method)
     size = 1.2 + 0.45 * max(n_rows, n_cols)
     fig, ax = new_figure(max(4.5, size + 1.2), max(3.8, size), layout="constrained")
-    sns.heatmap(
+    heatmap(
         similarity,
-        ax=ax,
+        ax,
         vmin=vmin,
         vmax=vmax,
         cmap=cmap,
