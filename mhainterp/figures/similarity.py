@@ -121,9 +121,11 @@ def plot_similarity_heatmap(
     )
     ax.tick_params(axis="y", rotation=0)
     fit_tick_labels(ax, "x")
-    fit_tick_labels(ax, "y")
+    # The square panel's height is its width (aspect 1): turning the x labels moves it
+    # little, so the y labels and cells are sized from the same draw
+    fit_tick_labels(ax, "y", drawn=True)
     if annotate:
-        fit_cell_text(ax, n_rows, n_cols)
+        fit_cell_text(ax, n_rows, n_cols, drawn=True)
     if cluster_of:
         _outline_clusters(ax, [cluster_of[label] for label in similarity.index])
     ax.set_xlabel("head" if square else "model B head")
