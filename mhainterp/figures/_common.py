@@ -17,6 +17,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # no screen needed; must precede pyplot
 
+import matplotlib.colors
+import matplotlib.image
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -142,45 +144,71 @@ def save_figure(
     try:
         if data is not None:
             write_csv(png_path.with_suffix(".csv"), data)
-        box = laid_out(fig, dpi)
+        box, pixels = laid_out(fig, dpi)
         if vector:
             with atomic_path(png_path.with_suffix(VECTOR_SUFFIX)) as tmp:
                 fig.savefig(tmp, bbox_inches=box, format="pdf", metadata={"CreationDate": None})
         # The PNG last: callers take it as the sign that the figure is done, so a process
         # killed before it leaves a figure that a rerun draws again, PDF included
         with atomic_path(png_path) as tmp:
-            fig.savefig(tmp, dpi=dpi, bbox_inches=box, format="png")
+            if pixels is None:
+                fig.savefig(tmp, dpi=dpi, bbox_inches=box, format="png")
+            else:
+                matplotlib.image.imsave(tmp, pixels, dpi=dpi, format="png")
     finally:
         plt.close(fig)
     return png_path
 
 
-def laid_out(fig: plt.Figure, dpi: float = 120) -> Bbox:
-    """Lay ``fig`` out once at ``dpi`` (the PNG's: text extents, hence the box, depend on it)
-    and freeze it; return its tight box (inches, padded as ``bbox_inches="tight"`` pads it)
-    for every format it is saved in.
+def laid_out(fig: plt.Figure, dpi: float = 120) -> tuple[Bbox, np.ndarray | None]:
+    """Lay ``fig`` out and render it once at ``dpi`` (the PNG's), then freeze its layout.
 
     ``savefig(bbox_inches="tight")`` draws a figure twice per format (once to measure its box,
-    once to render), running the constrained layout each time: a PNG + PDF pair cost four draws.
-    Measured once here, each format is one draw of the same layout.
+    once to render), running the constrained layout each time: a PNG + PDF pair cost four
+    draws. Here one draw lays the figure out and renders its pixels; the PNG is those pixels
+    cut to the tight box, and the PDF one more draw of the same layout.
+
+    Returns:
+        The tight box (inches, padded as ``bbox_inches="tight"`` pads it) every format is
+        saved with, and the PNG's pixels (``[rows, columns, 4]`` RGBA) cut to it, or None when
+        something is drawn outside the figure (clipped in this render: a PNG must be drawn).
 
     Example:
         >>> fig, ax = new_figure(4.0, 3.0, layout="constrained")
-        >>> box = laid_out(fig)
-        >>> fig.get_layout_engine() is None, bool(0.0 < box.width < 4.5)
+        >>> box, pixels = laid_out(fig, dpi=100)
+        >>> fig.get_layout_engine() is None, pixels.shape[:2] == (int(box.height * 100),
+        ...                                                        int(box.width * 100))
         (True, True)
         >>> plt.close(fig)
     """
     shown = fig.dpi
     fig.set_dpi(dpi)
     try:
-        fig.draw_without_rendering()  # runs the layout engine, if any, and measures the text
-        box = fig.get_tightbbox(fig.canvas.get_renderer())
+        fig.canvas.draw()  # the layout engine, if any, then the pixels
+        content = fig.get_tightbbox(fig.canvas.get_renderer())
+        rendered = np.array(fig.canvas.buffer_rgba())
     finally:
         fig.set_dpi(shown)
     fig.set_layout_engine(None)  # laid out: each save draws the figure as it is now
-    pad = plt.rcParams["savefig.pad_inches"]
-    return box.padded(pad)
+    box = content.padded(plt.rcParams["savefig.pad_inches"])
+    width, height = fig.get_size_inches()
+    inside = content.x0 >= 0 and content.y0 >= 0 and content.x1 <= width and content.y1 <= height
+    return box, _cut_to(rendered, box, dpi, fig.get_facecolor()) if inside else None
+
+
+def _cut_to(rendered: np.ndarray, box: Bbox, dpi: float, background: tuple) -> np.ndarray:
+    """The part of a rendered figure (``[rows, columns, 4]``) in ``box`` (inches from its
+    lower left corner), as ``savefig(bbox_inches=box)`` sizes it (to the pixel); where the box
+    passes the figure's edge, the figure's background colour."""
+    rows, columns = int(box.height * dpi), int(box.width * dpi)
+    left = round(box.x0 * dpi)
+    top = round(rendered.shape[0] - box.y0 * dpi - rows)  # the buffer's rows run downwards
+    out = np.empty((rows, columns, 4), dtype=np.uint8)
+    out[:] = np.round(np.asarray(matplotlib.colors.to_rgba(background)) * 255).astype(np.uint8)
+    r0, c0 = max(top, 0), max(left, 0)
+    r1, c1 = min(top + rows, rendered.shape[0]), min(left + columns, rendered.shape[1])
+    out[r0 - top : r1 - top, c0 - left : c1 - left] = rendered[r0:r1, c0:c1]
+    return out
 
 
 def require_columns(df: pd.DataFrame, columns: Iterable[str], name: str, source: str) -> None:
