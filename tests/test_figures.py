@@ -160,8 +160,9 @@ def test_fit_tick_labels_turns_crowded_labels_and_leaves_room_alone():
     long = [f"ref:L{i // 8}H{i % 8}" for i in range(24)]
     crowded.set_xticks(range(24), long)
     roomy.set_xticks(range(2), ["a", "b"])
-    fit_tick_labels(crowded, "x")
-    fit_tick_labels(roomy, "x")
+    # what it returns tells a caller whether the figure must be measured again
+    assert fit_tick_labels(crowded, "x") is True
+    assert fit_tick_labels(roomy, "x") is False
     assert {t.get_rotation() for t in crowded.get_xticklabels()} == {90.0}
     assert_no_overlapping_tick_labels(crowded, "x")
     assert {t.get_rotation() for t in roomy.get_xticklabels()} == {0.0}

@@ -287,7 +287,7 @@ def _measured(ax: plt.Axes, drawn: bool = False):
     return ax.get_window_extent()
 
 
-def fit_tick_labels(ax: plt.Axes, axis: str = "x", *, drawn: bool = False) -> None:
+def fit_tick_labels(ax: plt.Axes, axis: str = "x", *, drawn: bool = False) -> bool:
     """Keep an axis' tick labels from overlapping: rotate, then shrink, then thin them.
 
     Horizontal labels stay when they fit their tick spacing; else they are turned (90° on x),
@@ -295,10 +295,13 @@ def fit_tick_labels(ax: plt.Axes, axis: str = "x", *, drawn: bool = False) -> No
     Call it after the ticks are set (for a heatmap: after ``sns.heatmap``). ``drawn``: the
     caller drew the figure (``draw_without_rendering``) after its last change, so one draw
     measures every panel of a figure.
+
+    Returns:
+        Whether the labels changed (else a draw made before still measures the figure).
     """
     labels = [t for t in getattr(ax, f"get_{axis}ticklabels")() if t.get_text()]
     if len(labels) < 2:
-        return
+        return False
     box = _measured(ax, drawn)
     span = box.width if axis == "x" else box.height
     spacing = span / len(labels) / _pixels_per_point(ax.figure)  # points per tick
@@ -306,7 +309,7 @@ def fit_tick_labels(ax: plt.Axes, axis: str = "x", *, drawn: bool = False) -> No
     longest = max(len(t.get_text()) for t in labels)
     along = 0.62 * size * longest if axis == "x" else 1.25 * size  # label extent along the axis
     if along <= 0.9 * spacing:
-        return
+        return False
     fitted = max(_MIN_FONT, min(size, 0.75 * spacing))
     step = max(1, math.ceil(1.3 * fitted / spacing))
     for i, label in enumerate(labels):
@@ -315,6 +318,7 @@ def fit_tick_labels(ax: plt.Axes, axis: str = "x", *, drawn: bool = False) -> No
             label.set_rotation(90)
             label.set_horizontalalignment("center")
         label.set_visible(i % step == 0)
+    return True
 
 
 def fit_cell_text(ax: plt.Axes, n_rows: int, n_cols: int, *, drawn: bool = False) -> bool:

@@ -163,11 +163,12 @@ def division_heatmap(
 
 def _fit_panels(fig: plt.Figure, panels: list[tuple[plt.Axes, _PanelData]]) -> None:
     """Fit every panel's tick labels, then its cell text, each after one draw of the figure
-    (turned labels change the cells' size; a draw per panel and step cost 2 x the panels)."""
+    (turned labels change the cells' size: drawn again then; a draw per panel and step cost
+    2 x the panels)."""
     fig.draw_without_rendering()
-    for ax, _ in panels:
-        fit_tick_labels(ax, "x", drawn=True)
-    fig.draw_without_rendering()
+    turned = [fit_tick_labels(ax, "x", drawn=True) for ax, _ in panels]
+    if any(turned):
+        fig.draw_without_rendering()
     for ax, data in panels:
         fit_cell_text(ax, *data.values.shape, drawn=True)
 

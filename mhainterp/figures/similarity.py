@@ -121,8 +121,8 @@ def plot_similarity_heatmap(
     )
     ax.tick_params(axis="y", rotation=0)
     fit_tick_labels(ax, "x")
-    # The square panel's height is its width (aspect 1): turning the x labels moves it
-    # little, so the y labels and cells are sized from the same draw
+    # Turned x labels shrink the square panel a little: the y labels and cells are sized
+    # from the same draw all the same (one draw instead of two or three; they look alike)
     fit_tick_labels(ax, "y", drawn=True)
     if annotate:
         fit_cell_text(ax, n_rows, n_cols, drawn=True)
