@@ -262,6 +262,7 @@ def prune_curve(
     n_eval: int = DEFAULT_N_EVAL,
     max_rows: int | None = DEFAULT_MAX_ROWS,
     progress: bool = False,
+    cache: CleanCache | None = None,
 ) -> pd.DataFrame:
     """Greedy pruning: remove the least important head, re-score the rest, repeat.
 
@@ -281,6 +282,9 @@ def prune_curve(
             a 32-head model costs 32 + 31 x 8 evaluations instead of 528.
         heads: Prune only these heads (labels, pairs or ``"L0H1,L0H3"``; the others stay);
             None: every head. A pretrained model prunes its attribution-verified set.
+        cache: A :class:`~mhainterp.ablation.replacement.CleanCache` shared with other tables
+            of the same model, batch and reference; None: one of its own, so its steps (33
+            passes on 32 heads) share one clean forward per chunk of sequences.
 
     Returns:
         One row per step, from all heads (step 0, the clean model) to none, with columns
@@ -298,12 +302,15 @@ def prune_curve(
     method = check_method(method)
     batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
     ref = batch if reference is None else as_batch(reference, n_eval=n_eval, name="reference")
-    replacement = build_replacement(model, method, ref, generator, max_rows)
+    cache = CleanCache() if cache is None else cache
+    replacement = build_replacement(model, method, ref, generator, max_rows, cache)
     names = target_names(data, model.cfg.n_targets)
 
     def run(head_sets: list[list[tuple[int, int]]], desc: str) -> list[dict[str, float]]:
         masks = head_masks(model, head_sets)
-        sums, _ = run_masks(model, batch, masks, replacement, max_rows=max_rows, desc=desc)
+        sums, _ = run_masks(
+            model, batch, masks, replacement, max_rows=max_rows, desc=desc, cache=cache
+        )
         return sums.metrics(names)
 
     if heads is None:

@@ -558,6 +558,31 @@ def test_bad_method_and_missing_reference(model, batch):
         prune_curve(model, batch, by="size")
 
 
+def test_the_ablation_tables_share_one_clean_forward_per_chunk(
+    multi_model, multi_batch, monkeypatch
+):
+    """analyze's tables (importance by three methods, pairwise, the pruning curve's steps) run
+    on one model and batch: with one CleanCache the clean prefixes are computed once per chunk
+    of sequences, not once per table and pruning step, and every table is the same."""
+    from mhainterp.ablation import engine
+
+    alone = {
+        "importance": pd.concat(
+            [head_importance(multi_model, multi_batch, m) for m in METHODS], ignore_index=True
+        ),
+        "pairwise": pairwise_ablation(multi_model, multi_batch, "mean"),
+        "prune_curve": prune_curve(multi_model, multi_batch, "mean", shortlist=8),
+    }
+    forwards = []
+    real = engine._clean_prefixes
+    monkeypatch.setattr(engine, "_clean_prefixes", lambda *a: forwards.append(a[2]) or real(*a))
+    tables = ablation_tables(multi_model, multi_batch, pairwise_heads=None)
+    for name, table in alone.items():
+        pd.testing.assert_frame_equal(tables[name], table, check_exact=True)
+    steps = len(tables["prune_curve"])  # 9: the clean model and 8 removals
+    assert len(forwards) <= 2 < steps, forwards  # one forward for the batch (was one a step)
+
+
 # ----------------------------------------------------------------------------- figures
 
 

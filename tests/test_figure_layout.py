@@ -445,3 +445,54 @@ def test_the_checks_catch_what_they_look_for():
     assert len(narrow_panels(fig)) == 1
     assert legends_over_labels(fig) == ["legend over the panel ''", "legend over 'L0H6'"]
     plt.close(fig)
+
+
+def _same_picture(png: Path, reference: Path) -> None:
+    """Two PNGs of one figure: sizes within a pixel, pixels alike (a sub-pixel shift)."""
+    from PIL import Image
+
+    a, b = (np.asarray(Image.open(p).convert("L"), dtype=float) for p in (png, reference))
+    assert all(abs(x - y) <= 1 for x, y in zip(a.shape, b.shape, strict=True)), (a.shape, b.shape)
+    rows, columns = min(a.shape[0], b.shape[0]), min(a.shape[1], b.shape[1])
+    assert np.abs(a[:rows, :columns] - b[:rows, :columns]).mean() < 3.0
+
+
+def test_a_heatmap_saved_as_png_and_pdf_is_drawn_twice(tmp_path, monkeypatch):
+    """Drawing a figure is most of the demo's report time: ``heatmap`` renders nothing (seaborn
+    renders the whole figure per call), and ``save_figure`` lays the figure out and renders
+    the PNG in one draw, the PDF in a second (``bbox_inches="tight"`` drew each format twice,
+    with the layout each time). The PNG is matplotlib's own tight PNG, to a pixel."""
+    draws = []
+    real_draw = plt.Figure.draw
+    monkeypatch.setattr(plt.Figure, "draw", lambda fig, r: draws.append(fig) or real_draw(fig, r))
+    fig, ax = _common.new_figure(4.0, 3.0, layout="constrained")
+    _common.heatmap(
+        pd.DataFrame(np.eye(3), index=list("abc")), ax, annot=True, cbar_kws={"label": "x"}
+    )
+    assert draws == []
+    reference = tmp_path / "reference.png"
+    fig.savefig(reference, dpi=120, bbox_inches="tight")
+    draws.clear()
+    png = save_figure(fig, tmp_path / "heatmap.png")
+    assert len(draws) == 2
+    assert fig.get_layout_engine() is None  # laid out once, then frozen
+    _same_picture(png, reference)
+
+
+def test_a_legend_drawn_past_the_figure_edge_is_in_the_png(tmp_path):
+    """The one render is clipped at the figure's edge; a tight PNG reaches past it, so there
+    ``save_figure`` draws the PNG as savefig does."""
+    fig, ax = _common.new_figure(3.0, 2.0)
+    ax.plot([0, 1], [0, 1], label="a line with a long name")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.4, 1.0))
+    reference = tmp_path / "reference.png"
+    fig.savefig(reference, dpi=120, bbox_inches="tight")
+    png = save_figure(fig, tmp_path / "legend.png")
+    _same_picture(png, reference)
+    from PIL import Image
+
+    def legend_ink(path: Path) -> int:  # dark pixels in the right part, where the legend is
+        grey = np.asarray(Image.open(path).convert("L"))
+        return int((grey[:, int(0.6 * grey.shape[1]) :] < 128).sum())
+
+    assert legend_ink(png) > 0.9 * legend_ink(reference) > 0

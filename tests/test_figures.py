@@ -160,8 +160,9 @@ def test_fit_tick_labels_turns_crowded_labels_and_leaves_room_alone():
     long = [f"ref:L{i // 8}H{i % 8}" for i in range(24)]
     crowded.set_xticks(range(24), long)
     roomy.set_xticks(range(2), ["a", "b"])
-    fit_tick_labels(crowded, "x")
-    fit_tick_labels(roomy, "x")
+    # what it returns tells a caller whether the figure must be measured again
+    assert fit_tick_labels(crowded, "x") is True
+    assert fit_tick_labels(roomy, "x") is False
     assert {t.get_rotation() for t in crowded.get_xticklabels()} == {90.0}
     assert_no_overlapping_tick_labels(crowded, "x")
     assert {t.get_rotation() for t in roomy.get_xticklabels()} == {0.0}
@@ -546,26 +547,30 @@ def test_a_figure_killed_before_its_png_is_drawn_again_pdf_included(tmp_path, mo
     """Callers take the PNG as the sign that a figure is done, so it is written last: a process
     killed after the PDF but before the PNG leaves no PNG, and the rerun draws both again (the
     PDF was written second and never redrawn; ``mhainterp report`` killed at random lost it)."""
-    import matplotlib.pyplot as plt
-    from matplotlib.figure import Figure
+    import contextlib
 
+    import matplotlib.pyplot as plt
+
+    from mhainterp.figures import _common
     from mhainterp.figures._common import save_figure
 
     written: list[str] = []
-    real = Figure.savefig
+    real = _common.atomic_path
 
-    def killed_at_the_png(self, fname, *args, **kwargs):
-        written.append(kwargs["format"])
-        if kwargs["format"] == "png":
+    @contextlib.contextmanager
+    def killed_at_the_png(path):
+        written.append(path.suffix)
+        if path.suffix == ".png":
             raise KeyboardInterrupt  # the kill, before the PNG lands
-        return real(self, fname, *args, **kwargs)
+        with real(path) as tmp:
+            yield tmp
 
     png = tmp_path / "curves.png"
-    monkeypatch.setattr(Figure, "savefig", killed_at_the_png)
+    monkeypatch.setattr(_common, "atomic_path", killed_at_the_png)
     with pytest.raises(KeyboardInterrupt):
         save_figure(plt.figure(), png, pd.DataFrame({"x": [1]}))
-    assert written == ["pdf", "png"]
-    assert not png.exists()  # so a rerun draws it again
-    monkeypatch.setattr(Figure, "savefig", real)
+    assert written == [".pdf", ".png"]
+    assert png.with_suffix(".pdf").exists() and not png.exists()  # so a rerun draws it again
+    monkeypatch.setattr(_common, "atomic_path", real)
     save_figure(plt.figure(), png, pd.DataFrame({"x": [1]}))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.csv", "curves.pdf", "curves.png"]

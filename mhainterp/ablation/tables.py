@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from mhainterp.ablation.engine import AblationResult, evaluate_head_sets
-from mhainterp.ablation.replacement import DEFAULT_MAX_ROWS, Method
+from mhainterp.ablation.replacement import DEFAULT_MAX_ROWS, CleanCache, Method
 from mhainterp.config import DEFAULT_N_EVAL
 from mhainterp.data import Data
 from mhainterp.heads import HeadSpec, all_heads, format_heads, head_label, resolve_heads
@@ -89,6 +89,7 @@ def head_importance(
     generator: torch.Generator | None = None,
     max_rows: int | None = DEFAULT_MAX_ROWS,
     progress: bool = False,
+    cache: CleanCache | None = None,
 ) -> pd.DataFrame:
     """Loss and accuracy with each head ablated alone, all heads in one batched pass.
 
@@ -101,6 +102,8 @@ def head_importance(
         generator: The resample permutation (seed 0 when None).
         max_rows: Most rows (copies x sequences) per forward; bounds memory.
         progress: Show a progress bar.
+        cache: A :class:`~mhainterp.ablation.replacement.CleanCache` shared with other
+            tables of the same model, batch and reference: their clean forwards run once.
 
     Returns:
         One row per head (layer-major): ``head_label, layer, head, method``, the metrics, their
@@ -126,6 +129,7 @@ def head_importance(
         max_rows=max_rows,
         progress=progress,
         desc=f"importance ({method})",
+        cache=cache,
     )
     rows = [
         {
@@ -228,6 +232,7 @@ def pairwise_ablation(
     generator: torch.Generator | None = None,
     max_rows: int | None = DEFAULT_MAX_ROWS,
     progress: bool = False,
+    cache: CleanCache | None = None,
 ) -> pd.DataFrame:
     """Joint ablation of pairs of heads against the sum of their single ablations.
 
@@ -240,7 +245,7 @@ def pairwise_ablation(
     - ``interaction ~ 0``: the heads act independently.
 
     Args:
-        model, data, method, reference, n_eval, generator, max_rows, progress: As in
+        model, data, method, reference, n_eval, generator, max_rows, progress, cache: As in
             :func:`head_importance`.
         heads: The heads to pair up (default: all heads of the model): every pair of them.
         pairs: Instead of ``heads``, exactly these pairs.
@@ -284,6 +289,7 @@ def pairwise_ablation(
         max_rows=max_rows,
         progress=progress,
         desc=f"pairwise ({method})",
+        cache=cache,
     )
     single = dict(zip(removed, results[: len(removed)], strict=True))
     for head, loss_increase in known.items():  # measured before: the loss only

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from mhainterp.ablation import METHODS, Method, check_method, head_importance, pairwise_ablation
+from mhainterp.ablation.replacement import CleanCache
 from mhainterp.attribution import gradient_importance, importance_agreement, prune_curve
 from mhainterp.config import DEFAULT_N_EVAL
 from mhainterp.data import Data
@@ -63,10 +64,13 @@ def ablation_tables(
         >>> tables = ablation_tables(load_run("runs/x/h4_seed0"))  # doctest: +SKIP
     """
     model, data = unpack_run(run_or_model, data)
+    # One CleanCache for every table: the same model, sequences and reference, so the clean
+    # forwards (prefixes, the reference's activations) run once, not once per table and step
+    cache = CleanCache()
     options = {"n_eval": n_eval, "progress": progress}
     n_heads = model.cfg.n_layers * model.cfg.n_heads
     importance = pd.concat(
-        [head_importance(model, data, check_method(m), **options) for m in methods],
+        [head_importance(model, data, check_method(m), cache=cache, **options) for m in methods],
         ignore_index=True,
     )
     gradient = gradient_importance(model, data, **options)
@@ -77,13 +81,14 @@ def ablation_tables(
             data,
             method,
             heads=_most_damaging(importance, method, pairwise_heads),
+            cache=cache,
             **options,
         ),
         "gradient_importance": gradient,
         "importance_agreement": importance_agreement(gradient, importance),
         # Re-score 8 candidates per pruning step (exact up to 8 heads), 4 beyond 16 heads.
         "prune_curve": prune_curve(
-            model, data, method, shortlist=8 if n_heads <= 16 else 4, **options
+            model, data, method, shortlist=8 if n_heads <= 16 else 4, cache=cache, **options
         ),
     }
 

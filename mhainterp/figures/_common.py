@@ -17,11 +17,15 @@ import matplotlib
 
 matplotlib.use("Agg")  # no screen needed; must precede pyplot
 
+import matplotlib.colors
+import matplotlib.image
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import seaborn as sns
+import seaborn.matrix as seaborn_matrix
 from matplotlib.ticker import MaxNLocator
+from matplotlib.transforms import Bbox
 
 from mhainterp.heads import parse_head_label
 from mhainterp.io import atomic_path, write_csv
@@ -29,11 +33,13 @@ from mhainterp.validation import ParameterError, invalid
 
 __all__ = [
     "save_figure",
+    "laid_out",
     "new_figure",
     "wrapped_grid",
     "require_columns",
     "head_order",
     "integer_axis",
+    "heatmap",
     "fit_tick_labels",
     "fit_cell_text",
     "legend_outside",
@@ -138,16 +144,71 @@ def save_figure(
     try:
         if data is not None:
             write_csv(png_path.with_suffix(".csv"), data)
+        box, pixels = laid_out(fig, dpi)
         if vector:
             with atomic_path(png_path.with_suffix(VECTOR_SUFFIX)) as tmp:
-                fig.savefig(tmp, bbox_inches="tight", format="pdf", metadata={"CreationDate": None})
+                fig.savefig(tmp, bbox_inches=box, format="pdf", metadata={"CreationDate": None})
         # The PNG last: callers take it as the sign that the figure is done, so a process
         # killed before it leaves a figure that a rerun draws again, PDF included
         with atomic_path(png_path) as tmp:
-            fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png")
+            if pixels is None:
+                fig.savefig(tmp, dpi=dpi, bbox_inches=box, format="png")
+            else:
+                matplotlib.image.imsave(tmp, pixels, dpi=dpi, format="png")
     finally:
         plt.close(fig)
     return png_path
+
+
+def laid_out(fig: plt.Figure, dpi: float = 120) -> tuple[Bbox, np.ndarray | None]:
+    """Lay ``fig`` out and render it once at ``dpi`` (the PNG's), then freeze its layout.
+
+    ``savefig(bbox_inches="tight")`` draws a figure twice per format (once to measure its box,
+    once to render), running the constrained layout each time: a PNG + PDF pair cost four
+    draws. Here one draw lays the figure out and renders its pixels; the PNG is those pixels
+    cut to the tight box, and the PDF one more draw of the same layout.
+
+    Returns:
+        The tight box (inches, padded as ``bbox_inches="tight"`` pads it) every format is
+        saved with, and the PNG's pixels (``[rows, columns, 4]`` RGBA) cut to it, or None when
+        something is drawn outside the figure (clipped in this render: a PNG must be drawn).
+
+    Example:
+        >>> fig, ax = new_figure(4.0, 3.0, layout="constrained")
+        >>> box, pixels = laid_out(fig, dpi=100)
+        >>> fig.get_layout_engine() is None, pixels.shape[:2] == (int(box.height * 100),
+        ...                                                        int(box.width * 100))
+        (True, True)
+        >>> plt.close(fig)
+    """
+    shown = fig.dpi
+    fig.set_dpi(dpi)
+    try:
+        fig.canvas.draw()  # the layout engine, if any, then the pixels
+        content = fig.get_tightbbox(fig.canvas.get_renderer())
+        rendered = np.array(fig.canvas.buffer_rgba())
+    finally:
+        fig.set_dpi(shown)
+    fig.set_layout_engine(None)  # laid out: each save draws the figure as it is now
+    box = content.padded(plt.rcParams["savefig.pad_inches"])
+    width, height = fig.get_size_inches()
+    inside = content.x0 >= 0 and content.y0 >= 0 and content.x1 <= width and content.y1 <= height
+    return box, _cut_to(rendered, box, dpi, fig.get_facecolor()) if inside else None
+
+
+def _cut_to(rendered: np.ndarray, box: Bbox, dpi: float, background: tuple) -> np.ndarray:
+    """The part of a rendered figure (``[rows, columns, 4]``) in ``box`` (inches from its
+    lower left corner), as ``savefig(bbox_inches=box)`` sizes it (to the pixel); where the box
+    passes the figure's edge, the figure's background colour."""
+    rows, columns = int(box.height * dpi), int(box.width * dpi)
+    left = round(box.x0 * dpi)
+    top = round(rendered.shape[0] - box.y0 * dpi - rows)  # the buffer's rows run downwards
+    out = np.empty((rows, columns, 4), dtype=np.uint8)
+    out[:] = np.round(np.asarray(matplotlib.colors.to_rgba(background)) * 255).astype(np.uint8)
+    r0, c0 = max(top, 0), max(left, 0)
+    r1, c1 = min(top + rows, rendered.shape[0]), min(left + columns, rendered.shape[1])
+    out[r0 - top : r1 - top, c0 - left : c1 - left] = rendered[r0:r1, c0:c1]
+    return out
 
 
 def require_columns(df: pd.DataFrame, columns: Iterable[str], name: str, source: str) -> None:
@@ -186,34 +247,69 @@ def integer_axis(ax: plt.Axes, axis: str = "both", *, max_ticks: int | None = No
         getattr(ax, f"{which}axis").set_major_locator(locator)
 
 
+def heatmap(data: pd.DataFrame | np.ndarray, ax: plt.Axes, **kwargs) -> plt.Axes:
+    """``sns.heatmap(data, ax=ax, **kwargs)`` without the render of the whole figure that
+    seaborn makes on every call to turn tick labels that overlap.
+
+    That render cost one full draw per heatmap (a figure of three panels: three), and every
+    figure here sets its labels' rotation itself afterwards (explicitly or by
+    :func:`fit_tick_labels`, measured once per figure). seaborn's own check still runs, on the
+    labels as placed before the layout.
+
+    Example:
+        >>> fig, ax = new_figure()
+        >>> _ = heatmap(pd.DataFrame([[0.0, 1.0]]), ax, annot=True)
+        >>> [t.get_text() for t in ax.texts]
+        ['0', '1']
+        >>> plt.close(fig)
+    """
+    drawn = seaborn_matrix._draw_figure
+    seaborn_matrix._draw_figure = _skip_draw  # the one global seaborn's heatmap renders through
+    try:
+        return sns.heatmap(data, ax=ax, **kwargs)
+    finally:
+        seaborn_matrix._draw_figure = drawn
+
+
+def _skip_draw(fig: plt.Figure) -> None:
+    """Stands in for seaborn's figure render inside :func:`heatmap`."""
+
+
 def _pixels_per_point(fig: plt.Figure) -> float:
     return fig.dpi / 72.0
 
 
-def _measured(ax: plt.Axes):
-    """The axes' drawn box in pixels, after layout and aspect (a draw without rendering)."""
-    ax.figure.draw_without_rendering()
+def _measured(ax: plt.Axes, drawn: bool = False):
+    """The axes' drawn box in pixels, after layout and aspect (a draw without rendering,
+    unless the caller ``drawn`` the figure since it last changed)."""
+    if not drawn:
+        ax.figure.draw_without_rendering()
     return ax.get_window_extent()
 
 
-def fit_tick_labels(ax: plt.Axes, axis: str = "x") -> None:
+def fit_tick_labels(ax: plt.Axes, axis: str = "x", *, drawn: bool = False) -> bool:
     """Keep an axis' tick labels from overlapping: rotate, then shrink, then thin them.
 
     Horizontal labels stay when they fit their tick spacing; else they are turned (90° on x),
     their font shrunk to fit the spacing down to 6 pt; below that every k-th label is shown.
-    Call it after the ticks are set (for a heatmap: after ``sns.heatmap``).
+    Call it after the ticks are set (for a heatmap: after ``sns.heatmap``). ``drawn``: the
+    caller drew the figure (``draw_without_rendering``) after its last change, so one draw
+    measures every panel of a figure.
+
+    Returns:
+        Whether the labels changed (else a draw made before still measures the figure).
     """
     labels = [t for t in getattr(ax, f"get_{axis}ticklabels")() if t.get_text()]
     if len(labels) < 2:
-        return
-    box = _measured(ax)
+        return False
+    box = _measured(ax, drawn)
     span = box.width if axis == "x" else box.height
     spacing = span / len(labels) / _pixels_per_point(ax.figure)  # points per tick
     size = labels[0].get_fontsize()
     longest = max(len(t.get_text()) for t in labels)
     along = 0.62 * size * longest if axis == "x" else 1.25 * size  # label extent along the axis
     if along <= 0.9 * spacing:
-        return
+        return False
     fitted = max(_MIN_FONT, min(size, 0.75 * spacing))
     step = max(1, math.ceil(1.3 * fitted / spacing))
     for i, label in enumerate(labels):
@@ -222,13 +318,15 @@ def fit_tick_labels(ax: plt.Axes, axis: str = "x") -> None:
             label.set_rotation(90)
             label.set_horizontalalignment("center")
         label.set_visible(i % step == 0)
+    return True
 
 
-def fit_cell_text(ax: plt.Axes, n_rows: int, n_cols: int) -> bool:
+def fit_cell_text(ax: plt.Axes, n_rows: int, n_cols: int, *, drawn: bool = False) -> bool:
     """Size a heatmap's cell annotations (``ax.texts``) to its cells, or drop them.
 
     The font is the largest (at most 9 pt) at which the longest text fits a cell; when that is
     under 6 pt the annotations are removed (the colour carries the value, the CSV the number).
+    ``drawn``: as in :func:`fit_tick_labels`.
 
     Returns:
         Whether the annotations were kept.
@@ -236,7 +334,7 @@ def fit_cell_text(ax: plt.Axes, n_rows: int, n_cols: int) -> bool:
     texts = [t for t in ax.texts if t.get_text()]
     if not texts or n_rows < 1 or n_cols < 1:
         return bool(texts)
-    box = _measured(ax)
+    box = _measured(ax, drawn)
     per_point = _pixels_per_point(ax.figure)
     cell_w, cell_h = box.width / n_cols / per_point, box.height / n_rows / per_point
     longest = max(len(t.get_text()) for t in texts)

@@ -21,6 +21,7 @@ from mhainterp.figures._common import (
     fit_cell_text,
     fit_tick_labels,
     head_order,
+    heatmap,
     legend_outside,
     mark_layers,
     new_figure,
@@ -99,8 +100,9 @@ def importance_figure(importance: pd.DataFrame, *, method: str | None = None) ->
         axes[2, 0].set_title(f"Δ accuracy per target ({method} ablation)")
     fig.suptitle("Head importance: effect of ablating one head at a time")
     fig.tight_layout()
+    fig.draw_without_rendering()  # no layout engine: one draw measures every panel as it stays
     for ax in axes[:, 0]:
-        fit_tick_labels(ax, "x")
+        fit_tick_labels(ax, "x", drawn=True)
     return fig
 
 
@@ -173,9 +175,9 @@ def pairwise_figure(
     limit = float(np.abs(finite).max()) if finite.size else 1.0
     drop = "increase" if metric == "loss" else "drop"
     label = f"{metric} {drop}" + (": joint − (a + b)" if value == "interaction" else ": joint")
-    sns.heatmap(
+    heatmap(
         matrix,
-        ax=ax,
+        ax,
         cmap="RdBu_r",
         center=0.0,
         vmin=-limit or -1,
@@ -189,9 +191,10 @@ def pairwise_figure(
     ax.grid(False)
     ax.set_facecolor("#eeeeee")  # the blank diagonal / missing pairs
     ax.tick_params(axis="y", rotation=0)
-    fit_tick_labels(ax, "x")
-    fit_tick_labels(ax, "y")
-    fit_cell_text(ax, n, n)
+    fig.draw_without_rendering()  # no layout engine yet: the fitting moves no panel
+    fit_tick_labels(ax, "x", drawn=True)
+    fit_tick_labels(ax, "y", drawn=True)
+    fit_cell_text(ax, n, n, drawn=True)
     mark_layers(ax, list(matrix.index), columns=True)
     ax.set(xlabel="head b", ylabel="head a")
     what = "joint − sum of single damages" if value == "interaction" else "joint damage"

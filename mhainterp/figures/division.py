@@ -26,6 +26,7 @@ from mhainterp.figures._common import (
     fit_cell_text,
     fit_tick_labels,
     head_order,
+    heatmap,
     legend_outside,
     mark_layers,
     new_figure,
@@ -33,7 +34,6 @@ from mhainterp.figures._common import (
     plt,
     require_columns,
     save_figure,
-    sns,
 )
 from mhainterp.figures.headcount import draw_seeds
 from mhainterp.specialization.verdict.sentences import BASIS_NAMES
@@ -136,6 +136,7 @@ def division_heatmap(
     served = _served(heads)
     bases = {g.basis for g in panels_data}
     colour = COLOUR_LABELS.get(frozenset(bases), "accuracy lost (removed) or added (kept alone)")
+    notes = []  # (panel, note): "no damaging head" over a panel with nothing to show
     for ax, axis, data, largest in zip(panels, axes_names, panels_data, finite, strict=False):
         colorbar = stacked or ax is panels[-1]  # stacked: one each (same scale), panels aligned
         marks = _marks(data, served, axis, min_damage)
@@ -148,13 +149,28 @@ def division_heatmap(
         row_label = _row_label(ax, data)
         ax.set_ylabel(row_label if stacked or ax is panels[0] else "")
         if largest < min_damage:
-            note_on_axes(ax, _empty_note(data.basis, min_damage))
+            notes.append((ax, _empty_note(data.basis, min_damage)))
     fig.suptitle(
         "Damage of removing one head, per value (* = serves)"
         if bases == {"single"}
         else "The profiles each axis's call rests on, per value (* = serves)"
     )
+    _fit_panels(fig, list(zip(panels, panels_data, strict=False)))
+    for ax, note in notes:  # after the fitting, which keeps or drops every text of a panel
+        note_on_axes(ax, note)
     return fig
+
+
+def _fit_panels(fig: plt.Figure, panels: list[tuple[plt.Axes, _PanelData]]) -> None:
+    """Fit every panel's tick labels, then its cell text, each after one draw of the figure
+    (turned labels change the cells' size: drawn again then; a draw per panel and step cost
+    2 x the panels)."""
+    fig.draw_without_rendering()
+    turned = [fit_tick_labels(ax, "x", drawn=True) for ax, _ in panels]
+    if any(turned):
+        fig.draw_without_rendering()
+    for ax, data in panels:
+        fit_cell_text(ax, *data.values.shape, drawn=True)
 
 
 COLOUR_LABELS = {
@@ -309,9 +325,9 @@ def _damage_panel(
     colour: str,
 ) -> None:
     """One axis' rows x values heatmap."""
-    sns.heatmap(
+    heatmap(
         data.values,
-        ax=ax,
+        ax,
         cmap="rocket_r",
         vmin=0,
         vmax=vmax,
@@ -323,8 +339,6 @@ def _damage_panel(
     )
     ax.grid(False)  # the style's grid showed through empty cells as stray ticks
     ax.tick_params(axis="y", rotation=0)
-    fit_tick_labels(ax, "x")
-    fit_cell_text(ax, *data.values.shape)
 
 
 def division_vs_heads(sweep: pd.DataFrame) -> plt.Figure:

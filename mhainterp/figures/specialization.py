@@ -26,6 +26,7 @@ from mhainterp.figures._common import (
     count_error_bars,
     fit_cell_text,
     head_order,
+    heatmap,
     legend_in_cell,
     legend_outside,
     mark_layers,
@@ -33,7 +34,6 @@ from mhainterp.figures._common import (
     plt,
     require_columns,
     save_figure,
-    sns,
     wrapped_grid,
 )
 from mhainterp.figures.headcount import draw_seeds
@@ -104,6 +104,7 @@ def role_heatmap(
     width = 2.5 + 0.85 * roles["role"].nunique()
     height = 2.6 + 0.45 * roles["head_label"].nunique()
     fig, axes = _panel_grid(len(runs), width, height)
+    cells = []  # (panel, rows, columns): their text is fitted after one draw of every panel
     for ax, run in zip(axes, runs, strict=True):
         df = _of_run(roles, run)
         role_order = list(dict.fromkeys(df["role"]))
@@ -125,20 +126,20 @@ def role_heatmap(
         own = df["task_relation"].astype(bool) if "task_relation" in df else df["role"].isna()
         relations = set(df.loc[own, "role"])
         labels = [f"{r} †" if r in relations else r for r in role_order]
-        sns.heatmap(
+        heatmap(
             grid,
+            ax,
             annot=text,
             fmt="",
             vmin=0.0 if value == "score" else -0.2,
             vmax=1.0,
             cmap="viridis",
             cbar_kws={"label": value.replace("_", " ")},
-            ax=ax,
             xticklabels=labels,
             yticklabels=heads,
             annot_kws={"fontsize": 8},
         )
-        fit_cell_text(ax, len(heads), len(role_order))
+        cells.append((ax, len(heads), len(role_order)))
         ax.set_xlabel("relation template († = the task's own)")
         ax.set_ylabel(mark_layers(ax, heads))
         ax.set_title(run or "role scores", fontsize=10)
@@ -150,6 +151,9 @@ def role_heatmap(
         f"** = role (beats both nulls, corrected p < {alpha:g}, effect large enough); "
         "* = p only"
     )
+    fig.draw_without_rendering()
+    for ax, n_rows, n_cols in cells:
+        fit_cell_text(ax, n_rows, n_cols, drawn=True)
     return fig
 
 
@@ -176,8 +180,9 @@ def causal_matrix_figure(causal: pd.DataFrame, *, max_runs: int = 4) -> plt.Figu
         targets = list(dict.fromkeys(df["target"]))
         heads = head_order(df["head_label"])
         grid = df.pivot(index="head_label", columns="target", values="damage").loc[heads, targets]
-        sns.heatmap(
+        heatmap(
             grid,
+            ax,
             annot=True,
             fmt=".2f",
             cmap="RdBu_r",
@@ -185,7 +190,6 @@ def causal_matrix_figure(causal: pd.DataFrame, *, max_runs: int = 4) -> plt.Figu
             vmin=-vmax,
             vmax=vmax,
             cbar_kws={"label": "accuracy drop when ablated"},
-            ax=ax,
             annot_kws={"fontsize": 8},
         )
         ax.set_xlabel("target")
