@@ -496,3 +496,23 @@ def test_a_legend_drawn_past_the_figure_edge_is_in_the_png(tmp_path):
         return int((grey[:, int(0.6 * grey.shape[1]) :] < 128).sum())
 
     assert legend_ink(png) > 0.9 * legend_ink(reference) > 0
+
+
+def test_heatmap_restores_seaborns_render_hook_even_when_it_fails():
+    """heatmap() swaps seaborn's private figure render for the length of one call: after a
+    call, and after one that raises, seaborn's own is back."""
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    import seaborn.matrix as seaborn_matrix
+
+    from mhainterp.figures._common import heatmap, new_figure
+
+    hook = seaborn_matrix._draw_figure
+    fig, ax = new_figure()
+    heatmap(pd.DataFrame([[0.0, 1.0]]), ax, annot=True)
+    assert seaborn_matrix._draw_figure is hook
+    assert [t.get_text() for t in ax.texts] == ["0", "1"]
+    with pytest.raises(ValueError):
+        heatmap(pd.DataFrame([["a", "b"]]), ax)
+    assert seaborn_matrix._draw_figure is hook
+    plt.close(fig)

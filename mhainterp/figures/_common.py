@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -263,12 +264,18 @@ def heatmap(data: pd.DataFrame | np.ndarray, ax: plt.Axes, **kwargs) -> plt.Axes
         ['0', '1']
         >>> plt.close(fig)
     """
-    drawn = seaborn_matrix._draw_figure
-    seaborn_matrix._draw_figure = _skip_draw  # the one global seaborn's heatmap renders through
-    try:
+    drawn = getattr(seaborn_matrix, "_draw_figure", None)
+    if drawn is None:  # a seaborn without that private hook: its own render, as before
         return sns.heatmap(data, ax=ax, **kwargs)
-    finally:
-        seaborn_matrix._draw_figure = drawn
+    with _SEABORN_SWAP:  # a module global: one heatmap at a time swaps it (threads)
+        seaborn_matrix._draw_figure = _skip_draw  # what seaborn's heatmap renders through
+        try:
+            return sns.heatmap(data, ax=ax, **kwargs)
+        finally:
+            seaborn_matrix._draw_figure = drawn
+
+
+_SEABORN_SWAP = threading.Lock()
 
 
 def _skip_draw(fig: plt.Figure) -> None:
