@@ -508,6 +508,39 @@ def test_the_layer_rule_flags_a_layer_the_estimates_miss_and_not_one_they_explai
     assert screen.why == ["layer", "layer", "estimate", ""]
 
 
+def test_the_screen_ignores_kept_in_the_model_estimates_where_no_such_row_runs():
+    """Without kept-alone-in-the-model rows (a pretrained model's configurations), a head
+    whose only large estimate is kept alone in the whole model is screened out: that row is
+    never run, so it gates nothing. With the rows (a toy model's), the same estimate makes it
+    exact."""
+    from types import SimpleNamespace
+
+    from mhainterp.specialization.settings import DivisionSettings
+    from mhainterp.specialization.whom.profiles import PassScores, build_configs
+    from mhainterp.specialization.whom.screen import screen_heads
+
+    model = SimpleNamespace(cfg=SimpleNamespace(objective="embedding"))  # the screen reads nll
+    s = DivisionSettings(screen="attribution", screen_sample=0.0)
+    N = 4
+    small = torch.full((4, N), 1e-4)
+    in_model = small.clone()
+    in_model[0] = 0.05  # L0H0 kept alone in the whole model: far above the threshold
+    layers = torch.full((2, N), 1e-3)
+    estimate = torch.cat([small, small, in_model, layers, torch.full((1, N), 0.1)])
+    why = {}
+    for across in (False, True):
+        configs = build_configs(2, 2, across_layers=across)
+        nll = torch.full((len(configs.head_sets), N), float("nan"))
+        nll[configs.clean] = 1.0
+        nll[configs.layer[0]], nll[configs.layer[1]] = 1.001, 1.001
+        if configs.nothing is not None:
+            nll[configs.nothing] = 1.1
+        first = PassScores("mean", -nll, nll)
+        why[across] = screen_heads(model, None, configs, first, {"mean": estimate}, s).why
+    assert why[False] == ["", "", "", ""]
+    assert why[True][0] == "estimate"
+
+
 def test_a_group_larger_than_the_pretrained_cap_is_kept_untested(bert, monkeypatch):
     """On a pretrained model a group of more than PRETRAINED_GROUP_SIZE heads is not removed
     (its g + 1 forwards are what the cap saves): its row stays, with NaN damages, not
