@@ -90,3 +90,11 @@ def test_a_refused_noisy_copy_is_checked_again_with_its_new_weights(model_and_ta
     monkeypatch.setattr(division, "noisy_copy", broken_above_half)
     result = division_of_labour(model, task, n_eval=64, n_bootstrap=20, noise=0.9)
     assert result.settings["noise_used"] == pytest.approx(0.45)
+
+
+def test_passes_that_are_not_a_store_are_refused_in_one_line(model_and_task):
+    from mhainterp.validation import ParameterError
+
+    model, task = model_and_task
+    with pytest.raises(ParameterError, match="passes.*result.passes"):
+        division_of_labour(model, task, n_eval=64, passes={"rows": {}})

@@ -541,6 +541,20 @@ def test_the_screen_ignores_kept_in_the_model_estimates_where_no_such_row_runs()
     assert why[True][0] == "estimate"
 
 
+def _recorded_head_sets(monkeypatch, module) -> list:
+    """Every head set ``module``'s ``evaluate_head_sets`` is asked to remove, in order (the
+    engine still runs them)."""
+    seen: list = []
+    real = module.evaluate_head_sets
+
+    def recording(model, batch, head_sets, *args, **kwargs):
+        seen.extend(head_sets)
+        return real(model, batch, head_sets, *args, **kwargs)
+
+    monkeypatch.setattr(module, "evaluate_head_sets", recording)
+    return seen
+
+
 def test_a_group_larger_than_the_pretrained_cap_is_kept_untested(bert, monkeypatch):
     """On a pretrained model a group of more than PRETRAINED_GROUP_SIZE heads is not removed
     (its g + 1 forwards are what the cap saves): its row stays, with NaN damages, not
@@ -548,14 +562,7 @@ def test_a_group_larger_than_the_pretrained_cap_is_kept_untested(bert, monkeypat
     from mhainterp.specialization.needed import redundancy
 
     monkeypatch.setattr(redundancy, "PRETRAINED_GROUP_SIZE", 3)
-    seen: list[list] = []
-    real = redundancy.evaluate_head_sets
-
-    def counting(model, batch, head_sets, *args, **kwargs):
-        seen.extend(head_sets)
-        return real(model, batch, head_sets, *args, **kwargs)
-
-    monkeypatch.setattr(redundancy, "evaluate_head_sets", counting)
+    seen = _recorded_head_sets(monkeypatch, redundancy)
     batch = TextTask(bert, sentences=_sentences(), n_eval=12).eval_batch()
     similarity = pd.DataFrame(np.eye(8), index=bert.head_labels, columns=bert.head_labels)
     groups = [("role:a", ["L0H0", "L0H1", "L0H2", "L0H3"]), ("role:b", ["L1H0", "L1H1", "L1H2"])]
@@ -575,14 +582,7 @@ def test_a_group_whose_removal_costs_less_than_the_gate_is_not_removed_one_kept(
     damages stay NaN (no forward); at or above it, they are the engine's."""
     from mhainterp.specialization.needed import redundancy
 
-    seen: list[list] = []
-    real = redundancy.evaluate_head_sets
-
-    def counting(model, batch, head_sets, *args, **kwargs):
-        seen.extend(head_sets)
-        return real(model, batch, head_sets, *args, **kwargs)
-
-    monkeypatch.setattr(redundancy, "evaluate_head_sets", counting)
+    seen = _recorded_head_sets(monkeypatch, redundancy)
     batch = TextTask(bert, sentences=_sentences(), n_eval=12).eval_batch()
     similarity = pd.DataFrame(np.eye(8), index=bert.head_labels, columns=bert.head_labels)
     groups = [("role:b", ["L1H0", "L1H1", "L1H2"])]
@@ -605,14 +605,7 @@ def test_a_pretrained_division_keeps_each_head_alone_in_its_layer_only(bert, mon
     kept profile is the layer's."""
     from mhainterp.specialization.whom import profiles
 
-    seen: list[list] = []
-    real = profiles.evaluate_head_sets
-
-    def recording(model, batch, head_sets, *args, **kwargs):
-        seen.extend(head_sets)
-        return real(model, batch, head_sets, *args, **kwargs)
-
-    monkeypatch.setattr(profiles, "evaluate_head_sets", recording)
+    seen = _recorded_head_sets(monkeypatch, profiles)
     task = TextTask(bert, sentences=_sentences(), n_eval=12)
     result = division_of_labour(bert, task, n_bootstrap=20, methods=("mean",))
     layers_touched = {len({pair[0] for pair in head_set}) for head_set in seen}

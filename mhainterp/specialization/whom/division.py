@@ -349,6 +349,8 @@ def division_of_labour(
     axes_of, by, _ = _task_axes(data, by)
     data_batch = as_batch(data, n_eval=s.n_eval, needs_targets=True)
     batch = batch_for_model(model, data_batch)
+    if passes is not None and not isinstance(passes, PassStore):
+        raise invalid("passes", type(passes).__name__, "None or a division's result.passes")
     store = PassStore() if passes is None else passes
     # None: cross-entropy and accuracy (toy models)
     metric = store.memo(("metric",), lambda: damage_metric(model, batch))

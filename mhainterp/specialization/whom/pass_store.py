@@ -43,6 +43,7 @@ def _sequences_key(batch: Batch) -> str:
     digest = hashlib.sha1()
     for tensor in (batch.tokens, batch.padding_mask):
         digest.update(str(tuple(tensor.shape)).encode())
+        # hashed on the host: the digest reads the bytes (a few kB of token ids)
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
 
