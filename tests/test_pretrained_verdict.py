@@ -541,6 +541,93 @@ def test_the_screen_ignores_kept_in_the_model_estimates_where_no_such_row_runs()
     assert why[True][0] == "estimate"
 
 
+def test_the_screen_checks_large_negative_estimates_and_makes_exact_those_that_cost():
+    """Two layers of two heads, stand-ins for the model and the engine. L1H0's removal is
+    estimated at -0.03 and costs +0.02 when run: exact ("check"). L1H1's at -0.02, costing
+    -0.01: checked, still screened. L0H1 kept alone in its layer is estimated to hold off
+    -0.04 and does hold off +0.006: exact. L0H0's estimates are small: never run."""
+    from types import SimpleNamespace
+
+    from mhainterp.specialization.settings import DivisionSettings
+    from mhainterp.specialization.whom.profiles import PassScores, build_configs
+    from mhainterp.specialization.whom.screen import screen_heads
+
+    configs = build_configs(2, 2, across_layers=False)
+    C, N = len(configs.head_sets), 4
+    nll = torch.full((C, N), float("nan"))
+    nll[configs.clean] = 1.0
+    nll[configs.layer[0]], nll[configs.layer[1]] = 1.05, 1.05
+    first = PassScores("mean", -nll, nll)
+    single = torch.tensor([0.001, 0.001, -0.03, -0.02])[:, None].expand(4, N)
+    kept = torch.tensor([0.0, -0.04, 0.0, 0.0])[:, None].expand(4, N)
+    rest = torch.full((4 + 2 + 1, N), 0.0)  # kept in the model, the layers, every head
+    rest[4:6] = 0.05  # the layers' estimates are their removals: no "layer" heads, and the
+    # kept estimates are calibrated by 1
+    estimate = torch.cat([single, kept, rest])
+    exact_loss = {configs.single[2]: 1.02, configs.single[3]: 0.99, configs.kept[1]: 1.044}
+    asked: list[list[int]] = []
+
+    def check(rows: list[int]) -> torch.Tensor:
+        asked.append(rows)
+        return torch.tensor([exact_loss[r] for r in rows], dtype=torch.float64)
+
+    model = SimpleNamespace(cfg=SimpleNamespace(objective="embedding"))  # the screen reads nll
+    s = DivisionSettings(screen="attribution", screen_sample=0.0)
+    screen = screen_heads(model, None, configs, first, {"mean": estimate}, s, check=check)
+    assert screen.why == ["", "check", "check", ""]
+    assert asked == [sorted(exact_loss)]  # one call, only the doubtful configurations
+    assert screen.checked[3] == [[0, pytest.approx(-0.02), pytest.approx(-0.01, abs=1e-6)]]
+    assert screen.checked[1] == [[1, pytest.approx(-0.04), pytest.approx(0.006, abs=1e-6)]]
+    summary = screen.summary(configs.pairs, None)["negative_check"]
+    assert sorted(summary) == ["L0H1", "L1H0", "L1H1"]
+    unchecked = screen_heads(model, None, configs, first, {"mean": estimate}, s)
+    assert unchecked.why == ["", "", "", ""] and not unchecked.checked
+
+
+def test_a_division_runs_the_checked_heads_exactly_and_records_what_it_found(
+    tmp_path_factory, monkeypatch
+):
+    """A tiny Llama whose heads matter, with every head's removal estimated at -1 nat (a
+    stand-in for a first-order estimate far off): each is checked, and exactly the heads
+    whose exact removal reaches the threshold become exact, with the unscreened division's
+    loss increases."""
+    from mhainterp.specialization.whom import division
+
+    model = _tiny(tmp_path_factory, "llama_negative_check")
+    set_head_matrix(model, 1, "W_O", head_matrix(model, 1, "W_O") * 30)
+    task = TextTask(model, sentences=_sentences(), n_eval=12)
+    H = model.cfg.n_layers * model.cfg.n_heads
+    real = division.estimate_damage
+
+    def far_off(*args, **kwargs):
+        out = real(*args, **kwargs)
+        for e in out.values():
+            e[:H] = -1.0  # removed alone: far below zero
+            e[H : 3 * H] = 0.0  # kept alone: nothing
+            e[3 * H : 3 * H + model.cfg.n_layers] = 10.0  # the layers: explained
+        return out
+
+    gate = dict(min_loss_increase=1e-4, min_damage=1e-4)  # this tiny model's heads are weak
+    plain = division_of_labour(model, task, n_bootstrap=20, methods=("mean",), **gate)
+    exact = plain.heads.drop_duplicates("head_label")
+    increase = dict(zip(exact["head_label"], exact["loss_increase"], strict=True))
+    monkeypatch.setattr(division, "estimate_damage", far_off)
+    result = _screened(model, task, screen_sample=0.0, **gate)
+    summary = result.settings["screen_summary"]
+    threshold = summary["threshold"]
+    assert sorted(summary["negative_check"]) == sorted(increase)  # every head checked
+    for label, units in summary["negative_check"].items():
+        assert units[0][0] == 0 and units[0][1] == -1.0
+        assert units[0][2] == pytest.approx(increase[label], abs=1e-5)
+    costly = sorted(h for h, v in increase.items() if v >= threshold)
+    assert costly and sorted(summary["exact_because"]) == costly
+    assert set(summary["exact_because"].values()) == {"check"}
+    heads = result.heads.drop_duplicates("head_label").set_index("head_label")
+    for label in costly:
+        assert heads.loc[label, "evidence"] == "exact"
+        assert heads.loc[label, "loss_increase"] == pytest.approx(increase[label], abs=1e-5)
+
+
 def _recorded_head_sets(monkeypatch, module) -> list:
     """Every head set ``module``'s ``evaluate_head_sets`` is asked to remove, in order (the
     engine still runs them)."""

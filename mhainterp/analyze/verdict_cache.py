@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 from mhainterp.errors import OutdatedResultError, RunFolderError
 from mhainterp.io import write_json
+from mhainterp.specialization.whom.screen import SCREEN_RULE
 
 __all__ = ["StageCache", "stage_cache"]
 
@@ -101,6 +102,7 @@ def stage_cache(
         "settings": settings.to_dict(),
         "by": None if by is None else (by if isinstance(by, str) else list(by)),
         "screen": screen,
+        "screen_rule": SCREEN_RULE,  # a verdict saved under another screen rule is rerun
     }
     text_key = json.dumps(key, sort_keys=True, default=str)
     digest = hashlib.sha256(text_key.encode()).hexdigest()[:16]

@@ -740,7 +740,13 @@ def _screened_pass(
     key = ("estimates", runnable, s.seed)
     estimates = estimated() if store is None else store.memo(key, estimated)
     bar.update()
-    screen = screen_heads(model, batch, configs, primary, estimates, s)
+
+    def run_exactly(rows: list[int]) -> torch.Tensor:  # the primary method's mean losses
+        sets = [configs.head_sets[r] for r in rows]
+        scores, _ = run_pass(model, batch, sets, s.method, cache=cache, metric=metric, store=store)
+        return scores.loss
+
+    screen = screen_heads(model, batch, configs, primary, estimates, s, check=run_exactly)
     rows = screen.head_rows(screen.exact)
     if rows:
         sets = [configs.head_sets[r] for r in rows]

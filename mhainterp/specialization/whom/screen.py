@@ -22,6 +22,13 @@ estimates each head's damage at every scored triple under every method. Then:
   added up, whichever is larger) plus the threshold: there the estimate misses something
   (heads that back each other up beyond the estimate's order, a saturating write), and only
   exact profiles see it;
+- so is every head with an estimate that reaches the threshold **downwards** where that
+  configuration, run exactly under the primary method (one row per such estimate), changes
+  the loss by the threshold or more upwards: a first-order estimate that far from zero cannot
+  vouch for its sign (on SmolLM2, L1H0's removal was estimated at -0.099 nats and costs
+  +0.013, above the gate). The checked rows are in ``settings["screen_summary"]
+  ["negative_check"]``; a checked head that stays screened is filled from its estimates like
+  the others;
 - so is a seeded random ``screen_sample`` share of the other heads (at least one), to check
   the screen: their exact single-removal totals against their estimates are in
   ``settings["screen_summary"]["sample_check"]``;
@@ -40,7 +47,7 @@ Shapes: H heads, N scored triples, n sequences, T positions, C configurations, L
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -60,6 +67,7 @@ from mhainterp.validation import invalid
 __all__ = [
     "EXACT",
     "SCREENED",
+    "SCREEN_RULE",
     "Screen",
     "estimate_damage",
     "screen_heads",
@@ -70,6 +78,9 @@ LAYER_SLACK = 2.0
 """A layer's exact removal may cost up to this many times its estimate (plus the threshold)
 before its heads are all computed exactly: the estimate is first order (second for an
 embedding model), and removing a whole layer is a large change."""
+SCREEN_RULE = 2
+"""The version of the rule that picks the exact heads (2: large negative estimates are
+checked); part of a cached verdict's key, so a verdict saved under another rule is rerun."""
 EXACT = "exact"
 SCREENED = "attribution-screened"
 
@@ -80,7 +91,8 @@ class Screen:
 
     Attributes:
         exact: ``[H]`` computed exactly.
-        why: Per head, why it is exact (``"estimate"``, ``"layer"``, ``"sample"``) or "".
+        why: Per head, why it is exact (``"estimate"``, ``"layer"``, ``"check"``,
+            ``"sample"``) or "".
         estimates: Method -> ``[3, H, N]`` estimated loss change per scored triple of removing
             each head alone (the increase), keeping it alone in its layer and in the model
             (the decrease: its contribution).
@@ -88,6 +100,9 @@ class Screen:
         by_loss: Whether the model is scored by its loss (``correct`` is then ``-nll``).
         single, kept, kept_ref, kept_model, nothing: The configurations' rows
             (:func:`~mhainterp.specialization.whom.profiles.build_configs` layout).
+        checked: Per head whose estimates reached the threshold downwards, ``[unit, estimate,
+            exact]`` for each such unit (0 removed alone, 1 kept alone in its layer, 2 in the
+            model), run exactly under the primary method.
     """
 
     exact: Bool[Tensor, " H"]
@@ -100,6 +115,7 @@ class Screen:
     kept_ref: list[int] = field(default_factory=list)
     kept_model: list[int] = field(default_factory=list)
     nothing: int | None = None
+    checked: dict[int, list[list[float]]] = field(default_factory=dict)
 
     @property
     def estimated(self) -> Float[Tensor, " H"]:
@@ -160,6 +176,8 @@ class Screen:
             "n_screened": int((~self.exact).sum()),
             "exact_because": {lab: w for lab, w in zip(labels, self.why, strict=True) if w},
         }
+        if self.checked:  # the large negative estimates run exactly: [unit, estimate, exact]
+            out["negative_check"] = {labels[h]: units for h, units in self.checked.items()}
         if exact_total is not None:
             out["sample_check"] = {
                 lab: [float(est[i]), float(exact_total[i])]
@@ -207,10 +225,14 @@ def screen_heads(
     first: PassScores,
     estimates: dict[str, Float[Tensor, "U N"]],
     s: DivisionSettings,
+    check: Callable[[list[int]], Float[Tensor, " R"]] | None = None,
 ) -> Screen:
     """Which heads to compute exactly (module docstring), from the ``estimates``
     (:func:`estimate_damage`) and the ``first`` pass (its clean, layer and every-head rows
-    exact; the kept estimates are calibrated on them, :func:`_calibrated`)."""
+    exact; the kept estimates are calibrated on them, :func:`_calibrated`). ``check`` runs
+    configuration rows exactly under the primary method and returns their mean losses: the
+    large negative estimates are checked with it (:func:`_check_large_negatives`); None
+    checks none."""
     H, L = len(configs.pairs), len(configs.layer)
     threshold = s.screen_margin * s.min_loss_increase
     ordered = {s.method: estimates.get(s.method, next(iter(estimates.values()))), **estimates}
@@ -239,6 +261,7 @@ def screen_heads(
         if missed >= threshold:  # the estimate misses this layer's work
             for h in (layers == layer).nonzero()[:, 0].tolist():
                 why[h] = why[h] or "layer"
+    checked = _check_large_negatives(primary, why, threshold, configs, loss, check)
     rest = [h for h in range(H) if not why[h]]
     if rest and s.screen_sample > 0:
         n_sample = max(1, math.ceil(s.screen_sample * len(rest)))
@@ -256,7 +279,55 @@ def screen_heads(
         kept_ref=list(configs.kept_ref),
         kept_model=list(configs.kept_model),
         nothing=configs.nothing,
+        checked=checked,
     )
+
+
+def _check_large_negatives(
+    primary: Float[Tensor, "U H"],
+    why: list[str],
+    threshold: float,
+    configs: Configs,
+    loss: Float[Tensor, " C"],
+    check: Callable[[list[int]], Float[Tensor, " R"]] | None,
+) -> dict[int, list[list[float]]]:
+    """Run exactly each estimate of a screened-out head that reaches the threshold
+    *downwards*, and make the head exact (``why`` "check", in place) where the exact change
+    reaches it upwards: a first-order estimate that far from zero cannot vouch for its sign
+    (SmolLM2's L1H0: estimated -0.099 nats, exact +0.013, above the gate). Returns, per
+    checked head, ``[unit, estimate, exact]`` for each unit run (0 removed alone, 1 kept
+    alone in its layer, 2 kept alone in the model)."""
+    if check is None:
+        return {}
+    doubtful = [
+        (h, u)
+        for h in range(primary.shape[1])
+        if not why[h]
+        for u in range(primary.shape[0])
+        if float(primary[u, h]) <= -threshold
+    ]
+    if not doubtful:
+        return {}
+
+    # each unit's configuration, the row its change is read against (both as screen.fill
+    # pairs them) and the change's sign: removed alone costs, kept alone holds off
+    def unit(h: int, u: int) -> tuple[int, int, float]:
+        if u == 0:
+            return configs.single[h], configs.clean, 1.0
+        if u == 1:
+            return configs.kept[h], configs.kept_ref[h], -1.0
+        return configs.kept_model[h], configs.nothing, -1.0  # type: ignore[return-value]
+
+    runs = sorted({unit(h, u)[0] for h, u in doubtful})
+    exact_loss = dict(zip(runs, check(runs).double().tolist(), strict=True))
+    checked: dict[int, list[list[float]]] = {}
+    for h, u in doubtful:
+        row, ref, sign = unit(h, u)
+        exact = sign * (exact_loss[row] - float(loss[ref]))  # the ref rows ran in the first pass
+        checked.setdefault(h, []).append([u, float(primary[u, h]), exact])
+        if exact >= threshold:
+            why[h] = "check"
+    return checked
 
 
 def _calibrated(
