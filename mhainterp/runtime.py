@@ -51,6 +51,7 @@ __all__ = [
     "DEVICE_CHOICES",
     "DEVICE_ENV",
     "THREADS_ENV",
+    "WIDE_MODEL",
     "check_device_name",
     "device_context",
     "enter_worker",
@@ -90,6 +91,13 @@ tensors are small, so handing their matmuls to more threads costs more than it s
 2-core machine with other work running, torch's default of one thread per core made
 ``division_of_labour`` 5-11x slower than one thread and ``train()`` 5.8-20x slower (threads
 contend for the cores; the README's Performance section). ``threads=0`` keeps torch's own."""
+
+WIDE_MODEL = 256
+"""A model this wide or wider (``cfg.d_model``: the pretrained ones, MiniLM 384 and SmolLM2
+576; the toy models are 64 wide) runs with torch's own threads when not told: its matmuls are
+large enough to share. On this 2-core machine a forward of 64 sentences took 4.1-4.4 s on two
+threads against 7.9-8.2 s on one (SmolLM2), 0.44-0.50 s against 0.78-0.84 s (MiniLM), with
+one other process running (:data:`DEFAULT_THREADS` is for the small models)."""
 
 THREADS_ENV = "MHAINTERP_THREADS"
 """Environment variable that ``threads=None`` reads outside any :func:`threads_context`."""
@@ -274,10 +282,11 @@ def torch_threads(threads: int | None) -> Iterator[None]:
 
 
 @contextmanager
-def work_threads(threads: int | None = None) -> Iterator[None]:
+def work_threads(threads: int | None = None, model: Any = None) -> Iterator[None]:
     """Run the block with the threads ``train()`` and the analyses use: ``threads`` if given
     (0: torch's own setting), else the innermost :func:`threads_context`'s, else
-    ``$MHAINTERP_THREADS``, else :data:`DEFAULT_THREADS`.
+    ``$MHAINTERP_THREADS``, else torch's own for a ``model`` at least :data:`WIDE_MODEL` wide
+    and :data:`DEFAULT_THREADS` for any other.
     Inside another such block, ``threads=None`` keeps the outer choice (an analysis that calls
     another does not undo its caller's ``threads=``).
 
@@ -293,7 +302,7 @@ def work_threads(threads: int | None = None) -> Iterator[None]:
             return
         threads = _THREADS.get()
         if threads is None:
-            threads = _threads_from_environment()
+            threads = _threads_from_environment(0 if _is_wide(model) else DEFAULT_THREADS)
     _check_threads(threads)
     token = _INSIDE_WORK.set(True)
     try:
@@ -320,8 +329,9 @@ def uses_work_threads(function: F) -> F:
 
     One rule for every public analysis (``head_importance``, ``division_of_labour``,
     ``specialization_test``, ...), as ``train()`` has it: ``threads=None`` is the innermost
-    :func:`threads_context`'s, else ``$MHAINTERP_THREADS`` or :data:`DEFAULT_THREADS`; an
-    integer that many, 0 torch's own.
+    :func:`threads_context`'s, else ``$MHAINTERP_THREADS``, else torch's own when the first
+    argument is a model at least :data:`WIDE_MODEL` wide and :data:`DEFAULT_THREADS` otherwise;
+    an integer that many, 0 torch's own.
     The signature shows the keyword (``help()``, ``inspect.signature``).
 
     Example:
@@ -335,7 +345,7 @@ def uses_work_threads(function: F) -> F:
 
     @functools.wraps(function)
     def run(*args: Any, threads: int | None = None, **kwargs: Any) -> Any:
-        with work_threads(threads):
+        with work_threads(threads, model=args[0] if args else None):
             return function(*args, **kwargs)
 
     signature = inspect.signature(function)
@@ -348,10 +358,17 @@ def uses_work_threads(function: F) -> F:
     return run  # type: ignore[return-value]
 
 
-def _threads_from_environment() -> int:
+def _is_wide(model: Any) -> bool:
+    """Whether ``model`` (anything: the first argument of an analysis) is a model at least
+    :data:`WIDE_MODEL` wide."""
+    width = getattr(getattr(model, "cfg", None), "d_model", None)
+    return isinstance(width, int) and width >= WIDE_MODEL
+
+
+def _threads_from_environment(default: int = DEFAULT_THREADS) -> int:
     text = os.environ.get(THREADS_ENV, "").strip()
     if not text:
-        return DEFAULT_THREADS
+        return default
     try:
         return int(text)
     except ValueError:

@@ -68,6 +68,36 @@ def test_threads_reach_the_analyses():
     assert {2, 3} <= set(seen)
 
 
+def test_a_wide_model_runs_on_torchs_own_threads_unless_told(monkeypatch):
+    """A model at least WIDE_MODEL wide (a pretrained one) keeps torch's threads when nothing
+    is set; a small one gets DEFAULT_THREADS; $MHAINTERP_THREADS and threads= still win."""
+    from mhainterp.runtime import DEFAULT_THREADS, THREADS_ENV, WIDE_MODEL
+
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    task = get_task("reverse", seq_len=6, d_vocab=4)
+    seen: dict[int, list[int]] = {}
+    before = torch.get_num_threads()
+    torch.set_num_threads(DEFAULT_THREADS + 2)  # torch's own, as the process has it
+    try:
+        for width in (8, WIDE_MODEL):
+            model = build_model(task, d_model=width, n_heads=2, seed=0, device="cpu")
+            hook = model.blocks[0].attn.hook_z
+            hook.add_hook(lambda z, hook, w=width: seen.setdefault(w, []).append(
+                torch.get_num_threads()))  # fmt: skip
+            head_importance(model, task, n_eval=8)
+            monkeypatch.setenv(THREADS_ENV, "1")
+            head_importance(model, task, n_eval=8)
+            monkeypatch.delenv(THREADS_ENV)
+            head_importance(model, task, n_eval=8, threads=1)
+            model.reset_hooks()
+    finally:
+        torch.set_num_threads(before)
+    third = len(seen[8]) // 3
+    assert set(seen[8]) == {DEFAULT_THREADS}
+    assert set(seen[WIDE_MODEL][:third]) == {DEFAULT_THREADS + 2}
+    assert set(seen[WIDE_MODEL][third:]) == {1}
+
+
 def test_device_setting_reaches_auto(tmp_path):
     with device_context("cpu"):
         assert resolve_device(None) == torch.device("cpu")

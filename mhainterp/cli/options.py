@@ -229,8 +229,8 @@ def add_runtime_args(parser: argparse.ArgumentParser) -> None:
         group,
         "--threads",
         f"torch threads on the CPU; 0 keeps torch's default of one per core (default "
-        f"{DEFAULT_THREADS}: the models are small and more threads contend for the cores; on "
-        "a busy machine one thread was 5-20x faster)",
+        f"{DEFAULT_THREADS} for the small models: more threads contend for the cores, on a busy "
+        "machine one thread was 5-20x faster; a pretrained model's own: its matmuls are large)",
         default=None,
         minimum=0,
     )
