@@ -132,6 +132,12 @@ def _verdict(model: object, out: Path, n_eval: int) -> tuple[PretrainedVerdict, 
     return verdict, time.perf_counter() - started
 
 
+def _made_exact_by_check(verdict: PretrainedVerdict) -> int:
+    """How many heads the screen made exact because a large negative estimate was wrong."""
+    summary = verdict.division.settings.get("screen_summary", {})
+    return sum(why == "check" for why in summary.get("exact_because", {}).values())
+
+
 def _verdict_section(name: str, verdict: PretrainedVerdict, seconds: float) -> list[str]:
     """Do the heads divide the work? The verdict's sentences and its division index table."""
     index, heads = verdict.division.index, verdict.result.heads
@@ -155,8 +161,9 @@ def _verdict_section(name: str, verdict: PretrainedVerdict, seconds: float) -> l
         f"Heads: {int(heads['needed'].astype(bool).sum())} needed, "
         f"{int(heads['backed_up'].astype(bool).sum())} backed up, "
         f"{int(heads['dead'].astype(bool).sum())} dead, of {len(heads)}. Division profiles: "
-        f"{int((evidence == 'exact').sum())} heads computed exactly, "
-        f"{int((evidence != 'exact').sum())} attribution-screened. "
+        f"{int((evidence == 'exact').sum())} heads computed exactly "
+        f"({_made_exact_by_check(verdict)} of them a large negative estimate that the exact "
+        f"run contradicts), {int((evidence != 'exact').sum())} attribution-screened. "
         + (f"The verdict took {seconds / 60:.1f} min here." if seconds > 60 else ""),
         "",
     ]

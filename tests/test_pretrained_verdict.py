@@ -884,3 +884,18 @@ def test_a_quiet_set_past_the_pretrained_cap_is_left_to_the_single_head_test(ber
     quiet = dead.quiet_ablations(bert, batch, ratio, damage, [settings], "mean")
     assert quiet.empty
     assert dead.dead_heads(ratio, damage, quiet, settings) == (set(bert.head_labels), 1)
+
+
+def test_the_report_says_how_many_large_negative_estimates_were_checked():
+    from mhainterp.analyze.pretrained_verdict import _screen_paragraph
+
+    summary = {"threshold": 0.005, "n_exact": 2, "n_screened": 7, "exact_because": {}}
+    checked = {
+        **summary,
+        "exact_because": {"L1H0": "check", "L2H1": "estimate"},
+        "negative_check": {"L1H0": [[0, -0.1, 0.013]], "L3H3": [[0, -0.02, -0.01]]},
+    }
+    (plain,), (told,) = _screen_paragraph(summary), _screen_paragraph(checked)
+    assert "vouch" not in plain.text
+    assert "2 heads had an estimate of -0.005 or below" in told.text
+    assert "1 that cost 0.005 or more are exact" in told.text

@@ -332,12 +332,22 @@ def _screen_paragraph(screened: dict | None) -> list[Paragraph]:
     """What the division's head screen did, for the report (nothing without a screen)."""
     if not screened:
         return []
+    t = screened["threshold"]
+    checked = screened.get("negative_check", {})
+    made_exact = sum(why == "check" for why in screened["exact_because"].values())
+    check = (
+        f" {len(checked)} heads had an estimate of -{t:g} or below, too far from zero to vouch "
+        f"for its sign: each was run exactly, and {made_exact} that cost {t:g} or more are "
+        "exact."
+        if checked
+        else ""
+    )
     return [
         Paragraph(
             f"Division profiles: {screened['n_exact']} heads computed exactly (estimated damage "
-            f"at least {screened['threshold']:g}, a layer the estimate misses, or a random "
-            f"sample), {screened['n_screened']} attribution-screened (their estimate is below "
-            "that threshold, half the damage gate; their profiles are estimates); the "
-            "`evidence` column says which."
+            f"at least {t:g}, a large negative estimate that the exact run contradicts, a layer "
+            f"the estimate misses, or a random sample), {screened['n_screened']} "
+            "attribution-screened (their estimate is below that threshold, half the damage "
+            "gate; their profiles are estimates); the `evidence` column says which." + check
         )
     ]

@@ -743,7 +743,9 @@ def _screened_pass(
 
     def run_exactly(rows: list[int]) -> torch.Tensor:  # the primary method's mean losses
         sets = [configs.head_sets[r] for r in rows]
-        scores, _ = run_pass(model, batch, sets, s.method, cache=cache, metric=metric, store=store)
+        scores, _ = run_pass(
+            model, batch, sets, s.method, progress=progress, cache=cache, metric=metric, store=store
+        )
         return scores.loss
 
     screen = screen_heads(model, batch, configs, primary, estimates, s, check=run_exactly)
