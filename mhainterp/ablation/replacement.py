@@ -40,6 +40,7 @@ from mhainterp.validation import ParameterError, check_type, invalid
 __all__ = [
     "DEFAULT_MAX_ROWS",
     "FULL_FORWARD_ROWS",
+    "LAST_LAYER_STATE_BYTES",
     "LINEAR_READOUT_ROWS",
     "METHODS",
     "RESAMPLE_SEED",
@@ -67,6 +68,9 @@ FULL_FORWARD_ROWS = 512
 forward per configuration at 512 rows, 1.1x at 1,024, 1.5x at 2,048 and 1.9x at 16,384; big
 chunks leave the cache and the allocator returns their memory to the system every time."""
 LINEAR_READOUT_ROWS = 16384
+LAST_LAYER_STATE_BYTES = 256 * 2**20
+"""The most bytes of last-layer states a :class:`CleanCache` keeps (64 of 1,024 sequences of
+16 positions x 64 wide: a pruning step's 8 candidates, four steps back)."""
 """The fast path's copies are one einsum each; there big chunks win (3.3 vs 6.0 ms at 1,024)."""
 RESAMPLE_SEED = 0
 
@@ -399,6 +403,12 @@ class CleanCache:
     # Take every layer's clean prefix from a chunk's first clean forward (an Ablator's clicks
     # start at any layer; without it each new first layer costs a clean forward of its own)
     every_layer: bool = False
+    # (id of the replacement, s0, s1, heads ablated above the last layer) -> (the
+    # replacement, kept so that its id is not reused, and the last layer's (hook_resid_pre,
+    # hook_z) under those heads): a later pass of the same replacement (a pruning step's
+    # candidates add one head to the last step's pick) starts there. Oldest out first
+    # beyond LAST_LAYER_STATE_BYTES.
+    last_layer_states: dict[tuple, tuple[Any, tuple[Tensor, Tensor]]] = field(default_factory=dict)
     # What it was first used with (check): the model; the tokens and padding of the reference
     # (its replacements) and of the evaluated batch (its prefixes), which may differ
     _model: HookedModel | None = field(default=None, init=False, repr=False)
