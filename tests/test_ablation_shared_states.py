@@ -156,3 +156,30 @@ def test_a_chunk_without_padding_runs_without_a_mask_to_the_same_values(monkeypa
 def test_padded_chunks_keep_their_mask(model, padded):
     cuts = {(0, 2): 8, (2, 4): 8}
     assert engine._unpadded_chunks(model, cuts, [8, 8, 8, 5]) == {(0, 2): True, (2, 4): False}
+
+
+def test_values_keys_are_equal_only_where_the_values_are(model, padded):
+    """Two mean replacements of one CleanCache share their means (one key), those of two
+    caches do not; zero is zero everywhere; each resample draw is its own."""
+    cache, other = CleanCache(), CleanCache()
+    mean = [build_replacement(model, "mean", padded, cache=c) for c in (cache, cache, other)]
+    assert mean[0].values_key() == mean[1].values_key() != mean[2].values_key()
+    zero = [build_replacement(model, "zero", None) for _ in range(2)]
+    assert zero[0].values_key() == zero[1].values_key() != mean[0].values_key()
+    resample = [build_replacement(model, "resample", padded, cache=cache) for _ in range(2)]
+    assert resample[0].values_key() != resample[1].values_key()
+
+
+def test_a_later_pass_of_the_same_values_starts_from_the_kept_state(model, padded, monkeypatch):
+    """The importance table's single layer-0 heads leave their states; the pairwise table's
+    pairs of such a head with a last-layer head (another pass, another replacement of the
+    same means) start there, and score as their whole forwards."""
+    cache = CleanCache()
+    evaluate_head_sets(model, padded, [[(0, 1)], [(0, 2)]], "mean", cache=cache)
+    states = _counted(monkeypatch, "_state_at")
+    sets = [[(0, 1), (2, 0)], [(0, 2), (2, 3)]]
+    got = evaluate_head_sets(model, padded, sets, "mean", cache=cache)
+    assert states == []
+    for c, heads in enumerate(sets):
+        alone = evaluate_head_sets(model, padded, [heads], "mean")
+        assert torch.equal(got.totals.loss_sum[c : c + 1], alone.totals.loss_sum), heads

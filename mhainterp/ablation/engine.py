@@ -560,7 +560,7 @@ def run_masks(
                     unpadded[(s0, s1)],
                 )
             else:  # the layers above the last run once for every configuration alike there
-                key = (id(replacement), s0, s1, sharing)
+                key = (replacement.values_key(), s0, s1, sharing)
                 if key not in states:
                     if cache is None:
                         states.clear()  # sharers are adjacent: one state at a time

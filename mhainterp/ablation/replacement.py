@@ -191,6 +191,16 @@ class Replacement:
         """Replacement z for rows ``rows`` of the evaluated batch, broadcastable to ``z``."""
         raise NotImplementedError(f"method={self.name!r}: {type(self).__name__} has no values()")
 
+    def values_key(self) -> tuple:
+        """What tells these values from another instance's: equal keys, equal values (this
+        instance alone by default). An engine's kept states are reused under it.
+
+        Example:
+            >>> ZeroReplacement().values_key() == ZeroReplacement().values_key()
+            True
+        """
+        return (id(self),)
+
     def replace_heads(
         self,
         z: Float[Tensor, "s T h d_head"],
@@ -403,10 +413,11 @@ class CleanCache:
     # Take every layer's clean prefix from a chunk's first clean forward (an Ablator's clicks
     # start at any layer; without it each new first layer costs a clean forward of its own)
     every_layer: bool = False
-    # (id of the replacement, s0, s1, heads ablated above the last layer) -> (the
-    # replacement, kept so that its id is not reused, and the last layer's (hook_resid_pre,
-    # hook_z) under those heads): a later pass of the same replacement (a pruning step's
-    # candidates add one head to the last step's pick) starts there. Oldest out first
+    # (the replacement's values_key, s0, s1, heads ablated above the last layer) -> (the
+    # replacement, kept so that the ids in its key are not reused, and the last layer's
+    # (hook_resid_pre, hook_z) under those heads): a later pass with the same values (a
+    # pruning step's candidates add one head to the last step's pick; the pairwise table's
+    # pairs of single heads the importance table removed) starts there. Oldest out first
     # beyond LAST_LAYER_STATE_BYTES.
     last_layer_states: dict[tuple, tuple[Any, tuple[Tensor, Tensor]]] = field(default_factory=dict)
     # What it was first used with (check): the model; the tokens and padding of the reference
@@ -541,6 +552,9 @@ class ZeroReplacement(Replacement):
     def values(self, layer: int, rows: Tensor, z: Tensor) -> Tensor:
         return z.new_zeros(())
 
+    def values_key(self) -> tuple:
+        return ("zero",)  # every instance writes 0
+
 
 @register_method
 @dataclass
@@ -569,6 +583,10 @@ class MeanReplacement(Replacement):
         mean = self.mean_z[layer]
         _check_length(mean, z.shape[1])
         return mean[: z.shape[1]].to(z.dtype)[None]  # (1, T, h, d_head)
+
+    def values_key(self) -> tuple:
+        # The means one CleanCache holds are one list: every pass on that cache shares them
+        return ("mean", id(self.mean_z))
 
 
 @register_method
