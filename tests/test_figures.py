@@ -287,6 +287,27 @@ def test_a_tiled_example_figure_labels_each_columns_lowest_panel_with_the_tokens
     assert_saved_with_vector_copy(fig, tmp_path, "example_patterns", example)
 
 
+def test_a_tiled_figure_of_32_heads_has_no_two_labels_overlapping():
+    """The long query label of every row stays within its row, as the titles and the key
+    tokens stay apart (32 heads: rows of 8 smaller panels)."""
+    base = _heads_patterns(2, 16)
+    tokens = np.arange(16) % 10
+    example = base.assign(
+        query_token=tokens[base["query"].to_numpy()], key_token=tokens[base["key"].to_numpy()]
+    )
+    fig = plot_example_patterns(example)
+    tiles = fig.axes[0]
+    _drawn(fig)
+    # apart by more than 3 px: closer, two labels read as one ("token)query")
+    labels = _texts(tiles, "query (position:token)")
+    rows = sorted((t.get_window_extent().padded(1.5) for t in labels), key=lambda box: box.y0)
+    assert len(rows) == 4
+    assert not any(a.overlaps(b) for a, b in itertools.pairwise(rows))
+    titles = [t.get_window_extent() for t in tiles.texts if t.get_text().startswith("L")]
+    assert not any(a.overlaps(b) for a, b in itertools.combinations(titles, 2))
+    plt.close(fig)
+
+
 def _sweep_runs() -> pd.DataFrame:
     """3 seeds x h = 1, 4, 8; at h = 8 one seed of three holds a relation (mean 1/3, sd 0.58)."""
     rows = []

@@ -100,6 +100,9 @@ def _tiled(
     frame = {"color": plt.rcParams["axes.edgecolor"], "linewidth": plt.rcParams["axes.linewidth"]}
     tick = {"fontsize": x.fontsize or _points("xtick.labelsize"), "rotation": x.rotation}
     label_size = _points("axes.labelsize")
+    # a row's label no longer than its panel (72 pt an inch, the layout leaves ~85%): a long
+    # one ("query (position:token)") ran into the next row's
+    row_label_size = min(label_size, 0.85 * panel * 72 / (0.6 * len(y.label)))
     lowest = {i % ncols: i for i in range(n)}  # column -> its lowest panel
     for i, part in enumerate(panels):
         top, left = (i // ncols) * step_y, (i % ncols) * step_x
@@ -127,7 +130,7 @@ def _tiled(
                 ha="right",
                 va="center",
                 rotation=90,
-                fontsize=label_size,
+                fontsize=row_label_size,
             )
         if lowest[i % ncols] != i:
             continue
