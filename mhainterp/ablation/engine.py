@@ -35,7 +35,12 @@ not depend on the split. The sequences are chunked longest first and each chunk 
 its last real token, so padded text wastes few positions, and one clean forward per chunk
 gives the prefixes of every first layer. When the batch is its own mean/resample reference and
 fits one chunk, the forward that gives the replacement is that clean forward too
-(:class:`~mhainterp.ablation.replacement.ReferencePrefix`).
+(:class:`~mhainterp.ablation.replacement.ReferencePrefix`). Configurations that ablate the same
+heads above the last layer share that layer's input and ``hook_z`` too: it is computed once
+and each runs only its last layer (kept in a
+:class:`~mhainterp.ablation.replacement.CleanCache` for later passes with the same values),
+where that gives the same values bit for bit (:func:`_shared_above_last`). On our own model a
+chunk without padding runs without a padding mask (the same values, less work).
 
 Shapes: C configurations, n sequences, T positions, L layers, h heads, k targets.
 
