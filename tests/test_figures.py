@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 
+import matplotlib.colors
 import numpy as np
 import pandas as pd
 import pytest
@@ -27,7 +28,7 @@ from mhainterp.figures._common import (
 from mhainterp.figures.ablation import importance_figure, pairwise_figure, prune_curve_figure
 from mhainterp.figures.division import division_heatmap, division_vs_heads
 from mhainterp.figures.headcount import plot_head_count_accuracy, plot_training_curves
-from mhainterp.figures.patterns import plot_average_patterns
+from mhainterp.figures.patterns import plot_average_patterns, plot_example_patterns
 from mhainterp.figures.similarity import plot_head_map, plot_similarity_heatmap
 from mhainterp.figures.specialization import (
     consistency_figure,
@@ -179,6 +180,17 @@ def test_fit_cell_text_drops_text_of_cells_too_small_to_read():
 # ----------------------------------------------------------------------------- figures
 
 
+def _texts(ax: plt.Axes, text: str | None = None, color: str | None = None) -> list:
+    """The axes' texts (a tiled figure's titles and labels), those reading ``text`` and of
+    ``color`` when given."""
+    return [
+        t
+        for t in ax.texts
+        if (text is None or t.get_text() == text)
+        and (color is None or matplotlib.colors.same_color(t.get_color(), color))
+    ]
+
+
 def test_average_patterns_tick_positions_at_whole_numbers(tmp_path):
     q, k = np.tril_indices(16)
     rows = [
@@ -189,12 +201,111 @@ def test_average_patterns_tick_positions_at_whole_numbers(tmp_path):
     templates = patterns[patterns.head_label == "L0H0"].drop(columns="head_label")
     templates = templates.assign(relation="previous")
     fig = plot_average_patterns(patterns, templates)
-    first = fig.axes[0]
-    assert first.get_title() == "L0H0" and first.get_ylabel() == "query position"
-    assert fig.axes[2].get_title() == "template: previous"
-    assert set(assert_integer_ticks(first, "y")) <= set(range(16))
-    assert set(assert_integer_ticks(fig.axes[2], "x")) <= set(range(16))
+    tiles, colorbar = fig.axes  # the panels are one image
+    assert colorbar.get_label() == "<colorbar>"
+    assert len(_texts(tiles, "L0H0")) == 1 and len(_texts(tiles, "query position")) == 1
+    assert len(_texts(tiles, "template: previous", color="firebrick")) == 1
+    assert set(assert_integer_ticks(tiles, "y")) <= set(range(16))
+    _drawn(fig)
+    # the key positions under each of the three panels (one row): whole numbers, apart
+    keys = [t for t in tiles.texts if t.get_text().isdigit()]
+    assert {int(t.get_text()) for t in keys} == {0, 4, 8, 12} and len(keys) == 3 * 4
+    boxes = sorted((t.get_window_extent() for t in keys), key=lambda box: box.x0)
+    assert not any(a.overlaps(b) for a, b in itertools.pairwise(boxes))
     assert_saved_with_vector_copy(fig, tmp_path, "average_patterns")
+
+
+def _heads_patterns(n_layers: int, n_heads: int) -> pd.DataFrame:
+    """Head ``i``'s pattern is ``i / n`` on the diagonal (each panel tells which it is)."""
+    q, k = np.tril_indices(16)
+    n = n_layers * n_heads
+    labels = [f"L{layer}H{head}" for layer in range(n_layers) for head in range(n_heads)]
+    rows = [
+        pd.DataFrame({"head_label": h, "query": q, "key": k, "weight": (q == k) * i / n})
+        for i, h in enumerate(labels)
+    ]
+    return pd.concat(rows, ignore_index=True)
+
+
+def test_a_tiled_pattern_figure_has_every_panel_where_its_title_says():
+    """32 heads and 3 templates: one image of 5 rows x 8 panels, each panel's weights at its
+    tile under its title, a query label per row, a key label under each column's lowest panel,
+    one colour bar on the 0..1 scale; no two titles or labels overlap."""
+    patterns = _heads_patterns(2, 16)
+    templates = pd.concat(
+        [
+            patterns[patterns.head_label == "L1H15"].drop(columns="head_label").assign(relation=r)
+            for r in ("previous", "mirror", "same_token_upto")
+        ]
+    )
+    fig = plot_average_patterns(patterns, templates)
+    tiles, _ = fig.axes
+    (image,) = tiles.images
+    assert image.get_clim() == (0.0, 1.0)
+    titles = [t.get_text() for t in tiles.texts if t.get_text().startswith(("L", "template"))]
+    labels = [f"L{layer}H{head}" for layer in range(2) for head in range(16)]
+    template_titles = ["template: previous", "template: mirror", "template: same_token_upto"]
+    assert titles == [*labels, *template_titles]
+    assert len(_texts(tiles, "query position")) == 5  # one per row
+    assert len(_texts(tiles, "key position")) == 8  # one per column, under its lowest panel
+    mosaic = np.ma.filled(image.get_array(), np.nan)
+    step = 16 + round(0.3 * 16)  # a panel and the gap after it
+    for i, label in enumerate(labels):
+        top, left = (i // 8) * step, (i % 8) * step
+        tile = mosaic[top : top + 16, left : left + 16]
+        np.testing.assert_allclose(np.diag(tile), i / 32)  # the panel titled `label`
+        title = _texts(tiles, label)[0]
+        assert title.xy == (left + 7.5, top - 0.5)  # centred over its tile
+    assert np.isnan(mosaic[16:step]).all()  # gaps between rows are blank
+    _drawn(fig)
+    shown = [t.get_window_extent() for t in tiles.texts]
+    overlapping = [(a, b) for a, b in itertools.combinations(range(len(shown)), 2)
+                   if shown[a].overlaps(shown[b])]  # fmt: skip
+    assert overlapping == [], [(tiles.texts[a].get_text(), tiles.texts[b].get_text())
+                               for a, b in overlapping]  # fmt: skip
+    plt.close(fig)
+
+
+def test_a_tiled_example_figure_labels_each_columns_lowest_panel_with_the_tokens(tmp_path):
+    """Example patterns of 5 heads in rows of 4: the key tokens under the lowest panel of each
+    column (the second row's first, the first row's others), the query tokens on every row."""
+    base = _heads_patterns(1, 5)
+    tokens = np.arange(16) % 10
+    example = base.assign(
+        query_token=tokens[base["query"].to_numpy()], key_token=tokens[base["key"].to_numpy()]
+    )
+    fig = plot_example_patterns(example, max_cols=4)
+    tiles = fig.axes[0]
+    token_labels = [f"{p}:{p % 10}" for p in range(16)]
+    assert [t.get_text() for t in tiles.get_yticklabels()] == token_labels * 2  # two rows
+    keys = [t for t in tiles.texts if t.get_text() in token_labels]
+    assert len(keys) == 4 * 16 and all(t.get_rotation() == 90 for t in keys)
+    lowest = {round(t.xy[1], 1) for t in keys}
+    step = 16 + round(0.3 * 16)
+    assert lowest == {15.5, step + 15.5}  # under row 0 (columns 1-3) and row 1 (column 0)
+    assert len(_texts(tiles, "query (position:token)")) == 2
+    assert_saved_with_vector_copy(fig, tmp_path, "example_patterns", example)
+
+
+def test_a_tiled_figure_of_32_heads_has_no_two_labels_overlapping():
+    """The long query label of every row stays within its row, as the titles and the key
+    tokens stay apart (32 heads: rows of 8 smaller panels)."""
+    base = _heads_patterns(2, 16)
+    tokens = np.arange(16) % 10
+    example = base.assign(
+        query_token=tokens[base["query"].to_numpy()], key_token=tokens[base["key"].to_numpy()]
+    )
+    fig = plot_example_patterns(example)
+    tiles = fig.axes[0]
+    _drawn(fig)
+    # apart by more than 3 px: closer, two labels read as one ("token)query")
+    labels = _texts(tiles, "query (position:token)")
+    rows = sorted((t.get_window_extent().padded(1.5) for t in labels), key=lambda box: box.y0)
+    assert len(rows) == 4
+    assert not any(a.overlaps(b) for a, b in itertools.pairwise(rows))
+    titles = [t.get_window_extent() for t in tiles.texts if t.get_text().startswith("L")]
+    assert not any(a.overlaps(b) for a, b in itertools.combinations(titles, 2))
+    plt.close(fig)
 
 
 def _sweep_runs() -> pd.DataFrame:
