@@ -299,11 +299,14 @@ def _check_large_negatives(
     alone in its layer, 2 kept alone in the model)."""
     if check is None:
         return {}
+    # only the units whose configuration is run: no kept-alone-in-the-model rows without
+    # ``kept_model`` (a one-layer or a pretrained model)
+    units = 3 if configs.kept_model and configs.nothing is not None else 2
     doubtful = [
         (h, u)
         for h in range(primary.shape[1])
         if not why[h]
-        for u in range(primary.shape[0])
+        for u in range(min(units, primary.shape[0]))
         if float(primary[u, h]) <= -threshold
     ]
     if not doubtful:
