@@ -61,10 +61,10 @@ RNG = np.random.default_rng(0)
 # ----------------------------------------------------------------------------- inputs
 
 
-def importance() -> pd.DataFrame:
+def importance(heads: list[str] = HEADS) -> pd.DataFrame:
     rows = [{"head_label": h, "method": m, "delta_loss": RNG.uniform(0, 3),
              "delta_accuracy": -RNG.uniform(0, 0.5)}
-            for m in ("zero", "mean", "resample") for h in HEADS]  # fmt: skip
+            for m in ("zero", "mean", "resample") for h in heads]  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -263,6 +263,10 @@ def does_h_matter() -> pd.DataFrame:
 FIGURES = {
     "does_h_matter": lambda: plot_does_h_matter(does_h_matter()),
     "ablation_importance": lambda: importance_figure(importance()),
+    # 2 x 16 heads, as analyze's benchmark model: the turned tick labels need a second layout
+    "ablation_importance_32_heads": lambda: importance_figure(
+        importance([f"L{layer}H{head}" for layer in range(2) for head in range(16)])
+    ),
     "ablation_pairwise": lambda: pairwise_figure(pairwise()),
     "ablation_prune_curve": lambda: prune_curve_figure(prune_curve()),
     "gradient_vs_ablation": lambda: gradient_vs_ablation_figure(gradient_vs_ablation()),
@@ -338,6 +342,23 @@ def overlapping_titles(fig: plt.Figure) -> list[str]:
     boxes = [(t.get_text(), t.get_window_extent(renderer)) for t in _shown(texts)]
     return [f"{a!r} / {b!r}" for (a, box_a), (b, box_b) in itertools.combinations(boxes, 2)
             if box_a.overlaps(box_b)]  # fmt: skip
+
+
+def labels_into_titles(fig: plt.Figure) -> list[str]:
+    """A panel's axis label or tick labels that run into another panel's title."""
+    renderer = _drawn(fig).canvas.get_renderer()
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    found = []
+    for ax in panels:
+        texts = [ax.xaxis.label, *ax.get_xticklabels()]
+        boxes = [t.get_window_extent(renderer) for t in _shown(texts)]
+        for other in panels:
+            if other is ax or not other.title.get_text():
+                continue
+            title = other.title.get_window_extent(renderer)
+            if any(box.overlaps(title) for box in boxes):
+                found.append(f"{ax.get_xlabel()!r} over {other.get_title()!r}")
+    return found
 
 
 def data_panels(fig: plt.Figure) -> list[plt.Axes]:
@@ -422,6 +443,7 @@ def test_figure_reads_at_its_saved_size(name, tmp_path):
     problems = {
         "overlapping tick labels": overlapping_tick_labels(fig),
         "overlapping titles": overlapping_titles(fig),
+        "labels into titles": labels_into_titles(fig),
         f"panels under {MIN_PANEL_PX} px": narrow_panels(fig),
         "legends over labels": legends_over_labels(fig),
     }

@@ -101,8 +101,9 @@ def importance_figure(importance: pd.DataFrame, *, method: str | None = None) ->
     fig.suptitle("Head importance: effect of ablating one head at a time")
     fig.tight_layout()
     fig.draw_without_rendering()  # no layout engine: one draw measures every panel as it stays
-    for ax in axes[:, 0]:
-        fit_tick_labels(ax, "x", drawn=True)
+    turned = [fit_tick_labels(ax, "x", drawn=True) for ax in axes[:, 0]]
+    if any(turned):  # turned labels are taller: lay out again, or the "head" label runs into
+        fig.tight_layout()  # the next panel's title (32 heads)
     return fig
 
 
