@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pandas as pd
 import pytest
 
+import mhainterp.figures.ablation as ablation_figures
 from mhainterp.cli import main
 from mhainterp.config import TrainConfig
 from mhainterp.model.handbuilt import handbuilt_model
@@ -74,17 +77,18 @@ def drawings(monkeypatch):
 
         return draw
 
+    monkeypatch.setenv("MHAINTERP_FIGURE_WORKER", "0")  # recorded here, not in a worker
     stem = lambda path, options: path.stem  # noqa: E731
     monkeypatch.setattr(pattern_figures, "plot_average_patterns", record(stem))
     monkeypatch.setattr(pattern_figures, "plot_example_patterns", record(stem))
     monkeypatch.setattr(similarity_figures, "plot_similarity_heatmap", record(stem))
     monkeypatch.setattr(similarity_figures, "plot_head_map", record(stem))
 
-    def save_ablation_figures(tables, out_dir):
-        calls["ablation"] = tables
-        return {}
+    def save_ablation_figure(name, tables, out_dir):
+        calls.setdefault("ablation", {}).update(tables)
+        calls.setdefault("ablation figures", []).append(name)
 
-    monkeypatch.setattr(ablation_figures, "save_ablation_figures", save_ablation_figures)
+    monkeypatch.setattr(ablation_figures, "save_ablation_figure", save_ablation_figure)
     return calls
 
 
@@ -96,7 +100,7 @@ def test_analyze_computes_every_table_with_known_values(handbuilt_run, drawings)
     assert mass["L0H2"] == pytest.approx(1.0, abs=1e-6)
     assert mass["L0H1"] < 0.3  # the uniform head
     similarity = {f"similarity_{m}" for m in ("js", "pattern_corr", "cka", "ov", "qk")}
-    expected = {"average_patterns", "example_patterns", "head_map", "ablation"}
+    expected = {"average_patterns", "example_patterns", "head_map", "ablation", "ablation figures"}
     assert set(drawings) == expected | similarity | {"similarity_separation"}
     js = drawings["similarity_js"]
     assert js.loc["L0H0", "L0H2"] == pytest.approx(1.0) and js.loc["L0H0", "L0H1"] < 0.9
@@ -105,6 +109,7 @@ def test_analyze_computes_every_table_with_known_values(handbuilt_run, drawings)
     assert set(tables) == {
         "importance", "pairwise", "gradient_importance", "importance_agreement", "prune_curve"
     }  # fmt: skip
+    assert sorted(drawings["ablation figures"]) == sorted(ablation_figures.ABLATION_FIGURES)
     zero = tables["importance"][tables["importance"]["method"] == "zero"]
     assert zero["delta_accuracy"].tolist() == [0.0, 0.0, 0.0]  # each previous head backs up
     for name in ("gradient_importance", "importance_agreement"):
@@ -127,6 +132,24 @@ def test_analyze_writes_every_table_and_figure_with_known_values(handbuilt_run, 
     importance = pd.read_csv(out / "ablation_importance.csv")
     zero = importance[importance["method"] == "zero"].set_index("head_label")
     assert zero["delta_accuracy"].tolist() == [0.0, 0.0, 0.0]  # each previous head backs up
+
+
+@pytest.mark.slow
+def test_figures_drawn_in_the_worker_are_byte_equal_to_figures_drawn_here(handbuilt_run):
+    """The figure worker draws while analyze computes: every file it writes, the same bytes."""
+    from mhainterp.analyze import analyze_run
+
+    here = handbuilt_run.parent / "here"
+    shutil.copytree(handbuilt_run, here)
+    analyze_run(handbuilt_run, n_eval=64, background=True)
+    analyze_run(here, n_eval=64, background=False)
+    names = sorted(p.name for p in (handbuilt_run / "analysis").iterdir())
+    assert names == sorted(p.name for p in (here / "analysis").iterdir())
+    assert set(names) == EXPECTED
+    for name in names:
+        if name != "source.json":  # names its run folder
+            mine = (here / "analysis" / name).read_bytes()
+            assert (handbuilt_run / "analysis" / name).read_bytes() == mine, name
 
 
 def test_analyze_a_sweep_folder_analyses_every_run(handbuilt_run, drawings, capsys):

@@ -424,7 +424,7 @@ def test_every_figure_kind_is_listed():
             draws = name.endswith("_figure") or name.startswith("plot_") or name in {
                 "division_heatmap", "division_vs_heads", "role_heatmap",
                 "specialization_vs_heads"}  # fmt: skip
-            helper = name in {"new_figure", "save_figure"}
+            helper = name in {"new_figure", "save_figure", "save_ablation_figure"}
             if inspect.isfunction(function) and draws and not helper:
                 kinds.add(name)
     listed = {"importance_figure", "pairwise_figure", "prune_curve_figure",

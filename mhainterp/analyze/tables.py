@@ -16,7 +16,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pandas as pd
 
@@ -28,7 +28,10 @@ from mhainterp.data import Data
 from mhainterp.protocol import HookedModel
 from mhainterp.training import Run
 
-__all__ = ["ablation_tables", "unpack_run"]
+__all__ = ["TABLES", "ablation_tables", "unpack_run"]
+
+TABLES = ("importance", "pairwise", "gradient_importance", "importance_agreement", "prune_curve")
+"""The tables :func:`ablation_tables` returns, in its dict's order."""
 
 
 def ablation_tables(
@@ -40,6 +43,7 @@ def ablation_tables(
     n_eval: int = DEFAULT_N_EVAL,
     pairwise_heads: int | None = 16,
     progress: bool = False,
+    on_table: Callable[[str, pd.DataFrame], None] | None = None,
 ) -> dict[str, pd.DataFrame]:
     """Every ablation table for a run (or a model and its data), ready to save as CSV.
 
@@ -55,6 +59,9 @@ def ablation_tables(
             None: every head. The pruning curve likewise re-scores 8 candidates per step (exact
             for up to 8 heads) and 4 on models of more than 16 heads.
         progress: Show progress bars.
+        on_table: Called with each table's name and the table as soon as it is computed (in
+            the order importance, gradient importance, agreement, pairwise, pruning curve),
+            so that its figure can be drawn while the next is computed.
 
     Returns:
         ``{"importance", "pairwise", "gradient_importance", "importance_agreement",
@@ -69,14 +76,29 @@ def ablation_tables(
     cache = CleanCache()
     options = {"n_eval": n_eval, "progress": progress}
     n_heads = model.cfg.n_layers * model.cfg.n_heads
-    importance = pd.concat(
-        [head_importance(model, data, check_method(m), cache=cache, **options) for m in methods],
-        ignore_index=True,
+    tables: dict[str, pd.DataFrame] = {}
+
+    def computed(name: str, table: pd.DataFrame) -> pd.DataFrame:
+        tables[name] = table
+        if on_table is not None:
+            on_table(name, table)
+        return table
+
+    importance = computed(
+        "importance",
+        pd.concat(
+            [
+                head_importance(model, data, check_method(m), cache=cache, **options)
+                for m in methods
+            ],
+            ignore_index=True,
+        ),
     )
-    gradient = gradient_importance(model, data, **options)
-    return {
-        "importance": importance,
-        "pairwise": pairwise_ablation(
+    gradient = computed("gradient_importance", gradient_importance(model, data, **options))
+    computed("importance_agreement", importance_agreement(gradient, importance))
+    computed(
+        "pairwise",
+        pairwise_ablation(
             model,
             data,
             method,
@@ -84,13 +106,15 @@ def ablation_tables(
             cache=cache,
             **options,
         ),
-        "gradient_importance": gradient,
-        "importance_agreement": importance_agreement(gradient, importance),
-        # Re-score 8 candidates per pruning step (exact up to 8 heads), 4 beyond 16 heads.
-        "prune_curve": prune_curve(
+    )
+    # Re-score 8 candidates per pruning step (exact up to 8 heads), 4 beyond 16 heads.
+    computed(
+        "prune_curve",
+        prune_curve(
             model, data, method, shortlist=8 if n_heads <= 16 else 4, cache=cache, **options
         ),
-    }
+    )
+    return {name: tables[name] for name in TABLES}
 
 
 def _most_damaging(importance: pd.DataFrame, method: str, n: int | None) -> list[str] | None:

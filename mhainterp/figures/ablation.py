@@ -33,11 +33,13 @@ from mhainterp.figures._common import (
 from mhainterp.validation import check_option
 
 __all__ = [
+    "ABLATION_FIGURES",
     "gradient_vs_ablation_figure",
     "importance_figure",
     "pairwise_figure",
     "pairwise_matrix",
     "prune_curve_figure",
+    "save_ablation_figure",
     "save_ablation_figures",
 ]
 
@@ -348,6 +350,46 @@ def _spearman(x: pd.Series, y: pd.Series) -> float:
 # ----------------------------------------------------------------------------- all at once
 
 
+ABLATION_FIGURES: dict[str, tuple[str, ...]] = {
+    "ablation_importance": ("importance",),
+    "ablation_pairwise": ("pairwise",),
+    "ablation_prune_curve": ("prune_curve",),
+    "gradient_vs_ablation": ("gradient_importance", "importance", "importance_agreement"),
+}
+"""Each ablation figure and the tables of :func:`mhainterp.analyze.ablation_tables` it is drawn
+from (``gradient_vs_ablation`` computes the agreement itself where that table is missing)."""
+
+
+def save_ablation_figure(
+    name: str, tables: Mapping[str, pd.DataFrame], out_dir: str | os.PathLike[str]
+) -> Path | None:
+    """Draw and save the ablation figure ``name`` (a key of :data:`ABLATION_FIGURES`) from
+    ``tables``, its PNG beside the CSV it was drawn from; None when a table it needs is missing.
+
+    Example:
+        >>> save_ablation_figure("ablation_pairwise", tables, out)  # doctest: +SKIP
+    """
+    name = check_option("name", name, ABLATION_FIGURES)
+    png = Path(out_dir) / f"{name}.png"
+    if name == "gradient_vs_ablation":
+        if "gradient_importance" not in tables or "importance" not in tables:
+            return None
+        comparison = compare_importance(tables["gradient_importance"], tables["importance"])
+        agreement = tables.get("importance_agreement")
+        if agreement is None:
+            agreement = importance_agreement(tables["gradient_importance"], tables["importance"])
+        return save_figure(gradient_vs_ablation_figure(comparison, agreement), png, comparison)
+    (table,) = ABLATION_FIGURES[name]
+    if table not in tables:
+        return None
+    draw = {
+        "importance": importance_figure,
+        "pairwise": pairwise_figure,
+        "prune_curve": prune_curve_figure,
+    }[table]
+    return save_figure(draw(tables[table]), png, tables[table])
+
+
 def save_ablation_figures(
     tables: Mapping[str, pd.DataFrame], out_dir: str | os.PathLike[str]
 ) -> dict[str, Path]:
@@ -364,30 +406,5 @@ def save_ablation_figures(
     Example:
         >>> save_ablation_figures(ablation_tables(run), run.path / "analysis")  # doctest: +SKIP
     """
-    out_dir = Path(out_dir)
-    saved: dict[str, Path] = {}
-    if "importance" in tables:
-        fig = importance_figure(tables["importance"])
-        saved["ablation_importance"] = save_figure(
-            fig, out_dir / "ablation_importance.png", tables["importance"]
-        )
-    if "pairwise" in tables:
-        fig = pairwise_figure(tables["pairwise"])
-        saved["ablation_pairwise"] = save_figure(
-            fig, out_dir / "ablation_pairwise.png", tables["pairwise"]
-        )
-    if "prune_curve" in tables:
-        fig = prune_curve_figure(tables["prune_curve"])
-        saved["ablation_prune_curve"] = save_figure(
-            fig, out_dir / "ablation_prune_curve.png", tables["prune_curve"]
-        )
-    if "gradient_importance" in tables and "importance" in tables:
-        comparison = compare_importance(tables["gradient_importance"], tables["importance"])
-        agreement = tables.get("importance_agreement")
-        if agreement is None:
-            agreement = importance_agreement(tables["gradient_importance"], tables["importance"])
-        fig = gradient_vs_ablation_figure(comparison, agreement)
-        saved["gradient_vs_ablation"] = save_figure(
-            fig, out_dir / "gradient_vs_ablation.png", comparison
-        )
-    return saved
+    saved = {name: save_ablation_figure(name, tables, out_dir) for name in ABLATION_FIGURES}
+    return {name: png for name, png in saved.items() if png is not None}
