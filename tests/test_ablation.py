@@ -755,6 +755,34 @@ def test_a_shared_clean_cache_computes_clean_logits_and_means_once(model, batch,
         assert torch.equal(shared[m].scores.nll, alone[m].scores.nll)
 
 
+def test_a_configuration_scored_before_on_a_cache_is_taken_from_it_bit_for_bit(
+    multi_model, multi_batch, monkeypatch
+):
+    """A later pass on the same CleanCache and replacement values runs only the configurations
+    it has not scored (the pruning curve's first step is the importance table's singles);
+    those it takes have the bits of a fresh run, whatever ran beside them; another method's
+    values are not taken."""
+    from mhainterp.ablation import engine
+
+    heads = [(layer, head) for layer in range(2) for head in range(4)]
+    singles = [[h] for h in heads]
+    pairs = [[a, b] for i, a in enumerate(heads) for b in heads[i + 1 :]]
+    run = []
+    real = engine._run_masks
+    monkeypatch.setattr(engine, "_run_masks", lambda m, b, masks, *a, **k: run.append(
+        masks.shape[0]) or real(m, b, masks, *a, **k))  # fmt: skip
+    cache = CleanCache()
+    evaluate_head_sets(multi_model, multi_batch, [[], *singles], "mean", cache=cache)
+    later = evaluate_head_sets(multi_model, multi_batch, [*pairs, *singles], "mean", cache=cache)
+    assert run == [1 + len(heads), len(pairs)]  # the singles were not run again
+    evaluate_head_sets(multi_model, multi_batch, singles, "zero", cache=cache)
+    assert run[-1] == len(heads)  # other values: run
+    fresh = evaluate_head_sets(multi_model, multi_batch, [*pairs, *singles], "mean")
+    assert torch.equal(later.totals.loss_sum, fresh.totals.loss_sum)
+    assert torch.equal(later.totals.correct, fresh.totals.correct)
+    assert torch.equal(later.totals.scored, fresh.totals.scored)
+
+
 def test_a_clean_cache_refuses_another_model_batch_or_reference(model, task, batch):
     """A cache holds one model's activations of one batch and reference: reused with others
     it would score them with these, so it says so instead (as ReferencePrefix does)."""

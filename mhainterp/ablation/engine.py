@@ -491,12 +491,54 @@ def run_masks(
     With ``max_rows=None`` a forward's rows are also capped so its outputs fit
     :data:`~mhainterp.scoring.FORWARD_MEMORY_BUDGET` (a 49k vocabulary gets 18-row chunks).
 
+    With a ``cache``, a configuration it already scored under the same replacement values
+    (cross-entropy totals, no ``per_position``) is taken from it, not run again: its totals
+    are the same bits whatever runs beside it (``tests/test_ablation.py``).
+
     Returns:
         The :class:`~mhainterp.scoring.Totals` of every configuration and, with
         ``per_position``, the :class:`~mhainterp.scoring.PositionScores` ``[C, n, T, k]``.
     """
     if max_rows is not None:
         max_rows = check_int("max_rows", max_rows, minimum=1)
+    options = {"max_rows": max_rows, "progress": progress, "desc": desc, "cache": cache}
+    if cache is None or per_position or metric is not None or masks.shape[0] == 0:
+        return _run_masks(model, batch, masks, replacement, per_position, metric, **options)
+    cache.check(model, batch, "batch")  # before anything is taken from it
+    values = replacement.values_key()
+    keys = [(values, mask) for mask in _mask_keys(masks)]
+    todo = [c for c, key in enumerate(keys) if key not in cache.totals]
+    if todo:
+        index = torch.tensor(todo, device=masks.device)
+        found, _ = _run_masks(model, batch, masks[index], replacement, False, None, **options)
+        for i, c in enumerate(todo):
+            cache.totals[keys[c]] = (replacement, found.loss_sum[i], found.correct[i])
+    loss_sum = torch.stack([cache.totals[key][1] for key in keys])  # (C,)
+    correct = torch.stack([cache.totals[key][2] for key in keys])  # (C, k)
+    scored = batch.scored.double().sum((0, 1))
+    return Totals(loss_sum=loss_sum, correct=correct, scored=scored), None
+
+
+def _mask_keys(masks: Bool[Tensor, "C L h"]) -> list[bytes]:
+    """Each configuration's mask as bytes (one read of the masks)."""
+    planned = masks.to(_PLAN_DEVICE).contiguous()
+    return [planned[c].numpy().tobytes() for c in range(planned.shape[0])]
+
+
+def _run_masks(
+    model: HookedModel,
+    batch: Batch,
+    masks: Bool[Tensor, "C L h"],
+    replacement: Replacement,
+    per_position: bool,
+    metric: Any,
+    *,
+    max_rows: int | None,
+    progress: bool,
+    desc: str,
+    cache: CleanCache | None,
+) -> tuple[Totals, PositionScores | None]:
+    """:func:`run_masks`, every configuration run."""
     C = masks.shape[0]
     # The host plans every forward from one read of the masks and of the sequence lengths, so
     # the forwards themselves never wait for the device (a constant number of syncs per call).

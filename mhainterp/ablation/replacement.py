@@ -422,6 +422,12 @@ class CleanCache:
     # pairs of single heads the importance table removed) starts there. Oldest out first
     # beyond LAST_LAYER_STATE_BYTES.
     last_layer_states: dict[tuple, tuple[Any, tuple[Tensor, Tensor]]] = field(default_factory=dict)
+    # (the replacement's values_key, a configuration's [L, h] mask as bytes) -> (the
+    # replacement, kept so that the ids in its key are not reused, and that configuration's
+    # loss sum and [k] correct counts): a later pass asks for some again (the pruning curve's
+    # first step removes the single heads the importance table removed, the pairwise table
+    # its chosen heads alone); a configuration's totals do not depend on what runs beside it
+    totals: dict[tuple, tuple[Any, Tensor, Tensor]] = field(default_factory=dict)
     # What it was first used with (check): the model; the tokens and padding of the reference
     # (its replacements) and of the evaluated batch (its prefixes), which may differ
     _model: HookedModel | None = field(default=None, init=False, repr=False)
