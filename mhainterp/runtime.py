@@ -20,7 +20,9 @@ imports it), so each function imports torch when it is called.
   in the environment. The environment is written only in a sweep's worker processes, which
   start with :func:`worker_environment` (:func:`enter_worker`).
 - :func:`eval_mode` puts a model in evaluation mode for a block.
-- :func:`terminate_as_interrupt` makes SIGTERM end the work as Ctrl-C does.
+- :func:`terminate_as_interrupt` makes SIGTERM end the work as Ctrl-C does;
+  :func:`leave_signals_to_parent` is how a worker process (a sweep's, the figure worker) leaves
+  Ctrl-C and SIGTERM to the process that started it, and dies with it.
 
 Example:
     >>> str(resolve_device("cpu"))
@@ -29,12 +31,14 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import inspect
 import os
 import re
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -56,6 +60,7 @@ __all__ = [
     "device_context",
     "enter_worker",
     "eval_mode",
+    "leave_signals_to_parent",
     "model_device",
     "reads_without_wait",
     "resolve_device",
@@ -483,3 +488,28 @@ def terminate_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def leave_signals_to_parent(parent: int | None) -> None:
+    """In a worker process: ignore Ctrl-C (the parent ends the work and says so in one line),
+    take SIGTERM's default action (not a SIGTERM-as-Ctrl-C handler inherited by a fork), and
+    die with the parent (:func:`_die_with_parent`), so a killed command leaves no orphan.
+    ``parent``: the parent's pid, read before the worker started."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _die_with_parent(parent)
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """Linux: ask the kernel to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG);
+    without it, the workers of a SIGKILLed sweep go on training as orphans and then wait
+    forever for more work."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if parent is not None and os.getppid() != parent:  # the parent died before prctl
+        os._exit(1)

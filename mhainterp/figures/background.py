@@ -11,12 +11,14 @@ imported modules, matplotlib's settings and the registries as they are, so a fig
 has the same bytes as one drawn here (``tests/test_figure_worker.py`` checks it). It runs no
 torch: a figure's inputs are tables. Figures are written atomically by
 :func:`~mhainterp.figures._common.save_figure`, so a worker killed mid-figure leaves no
-half-written file.
+half-written file. The worker leaves Ctrl-C and SIGTERM to this process, which stops it, and
+dies with this process (a SIGKILLed ``analyze`` leaves no orphan drawing).
 
 Nothing is lost when the worker fails: a figure whose worker died is drawn again here, and a
 figure that raised raises here, when the queue closes, with its file named. Without a second
-core, without ``fork`` (Windows, macOS' default), with ``MHAINTERP_FIGURE_WORKER=0``, or
-with ``background=False``, every figure is drawn here, at once, in order.
+core, off Linux (Windows has no ``fork``; macOS' frameworks may not survive one), with
+``MHAINTERP_FIGURE_WORKER=0`` or with ``background=False``, every figure is drawn here, at
+once, in order.
 
 Example:
     >>> from mhainterp.figures.background import FigureQueue
@@ -31,11 +33,14 @@ import contextlib
 import gc
 import multiprocessing
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
+
+from mhainterp.runtime import leave_signals_to_parent
 
 __all__ = ["FigureQueue", "background_figures"]
 
@@ -51,7 +56,7 @@ def _usable_cores() -> int:
 
 def background_figures(background: bool | None = None) -> bool:
     """Whether figures go to a worker process: ``background`` when given, else
-    ``$MHAINTERP_FIGURE_WORKER`` when set, else when this machine has a second core; never
+    ``$MHAINTERP_FIGURE_WORKER`` when set, else on Linux with a second core; never
     where ``fork`` is unavailable or in a daemonic process (a process pool's worker).
 
     Example:
@@ -67,12 +72,21 @@ def background_figures(background: bool | None = None) -> bool:
     setting = os.environ.get(WORKER_ENV, "").strip()
     if setting in ("0", "1"):
         return setting == "1"
-    return _usable_cores() >= 2
+    # Only Linux forks safely by default (macOS' system frameworks may not survive a fork)
+    return sys.platform.startswith("linux") and _usable_cores() >= 2
 
 
 def _draw(function: Callable, args: tuple, kwargs: dict) -> None:
     """In the worker: draw one figure (the figure object itself stays there)."""
     function(*args, **kwargs)
+
+
+def _name_the_figure(error: Exception, function: Callable, args: tuple, kwargs: dict) -> None:
+    """Add which figure raised ``error`` to its message (its path, where it has one)."""
+    paths = [a for a in (*args, *kwargs.values()) if isinstance(a, (str, os.PathLike))]
+    where = f" ({os.fspath(paths[-1])})" if paths else ""
+    if hasattr(error, "add_note"):
+        error.add_note(f"while drawing the figure {function.__name__}{where}")
 
 
 class FigureQueue:
@@ -101,7 +115,12 @@ class FigureQueue:
             return
         if self._pool is None:
             gc.freeze()  # the worker's collections leave the inherited objects' pages shared
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"))
+            self._pool = ProcessPoolExecutor(
+                1,
+                mp_context=multiprocessing.get_context("fork"),
+                initializer=leave_signals_to_parent,  # dies with this process, no orphan
+                initargs=(os.getpid(),),
+            )
         future = self._pool.submit(_draw, function, args, kwargs)
         self._queued.append((future, function, args, kwargs))
 
@@ -119,7 +138,9 @@ class FigureQueue:
                     redrawn += 1
                     function(*args, **kwargs)
                 except Exception as exc:  # the first is raised below
-                    error = error or exc
+                    if error is None:
+                        error = exc
+                        _name_the_figure(exc, function, args, kwargs)
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=True, cancel_futures=True)

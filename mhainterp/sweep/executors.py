@@ -32,7 +32,6 @@ import itertools
 import json
 import math
 import os
-import signal
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -48,7 +47,7 @@ from mhainterp.errors import BatchDivergedError, TrainingDivergedError
 from mhainterp.fast.stacked_memory import stacked_bytes_per_model
 from mhainterp.io import atomic_path, remove_stale_temps
 from mhainterp.runs import RUN_FILES
-from mhainterp.runtime import enter_worker, worker_environment
+from mhainterp.runtime import enter_worker, leave_signals_to_parent, worker_environment
 from mhainterp.sweep.memory import (
     device_allocation_failures,
     device_memory,
@@ -332,30 +331,13 @@ def _pin_worker(
     import torch
 
     enter_worker(environment or {})
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's SIGTERM-as-Ctrl-C
-    _die_with_parent(parent)
+    leave_signals_to_parent(parent)  # Ctrl-C and SIGTERM's one line are the parent's
     global _worker_steps
     _worker_steps = steps
     cpu = cpu_queue.get()
     if cpu is not None and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, {cpu})
     torch.set_num_threads(1)
-
-
-def _die_with_parent(parent: int | None) -> None:
-    """Linux: ask the kernel to SIGKILL this process when its parent dies (PR_SET_PDEATHSIG);
-    without it, the workers of a SIGKILLed sweep go on training as orphans and then wait
-    forever for more work."""
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if parent is not None and os.getppid() != parent:  # the parent died before prctl
-        os._exit(1)
 
 
 def _count_steps(n: int) -> None:
