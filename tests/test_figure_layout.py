@@ -538,3 +538,20 @@ def test_heatmap_restores_seaborns_render_hook_even_when_it_fails():
         heatmap(pd.DataFrame([["a", "b"]]), ax)
     assert seaborn_matrix._draw_figure is hook
     plt.close(fig)
+
+
+def test_head_map_point_labels_stay_clear_of_the_legend():
+    """Labels of points near the right edge used to run past the axes into the legend beside
+    it (3 of these 12 random maps); they are written leftwards there."""
+    from mhainterp.figures import plot_head_map
+
+    covered = {}
+    for seed in range(12):
+        rng = np.random.default_rng(seed)
+        mds = pd.DataFrame(
+            {"head_label": HEADS, "x": rng.normal(0, 0.2, 16), "y": rng.normal(0, 0.2, 16)}
+        )
+        fig = plot_head_map(mds, method="js")
+        covered[seed] = legends_over_labels(fig)
+        plt.close(fig)
+    assert {seed: found for seed, found in covered.items() if found} == {}

@@ -213,8 +213,20 @@ def plot_head_map(
     sns.scatterplot(
         data=data, x="x", y="y", hue="group", hue_order=groups, ax=ax, s=90, palette="tab10"
     )
+    # Labels of points on the right go to their left: written rightwards, they ran past the
+    # axes into the legend beside it (5 of 60 random maps)
+    low, high = float(data["x"].min()), float(data["x"].max())
+    right_side = low + 0.6 * (high - low)
     for text, (x, y) in _point_labels(data).items():
-        ax.annotate(text, (x, y), xytext=(4, 4), textcoords="offset points", fontsize=8)
+        left = high > low and x > right_side
+        ax.annotate(
+            text,
+            (x, y),
+            xytext=(-4 if left else 4, 4),
+            textcoords="offset points",
+            ha="right" if left else "left",
+            fontsize=8,
+        )
     ax.set_xlabel("MDS dimension 1")
     ax.set_ylabel("MDS dimension 2")
     ax.set_aspect("equal", adjustable="datalim")
