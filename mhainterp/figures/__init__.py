@@ -13,8 +13,8 @@ cell text sized to fit (cell text dropped below 6 pt), legends outside the data,
 clipped at 0.
 
 May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
-checks this list): ``attribution``, ``heads``, ``io``, ``provenance``, ``runs``, ``runtime``, ``similarity``,
-``specialization``, ``sweep``, ``validation``.
+checks this list): ``attribution``, ``heads``, ``io``, ``provenance``, ``runs``, ``runtime``,
+``similarity``, ``specialization``, ``sweep``, ``validation``.
 """
 
 from mhainterp.figures._common import save_figure
