@@ -171,6 +171,56 @@ def _point_labels(data: pd.DataFrame) -> dict[str, tuple[float, float]]:
     return {", ".join(names): (x, y) for x, y, names in spots}
 
 
+def _distinct_colours(n: int) -> list:
+    """``n`` colours, none repeated: tab10 had cluster 11 coloured as cluster 1."""
+    if n <= 10:
+        return sns.color_palette("tab10", n)
+    if n <= 20:
+        return sns.color_palette("tab20", n)
+    return sns.color_palette("husl", n)
+
+
+_LABEL_SPOTS = ((4, 4, "left", "bottom"), (-4, 4, "right", "bottom"),
+                (4, -4, "left", "top"), (-4, -4, "right", "top"))  # fmt: skip
+"""Where a point's label may go (offset in points, alignment): up right first."""
+
+
+def _place_point_labels(fig: plt.Figure, ax: plt.Axes, labels: list) -> None:
+    """Move each point label to the first of :data:`_LABEL_SPOTS` where it stays inside the
+    axes and clear of the labels placed before it (measured on one draw of the laid-out
+    figure); a label with no such spot keeps the first spot inside the axes, else its own.
+
+    Written up-right always, labels ran into each other and, past the right edge, into the
+    legend beside the axes."""
+    fig.canvas.draw()  # the layout (constrained, equal aspect) that the saved figure keeps
+    renderer = fig.canvas.get_renderer()
+    # 2 points inside the edges: the saved figure is drawn again at its own resolution, where
+    # a label flush with an edge could land a pixel past it
+    margin = 2 * fig.dpi / 72
+    inside = ax.get_window_extent(renderer).padded(-margin)
+    placed: list = []
+    for label in labels:
+        fallback = None
+        for dx, dy, ha, va in _LABEL_SPOTS:
+            label.xyann = (dx, dy)
+            label.set_horizontalalignment(ha)
+            label.set_verticalalignment(va)
+            box = label.get_window_extent(renderer)
+            within = inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0
+            within = within and box.y1 <= inside.y1
+            if within and not any(box.overlaps(other) for other in placed):
+                break
+            if within and fallback is None:
+                fallback = (dx, dy, ha, va)
+        else:
+            dx, dy, ha, va = fallback or _LABEL_SPOTS[0]
+            label.xyann = (dx, dy)
+            label.set_horizontalalignment(ha)
+            label.set_verticalalignment(va)
+            box = label.get_window_extent(renderer)
+        placed.append(box)
+
+
 def plot_head_map(
     mds: pd.DataFrame,
     *,
@@ -211,28 +261,20 @@ def plot_head_map(
     fig, ax = new_figure(5.8, 4.8, layout="constrained")
     groups = sorted(set(data["group"]), key=_natural_key)
     sns.scatterplot(
-        data=data, x="x", y="y", hue="group", hue_order=groups, ax=ax, s=90, palette="tab10"
-    )
-    # Labels of points on the right go to their left: written rightwards, they ran past the
-    # axes into the legend beside it (5 of 60 random maps)
-    low, high = float(data["x"].min()), float(data["x"].max())
-    right_side = low + 0.6 * (high - low)
-    for text, (x, y) in _point_labels(data).items():
-        left = high > low and x > right_side
-        ax.annotate(
-            text,
-            (x, y),
-            xytext=(-4 if left else 4, 4),
-            textcoords="offset points",
-            ha="right" if left else "left",
-            fontsize=8,
-        )
+        data=data, x="x", y="y", hue="group", hue_order=groups, ax=ax, s=90,
+        palette=_distinct_colours(len(groups)),
+    )  # fmt: skip
+    labels = [
+        ax.annotate(text, (x, y), xytext=(4, 4), textcoords="offset points", fontsize=8)
+        for text, (x, y) in _point_labels(data).items()
+    ]
     ax.set_xlabel("MDS dimension 1")
     ax.set_ylabel("MDS dimension 2")
     ax.set_aspect("equal", adjustable="datalim")
     legend_outside(ax, title=legend_title, fontsize=8)
     name = f" ({method})" if method else ""
     ax.set_title(title or f"Head map{name}: nearby heads are similar")
+    _place_point_labels(fig, ax, labels)
     if path is not None:
         save_figure(fig, path, data)
     return fig
