@@ -690,7 +690,7 @@ def _train_cases(settings: BenchSettings, threads: int) -> list[_Case]:
 
 
 def _cpus() -> list[int]:
-    from mhainterp.sweep.executors import available_cpus
+    from mhainterp.runtime import available_cpus
 
     return available_cpus()
 

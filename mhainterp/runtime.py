@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # annotations only: the module stays importable without torch
 
 __all__ = [
     "DEFAULT_THREADS",
+    "available_cpus",
     "DRAW_DEVICE",
     "DEVICE_CHOICES",
     "DEVICE_ENV",
@@ -488,6 +489,18 @@ def terminate_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def available_cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity where the OS has one).
+
+    Example:
+        >>> len(available_cpus()) >= 1
+        True
+    """
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
 
 
 def leave_signals_to_parent(parent: int | None) -> None:

@@ -21,6 +21,7 @@ from mhainterp.config import SweepConfig, TrainConfig
 from mhainterp.errors import NotEnoughMemoryError
 from mhainterp.fast.stacked_memory import stacked_bytes_per_model
 from mhainterp.io import atomic_path
+from mhainterp.runtime import available_cpus
 from mhainterp.sweep import EXECUTORS, fastest_executor, plan_sweep, run_sweep
 from mhainterp.sweep.executors import (
     _lpt_split,
@@ -400,7 +401,5 @@ def test_gpu_out_of_memory_is_one_line(tmp_path, monkeypatch):
 
 
 def test_auto_executor_and_device():
-    assert fastest_executor("cpu") == (
-        "batched" if len(executors.available_cpus()) > 1 else "local"
-    )
+    assert fastest_executor("cpu") == ("batched" if len(available_cpus()) > 1 else "local")
     assert specs_device(plan_sweep(TINY, "out", device="cpu")) == torch.device("cpu")

@@ -55,7 +55,7 @@ from mhainterp.fast.stacked_forward import batched_logits, batched_loss
 from mhainterp.fast.stacked_params import StackedModels, check_batchable
 from mhainterp.model import HookedMHATransformer
 from mhainterp.model.loss import IGNORE_INDEX
-from mhainterp.runtime import DRAW_DEVICE, model_device, resolve_device
+from mhainterp.runtime import DRAW_DEVICE, available_cpus, model_device, resolve_device
 from mhainterp.tasks import Task
 from mhainterp.training import (
     Run,
@@ -242,8 +242,7 @@ def _draw_threads(device: torch.device) -> int:
     elsewhere 1 (on the CPU the cores are training)."""
     if device.type != "cuda":
         return 1
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(8, (cpus or 1) - 1))
+    return max(1, min(8, len(available_cpus()) - 1))
 
 
 def _to_device(x: Tensor, device: torch.device) -> Tensor:

@@ -47,7 +47,12 @@ from mhainterp.errors import BatchDivergedError, TrainingDivergedError
 from mhainterp.fast.stacked_memory import stacked_bytes_per_model
 from mhainterp.io import atomic_path, remove_stale_temps
 from mhainterp.runs import RUN_FILES
-from mhainterp.runtime import enter_worker, leave_signals_to_parent, worker_environment
+from mhainterp.runtime import (
+    available_cpus,
+    enter_worker,
+    leave_signals_to_parent,
+    worker_environment,
+)
 from mhainterp.sweep.memory import (
     device_allocation_failures,
     device_memory,
@@ -61,7 +66,6 @@ from mhainterp.validation import check_int, invalid
 
 __all__ = [
     "RAY_ADDRESS_ENV",
-    "available_cpus",
     "DEFAULT_CHUNK_SIZE",
     "group_specs",
     "plan_chunks",
@@ -308,13 +312,6 @@ def _raise_diverged(messages: dict[str, str]) -> None:
 
 
 # ----- the batched executor ----------------------------------------------------------------------
-def available_cpus() -> list[int]:
-    """The CPUs this process may run on."""
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
-
-
 _worker_steps: Any = None  # in a pool worker: the shared counter of model-steps done
 
 

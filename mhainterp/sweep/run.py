@@ -47,9 +47,9 @@ from mhainterp.runs import (
     relative_run_dir,
     run_status,
 )
-from mhainterp.runtime import resolve_device, terminate_as_interrupt
+from mhainterp.runtime import available_cpus, resolve_device, terminate_as_interrupt
 from mhainterp.sweep import fork_safety  # noqa: F401  (forked workers: a tqdm lock of their own)
-from mhainterp.sweep.executors import available_cpus, plan_device_groups, run_batched, run_ray
+from mhainterp.sweep.executors import plan_device_groups, run_batched, run_ray
 from mhainterp.sweep.memory import device_memory, plan_group_sizes, trains_in_groups
 from mhainterp.sweep.spec import RunSpec, execute_run, plan_sweep
 from mhainterp.training import (
