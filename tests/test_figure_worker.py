@@ -56,6 +56,9 @@ def test_background_follows_the_argument_then_the_environment(monkeypatch):
     assert background_figures(True) is True  # the argument wins
     monkeypatch.setenv(WORKER_ENV, "1")
     assert background_figures() is True
+    monkeypatch.setenv(WORKER_ENV, "yes")  # a typo is refused, not read as "unset"
+    with pytest.raises(ValueError, match="MHAINTERP_FIGURE_WORKER is invalid: 0 .* got 'yes'"):
+        background_figures()
 
 
 def test_a_figure_drawn_in_the_worker_has_the_same_bytes(tmp_path):

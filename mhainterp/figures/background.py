@@ -40,18 +40,13 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-from mhainterp.runtime import leave_signals_to_parent
+from mhainterp.runtime import available_cpus, leave_signals_to_parent
+from mhainterp.validation import ParameterError
 
 __all__ = ["FigureQueue", "background_figures"]
 
 WORKER_ENV = "MHAINTERP_FIGURE_WORKER"
 """``0`` draws every figure in the calling process (``1``: in a worker even on one core)."""
-
-
-def _usable_cores() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def background_figures(background: bool | None = None) -> bool:
@@ -72,8 +67,13 @@ def background_figures(background: bool | None = None) -> bool:
     setting = os.environ.get(WORKER_ENV, "").strip()
     if setting in ("0", "1"):
         return setting == "1"
+    if setting:  # a typo must not silently mean "decide for me"
+        raise ParameterError(
+            f"{WORKER_ENV} is invalid: 0 (draw every figure in this process) or 1 (in a worker "
+            f"process), or unset (a worker on Linux with two or more CPUs), got {setting!r}"
+        )
     # Only Linux forks safely by default (macOS' system frameworks may not survive a fork)
-    return sys.platform.startswith("linux") and _usable_cores() >= 2
+    return sys.platform.startswith("linux") and len(available_cpus()) >= 2
 
 
 def _draw(function: Callable, args: tuple, kwargs: dict) -> None:
