@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pandas as pd
@@ -135,14 +136,31 @@ def test_analyze_writes_every_table_and_figure_with_known_values(handbuilt_run, 
 
 
 @pytest.mark.slow
-def test_figures_drawn_in_the_worker_are_byte_equal_to_figures_drawn_here(handbuilt_run):
-    """The figure worker draws while analyze computes: every file it writes, the same bytes."""
+def test_figures_drawn_in_the_worker_are_byte_equal_to_figures_drawn_here(
+    handbuilt_run, monkeypatch
+):
+    """The figure worker draws, and measures the similarities, while analyze computes the
+    ablations (at the end, this process takes over what the worker has not started): every
+    file it writes, the same bytes."""
+    import mhainterp.similarity as similarity_module
     from mhainterp.analyze import analyze_run
 
     here = handbuilt_run.parent / "here"
     shutil.copytree(handbuilt_run, here)
+    measured_in = handbuilt_run.parent / "similarity_pids"
+    head_similarity = similarity_module.head_similarity
+
+    def recording(*args, **kwargs):  # the worker inherits this patch by the fork
+        with measured_in.open("a") as log:
+            log.write(f"{os.getpid()}\n")
+        return head_similarity(*args, **kwargs)
+
+    monkeypatch.setattr(similarity_module, "head_similarity", recording)
     analyze_run(handbuilt_run, n_eval=64, background=True)
     analyze_run(here, n_eval=64, background=False)
+    pids = [int(pid) for pid in measured_in.read_text().split()]
+    half = len(pids) // 2  # one per method: in the worker (or taken over here), then here
+    assert half == 6 and set(pids[half:]) == {os.getpid()}  # the 6 similarity methods
     names = sorted(p.name for p in (handbuilt_run / "analysis").iterdir())
     assert names == sorted(p.name for p in (here / "analysis").iterdir())
     assert set(names) == EXPECTED

@@ -19,7 +19,7 @@ categories, attribution vs exact ablation, zero vs mean.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,11 +31,14 @@ from mhainterp.config import DEFAULT_N_EVAL
 from mhainterp.io import allocation_failures, remove_stale_temps, require_memory, write_csv
 from mhainterp.provenance import record_analysis_source, set_aside_stale_analysis
 from mhainterp.runs import find_runs, is_finished_run
-from mhainterp.runtime import uses_work_threads
+from mhainterp.runtime import model_device, uses_work_threads
 from mhainterp.training import Run, load_run
+from mhainterp.validation import check_option
 
 if TYPE_CHECKING:
     from mhainterp.figures.background import FigureQueue
+    from mhainterp.protocol import HookedModel
+    from mhainterp.tasks import Task
 
 __all__ = ["analyze_run", "analyze_path", "analysis_memory"]
 
@@ -119,15 +122,22 @@ def _write_analysis(
     )
     from mhainterp.figures.background import FigureQueue
     from mhainterp.figures.patterns import plot_average_patterns, plot_example_patterns
+    from mhainterp.similarity import SIMILARITY_METHODS
 
     model, task = run.model, run.task
     n_heads_total = model.cfg.n_heads * model.cfg.n_layers
+    if reference is not None and not isinstance(reference, Run):
+        reference = load_run(reference)
+    reference_model = reference.model if reference is not None else None
+    for method in methods:  # before any work: a typo fails now, not after the ablations
+        check_option("method", method, SIMILARITY_METHODS)
     steps = ["statistics", "patterns", "similarity", "ablation" if ablation else None]
     bar = tqdm([s for s in steps if s], desc=f"analyze {run.path.name}", disable=not progress)
     written: list[Path] = []
     # Each figure is drawn in a second process as soon as its table is ready, while this one
     # computes the next (figures took a third of analyze on one core)
     with FigureQueue(background) as figures:
+        similarity_inputs = [figures.keep(x) for x in (model, task, reference_model)]
         for step in bar:
             bar.set_postfix(step=step)
             if step == "statistics":
@@ -148,7 +158,16 @@ def _write_analysis(
                 figures.draw(plot_example_patterns, example, path=out / "example_patterns.png")
                 written += _pair(out, "average_patterns") + _pair(out, "example_patterns")
             elif step == "similarity" and n_heads_total > 1:
-                written += _similarity(run, reference, methods, n_eval, out, figures)
+                in_worker = figures.runs_torch(model_device(model))
+                for method in methods:
+                    if in_worker:
+                        # measure and figure both in the worker, while this process runs the
+                        # ablations (one job per method: at the end, this process takes over
+                        # the jobs the worker has not started)
+                        figures.draw(_similarity, *similarity_inputs, method, n_eval, out)
+                    else:
+                        _similarity(model, task, reference_model, method, n_eval, out, figures.draw)
+                written += _similarity_files(methods, out)
             elif step == "ablation":
                 written += _ablation(run, n_eval, out, figures)
         bar.set_postfix(step="figures")
@@ -160,37 +179,39 @@ def _pair(out: Path, stem: str) -> list[Path]:
 
 
 def _similarity(
-    run: Run,
-    reference: Run | str | os.PathLike[str] | None,
-    methods: Sequence[str],
+    model: HookedModel,
+    task: Task,
+    reference_model: HookedModel | None,
+    method: str,
     n_eval: int,
     out: Path,
-    figures: FigureQueue,
-) -> list[Path]:
+    draw: Callable[..., None] | None = None,
+) -> None:
+    """One similarity measure's table and heatmap (for JS also the head map); ``draw`` (None:
+    here, at once) draws each figure. In the figure worker or in this process: the same
+    numbers."""
     from mhainterp.figures.similarity import plot_head_map, plot_similarity_heatmap
     from mhainterp.similarity import cluster_heads, head_map_mds, head_similarity
 
-    if reference is not None and not isinstance(reference, Run):
-        reference = load_run(reference)
+    def draw_now(function: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+        function(*args, **kwargs)
+
+    draw = draw or draw_now
+    ref_model = reference_model if method == "separation" else None
+    sim = head_similarity(model, task, method=method, n_eval=n_eval, reference=ref_model)
+    draw(plot_similarity_heatmap, sim, method=method, path=out / f"similarity_{method}.png")
+    if method == "js":
+        clusters = cluster_heads(sim)
+        map_2d = head_map_mds(sim)
+        draw(plot_head_map, map_2d, clusters=clusters, method=method, path=out / "head_map.png")
+
+
+def _similarity_files(methods: Sequence[str], out: Path) -> list[Path]:
+    """What :func:`_similarity` writes, in its order."""
     written: list[Path] = []
     for method in methods:
-        ref_model = reference.model if (method == "separation" and reference) else None
-        sim = head_similarity(
-            run.model, run.task, method=method, n_eval=n_eval, reference=ref_model
-        )
-        figures.draw(
-            plot_similarity_heatmap, sim, method=method, path=out / f"similarity_{method}.png"
-        )
         written += _pair(out, f"similarity_{method}")
         if method == "js":
-            clusters = cluster_heads(sim)
-            figures.draw(
-                plot_head_map,
-                head_map_mds(sim),
-                clusters=clusters,
-                method=method,
-                path=out / "head_map.png",
-            )
             written += _pair(out, "head_map")
     return written
 
