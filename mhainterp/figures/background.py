@@ -182,7 +182,7 @@ class FigureQueue:
         region can wait for them forever), and its numbers have the same bits."""
         import torch
 
-        on_cpu = torch.device(device).type == "cpu"
+        on_cpu = torch.device(device).type == "cpu"  # a forked child cannot start CUDA
         return self.background and on_cpu and torch.get_num_threads() == 1
 
     def keep(self, value: Any) -> Any:
