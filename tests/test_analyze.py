@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -189,3 +191,36 @@ def test_analyze_rejects_empty_evaluation(handbuilt_run, capsys):
 def test_analyze_missing_folder_is_a_clear_error(tmp_path, capsys):
     assert main(["analyze", str(tmp_path / "nope")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def _start_writing_then_hang(*args, path, **kwargs):
+    """Stands in for a figure in the worker: its PDF's temp file is written, then it hangs."""
+    from mhainterp.io import atomic_path
+
+    with atomic_path(Path(path).with_suffix(".pdf")) as tmp:
+        tmp.write_bytes(b"%PDF- half of a figure")
+        time.sleep(60)
+
+
+def test_ctrl_c_leaves_no_temp_file_of_the_worker(handbuilt_run, monkeypatch):
+    """Ctrl-C while the figure worker writes a figure: the worker is stopped and its
+    half-written temp file removed, so the folder holds only finished files."""
+    import mhainterp.analyze.run as analyze_module
+    import mhainterp.figures.patterns as pattern_figures
+    from mhainterp.analyze import analyze_run
+
+    out = handbuilt_run / "analysis"
+
+    def interrupt_once_the_worker_writes(*args, **kwargs):
+        deadline = time.monotonic() + 60
+        while not any(p.name.startswith(".example_patterns.pdf.") for p in out.iterdir()):
+            assert time.monotonic() < deadline, "the worker never started the figure"
+            time.sleep(0.02)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pattern_figures, "plot_example_patterns", _start_writing_then_hang)
+    monkeypatch.setattr(analyze_module, "_ablation", interrupt_once_the_worker_writes)
+    with pytest.raises(KeyboardInterrupt):
+        analyze_run(handbuilt_run, n_eval=64, background=True)
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+    assert not (out / "example_patterns.pdf").exists()

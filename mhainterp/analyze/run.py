@@ -81,10 +81,14 @@ def analyze_run(
     require_memory(analysis_memory(run.model.cfg, n_eval), what)
     set_aside_stale_analysis(run.path)  # results of other weights: not mixed with these
     remove_stale_temps(out)  # of an analyze that was killed mid-write
-    with allocation_failures(what):
-        written = _write_analysis(
-            run, reference, methods, n_eval, ablation, progress, background, out
-        )
+    try:
+        with allocation_failures(what):
+            written = _write_analysis(
+                run, reference, methods, n_eval, ablation, progress, background, out
+            )
+    except BaseException:
+        remove_stale_temps(out)  # the temp file of a figure the stopped worker was writing
+        raise
     record_analysis_source(run.path)
     return written
 

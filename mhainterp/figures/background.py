@@ -299,10 +299,14 @@ class FigureQueue:
                 self.wait()
 
     def _abandon(self) -> None:
-        """Drop the queued figures and stop the worker without waiting (a figure it was
-        writing leaves no file: writes are atomic)."""
+        """Drop the queued figures and stop the worker without waiting for its figures. A
+        figure it was writing leaves no file, only its temp file (writes are atomic), which
+        :func:`~mhainterp.io.remove_stale_temps` can remove once this returns: the worker is
+        gone by then (SIGTERM ends it at once)."""
         self._queued = []
-        if self._pool is not None:
-            for process in list(getattr(self._pool, "_processes", {}).values()):
-                process.terminate()
+        processes = list(getattr(self._pool, "_processes", {}).values()) if self._pool else []
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.join(timeout=5.0)
         self._close(wait=False)
