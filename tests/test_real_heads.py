@@ -155,9 +155,10 @@ def test_vocabulary_aware_chunks_bound_every_forward(llama, monkeypatch):
 
 
 def test_padded_text_is_chunked_longest_first_and_cut_after_its_last_real_token(llama, monkeypatch):
-    """Chunks of 3 sentences, longest first (tokens 14 13 11 | 9 8 8 | 8 7 of 14 positions):
-    every forward sees only its chunk's positions, one clean forward per chunk gives the
-    prefixes of every first layer, and the scores equal the unchunked ones, per position."""
+    """Chunks of at most 3 sentences, longest first, each only as long as PADDING_BAND allows
+    (tokens 14 13 | 11 | 9 8 8 | 8 7 of 14 positions: 11 < 0.85 x 14): every forward sees only
+    its chunk's positions, one clean forward per chunk gives the prefixes of every first
+    layer, and the scores equal the unchunked ones, per position."""
     model, batch = llama
     lengths = batch.padding_mask.sum(1).tolist()
     sets = [[], ["L0H1"], ["L1H2"], ["L0H0", "L1H3"]]
@@ -175,13 +176,14 @@ def test_padded_text_is_chunked_longest_first_and_cut_after_its_last_real_token(
     chunked = evaluate_head_sets(model, batch, sets, "mean", per_position=True, max_rows=3)
     monkeypatch.undo()
     assert lengths == [8, 8, 14, 7, 9, 13, 8, 11]
-    assert sorted(set(widths), reverse=True) == [14, 9, 8]
+    assert sorted(set(widths), reverse=True) == [14, 11, 9, 8]
     # the mean replacement's capture (3-row chunks, uncut), then one clean forward per chunk
     assert [tuple(s) for s in clean_forwards] == [
         (3, 14),
         (3, 14),
         (2, 14),
-        (3, 14),
+        (2, 14),
+        (1, 11),
         (3, 9),
         (2, 8),
     ]
