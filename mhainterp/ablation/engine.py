@@ -31,9 +31,10 @@ one. When everything after ``hook_z`` is linear, the derived fast path
 :mod:`mhainterp.fast.linear_readout` scores all copies without a per-copy residual stream.
 Passes are split into forwards of at most ``max_rows`` rows (copies x sequences; by default the
 measured best for each kind of group, :data:`FULL_FORWARD_ROWS`); results do
-not depend on the split. The sequences are chunked longest first and each chunk is cut after
-its last real token, so padded text wastes few positions, and one clean forward per chunk
-gives the prefixes of every first layer. When the batch is its own mean/resample reference and
+not depend on the split beyond rounding. The sequences are chunked longest first and each
+chunk is cut after its last real token; on a pretrained model a chunk holds only sentences of
+like length (:data:`PADDING_BAND`), so padded text wastes few positions. One clean forward per
+chunk gives the prefixes of every first layer. When the batch is its own mean/resample reference and
 fits one chunk, the forward that gives the replacement is that clean forward too
 (:class:`~mhainterp.ablation.replacement.ReferencePrefix`). Configurations that ablate the same
 heads above the last layer share that layer's input and ``hook_z`` too: it is computed once
