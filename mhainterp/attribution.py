@@ -31,10 +31,10 @@ from tqdm.auto import tqdm
 from mhainterp.ablation.engine import (
     evaluate_head_sets,
     head_masks,
-    length_order,
     rows_of,
     run_masks,
 )
+from mhainterp.ablation.plan import length_order
 from mhainterp.ablation.replacement import (
     DEFAULT_MAX_ROWS,
     METHODS,

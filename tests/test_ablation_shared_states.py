@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mhainterp.ablation import engine, evaluate_head_sets
+from mhainterp.ablation import engine, evaluate_head_sets, plan
 from mhainterp.ablation.engine import head_masks, run_masks
 from mhainterp.ablation.replacement import FULL_FORWARD_ROWS, CleanCache, build_replacement
 from mhainterp.tasks import get_task
@@ -144,7 +144,7 @@ def test_a_chunk_without_padding_runs_without_a_mask_to_the_same_values(monkeypa
     unmasked = evaluate_head_sets(model, batch, sets, "mean", per_position=True)
     assert masked and not any(masked)
     monkeypatch.setattr(
-        engine, "_unpadded_chunks", lambda m, cuts, real: dict.fromkeys(cuts, False)
+        engine, "unpadded_chunks", lambda m, cuts, real: dict.fromkeys(cuts, False)
     )
     masked.clear()
     with_mask = evaluate_head_sets(model, batch, sets, "mean", per_position=True)
@@ -155,7 +155,7 @@ def test_a_chunk_without_padding_runs_without_a_mask_to_the_same_values(monkeypa
 
 def test_padded_chunks_keep_their_mask(model, padded):
     cuts = {(0, 2): 8, (2, 4): 8}
-    assert engine._unpadded_chunks(model, cuts, [8, 8, 8, 5]) == {(0, 2): True, (2, 4): False}
+    assert plan.unpadded_chunks(model, cuts, [8, 8, 8, 5]) == {(0, 2): True, (2, 4): False}
 
 
 def test_values_keys_are_equal_only_where_the_values_are(model, padded):

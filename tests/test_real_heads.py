@@ -133,10 +133,10 @@ def _mean_loss_with(model, batch, edit):
 def test_vocabulary_aware_chunks_bound_every_forward(llama, monkeypatch):
     """With max_rows=None the engine asks rows_for_outputs for its cap: with a cap of 3 no
     forward sees more than 3 rows, and the numbers equal one-row chunks."""
-    from mhainterp.ablation import engine
+    from mhainterp.ablation import plan
 
     model, batch = llama
-    monkeypatch.setattr(engine, "rows_for_outputs", lambda d_vocab_out, n_positions: 3)
+    monkeypatch.setattr(plan, "rows_for_outputs", lambda d_vocab_out, n_positions: 3)
     seen = []
     original = model.logits_from_z
 

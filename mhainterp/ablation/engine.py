@@ -30,18 +30,21 @@ are grouped by their first ablated layer so that a cheap group is never dragged 
 one. When everything after ``hook_z`` is linear, the derived fast path
 :mod:`mhainterp.fast.linear_readout` scores all copies without a per-copy residual stream.
 Passes are split into forwards of at most ``max_rows`` rows (copies x sequences; by default the
-measured best for each kind of group, :data:`FULL_FORWARD_ROWS`); results do
-not depend on the split beyond rounding. The sequences are chunked longest first and each
-chunk is cut after its last real token; on a pretrained model a chunk holds only sentences of
-like length (:data:`PADDING_BAND`), so padded text wastes few positions. One clean forward per
-chunk gives the prefixes of every first layer. When the batch is its own mean/resample reference and
-fits one chunk, the forward that gives the replacement is that clean forward too
-(:class:`~mhainterp.ablation.replacement.ReferencePrefix`). Configurations that ablate the same
-heads above the last layer share that layer's input and ``hook_z`` too: it is computed once
-and each runs only its last layer (kept in a
+measured best for each kind of group,
+:data:`~mhainterp.ablation.replacement.FULL_FORWARD_ROWS`); results do not depend on the split
+beyond rounding. Which forwards run is planned on the host by :mod:`mhainterp.ablation.plan`:
+the sequences are chunked longest first and each chunk is cut after its last real token; on a
+pretrained model a chunk holds only sentences of like length
+(:data:`~mhainterp.ablation.plan.PADDING_BAND`), so padded text wastes few positions. One clean
+forward per chunk gives the prefixes of every first layer. When the batch is its own
+mean/resample reference and fits one chunk, the forward that gives the replacement is that
+clean forward too (:class:`~mhainterp.ablation.replacement.ReferencePrefix`). Configurations
+that ablate the same heads above the last layer share that layer's input and ``hook_z`` too: it
+is computed once and each runs only its last layer (kept in a
 :class:`~mhainterp.ablation.replacement.CleanCache` for later passes with the same values),
-where that gives the same values bit for bit (:func:`_shared_above_last`). On our own model a
-chunk without padding runs without a padding mask (the same values, less work).
+where that gives the same values bit for bit
+(:func:`~mhainterp.ablation.plan.shared_above_last`). On our own model a chunk without padding
+runs without a padding mask (the same values, less work).
 
 Shapes: C configurations, n sequences, T positions, L layers, h heads, k targets.
 
@@ -57,9 +60,8 @@ Example:
 
 from __future__ import annotations
 
-import collections
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -70,11 +72,17 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from mhainterp.ablation.plan import (
+    PLAN_DEVICE,
+    first_layers,
+    plan_jobs,
+    sequence_ends,
+    shared_above_last,
+    unpadded_chunks,
+)
 from mhainterp.ablation.replacement import (
     DEFAULT_MAX_ROWS,
-    FULL_FORWARD_ROWS,
     LAST_LAYER_STATE_BYTES,
-    LINEAR_READOUT_ROWS,
     CleanCache,
     Method,
     Replacement,
@@ -85,7 +93,7 @@ from mhainterp.config import DEFAULT_N_EVAL
 from mhainterp.data import Data, as_batch, batch_for_model, target_names
 from mhainterp.fast import linear_readout
 from mhainterp.heads import HeadSpec, format_heads, resolve_heads
-from mhainterp.model import HookedMHATransformer, StopForward
+from mhainterp.model import StopForward
 from mhainterp.protocol import HookedModel
 from mhainterp.runtime import eval_mode, model_device, uses_work_threads
 from mhainterp.scoring import (
@@ -93,22 +101,15 @@ from mhainterp.scoring import (
     Totals,
     damage_metric,
     position_scores,
-    rows_for_outputs,
     totals,
 )
 from mhainterp.tasks import Batch
 from mhainterp.validation import check_int
 
-_PLAN_DEVICE = "cpu"  # the host plans the forwards: it reads its own memory without a wait
-"""Where head masks are built and the forwards planned. On a device, reading a mask per
-forward would wait for the device each time; built on the host, the masks are moved to the
-model once per call."""
-
 __all__ = [
     "AblationResult",
     "ablate",
     "evaluate_head_sets",
-    "length_order",
     "resolve_head_sets",
     "rows_of",
     "run_masks",
@@ -151,7 +152,7 @@ def ablate(
     pairs = resolve_heads(model, heads)
     ref = None if reference is None else as_batch(reference, n_eval=n_eval, name="reference")
     replacement = build_replacement(model, method, ref, generator)
-    planned = head_masks(model, [pairs], device=_PLAN_DEVICE)[0]  # (L, h), read here for free
+    planned = head_masks(model, [pairs], device=PLAN_DEVICE)[0]  # (L, h), read here for free
     mask = planned.to(model_device(model))
     hooks = [
         (
@@ -186,7 +187,7 @@ def head_masks(
             if not (-L <= layer < L and -h <= head < h):  # as tensor indexing would refuse
                 raise IndexError(f"head ({layer}, {head}) is out of range for {L} x {h} heads")
             flat[(c * L + layer % L) * h + head % h] = True
-    masks = torch.tensor(flat, dtype=torch.bool, device=_PLAN_DEVICE).reshape(-1, L, h)
+    masks = torch.tensor(flat, dtype=torch.bool, device=PLAN_DEVICE).reshape(-1, L, h)
     return masks.to(model_device(model) if device is None else device)
 
 
@@ -233,15 +234,6 @@ def _clean_prefixes(
     return {layer: (seen[r], seen[z].contiguous()) for layer, (r, z) in names.items()}
 
 
-def length_order(batch: Batch) -> Int[Tensor, " n"]:
-    """Sequences longest first (stable; the identity when no sequence ends in padding).
-
-    Chunks of similar length waste few positions on padding once trimmed (:func:`rows_of`).
-    """
-    lengths = _sequence_ends(batch)  # (n,) one past the last real token
-    return torch.argsort(-lengths, stable=True)
-
-
 def rows_of(batch: Batch, rows: Int[Tensor, " s"]) -> Batch:
     """Rows ``rows`` of ``batch``, cut after the last position any of them has a real token.
 
@@ -252,13 +244,6 @@ def rows_of(batch: Batch, rows: Int[Tensor, " s"]) -> Batch:
     real = part.padding_mask.any(0)  # (T,)
     cut = int(real.nonzero().max()) + 1 if bool(real.any()) else part.padding_mask.shape[1]
     return _cut(part, cut)
-
-
-def _sequence_ends(batch: Batch) -> Int[Tensor, " n"]:
-    """Per sequence, one past its last real token (0 for padding only)."""
-    T = batch.padding_mask.shape[1]
-    positions = torch.arange(1, T + 1, device=batch.padding_mask.device)
-    return (batch.padding_mask * positions).amax(1)
 
 
 def _cut(part: Batch, cut: int) -> Batch:
@@ -290,8 +275,9 @@ def _forward_copies(
     """Logits of ``c`` copies of ``part``: copy ``i`` ablates ``chunk[i]``, from ``first`` on.
 
     ``planned``: ``chunk`` on the host, where which layers it ablates is read (``chunk``
-    itself when None). ``unpadded``: ``part`` has no padding (:func:`_unpadded_chunks`), so
-    the copies run without a padding mask. ``stop_at``: a layer after ``first``; the copies
+    itself when None). ``unpadded``: ``part`` has no padding
+    (:func:`~mhainterp.ablation.plan.unpadded_chunks`), so the copies run without a padding
+    mask. ``stop_at``: a layer after ``first``; the copies
     stop at its ``hook_z``, before its heads are ablated, and their ``(hook_resid_pre,
     hook_z)`` there is returned instead of logits (:func:`_finish_copies` goes on from it).
 
@@ -399,73 +385,6 @@ def _keep_state(states: dict, key: tuple, replacement: Replacement, state: tuple
         size -= sum(t.nbytes for t in states.pop(old)[1])
 
 
-def _shared_above_last(
-    model: HookedModel,
-    jobs: list[tuple[int, list[int], int, int]],
-    planned: Tensor,
-    keep_all: bool = False,
-) -> dict[int, bytes]:
-    """The configurations whose forward stops at the last layer's ``hook_z`` and goes on
-    from there (:func:`_finish_copies`): configuration -> its heads above the last layer.
-
-    Configurations that ablate the same heads above the last layer (a pair of a layer-0 head
-    with each layer-1 head; a pruning step's layer-1 candidates) have the same last layer's
-    input and ``hook_z``: it is computed once for all of them, and each runs its own last
-    layer only. Taken where that changes no value, bit for bit: on our own model, for a
-    configuration that some other one shares with and that runs alone in its forwards (as
-    every configuration does at the default rows when the batch fills them), so that each
-    operation meets the same values in the same shapes as in its whole forward. ``keep_all``:
-    also the configurations no other one shares with here (a later pass may: a cache keeps
-    their states).
-
-    Example:
-        >>> from mhainterp.tasks import get_task
-        >>> from mhainterp.training import build_model
-        >>> model = build_model(get_task("previous_token"), n_heads=2, n_layers=2, seed=0)
-        >>> planned = head_masks(model, [[(0, 0), (1, 0)], [(0, 0), (1, 1)], [(0, 1), (1, 0)]])
-        >>> jobs = [(0, [0], 0, 8), (0, [1], 0, 8), (0, [2], 0, 8)]
-        >>> sorted(_shared_above_last(model, jobs, planned))
-        [0, 1]
-    """
-    last = model.cfg.n_layers - 1
-    if not isinstance(model, HookedMHATransformer) or last < 1:
-        return {}
-    alone = [m[0] for first, m, _, _ in jobs if len(m) == 1 and first < last]
-    above = {c: planned[c, :last].numpy().tobytes() for c in alone}
-    counts = collections.Counter(above.values())
-    return {c: key for c, key in above.items() if keep_all or counts[key] > 1}
-
-
-def _unpadded_chunks(
-    model: HookedModel, cuts: dict[tuple[int, int], int], real_in_order: list[int]
-) -> dict[tuple[int, int], bool]:
-    """Per sequence chunk ``s0:s1`` (cut at ``cuts[(s0, s1)]``), whether it has no padding:
-    every sequence's count of real tokens (``real_in_order``, in :func:`length_order`) equals
-    the cut.
-
-    Such a chunk's copies run without a padding mask on our own model, where that gives the
-    same values bit for bit (no key is masked, no query sees padding only) and saves masking
-    every attention score and clearing NaNs from every pattern: a fifth of an ablated forward
-    of 2 x 16 heads. A bridged model keeps its mask (its attention may take another path).
-
-    Example:
-        >>> from mhainterp.model.handbuilt import handbuilt_model
-        >>> model = handbuilt_model(["previous", "uniform", "previous"])
-        >>> _unpadded_chunks(model, {(0, 2): 4, (2, 3): 3}, [4, 4, 2])
-        {(0, 2): True, (2, 3): False}
-    """
-    ours = isinstance(model, HookedMHATransformer)
-    return {(s0, s1): ours and min(real_in_order[s0:s1]) == cut for (s0, s1), cut in cuts.items()}
-
-
-def _first_layers(masks: Bool[Tensor, "C L h"]) -> list[int]:
-    """Each configuration's first ablated layer (the last layer for the clean model)."""
-    L = masks.shape[1]
-    any_layer = masks.any(-1)  # (C, L)
-    first = torch.where(any_layer.any(-1), any_layer.int().argmax(-1), L - 1)
-    return first.tolist()
-
-
 def run_masks(
     model: HookedModel,
     batch: Batch,
@@ -522,7 +441,7 @@ def run_masks(
 
 def _mask_keys(masks: Bool[Tensor, "C L h"]) -> list[bytes]:
     """Each configuration's mask as bytes (one read of the masks)."""
-    planned = masks.to(_PLAN_DEVICE).contiguous()
+    planned = masks.to(PLAN_DEVICE).contiguous()
     return [planned[c].numpy().tobytes() for c in range(planned.shape[0])]
 
 
@@ -543,10 +462,10 @@ def _run_masks(
     C = masks.shape[0]
     # The host plans every forward from one read of the masks and of the sequence lengths, so
     # the forwards themselves never wait for the device (a constant number of syncs per call).
-    planned = masks.to(_PLAN_DEVICE)  # free when the caller built them there (head_masks)
-    jobs = _plan_jobs(model, batch, _first_layers(planned), max_rows)
+    planned = masks.to(PLAN_DEVICE)  # free when the caller built them there (head_masks)
+    jobs = plan_jobs(model, batch, first_layers(planned), max_rows)
     masks = masks.to(model_device(model))
-    lengths = _sequence_ends(batch)  # (n,)
+    lengths = sequence_ends(batch)  # (n,)
     order = torch.argsort(-lengths, stable=True).to(masks.device)  # as length_order(batch)
     # chunk s0:s1 holds sequences order[s0:s1]; their ends are the lengths sorted longest first
     # (read with each sequence's count of real tokens: one read of the device)
@@ -558,9 +477,9 @@ def _run_masks(
     in_order = all(a >= b for a, b in itertools.pairwise(lengths_read))
     n, T = batch.padding_mask.shape
     cuts = {(s0, s1): max(ends[s0:s1]) or T for _, _, s0, s1 in jobs}  # as rows_of cuts
-    unpadded = _unpadded_chunks(model, cuts, [real_read[i] for i in host_order])
+    unpadded = unpadded_chunks(model, cuts, [real_read[i] for i in host_order])
     # A cache keeps the last layer's states for later passes (every one that may serve one)
-    shared = _shared_above_last(model, jobs, planned, keep_all=cache is not None)
+    shared = shared_above_last(model, jobs, planned, keep_all=cache is not None)
     jobs.sort(key=lambda job: (job[2], job[3], shared.get(job[1][0], b"")))  # sharers adjacent
     last = model.cfg.n_layers - 1
     states = cache.last_layer_states if cache is not None else {}
@@ -643,100 +562,6 @@ def _run_masks(
     if in_order and all((s0, s1, cuts[(s0, s1)]) == (0, n, T) for _, _, s0, s1 in jobs):
         return result, _stack(pieces, jobs, C, batch)
     return result, _assemble(pieces, jobs, order, C, batch)
-
-
-def _plan_jobs(
-    model: HookedModel, batch: Batch, first_of: list[int], max_rows: int | None
-) -> list[tuple[int, list[int], int, int]]:
-    """The forwards of :func:`run_masks`: ``(first layer, configurations, s0, s1)`` each.
-
-    Configurations are grouped by their first ablated layer (a cheap group is never dragged
-    into a costly one) and split into forwards of at most ``max_rows`` rows; ``s0:s1`` is a
-    range of :func:`length_order` (:func:`_sequence_chunks`). Sequence chunks are outermost,
-    so one clean forward gives the prefixes of every group of a chunk
-    (:func:`_clean_prefixes`).
-    """
-    # one read of the lengths, longest first as length_order (stable)
-    ends = sorted(_sequence_ends(batch).to(_PLAN_DEVICE).tolist(), reverse=True)
-    n, T = len(ends), batch.tokens.shape[1]
-    # Banded chunks on a pretrained model only: its forward is arithmetic, paid per padded
-    # position too; ours is overhead at these sizes, and its shared last-layer states need a
-    # configuration alone in its forward (_shared_above_last), as whole chunks give.
-    banded = ends[0] != ends[-1] and not isinstance(model, HookedMHATransformer)
-    jobs = []
-    for first in sorted(set(first_of), reverse=True):
-
-        def rows_at(cut: int, first: int = first) -> int:  # rows per forward at a chunk's cut
-            if max_rows is not None:
-                return max_rows
-            fast = linear_readout.applies(model, first)
-            rows = LINEAR_READOUT_ROWS if fast else FULL_FORWARD_ROWS
-            return min(rows, rows_for_outputs(model.cfg.d_vocab_out, (banded and cut) or T))
-
-        members = [c for c, f in enumerate(first_of) if f == first]
-        for s0, s1 in _sequence_chunks(ends, rows_at, PADDING_BAND if banded else 0.0):
-            rows = rows_at(ends[s0])
-            seqs = s1 - s0 if banded else min(n, rows)  # a band's short chunks: more copies
-            copies_per = _even_share(len(members), max(1, rows // seqs))
-            chunks = range(0, len(members), copies_per)
-            jobs += [(first, members[i : i + copies_per], s0, s1) for i in chunks]
-    return sorted(jobs, key=lambda job: (job[2], job[3]))  # stable: deepest first kept
-
-
-PADDING_BAND = 0.85
-"""On a pretrained model, a chunk of padded sequences (longest first) takes the next sequence
-only while it is at least this share of the chunk's longest: the chunk is cut after its
-longest, so every position beyond a shorter sequence's end is padding computed for nothing.
-On SmolLM2's 64 sentences (8 to 33 tokens, 1,133 real) the chunks of 26 that the memory cap
-alone gave computed 1,458 positions; bands of 0.85 compute 1,216 in 8 chunks, each with the
-memory cap of its own length, so the short ones hold more copies (a pass of 24 single heads:
-42 s against 60 s; 0.75 gave 43-46 s and 0.9 42-47 s). The whole SmolLM2 verdict gains less,
-28 min 7 s against 31 min 38 s: most of its passes have 1-5 configurations per first layer, too
-few to fill a short chunk, and each extra forward reads every weight it runs through."""
-
-
-def _sequence_chunks(
-    ends: list[int], rows_at: Callable[[int], int], band: float
-) -> list[tuple[int, int]]:
-    """Consecutive ranges ``s0:s1`` of the sequences, ``ends`` their lengths longest first:
-    each holds at most ``rows_at(cut)`` sequences (``cut``: its first one's length, where the
-    chunk is cut) and only those at least ``band`` x ``cut`` long (0: chunks of ``rows_at``
-    sequences, whatever their lengths).
-
-    Example:
-        >>> _sequence_chunks([16] * 5, lambda cut: 2, 0.85)
-        [(0, 2), (2, 4), (4, 5)]
-        >>> _sequence_chunks([33, 30, 24, 21, 9, 8], lambda cut: 512, 0.85)
-        [(0, 2), (2, 4), (4, 6)]
-        >>> _sequence_chunks([33, 30, 24, 21, 9, 8], lambda cut: 512, 0.0)
-        [(0, 6)]
-    """
-    chunks, s0, n = [], 0, len(ends)
-    while s0 < n:
-        cut = ends[s0]
-        cap = max(1, rows_at(cut))
-        s1 = s0 + 1
-        while s1 < n and s1 - s0 < cap and ends[s1] >= band * cut:
-            s1 += 1
-        chunks.append((s0, s1))
-        s0 = s1
-    return chunks
-
-
-def _even_share(n: int, cap: int) -> int:
-    """The size of the fewest chunks of at most ``cap`` that hold ``n`` items, made as even as
-    possible: 18 copies at 16 per forward run as 9 + 9, not 16 + 2. A chunk of 16 copies of
-    1,024 sequences has outputs too large for the cache, and costs 2-3x more per element than
-    one of 8 (log-softmax: 3 vs 1.1 ns per logit), so even chunks are faster (division: 4%).
-
-    Example:
-        >>> _even_share(18, 16), _even_share(9, 16), _even_share(33, 16), _even_share(0, 16)
-        (9, 9, 11, 16)
-    """
-    if n <= 0:
-        return cap
-    chunks = -(-n // cap)
-    return -(-n // chunks)
 
 
 def _stack(
@@ -867,7 +692,9 @@ def evaluate_head_sets(
         per_position: Also keep per-(set, sequence, position, target) scores.
         generator: The resample permutation (seed 0 when None).
         max_rows: Most rows (copies x sequences) per forward; bounds memory. None: the
-            measured best (:data:`FULL_FORWARD_ROWS`, :data:`LINEAR_READOUT_ROWS`).
+            measured best (:data:`~mhainterp.ablation.replacement.FULL_FORWARD_ROWS`,
+            :data:`~mhainterp.ablation.replacement.LINEAR_READOUT_ROWS`), within the output
+            memory cap (:func:`~mhainterp.scoring.rows_for_outputs`).
         progress: Show a progress bar.
         desc: The progress bar's label.
         cache: A :class:`CleanCache` shared by passes over the same model, batch and
@@ -884,11 +711,11 @@ def evaluate_head_sets(
     if metric is None:  # an embedding model has no targets: its damage is the embedding's
         metric = damage_metric(model, batch)
     ref = batch if reference is None else as_batch(reference, n_eval=n_eval, name="reference")
-    masks = head_masks(model, resolved, device=_PLAN_DEVICE)  # run_masks moves them once
+    masks = head_masks(model, resolved, device=PLAN_DEVICE)  # run_masks moves them once
     # The batch is its own reference and is evaluated in one chunk: the replacement's clean
     # forward is also the copies' clean prefix (kept only then: it holds every layer's).
     one_chunk = {
-        (a, b) for _, _, a, b in _plan_jobs(model, batch, _first_layers(masks), max_rows)
+        (a, b) for _, _, a, b in plan_jobs(model, batch, first_layers(masks), max_rows)
     } == {(0, len(batch))}
     replacement = build_replacement(
         model, method, ref, generator, max_rows, cache, keep_prefix=reference is None and one_chunk
