@@ -300,8 +300,11 @@ SWEEP_FIGURES = {"division_sweep", "head_count_accuracy", "training_curves", "do
 
 
 def _drawn(fig: plt.Figure) -> plt.Figure:
-    fig.set_dpi(DPI)
-    fig.canvas.draw()
+    """``fig`` drawn at the PNG's resolution: once for all the checks, again only after a
+    change (matplotlib marks a changed figure stale; a draw is most of a check's time)."""
+    if fig.dpi != DPI or fig.stale:
+        fig.set_dpi(DPI)
+        fig.canvas.draw()
     return fig
 
 
