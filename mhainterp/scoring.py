@@ -34,8 +34,9 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
-from mhainterp.model.loss import IGNORE_INDEX
+from mhainterp.model.loss import IGNORE_INDEX  # noqa: F401 (the doctests' unscored target)
 from mhainterp.runtime import reads_without_wait
+from mhainterp.tasks.batch import scored_positions
 from mhainterp.validation import ParameterError
 
 if TYPE_CHECKING:  # tasks.batch imports this module
@@ -49,7 +50,6 @@ __all__ = [
     "Totals",
     "metric_names",
     "position_scores",
-    "scored_positions",
     "damage_metric",
     "delta_cross_entropy",
     "embedding_damage",
@@ -58,15 +58,6 @@ __all__ = [
     "rows_for_outputs",
     "totals",
 ]
-
-
-def scored_positions(
-    targets: Int[Tensor, "n T *k"], mask: Bool[Tensor, "n T"]
-) -> Bool[Tensor, "n T k"]:
-    """True at scored (sequence, position, target) triples: ``mask`` and not ignored."""
-    n, T = mask.shape
-    targets = targets.reshape(n, T, -1)  # (n, T, k)
-    return (targets != IGNORE_INDEX) & mask[..., None]
 
 
 @dataclass

@@ -15,6 +15,6 @@
 it names these modules in its commit.
 
 May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
-checks this list): ``config``, ``errors``, ``model``, ``protocol``, ``runtime``, ``scoring``,
+checks this list): ``config``, ``errors``, ``model``, ``protocol``, ``runtime``,
 ``tasks``, ``training``, ``validation``.
 """

@@ -21,7 +21,7 @@ from torch import Tensor
 from mhainterp.fast.stacked_buffers import Attention, GatherRows, Linear, Workspace
 from mhainterp.fast.stacked_params import StackedModels
 from mhainterp.model.loss import IGNORE_INDEX
-from mhainterp.scoring import scored_positions
+from mhainterp.tasks.batch import scored_positions
 
 __all__ = ["batched_logits", "batched_loss"]
 

@@ -22,7 +22,7 @@ Layout: ``batch`` (Batch), ``templates`` (relation template builders), ``base`` 
 
 May import (what it does import, none above it in DESIGN.md's order; ``tests/test_architecture.py``
 checks this list): ``config``, ``errors``, ``io``, ``model``, ``protocol``, ``registry``,
-``runtime``, ``scoring``, ``validation``.
+``runtime``, ``validation``.
 """
 
 from mhainterp.errors import InvalidTaskError, TaskModuleError

@@ -12,10 +12,20 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor
 
-from mhainterp.scoring import scored_positions
+from mhainterp.model.loss import IGNORE_INDEX
 from mhainterp.validation import ParameterError
 
-__all__ = ["Batch"]
+__all__ = ["Batch", "scored_positions"]
+
+
+def scored_positions(
+    targets: Int[Tensor, "n T *k"], mask: Bool[Tensor, "n T"]
+) -> Bool[Tensor, "n T k"]:
+    """True at scored (sequence, position, target) triples: ``mask`` and not ignored
+    (:data:`~mhainterp.model.loss.IGNORE_INDEX`); what every score and total counts."""
+    n, T = mask.shape
+    targets = targets.reshape(n, T, -1)  # (n, T, k)
+    return (targets != IGNORE_INDEX) & mask[..., None]
 
 
 @dataclass(frozen=True)
@@ -106,7 +116,7 @@ class Batch:
 
     @property
     def scored(self) -> Bool[Tensor, "n pos k"]:
-        """True at the scored (sequence, position, target) triples (:mod:`mhainterp.scoring`)."""
+        """True at the scored (sequence, position, target) triples (:func:`scored_positions`)."""
         return scored_positions(self.targets, self.mask)
 
     @property
