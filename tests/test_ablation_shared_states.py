@@ -143,9 +143,7 @@ def test_a_chunk_without_padding_runs_without_a_mask_to_the_same_values(monkeypa
     monkeypatch.setattr(model, "logits_from_z", spy)
     unmasked = evaluate_head_sets(model, batch, sets, "mean", per_position=True)
     assert masked and not any(masked)
-    monkeypatch.setattr(
-        engine, "unpadded_chunks", lambda m, cuts, real: dict.fromkeys(cuts, False)
-    )
+    monkeypatch.setattr(engine, "unpadded_chunks", lambda m, cuts, real: dict.fromkeys(cuts, False))
     masked.clear()
     with_mask = evaluate_head_sets(model, batch, sets, "mean", per_position=True)
     assert masked and all(masked)

@@ -96,7 +96,8 @@ def test_at_6_seeds_the_answer_names_the_largest_effects_with_their_table_number
     line = answers(comparisons)["reverse"]
     assert line.startswith("reverse: solved at every h (accuracy 1.00); from h = 4 every head is")
     assert "backed up (share 0.00 → 1.00, every seed, Holm p = 0.0087 over 4)" in line
-    assert "from h = 4 to 8 the heads split the work more by position (0.13 → 0.28)" in line
+    split = "from h = 4 to 8 the heads split the work more by position (index 0.13 → 0.28)"
+    assert split in line
     assert "by token" not in line  # 0.001: beyond no spread, below the effect gate
     assert len(line) <= MAX_CHARS
     shown = _displayed(comparisons)
@@ -106,7 +107,7 @@ def test_at_6_seeds_the_answer_names_the_largest_effects_with_their_table_number
 def test_at_30_seeds_the_answer_uses_welch_and_stays_one_line():
     _, comparisons, notes = _findings(30)
     line = answers(comparisons)["reverse"]
-    assert "the heads split the work more by position (0.13 → 0.29)" in line
+    assert "the heads split the work more by position (index 0.13 → 0.29)" in line
     assert len(line) <= MAX_CHARS
     assert all(number in _displayed(comparisons) for number in _numbers(line)), line
     row = comparisons[comparisons["measure"] == "division_position"].iloc[0]

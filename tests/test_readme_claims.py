@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 from mhainterp.analyze.study import grid_measures
-from mhainterp.specialization.seeds.answer import MAX_CHARS, comparison_grid
+from mhainterp.specialization.seeds.answer import MAX_CHARS, MIN_INDEX, comparison_grid
 from mhainterp.specialization.seeds.replication import replication
 from mhainterp.specialization.seeds.summary import answers
 from mhainterp.sweep.compare import HEAD_COUNT_COLUMNS
@@ -52,6 +52,22 @@ def test_the_readme_quotes_the_reference_answers_word_for_word():
         line = answers(_comparisons(REFERENCE / task / "specialization_comparisons.csv"))[task]
         assert len(line) <= MAX_CHARS
         assert line in section, line
+
+
+def test_the_cpu_grid_answers_keep_their_division_clause_within_the_line():
+    """The CPU grid's tasks whose division index changes beyond the seed spread say so in their
+    one line, the index named (a clause that does not fit MAX_CHARS is left out: the words
+    "division index" there dropped multi_relation's and sort's). previous_token's two
+    backed-up clauses leave its division clause (about 135 characters) no room."""
+    comparisons = _comparisons(STUDY / "study_comparisons.csv")
+    whom = comparisons[(comparisons["family"] == "whom") & (comparisons["beyond"] == True)]  # noqa: E712
+    dividing = set(whom[whom[["mean_a", "mean_b"]].max(axis=1) >= MIN_INDEX]["task"])
+    lines = answers(comparisons)
+    named = {task for task in dividing if "the heads split the work" in lines[task]}
+    assert named == {"count_previous", "histogram", "multi_relation", "reverse", "sort"}
+    assert dividing - named == {"previous_token"}
+    for task in named:
+        assert "(index " in lines[task] and len(lines[task]) <= MAX_CHARS, lines[task]
 
 
 @pytest.mark.parametrize(
