@@ -213,3 +213,52 @@ def test_an_accuracy_that_rises_at_every_step_is_one_chain_of_table_numbers():
     assert line.startswith("t: more heads help at every step: accuracy 0.62 → 0.97 → 0.99 → 1.00")
     assert "from h = 1 to 8, every seed at every step (Holm p ≤ 0.0065 over 3)" in line
     assert all(number in _displayed(comparisons) for number in _numbers(line)), line
+
+
+def _doubling_tables(position_at: dict[int, float], n: int = 6) -> pd.DataFrame:
+    """Head-count comparisons of a solved task at h = 1, 2, 4, 8 whose division index by
+    position is ``position_at[h]`` (plus seed noise of 0.002), by token 0.001 everywhere, and
+    nothing else changing (every head backed up at every h)."""
+    rng = np.random.default_rng(0)
+    runs, division = [], []
+    for h in (1, 2, 4, 8):
+        for s in range(n):
+            run = f"h{h}_seed{s}"
+            runs.append(
+                {"run": run, "task": "t", "n_heads": h, "seed": s, "accuracy": 1.0,
+                 "n_relations": 1, "heads_per_relation": float(h), "frac_needed": 0.0,
+                 "frac_backed_up": 1.0, "frac_dead": 0.0, "specialized_along": ""}
+            )  # fmt: skip
+            position = position_at[h] + (0 if math.isnan(position_at[h]) else rng.normal(0, 0.002))
+            for by, index in (("position", position), ("token", 0.001)):
+                division.append(
+                    {"run": run, "by": by, "index": index, "null_index": 0.005,
+                     "null_high": 0.01, "p": 0.005}
+                )  # fmt: skip
+    return head_count_comparisons(pd.DataFrame(runs), pd.DataFrame(division))
+
+
+def test_an_index_rising_at_each_doubling_is_said_as_one_chain_of_means():
+    """The index by position rises 0.05 → 0.15 → 0.30 from h = 2 to 8, every seed apart at
+    each step: one clause with every step's seed mean (the issue's "more at each doubling"),
+    each number the comparison table's; the token index (0.001) stays below the effect gate."""
+    comparisons = _doubling_tables({1: math.nan, 2: 0.05, 4: 0.15, 8: 0.30})
+    line = answers(comparisons)["t"]
+    assert line.startswith("t: solved at every h (accuracy 1.00); from h = 2 to 8 the heads")
+    assert re.search(
+        r"split the work more by position \(index 0\.05 → 0\.15 → 0\.3\d?\), every seed", line
+    )
+    assert "from h = 2 to 4" not in line and "by token" not in line
+    assert all(number in _displayed(comparisons) for number in _numbers(line)), line
+    assert len(line) <= MAX_CHARS
+
+
+def test_a_step_within_the_seed_spread_breaks_the_chain():
+    """The index rises from h = 4 to 8 only (0.15 at h = 2 and at h = 4): the line names that
+    step alone, as one pair's clause."""
+    comparisons = _doubling_tables({1: math.nan, 2: 0.15, 4: 0.15, 8: 0.30})
+    line = answers(comparisons)["t"]
+    assert re.search(
+        r"from h = 4 to 8 the heads split the work more by position \(index 0\.15 → 0\.3\d?\)", line
+    )
+    assert "from h = 2" not in line

@@ -5,8 +5,9 @@
 at most :data:`MAX_CHARS` characters: first the accuracy (does h change it, between which head
 counts, every seed or not, its Holm p), then the other changes beyond the seed spread, in
 this order: whether heads are needed or backed up (the largest effect the demo finds: every
-head backed up from h = 4 on reverse), how they divide the work (one clause per pair of head
-counts), where they look (counts); middle head counts included. Every number in it is
+head backed up from h = 4 on reverse), how they divide the work (one clause per span of head
+counts: an index that rises at each step says every step's mean, ``0.00058 → 0.13 → 0.28
+from h = 2 to 8``), where they look (counts); middle head counts included. Every number in it is
 printed in the comparison table below it
 (:func:`mhainterp.sweep.compare.comparison_display`) with the same formatting: the seed means
 as :func:`~mhainterp.sweep.compare.format_number` writes them, the Holm p as ``.2g``, the
@@ -145,6 +146,64 @@ def _division_clause(rows: pd.DataFrame) -> str:
     )
 
 
+def _axis_chains(whom: pd.DataFrame) -> list[pd.DataFrame]:
+    """Each axis's changes in one direction, linked head count to head count: rows ``2 → 4``
+    and ``4 → 8`` make one chain ``2 → 4 → 8``; a pair with no neighbour is a chain of one.
+    A step whose two seed means print alike ends a chain (its numbers could not be read as
+    a chain of means); so does a step in the other direction."""
+    chains: list[pd.DataFrame] = []
+    for _key, rows in whom.groupby([whom["measure"], whom["diff"] > 0], sort=False):
+        rows = rows.sort_values("n_heads_a")
+        start = 0
+        for i in range(1, len(rows) + 1):
+            linked = i < len(rows) and rows["n_heads_a"].iloc[i] == rows["n_heads_b"].iloc[i - 1]
+            readable = all(" → " in _means(rows.iloc[j]) for j in (i - 1, i) if j < len(rows))
+            if not (linked and readable):
+                chains.append(rows.iloc[start:i])
+                start = i
+    return chains
+
+
+def _division_clauses(whom: pd.DataFrame) -> list[str]:
+    """The division changes beyond the spread, one clause per span of head counts and
+    direction: axes that change over the same steps share a clause, the largest change first;
+    clauses in the order of their head counts."""
+    spans: dict[tuple, list[pd.DataFrame]] = {}
+    for chain in _axis_chains(whom):
+        heads = (*chain["n_heads_a"], chain["n_heads_b"].iloc[-1])
+        spans.setdefault((heads, bool(chain["diff"].iloc[0] > 0)), []).append(chain)
+    clauses = []
+    for (heads, _more), chains in sorted(
+        spans.items(), key=lambda kv: (kv[0][0][0], kv[0][0][-1], kv[0][1])
+    ):
+        if len(heads) == 2:  # one step: the pair's clause
+            rows = pd.concat(chains).sort_values("diff", key=abs, ascending=False)
+            clauses.append(_division_clause(rows))
+        else:
+            clauses.append(_chained_division_clause(heads, chains))
+    return clauses
+
+
+def _chained_division_clause(heads: tuple, chains: list[pd.DataFrame]) -> str:
+    """``from h = 2 to 8 the heads split the work more by position (index 0.00058 → 0.13 →
+    0.28) and target_class (0.00076 → 0.07 → 0.23), every seed, Holm p ≤ 0.013 over 6``:
+    every step's seed means, as the comparison table prints them (a chain says "at each
+    step" by its numbers: the words would cost a clause its room in the line)."""
+    chains = sorted(chains, key=lambda c: -abs(c["mean_b"].iloc[-1] - c["mean_a"].iloc[0]))
+    rows = pd.concat(chains)
+    more = "more" if rows["diff"].iloc[0] > 0 else "less"
+    axes = []
+    for i, chain in enumerate(chains):
+        means = [format_number(chain["mean_a"].iloc[0]), *map(format_number, chain["mean_b"])]
+        name = str(chain["measure"].iloc[0]).removeprefix("division_")
+        axes.append(f"{name} ({'index ' * (i == 0)}{' → '.join(means)})")
+    listed = axes[0] if len(axes) == 1 else ", ".join(axes[:-1]) + f" and {axes[-1]}"
+    return (
+        f"from h = {heads[0]} to {heads[-1]} the heads split the work {more} by {listed}"
+        f"{_seeds(rows)}, {_holm_range(rows)}"
+    )
+
+
 def _needed_clause(row: pd.Series) -> str:
     """A change of the backed-up or needed share (said once: the two are complements when
     every head is one or the other)."""
@@ -172,10 +231,7 @@ def _effect_clauses(shown: pd.DataFrame) -> list[str]:
     whom = shown[shown["family"] == "whom"]
     # an index change below the division test's effect gate divides nothing worth naming
     whom = whom[whom[["mean_a", "mean_b"]].max(axis=1) >= MIN_INDEX]
-    for _pair, rows in whom.groupby(
-        [whom["n_heads_a"], whom["n_heads_b"], whom["diff"] > 0], sort=True
-    ):
-        clauses.append(_division_clause(rows.sort_values("diff", key=abs, ascending=False)))
+    clauses += _division_clauses(whom)
     where = shown[shown["family"] == "where"]
     for _, row in where.sort_values("diff", key=abs, ascending=False).iterrows():
         clauses.append(
