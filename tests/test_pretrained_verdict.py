@@ -287,6 +287,31 @@ def test_specialize_model_writes_a_verdict_that_report_renders(tmp_path, capsys,
     ]
 
 
+def test_an_axis_beyond_the_null_but_below_the_effect_gate_is_said_so():
+    """MiniLM's target-frequency index, 0.014 against a same-function null quantile of 0.010
+    (p = 0.005), is "not divided" by the 0.02 effect gate: the sentence says it is above the
+    null and below the gate, where it printed "index 0.01 vs ... 95% quantile 0.01" before, as
+    if the index were inside the null. An index inside the null keeps the plain form."""
+    from mhainterp.analyze.pretrained_verdict import headline_sentences
+
+    heads = pd.DataFrame({"head_label": ["L0H0"], "holds": [""], "dead": [False],
+                          "needed": [True], "backed_up": [False]})  # fmt: skip
+    index = pd.DataFrame({"by": ["position", "token_class", "target_frequency"],
+                          "index": [0.0095, 0.01046, 0.0144],
+                          "null_high": [0.0104, 0.01029, 0.0104],
+                          "call": ["not divided"] * 3, "basis": ["single"] * 3})  # fmt: skip
+    _, whom, _ = headline_sentences("m", heads, index, min_index=0.02)
+    assert whom == (
+        "m, whom they serve: the heads do not divide the work along position (index 0.0095 vs "
+        "same-function null, 95% quantile 0.01); token_class (index 0.0105, above the "
+        "same-function null (95% quantile 0.0103) but below the 0.02 effect gate); "
+        "target_frequency (index 0.014, above the same-function null (95% quantile 0.01) but "
+        "below the 0.02 effect gate)."
+    )
+    _, without_gate, _ = headline_sentences("m", heads, index)
+    assert "target_frequency (index 0.014 vs same-function null, 95% quantile 0.01)" in without_gate
+
+
 def test_analyze_model_no_ablation_writes_no_ablation_tables(tmp_path, capsys, llama):
     from mhainterp.cli import main
 
