@@ -312,6 +312,30 @@ def test_an_axis_beyond_the_null_but_below_the_effect_gate_is_said_so():
     assert "target_frequency (index 0.014 vs same-function null, 95% quantile 0.01)" in without_gate
 
 
+def test_more_dead_heads_than_were_removed_together_is_an_upper_bound():
+    """SmolLM2's "147 dead" rested on single-head tests alone: a quiet set of more than
+    PRETRAINED_QUIET_SET heads is not removed together. The sentence says "at most" and why;
+    as many dead heads as were removed together keep the plain count."""
+    from mhainterp.analyze.pretrained_verdict import headline_sentences
+    from mhainterp.specialization.needed.dead import PRETRAINED_QUIET_SET as LARGEST
+
+    def need(n_dead: int) -> str:
+        heads = pd.DataFrame({"head_label": [f"L0H{i}" for i in range(n_dead)], "holds": "",
+                              "dead": True, "needed": False, "backed_up": False})  # fmt: skip
+        index = pd.DataFrame(columns=["by", "index", "null_high", "call", "basis"])
+        return headline_sentences("m", heads, index)[2]
+
+    assert need(LARGEST + 1) == (
+        f"m, whether they are needed: 0 needed, 0 backed up, at most {LARGEST + 1} dead (each "
+        "writes almost nothing and costs nothing removed alone; sets of more than "
+        f"{LARGEST} quiet heads are not removed together)."
+    )
+    assert need(LARGEST) == (
+        f"m, whether they are needed: 0 needed, 0 backed up, {LARGEST} dead (decided by "
+        "function: removing each head, its group, its write)."
+    )
+
+
 def test_analyze_model_no_ablation_writes_no_ablation_tables(tmp_path, capsys, llama):
     from mhainterp.cli import main
 

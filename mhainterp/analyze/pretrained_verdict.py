@@ -54,6 +54,7 @@ from mhainterp.specialization.headline import (
     pretrained_headline_stability,
     save_headline_stability,
 )
+from mhainterp.specialization.needed.dead import PRETRAINED_QUIET_SET
 from mhainterp.specialization.verdict.result import SpecializationResult
 from mhainterp.specialization.whom.division_result import DivisionResult
 from mhainterp.tasks.text import TEXT_N_EVAL, TextTask
@@ -180,6 +181,14 @@ def headline_sentences(
         f"{name}, whether they are needed: {needed} needed, {backed} backed up, {dead} dead "
         "(decided by function: removing each head, its group, its write)."
     )
+    # More dead heads than the largest quiet set removed together means their set was not
+    # removed (dead_heads: then every candidate passes on its single-head test alone)
+    if dead > PRETRAINED_QUIET_SET:
+        need = (
+            f"{name}, whether they are needed: {needed} needed, {backed} backed up, at most "
+            f"{dead} dead (each writes almost nothing and costs nothing removed alone; sets of "
+            f"more than {PRETRAINED_QUIET_SET} quiet heads are not removed together)."
+        )
     return [where, whom, need]
 
 
