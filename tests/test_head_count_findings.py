@@ -262,3 +262,72 @@ def test_a_step_within_the_seed_spread_breaks_the_chain():
         r"from h = 4 to 8 the heads split the work more by position \(index 0\.15 → 0\.3\d?\)", line
     )
     assert "from h = 2" not in line
+
+
+def _ladder_tables(backed_at: dict[int, float], index_at: dict[str, dict[int, float]]):
+    """Head-count comparisons of a solved task at h = 1, 2, 4, 8 x 6 seeds: the backed-up share
+    ``backed_at[h]`` at every seed (the needed share its complement), and per division axis
+    the index ``index_at[axis][h]`` plus seed noise of 0.002."""
+    rng = np.random.default_rng(0)
+    runs, division = [], []
+    for h in (1, 2, 4, 8):
+        for s in range(6):
+            run = f"h{h}_seed{s}"
+            runs.append(
+                {"run": run, "task": "t", "n_heads": h, "seed": s, "accuracy": 1.0,
+                 "n_relations": 1, "heads_per_relation": float(h),
+                 "frac_needed": 1 - backed_at[h], "frac_backed_up": backed_at[h],
+                 "frac_dead": 0.0, "specialized_along": ""}
+            )  # fmt: skip
+            for by, levels in index_at.items():
+                index = levels[h] + (0 if math.isnan(levels[h]) else rng.normal(0, 0.002))
+                division.append(
+                    {"run": run, "by": by, "index": index, "null_index": 0.005,
+                     "null_high": 0.01, "p": 0.005}
+                )  # fmt: skip
+    return head_count_comparisons(pd.DataFrame(runs), pd.DataFrame(division))
+
+
+def test_a_backed_up_share_rising_at_linked_steps_is_one_clause_of_table_numbers():
+    """Backed-up share 0 → 0.5 → 1 from h = 1 to 4, every seed apart at each step: one clause
+    with both steps' seed means (the needed share, its complement, is not said again); the
+    division clause that two separate share clauses would have pushed out still fits."""
+    nan = math.nan
+    comparisons = _ladder_tables(
+        {1: 0.0, 2: 0.5, 4: 1.0, 8: 1.0},
+        {"target_class": {1: nan, 2: 0.01, 4: 0.11, 8: 0.30},
+         "position": {1: nan, 2: 0.01, 4: 0.05, 8: 0.12}},
+    )  # fmt: skip
+    line = answers(comparisons)["t"]
+    assert line.startswith(
+        "t: solved at every h (accuracy 1.00); from h = 4 every head is backed up (share "
+        "0.00 → 0.50 → 1.00 from h = 1, every seed, Holm p ≤ "
+    ), line
+    assert line.count("share") == 1 and "needed" not in line
+    assert "from h = 2 to 8 the heads split the work more by target_class (index " in line
+    assert all(number in _displayed(comparisons) for number in _numbers(line)), line
+    assert len(line) <= MAX_CHARS
+
+
+def test_a_division_clause_too_long_for_the_line_keeps_its_largest_axes():
+    """Three axes rising at each doubling make a clause that does not fit beside the share
+    clause (314 characters in all): the line keeps the clause with its two largest axes
+    (target_class 0.01 → 0.40, token 0.02 → 0.20) and their own seeds and Holm p, instead of
+    dropping the division."""
+    nan = math.nan
+    comparisons = _ladder_tables(
+        {1: 0.0, 2: 0.5, 4: 0.5, 8: 0.5},
+        {"target_class": {1: nan, 2: 0.01, 4: 0.15, 8: 0.40},
+         "position": {1: nan, 2: 0.01, 4: 0.05, 8: 0.12},
+         "token": {1: nan, 2: 0.02, 4: 0.08, 8: 0.20}},
+    )  # fmt: skip
+    line = answers(comparisons)["t"]
+    assert "from h = 1 to 2 the backed-up share goes 0.00 → 0.50, every seed" in line
+    assert re.search(
+        r"from h = 2 to 8 the heads split the work more by target_class \(index 0\.0\d+ → "
+        r"0\.15 → 0\.40\) and token \(0\.02 → 0\.08 → 0\.20\), every seed, Holm p ≤ ",
+        line,
+    ), line
+    assert "position" not in line
+    assert all(number in _displayed(comparisons) for number in _numbers(line)), line
+    assert len(line) <= MAX_CHARS

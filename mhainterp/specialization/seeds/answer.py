@@ -5,14 +5,15 @@
 at most :data:`MAX_CHARS` characters: first the accuracy (does h change it, between which head
 counts, every seed or not, its Holm p), then the other changes beyond the seed spread, in
 this order: whether heads are needed or backed up (the largest effect the demo finds: every
-head backed up from h = 4 on reverse), how they divide the work (one clause per span of head
-counts: an index that rises at each step says every step's mean, ``0.00058 → 0.13 → 0.28
-from h = 2 to 8``), where they look (counts); middle head counts included. Every number in it is
-printed in the comparison table below it
+head backed up from h = 4 on reverse; a share that moves at linked steps is one chain), how
+they divide the work (one clause per span of head counts: an index that rises at each step
+says every step's mean, ``0.00058 → 0.13 → 0.28 from h = 2 to 8``; a clause too long for the
+line keeps its largest axes), where they look (counts); middle head counts included. Every
+number in it is printed in the comparison table below it
 (:func:`mhainterp.sweep.compare.comparison_display`) with the same formatting: the seed means
 as :func:`~mhainterp.sweep.compare.format_number` writes them, the Holm p as ``.2g``, the
-family's size. When the seeds cannot reach
-significance at all (3 seeds: the exact floor is 0.1), the line says so and says how many
+family's size. When the seeds cannot reach significance at all (3 seeds: the exact floor is
+0.1), the line says so and says how many
 would.
 
 Example:
@@ -27,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from mhainterp.specialization.settings import DivisionSettings
@@ -128,31 +130,42 @@ def _seeds(rows: pd.DataFrame) -> str:
     return ", every seed" if rows["separated"].astype(bool).all() else ""
 
 
-def _division_clause(rows: pd.DataFrame) -> str:
+def _division_clause(rows: pd.DataFrame) -> list[str]:
     """The division changes of one pair of head counts, in one clause: ``from h = 4 to 8
     the heads split the work more by position (index 0.13 → 0.28) and target_class
     (...)``. The division index is named once, at its first number, as "index": short enough
-    that the clause still fits :data:`MAX_CHARS` beside the accuracy on the CPU grid's tasks."""
-    first = rows.iloc[0]
-    more = "more" if first["diff"] > 0 else "less"
-    axes = [
-        f"{str(r['measure']).removeprefix('division_')} ({'index ' * (i == 0)}{_means(r)})"
-        for i, (_, r) in enumerate(rows.iterrows())
-    ]
-    listed = axes[0] if len(axes) == 1 else ", ".join(axes[:-1]) + f" and {axes[-1]}"
-    return (
-        f"{_span(first)} the heads split the work {more} by {listed}{_seeds(rows)}, "
-        f"{_holm_range(rows)}"
-    )
+    that the clause still fits :data:`MAX_CHARS` beside the accuracy on the CPU grid's tasks.
+    Returns the clause with every axis, then with the largest axes only (the shorter forms
+    a line takes where the whole clause does not fit), each with its own rows' seeds and
+    Holm p."""
+    forms = []
+    for k in range(len(rows), 0, -1):
+        shown = rows.iloc[:k]
+        first = shown.iloc[0]
+        more = "more" if first["diff"] > 0 else "less"
+        axes = [
+            f"{str(r['measure']).removeprefix('division_')} ({'index ' * (i == 0)}{_means(r)})"
+            for i, (_, r) in enumerate(shown.iterrows())
+        ]
+        forms.append(
+            f"{_span(first)} the heads split the work {more} by {_listed(axes)}{_seeds(shown)}, "
+            f"{_holm_range(shown)}"
+        )
+    return forms
 
 
-def _axis_chains(whom: pd.DataFrame) -> list[pd.DataFrame]:
-    """Each axis's changes in one direction, linked head count to head count: rows ``2 → 4``
-    and ``4 → 8`` make one chain ``2 → 4 → 8``; a pair with no neighbour is a chain of one.
-    A step whose two seed means print alike ends a chain (its numbers could not be read as
-    a chain of means); so does a step in the other direction."""
+def _listed(items: list[str]) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" and {items[-1]}"
+
+
+def _axis_chains(changes: pd.DataFrame) -> list[pd.DataFrame]:
+    """Each measure's changes in one direction (a division axis, a share), linked head count
+    to head count: rows ``2 → 4`` and ``4 → 8`` make one chain ``2 → 4 → 8``; a pair with no
+    neighbour is a chain of one. A step whose two seed means print alike ends a chain (its
+    numbers could not be read as a chain of means); so does a step in the other direction."""
     chains: list[pd.DataFrame] = []
-    for _key, rows in whom.groupby([whom["measure"], whom["diff"] > 0], sort=False):
+    for _key, rows in changes.groupby([changes["measure"], changes["diff"] > 0], sort=False):
         rows = rows.sort_values("n_heads_a")
         start = 0
         for i in range(1, len(rows) + 1):
@@ -164,10 +177,11 @@ def _axis_chains(whom: pd.DataFrame) -> list[pd.DataFrame]:
     return chains
 
 
-def _division_clauses(whom: pd.DataFrame) -> list[str]:
+def _division_clauses(whom: pd.DataFrame) -> list[list[str]]:
     """The division changes beyond the spread, one clause per span of head counts and
     direction: axes that change over the same steps share a clause, the largest change first;
-    clauses in the order of their head counts."""
+    clauses in the order of their head counts. Each clause comes with its shorter forms (its
+    largest axes only), longest first."""
     spans: dict[tuple, list[pd.DataFrame]] = {}
     for chain in _axis_chains(whom):
         heads = (*chain["n_heads_a"], chain["n_heads_b"].iloc[-1])
@@ -184,50 +198,73 @@ def _division_clauses(whom: pd.DataFrame) -> list[str]:
     return clauses
 
 
-def _chained_division_clause(heads: tuple, chains: list[pd.DataFrame]) -> str:
+def _chained_division_clause(heads: tuple, chains: list[pd.DataFrame]) -> list[str]:
     """``from h = 2 to 8 the heads split the work more by position (index 0.00058 → 0.13 →
     0.28) and target_class (0.00076 → 0.07 → 0.23), every seed, Holm p ≤ 0.013 over 6``:
     every step's seed means, as the comparison table prints them (a chain says "at each
-    step" by its numbers: the words would cost a clause its room in the line)."""
+    step" by its numbers: the words would cost a clause its room in the line). Returns the
+    clause, then its shorter forms with the largest chains only."""
     chains = sorted(chains, key=lambda c: -abs(c["mean_b"].iloc[-1] - c["mean_a"].iloc[0]))
-    rows = pd.concat(chains)
-    more = "more" if rows["diff"].iloc[0] > 0 else "less"
-    axes = []
-    for i, chain in enumerate(chains):
-        means = [format_number(chain["mean_a"].iloc[0]), *map(format_number, chain["mean_b"])]
-        name = str(chain["measure"].iloc[0]).removeprefix("division_")
-        axes.append(f"{name} ({'index ' * (i == 0)}{' → '.join(means)})")
-    listed = axes[0] if len(axes) == 1 else ", ".join(axes[:-1]) + f" and {axes[-1]}"
-    return (
-        f"from h = {heads[0]} to {heads[-1]} the heads split the work {more} by {listed}"
-        f"{_seeds(rows)}, {_holm_range(rows)}"
-    )
+    forms = []
+    for k in range(len(chains), 0, -1):
+        rows = pd.concat(chains[:k])
+        more = "more" if rows["diff"].iloc[0] > 0 else "less"
+        axes = []
+        for i, chain in enumerate(chains[:k]):
+            name = str(chain["measure"].iloc[0]).removeprefix("division_")
+            axes.append(f"{name} ({'index ' * (i == 0)}{_chained_means(chain)})")
+        forms.append(
+            f"from h = {heads[0]} to {heads[-1]} the heads split the work {more} by "
+            f"{_listed(axes)}{_seeds(rows)}, {_holm_range(rows)}"
+        )
+    return forms
 
 
-def _needed_clause(row: pd.Series) -> str:
-    """A change of the backed-up or needed share (said once: the two are complements when
-    every head is one or the other)."""
-    numbers = f"{_means(row)}{_every_seed(row)}, {_p(row)}"
-    if row["measure"] == "frac_backed_up" and row["mean_b"] == 1.0 and row["diff"] > 0:
-        return f"from h = {row['n_heads_b']} every head is backed up (share {numbers})"
-    if row["measure"] == "frac_needed" and row["mean_b"] == 0.0 and row["diff"] < 0:
-        return f"from h = {row['n_heads_b']} no head is needed alone (share {numbers})"
-    return f"{_span(row)} the {row['quantity']} goes {numbers}"
+def _chained_means(chain: pd.DataFrame) -> str:
+    """``0.00 → 0.50 → 1.00``: the seed means of linked steps, as the table prints them."""
+    means = [format_number(chain["mean_a"].iloc[0]), *map(format_number, chain["mean_b"])]
+    return " → ".join(means)
 
 
-def _effect_clauses(shown: pd.DataFrame) -> list[str]:
+def _needed_clause(rows: pd.DataFrame) -> str:
+    """A change of the backed-up or needed share over one step or a chain of linked steps
+    (said once: the two are complements when every head is one or the other): ``from h = 4
+    every head is backed up (share 0.00 → 0.50 → 1.00 from h = 1, every seed, Holm p ≤ 0.013
+    over 6)``."""
+    first, last = rows.iloc[0], rows.iloc[-1]
+    chained = len(rows) > 1
+    means = _chained_means(rows) if chained else _means(first)
+    tested = f"{_seeds(rows)}, {_holm_range(rows) if chained else _p(first)}"
+    since = f" from h = {first['n_heads_a']}" if chained else ""
+    if first["measure"] == "frac_backed_up" and last["mean_b"] == 1.0 and last["diff"] > 0:
+        return (
+            f"from h = {last['n_heads_b']} every head is backed up (share {means}{since}{tested})"
+        )
+    if first["measure"] == "frac_needed" and last["mean_b"] == 0.0 and last["diff"] < 0:
+        return (
+            f"from h = {last['n_heads_b']} no head is needed alone (share {means}{since}{tested})"
+        )
+    span = f"from h = {first['n_heads_a']} to {last['n_heads_b']}"
+    return f"{span} the {first['quantity']} goes {means}{tested}"
+
+
+def _effect_clauses(shown: pd.DataFrame) -> list[list[str]]:
     """The changes beyond the spread other than the accuracy, in words: the needed family
-    (backed-up share first), then the division (whom), then where heads look, largest first
-    within each family."""
-    clauses: list[str] = []
+    (backed-up share first, a share that moves the same way at linked steps as one chain),
+    then the division (whom), then where heads look, largest first within each family. Each
+    clause comes with its shorter forms, longest first (a division clause's largest axes)."""
+    clauses: list[list[str]] = []
     needed = shown[shown["family"] == "needed"]
     backed = needed[needed["measure"] == "frac_backed_up"]
     pairs_said = set(zip(backed["n_heads_a"], backed["n_heads_b"], strict=True))
-    for _, row in backed.iterrows():
-        clauses.append(_needed_clause(row))
-    for _, row in needed[needed["measure"] == "frac_needed"].iterrows():
-        if (row["n_heads_a"], row["n_heads_b"]) not in pairs_said:  # its complement is said
-            clauses.append(_needed_clause(row))
+    for chain in _axis_chains(backed):
+        clauses.append([_needed_clause(chain)])
+    alone = needed[needed["measure"] == "frac_needed"]
+    # a step whose backed-up share is said says its complement
+    unsaid = [pair not in pairs_said for pair in zip(alone["n_heads_a"], alone["n_heads_b"])]
+    alone = alone[np.array(unsaid, dtype=bool)]
+    for chain in _axis_chains(alone):
+        clauses.append([_needed_clause(chain)])
     whom = shown[shown["family"] == "whom"]
     # an index change below the division test's effect gate divides nothing worth naming
     whom = whom[whom[["mean_a", "mean_b"]].max(axis=1) >= MIN_INDEX]
@@ -235,7 +272,7 @@ def _effect_clauses(shown: pd.DataFrame) -> list[str]:
     where = shown[shown["family"] == "where"]
     for _, row in where.sort_values("diff", key=abs, ascending=False).iterrows():
         clauses.append(
-            f"{_span(row)} {row['quantity']} {_means(row)}{_every_seed(row)} ({_p(row)})"
+            [f"{_span(row)} {row['quantity']} {_means(row)}{_every_seed(row)} ({_p(row)})"]
         )
     return clauses
 
@@ -295,13 +332,12 @@ def answer_line(task: str, comparisons: pd.DataFrame, alpha: float = 0.05) -> st
     line = f"{task}: {_accuracy_clause(accuracy)}"
     clauses = _effect_clauses(_beyond(comparisons[comparisons["measure"] != "accuracy"]))
     if not clauses and len(comparisons) > len(accuracy):
-        clauses = ["nothing else is shown to change with h"]
-    tail = ""
-    for clause in clauses:
-        if len(line) + 2 + len(clause) + len(tail) > MAX_CHARS:
+        clauses = [["nothing else is shown to change with h"]]
+    for forms in clauses:  # largest effect first: the first clause with no form that fits ends it
+        fitting = [form for form in forms if len(line) + 2 + len(form) <= MAX_CHARS]
+        if not fitting:
             break
-        line += f"; {clause}"
-    line += tail
+        line += f"; {fitting[0]}"
     return line if len(line) <= MAX_CHARS else line[: MAX_CHARS - 1] + "…"
 
 
