@@ -28,7 +28,7 @@ def test_a_low_norm_needed_head_is_needed_not_dead(task):
     assert (heads.loc["L0H0", "label"], bool(heads.loc["L0H0", "dead"])) == ("previous", False)
     assert bool(heads.loc["L0H0", "needed"])
     assert (heads.loc["L0H1", "label"], bool(heads.loc["L0H1", "dead"])) == ("dead", True)
-    # Its finding says only that (not "looks at ...; serves every value alike; dead"), and it
+    # Its finding says only that (not "looks at ...; serves no subset shown; dead"), and it
     # holds no relation although its attention, with no weights, is exactly uniform.
     assert (heads.loc["L0H1", "finding"], heads.loc["L0H1", "holds"]) == ("dead", "")
     assert not (result.heads["dead"].astype(bool) & result.heads["needed"].astype(bool)).any()

@@ -100,6 +100,29 @@ def test_one_headline_per_head_count():
     assert Verdict([one, one]).headline([one, one]).startswith("h=1 (1 head, 2 seeds)")
 
 
+def test_seeds_split_between_two_calls_are_said_to_disagree_not_to_be_undefined():
+    """6 seeds, every index defined, 3 divided and 3 not: no majority, and nothing undefined,
+    so the group's call is "the seeds disagree" (with its counts), not "cannot tell ...
+    (every axis undefined)". 3 divided and 3 undefined: "cannot tell", undefined in half the
+    seeds."""
+    split = [_run([_row(call="divided" if s < 3 else "not divided")], s) for s in range(6)]
+    (line,) = Verdict(split).headlines()["reverse"]
+    assert "the seeds disagree whether the heads divide the work along position" in line
+    assert "3/6 seeds divided by position" in line and "undefined" not in line
+    sentence = Verdict(split).group_sentence("reverse/8", split)
+    assert "divided in 3/6 seeds: the seeds disagree whether the heads divide" in sentence
+    half = [_run([_row(call="divided" if s < 3 else "cannot tell")], s) for s in range(6)]
+    assert Verdict.group_calls(half) == {"position": "cannot tell"}
+    (line,) = Verdict(half).headlines()["reverse"]
+    assert "cannot tell whether the heads divide the work (no axis defined in most seeds)" in line
+    undefined = [_run([_row(call="cannot tell")], s) for s in range(6)]  # as at h = 1
+    (line,) = Verdict(undefined).headlines()["reverse"]
+    assert "cannot tell whether the heads divide the work (every axis undefined)" in line
+    assert headline_call({"token": "divided", "position": "seeds disagree"}, group=True) == (
+        "the heads divide the work along token (the seeds disagree along position)"
+    )
+
+
 def test_per_head_findings_say_what_each_head_does_on_every_axis():
     import pandas as pd
 
@@ -124,7 +147,7 @@ def test_per_head_findings_say_what_each_head_does_on_every_axis():
     assert "Headline: the heads divide the work along position" in attached.verdict.text
     assert attached.heads["finding"].tolist() == [
         "looks at previous; serves position: 1,2,3; needed",
-        "looks at no known relation; serves every value alike; not needed",
+        "looks at no known relation; serves no subset shown; not needed",
         "dead",
     ]
     # The run's specialization.md: its per-head table leads with the finding, and its label
@@ -133,7 +156,7 @@ def test_per_head_findings_say_what_each_head_does_on_every_axis():
     markdown = attached.to_markdown()
     header = next(line for line in markdown.splitlines() if line.startswith("| run |"))
     assert header.startswith("| run | head_label | finding | attention label |"), header
-    assert "| looks at no known relation; serves every value alike; not needed |" in markdown
+    assert "| looks at no known relation; serves no subset shown; not needed |" in markdown
     assert "1 unspecialized in where they look (L0H1)" in markdown
 
 

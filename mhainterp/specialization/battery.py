@@ -198,7 +198,7 @@ def specialization_test(
         ['previous', 'dead']
         >>> specialization_test(handbuilt_model(["previous", "dead"], d_head=18), task,
         ...                     division=True).heads["finding"].tolist()
-        ['looks at previous; serves every value alike; needed', 'dead']
+        ['looks at previous; serves no subset shown; needed', 'dead']
     """
     if data is not None and not isinstance(data, Task):
         raise TypeError(

@@ -128,7 +128,7 @@ def attach_division(
         >>> result = specialization_test(model, task, n_eval=64)
         >>> attached = attach_division(result, division_of_labour(model, task, n_eval=64))
         >>> attached.heads["finding"].tolist()[0]
-        'looks at previous; serves every value alike; needed'
+        'looks at previous; serves no subset shown; needed'
     """
     settings = DivisionSettings()
     if isinstance(division, DivisionResult):

@@ -130,8 +130,9 @@ def where_label(label: str) -> str:
 def head_finding(holds: str, serves: str | None, needed: bool, backed_up: bool, dead: bool) -> str:
     """What a head does on every axis, in one phrase: where it looks, whom it serves, whether
     it is needed. A dead head's finding is "dead" alone: it writes almost nothing and removing
-    it costs nothing, so where it looks and whom it "serves" (every value alike, vacuously)
-    would describe nothing.
+    it costs nothing, so where it looks and whom it "serves" would describe nothing. A head
+    whose damage is not shown to fall on a subset "serves no subset shown": not "every value
+    alike", which no test showed (its profile may be undefined, or not beyond its null).
 
     Args:
         holds: The relation it holds ("" for none).
@@ -153,7 +154,7 @@ def head_finding(holds: str, serves: str | None, needed: bool, backed_up: bool, 
     if serves is None:
         whom = "whom it serves not measured"
     else:
-        whom = f"serves {serves}" if serves else "serves every value alike"
+        whom = f"serves {serves}" if serves else "serves no subset shown"
     need = "needed" if needed else BACKED_UP if backed_up else "not needed"
     return f"{where}; {whom}; {need}"
 

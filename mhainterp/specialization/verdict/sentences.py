@@ -132,6 +132,10 @@ the calibrated test wrote has its own call, taken with ``min_index`` and
 SERVING_CALLS = ("divided", "method-dependent")
 """Calls whose index a headline shows beside them: the axes it claims or hedges on."""
 
+SEEDS_DISAGREE = "seeds disagree"
+"""The call of a group of seeds on an axis where no call has a majority of the seeds and the
+seeds' defined calls differ (3 divided, 3 not): not "cannot tell", which means undefined."""
+
 
 def axis_call(d: dict[str, Any], alpha: float = 0.05) -> str:
     """The call of one division row: its own ``call`` (the calibrated test) where it has one;
@@ -235,19 +239,27 @@ def _division_text(division: list[dict[str, Any]], alpha: float) -> str:
     return f"Division of labour: {'; '.join(parts)}."
 
 
-def headline_call(calls: dict[str, str]) -> str:
+def headline_call(calls: dict[str, str], *, group: bool = False) -> str:
     """One clause for a set of per-axis calls: "the heads divide the work along token",
     "the heads do not divide the work along any axis tested", "cannot tell whether the heads
     divide the work", or "whether the heads divide the work along token depends on the
-    ablation method", joined when the axes differ.
+    ablation method", joined when the axes differ; for a group of seeds
+    (:meth:`Verdict.group_calls`, ``group=True``: some seed has a defined call) also "the
+    seeds disagree whether the heads divide the work along position", and a "cannot tell"
+    on every axis is said as undefined in most seeds, not in every one.
 
     Example:
         >>> headline_call({"token": "divided", "position": "cannot tell"})
         'the heads divide the work along token (cannot tell along position)'
+        >>> headline_call({"position": SEEDS_DISAGREE}, group=True)
+        'the seeds disagree whether the heads divide the work along position'
     """
     if not calls:
         return "the division of labour was not measured"
-    by: dict[str, list[str]] = {c: [a for a, k in calls.items() if k == c] for c in CALLS}
+    by: dict[str, list[str]] = {
+        c: [a for a, k in calls.items() if k == c] for c in (*CALLS, SEEDS_DISAGREE)
+    }
+    disagree = ", ".join(by[SEEDS_DISAGREE])
     if by["divided"]:
         text = f"the heads divide the work along {', '.join(by['divided'])}"
     elif by["method-dependent"]:
@@ -259,14 +271,26 @@ def headline_call(calls: dict[str, str]) -> str:
         text = "the heads do not divide the work along " + (
             "any axis tested" if not by["cannot tell"] else ", ".join(by["not divided"])
         )
+    elif disagree:
+        text = f"the seeds disagree whether the heads divide the work along {disagree}"
+    elif group:
+        return "cannot tell whether the heads divide the work (no axis defined in most seeds)"
     else:
         return "cannot tell whether the heads divide the work (every axis undefined)"
     rest = []
     if by["divided"] and by["method-dependent"]:
         rest.append(f"method-dependent along {', '.join(by['method-dependent'])}")
-    if by["cannot tell"] and (by["divided"] or by["method-dependent"] or by["not divided"]):
+    if disagree and not text.startswith("the seeds disagree"):
+        rest.append(f"the seeds disagree along {disagree}")
+    if by["cannot tell"]:
         rest.append(f"cannot tell along {', '.join(by['cannot tell'])}")
     return text + (f" ({'; '.join(rest)})" if rest else "")
+
+
+def _some_defined(runs: list[RunVerdict]) -> bool:
+    """Whether some seed of a group has a defined call on some axis (else every axis is
+    undefined in every seed, as at h = 1)."""
+    return any(call != "cannot tell" for r in runs for call in r.calls.values())
 
 
 def _group_index(runs: list[RunVerdict], axis: str) -> str:
@@ -688,14 +712,20 @@ class Verdict:
 
     @staticmethod
     def group_calls(runs: list[RunVerdict]) -> dict[str, str]:
-        """Axis -> the call of a group of seeds: the call most seeds get (without a majority:
-        "cannot tell")."""
+        """Axis -> the call of a group of seeds: the call most seeds get; without a majority,
+        :data:`SEEDS_DISAGREE` where the seeds' defined calls differ, else "cannot tell"
+        (undefined in too many seeds to call it)."""
         axes = list(dict.fromkeys(a for r in runs for a in r.calls))
         out = {}
         for axis in axes:
             calls = [r.calls[axis] for r in runs if axis in r.calls]
             best = max(CALLS, key=calls.count)
-            out[axis] = best if calls.count(best) * 2 > len(calls) else "cannot tell"
+            if calls.count(best) * 2 > len(calls):
+                out[axis] = best
+            elif len({c for c in calls if c != "cannot tell"}) > 1:
+                out[axis] = SEEDS_DISAGREE
+            else:
+                out[axis] = "cannot tell"
         return out
 
     def headline(self, runs: list[RunVerdict]) -> str:
@@ -717,7 +747,8 @@ class Verdict:
         rows = [d for r in runs for d in r.division]
         return (
             f"h={first.n_heads} ({_plural(first.total_heads, 'head')}, {_plural(n, 'seed')}): "
-            f"{headline_call(calls)}{evidence}{_basis_text(rows)}{_stability_clause(runs)}."
+            f"{headline_call(calls, group=_some_defined(runs))}{evidence}{_basis_text(rows)}"
+            f"{_stability_clause(runs)}."
         )
 
     def headlines(self) -> dict[str, list[str]]:
@@ -752,7 +783,7 @@ class Verdict:
             else:
                 index = UNDEFINED_INDEX
             parts.append(f"by {axis} {index}, divided in {beats}/{n} seeds")
-        verdict = headline_call(Verdict.group_calls(runs))
+        verdict = headline_call(Verdict.group_calls(runs), group=_some_defined(runs))
         return f"Division of labour: {'; '.join(parts)}: {verdict}."
 
     @property
