@@ -245,17 +245,34 @@ def defined_values(values: Sequence[float]) -> np.ndarray:
     return x[~np.isnan(x)]
 
 
+def _finite_values(name: str, values: Sequence[float]) -> np.ndarray:
+    """The defined values (:func:`defined_values`); an infinite one is refused, naming the
+    group (a mean and a permutation p of it mean nothing: p would come out 0)."""
+    x = defined_values(values)
+    if np.isinf(x).any():
+        raise invalid(
+            name,
+            x[np.isinf(x)][0],
+            "seed values must be finite; leave the seed out (NaN) or fix what produced it",
+        )
+    return x
+
+
 def exact_permutation_p(a: Sequence[float], b: Sequence[float], seed: int = 0) -> float:
     """Two-sided permutation p of ``|mean(a) - mean(b)|`` over every split of the pooled values
     into groups of ``len(a)`` and ``len(b)`` (random splits when there are too many).
 
     The smallest value it can take is :func:`permutation_floor` (for distinct groups), never 0.
+    Undefined values (NaN) are left out first, as in :func:`compare_seeds` (compared with NaN,
+    no split would count as extreme, and p would be 0); an infinite value is refused.
 
     Example:
         >>> exact_permutation_p([1, 1, 1], [0, 0, 0])
         0.1
+        >>> exact_permutation_p([1, 1, float("nan")], [0, 0, 0])  # 2 vs 3 seeds
+        0.1
     """
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    a, b = _finite_values("a", a), _finite_values("b", b)
     pooled = np.concatenate([a, b])
     n_a, n = a.size, pooled.size
     observed = abs(a.mean() - b.mean())
@@ -273,13 +290,17 @@ def exact_permutation_p(a: Sequence[float], b: Sequence[float], seed: int = 0) -
 
 def smallest_p(n_a: int, n_b: int) -> float:
     """The smallest two-sided p an exact test of ``n_a`` vs ``n_b`` seeds can reach:
-    ``2 / C(n_a + n_b, n_a)`` (the two most extreme splits of the pooled seeds).
+    ``2 / C(n_a + n_b, n_a)`` for equal sizes (the observed split and its mirror, which swaps
+    the groups, are equally extreme), ``1 / C(n_a + n_b, n_a)`` for unequal ones (no split
+    mirrors another: the observed one alone can be the most extreme). The exact permutation
+    test and Fisher's exact test on yes/no counts share this floor.
 
     Example:
-        >>> smallest_p(3, 3), smallest_p(5, 5)
-        (0.1, 0.007936507936507936)
+        >>> smallest_p(3, 3), smallest_p(5, 5), smallest_p(3, 4)
+        (0.1, 0.007936507936507936, 0.02857142857142857)
     """
-    return min(1.0, 2.0 / math.comb(n_a + n_b, n_a))
+    mirrors = 2.0 if n_a == n_b else 1.0
+    return min(1.0, mirrors / math.comb(n_a + n_b, n_a))
 
 
 def permutation_floor(n_a: int, n_b: int) -> float:
@@ -300,7 +321,7 @@ def welch_test(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
 
     When both groups have zero variance Welch's t is undefined (scipy would say p = 0 for any
     difference): the p is then the exact permutation p (:func:`exact_permutation_p`), 1.0 for
-    equal means, ``2 / C(n_a + n_b, n_a)`` for different ones, and t is ±inf (0 if equal).
+    equal means, its floor :func:`smallest_p` for different ones, and t is ±inf (0 if equal).
 
     Example:
         >>> welch_test([1.0, 1.0, 1.0], [1.0, 1.0, 1.0])
@@ -439,7 +460,7 @@ def compare_seeds(
     """Compare two groups of seeds, ``b`` against ``a``, with the test suited to n.
 
     Undefined values (NaN) are left out of both groups first: an outcome that cannot be
-    measured is never counted as "no".
+    measured is never counted as "no". An infinite value is refused (ParameterError).
 
     Args:
         a: One value per seed of the first group.
@@ -463,7 +484,7 @@ def compare_seeds(
         2
     """
     check_option("kind", kind, OUTCOME_KINDS)
-    x, y = defined_values(a), defined_values(b)
+    x, y = _finite_values("a", a), _finite_values("b", b)
     out: dict[str, Any] = {
         "diff": float(y.mean() - x.mean()) if x.size and y.size else math.nan,
         "n_a": int(x.size),

@@ -14,7 +14,7 @@ import pytest
 from mhainterp.figures._common import plt
 from mhainterp.figures.division import division_vs_heads
 from mhainterp.figures.headcount import BOX_MIN_SEEDS, plot_head_count_accuracy
-from mhainterp.specialization.seeds.answer import MAX_CHARS
+from mhainterp.specialization.seeds.answer import MAX_CHARS, comparison_grid
 from mhainterp.specialization.seeds.summary import (
     BLOCK_MARK,
     OPEN_MARK,
@@ -75,11 +75,13 @@ def _displayed(comparisons: pd.DataFrame) -> str:
 
 
 def test_at_3_seeds_the_answer_says_what_the_seeds_show_and_that_they_cannot_show_it():
+    """No family can pass (0.1 x 2 is above 0.05): the line says so with the accuracy
+    family's size, the one its first clause is about."""
     _, comparisons, notes = _findings(3)
     line = answers(comparisons)["reverse"]
     assert line == (
         "reverse: accuracy 1.00 at every h, but 3 seeds per h cannot show a change (exact floor "
-        "p = 0.1, Holm over 4); 5 can"
+        "p = 0.1, Holm over 2); 5 can"
     )
     # one Holm family per question: accuracy, where, needed (2 pairs each), whom (h = 4 -> 8)
     sizes = comparisons.groupby("family")["n_holm"].max().to_dict()
@@ -331,3 +333,133 @@ def test_a_division_clause_too_long_for_the_line_keeps_its_largest_axes():
     assert "position" not in line
     assert all(number in _displayed(comparisons) for number in _numbers(line)), line
     assert len(line) <= MAX_CHARS
+
+
+def test_a_family_that_can_pass_is_answered_though_a_larger_one_cannot():
+    """5 seeds at h = 1, 2, 4, 8: the accuracy family (3 comparisons, floor 0.0079 x 3 =
+    0.024) can pass, the division's (8, 0.063) cannot. Each comparison is corrected in its
+    own family, so the line answers the accuracy (every step passes), and the power note
+    says the complete separation passes in the smaller families only."""
+    rng = np.random.default_rng(0)
+    runs, division = [], []
+    for h, level in {1: 0.5, 2: 0.7, 4: 0.9, 8: 0.99}.items():
+        for s in range(5):
+            run = f"h{h}_seed{s}"
+            runs.append(
+                {"run": run, "task": "t", "n_heads": h, "seed": s, "accuracy": level + 0.005 * s,
+                 "specialized_along": ""}
+            )  # fmt: skip
+            for by in ("position", "token", "target_class", "target"):
+                index = math.nan if h == 1 else 0.2 + 0.05 * rng.standard_normal()
+                division.append({"run": run, "by": by, "index": index})
+    runs, division = pd.DataFrame(runs), pd.DataFrame(division)
+    comparisons = head_count_comparisons(runs, division)
+    sizes = comparisons.groupby("family")["n_holm"].max().to_dict()
+    assert sizes == {"accuracy": 3, "whom": 8}
+    line = answers(comparisons)["t"]
+    assert line.startswith(
+        "t: more heads help at every step: accuracy 0.51 → 0.71 → 0.91 → 1.00 from h = 1 to 8, "
+        "every seed at every step (Holm p ≤ 0.024 over 3)"
+    ), line
+    notes = summary_notes(specialization_summary(runs, division=division), comparisons)
+    power = notes[-1]
+    assert "each question's family (3 to 8 comparisons)" in power
+    assert "in the smaller families only (those of fewer than 7 comparisons)" in power
+
+
+def test_one_seed_per_head_count_is_said_to_test_nothing_and_an_accuracy_table_alone_works():
+    """1 seed per h: no p at all; the line says what the seed shows (no "every seed") and
+    that nothing can be tested, instead of "Holm p = nan over 0". A table with only the
+    accuracy (no other measure) is answered too."""
+    runs = pd.DataFrame(
+        {"task": ["t"] * 3, "n_heads": [1, 4, 8], "run": list("abc"), "accuracy": [0.55, 0.8, 0.97]}
+    )
+    line = answers(head_count_comparisons(runs))["t"]
+    assert line == (
+        "t: accuracy 0.55 → 0.80 from h = 1 to 4, but with one seed per h no seed spread is "
+        "known, so nothing can be tested"
+    )
+    assert "nan" not in line and "every seed" not in line
+
+
+def _share_runs(shares: dict[int, tuple[float, float]]) -> pd.DataFrame:
+    """A solved task, 6 seeds per h, with ``shares[h] = (backed_up, needed)`` at every seed."""
+    return pd.DataFrame(
+        [
+            {"task": "t", "n_heads": h, "run": f"h{h}_{s}", "accuracy": 1.0,
+             "frac_backed_up": backed, "frac_needed": needed}
+            for h, (backed, needed) in shares.items()
+            for s in range(6)
+        ]
+    )  # fmt: skip
+
+
+def test_every_head_backed_up_is_said_from_h_only_where_it_stays():
+    """Backed-up share 0 → 1 (h = 4) → 0.5 (h = 8): every head is backed up *at* h = 4, not
+    "from h = 4" (the line goes on to say the share falls to 0.50 at h = 8). Where it stays
+    at 1, "from h = 4"."""
+    falls = answers(head_count_comparisons(_share_runs({1: (0, 1), 4: (1, 0), 8: (0.5, 0.5)})))
+    assert "; at h = 4 every head is backed up (share 0.00 → 1.00, every seed" in falls["t"]
+    assert "from h = 4 to 8 the backed-up share goes 1.00 → 0.50" in falls["t"]
+    stays = answers(head_count_comparisons(_share_runs({1: (0, 1), 4: (1, 0), 8: (1, 0)})))
+    assert "; from h = 4 every head is backed up (share 0.00 → 1.00, every seed" in stays["t"]
+
+
+def test_the_needed_share_is_said_where_dead_heads_keep_it_from_being_the_complement():
+    """h = 4: a quarter of the heads backed up, a quarter needed, half dead: the needed share's
+    fall (1.00 → 0.25) is not the backed-up share's rise (0.00 → 0.25) told backwards, so
+    the line says both. Where every head is one or the other, it says the backed-up share
+    alone."""
+    dead = answers(head_count_comparisons(_share_runs({1: (0, 1), 4: (0.25, 0.25)})))["t"]
+    assert "the backed-up share goes 0.00 → 0.25" in dead
+    assert "the needed share goes 1.00 → 0.25" in dead
+    complement = answers(head_count_comparisons(_share_runs({1: (0, 1), 4: (0.25, 0.75)})))["t"]
+    assert "the backed-up share goes 0.00 → 0.25" in complement and "needed" not in complement
+
+
+def test_the_notes_count_each_family_as_holm_did():
+    """A comparison with no p (1 seed with a relation at one head count) is not in its Holm
+    family: the block's family sizes are the tested ones, the untested said apart."""
+    _, comparisons, _ = _findings(6)
+    comparisons = comparisons.copy()
+    where = comparisons.index[comparisons["family"] == "where"][0]
+    comparisons.loc[where, ["p", "p_holm"]] = math.nan
+    comparisons.loc[comparisons["family"] == "where", "n_holm"] -= 1
+    runs, division = _tables(6)
+    notes = summary_notes(specialization_summary(runs, division=division), comparisons)
+    block = next(n for n in notes if BLOCK_MARK in n)
+    assert "where 3 (1 untested)" in block, block[:300]
+
+
+def test_the_grid_bolds_no_division_change_below_the_effect_gate():
+    """The index by position rises 0.005 → 0.012 (h = 2 → 4, every seed apart: beyond the
+    spread, but below the 0.02 gate at both) and then to 0.05: the grid shows the row, bolds
+    the second change only, as the README's footnote says."""
+    nan = math.nan
+    comparisons = _ladder_tables(
+        {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0}, {"position": {1: nan, 2: 0.005, 4: 0.012, 8: 0.05}}
+    )
+    row = next(
+        line
+        for line in comparison_grid(comparisons, ("division_position",)).splitlines()
+        if line.startswith("| t, by position")
+    )
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[2].startswith("+0.00") and "**" not in cells[2], row
+    assert cells[3].startswith("**+0.04"), row
+
+
+def test_a_count_over_fewer_seeds_than_the_row_says_its_n():
+    """Heads per relation is a mean over the seeds whose heads hold a relation: at h = 8 two
+    of six seeds hold none, so its cell says n = 4 beside the row's 6 seeds; the other
+    cells, over every seed, say nothing more."""
+    runs, division = _tables(6)
+    none = (runs["n_heads"] == 8) & (runs["seed"] < 2)
+    runs.loc[none, ["n_relations", "heads_per_relation"]] = [0, math.nan]
+    tables = dict(display_summary(specialization_summary(runs, division=division)))
+    counts = next(t for caption, t in tables.items() if caption.startswith("Counts"))
+    at8 = counts[counts["h"] == 8].iloc[0]
+    assert at8["seeds"] == 6
+    assert at8["heads per relation (count)"] == "8.00 ± 0.00 (n = 4)"
+    assert "(n = " not in at8["accuracy"]
+    assert "(n = " not in counts[counts["h"] == 4].iloc[0]["heads per relation (count)"]

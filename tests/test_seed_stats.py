@@ -159,7 +159,7 @@ def test_test_and_interval_suit_n():
     assert math.isnan(large["p_floor"])
     mixed = compare_seeds(rng.normal(0, 1, 3), rng.normal(0, 1, 30))
     assert (mixed["test"], mixed["ci_method"]) == ("exact permutation", "Welch t")
-    assert mixed["p_floor"] == pytest.approx(2 / math.comb(33, 3))
+    assert mixed["p_floor"] == pytest.approx(1 / math.comb(33, 3))  # unequal: no mirror split
     # 9 vs 9: 48,620 splits, all enumerated (floor exact); 30 vs 30 would be drawn at random.
     assert permutation_floor(9, 9) == pytest.approx(smallest_p(9, 9))
     assert permutation_floor(30, 30) == pytest.approx(1 / 50_001)
@@ -309,3 +309,50 @@ def test_power_note_says_what_n_gives():
     assert "Welch's t test and 95% percentile bootstrap intervals" in thirty
     assert "could reach p = 1.7e-17, so the floor no longer binds" in thirty
     assert "needs p below 0.0038" in thirty
+
+
+@pytest.mark.parametrize(("n_a", "n_b"), [(2, 3), (3, 4), (4, 6), (3, 3), (5, 5)])
+def test_the_exact_floor_is_the_smallest_p_a_complete_separation_gives(n_a, n_b):
+    """A complete separation of distinct seeds gives exact p = 1 / C(n, n_a) at unequal sizes
+    (no other split is as extreme) and 2 / C at equal ones (its mirror is): the floor that
+    the sentences name "the smallest n_a vs n_b seeds allow" is that p, never above it."""
+    low, high = np.arange(n_a) / 10, 1 + np.arange(n_b) / 10
+    p = exact_permutation_p(low, high)
+    assert p == pytest.approx((2 if n_a == n_b else 1) / math.comb(n_a + n_b, n_a))
+    assert smallest_p(n_a, n_b) == pytest.approx(p)
+    result = compare_seeds(low, high)
+    assert result["p"] == pytest.approx(result["p_floor"])
+    yes_no = compare_seeds(np.zeros(n_a), np.ones(n_b), kind="yes/no")
+    assert yes_no["p"] == pytest.approx(yes_no["p_floor"])
+
+
+def test_an_undefined_seed_is_left_out_and_an_infinite_one_refused():
+    """NaN compared with anything is False: left in, it made every split look less extreme
+    and the exact p 0. Left out, [0.5, nan, 0.6] vs [0.8, 0.9, 1.0] is 2 vs 3 seeds, complete
+    separation: 1 / C(5, 2). An infinite seed value has no mean to test: refused."""
+    assert exact_permutation_p([0.5, math.nan, 0.6], [0.8, 0.9, 1.0]) == pytest.approx(1 / 10)
+    with pytest.raises(ParameterError, match="finite"):
+        compare_seeds([0.5, 0.6, math.inf], [0.8, 0.9, 1.0])
+
+
+def test_a_difference_whose_own_p_passes_is_said_to_fail_after_holm_not_within_the_spread():
+    """6 vs 6 seeds overlapping by one (exact p = 0.011) in a family of 8 (Holm p = 0.087): not
+    beyond the spread after Holm, but not "within the seed spread" either. A difference whose
+    own p does not pass (the other seven) still is."""
+    h4, h8 = [0.10, 0.12, 0.14, 0.16, 0.18, 0.25], [0.20, 0.22, 0.24, 0.26, 0.28, 0.30]
+    runs = pd.DataFrame(
+        [{"task": "t", "n_heads": h, "m0": v} for h, vs in ((4, h4), (8, h8)) for v in vs]
+    )
+    for k in range(1, 8):  # seven comparisons with nothing to find, in the same family
+        runs[f"m{k}"] = [0.5 + 0.01 * ((i * 7 + k) % 5) for i in range(12)]
+    measures = [(f"m{k}", f"index {k}", "whom") for k in range(8)]
+    rows = compare_head_counts(runs, measures)
+    first = rows.iloc[0]
+    assert first["n_holm"] == 8 and first["p"] < 0.05 < first["p_holm"]
+    assert first["verdict"] == "no difference shown after Holm"
+    sentence = comparison_sentence(first)
+    assert "not shown after Holm (its own p passes, the family's does not: exact" in sentence
+    assert "within the seed spread" not in sentence
+    rest = rows.iloc[1:]
+    assert (rest["p"] >= 0.05).all()
+    assert (rest["verdict"] == "no difference shown (within the seed spread)").all()

@@ -213,7 +213,7 @@ def _holm_over(block: list[dict[str, Any]], alpha: float) -> list[dict[str, Any]
             if beyond is False
             else math.nan
         )
-        row["verdict"] = _verdict(row)
+        row["verdict"] = _verdict(row, alpha)
     return block
 
 
@@ -234,7 +234,12 @@ def _at_floor(row: dict[str, Any] | pd.Series) -> bool:
     return not math.isnan(floor) and row["p"] <= floor * (1 + 1e-9)
 
 
-def _verdict(row: dict[str, Any] | pd.Series) -> str:
+AFTER_HOLM = "no difference shown after Holm"
+"""The verdict of a comparison whose own p passes alpha and whose Holm p over its family does
+not: not "within the seed spread"."""
+
+
+def _verdict(row: dict[str, Any] | pd.Series, alpha: float = 0.05) -> str:
     """A comparison in a few words: which head count is higher, or why none is shown."""
     if row["beyond"] is None or (isinstance(row["beyond"], float) and math.isnan(row["beyond"])):
         return "undetermined (n < 2)"
@@ -245,6 +250,8 @@ def _verdict(row: dict[str, Any] | pd.Series) -> str:
     if row["separated"]:
         at = " at the floor" if _at_floor(row) else ""
         return f"no difference shown (complete separation{at})"
+    if row["p"] < alpha:
+        return AFTER_HOLM
     return "no difference shown (within the seed spread)"
 
 
@@ -339,6 +346,11 @@ def comparison_sentence(row: dict[str, Any] | pd.Series) -> str:
                 f"{row['p_floor']:.2g} ({holm}): no difference shown"
             )
         return f"{text}yet no difference is shown ({_test_text(row)}; {holm})"
+    if row.get("verdict") == AFTER_HOLM:
+        return (
+            f"{head}: {change}; not shown after Holm (its own p passes, the family's does not: "
+            f"{_test_text(row)}; {holm})"
+        )
     return (
         f"{head}: {change}; no difference shown, within the seed spread ({_test_text(row)}; {holm})"
     )
@@ -398,15 +410,33 @@ POWER_NOTE_MARK = " per head count: "
 states it once (the report) knows it among other notes."""
 
 
-def seed_power_note(n_seeds: int, alpha: float = 0.05, n_comparisons: int = 1) -> str:
+def seed_power_note(
+    n_seeds: int,
+    alpha: float = 0.05,
+    n_comparisons: int = 1,
+    *,
+    smallest_family: int | None = None,
+) -> str:
     """One sentence on what ``n_seeds`` seeds per head count can and cannot show: the test and
     interval used at that n, the exact test's floor, the level Holm over ``n_comparisons``
     asks for, and the n at which a complete separation would reach it.
+
+    Args:
+        n_seeds: Seeds per head count (the fewest, where they differ).
+        alpha: The family-wise error rate.
+        n_comparisons: The size of the (largest) Holm family.
+        smallest_family: Where comparisons are Holm-corrected in families of different sizes
+            (one per question), the smallest one's size: the note then gives the level of
+            both ends, and says where a complete separation can pass in the smaller
+            families only.
 
     Example:
         >>> seed_power_note(3)[:60]
         '3 seeds per head count: an exact test of 3 vs 3 seeds cannot'
         >>> "Welch's t test" in seed_power_note(30)
+        True
+        >>> note = seed_power_note(5, 0.05, 8, smallest_family=2)
+        >>> "the smaller families only" in note
         True
     """
     if n_seeds < 2:
@@ -415,12 +445,18 @@ def seed_power_note(n_seeds: int, alpha: float = 0.05, n_comparisons: int = 1) -
             "head counts can be tested; rerun with 3 or more seeds."
         )
     floor = smallest_p(n_seeds, n_seeds)
-    level = alpha / max(1, n_comparisons)
-    holm = (
-        f"; with Holm over {n_comparisons} comparisons a difference needs p below {level:.2g}"
-        if n_comparisons > 1
-        else ""
-    )
+    largest = max(1, n_comparisons)
+    smallest = largest if smallest_family is None else max(1, min(smallest_family, largest))
+    level, easiest = alpha / largest, alpha / smallest
+    if smallest < largest:
+        holm = (
+            f"; with Holm over each question's family ({smallest} to {largest} comparisons) a "
+            f"difference needs p below {easiest:.2g} to {level:.2g}"
+        )
+    elif largest > 1:
+        holm = f"; with Holm over {largest} comparisons a difference needs p below {level:.2g}"
+    else:
+        holm = ""
     if n_seeds >= ASYMPTOTIC_MIN_SEEDS:
         return (
             f"{n_seeds} seeds{POWER_NOTE_MARK}differences between head counts use Welch's t "
@@ -430,12 +466,16 @@ def seed_power_note(n_seeds: int, alpha: float = 0.05, n_comparisons: int = 1) -
             "A difference Welch does not find is not shown to be absent."
         )
     reach = "cannot" if floor >= alpha else "can"
-    needed = seeds_for_floor(alpha, n_comparisons)
-    shown = (
-        "no difference between head counts can be shown at this n, whatever its size"
-        if floor >= level
-        else "a complete separation of the seeds reaches that level"
-    )
+    needed = seeds_for_floor(alpha, largest)
+    if floor >= easiest:
+        shown = "no difference between head counts can be shown at this n, whatever its size"
+    elif floor >= level:
+        shown = (
+            "a complete separation of the seeds reaches that level in the smaller families "
+            f"only (those of fewer than {math.ceil(alpha / floor)} comparisons)"
+        )
+    else:
+        shown = "a complete separation of the seeds reaches that level"
     return (
         f"{n_seeds} seeds{POWER_NOTE_MARK}an exact test of {n_seeds} vs {n_seeds} seeds "
         f"{reach} reach p < {alpha:g} (its smallest p is {floor:.2g}); below "

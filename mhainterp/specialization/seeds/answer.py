@@ -69,7 +69,9 @@ def _every_seed(row: pd.Series) -> str:
 
 
 def _beyond(rows: pd.DataFrame) -> pd.DataFrame:
-    return rows[rows["beyond"].map(lambda v: v is True or v == True)]  # noqa: E712
+    # as a bool array: an empty object Series would select columns, not rows
+    shown = rows["beyond"].map(lambda v: v is True or v == True).to_numpy(dtype=bool)  # noqa: E712
+    return rows[shown]
 
 
 def _accuracy_clause(rows: pd.DataFrame) -> str:
@@ -226,45 +228,71 @@ def _chained_means(chain: pd.DataFrame) -> str:
     return " → ".join(means)
 
 
-def _needed_clause(rows: pd.DataFrame) -> str:
-    """A change of the backed-up or needed share over one step or a chain of linked steps
-    (said once: the two are complements when every head is one or the other): ``from h = 4
-    every head is backed up (share 0.00 → 0.50 → 1.00 from h = 1, every seed, Holm p ≤ 0.013
-    over 6)``."""
+def _needed_clause(rows: pd.DataFrame, stays: bool) -> str:
+    """A change of the backed-up or needed share over one step or a chain of linked steps:
+    ``from h = 4 every head is backed up (share 0.00 → 0.50 → 1.00 from h = 1, every seed,
+    Holm p ≤ 0.013 over 6)``. ``stays``: whether the share keeps its last value at every
+    larger head count compared ("from h = 4"; else "at h = 4")."""
     first, last = rows.iloc[0], rows.iloc[-1]
     chained = len(rows) > 1
     means = _chained_means(rows) if chained else _means(first)
     tested = f"{_seeds(rows)}, {_holm_range(rows) if chained else _p(first)}"
     since = f" from h = {first['n_heads_a']}" if chained else ""
+    at = f"{'from' if stays else 'at'} h = {last['n_heads_b']}"
     if first["measure"] == "frac_backed_up" and last["mean_b"] == 1.0 and last["diff"] > 0:
-        return (
-            f"from h = {last['n_heads_b']} every head is backed up (share {means}{since}{tested})"
-        )
+        return f"{at} every head is backed up (share {means}{since}{tested})"
     if first["measure"] == "frac_needed" and last["mean_b"] == 0.0 and last["diff"] < 0:
-        return (
-            f"from h = {last['n_heads_b']} no head is needed alone (share {means}{since}{tested})"
-        )
+        return f"{at} no head is needed alone (share {means}{since}{tested})"
     span = f"from h = {first['n_heads_a']} to {last['n_heads_b']}"
     return f"{span} the {first['quantity']} goes {means}{tested}"
 
 
-def _effect_clauses(shown: pd.DataFrame) -> list[list[str]]:
+def _stays(chain: pd.DataFrame, measure_rows: pd.DataFrame) -> bool:
+    """Whether the measure's seed means at every head count above the chain's last equal its
+    last mean (every comparison row of the measure, beyond the spread or not)."""
+    last = chain.iloc[-1]
+    later = measure_rows[measure_rows["n_heads_a"] >= last["n_heads_b"]]
+    return bool((later["mean_b"] == last["mean_b"]).all())
+
+
+def _complements(needed: pd.DataFrame, pair: tuple) -> bool:
+    """Whether the needed and backed-up shares add up to 1 at both head counts of a pair
+    (every head one or the other): then saying one says the other. Dead heads break it."""
+    rows = needed[(needed["n_heads_a"] == pair[0]) & (needed["n_heads_b"] == pair[1])]
+    if set(rows["measure"]) != {"frac_needed", "frac_backed_up"}:
+        return False
+    sums = rows[["mean_a", "mean_b"]].sum()
+    return bool(np.allclose(sums.to_numpy(dtype=float), 1.0))
+
+
+def _effect_clauses(compared: pd.DataFrame) -> list[list[str]]:
     """The changes beyond the spread other than the accuracy, in words: the needed family
-    (backed-up share first, a share that moves the same way at linked steps as one chain),
-    then the division (whom), then where heads look, largest first within each family. Each
-    clause comes with its shorter forms, longest first (a division clause's largest axes)."""
+    (backed-up share first, a share that moves the same way at linked steps as one chain;
+    the needed share where it is not the backed-up share's complement), then the division
+    (whom), then where heads look, largest first within each family. Each clause comes with
+    its shorter forms, longest first (a division clause's largest axes).
+
+    Args:
+        compared: The task's comparison rows other than the accuracy, beyond the spread or
+            not (whether a share stays at its last value is read from all of them).
+    """
+    shown = _beyond(compared)
     clauses: list[list[str]] = []
+    every_needed = compared[compared["family"] == "needed"]
     needed = shown[shown["family"] == "needed"]
-    backed = needed[needed["measure"] == "frac_backed_up"]
-    pairs_said = set(zip(backed["n_heads_a"], backed["n_heads_b"], strict=True))
-    for chain in _axis_chains(backed):
-        clauses.append([_needed_clause(chain)])
-    alone = needed[needed["measure"] == "frac_needed"]
-    # a step whose backed-up share is said says its complement
-    unsaid = [pair not in pairs_said for pair in zip(alone["n_heads_a"], alone["n_heads_b"])]
-    alone = alone[np.array(unsaid, dtype=bool)]
-    for chain in _axis_chains(alone):
-        clauses.append([_needed_clause(chain)])
+    said = set()
+    for measure in ("frac_backed_up", "frac_needed"):
+        rows = needed[needed["measure"] == measure]
+        if measure == "frac_needed":  # a step whose complement is said is said
+            unsaid = [
+                not (pair in said and _complements(every_needed, pair))
+                for pair in zip(rows["n_heads_a"], rows["n_heads_b"], strict=True)
+            ]
+            rows = rows[np.array(unsaid, dtype=bool)]
+        said |= set(zip(rows["n_heads_a"], rows["n_heads_b"], strict=True))
+        measure_rows = every_needed[every_needed["measure"] == measure]
+        for chain in _axis_chains(rows):
+            clauses.append([_needed_clause(chain, _stays(chain, measure_rows))])
     whom = shown[shown["family"] == "whom"]
     # an index change below the division test's effect gate divides nothing worth naming
     whom = whom[whom[["mean_a", "mean_b"]].max(axis=1) >= MIN_INDEX]
@@ -277,23 +305,33 @@ def _effect_clauses(shown: pd.DataFrame) -> list[list[str]]:
     return clauses
 
 
+def _reachable(family: pd.DataFrame, alpha: float) -> bool:
+    """Whether some comparison of one Holm family could pass, whatever its size: Holm's first
+    step asks for p below alpha over the family's size, and an exact test of n_a vs n_b seeds
+    cannot go below :func:`~mhainterp.stats.smallest_p` (Welch, from 10 seeds a side, has no
+    floor)."""
+    for _, row in family.iterrows():
+        n_a, n_b = int(row["n_a"]), int(row["n_b"])
+        if min(n_a, n_b) >= 10 or smallest_p(n_a, n_b) * int(row["n_holm"]) < alpha:
+            return True
+    return False
+
+
 def _power_clause(rows: pd.DataFrame, alpha: float) -> str:
-    """What the seeds cannot show: when the exact floor times the family's size is above
-    alpha, no comparison can pass Holm, whatever its size."""
+    """What the seeds cannot show: when no comparison of any family (each Holm-corrected in
+    its own question's family) can pass, whatever its size. Said with the accuracy family's
+    numbers (else the smallest family's: the first that more seeds would open)."""
     tested = rows[rows["p"].notna()]
     if not len(tested):
         return ""
-    # seeds per head count: the accuracy's (every run has one), else the most common n
+    if any(_reachable(family, alpha) for _, family in tested.groupby("family", sort=False)):
+        return ""
     accuracy = tested[tested["measure"] == "accuracy"]
     counts = accuracy if len(accuracy) else tested
     n = int(pd.concat([counts["n_a"], counts["n_b"]]).min())
-    if n >= 10:
-        return ""
-    family = int(tested["n_holm"].max())
+    family = int(counts["n_holm"].min())
     floor = smallest_p(n, n)
-    if floor * family < alpha:
-        return ""
-    need = next(k for k in range(n, 11) if smallest_p(k, k) * family < alpha)
+    need = next((k for k in range(n, 11) if smallest_p(k, k) * family < alpha), 10)
     return (
         f"{n} seeds per h cannot show a change (exact floor p = {floor:.2g}, Holm over "
         f"{family}); {need} can"
@@ -306,7 +344,8 @@ def _underpowered_line(task: str, accuracy: pd.DataFrame, power: str) -> str:
     if not len(accuracy):
         return f"{task}: {power}"
     row = accuracy.loc[accuracy["diff"].abs().idxmax()]
-    seen = f"accuracy {_means(row)} {_span(row)}{_every_seed(row)}"
+    seeds = _every_seed(row) if min(row["n_a"], row["n_b"]) > 1 else ""  # one seed is no "every"
+    seen = f"accuracy {_means(row)} {_span(row)}{seeds}"
     if all_seeds_equal(row):
         seen = f"accuracy {format_number(row['mean_a'])} at every h"
     return f"{task}: {seen}, but {power}"
@@ -326,11 +365,15 @@ def answer_line(task: str, comparisons: pd.DataFrame, alpha: float = 0.05) -> st
         they fit.
     """
     accuracy = comparisons[comparisons["measure"] == "accuracy"]
+    if len(comparisons) and comparisons["p"].isna().all():  # 1 seed per h: nothing to test
+        return _underpowered_line(
+            task, accuracy, "with one seed per h no seed spread is known, so nothing can be tested"
+        )
     power = _power_clause(comparisons, alpha)
     if power:  # nothing can pass: say what the seeds show, then why it cannot be a finding
         return _underpowered_line(task, accuracy, power)
     line = f"{task}: {_accuracy_clause(accuracy)}"
-    clauses = _effect_clauses(_beyond(comparisons[comparisons["measure"] != "accuracy"]))
+    clauses = _effect_clauses(comparisons[comparisons["measure"] != "accuracy"])
     if not clauses and len(comparisons) > len(accuracy):
         clauses = [["nothing else is shown to change with h"]]
     for forms in clauses:  # largest effect first: the first clause with no form that fits ends it
@@ -393,10 +436,16 @@ def _changes(rows: pd.DataFrame) -> bool:
 
 
 def _grid_cell(row: pd.Series) -> str:
+    """``**+0.37** (p 0.0022)``: bold where the change is beyond the seed spread and, for a
+    division index, reaches the effect gate at one of its head counts (below it at both,
+    the change divides nothing, as the answer line and the README's footnote say)."""
     if pd.isna(row["p_holm"]):
         return "n < 2"
     if all_seeds_equal(row):
         return f"every seed {format_number(row['mean_a'])}"
     diff = format_number(row["diff"], signed=True)
-    text = f"**{diff}**" if row["beyond"] is True or row["beyond"] == True else diff  # noqa: E712
+    beyond = row["beyond"] is True or row["beyond"] == True  # noqa: E712
+    if str(row["measure"]).startswith("division_"):
+        beyond = beyond and max(row["mean_a"], row["mean_b"]) >= MIN_INDEX
+    text = f"**{diff}**" if beyond else diff
     return f"{text} (p {row['p_holm']:.2g})"

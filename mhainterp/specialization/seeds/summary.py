@@ -122,9 +122,16 @@ def display_summary(group: pd.DataFrame, alpha: float = 0.05) -> list[tuple[str,
         ['Counts', 'Shares of all heads', 'Division of labour', 'Causal and consistency']
     """
 
-    def pm(name: str) -> list[str]:
+    def pm(name: str, n_column: str | None = None) -> list[str]:
+        """``mean ± std``, with ``(n = k)`` where the measure has fewer seeds than the row."""
         mean, std = group[f"{name}_mean"], group[f"{name}_std"]
-        return [_fmt(m, s) for m, s in zip(mean, std, strict=True)]
+        cells = [_fmt(m, s) for m, s in zip(mean, std, strict=True)]
+        if n_column is None or n_column not in group:
+            return cells
+        return [
+            cell + (f" (n = {k})" if cell and k != n else "")
+            for cell, k, n in zip(cells, group[n_column], group["n_seeds"], strict=True)
+        ]
 
     h = {"h": group["n_heads"].to_numpy(), "seeds": group["n_seeds"].to_numpy()}
     tables = [
@@ -134,7 +141,7 @@ def display_summary(group: pd.DataFrame, alpha: float = 0.05) -> list[tuple[str,
                 **h,
                 "accuracy": pm("accuracy"),
                 "relations covered (count)": pm("n_relations"),
-                "heads per relation (count)": pm("heads_per_relation"),
+                "heads per relation (count)": pm("heads_per_relation", "n_seeds_with_relation"),
             },
         ),
         (
@@ -363,6 +370,26 @@ def _is_division(rows: pd.DataFrame) -> pd.Series:
     return rows["measure"].astype(str).str.startswith(_DIVISION_PREFIX)
 
 
+def _family_size(family: str, rows: pd.DataFrame) -> str:
+    """``where 3``: the comparisons Holm corrected together (those with a p); the untested
+    ones, where there are, said apart (``where 3 (1 untested)``)."""
+    tested = int(rows["p"].notna().sum())
+    untested = len(rows) - tested
+    return f"{family} {tested}" + (f" ({untested} untested)" if untested else "")
+
+
+def _levels(rows: pd.DataFrame, alpha: float) -> str:
+    """``α = 0.05/3``, or ``α = 0.05/m, m = 2 to 4 by question`` where the tested rows come
+    from Holm families of different sizes."""
+    sizes = rows.groupby("family")["n_holm"].max() if "family" in rows else rows["n_holm"]
+    low, high = int(sizes.min()), int(sizes.max())
+    return (
+        f"α = {alpha:g}/{high}"
+        if low == high
+        else f"α = {alpha:g}/m, m = {low} to {high} by question"
+    )
+
+
 def open_note(rows: pd.DataFrame, alpha: float) -> str:
     """What n would settle the comparisons still open: tested, not beyond the spread, and not
     equal in every seed (nothing would settle those)."""
@@ -380,14 +407,14 @@ def open_note(rows: pd.DataFrame, alpha: float) -> str:
     tail = "".join(f"; {r}" for r in rest)
     if not len(finite):
         return f"no comparison is still open{tail}" if not len(still) else tail.lstrip("; ")
-    m = int(tested["n_holm"].max())
     worst = finite.loc[finite["n_to_settle"].astype(float).idxmax()]
     low, high = int(finite["n_to_settle"].min()), int(finite["n_to_settle"].max())
     span = f"n = {low}" if low == high else f"n = {low} to {high}"
     return (
         f"{len(finite)} of {len(tested)} comparisons still open{tail}; about {span} seeds per "
         f"head count would settle {'it' if len(finite) == 1 else 'them'} (80% power of a "
-        f"two-sample t test at α = {alpha:g}/{m} on each observed difference and spread, with "
+        f"two-sample t test at {_levels(finite, alpha)} on each observed difference and "
+        "spread, with "
         f"an exact floor below that α; the most for {worst['quantity']} "
         f"h={worst['n_heads_a']} → {worst['n_heads_b']})"
     )
@@ -448,7 +475,7 @@ def summary_notes(
             notes.append(f"{task}{OPEN_MARK}{open_note(mine, alpha)}.")
             parts = [comparison_sentence(row) for _, row in mine.iterrows()]
             families = ", ".join(
-                f"{family} {len(rows)}" for family, rows in mine.groupby("family", sort=False)
+                _family_size(family, rows) for family, rows in mine.groupby("family", sort=False)
             )
             notes.append(
                 f"{task} ({BLOCK_MARK}; Holm-corrected at {alpha:g} within each question's "
@@ -464,8 +491,11 @@ def summary_notes(
                 f"({format_p(row.consistency_p, row.consistency_p_floor)})."
             )
     n = summary["n_seeds"]
-    block = int(comparisons["n_holm"].max()) if len(comparisons) else 1
-    note = seed_power_note(int(n.min()), alpha, max(1, block))
+    # every question of every task is its own Holm family: the note spans their sizes
+    sizes = comparisons.groupby(["task", "family"])["n_holm"].max() if len(comparisons) else None
+    largest = int(sizes.max()) if sizes is not None and sizes.notna().any() else 1
+    smallest = int(sizes[sizes > 0].min()) if sizes is not None and (sizes > 0).any() else largest
+    note = seed_power_note(int(n.min()), alpha, max(1, largest), smallest_family=smallest)
     if n.min() != n.max():
         note += f" Seeds per head count range from {n.min()} to {n.max()}."
     notes.append(note)
