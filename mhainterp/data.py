@@ -60,7 +60,8 @@ def as_batch(
         name: The argument's name in error messages (``"data"``, ``"reference"``).
 
     Raises:
-        TypeError: ``data`` is none of the three kinds, or tokens where targets are needed.
+        ParameterError: ``data`` is none of the three kinds, or tokens where targets are needed
+            (a ``TypeError`` too, as a wrong kind of argument is).
     """
     if padding_mask is not None and isinstance(data, (Task, Batch)):
         raise ParameterError(
@@ -73,12 +74,12 @@ def as_batch(
         return data
     if isinstance(data, Tensor):
         if needs_targets:
-            raise TypeError(
+            raise ParameterError(
                 f"{name} is a tokens tensor, which has no targets, but this function scores loss "
                 "and accuracy: pass the Task or a Batch (task.sample(n) or task.eval_batch(n))"
             )
         return _tokens_batch(data, padding_mask, name)
-    raise TypeError(
+    raise ParameterError(
         f"{name} must be a Task, a Batch or a tokens tensor [n, pos], got {type(data).__name__}"
     )
 

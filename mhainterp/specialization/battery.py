@@ -51,7 +51,7 @@ from mhainterp.specialization.whom.division_result import DivisionResult
 from mhainterp.specialization.whom.screen import EXACT
 from mhainterp.tasks import Task
 from mhainterp.training import Run, load_run
-from mhainterp.validation import invalid
+from mhainterp.validation import ParameterError, invalid
 
 # The result, its columns and the combining live in .result and .combine; they are re-exported
 # here, where they have always been importable from.
@@ -201,7 +201,7 @@ def specialization_test(
         ['looks at previous; serves no subset shown; needed', 'dead']
     """
     if data is not None and not isinstance(data, Task):
-        raise TypeError(
+        raise ParameterError(
             f"specialization_test needs the Task itself, got a {type(data).__name__}: the role "
             "templates come from task.relations() and the held-out set from task.eval_batch(); "
             "pass the Task (its evaluation size is settings.n_eval)"
