@@ -521,3 +521,14 @@ def test_attention_view_from_the_clean_run_equals_its_own_forward(monkeypatch):
     own = division_of_labour(model, task, method="zero", methods=("zero",), **run)
     assert len(kept.attention) > 0
     pd.testing.assert_frame_equal(kept.attention, own.attention, rtol=1e-6)
+
+
+def test_two_sequences_say_why_no_axis_is_tested_and_what_to_do():
+    """2 sequences of reverse give no axis 2 values with enough scored triples: the summary
+    names each axis's reason and asks for more sequences, not a bare "no axis applies"."""
+    task = get_task("reverse")
+    model = build_model(task, d_model=32, n_heads=4, seed=0)
+    line = division_of_labour(model, task.eval_batch(2)).summary_line()
+    assert "no axis applies (token: fewer than 2 values with >= " in line
+    assert "target: a single-target model" in line
+    assert line.endswith("(too few sequences: evaluate more, n_eval / --n-eval)")

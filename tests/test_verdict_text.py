@@ -166,3 +166,16 @@ def test_an_axis_with_no_basis_names_none():
 
     assert _basis_text([{"by": "token", "basis": ""}, {"by": "position", "basis": ""}]) == ""
     assert _basis_text([{"basis": "kept"}, {"basis": ""}]) == "; basis: kept-head profiles"
+
+
+def test_the_labels_count_only_the_backed_up_members_of_a_redundant_group():
+    """A group lists the needed partners that carry a backed-up head's work: L0H1 backed up,
+    L0H0, L0H2, L0H3 needed. The labels sentence says 1 backed up, as the needed sentence
+    does, not the group's 4."""
+    group = ["L0H0", "L0H1", "L0H2", "L0H3"]
+    run = RunVerdict(
+        run="r", task="reverse", n_heads=4, n_layers=1, seed=0, redundant_groups=[group],
+        redundant_roles=["mirror"], backed_up=["L0H1"], needed=["L0H0", "L0H2", "L0H3"],
+    )  # fmt: skip
+    assert run.n_redundant == 1
+    assert run.other_sentence().startswith("Labels: 1 backed up by a partner (L0H0 = L0H1")

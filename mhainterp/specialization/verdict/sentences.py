@@ -442,7 +442,10 @@ class RunVerdict:
 
     @property
     def n_redundant(self) -> int:
-        return sum(len(g) for g in self.redundant_groups)
+        """Heads backed up by a partner: the members of the redundant groups that are backed
+        up (a group also lists the needed partners that carry their work)."""
+        backed = set(self.backed_up)
+        return sum(h in backed for g in self.redundant_groups for h in g)
 
     @property
     def roles_found(self) -> list[str]:

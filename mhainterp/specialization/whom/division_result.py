@@ -243,7 +243,17 @@ class DivisionResult:
                 f"{row.by} {row.index:.2f} [{row.ci_low:.2f}, {row.ci_high:.2f}] vs null "
                 f"{row.null_high:.2f} ({row.basis}): {call}"
             )
-        return "division index: " + ("; ".join(parts) if parts else "no axis applies")
+        return "division index: " + ("; ".join(parts) if parts else self._none_applies())
+
+    def _none_applies(self) -> str:
+        """Why no axis was tested: each skipped axis's reason, and, where an axis had too
+        few scored triples, the fix (a handful of sequences cannot divide anything)."""
+        if not self.skipped:
+            return "no axis applies"
+        reasons = "; ".join(f"{axis}: {why}" for axis, why in self.skipped.items())
+        few = any("scored triples" in why for why in self.skipped.values())
+        fix = " (too few sequences: evaluate more, n_eval / --n-eval)" if few else ""
+        return f"no axis applies ({reasons}){fix}"
 
     def save(self, folder: str | os.PathLike[str], prefix: str = PREFIX) -> list[Path]:
         """Write ``{prefix}_{table}.csv`` per table and ``{prefix}.json`` (settings, skipped
