@@ -1009,3 +1009,28 @@ def test_the_evaluation_set_is_built_once_per_size_and_shared() -> None:
     for n in range(1, 8):
         task.eval_batch(n)
     assert len(task.__dict__["_eval_batches"]) <= 4  # bounded
+
+
+def test_a_seq_len_whose_templates_cannot_fit_is_refused_before_they_are_built(monkeypatch):
+    """reverse at seq_len 65,536 (the top of the allowed range): its relation templates alone
+    are [4, L, L], 64 GiB. The contract check used to build them and be killed by the
+    kernel; it now refuses in one line first. An allocation that fails inside a task's code
+    anyway is the machine's limit, not an invalid task."""
+    from mhainterp import io as io_module
+    from mhainterp.errors import NotEnoughMemoryError
+    from mhainterp.tasks import get_task
+
+    monkeypatch.setattr(io_module, "available_memory", lambda: 2**30)  # 1 GiB, any machine
+    with pytest.raises(NotEnoughMemoryError, match=r"relation templates of task 'reverse' "):
+        get_task("reverse", seq_len=65536)
+    monkeypatch.undo()
+
+    from mhainterp.tasks.contract import _call
+
+    def fails():
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp] DefaultCPUAllocator: can't allocate memory"
+        )
+
+    with pytest.raises(NotEnoughMemoryError, match="compute_relations of task"):
+        _call(get_task("reverse"), "compute_relations", fails)

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from mhainterp.errors import InvalidTaskError
+from mhainterp.errors import InvalidTaskError, NotEnoughMemoryError
+from mhainterp.io import allocation_failure, require_memory
 
 if TYPE_CHECKING:
     from mhainterp.tasks.base import Task
@@ -59,6 +60,7 @@ _MEMBERS = (
     "params",
 )
 _CHECK_SIZE = 4  # sequences labelled by the check
+_TEMPLATE_BYTES = 4  # per template entry: a float32 template, or a few bool ones
 
 
 def task_error(task: str, member: str, what: str) -> InvalidTaskError:
@@ -99,6 +101,13 @@ def validate_task(task: Task) -> Task:
         task, "sample", lambda: task.sample(_CHECK_SIZE, torch.Generator().manual_seed(0))
     )
     _check_tokens(task, batch.tokens, batch.padding_mask)  # else an embedding IndexError later
+    # templates are [n, L, L]: at a long seq_len the probe alone can exhaust memory (the kernel
+    # kills the process): refuse it in one line first, naming the size to lower
+    require_memory(
+        _CHECK_SIZE * task.seq_len**2 * _TEMPLATE_BYTES,
+        f"checking the relation templates of task {name!r} ([{_CHECK_SIZE}, L, L] at seq_len="
+        f"{task.seq_len})",
+    )
     relations = _call(
         task, "compute_relations", lambda: task.relations(batch.tokens, batch.padding_mask)
     )
@@ -144,9 +153,12 @@ def _call(task: Task, member: str, function: Any) -> Any:
     """``function()``; an error raised inside the task's code names the member that raised."""
     try:
         return function()
-    except InvalidTaskError:
+    except (InvalidTaskError, NotEnoughMemoryError):
         raise
     except Exception as error:
+        memory = allocation_failure(error, f"{member} of task {task.name!r}")
+        if memory is not None:  # the machine's limit, not the task's fault
+            raise NotEnoughMemoryError(memory) from None
         raise task_error(
             task.name, _raising_member(error, member), f"it raised {_describe(error)}"
         ) from error
