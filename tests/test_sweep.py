@@ -246,3 +246,11 @@ def test_a_sweep_trained_on_a_gpu_resumes_on_the_cpu(tiny_sweep, tmp_path):
         _numbers(pd.read_csv(folder / "results.csv")), _numbers(reference)
     )
     assert len(table) == 4
+
+
+def test_one_head_count_and_one_seed_say_no_spread_is_known_not_std_nan():
+    notes = " ".join(summarize(_results({4: [0.1172]})).notes)
+    assert "one head count (h=4) and one seed" in notes and "no seed spread known" in notes
+    assert "nan" not in notes
+    two = " ".join(summarize(_results({4: [0.5, 0.6]})).notes)
+    assert "over 2 seeds its validation accuracy is 0.5500 (std 0.0707)" in two

@@ -193,9 +193,16 @@ def _task_notes(task: str, rows: list[dict], task_cmp: pd.DataFrame, alpha: floa
         )
     if len(task_rows) == 1:
         row = task_rows[0]
+        if row["n"] < 2:  # one seed: no spread to state
+            notes.append(
+                f"{task}: one head count (h={row['n_heads']}) and one seed, so nothing is "
+                f"compared; its validation accuracy is {row['val_accuracy_mean']:.4f}, with no "
+                "seed spread known (rerun with 3 or more seeds)."
+            )
+            return notes
         notes.append(
             f"{task}: one head count (h={row['n_heads']}), so nothing is compared; over "
-            f"{row['n']} seed(s) its validation accuracy is {row['val_accuracy_mean']:.4f} "
+            f"{row['n']} seeds its validation accuracy is {row['val_accuracy_mean']:.4f} "
             f"(std {row['val_accuracy_std']:.4f}), the seed spread a difference between head "
             "counts would have to exceed."
         )
