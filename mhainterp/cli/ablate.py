@@ -130,6 +130,9 @@ def _status(ablator: Ablator) -> str:
 def format_metrics_table(table: pd.DataFrame) -> str:
     """The ``metric / before / after / change`` table as aligned text (4 decimals).
 
+    Each number column is at least 10 wide and always one wider than its longest value, so a
+    large loss (``13263.4007``) keeps a space before it instead of running into its neighbour.
+
     Args:
         table: :meth:`mhainterp.ablation.Ablator.table` output (``metric, baseline, ablated,
             delta``).
@@ -141,11 +144,16 @@ def format_metrics_table(table: pd.DataFrame) -> str:
         accuracy      1.0000    1.0000   +0.0000
     """
     width = max(len("metric"), *(len(m) for m in table["metric"])) + 2
-    lines = [f"{'metric':<{width}}{'before':>10}{'after':>10}{'change':>10}"]
-    for row in table.itertuples(index=False):
-        lines.append(
-            f"{row.metric:<{width}}{row.baseline:>10.4f}{row.ablated:>10.4f}{row.delta:>+10.4f}"
-        )
+    columns = {
+        "before": [f"{v:.4f}" for v in table["baseline"]],
+        "after": [f"{v:.4f}" for v in table["ablated"]],
+        "change": [f"{v:+.4f}" for v in table["delta"]],
+    }
+    widths = {name: max(10, *(len(v) + 1 for v in values)) for name, values in columns.items()}
+    lines = [f"{'metric':<{width}}" + "".join(f"{name:>{widths[name]}}" for name in columns)]
+    for i, metric in enumerate(table["metric"]):
+        cells = "".join(f"{values[i]:>{widths[name]}}" for name, values in columns.items())
+        lines.append(f"{metric:<{width}}{cells}")
     return "\n".join(lines)
 
 

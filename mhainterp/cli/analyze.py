@@ -12,6 +12,7 @@ import argparse
 from mhainterp.cli.options import add_n_eval, add_runtime_args, check_run_folders
 from mhainterp.cli.pretrained_options import (
     add_pretrained_args,
+    check_folder_or_model,
     load_and_announce,
     model_plan,
     n_eval_for,
@@ -61,6 +62,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
+    check_folder_or_model(args, "path")
     if args.model is not None:
         return _cmd_analyze_pretrained(args)
     if args.path is None:

@@ -13,13 +13,16 @@ from pathlib import Path
 
 from mhainterp.cli.options import (
     EXECUTORS,
+    Checked,
     add_count,
     add_int_list,
     add_runtime_args,
     check_executor,
+    check_folder,
 )
 from mhainterp.cli.static import DEMO_SEEDS, DEMO_STEPS
 from mhainterp.cli.task_modules import add_task_module_argument
+from mhainterp.validation import invalid
 
 __all__ = ["register"]
 
@@ -36,13 +39,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "separation survives Holm; fewer still run and say what they cannot show. Resumable.",
     )
     demo.add_argument(
-        "--out", default="runs/quickstart", help="results folder (default runs/quickstart)"
+        "--out",
+        default="runs/quickstart",
+        action=Checked,
+        check=check_folder,
+        help="results folder (default runs/quickstart)",
     )
     add_count(demo, "--steps", f"training steps per run (default {DEMO_STEPS})", default=None)
     add_int_list(
         demo,
         "--seeds",
-        "seeds, each for init and data order (default 0-5)",
+        "seeds, each for init and data order",
         default=list(DEMO_SEEDS),
         seeds=True,
     )
@@ -53,7 +60,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=EXECUTORS,
         help="sweep executor (default auto: the fastest here)",
     )
-    demo.add_argument("--no-analysis", action="store_true", help="skip the head analysis")
+    demo.add_argument(
+        "--no-analysis",
+        action="store_true",
+        help="skip the head analysis of one run per task (patterns, similarity, ablation in "
+        "its analysis/ folder); the division of labour and the specialization test of every "
+        "run, the figures and the report still run",
+    )
     add_task_module_argument(demo)
     add_runtime_args(demo)
     demo.set_defaults(func=_cmd_demo)
@@ -61,6 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     check_executor(args.executor)
+    _check_free_for_study(Path(args.out))
     from mhainterp.analyze import run_demo
 
     run_demo(
@@ -73,3 +87,16 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         echo=print,
     )
     return 0
+
+
+def _check_free_for_study(out: Path) -> None:
+    """The demo writes a folder of sweeps: a sweep or a run at its top is what every reader
+    would take the folder for, skipping the demo's sweeps."""
+    for marker, held in (("sweep.json", "a sweep"), ("eval.json", "a run")):
+        if (out / marker).is_file():
+            raise invalid(
+                "--out",
+                str(out),
+                f"a folder free for the demo's sweeps, but it holds {held} ({out / marker}); "
+                "choose another --out",
+            )

@@ -13,6 +13,7 @@ count of the first task, and its picker (or a run folder as RUN_OR_SWEEP) shows 
 from __future__ import annotations
 
 import argparse
+import socket
 import sys
 import threading
 import webbrowser
@@ -157,6 +158,7 @@ def run_explore(args: argparse.Namespace) -> int:
         first = default_run(runs)
         build, what = (lambda: _build(runs, first.id, args)), first.id
         shown = f"{len(runs)} run(s) from {args.path}"
+    _check_host(args.host)
     if args.host not in LOCAL_HOSTS:
         print(
             f"mhainterp explore: warning: --host {args.host} lets anyone who can reach this "
@@ -188,6 +190,23 @@ def run_explore(args: argparse.Namespace) -> int:
         print("mhainterp explore: stopped", file=sys.stderr)
         return 130
     return 0
+
+
+def _check_host(host: str) -> None:
+    """Refuse, naming --host, an address this machine cannot listen on (a name that does not
+    resolve, another machine's address): the server's bind reports those as a port problem."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as the server's bind
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, 0))  # any free port: only the address is tried
+        except OSError as error:
+            reason = error.strerror or str(error)
+            raise invalid(
+                "--host",
+                host,
+                f"an address this machine can listen on ({reason}); choose another --host "
+                "(127.0.0.1: this machine only)",
+            ) from None
 
 
 _POLL_S = 0.25

@@ -39,6 +39,7 @@ __all__ = [
     "add_choice",
     "add_float",
     "check_executor",
+    "check_folder",
     "add_count",
     "add_int_list",
     "add_n_eval",
@@ -83,6 +84,19 @@ def check_executor(executor: str) -> str:
             "(from a clone) or pip install 'mhainterp[ray]'",
         )
     return executor
+
+
+def check_folder(name: str, value: str) -> str:
+    """A folder option's value (``--out``), refused when empty: ``Path("")`` is the current
+    folder, which nobody means by ``--out ""`` (a script's unset variable, say).
+
+    Example:
+        >>> check_folder("--out", "runs/rev")
+        'runs/rev'
+    """
+    if value == "":
+        raise invalid(name, value, "a folder path, not empty (give . for the current folder)")
+    return value
 
 
 # ----- checked options: every value within its documented range, or one line and exit 2 --------

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from mhainterp.cli.options import Checked, check_folder
 from mhainterp.validation import invalid
 
 __all__ = [
@@ -17,6 +18,7 @@ __all__ = [
     "SHIPPED",
     "TEXT_N_EVAL",
     "add_pretrained_args",
+    "check_folder_or_model",
     "check_model_name",
     "load_model",
     "n_eval_for",
@@ -45,7 +47,12 @@ def add_pretrained_args(parser: argparse.ArgumentParser) -> None:
         help="with --model: 'stdlib' (sentences of Python's help texts) or a text file, one "
         "sentence a line (default stdlib)",
     )
-    group.add_argument("--out", help="with --model: the folder to write (default runs/NAME)")
+    group.add_argument(
+        "--out",
+        action=Checked,
+        check=check_folder,
+        help="with --model: the folder to write (default runs/NAME)",
+    )
     group.add_argument(
         "--no-chat-prefix",
         dest="chat_prefix",
@@ -53,6 +60,27 @@ def add_pretrained_args(parser: argparse.ArgumentParser) -> None:
         help="with --model: drop the BOS token TransformerLens puts before every sentence "
         "(SmolLM2's '<|im_start|>', its chat-turn marker), so text starts at its first word",
     )
+
+
+def check_folder_or_model(args: argparse.Namespace, folder_name: str) -> None:
+    """Refuse a folder given with ``--model`` or ``--out``, before any model loads: one of the
+    two was silently ignored (``folder_name``: the positional as the usage line shows it)."""
+    if args.path is None:
+        return
+    if args.model is not None:
+        raise invalid(
+            "--model",
+            args.model,
+            f"given with {folder_name} ({args.path}); give either {folder_name} or --model, "
+            "not both",
+        )
+    if args.out is not None:
+        raise invalid(
+            "--out",
+            args.out,
+            f"only for --model (a run's analysis goes to RUN/analysis, inside {args.path}); "
+            "drop --out",
+        )
 
 
 class DefaultCount(int):

@@ -12,9 +12,11 @@ from __future__ import annotations
 import argparse
 
 from mhainterp.cli.options import (
+    Checked,
     add_runtime_args,
     add_settings_args,
     by_axes,
+    check_folder,
     check_run_folders,
     settings_from_args,
 )
@@ -57,7 +59,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="RUN_OR_SWEEP",
         help="a run, sweep or sweeps folder, or what `specialize --model` wrote",
     )
-    report.add_argument("--out", default=None, help="folder for the report (default: the path)")
+    report.add_argument(
+        "--out",
+        default=None,
+        action=Checked,
+        check=check_folder,
+        help="folder for the report (default: the path)",
+    )
     add_settings_args(report)
     text_n_eval_default(report)
     add_runtime_args(report)

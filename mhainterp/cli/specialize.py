@@ -27,6 +27,7 @@ from mhainterp.cli.options import (
 from mhainterp.cli.pretrained_options import (
     DEFAULT_BY,
     add_pretrained_args,
+    check_folder_or_model,
     load_and_announce,
     model_plan,
     n_eval_for,
@@ -124,6 +125,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _cmd_specialize(args: argparse.Namespace) -> int:
+    check_folder_or_model(args, "RUN_OR_SWEEP")
     if args.model is not None:
         return _cmd_specialize_pretrained(args)
     if args.path is None:

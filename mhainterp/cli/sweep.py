@@ -13,12 +13,14 @@ from pathlib import Path
 
 from mhainterp.cli.options import (
     EXECUTORS,
+    Checked,
     add_int_list,
     add_model_args,
     add_runtime_args,
     add_task_args,
     add_train_args,
     check_executor,
+    check_folder,
     model_overrides,
     train_config,
 )
@@ -38,7 +40,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog="example:\n  mhainterp sweep --task reverse --n-heads 1,4,8 --seeds 0,1,2 "
         "--out runs/reverse",
     )
-    sweep.add_argument("--out", required=True, help="sweep folder (resumed if it exists)")
+    sweep.add_argument(
+        "--out",
+        required=True,
+        action=Checked,
+        check=check_folder,
+        help="sweep folder (resumed if it exists; not a run's folder)",
+    )
     add_int_list(
         sweep, "--n-heads", "head counts to compare, each a divisor of --d-model", default=[1, 4, 8]
     )
@@ -70,8 +78,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     check_executor(args.executor)
     from mhainterp.analyze import run_sweep_with_figures
     from mhainterp.config import SweepConfig
+    from mhainterp.sweep.run import check_free_for_sweep
     from mhainterp.tasks import get_task
 
+    check_free_for_sweep(args.out, "--out")  # a run's folder: analyze would see the run alone
     overrides = model_overrides(args)
     if "n_layers" not in overrides:
         overrides["n_layers"] = get_task(args.task, **dict(args.task_param)).min_layers

@@ -3,7 +3,7 @@
     mhainterp train --task reverse --n-heads 4 --seed 0 --out runs/rev_h4
 
 A finished run already in ``--out`` is kept (``--overwrite`` trains it again); another run there
-is refused.
+is refused, and so is a folder that holds a sweep.
 """
 
 from __future__ import annotations
@@ -12,12 +12,14 @@ import argparse
 from pathlib import Path
 
 from mhainterp.cli.options import (
+    Checked,
     add_count,
     add_model_args,
     add_runtime_args,
     add_seed,
     add_task_args,
     add_train_args,
+    check_folder,
     model_overrides,
     print_eval,
     train_config,
@@ -37,7 +39,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "model.safetensors, metrics.csv, eval.json).",
         epilog="example:\n  mhainterp train --task reverse --n-heads 4 --seed 0 --out runs/rev_h4",
     )
-    train.add_argument("--out", required=True, help="run folder to write")
+    train.add_argument(
+        "--out", required=True, action=Checked, check=check_folder, help="run folder to write"
+    )
     add_count(train, "--n-heads", "attention heads per layer, a divisor of --d-model", default=4)
     add_seed(train)
     train.add_argument(
@@ -56,11 +60,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from mhainterp.io import ensure_writable_dir, read_json, run_lock
     from mhainterp.tasks import get_task
     from mhainterp.training import build_model, run_config_differences, run_folder_state, train
+    from mhainterp.training.loop import check_free_for_run
 
     task = get_task(args.task, **dict(args.task_param))
     model = build_model(task, **model_overrides(args), n_heads=args.n_heads, seed=args.seed)
     config = train_config(args, args.seed)
     out = Path(args.out)
+    check_free_for_run(out, "--out")  # a sweep's folder: analyze would see one or the other
     ensure_writable_dir(out, "--out")
     state = run_folder_state(out, model, task, config)
     if state == "same finished" and not args.overwrite:
@@ -80,7 +86,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
         )
     with run_lock(out):  # a sweep or another train writing this folder is refused
         result = train(
-            model, task, config, run_dir=out, progress=not args.quiet, resume=not args.overwrite
+            model,
+            task,
+            config,
+            run_dir=out,
+            progress=not args.quiet,
+            resume=not args.overwrite,
+            overwrite=args.overwrite,
         )
     print(f"trained {task.name} h={args.n_heads} seed={args.seed} -> {result.path}")
     print_eval(result.eval)

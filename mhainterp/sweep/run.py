@@ -41,11 +41,14 @@ from mhainterp.io import (
     write_json,
 )
 from mhainterp.runs import (
+    CHECKPOINT_FILE,
+    SWEEP_FILE,
     is_finished_run,
     migrate_config,
     read_eval,
     relative_run_dir,
     run_status,
+    sweep_folders,
 )
 from mhainterp.runtime import available_cpus, resolve_device, terminate_as_interrupt
 from mhainterp.sweep import fork_safety  # noqa: F401  (forked workers: a tqdm lock of their own)
@@ -59,10 +62,11 @@ from mhainterp.training import (
     training_memory,
     training_what,
 )
-from mhainterp.validation import check_option
+from mhainterp.validation import check_option, invalid
 
 __all__ = [
     "EXECUTORS",
+    "check_free_for_sweep",
     "collect_results",
     "fastest_executor",
     "run_sweep",
@@ -143,6 +147,33 @@ def _check_same_sweep(out_dir: Path, config: SweepConfig) -> None:
         )
 
 
+def check_free_for_sweep(out_dir: str | os.PathLike[str], name: str = "out_dir") -> None:
+    """Refuse a sweep folder that is an empty path (the current folder, by accident), holds a
+    run's files or holds sweep folders: readers take such a folder for the run, or for this
+    sweep alone, and skip the rest (``name``: how the message names it, ``--out`` for the
+    CLI)."""
+    if os.fspath(out_dir) == "":
+        raise invalid(name, "", "a folder path, not empty (give . for the current folder)")
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        return
+    # only files no other tool writes mark a run (config.json, metrics.csv are common names);
+    # eval.json first: it is what makes a folder read as a run
+    run_files = ("eval.json", "model.safetensors", CHECKPOINT_FILE)
+    found = next((out_dir / f for f in run_files if (out_dir / f).is_file()), None)
+    if found is not None:
+        held = f"a run ({found})"
+    elif sweeps := sweep_folders(out_dir):
+        held = f"sweep folders ({sweeps[0] / SWEEP_FILE})"
+    else:
+        return
+    raise invalid(
+        name,
+        str(out_dir),
+        f"a folder free for this sweep, but it holds {held}; choose another {name}",
+    )
+
+
 def _jsonable(obj: Any) -> Any:
     import json
 
@@ -163,6 +194,8 @@ def run_sweep(
     Args:
         config: A :class:`SweepConfig`, or a task name with the other fields as keywords.
         out_dir: The sweep folder (created; resumed if it exists). Default: ``runs/<task>``.
+            Refused when empty or holding a run's files or sweep folders
+            (:func:`check_free_for_sweep`).
         executor: How runs are executed: ``"auto"`` (the fastest here, see
             :func:`fastest_executor`), or one of :data:`EXECUTORS`. The table does not depend on
             it (tested).
@@ -193,7 +226,9 @@ def run_sweep(
     device = resolve_device(config.model.get("device") if device is None else device)
     if executor == "auto":
         executor = fastest_executor(device)
-    out_dir = Path(out_dir) if out_dir is not None else Path("runs") / config.task
+    out_dir = Path("runs") / config.task if out_dir is None else out_dir
+    check_free_for_sweep(out_dir)  # "" checked before Path() reads it as "."
+    out_dir = Path(out_dir)
     _check_same_sweep(out_dir, config)
     ensure_writable_dir(out_dir, "sweep folder")
     write_json(out_dir / "sweep.json", config.to_dict())

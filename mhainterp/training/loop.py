@@ -23,15 +23,24 @@ from mhainterp.config import ModelConfig, TrainConfig
 from mhainterp.errors import TrainingDivergedError
 from mhainterp.io import allocation_failures, ensure_writable_dir, require_memory
 from mhainterp.model import HookedMHATransformer
+from mhainterp.runs import SWEEP_FILE, run_status, sweep_folders
 from mhainterp.runtime import model_device, resolve_device, terminate_as_interrupt, work_threads
 from mhainterp.tasks import Task
 from mhainterp.training.checkpoints import Checkpoint
 from mhainterp.training.evaluation import evaluate
+from mhainterp.training.identity import run_config_differences, saved_config_matches
 from mhainterp.training.memory import count_parameters, itemsize, training_memory, training_what
 from mhainterp.training.run_folder import Run, save_run
 from mhainterp.validation import ParameterError, check_int, invalid
 
-__all__ = ["build_model", "check_compatible", "lr_at", "save_diverged", "train"]
+__all__ = [
+    "build_model",
+    "check_compatible",
+    "check_free_for_run",
+    "lr_at",
+    "save_diverged",
+    "train",
+]
 
 
 def build_model(
@@ -119,6 +128,7 @@ def train(
     progress: bool = True,
     threads: int | None = None,
     resume: bool = True,
+    overwrite: bool = False,
 ) -> Run:
     """Train ``model`` on fresh batches of ``task`` with AdamW; evaluate; optionally save.
 
@@ -142,8 +152,14 @@ def train(
             use; 0 keeps torch's current setting.
         resume: Continue from ``run_dir``'s checkpoint of this very run, if there is one
             (False: start over; ``mhainterp train --overwrite``).
+        overwrite: Replace another finished run already in ``run_dir`` (one of other
+            settings); without it that run is kept and ``train`` refuses, as ``mhainterp train``
+            does without ``--overwrite``. The same run, finished or not, is always trained
+            again (resumed from its checkpoint when ``resume``).
 
     Raises:
+        ParameterError: ``run_dir`` is empty, holds a sweep (``sweep.json``) or sweep folders,
+            or, without ``overwrite``, another finished run.
         TrainingDivergedError: the loss became NaN/inf. The model is restored to the last good
             weights, and, with ``run_dir``, those are saved with ``eval.json`` status "diverged".
 
@@ -160,10 +176,52 @@ def train(
     if threads is not None:
         check_int("threads", threads, minimum=0)
     if run_dir is not None:  # fail before training, not after it
+        check_free_for_run(run_dir)
         ensure_writable_dir(run_dir, "run folder")
+        if not overwrite:
+            _refuse_another_finished_run(Path(run_dir), model, task, config)
     require_memory(training_memory(model.cfg, config), training_what(model.cfg, config))
     with work_threads(threads):
         return _train(model, task, config, run_dir, progress, resume)
+
+
+def check_free_for_run(run_dir: str | os.PathLike[str], name: str = "run_dir") -> None:
+    """Refuse a run folder that is an empty path (the current folder, by accident) or holds a
+    sweep or sweep folders: readers take such a folder for the sweep, or for the run alone,
+    and skip the other (``name``: how the message names the folder, ``--out`` for the CLI)."""
+    if os.fspath(run_dir) == "":
+        raise invalid(name, "", "a folder path, not empty (give . for the current folder)")
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    if (run_dir / SWEEP_FILE).is_file():
+        held = f"a sweep ({run_dir / SWEEP_FILE})"
+    elif sweeps := sweep_folders(run_dir):
+        held = f"sweep folders ({sweeps[0] / SWEEP_FILE})"
+    else:
+        return
+    raise invalid(
+        name,
+        str(run_dir),
+        f"a folder free for this run, but it holds {held}; choose another {name}",
+    )
+
+
+def _refuse_another_finished_run(
+    run_dir: Path, model: HookedMHATransformer, task: Task, config: TrainConfig
+) -> None:
+    """A finished run of other settings in ``run_dir`` is kept unless ``overwrite`` says
+    otherwise (as ``mhainterp train``); an unfinished one is redone, as a sweep redoes it."""
+    if run_status(run_dir) != "finished" or saved_config_matches(run_dir, model, task, config):
+        return
+    differences = run_config_differences(run_dir, model, task, config)
+    raise invalid(
+        "run_dir",
+        str(run_dir),
+        f"a folder free for this run, but it already holds another run, finished "
+        f"({differences}); to keep that one, choose another run_dir; to replace it, pass "
+        "overwrite=True",
+    )
 
 
 def _train(
