@@ -15,6 +15,10 @@ Rules every reader follows through this module:
 - A damaged file raises :class:`RunFolderError` with one line naming the file and what is wrong;
   a missing one raises ``FileNotFoundError``. A killed write never leaves a damaged file (the
   writes are atomic, :mod:`mhainterp.io`), so a damaged file is refused rather than redone.
+  Its message says how to retrain the run (:func:`retrain_advice`): the folder is moved out
+  first, as the command that made it would refuse the same files again.
+- A run that diverged (``eval.json`` status ``"diverged"``) keeps its last good weights, not a
+  trained model: every reader refuses it in one line saying so (:func:`check_not_diverged`).
 - A saved analysis belongs to the weights it was computed from (:mod:`mhainterp.provenance`:
   ``analysis/source.json`` records their SHA-256; results of other weights are set aside).
 
@@ -64,6 +68,7 @@ __all__ = [
     "WEIGHT_DTYPES",
     "check_dtype_name",
     "check_metrics",
+    "check_not_diverged",
     "check_tensors",
     "read_result_table",
     "read_saved_meta",
@@ -79,8 +84,10 @@ __all__ = [
     "read_results",
     "relative_run_dir",
     "resolve_run_dir",
+    "retrain_advice",
     "run_status",
     "sweep_folders",
+    "sweep_of_run",
 ]
 
 RUN_FILES = ("config.json", "model.safetensors", "metrics.csv", "eval.json")
@@ -113,17 +120,17 @@ def read_eval(run_dir: str | os.PathLike[str], require: tuple[str, ...] = ()) ->
         0.97
     """
     path = Path(run_dir) / "eval.json"
+    retrain = retrain_advice(run_dir)
     try:
         saved = read_json(path)
     except ValueError as error:
-        raise RunFolderError(f"{error}; {_RETRAIN}") from None
+        raise RunFolderError(f"{error}; {retrain}") from None
     if not isinstance(saved, dict):
         raise RunFolderError(
-            f"{path} is not a JSON object of metrics (it holds a {type(saved).__name__}); "
-            f"{_RETRAIN}"
+            f"{path} is not a JSON object of metrics (it holds a {type(saved).__name__}); {retrain}"
         )
     if not isinstance(saved.get("status", ""), str):
-        raise RunFolderError(f"{path}: status={saved['status']!r} is not a word; {_RETRAIN}")
+        raise RunFolderError(f"{path}: status={saved['status']!r} is not a word; {retrain}")
     if saved.get("status") == "finished":
         for key in _FINISHED_NUMBERS:
             if key in saved or key in require or key != "final_train_loss":
@@ -133,15 +140,72 @@ def read_eval(run_dir: str | os.PathLike[str], require: tuple[str, ...] = ()) ->
     return saved
 
 
-_RETRAIN = "retrain the run (rerun the sweep, or train with --overwrite)"
-
-
 def _check_number(path: Path, saved: dict[str, Any], key: str) -> None:
+    retrain = retrain_advice(path.parent)
     if key not in saved:
-        raise RunFolderError(f"{path} lacks {key!r}, which a finished run records; {_RETRAIN}")
+        raise RunFolderError(f"{path} lacks {key!r}, which a finished run records; {retrain}")
     value = saved[key]
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isinf(value):
-        raise RunFolderError(f"{path}: {key}={value!r} is not a number; {_RETRAIN}")
+        raise RunFolderError(f"{path}: {key}={value!r} is not a number; {retrain}")
+
+
+def sweep_of_run(run_dir: str | os.PathLike[str]) -> Path | None:
+    """The sweep folder that ``run_dir`` belongs to (``SWEEP/runs/NAME``, beside
+    ``SWEEP/sweep.json``), or None for a run of its own. The folder need not exist.
+
+    Example:
+        >>> sweep_of_run("runs/reverse/runs/h4_seed0")  # doctest: +SKIP
+        PosixPath('runs/reverse')
+    """
+    runs_folder = Path(run_dir).parent
+    if runs_folder.name == "runs" and (runs_folder.parent / SWEEP_FILE).is_file():
+        return runs_folder.parent
+    return None
+
+
+def retrain_advice(run_dir: str | os.PathLike[str]) -> str:
+    """How to retrain a run whose files are refused. The command that made it checks the same
+    files before training (a sweep resumes over them; ``train`` checks them even with
+    ``--overwrite``) and would refuse them again, so the folder has to go first: the user
+    moves or deletes it, never this toolkit.
+
+    Example:
+        >>> retrain_advice("elsewhere/rev_h4")
+        'retrain it: move elsewhere/rev_h4 away (or delete it), then train it again'
+    """
+    sweep = sweep_of_run(run_dir)
+    if sweep is None:
+        return f"retrain it: move {run_dir} away (or delete it), then train it again"
+    return f"retrain it: move {run_dir} out of {sweep} (or delete it), then rerun the sweep"
+
+
+_DIVERGED_AT = re.compile(r"\bat step (\d+)")
+"""Where the loss went bad, in the message that training saves in a diverged run's eval.json."""
+
+
+def check_not_diverged(
+    run_dir: str | os.PathLike[str], saved: dict[str, Any] | None = None
+) -> None:
+    """Refuse a run whose ``eval.json`` (``saved``, when already read) says it diverged: its
+    folder keeps the last good weights (often the untrained ones) to show what went wrong,
+    not a trained model to analyse.
+
+    Raises:
+        RunFolderError: it diverged (one line saying where, and what to do).
+    """
+    run_dir = Path(run_dir)
+    if saved is None:
+        if not (run_dir / "eval.json").is_file():
+            return
+        saved = read_eval(run_dir)
+    if saved.get("status") != "diverged":
+        return
+    found = _DIVERGED_AT.search(str(saved.get("message", "")))
+    where = f" at step {found.group(1)}" if found else ""
+    raise RunFolderError(
+        f"{run_dir} diverged{where} (its eval.json says so): it holds no trained model; "
+        "retrain it with a lower --lr"
+    )
 
 
 def run_status(run_dir: str | os.PathLike[str]) -> Literal["empty", "unfinished", "finished"]:
@@ -182,29 +246,38 @@ def check_metrics(
     with the ``final_train_loss`` of ``eval.json`` (runs saved by hand are not checked)."""
     if saved_eval.get("status") != "finished" or "final_train_loss" not in saved_eval:
         return
+    retrain = retrain_advice(metrics_path.parent)
     missing = [c for c in METRIC_COLUMNS if c not in metrics.columns]
     if missing:
-        raise RunFolderError(f"{metrics_path} lacks the columns {missing}")
+        raise RunFolderError(f"{metrics_path} lacks the columns {missing}; {retrain}")
+    if metrics.empty:  # checked first: pandas reads a header-only column as text
+        raise RunFolderError(
+            f"{metrics_path} is cut short: it holds no rows, but the run trained "
+            f"{train_config.steps} steps; {retrain}"
+        )
     for column in METRIC_COLUMNS:
-        if not pd.api.types.is_numeric_dtype(metrics[column]):
-            bad = metrics[column][pd.to_numeric(metrics[column], errors="coerce").isna()]
-            raise RunFolderError(
-                f"{metrics_path}: column {column!r} holds {bad.iloc[0]!r}, not a number; "
-                "retrain the run (rerun the sweep, or train with --overwrite)"
-            )
+        _check_numeric_column(metrics_path, metrics[column], retrain)
     last = metrics[list(METRIC_COLUMNS)].tail(1)
     complete = (
-        not last.empty
-        and not last.isna().any(axis=None)
+        not last.isna().any(axis=None)
         and int(last["step"].iloc[0]) == train_config.steps
         and math.isclose(float(last["loss"].iloc[0]), float(saved_eval["final_train_loss"]))
     )
     if not complete:
-        end = "is empty" if last.empty else f"ends at step {last['step'].iloc[0]}"
         raise RunFolderError(
-            f"{metrics_path} is cut short: it {end} (or its last row is incomplete), but the run "
-            f"trained {train_config.steps} steps"
+            f"{metrics_path} is cut short: it ends at step {last['step'].iloc[0]} (or its last "
+            f"row is incomplete), but the run trained {train_config.steps} steps; {retrain}"
         )
+
+
+def _check_numeric_column(metrics_path: Path, values: pd.Series, retrain: str) -> None:
+    if pd.api.types.is_numeric_dtype(values):
+        return
+    bad = values[pd.to_numeric(values, errors="coerce").isna() & values.notna()]
+    shown = f"{bad.iloc[0]!r}" if len(bad) else "text"
+    raise RunFolderError(
+        f"{metrics_path}: column {values.name!r} holds {shown}, not a number; {retrain}"
+    )
 
 
 WEIGHT_DTYPES = ("float32", "float64", "float16", "bfloat16")
@@ -249,7 +322,7 @@ def check_tensors(
     if problems:
         raise RunFolderError(
             f"{weights_path} does not fit {config_path}: {'; '.join(problems)}. Restore the "
-            "run's own files or retrain it (rerun the sweep, or train with --overwrite)"
+            f"run's own files, or {retrain_advice(weights_path.parent)}"
         )
 
 
@@ -259,6 +332,7 @@ def folder_kind(path: str | os.PathLike[str]) -> FolderKind:
 
     Raises:
         FileNotFoundError: ``path`` is none of these (one line saying what each holds).
+        RunFolderError: ``path`` is a run that diverged (:func:`check_not_diverged`).
     """
     path = Path(path)
     if not path.is_dir():
@@ -267,6 +341,7 @@ def folder_kind(path: str | os.PathLike[str]) -> FolderKind:
         return "sweep"
     if is_finished_run(path):
         return "run"
+    check_not_diverged(path)  # a run folder still, but one that holds no trained model
     if sweep_folders(path):
         return "study"
     raise FileNotFoundError(
@@ -287,14 +362,18 @@ def find_runs(path: str | os.PathLike[str]) -> list[Path]:
 
     Raises:
         FileNotFoundError: ``path`` does not exist or holds no finished run.
-        RunFolderError: a run below it has a damaged eval.json.
+        RunFolderError: a run below it has a damaged eval.json, or diverged (a run left out
+            without a word would change what a folder's results say).
     """
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
     if is_finished_run(path):
         return [path]
-    runs = sorted(folder for folder in _folders(path) if is_finished_run(folder))
+    folders = _folders(path)
+    for folder in folders:
+        check_not_diverged(folder)
+    runs = sorted(folder for folder in folders if is_finished_run(folder))
     if not runs:
         raise FileNotFoundError(f"no finished run folder (with eval.json) under {path}")
     return runs
@@ -368,10 +447,10 @@ def read_results(sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
     different rows for one run are refused.
 
     Raises:
-        FileNotFoundError: there is no results.csv.
-        RunFolderError: it is empty, not a CSV table, lacks ``run_dir``, two of its rows
-            disagree about one run, or a row's accuracy or loss is not what its run's
-            ``eval.json`` says now (the run was retrained after the sweep).
+        FileNotFoundError: there is no results.csv, or a run it lists is missing.
+        RunFolderError: it is empty, cut short, not a CSV table, lacks ``run_dir`` (or a row
+            its value), two of its rows disagree about one run, or a row's accuracy or loss is
+            not what its run's ``eval.json`` says now (the run was retrained after the sweep).
 
     Example:
         >>> summarize(read_results("runs/rev"))  # doctest: +SKIP
@@ -380,11 +459,8 @@ def read_results(sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (run mhainterp sweep first)")
     table = _read_results_table(path)
+    _check_run_dir_column(path, table)
     table = migrate_results(table, sweep_dir)
-    if "run_dir" not in table.columns:
-        raise RunFolderError(
-            f"{path} lacks the run_dir column; rerun the same mhainterp sweep to rewrite it"
-        )
     repeated = table.duplicated()
     if repeated.any():
         warnings.warn(
@@ -400,8 +476,35 @@ def read_results(sweep_dir: str | os.PathLike[str]) -> pd.DataFrame:
             f"{path} has different rows for one run ({', '.join(runs)}); rerun the same "
             "mhainterp sweep to rewrite it"
         )
+    _check_listed_runs_exist(path, table)
     _check_rows_match_runs(path, table)
     return table
+
+
+def _check_run_dir_column(path: Path, table: pd.DataFrame) -> None:
+    """Every row names its run (a row without one cannot be resolved)."""
+    if "run_dir" not in table.columns:
+        raise RunFolderError(
+            f"{path} lacks the run_dir column; rerun the same mhainterp sweep to rewrite it"
+        )
+    blank = table.index[table["run_dir"].isna()]
+    if len(blank):
+        raise RunFolderError(
+            f"{path}: row {int(blank[0]) + 1} has no run_dir; rerun the same mhainterp sweep "
+            "to rewrite it"
+        )
+
+
+def _check_listed_runs_exist(path: Path, table: pd.DataFrame) -> None:
+    """A run the table lists is there: said here, naming the run and the table, rather than
+    by the first reader that opens its folder (as a folder missing its files)."""
+    for recorded in table["run_dir"]:
+        run_dir = Path(recorded)
+        if not run_dir.exists():
+            raise FileNotFoundError(
+                f"run {run_dir.name}, listed in {path}, is missing ({run_dir}); rerun the "
+                "sweep to retrain it"
+            )
 
 
 _ROW_NUMBERS = {"val_accuracy": "accuracy", "val_loss": "loss"}  # results.csv <- eval.json
@@ -434,11 +537,22 @@ def _check_rows_match_runs(path: Path, table: pd.DataFrame) -> None:
 def _read_results_table(path: Path) -> pd.DataFrame:
     if path.stat().st_size == 0:
         raise RunFolderError(f"{path} is empty (0 bytes); rerun the same mhainterp sweep")
+    if not _ends_with_line_end(path):  # the sweep writes whole rows: a cut row has no end
+        raise RunFolderError(
+            f"{path} is cut short: its last row is incomplete (no line end); rerun the same "
+            "mhainterp sweep to rewrite it"
+        )
     try:
         return pd.read_csv(path)
     except (ValueError, UnicodeDecodeError) as error:  # EmptyDataError, ParserError
         reason = " ".join(str(error).split())
         raise RunFolderError(f"{path} is not a readable CSV table ({reason})") from None
+
+
+def _ends_with_line_end(path: Path) -> bool:
+    with open(path, "rb") as handle:
+        handle.seek(-1, os.SEEK_END)
+        return handle.read(1) in (b"\n", b"\r")
 
 
 # ----- old folders ------------------------------------------------------------------------------

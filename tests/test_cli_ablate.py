@@ -185,4 +185,6 @@ def test_errors_are_one_line(run_dir, argv, message, capsys):
 
 def test_missing_run_folder(tmp_path, capsys):
     assert cli.main(["ablate", str(tmp_path / "nope"), "--heads", "L0H0"]) == 2
-    assert "is not a complete run folder" in capsys.readouterr().err
+    assert (
+        capsys.readouterr().err == f"mhainterp ablate: error: {tmp_path / 'nope'} does not exist\n"
+    )

@@ -165,6 +165,11 @@ CASES.update(
         "eval.json-loss-abc": (_edit_eval(lambda e: {**e, "loss": "abc"}), "eval.json"),
         "metrics.csv-step-abc": (_step_abc, "metrics.csv"),
         "config.json-dtype-bogus": (_edit_config(dtype="bogus"), "config.json"),
+        # an empty column reads as text: the non-number check indexed a value it had not
+        "metrics.csv-header-only": (
+            _write("metrics.csv", b"step,loss,lr,grad_norm\n"),
+            "metrics.csv",
+        ),
     }
 )
 # the cases of issue 19 items 5-6, also tried on resume and in the explorer
@@ -333,3 +338,95 @@ def test_checking_run_folders_loads_no_weights(good_run, tmp_path, monkeypatch):
     _edit_config(n_heads=4, d_head=2)(runs / "h2_seed1")
     with pytest.raises(RunFolderError, match="n_heads=4 in config.json but 2 in the weights"):
         check_run_folders(tmp_path / "sweep")
+
+
+# ----- what the messages tell the user to do ----------------------------------------------------
+def test_a_header_only_metrics_csv_says_it_holds_no_rows(good_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(good_run, run)
+    _write("metrics.csv", b"step,loss,lr,grad_norm\n")(run)
+    expected = (
+        f"{run / 'metrics.csv'} is cut short: it holds no rows, but the run trained 10 steps; "
+        f"retrain it: move {run} away (or delete it), then train it again"
+    )
+    with pytest.raises(RunFolderError) as error:
+        from mhainterp import load_run
+
+        load_run(run)
+    assert str(error.value) == expected
+    assert main(["ablate", str(run), "--heads", "L0H1", "--n-eval", "16"]) == 2
+    assert _one_line(capsys.readouterr().err) == f"mhainterp ablate: error: {expected}"
+
+
+def test_a_damaged_run_of_a_sweep_names_a_fix_that_works(tiny_sweep, tmp_path, capsys):
+    """Rerunning the sweep (or train --overwrite) checks the damaged files first and refuses
+    them again: the advice is to move the folder out, then rerun, and that does retrain it."""
+    from conftest import TINY_SWEEP
+
+    from mhainterp.sweep import run_sweep
+    from mhainterp.training import load_run
+
+    sweep = tmp_path / "rev"
+    shutil.copytree(tiny_sweep, sweep)
+    run = sweep / "runs" / "h1_seed0"
+    _truncate(run / "model.safetensors")
+    advice = f"retrain it: move {run} out of {sweep} (or delete it), then rerun the sweep"
+    assert main(["specialize", str(sweep), "--n-eval", "16", "--quiet"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert str(run / "model.safetensors") in line and line.endswith(advice), line
+    with pytest.raises(RunFolderError, match="rerun the sweep$"):  # the resume refuses it too
+        run_sweep(TINY_SWEEP, sweep, executor="local", progress=False)
+    shutil.rmtree(run)  # what the message says: the sweep then retrains the run
+    run_sweep(TINY_SWEEP, sweep, executor="local", progress=False)
+    assert load_run(run).eval["status"] == "finished"
+
+
+def test_a_damaged_run_of_its_own_is_not_told_to_train_with_overwrite(
+    made_by_commands, tmp_path, capsys
+):
+    """``train --overwrite`` checks the finished run's files before training and refuses them
+    again, so the advice is to move the folder away."""
+    run = tmp_path / "run"
+    shutil.copytree(made_by_commands[0], run)
+    capsys.readouterr()
+    _truncate(run / "model.safetensors")
+    code = main(["train", *MODEL_ARGS, "--seed", "0", "--overwrite", "--out", str(run)])
+    line = _one_line(capsys.readouterr().err)
+    assert code == 2 and "--overwrite" not in line, line
+    assert line.endswith(f"retrain it: move {run} away (or delete it), then train it again")
+
+
+@pytest.fixture(scope="module")
+def diverged_run(tmp_path_factory) -> tuple[Path, str]:
+    """A run that ``mhainterp train`` saved as diverged, and the step its eval.json names."""
+    run = tmp_path_factory.mktemp("diverged") / "run"
+    assert main(["train", *MODEL_ARGS, "--seed", "0", "--lr", "1e30", "--out", str(run)]) == 2
+    saved = json.loads((run / "eval.json").read_text())
+    assert saved["status"] == "diverged"
+    step = saved["message"].split(" at step ")[1].split(".")[0]
+    return run, step
+
+
+def test_a_diverged_run_is_refused_as_diverged_by_every_reader(diverged_run, capsys):
+    from mhainterp.runs import find_runs, folder_kind
+    from mhainterp.training import check_run_folder, load_run
+
+    run, step = diverged_run
+    expected = (
+        f"{run} diverged at step {step} (its eval.json says so): it holds no trained model; "
+        "retrain it with a lower --lr"
+    )
+    capsys.readouterr()
+    for command, argv in COMMANDS.items():
+        assert main([a.format(run=run) for a in argv]) == 2, command
+        assert _one_line(capsys.readouterr().err) == f"mhainterp {command}: error: {expected}"
+    for read in (
+        load_run,
+        check_run_folder,
+        folder_kind,
+        find_runs,
+        lambda _: find_runs(run.parent),
+    ):
+        with pytest.raises(RunFolderError) as error:
+            read(run)
+        assert str(error.value) == expected

@@ -23,6 +23,7 @@ import pandas as pd
 import pytest
 from conftest import TINY_SWEEP
 from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file
 
 import mhainterp.io as mio
 import mhainterp.training.run_folder as run_folder
@@ -242,8 +243,15 @@ def test_divergence_is_one_line_and_keeps_the_last_good_weights(tmp_path, capsys
     assert line.startswith("mhainterp train: error: training diverged: loss=") and str(out) in line
     status = json.loads((out / "eval.json").read_text())
     assert status["status"] == "diverged"
-    run = load_run(out)  # the last good weights, whole and finite
-    assert all(t.isfinite().all() for t in run.model.state_dict().values())
+    # the last good weights, whole and finite, kept to look at; not loaded as a trained run
+    weights = load_file(out / "model.safetensors")
+    assert weights and all(t.isfinite().all() for t in weights.values())
+    with pytest.raises(RunFolderError) as refused:
+        load_run(out)
+    assert str(refused.value) == (
+        f"{out} diverged at step {line.split(' at step ')[1].split('.')[0]} (its eval.json says "
+        "so): it holds no trained model; retrain it with a lower --lr"
+    )
 
 
 def _ctrl_c_state() -> dict:

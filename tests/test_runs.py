@@ -378,3 +378,54 @@ def test_a_division_on_other_settings_than_the_labels_loads_each_run_once(
     for name in NAMES:  # saved with the division's own settings, not the labels'
         assert saved_division(sweep / "runs" / name, division_request(dividing)) is not None
         assert saved_division(sweep / "runs" / name, division_request(labels)) is None
+
+
+# ----- a sweep's missing or cut pieces, named as what they are ----------------------------------
+def test_a_results_csv_cut_mid_row_is_refused_as_cut_not_as_a_run_of_a_cut_name(
+    tiny_sweep, tmp_path, capsys
+):
+    sweep = tmp_path / "rev"
+    shutil.copytree(tiny_sweep, sweep)
+    table = sweep / "results.csv"
+    whole = table.read_bytes()
+    table.write_bytes(whole[: whole.index(b"h1_seed0") + 5])  # "...,runs/h1_se"
+    expected = (
+        f"{table} is cut short: its last row is incomplete (no line end); rerun the same "
+        "mhainterp sweep to rewrite it"
+    )
+    with pytest.raises(RunFolderError) as error:
+        read_results(sweep)
+    assert str(error.value) == expected
+    assert main(["specialize", str(sweep), "--n-eval", "16", "--quiet"]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line == f"mhainterp specialize: error: {expected}"
+    run_sweep(TINY_SWEEP, sweep, executor="local", progress=False)  # the fix it names
+    assert table.read_bytes() == whole
+
+
+def test_a_run_missing_from_a_sweep_is_named_as_missing(tiny_sweep, tmp_path, capsys):
+    sweep = tmp_path / "rev"
+    shutil.copytree(tiny_sweep, sweep)
+    run = sweep / "runs" / "h2_seed1"
+    shutil.rmtree(run)
+    expected = (
+        f"run h2_seed1, listed in {sweep / 'results.csv'}, is missing ({run}); rerun the "
+        "sweep to retrain it"
+    )
+    with pytest.raises(FileNotFoundError) as error:
+        read_results(sweep)
+    assert str(error.value) == expected
+    for command in ("specialize", "report"):
+        assert main([command, str(sweep), "--n-eval", "16", "--quiet"]) == 2
+        assert capsys.readouterr().err.strip() == f"mhainterp {command}: error: {expected}"
+    with pytest.raises(FileNotFoundError) as error:
+        load_run(run)
+    assert (
+        str(error.value) == f"run h2_seed1 of the sweep {sweep} is missing ({run}); rerun the sweep"
+    )
+
+
+def test_loading_a_folder_that_does_not_exist_says_so(tmp_path):
+    with pytest.raises(FileNotFoundError) as error:
+        load_run(tmp_path / "nope")
+    assert str(error.value) == f"{tmp_path / 'nope'} does not exist"

@@ -8,9 +8,10 @@ import math
 import pandas as pd
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from mhainterp.config import TrainConfig
-from mhainterp.errors import TrainingDivergedError
+from mhainterp.errors import RunFolderError, TrainingDivergedError
 from mhainterp.model.handbuilt import handbuilt_model
 from mhainterp.runs import is_finished_run
 from mhainterp.tasks import get_task
@@ -165,8 +166,10 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_weights(tmp_path):
     saved = json.loads((tmp_path / "run" / "eval.json").read_text())
     assert saved["status"] == "diverged" and saved["last_good_step"] == 16
     assert not is_finished_run(tmp_path / "run")  # a sweep would redo it
-    on_disk = load_run(tmp_path / "run").model
-    assert torch.equal(on_disk.unembed.weight, model.unembed.weight)
+    on_disk = load_file(tmp_path / "run" / "model.safetensors")  # kept to look at, not loaded
+    assert all(torch.equal(on_disk[name], value) for name, value in model.state_dict().items())
+    with pytest.raises(RunFolderError, match="diverged at step 21 .* lower --lr"):
+        load_run(tmp_path / "run")
 
 
 def test_model_must_fit_task():

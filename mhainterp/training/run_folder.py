@@ -36,10 +36,13 @@ from mhainterp.runs import (
     RUN_FILES,
     check_dtype_name,
     check_metrics,
+    check_not_diverged,
     check_tensors,
     migrate_config,
     read_eval,
+    retrain_advice,
     run_status,
+    sweep_of_run,
 )
 from mhainterp.runtime import resolve_device
 from mhainterp.tasks import Task, task_from_record
@@ -217,15 +220,16 @@ def load_run(
     loss either, it loads with a warning.
 
     Raises:
-        FileNotFoundError: a run file is missing.
-        RunFolderError: a file is damaged or two files disagree; the message names them.
+        FileNotFoundError: the folder or a run file is missing.
+        RunFolderError: a file is damaged or two files disagree, the message naming them; or
+            the run diverged (its folder holds the last good weights, not a trained model).
 
     Example:
         >>> run = load_run("runs/quickstart/count_previous/h4_seed0")  # doctest: +SKIP
         >>> run.model.cfg.n_heads, run.eval["accuracy"]  # doctest: +SKIP
     """
     path = Path(path)
-    _check_complete(path)
+    saved_eval = _read_run_eval(path)
     config_path, weights_path = path / "config.json", path / "model.safetensors"
     device = str(resolve_device(device))
     model_config, train_config, task = _read_config(config_path, device)
@@ -236,7 +240,6 @@ def load_run(
     check_tensors(weights_path, config_path, state, model)
     model.load_state_dict(state)
     model.eval()
-    saved_eval = read_eval(path)
     metrics = _read_metrics(path, train_config, saved_eval)
     if metadata is None and verify:
         _verify_legacy(path, model, task, train_config, saved_eval)
@@ -260,15 +263,15 @@ def check_run_folder(path: str | os.PathLike[str]) -> None:
     only its recorded loss can check its config.
 
     Raises:
-        FileNotFoundError: a run file is missing.
-        RunFolderError: a file is damaged or two files disagree; the message names them (the
+        FileNotFoundError: the folder or a run file is missing.
+        RunFolderError: a file is damaged or two files disagree, or the run diverged (the
             message :func:`load_run` gives).
 
     Example:
         >>> check_run_folder("runs/quickstart/count_previous/runs/h4_seed0")  # doctest: +SKIP
     """
     path = Path(path)
-    _check_complete(path)
+    saved_eval = _read_run_eval(path)
     config_path, weights_path = path / "config.json", path / "model.safetensors"
     model_config, train_config, _ = _read_config(config_path, "meta")
     header, metadata = _read_weight_header(weights_path)
@@ -279,15 +282,35 @@ def check_run_folder(path: str | os.PathLike[str]) -> None:
     with torch.device("meta"):  # shapes and dtypes only: nothing allocated
         model = HookedMHATransformer(model_config)
     check_tensors(weights_path, config_path, header, model)
-    _read_metrics(path, train_config, read_eval(path))
+    _read_metrics(path, train_config, saved_eval)
+
+
+def _read_run_eval(path: Path) -> dict[str, Any]:
+    """``eval.json`` of a complete run folder that did not diverge: checked before the other
+    files, so that a diverged run is refused as such, not for what its weights lack."""
+    _check_complete(path)
+    saved_eval = read_eval(path)
+    check_not_diverged(path, saved_eval)
+    return saved_eval
 
 
 def _check_complete(path: Path) -> None:
+    if not path.is_dir():
+        raise FileNotFoundError(_no_folder_message(path))
     missing = [name for name in RUN_FILES if not (path / name).is_file()]
     if missing:
         raise FileNotFoundError(
             f"{path} is not a complete run folder: missing {', '.join(missing)}"
         )
+
+
+def _no_folder_message(path: Path) -> str:
+    if path.exists():
+        return f"{path} is not a folder: a run folder holds {', '.join(RUN_FILES)}"
+    sweep = sweep_of_run(path)
+    if sweep is not None:  # its sweep trains it again; nothing else does
+        return f"run {path.name} of the sweep {sweep} is missing ({path}); rerun the sweep"
+    return f"{path} does not exist"
 
 
 def _read_metrics(
@@ -298,7 +321,9 @@ def _read_metrics(
         metrics = pd.read_csv(metrics_path)
     except (ValueError, UnicodeDecodeError) as error:  # EmptyDataError, ParserError
         reason = " ".join(str(error).split())
-        raise RunFolderError(f"{metrics_path} is not a readable CSV table ({reason})") from None
+        raise RunFolderError(
+            f"{metrics_path} is not a readable CSV table ({reason}); {retrain_advice(path)}"
+        ) from None
     check_metrics(metrics_path, metrics, train_config, saved_eval)
     return metrics
 
@@ -371,8 +396,7 @@ def _read_safetensors(
             state = {name: read(weights, name) for name in weights.keys()}  # noqa: SIM118
     except (SafetensorError, OSError) as error:
         raise RunFolderError(
-            f"{weights_path} is damaged ({error}); retrain this run (rerun the sweep, or "
-            "train with --overwrite)"
+            f"{weights_path} is damaged ({error}); {retrain_advice(weights_path.parent)}"
         ) from None
     if METADATA_KEY not in metadata:
         return state, None
@@ -383,8 +407,8 @@ def _read_safetensors(
     if not isinstance(architecture, dict):
         raise RunFolderError(
             f"{weights_path} has damaged metadata ({METADATA_KEY!r} is "
-            f"{metadata[METADATA_KEY][:40]!r}, not an object of architecture fields); retrain "
-            "this run (rerun the sweep, or train with --overwrite)"
+            f"{metadata[METADATA_KEY][:40]!r}, not an object of architecture fields); "
+            f"{retrain_advice(weights_path.parent)}"
         )
     return state, architecture
 
@@ -401,7 +425,8 @@ def _check_architecture(
     if diffs:
         raise RunFolderError(
             f"{config_path} disagrees with {weights_path.name}: {'; '.join(diffs)}. The files "
-            "are from different runs; restore the right config.json or retrain the run"
+            "are from different runs; restore the right config.json, or "
+            f"{retrain_advice(config_path.parent)}"
         )
 
 
@@ -432,5 +457,5 @@ def _verify_legacy(
             f"this config (n_heads={model.cfg.n_heads}, causal={model.cfg.causal}), give loss "
             f"{loss:.4g} where eval.json recorded {recorded:.4g} (the weights carry no "
             "architecture metadata: saved by an older mhainterp). Restore the right "
-            "config.json or retrain the run"
+            f"config.json, or {retrain_advice(path)}"
         )
