@@ -15,14 +15,13 @@ Example:
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import warnings
 from pathlib import Path
 from typing import Any
 
 from mhainterp.io import read_json, write_json
-from mhainterp.runs import ANALYSIS_DIR
+from mhainterp.runs import ANALYSIS_DIR, weights_digest
 
 __all__ = [
     "SOURCE_FILE",
@@ -34,26 +33,6 @@ __all__ = [
 
 SOURCE_FILE = "source.json"
 """In ``analysis/``: the digest of the weights the saved analyses were computed from."""
-
-_digests: dict[tuple[str, int, int], str] = {}
-
-
-def weights_digest(run_dir: str | os.PathLike[str]) -> str | None:
-    """SHA-256 (hex) of ``run_dir/model.safetensors``, or None when there is none (cached per
-    file size and modification time within a process)."""
-    path = Path(run_dir) / "model.safetensors"
-    try:
-        info = path.stat()
-    except OSError:
-        return None
-    key = (str(path.resolve()), info.st_size, info.st_mtime_ns)
-    if key not in _digests:
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(block)
-        _digests[key] = digest.hexdigest()
-    return _digests[key]
 
 
 def _recorded_digest(run_dir: Path) -> str | None:

@@ -38,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -88,6 +89,7 @@ __all__ = [
     "run_status",
     "sweep_folders",
     "sweep_of_run",
+    "weights_digest",
 ]
 
 RUN_FILES = ("config.json", "model.safetensors", "metrics.csv", "eval.json")
@@ -206,6 +208,27 @@ def check_not_diverged(
         f"{run_dir} diverged{where} (its eval.json says so): it holds no trained model; "
         "retrain it with a lower --lr"
     )
+
+
+_digests: dict[tuple[str, int, int], str] = {}
+
+
+def weights_digest(run_dir: str | os.PathLike[str]) -> str | None:
+    """SHA-256 (hex) of ``run_dir/model.safetensors``, or None when there is none (cached per
+    file size and modification time within a process)."""
+    path = Path(run_dir) / "model.safetensors"
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    key = (str(path.resolve()), info.st_size, info.st_mtime_ns)
+    if key not in _digests:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        _digests[key] = digest.hexdigest()
+    return _digests[key]
 
 
 def run_status(run_dir: str | os.PathLike[str]) -> Literal["empty", "unfinished", "finished"]:

@@ -54,6 +54,11 @@ def _strip_metadata(change: Callable[[Path], None] | None = None) -> Callable[[P
     def edit(run: Path) -> None:
         path = run / "model.safetensors"
         save_file(load_file(path), path)
+        # an old run's eval.json has no record of its weights and task either
+        saved = json.loads((run / "eval.json").read_text())
+        for key in ("weights_sha256", "trained_on"):
+            saved.pop(key, None)
+        (run / "eval.json").write_text(json.dumps(saved))
         if change:
             change(run)
 
@@ -297,7 +302,8 @@ def test_damaged_run_is_refused_on_train_resume_sweep_resume_and_in_the_explorer
 
 # ----- checking folders from their files (issue 41) ---------------------------------------------
 VALUE_CASES = {"weights-all-nan", "weights-all-inf"}
-"""Damage in the tensors' values alone: the check from the files passes it, loading refuses it."""
+"""Damage in the tensors' values alone: loading refuses the values, the check from the files
+(which reads no value) refuses the file by the digest eval.json recorded."""
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -309,8 +315,9 @@ def test_checking_a_folder_from_its_files_refuses_it_as_loading_does(case, good_
     CASES[case][0](run)
     with pytest.raises((FileNotFoundError, ValueError)) as loading:  # RunFolderError, read_json
         load_run(run, device="cpu")
-    if case in VALUE_CASES:
-        check_run_folder(run)
+    if case in VALUE_CASES:  # the header shows nothing wrong; the recorded digest does
+        with pytest.raises(RunFolderError, match="is not the file this run saved"):
+            check_run_folder(run)
         return
     with pytest.raises(type(loading.value)) as checking:
         check_run_folder(run)
@@ -430,3 +437,30 @@ def test_a_diverged_run_is_refused_as_diverged_by_every_reader(diverged_run, cap
         with pytest.raises(RunFolderError) as error:
             read(run)
         assert str(error.value) == expected
+
+
+def test_weights_or_a_task_other_than_eval_json_recorded_are_refused(good_run, tmp_path):
+    """A newcomer audit loaded, without a word: 1,000 bytes flipped inside the tensor data
+    (accuracy 0.04 against the 0.994 eval.json says), another run's weights copied in, and a
+    config.json edited to another task of the same shapes. eval.json records the weights'
+    SHA-256 and the task: each is refused, by loading and by the check from the files."""
+    from mhainterp.training import check_run_folder, load_run
+
+    flipped = tmp_path / "flipped"
+    shutil.copytree(good_run, flipped)
+    data = bytearray((flipped / "model.safetensors").read_bytes())
+    data[-64:] = bytes(b ^ 0xFF for b in data[-64:])  # the last tensor's values, header intact
+    (flipped / "model.safetensors").write_bytes(bytes(data))
+    for check in (load_run, check_run_folder):
+        with pytest.raises(RunFolderError, match="is not the file this run saved.*SHA-256"):
+            check(flipped)
+
+    other_task = tmp_path / "other_task"
+    shutil.copytree(good_run, other_task)
+    config = json.loads((other_task / "config.json").read_text())
+    assert config["task"]["name"] == "reverse"
+    config["task"]["name"] = "sort"  # same vocabulary and length: every shape still fits
+    (other_task / "config.json").write_text(json.dumps(config))
+    for check in (load_run, check_run_folder):
+        with pytest.raises(RunFolderError, match="disagrees with eval.json: it names task"):
+            check(other_task)

@@ -180,10 +180,13 @@ def test_out_with_a_folder_is_refused(command, made, tmp_path, no_model_loading,
     run, elsewhere = made[0], tmp_path / "elsewhere"
     capsys.readouterr()
     assert main([command, str(run), "--out", str(elsewhere)]) == 2
-    assert _one_line(capsys.readouterr().err) == (
-        f"mhainterp {command}: error: --out={str(elsewhere)!r} is invalid: only for --model "
+    line = _one_line(capsys.readouterr().err)
+    # the value is shortened past 80 characters (validation._show): a long tmp path is
+    assert line.startswith(f"mhainterp {command}: error: --out=")
+    assert line.endswith(
+        " is invalid: only for --model "
         f"(a run's analysis goes to RUN/analysis, inside {run}); drop --out"
-    )
+    ), line
     assert not elsewhere.exists()
 
 

@@ -163,6 +163,10 @@ def test_old_weights_without_metadata_load_and_warn_when_nothing_can_be_checked(
     run = tmp_path / "run"
     shutil.copytree(tiny_sweep / "runs" / "h2_seed0", run)
     save_file(load_file(run / "model.safetensors"), run / "model.safetensors")  # no metadata
+    saved = json.loads((run / "eval.json").read_text())  # nor, in an old run, its record
+    (run / "eval.json").write_text(
+        json.dumps({k: v for k, v in saved.items() if k not in ("weights_sha256", "trained_on")})
+    )
     assert load_run(run).model.cfg.n_heads == 2  # checked by eval.json's loss: no warning
     # a run saved by hand (save_run with metrics of one's own): no status, no loss
     (run / "eval.json").write_text(json.dumps({"note": "saved by hand"}))

@@ -281,7 +281,10 @@ def test_overwritten_weights_make_saved_analyses_stale(tiny_sweep, tmp_path):
     shutil.copytree(tiny_sweep / "runs" / "h2_seed0", run)
     specialize_folder(run, n_eval=16, progress=False, by=())
     assert saved_specialization(run) is not None and analysis_is_current(run)
-    shutil.copy(tiny_sweep / "runs" / "h2_seed1" / "model.safetensors", run / "model.safetensors")
+    # the run replaced by another of the same settings (its weights and their evaluation):
+    # weights copied in alone are refused (test_damaged_runs), not analysed as this run's
+    for name in ("model.safetensors", "eval.json", "metrics.csv"):
+        shutil.copy(tiny_sweep / "runs" / "h2_seed1" / name, run / name)
     assert not analysis_is_current(run)
     assert saved_specialization(run) is None  # the report shows it as missing
     with warnings.catch_warnings(record=True) as caught:

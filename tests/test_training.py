@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 from mhainterp.config import TrainConfig
 from mhainterp.errors import RunFolderError, TrainingDivergedError
 from mhainterp.model.handbuilt import handbuilt_model
-from mhainterp.runs import is_finished_run
-from mhainterp.tasks import get_task
+from mhainterp.runs import is_finished_run, weights_digest
+from mhainterp.tasks import get_task, task_record
 from mhainterp.training import (
     build_model,
     evaluate,
@@ -137,7 +137,12 @@ def test_save_run_takes_model_and_task_first(tmp_path):
     run = load_run(saved)
     tokens = task.eval_batch(8).tokens
     assert torch.equal(run.model(tokens), model(tokens))
-    assert run.eval == {"x": 1}
+    # eval.json also records what it is an evaluation of: the weights file and the task
+    assert run.eval == {
+        "x": 1,
+        "weights_sha256": weights_digest(saved),
+        "trained_on": {"name": "previous_token", "params": task_record(task)["params"]},
+    }
     with pytest.raises(ValueError, match=r"model=.* is invalid: a HookedMHATransformer: save_run"):
         save_run(tmp_path / "old", model, task, TrainConfig(), pd.DataFrame(), {})
 

@@ -43,9 +43,10 @@ from mhainterp.runs import (
     retrain_advice,
     run_status,
     sweep_of_run,
+    weights_digest,
 )
 from mhainterp.runtime import resolve_device
-from mhainterp.tasks import Task, task_from_record
+from mhainterp.tasks import Task, task_from_record, task_record
 from mhainterp.training.evaluation import evaluate
 from mhainterp.training.identity import run_config, saved_config_matches
 from mhainterp.validation import invalid
@@ -154,7 +155,7 @@ def save_run(
     if metrics.columns.empty:  # diverged before the first logged step: keep the header
         metrics = pd.DataFrame(columns=list(METRIC_COLUMNS))
     write_csv(run_dir / "metrics.csv", metrics)
-    write_json(run_dir / "eval.json", eval_metrics)
+    write_json(run_dir / "eval.json", {**eval_metrics, **_trained_record(run_dir, task)})
     return run_dir
 
 
@@ -217,7 +218,9 @@ def load_run(
     A run saved before that has no metadata: with ``verify`` its weights must then reproduce the
     loss recorded in ``eval.json`` on the task's fixed evaluation set (this catches a config
     whose ``n_heads`` or ``causal`` disagrees with the weights); when ``eval.json`` records no
-    loss either, it loads with a warning.
+    loss either, it loads with a warning. Runs saved since ``eval.json`` records the weights'
+    SHA-256 and the task must match both (a flipped byte, weights copied from another run, a
+    config edited to another task of the same shapes are refused).
 
     Raises:
         FileNotFoundError: the folder or a run file is missing.
@@ -238,6 +241,7 @@ def load_run(
         _check_architecture(config_path, weights_path, model_config, metadata)
     model = HookedMHATransformer(model_config)
     check_tensors(weights_path, config_path, state, model)
+    _check_trained_record(path, saved_eval, task)  # after the checks that name a cause
     model.load_state_dict(state)
     model.eval()
     metrics = _read_metrics(path, train_config, saved_eval)
@@ -273,7 +277,7 @@ def check_run_folder(path: str | os.PathLike[str]) -> None:
     path = Path(path)
     saved_eval = _read_run_eval(path)
     config_path, weights_path = path / "config.json", path / "model.safetensors"
-    model_config, train_config, _ = _read_config(config_path, "meta")
+    model_config, train_config, task = _read_config(config_path, "meta")
     header, metadata = _read_weight_header(weights_path)
     if metadata is None:  # an old run: its weights must reproduce its loss
         load_run(path)
@@ -282,7 +286,48 @@ def check_run_folder(path: str | os.PathLike[str]) -> None:
     with torch.device("meta"):  # shapes and dtypes only: nothing allocated
         model = HookedMHATransformer(model_config)
     check_tensors(weights_path, config_path, header, model)
+    _check_trained_record(path, saved_eval, task)  # also what the header cannot show: values
     _read_metrics(path, train_config, saved_eval)
+
+
+WEIGHTS_KEY = "weights_sha256"
+TASK_KEY = "trained_on"
+"""In ``eval.json`` (runs saved since the record was written): the SHA-256 of the weights file
+the evaluation is of, and the task (name and params) it was trained and evaluated on."""
+
+
+def _trained_record(run_dir: Path, task: Task) -> dict[str, Any]:
+    """What this evaluation is of, for ``eval.json``: a loader then refuses other weights (a
+    damaged or swapped file) and a config.json that names another task, which the tensors'
+    shapes alone cannot tell apart (reverse and sort share every shape)."""
+    record = task_record(task)
+    return {
+        WEIGHTS_KEY: weights_digest(run_dir),
+        TASK_KEY: {"name": record["name"], "params": record["params"]},
+    }
+
+
+def _check_trained_record(path: Path, saved_eval: dict[str, Any], task: Task) -> None:
+    """Refuse weights or a task other than those ``eval.json`` recorded (runs saved before the
+    record have none to check)."""
+    recorded = saved_eval.get(WEIGHTS_KEY)
+    if recorded is not None and recorded != weights_digest(path):
+        raise RunFolderError(
+            f"{path / 'model.safetensors'} is not the file this run saved: its SHA-256 differs "
+            f"from the one eval.json recorded (damaged, or other weights copied in); restore "
+            f"the run's own file, or {retrain_advice(path)}"
+        )
+    trained = saved_eval.get(TASK_KEY)
+    if trained is None:
+        return
+    record = task_record(task)
+    configured = json.loads(json.dumps({"name": record["name"], "params": record["params"]}))
+    if trained != configured:
+        raise RunFolderError(
+            f"{path / 'config.json'} disagrees with eval.json: it names task {configured}, but "
+            f"the run was trained and evaluated on {trained}; restore the run's own "
+            f"config.json, or {retrain_advice(path)}"
+        )
 
 
 def _read_run_eval(path: Path) -> dict[str, Any]:
