@@ -28,7 +28,6 @@ __all__ = [
     "analysis_is_current",
     "record_analysis_source",
     "set_aside_stale_analysis",
-    "weights_digest",
 ]
 
 SOURCE_FILE = "source.json"

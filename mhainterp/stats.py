@@ -249,12 +249,8 @@ def _finite_values(name: str, values: Sequence[float]) -> np.ndarray:
     """The defined values (:func:`defined_values`); an infinite one is refused, naming the
     group (a mean and a permutation p of it mean nothing: p would come out 0)."""
     x = defined_values(values)
-    if np.isinf(x).any():
-        raise invalid(
-            name,
-            x[np.isinf(x)][0],
-            "seed values must be finite; leave the seed out (NaN) or fix what produced it",
-        )
+    for value in x[np.isinf(x)][:1]:
+        check_float(name, float(value))  # refuses it, in validation's one format
     return x
 
 

@@ -405,7 +405,7 @@ def test_specialize_after_train_overwrite_does_not_reuse_the_old_result(tmp_path
     specialized = _cli("specialize", str(run), "--n-eval", "16", "--quiet")
     assert specialized.returncode == 0, specialized.stderr
     second = json.loads((run / "analysis" / "specialization.json").read_text())
-    from mhainterp.provenance import weights_digest
+    from mhainterp.runs import weights_digest
 
     assert first["weights_sha256"] != second["weights_sha256"] == weights_digest(run)
     runs = pd.read_csv(run / "analysis" / "specialization_runs.csv")

@@ -17,8 +17,14 @@ from pathlib import Path
 import pandas as pd
 
 from mhainterp.io import FileSet, json_text
-from mhainterp.provenance import record_analysis_source, weights_digest
-from mhainterp.runs import HEAD_KEYS, migrate_settings, read_result_table, read_saved_meta
+from mhainterp.provenance import record_analysis_source
+from mhainterp.runs import (
+    HEAD_KEYS,
+    migrate_settings,
+    read_result_table,
+    read_saved_meta,
+    weights_digest,
+)
 from mhainterp.specialization.settings import SpecializationSettings
 from mhainterp.specialization.verdict.sentences import Verdict
 
