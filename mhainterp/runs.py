@@ -391,6 +391,8 @@ def find_runs(path: str | os.PathLike[str]) -> list[Path]:
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist")
+    if path.is_file():
+        raise FileNotFoundError(f"{path} is a file, not a folder: give its folder ({path.parent})")
     if is_finished_run(path):
         return [path]
     folders = _folders(path)

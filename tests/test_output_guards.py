@@ -238,3 +238,17 @@ def test_explore_names_host_when_the_host_cannot_be_listened_on(made, capsys):
     ), line
     assert line.endswith("choose another --host (127.0.0.1: this machine only)"), line
     assert "--port" not in line
+
+
+# ----- smaller messages from the same audit ------------------------------------------------------
+def test_a_repeated_seed_is_named(capsys):
+    assert main(["sweep", "--task", "reverse", "--seeds", "0,0-2", "--steps", "5"]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.endswith("comma-separated (0 given twice)"), line
+
+
+def test_a_run_file_given_for_its_folder_is_named_as_a_file(made, capsys):
+    run = made[0]
+    assert main(["analyze", str(run / "config.json")]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.endswith(f"config.json is a file, not a folder: give its folder ({run})"), line

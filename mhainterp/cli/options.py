@@ -208,8 +208,11 @@ def add_int_list(
 
     def check(name: str, values: list[int]) -> list[int]:
         ok = bool(values) and all(low <= v <= high for v in values)
-        if not ok or len(set(values)) != len(values):
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if not ok or repeated:
             allowed = f"distinct integers >= {low} and <= {high}, comma-separated"
+            if repeated:  # say which, in a long list of ranges it is hard to see
+                allowed += f" ({', '.join(map(str, repeated))} given twice)"
             raise invalid(name, ",".join(map(str, values)), allowed)
         return values
 
