@@ -528,7 +528,12 @@ def _findings(spec: SweepSpecialization, sweep_name: str) -> _SweepFindings:
     of every comparison behind it, whose numbers the line quotes. The longer evidence (per
     head count verdicts, what n would settle the rest, what n seeds can show) follows in the
     sweep's section."""
-    out = list(spec.answers.values())
+    # a sweep not named after its task (two sweeps of one task in a study) is named in its
+    # line, as in its table's caption: two "- reverse: ..." lines could not be told apart
+    out = [
+        line if task == sweep_name else f"{task} ({sweep_name}){line[len(task) :]}"
+        for task, line in spec.answers.items()
+    ]
     tables = []
     for task, rows in spec.comparisons.groupby("task", sort=False):
         families = ", ".join(

@@ -467,3 +467,16 @@ def test_saved_folder_settings_are_none_when_runs_disagree_or_are_unlabelled(
     assert saved_folder_settings(sweep) is None
     run.unlink()
     assert saved_folder_settings(sweep) is None
+
+
+def test_two_sweeps_of_one_task_each_get_their_line_named(tiny_sweep, tmp_path):
+    """A study holding two sweeps of reverse: the Findings said one "- reverse: ..." line for
+    both (or two that could not be told apart); each line now names its sweep, as the
+    comparison tables' captions do."""
+    study = tmp_path / "study"
+    for name in ("rev_a", "rev_b"):
+        shutil.copytree(tiny_sweep, study / name)
+    assert _cli(["report", str(study), "--n-eval", "16"]) == 0
+    findings = (study / "report.md").read_text().split("## Findings", 1)[1].split("\n## ")[0]
+    lines = [line for line in findings.splitlines() if line.startswith("- reverse")]
+    assert [line.split(":")[0] for line in lines] == ["- reverse (rev_a)", "- reverse (rev_b)"]
