@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import pandas as pd
 import pytest
@@ -186,3 +187,18 @@ def test_model_must_fit_task():
         ValueError, match="n_layers=1 is invalid: an integer >= 2 for task 'induction'"
     ):
         build_model(get_task("induction", seq_len=8, d_vocab=8), n_layers=1)
+
+
+def test_a_causal_model_on_a_task_that_needs_later_positions_is_warned_about():
+    """reverse's target at t is the token at L-1-t: a causal model cannot see it for the
+    first half. Allowed (an experiment may want it), but said; the task's own masking is
+    not."""
+    from mhainterp.training import build_model, train
+
+    task = get_task("reverse", seq_len=6, d_vocab=4)
+    config = TrainConfig(steps=2, batch_size=4, n_eval=8, warmup_steps=1)
+    with pytest.warns(UserWarning, match="a causal model on task 'reverse'"):
+        train(build_model(task, d_model=8, n_heads=2, causal=True), task, config, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train(build_model(task, d_model=8, n_heads=2), task, config, progress=False)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,13 @@ def check_compatible(model: HookedMHATransformer, task: Task) -> None:
             f"model is invalid: a model that fits task {task.name!r}, got "
             + "; ".join(problems)
             + ". Build it with mhainterp.training.build_model(task, ...)"
+        )
+    if cfg.causal and not task.causal:  # allowed (an experiment may want it), never silent
+        warnings.warn(
+            f"a causal model on task {task.name!r}, whose targets need later positions too: "
+            "it cannot see them, so it cannot solve the task (--bidirectional, or "
+            "build_model's default, lets it)",
+            stacklevel=2,
         )
 
 
