@@ -252,3 +252,23 @@ def test_a_run_file_given_for_its_folder_is_named_as_a_file(made, capsys):
     assert main(["analyze", str(run / "config.json")]) == 2
     line = _one_line(capsys.readouterr().err)
     assert line.endswith(f"config.json is a file, not a folder: give its folder ({run})"), line
+
+
+@pytest.mark.parametrize(
+    ("argv", "start"),
+    [
+        (["sweep", "--task", "reverse", "--n-heads", "3", "--steps", "5"], "--n-heads=[3] is"),
+        (["train", "--task", "reverse", "--warmup-steps", "50", "--steps", "5"],
+         "--warmup-steps=50 is"),
+        (["specialize"], "RUN_OR_SWEEP=None is"),
+    ],
+    ids=["sweep", "train", "specialize"],
+)  # fmt: skip
+def test_a_library_check_names_the_flag_the_user_typed(argv, start, tmp_path, capsys):
+    """The check that refuses these lives in the library and names its parameter
+    (``n_heads=[3] is invalid``); the command says it with the flag the user typed."""
+    out = ["--out", str(tmp_path / "out")] if argv[0] != "specialize" else []
+    assert main([*argv, *out]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert line.startswith(f"mhainterp {argv[0]}: error: {start} invalid"), line
+    assert not (tmp_path / "out").exists()

@@ -142,8 +142,10 @@ def _import_numerics() -> None:
 def _main(argv: list[str], command: str | None) -> int:
     prefix = f"mhainterp {command}" if command else "mhainterp"
     started = False  # whether the command itself began (its Ctrl-C message says how to resume)
+    flags: dict[str, str] = {}  # a library parameter's name -> the command's flag for it
     try:
         parser = build_parser()
+        flags = _flags(parser, command)
         args = parser.parse_args(argv)  # an option out of its range raises ParameterError
         if not getattr(args, "func", None):
             parser.print_help()
@@ -185,8 +187,32 @@ def _main(argv: list[str], command: str | None) -> int:
         if not isinstance(error, _USER_ERRORS):
             raise
         # The user's input or a damaged run folder: one clear line, no traceback.
-        print(f"{prefix}: error: {_one_line(str(error))}", file=sys.stderr)
+        print(f"{prefix}: error: {_one_line(_as_flag(str(error), flags))}", file=sys.stderr)
         return 2
+
+
+def _flags(parser: argparse.ArgumentParser, command: str | None) -> dict[str, str]:
+    """``{"n_heads": "--n-heads", "path": "RUN_OR_SWEEP", ...}`` for ``command``: the names a
+    library check gives a value (``n_heads=[3] is invalid``) and how the user typed it."""
+    subparsers = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    sub = subparsers[0].choices.get(command) if subparsers and command else None
+    if sub is None:
+        return {}
+    out = {}
+    for action in sub._actions:
+        long = [o for o in action.option_strings if o.startswith("--")]
+        name = long[0] if long else (action.metavar or action.dest.upper())
+        out.setdefault(action.dest, str(name))
+    return out
+
+
+def _as_flag(message: str, flags: dict[str, str]) -> str:
+    """A library error that names a parameter (``warmup_steps=5 is invalid: ...``), with the
+    command's flag instead (``--warmup-steps=5 is invalid: ...``): what the user typed."""
+    name, equals, rest = message.partition("=")
+    if equals and name in flags and name.isidentifier():
+        return f"{flags[name]}={rest}"
+    return message
 
 
 def _clear_progress_bars() -> None:
