@@ -163,8 +163,12 @@ def test_a_zeroed_output_projection_is_a_dead_head_on_a_pretrained_model(tmp_pat
     result = division_of_labour(model, task, n_bootstrap=20, methods=("mean",))
     row = result.heads.drop_duplicates("head_label").set_index("head_label").loc["L1H2"]
     assert row["write_norm"] == 0.0 and row["damage_alone"] == 0.0
-    labels = specialization_test(model, task, n_init=2).heads.set_index("head_label")["label"]
+    result = specialization_test(model, task, n_init=2)
+    labels = result.heads.set_index("head_label")["label"]
     assert labels["L1H2"] == "dead"
+    # a pretrained model's seed only seeds the nulls: its verdict does not name one
+    header = result.verdict.text.split(":")[0]
+    assert "seed" not in header and "h=" in header, header
 
 
 def test_a_copied_head_has_its_sources_profile_index_zero(tmp_path_factory):

@@ -109,7 +109,8 @@ def _resolve_one(item: _RunSource, task: Task | None, index: int) -> RunInput:
                 what = "a Task: for a pretrained model, TextTask(model, 'stdlib' or a text file)"
             raise invalid("data", task, what)
         name = _pretrained_name(item) if isinstance(item, BridgedModel) else f"model{index}"
-        return RunInput(item, task, name, int(getattr(item.cfg, "seed", 0) or 0))
+        seed = int(getattr(item.cfg, "seed", 0) or 0)
+        return RunInput(item, task, name, seed, pretrained=isinstance(item, BridgedModel))
     raise TypeError(
         "run_or_model must be a run folder, a training.Run, a HookedMHATransformer (with data), "
         "a pretrained model from load_pretrained (with a TextTask), a (model, task) pair, or a "

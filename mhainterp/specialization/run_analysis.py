@@ -86,6 +86,8 @@ class RunInput:
     single_damage: TripleDamage | None = None
     """That division's single-head damage per triple, when it was computed in this process
     with the same method and batch: the damage step then runs no pass."""
+    pretrained: bool = False
+    """A pretrained model: its ``seed`` only seeds the nulls, so the verdict does not name it."""
 
 
 # ----------------------------------------------------------------------------- one run
@@ -460,6 +462,7 @@ def _run_verdict(
         n_heads=model.cfg.n_heads,
         n_layers=model.cfg.n_layers,
         seed=inp.seed,
+        seed_shown=not inp.pretrained,
         n_targets=len(inp.task.target_names),
         role_heads=dict(zip(role_rows["head_label"], role_rows["label"], strict=True)),
         role_effects=dict(zip(role_rows["head_label"], role_rows["role_effect"], strict=True)),

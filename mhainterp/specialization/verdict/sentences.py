@@ -427,6 +427,7 @@ class RunVerdict:
     relations: dict[str, list[str]] = field(default_factory=dict)
     needed: list[str] = field(default_factory=list)
     backed_up: list[str] = field(default_factory=list)
+    seed_shown: bool = True  # False for a pretrained model: its seed only seeds the nulls
     division: list[dict[str, Any]] = field(default_factory=list)
     flips: dict[str, int] = field(default_factory=dict)
     flip_heads: list[str] = field(default_factory=list)
@@ -482,11 +483,15 @@ class RunVerdict:
         return {str(d["by"]): axis_call(d, self.alpha) for d in self.division}
 
     @property
+    def _seed_text(self) -> str:
+        return f", seed {self.seed}" if self.seed_shown else ""
+
+    @property
     def headline(self) -> str:
         """One sentence: does this run divide the work, along what, on what basis."""
         where = f"{_plural(self.n_relations, 'relation')} held"
         return (
-            f"{self.task}, h={self.n_heads}, seed {self.seed}: {headline_call(self.calls)}"
+            f"{self.task}, h={self.n_heads}{self._seed_text}: {headline_call(self.calls)}"
             f"{_basis_text(self.division)}{_stability_clause([self])} ({where}; "
             f"{len(self.needed)} of {self.total_heads} needed, {len(self.backed_up)} backed up, "
             f"{len(self.dead)} dead)."
@@ -598,7 +603,7 @@ class RunVerdict:
         header = f"{self.task}, h={self.n_heads}" + (
             f" x {self.n_layers} layers" if self.n_layers > 1 else ""
         )
-        header += f", seed {self.seed}"
+        header += self._seed_text
         if not math.isnan(self.accuracy):
             header += f" (accuracy {self.accuracy:.3f})"
         return " ".join(
