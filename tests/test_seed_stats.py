@@ -356,3 +356,13 @@ def test_a_difference_whose_own_p_passes_is_said_to_fail_after_holm_not_within_t
     rest = rows.iloc[1:]
     assert (rest["p"] >= 0.05).all()
     assert (rest["verdict"] == "no difference shown (within the seed spread)").all()
+
+
+def test_a_comparison_sentence_gives_each_side_its_n():
+    """Mean ± std without n hides that a seed dropped out (undefined): each side says its n."""
+    runs = pd.DataFrame(
+        [{"task": "t", "n_heads": 4, "m": v} for v in (0.1, 0.2, math.nan, 0.3)]
+        + [{"task": "t", "n_heads": 8, "m": v} for v in (0.5, 0.6, 0.7, 0.8)]
+    )
+    sentence = comparison_sentence(compare_head_counts(runs, [("m", "index")]).iloc[0])
+    assert sentence.startswith("index 0.20 ± 0.10 (h=4, n=3) → 0.65 ± 0.13 (h=8, n=4): ")

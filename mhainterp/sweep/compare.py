@@ -319,14 +319,14 @@ def comparison_sentence(row: dict[str, Any] | pd.Series) -> str:
         ...                      "needed": [1.0, 1.0, 1.0, 0.0, 0.0, 0.0]})
         >>> print(comparison_sentence(compare_head_counts(runs, [("needed", "needed share")])
         ...     .iloc[0]))  # doctest: +NORMALIZE_WHITESPACE
-        needed share 1.00 ± 0.00 (h=1) → 0.00 ± 0.00 (h=4): -1.00 (no interval: no seed
-        spread); every seed at h=4 is below every seed at h=1, but with 3 seeds each the exact
-        test's floor is p = 0.1 (Holm p = 0.1 over 1): no difference shown
+        needed share 1.00 ± 0.00 (h=1, n=3) → 0.00 ± 0.00 (h=4, n=3): -1.00 (no interval: no
+        seed spread); every seed at h=4 is below every seed at h=1, but with 3 seeds each the
+        exact test's floor is p = 0.1 (Holm p = 0.1 over 1): no difference shown
     """
     h_a, h_b = row["n_heads_a"], row["n_heads_b"]
     head = (
-        f"{row['quantity']} {_mean_std(row['mean_a'], row['std_a'])} (h={h_a}) → "
-        f"{_mean_std(row['mean_b'], row['std_b'])} (h={h_b})"
+        f"{row['quantity']} {_mean_std(row['mean_a'], row['std_a'])} (h={h_a}, n={row['n_a']}) "
+        f"→ {_mean_std(row['mean_b'], row['std_b'])} (h={h_b}, n={row['n_b']})"
     )
     if math.isnan(row["p"]):
         return f"{head}: too few seeds to compare (n = {row['n_a']} and {row['n_b']})"
