@@ -217,27 +217,44 @@ def test_an_accuracy_that_rises_at_every_step_is_one_chain_of_table_numbers():
     assert all(number in _displayed(comparisons) for number in _numbers(line)), line
 
 
-def _doubling_tables(position_at: dict[int, float], n: int = 6) -> pd.DataFrame:
-    """Head-count comparisons of a solved task at h = 1, 2, 4, 8 whose division index by
-    position is ``position_at[h]`` (plus seed noise of 0.002), by token 0.001 everywhere, and
-    nothing else changing (every head backed up at every h)."""
+def _ladder_tables(
+    backed_at: dict[int, float],
+    index_at: dict[str, dict[int, float]],
+    fixed: dict[str, float] | None = None,
+) -> pd.DataFrame:
+    """Head-count comparisons of a solved task at h = 1, 2, 4, 8 x 6 seeds: the backed-up share
+    ``backed_at[h]`` at every seed (the needed share its complement), per division axis the
+    index ``index_at[axis][h]`` plus seed noise of 0.002, and per ``fixed`` axis one index at
+    every seed and h (no noise)."""
     rng = np.random.default_rng(0)
     runs, division = [], []
     for h in (1, 2, 4, 8):
-        for s in range(n):
+        for s in range(6):
             run = f"h{h}_seed{s}"
             runs.append(
                 {"run": run, "task": "t", "n_heads": h, "seed": s, "accuracy": 1.0,
-                 "n_relations": 1, "heads_per_relation": float(h), "frac_needed": 0.0,
-                 "frac_backed_up": 1.0, "frac_dead": 0.0, "specialized_along": ""}
+                 "n_relations": 1, "heads_per_relation": float(h),
+                 "frac_needed": 1 - backed_at[h], "frac_backed_up": backed_at[h],
+                 "frac_dead": 0.0, "specialized_along": ""}
             )  # fmt: skip
-            position = position_at[h] + (0 if math.isnan(position_at[h]) else rng.normal(0, 0.002))
-            for by, index in (("position", position), ("token", 0.001)):
+            indices = {
+                by: levels[h] + (0 if math.isnan(levels[h]) else rng.normal(0, 0.002))
+                for by, levels in index_at.items()
+            } | (fixed or {})
+            for by, index in indices.items():
                 division.append(
                     {"run": run, "by": by, "index": index, "null_index": 0.005,
                      "null_high": 0.01, "p": 0.005}
                 )  # fmt: skip
     return head_count_comparisons(pd.DataFrame(runs), pd.DataFrame(division))
+
+
+def _doubling_tables(position_at: dict[int, float]) -> pd.DataFrame:
+    """Head-count comparisons of a solved task at h = 1, 2, 4, 8 whose division index by
+    position is ``position_at[h]`` (plus seed noise of 0.002), by token 0.001 everywhere, and
+    nothing else changing (every head backed up at every h)."""
+    every = dict.fromkeys((1, 2, 4, 8), 1.0)
+    return _ladder_tables(every, {"position": position_at}, fixed={"token": 0.001})
 
 
 def test_an_index_rising_at_each_doubling_is_said_as_one_chain_of_means():
@@ -264,30 +281,6 @@ def test_a_step_within_the_seed_spread_breaks_the_chain():
         r"from h = 4 to 8 the heads split the work more by position \(index 0\.15 → 0\.3\d?\)", line
     )
     assert "from h = 2" not in line
-
-
-def _ladder_tables(backed_at: dict[int, float], index_at: dict[str, dict[int, float]]):
-    """Head-count comparisons of a solved task at h = 1, 2, 4, 8 x 6 seeds: the backed-up share
-    ``backed_at[h]`` at every seed (the needed share its complement), and per division axis
-    the index ``index_at[axis][h]`` plus seed noise of 0.002."""
-    rng = np.random.default_rng(0)
-    runs, division = [], []
-    for h in (1, 2, 4, 8):
-        for s in range(6):
-            run = f"h{h}_seed{s}"
-            runs.append(
-                {"run": run, "task": "t", "n_heads": h, "seed": s, "accuracy": 1.0,
-                 "n_relations": 1, "heads_per_relation": float(h),
-                 "frac_needed": 1 - backed_at[h], "frac_backed_up": backed_at[h],
-                 "frac_dead": 0.0, "specialized_along": ""}
-            )  # fmt: skip
-            for by, levels in index_at.items():
-                index = levels[h] + (0 if math.isnan(levels[h]) else rng.normal(0, 0.002))
-                division.append(
-                    {"run": run, "by": by, "index": index, "null_index": 0.005,
-                     "null_high": 0.01, "p": 0.005}
-                )  # fmt: skip
-    return head_count_comparisons(pd.DataFrame(runs), pd.DataFrame(division))
 
 
 def test_a_backed_up_share_rising_at_linked_steps_is_one_clause_of_table_numbers():
