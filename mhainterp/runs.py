@@ -166,18 +166,20 @@ def sweep_of_run(run_dir: str | os.PathLike[str]) -> Path | None:
 
 
 def retrain_advice(run_dir: str | os.PathLike[str]) -> str:
-    """How to retrain a run whose files are refused. The command that made it checks the same
-    files before training (a sweep resumes over them; ``train`` checks them even with
-    ``--overwrite``) and would refuse them again, so the folder has to go first: the user
-    moves or deletes it, never this toolkit.
+    """How to retrain a run whose files are refused, in a way that works: ``train --overwrite``
+    replaces a run of its own, damaged or not; a sweep checks its runs' files before it
+    resumes and would refuse them again, so a run of a sweep has to leave it first (the user
+    moves or deletes it, never this toolkit).
 
     Example:
         >>> retrain_advice("elsewhere/rev_h4")
-        'retrain it: move elsewhere/rev_h4 away (or delete it), then train it again'
+        'retrain it: rerun its train command with --overwrite (or move elsewhere/rev_h4 away first)'
     """
     sweep = sweep_of_run(run_dir)
     if sweep is None:
-        return f"retrain it: move {run_dir} away (or delete it), then train it again"
+        return (
+            f"retrain it: rerun its train command with --overwrite (or move {run_dir} away first)"
+        )
     return f"retrain it: move {run_dir} out of {sweep} (or delete it), then rerun the sweep"
 
 

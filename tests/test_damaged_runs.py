@@ -354,7 +354,7 @@ def test_a_header_only_metrics_csv_says_it_holds_no_rows(good_run, tmp_path, cap
     _write("metrics.csv", b"step,loss,lr,grad_norm\n")(run)
     expected = (
         f"{run / 'metrics.csv'} is cut short: it holds no rows, but the run trained 10 steps; "
-        f"retrain it: move {run} away (or delete it), then train it again"
+        f"retrain it: rerun its train command with --overwrite (or move {run} away first)"
     )
     with pytest.raises(RunFolderError) as error:
         from mhainterp import load_run
@@ -388,19 +388,26 @@ def test_a_damaged_run_of_a_sweep_names_a_fix_that_works(tiny_sweep, tmp_path, c
     assert load_run(run).eval["status"] == "finished"
 
 
-def test_a_damaged_run_of_its_own_is_not_told_to_train_with_overwrite(
+def test_a_damaged_run_of_its_own_is_retrained_by_the_advice_it_gets(
     made_by_commands, tmp_path, capsys
 ):
-    """``train --overwrite`` checks the finished run's files before training and refuses them
-    again, so the advice is to move the folder away."""
+    """A run of its own with damaged weights: the message says to rerun its train command with
+    --overwrite, and that works (it used to check the damaged files first and refuse them
+    again, a loop); without --overwrite the damaged run is refused, never trained over."""
     run = tmp_path / "run"
     shutil.copytree(made_by_commands[0], run)
     capsys.readouterr()
     _truncate(run / "model.safetensors")
-    code = main(["train", *MODEL_ARGS, "--seed", "0", "--overwrite", "--out", str(run)])
+    command = ["train", *MODEL_ARGS, "--seed", "0", "--out", str(run)]
+    assert main(command) == 2
     line = _one_line(capsys.readouterr().err)
-    assert code == 2 and "--overwrite" not in line, line
-    assert line.endswith(f"retrain it: move {run} away (or delete it), then train it again")
+    assert line.endswith(
+        f"retrain it: rerun its train command with --overwrite (or move {run} away first)"
+    ), line
+    assert main([*command, "--overwrite"]) == 0, capsys.readouterr().err
+    from mhainterp.training import load_run
+
+    assert load_run(run).eval["status"] == "finished"
 
 
 @pytest.fixture(scope="module")

@@ -68,14 +68,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_free_for_run(out, "--out")  # a sweep's folder: analyze would see one or the other
     ensure_writable_dir(out, "--out")
-    state = run_folder_state(out, model, task, config)
-    if state == "same finished" and not args.overwrite:
+    # --overwrite replaces whatever run is there, a damaged one included: reading it first
+    # would refuse the damage it is asked to replace
+    state = "replaced" if args.overwrite else run_folder_state(out, model, task, config)
+    if state == "same finished":
         print(
             f"{out} already holds this run, finished: nothing to do (--overwrite trains it again)"
         )
         print_eval(read_json(out / "eval.json"))
         return 0
-    if state == "different" and not args.overwrite:
+    if state == "different":
         differences = run_config_differences(out, model, task, config)
         raise invalid(
             "--out",
