@@ -456,3 +456,16 @@ def test_a_count_over_fewer_seeds_than_the_row_says_its_n():
     assert at8["heads per relation (count)"] == "8.00 ± 0.00 (n = 4)"
     assert "(n = " not in at8["accuracy"]
     assert "(n = " not in counts[counts["h"] == 4].iloc[0]["heads per relation (count)"]
+
+
+def test_a_division_change_below_the_effect_gate_says_so_in_its_verdict():
+    """Beyond the seed spread is not an effect: the index by position 0.005 → 0.012 (every
+    seed apart, both below the 0.02 gate) is "h=4 higher (below the 0.02 effect gate)";
+    0.012 → 0.05 reaches the gate and is "h=8 higher" alone."""
+    nan = math.nan
+    comparisons = _ladder_tables(
+        {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.0}, {"position": {1: nan, 2: 0.005, 4: 0.012, 8: 0.05}}
+    )
+    rows = comparisons[comparisons["measure"] == "division_position"].set_index("n_heads_b")
+    assert rows.loc[4, "verdict"] == "h=4 higher (below the 0.02 effect gate)"
+    assert rows.loc[8, "verdict"] == "h=8 higher"

@@ -27,7 +27,7 @@ import pandas as pd
 
 from mhainterp.render import format_p
 from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, SAME_FUNCTION_NULL
-from mhainterp.specialization.seeds.answer import answer_line
+from mhainterp.specialization.seeds.answer import MIN_INDEX, answer_line
 from mhainterp.specialization.verdict.sentences import BASIS_NAMES, UNDEFINED_INDEX, group_key
 from mhainterp.stats import describe
 from mhainterp.sweep.compare import (
@@ -363,7 +363,24 @@ def head_count_comparisons(
     """
     division = division if division is not None and len(division) else None
     per_seed = per_seed_measures(runs, division)
-    return compare_head_counts(per_seed, findings_measures(), alpha=alpha)
+    return gate_division_verdicts(compare_head_counts(per_seed, findings_measures(), alpha=alpha))
+
+
+BELOW_GATE = f" (below the {MIN_INDEX:g} effect gate)"
+"""Added to the verdict of a division index change beyond the seed spread whose seed means
+both stay under the division test's effect gate: beyond the spread is not an effect."""
+
+
+def gate_division_verdicts(comparisons: pd.DataFrame) -> pd.DataFrame:
+    """``comparisons`` with :data:`BELOW_GATE` on the verdict of each division index change
+    beyond the spread whose seed means both stay below the effect gate ("h=8 higher (below the
+    0.02 effect gate)", reverse's index by token 0.001 -> 0.003): such an index divides
+    nothing, as the answer line and the README's grid already treat it."""
+    beyond = comparisons["beyond"].map(lambda v: v is True or v == True).astype(bool)  # noqa: E712
+    small = comparisons[["mean_a", "mean_b"]].max(axis=1) < MIN_INDEX
+    below = _is_division(comparisons) & beyond & small
+    comparisons.loc[below, "verdict"] = comparisons.loc[below, "verdict"] + BELOW_GATE
+    return comparisons
 
 
 def _is_division(rows: pd.DataFrame) -> pd.Series:
