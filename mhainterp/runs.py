@@ -51,12 +51,13 @@ import pandas as pd
 
 from mhainterp.errors import OutdatedResultError, RunFolderError
 from mhainterp.io import read_json, write_csv, write_json
-from mhainterp.validation import check_option
+from mhainterp.validation import check_option, invalid
 
 if TYPE_CHECKING:  # annotations only: reading a run folder needs neither torch nor the model
     from mhainterp.model import HookedMHATransformer
 
 __all__ = [
+    "check_free_folder",
     "HEAD_KEYS",
     "lead_with_head",
     "CHECKPOINT_FILE",
@@ -373,6 +374,41 @@ def folder_kind(path: str | os.PathLike[str]) -> FolderKind:
         f"{path} is not a run folder (config.json, model.safetensors, eval.json), a sweep "
         "folder (sweep.json, results.csv) or a folder of sweep folders"
     )
+
+
+def check_free_folder(
+    path: str | os.PathLike[str], kind: Literal["run", "sweep"], name: str
+) -> None:
+    """Refuse ``path`` as the folder of a new ``kind`` (a run, or a sweep) where it is an empty
+    path (the current folder, by accident) or already holds the other kind or sweep folders:
+    readers take such a folder for one of them and skip the rest (``name``: how the message
+    names the folder, ``--out`` for the CLI, ``run_dir`` or ``out_dir`` for the library).
+
+    Example:
+        >>> check_free_folder("runs/new_sweep", "sweep", "--out")  # free: nothing raised
+    """
+    if os.fspath(path) == "":
+        raise invalid(name, "", "a folder path, not empty (give . for the current folder)")
+    path = Path(path)
+    if not path.is_dir():
+        return
+    held = None
+    if kind == "sweep":
+        # only files no other tool writes mark a run (config.json, metrics.csv are common
+        # names); eval.json first: it is what makes a folder read as a run
+        run_files = ("eval.json", "model.safetensors", CHECKPOINT_FILE)
+        found = next((path / f for f in run_files if (path / f).is_file()), None)
+        held = None if found is None else f"a run ({found})"
+    elif (path / SWEEP_FILE).is_file():
+        held = f"a sweep ({path / SWEEP_FILE})"
+    if held is None and (sweeps := sweep_folders(path)):
+        held = f"sweep folders ({sweeps[0] / SWEEP_FILE})"
+    if held is not None:
+        raise invalid(
+            name,
+            str(path),
+            f"a folder free for this {kind}, but it holds {held}; choose another {name}",
+        )
 
 
 def sweep_folders(path: str | os.PathLike[str]) -> list[Path]:

@@ -78,10 +78,10 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     check_executor(args.executor)
     from mhainterp.analyze import run_sweep_with_figures
     from mhainterp.config import SweepConfig
-    from mhainterp.sweep.run import check_free_for_sweep
+    from mhainterp.runs import check_free_folder
     from mhainterp.tasks import get_task
 
-    check_free_for_sweep(args.out, "--out")  # a run's folder: analyze would see the run alone
+    check_free_folder(args.out, "sweep", "--out")  # a run's folder: analyze would see the run alone
     overrides = model_overrides(args)
     if "n_layers" not in overrides:
         overrides["n_layers"] = get_task(args.task, **dict(args.task_param)).min_layers

@@ -58,15 +58,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from mhainterp.io import ensure_writable_dir, read_json, run_lock
+    from mhainterp.runs import check_free_folder
     from mhainterp.tasks import get_task
     from mhainterp.training import build_model, run_config_differences, run_folder_state, train
-    from mhainterp.training.loop import check_free_for_run
 
     task = get_task(args.task, **dict(args.task_param))
     model = build_model(task, **model_overrides(args), n_heads=args.n_heads, seed=args.seed)
     config = train_config(args, args.seed)
     out = Path(args.out)
-    check_free_for_run(out, "--out")  # a sweep's folder: analyze would see one or the other
+    check_free_folder(out, "run", "--out")  # a sweep's folder: analyze would see one or the other
     ensure_writable_dir(out, "--out")
     # --overwrite replaces whatever run is there, a damaged one included: reading it first
     # would refuse the damage it is asked to replace

@@ -41,14 +41,12 @@ from mhainterp.io import (
     write_json,
 )
 from mhainterp.runs import (
-    CHECKPOINT_FILE,
-    SWEEP_FILE,
+    check_free_folder,
     is_finished_run,
     migrate_config,
     read_eval,
     relative_run_dir,
     run_status,
-    sweep_folders,
 )
 from mhainterp.runtime import available_cpus, resolve_device, terminate_as_interrupt
 from mhainterp.sweep import fork_safety  # noqa: F401  (forked workers: a tqdm lock of their own)
@@ -62,11 +60,10 @@ from mhainterp.training import (
     training_memory,
     training_what,
 )
-from mhainterp.validation import check_option, invalid
+from mhainterp.validation import check_option
 
 __all__ = [
     "EXECUTORS",
-    "check_free_for_sweep",
     "collect_results",
     "fastest_executor",
     "run_sweep",
@@ -147,33 +144,6 @@ def _check_same_sweep(out_dir: Path, config: SweepConfig) -> None:
         )
 
 
-def check_free_for_sweep(out_dir: str | os.PathLike[str], name: str = "out_dir") -> None:
-    """Refuse a sweep folder that is an empty path (the current folder, by accident), holds a
-    run's files or holds sweep folders: readers take such a folder for the run, or for this
-    sweep alone, and skip the rest (``name``: how the message names it, ``--out`` for the
-    CLI)."""
-    if os.fspath(out_dir) == "":
-        raise invalid(name, "", "a folder path, not empty (give . for the current folder)")
-    out_dir = Path(out_dir)
-    if not out_dir.is_dir():
-        return
-    # only files no other tool writes mark a run (config.json, metrics.csv are common names);
-    # eval.json first: it is what makes a folder read as a run
-    run_files = ("eval.json", "model.safetensors", CHECKPOINT_FILE)
-    found = next((out_dir / f for f in run_files if (out_dir / f).is_file()), None)
-    if found is not None:
-        held = f"a run ({found})"
-    elif sweeps := sweep_folders(out_dir):
-        held = f"sweep folders ({sweeps[0] / SWEEP_FILE})"
-    else:
-        return
-    raise invalid(
-        name,
-        str(out_dir),
-        f"a folder free for this sweep, but it holds {held}; choose another {name}",
-    )
-
-
 def _jsonable(obj: Any) -> Any:
     import json
 
@@ -195,7 +165,7 @@ def run_sweep(
         config: A :class:`SweepConfig`, or a task name with the other fields as keywords.
         out_dir: The sweep folder (created; resumed if it exists). Default: ``runs/<task>``.
             Refused when empty or holding a run's files or sweep folders
-            (:func:`check_free_for_sweep`).
+            (:func:`mhainterp.runs.check_free_folder`).
         executor: How runs are executed: ``"auto"`` (the fastest here, see
             :func:`fastest_executor`), or one of :data:`EXECUTORS`. The table does not depend on
             it (tested).
@@ -227,7 +197,7 @@ def run_sweep(
     if executor == "auto":
         executor = fastest_executor(device)
     out_dir = Path("runs") / config.task if out_dir is None else out_dir
-    check_free_for_sweep(out_dir)  # "" checked before Path() reads it as "."
+    check_free_folder(out_dir, "sweep", "out_dir")  # "" checked before Path() reads it as "."
     out_dir = Path(out_dir)
     _check_same_sweep(out_dir, config)
     ensure_writable_dir(out_dir, "sweep folder")

@@ -24,7 +24,7 @@ from mhainterp.config import ModelConfig, TrainConfig
 from mhainterp.errors import TrainingDivergedError
 from mhainterp.io import allocation_failures, ensure_writable_dir, require_memory
 from mhainterp.model import HookedMHATransformer
-from mhainterp.runs import SWEEP_FILE, run_status, sweep_folders
+from mhainterp.runs import check_free_folder, run_status
 from mhainterp.runtime import model_device, resolve_device, terminate_as_interrupt, work_threads
 from mhainterp.tasks import Task
 from mhainterp.training.checkpoints import Checkpoint
@@ -37,7 +37,6 @@ from mhainterp.validation import ParameterError, check_int, invalid
 __all__ = [
     "build_model",
     "check_compatible",
-    "check_free_for_run",
     "lr_at",
     "save_diverged",
     "train",
@@ -184,35 +183,13 @@ def train(
     if threads is not None:
         check_int("threads", threads, minimum=0)
     if run_dir is not None:  # fail before training, not after it
-        check_free_for_run(run_dir)
+        check_free_folder(run_dir, "run", "run_dir")
         ensure_writable_dir(run_dir, "run folder")
         if not overwrite:
             _refuse_another_finished_run(Path(run_dir), model, task, config)
     require_memory(training_memory(model.cfg, config), training_what(model.cfg, config))
     with work_threads(threads):
         return _train(model, task, config, run_dir, progress, resume)
-
-
-def check_free_for_run(run_dir: str | os.PathLike[str], name: str = "run_dir") -> None:
-    """Refuse a run folder that is an empty path (the current folder, by accident) or holds a
-    sweep or sweep folders: readers take such a folder for the sweep, or for the run alone,
-    and skip the other (``name``: how the message names the folder, ``--out`` for the CLI)."""
-    if os.fspath(run_dir) == "":
-        raise invalid(name, "", "a folder path, not empty (give . for the current folder)")
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        return
-    if (run_dir / SWEEP_FILE).is_file():
-        held = f"a sweep ({run_dir / SWEEP_FILE})"
-    elif sweeps := sweep_folders(run_dir):
-        held = f"sweep folders ({sweeps[0] / SWEEP_FILE})"
-    else:
-        return
-    raise invalid(
-        name,
-        str(run_dir),
-        f"a folder free for this run, but it holds {held}; choose another {name}",
-    )
 
 
 def _refuse_another_finished_run(
