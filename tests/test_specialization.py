@@ -370,8 +370,10 @@ def test_a_head_that_mixes_two_relations_is_unspecialized(multi_task):
     assert scores["previous"] == pytest.approx(8 / 15, abs=1e-6)
     assert scores["mirror"] == pytest.approx(9 / 16, abs=1e-6)
     assert heads.loc["L0H1", "roles"].split(";") == ["previous", "mirror"]
-    assert heads.loc["L0H1", "mixed_roles"] == "mirror+previous"
-    assert "1 unspecialized in where they look (L0H1 mixes mirror+previous)" in result.verdict.text
+    assert heads.loc["L0H1", "mixed_roles"] == "mirror;previous"
+    assert (
+        "1 unspecialized in where they look (L0H1 mixes mirror and previous)" in result.verdict.text
+    )
 
 
 def test_handbuilt_bidirectional_previous_mirror_dead(previous_task):

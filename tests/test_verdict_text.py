@@ -179,3 +179,13 @@ def test_the_labels_count_only_the_backed_up_members_of_a_redundant_group():
     )  # fmt: skip
     assert run.n_redundant == 1
     assert run.other_sentence().startswith("Labels: 1 backed up by a partner (L0H0 = L0H1")
+
+
+def test_a_head_mixing_sink_roles_names_each_role_whole():
+    """Role names hold "+" ("same_token+sink"), so mixed roles are listed with "and": joined
+    by "+" they read "punctuation+sink+same_token+sink", four roles where there are two."""
+    run = RunVerdict(
+        run="r", task="text", n_heads=4, n_layers=1, seed=0, unspecialized=["L0H3"],
+        mixed={"L0H3": "punctuation+sink;same_token+sink"},
+    )  # fmt: skip
+    assert "L0H3 mixes punctuation+sink and same_token+sink" in run.other_sentence()

@@ -438,7 +438,8 @@ def label_heads(
                     float(best_row["evenness"]) if best_row is not None else math.nan
                 ),
                 "roles": ";".join(d.significant),
-                "mixed_roles": "+".join(d.mixed),
+                # ";" as in ``roles``: role names hold "+" themselves ("same_token+sink")
+                "mixed_roles": ";".join(d.mixed),
                 "top_role": top.loc[label, "role"] if has_top else "",
                 "top_score": float(top.loc[label, "score"]) if has_top else math.nan,
                 "top_effect": float(top.loc[label, "effect"]) if has_top else math.nan,

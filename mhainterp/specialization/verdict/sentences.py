@@ -376,7 +376,8 @@ class RunVerdict:
         redundant_roles: Per group, the role its heads attend to ("" if none is significant).
         dead: Dead heads.
         unspecialized: Unspecialized heads.
-        mixed: Heads that mix several significant roles: label -> ``"previous+mirror"``.
+        mixed: Heads that mix several significant roles: label -> ``"previous;mirror"`` (``";"``
+            as in the head table: role names such as ``same_token+sink`` hold ``"+"``).
         weak: Unspecialized heads with a significant role below ``min_effect``: label -> role.
         weak_effects: Their effect sizes.
         supported: Role heads whose ablation hurts their relation's target.
@@ -548,7 +549,8 @@ class RunVerdict:
     def other_sentence(self) -> str:
         """Redundant, dead and unspecialized heads, and weak preferences."""
         unspecialized = [
-            f"{h} mixes {self.mixed[h]}" if h in self.mixed else h for h in self.unspecialized
+            f"{h} mixes {' and '.join(self.mixed[h].split(';'))}" if h in self.mixed else h
+            for h in self.unspecialized
         ]
         roles = self.redundant_roles or [""] * len(self.redundant_groups)
         groups = [
