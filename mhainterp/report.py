@@ -77,7 +77,7 @@ from mhainterp.specialization.seeds.summary import BLOCK_MARK, display_summary
 from mhainterp.specialization.verdict.sentences import BASIS_NAMES
 from mhainterp.specialization.whom.selectivity import SELECTIVITY_MEANING
 from mhainterp.sweep.compare import POWER_NOTE_MARK, comparison_display
-from mhainterp.sweep.summary import ACCURACY_BLOCK_MARK
+from mhainterp.sweep.summary import ACCURACY_BLOCK_MARK, TRAIN_LOSS_HEADER
 
 __all__ = ["write_report"]
 
@@ -404,7 +404,7 @@ def _params_sentence(results: pd.DataFrame) -> str:
 def _summary_display(table: pd.DataFrame) -> pd.DataFrame:
     out = table.drop(columns=["task"]).rename(
         columns={
-            "final_train_loss_mean": "final train loss",
+            "final_train_loss_mean": TRAIN_LOSS_HEADER,
             "val_accuracy_mean": "val acc (seed mean)",
             "val_accuracy_std": "std",
         }

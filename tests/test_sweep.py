@@ -83,6 +83,8 @@ def test_summarize_exact_table_and_verdicts():
     assert not any("too easy" in note for note in summary.notes)
     markdown = summary.to_markdown()
     assert "| 1 | 64 |" in markdown and "complete separation at the floor" in markdown
+    # the training loss is the last logging window's mean, not the last step's: said so
+    assert "train loss (last log window)" in markdown and "final train loss" not in markdown
 
 
 def test_non_overlapping_bars_are_not_enough():

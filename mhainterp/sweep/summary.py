@@ -224,6 +224,11 @@ def _task_notes(task: str, rows: list[dict], task_cmp: pd.DataFrame, alpha: floa
     return [*notes, text]
 
 
+# ``final_train_loss`` is the training loss of the last logging window (its mean over the last
+# ``log_every`` steps), not of the last step: after a short run it sits well above the eval loss.
+TRAIN_LOSS_HEADER = "train loss (last log window)"
+
+
 def _display_table(group: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(
         {
@@ -231,7 +236,7 @@ def _display_table(group: pd.DataFrame) -> pd.DataFrame:
             "d_head": group["d_head"],
             "params": group["n_params"].map(lambda v: f"{v:,}"),
             "attn params": group["n_attn_params"].map(lambda v: f"{v:,}"),
-            "final train loss": group["final_train_loss_mean"].map(lambda v: f"{v:.4f}"),
+            TRAIN_LOSS_HEADER: group["final_train_loss_mean"].map(lambda v: f"{v:.4f}"),
             "val acc (seed mean)": group["val_accuracy_mean"].map(lambda v: f"{v:.4f}"),
             "std": group["val_accuracy_std"].map(lambda v: f"{v:.4f}"),
             "n": group["n"],

@@ -103,7 +103,8 @@ class Run:
         metrics: The training curve, one row per logged step (columns: step, loss, lr,
             grad_norm; plus eval_loss, eval_accuracy when ``eval_every > 0``).
         eval: Final metrics on the fixed evaluation set (see :func:`evaluate`), plus
-            ``final_train_loss`` and ``status``.
+            ``final_train_loss`` (the mean training loss of the last logging window, the
+            last ``log_every`` steps) and ``status``.
     """
 
     path: Path | None
