@@ -23,6 +23,7 @@ from mhainterp.specialization.whom.division_result import (
 from mhainterp.specialization.whom.selectivity import (
     SELECTIVITY_MEANING,
     division_index,
+    helped_share,
     selectivity,
 )
 from mhainterp.tasks import Batch, get_task, split_batch
@@ -76,6 +77,19 @@ def test_the_stated_meaning_of_selectivity_is_what_it_computes():
     assert "`1 − 1/K` for one value of K, never 1" in readme
 
 
+def test_helped_share_is_the_negative_damage_the_clipping_leaves_out():
+    """The referee's profiles: ``[-5, 0.02, 0]`` has selectivity 1 - 1/3 (the most K = 3
+    allows) on a damage of 0.02, while removing the head *helps* value 0 by 5; ``[-1, 1]`` and
+    ``[1, -1]`` are "fully divided". The heads table reports what the clipping dropped."""
+    profiles = torch.tensor([[-5.0, 0.02, 0.0], [-1.0, 1.0, 0.0], [0.3, 0.1, 0.0], [0.0] * 3])
+    every = torch.tensor([True, True, True, True])
+    assert float(selectivity(profiles[:1], every[:1])[0]) == pytest.approx(1 - 1 / 3)
+    shares = helped_share(profiles, every).tolist()
+    assert shares[:3] == pytest.approx([5 / 5.02, 0.5, 0.0])
+    assert math.isnan(shares[3])  # an all-zero profile helps and hurts nothing: undefined
+    assert math.isnan(float(helped_share(profiles[:1], torch.tensor([False]))[0]))
+
+
 def test_division_index_known_values():
     disjoint = torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 2.0, 2.0]])
     same = torch.tensor([[1.0, 2.0, 0.0], [2.0, 4.0, 0.0], [0.5, 1.0, 0.0]])
@@ -105,6 +119,8 @@ def test_heads_that_split_the_target_classes(batch):
     assert first.selectivity == pytest.approx(1 - 4 / 9)
     assert second.selectivity == pytest.approx(1 - 5 / 9)
     assert (first.served_share, first.basis) == (pytest.approx(4 / 9), "single")
+    # removing either head only hurts: nothing left out by the clipping
+    assert (first.helped_share, second.helped_share) == (0.0, 0.0)
     for by in ("token", "position"):
         for head in ("L0H0", "L0H1"):
             row = _row(result, head, by)

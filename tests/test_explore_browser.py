@@ -81,6 +81,7 @@ def run_dir(tmp_path_factory, task):
             "selectivity": [0.12, 0.34],
             "null_mean": [0.1, 0.1],
             "p_adj": [0.5, 0.01],
+            "helped_share": [0.25, 0.0],
             "specialized": [False, True],
             "serves": [None, "position 3"],
         }
@@ -190,9 +191,9 @@ def test_clicking_heads_changes_accuracy_predictions_and_returns(page, task, tmp
         ".map(tr => [...tr.cells].map(c => c.textContent))"
     )
     assert rows == [
-        ["by", "selectivity", "null", "p adj", "serves"],
-        ["token", "0.120", "0.100", "0.500", ""],
-        ["position", "0.340", "0.100", "0.010", "position 3"],
+        ["by", "selectivity", "null", "p adj", "helped", "serves"],
+        ["token", "0.120", "0.100", "0.500", "0.250", ""],
+        ["position", "0.340", "0.100", "0.010", "0.000", "position 3"],
     ]
 
     _click_head(driver, "L0H2", ablated=True)

@@ -34,7 +34,15 @@ from mhainterp.specialization.verdict.labels import head_finding
 
 __all__ = ["DIVISION_COLUMNS", "FLAG_COLUMNS", "SavedResults"]
 
-DIVISION_COLUMNS = ("by", "selectivity", "null_mean", "p_adj", "specialized", "serves")
+DIVISION_COLUMNS = (
+    "by",
+    "selectivity",
+    "null_mean",
+    "p_adj",
+    "helped_share",
+    "specialized",
+    "serves",
+)
 
 FLAG_COLUMNS = ("holds", "needed", "backed_up", "dead")
 """What a saved heads table needs for a finding to be composed when it has none measured."""
@@ -52,8 +60,8 @@ class SavedResults:
         findings: head label -> what it does on every axis ("looks at previous; serves
             position: 1,2; needed").
         importance: method -> head label -> change in accuracy when the head alone is ablated.
-        division: head label -> rows ``{by, selectivity, null_mean, p_adj, specialized,
-            serves}`` (the columns the file has).
+        division: head label -> rows ``{by, selectivity, null_mean, p_adj, helped_share,
+            specialized, serves}`` (the columns the file has).
 
     Example:
         >>> SavedResults(findings={"L0H0": "dead"}).has_verdict

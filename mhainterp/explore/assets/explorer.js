@@ -392,8 +392,11 @@ export function mount(root, call) {
       rows.push(h("div", { class: "mhx-sub" }, "Whom it serves (division of labour, saved):"));
       rows.push(
         table(
-          ["by", "selectivity", "null", "p adj", "serves"],
-          head.division.map((d) => [d.by, fmt(d.selectivity), fmt(d.null_mean), fmt(d.p_adj), d.serves ?? ""]),
+          // helped: the share of the damage that is negative, which the selectivity clips
+          ["by", "selectivity", "null", "p adj", "helped", "serves"],
+          head.division.map((d) => [
+            d.by, fmt(d.selectivity), fmt(d.null_mean), fmt(d.p_adj), fmt(d.helped_share), d.serves ?? "",
+          ]),
         ),
       );
     }

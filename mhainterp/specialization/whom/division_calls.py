@@ -27,6 +27,7 @@ from mhainterp.specialization.whom.profiles import Configs, PassScores, pad_axes
 from mhainterp.specialization.whom.selectivity import (
     division_index,
     effective_values,
+    helped_share,
     interval,
     normal_null_means,
     same_function_distance,
@@ -491,6 +492,7 @@ def heads_rows(
     adjusted = adjust_pvalues(p.flatten().numpy(), s.correction)
     p_adj = torch.as_tensor(adjusted, device=p.device).reshape(p.shape)
     n_eff = effective_values(prof[:1], defined)[0]  # (A, H)
+    helped = helped_share(prof[0], defined)  # (A, H): what the clipping leaves out
     low, high = interval(sel, s.alpha)
     served = _served(prof[0], ev.keep, s)  # (A, H, K)
     # Serving a subset means sparing a value: a head whose profile serves every kept value is
@@ -545,6 +547,7 @@ def heads_rows(
                 "kept_selectivity": kept_sel[a].numpy(),
                 "served_share": (n_eff[a] / K[a]).numpy(),
                 "n_eff": n_eff[a].numpy(),
+                "helped_share": helped[a].numpy(),
                 "served_values": np.array(values, dtype=object),
                 "serves": np.where(specialized[a], np.array(values, dtype=object), ""),
                 "specialized": specialized[a],

@@ -60,6 +60,7 @@ HEADS_COLUMNS = [
     "null_high",
     "served_share",
     "n_eff",
+    "helped_share",
     "selectivity_gain",
     "kept_selectivity",
     "served_values",
@@ -81,7 +82,9 @@ selectivity - null_mean`` the effect; ``kept_selectivity`` the kept profile's se
 a head has both profiles; ``p`` (normal approximation, no floor: ``p_floor`` NaN) and ``p_adj``
 (corrected over every head and axis); ``specialized`` = ``p_adj < alpha``, ``selectivity_gain >=
 min_selectivity_gain`` and a value spared, with both profiles where a head has both;
-``served_values`` the values its profile serves (damage at least ``serve_share`` of its
+``helped_share`` the share of the profile's absolute damage that is negative (values on which
+removing the head helps, which the selectivity clips at 0); ``served_values`` the values its
+profile serves (damage at least ``serve_share`` of its
 largest), ``serves`` the same where specialized and "" elsewhere; ``kept_scope`` "layer" or
 "model" (kept alone in its layer, or across layers); ``null_init_mean`` is kept NaN for old
 readers. ``damage_alone`` (= ``total_damage``),

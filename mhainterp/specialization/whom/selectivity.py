@@ -4,6 +4,8 @@ The statistics of :func:`mhainterp.specialization.whom.division.division_of_labo
 from the engine passes and the tables (formulas in that module's docstring):
 
 - ``effective_values``: ``n_eff = exp(H(p))`` of a clipped, normalised profile;
+- ``helped_share``: the share of a profile's absolute damage that is negative, which the
+  clipping leaves out;
 - ``selectivity``: ``1 - n_eff / K`` (the share of values spared; K-invariant; one value of K
   scores ``1 - 1/K``);
 - ``division_index``: ``1 - mean pairwise cosine`` of the defined units' profiles;
@@ -32,6 +34,7 @@ __all__ = [
     "SELECTIVITY_MEANING",
     "division_index",
     "effective_values",
+    "helped_share",
     "interval",
     "normal_null_means",
     "same_function_distance",
@@ -86,6 +89,25 @@ def selectivity(
     """
     K = profiles.shape[-1] if n_values is None else n_values
     return 1.0 - effective_values(profiles, defined) / K
+
+
+def helped_share(
+    profiles: Float[Tensor, "... U K"], defined: Bool[Tensor, " U"]
+) -> Float[Tensor, "... U"]:
+    """The share of a profile's absolute damage that is negative: the values on which removing
+    the head *helps*. The selectivity and the division index clip these at 0, so this is what
+    they leave out (``[-5, 0.02, 0]`` scores a near-maximal selectivity on a damage of 0.02).
+    NaN where not ``defined`` or the profile is all zero.
+
+    Example:
+        >>> p = torch.tensor([[-1.0, 1.0], [-5.0, 0.02], [0.4, 0.1]])
+        >>> [round(float(v), 3) for v in helped_share(p, torch.tensor([True, True, True]))]
+        [0.5, 0.996, 0.0]
+    """
+    d = profiles.double()
+    magnitude = d.abs().sum(-1)
+    share = (-d).clamp(min=0).sum(-1) / magnitude.clamp(min=1e-300)
+    return torch.where(defined & (magnitude > 0), share, math.nan)
 
 
 def _unit(profiles: Tensor) -> Tensor:
