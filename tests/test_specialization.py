@@ -1207,6 +1207,7 @@ def test_eight_mirror_copies_are_backed_up_and_their_label_rests_on_the_backup_r
     assert "8 of 8 heads hold 1 relation (mirror: 8 heads (" + ", ".join(heads) in run.text
     assert "0 of 8 needed" in run.text and "8 backed up, 0 dead." in run.text
     assert "This verdict rests on thresholds: 8 of 8 labels change" in run.text
+    assert "(backup_ratio: 8 heads; heads L0H0" in run.text  # a count, not a threshold's value
     assert result.verdict.caveats[4].endswith(
         "x 1.25 (from the saved evidence) changes 8 of 8 head labels."
     )

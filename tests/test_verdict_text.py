@@ -189,3 +189,18 @@ def test_a_head_mixing_sink_roles_names_each_role_whole():
         mixed={"L0H3": "punctuation+sink;same_token+sink"},
     )  # fmt: skip
     assert "L0H3 mixes punctuation+sink and same_token+sink" in run.other_sentence()
+
+
+def test_threshold_flips_read_as_counts_of_heads_and_shares_of_labels():
+    """Per run, a threshold's flips are a count of heads ("backup_ratio: 2 heads"), never a
+    bare number beside a threshold's name, which read as its value; over seeds, a share."""
+    runs = [
+        RunVerdict(
+            run=f"r{seed}", task="reverse", n_heads=4, n_layers=1, seed=seed,
+            flips={"backup_ratio": 2, "min_effect": 1}, flip_heads=["L0H0", "L0H1"],
+        )  # fmt: skip
+        for seed in range(2)
+    ]
+    assert "(backup_ratio: 2 heads, min_effect: 1 head; heads L0H0, L0H1)" in runs[0].text
+    sentence = Verdict(runs).group_sentence("reverse/4", runs)
+    assert "(share per threshold: backup_ratio 0.50, min_effect 0.25)" in sentence

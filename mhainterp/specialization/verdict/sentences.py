@@ -539,7 +539,7 @@ class RunVerdict:
         if not self.flip_heads:
             return "Labels are stable: none changes with any threshold x 0.8 or x 1.25."
         worst = sorted(((n, t) for t, n in self.flips.items() if n), reverse=True)
-        listed = ", ".join(f"{t} {n}" for n, t in worst)
+        listed = ", ".join(f"{t}: {n} head{'s' if n != 1 else ''}" for n, t in worst)
         return (
             f"This verdict rests on thresholds: {len(self.flip_heads)} of {self.total_heads} "
             f"labels change with a threshold x 0.8 or x 1.25 ({listed}; heads "
@@ -697,7 +697,7 @@ class Verdict:
             )
             text += (
                 f" This verdict rests on thresholds: a share {sum(flipped) / (total * n):.2f} of "
-                f"the labels change with a threshold x 0.8 or x 1.25 (by threshold: {worst})."
+                f"the labels change with a threshold x 0.8 or x 1.25 (share per threshold: {worst})."
             )
         else:
             text += " Labels are stable: none changes with any threshold x 0.8 or x 1.25."
