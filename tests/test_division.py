@@ -82,12 +82,12 @@ def test_helped_share_is_the_negative_damage_the_clipping_leaves_out():
     allows) on a damage of 0.02, while removing the head *helps* value 0 by 5; ``[-1, 1]`` and
     ``[1, -1]`` are "fully divided". The heads table reports what the clipping dropped."""
     profiles = torch.tensor([[-5.0, 0.02, 0.0], [-1.0, 1.0, 0.0], [0.3, 0.1, 0.0], [0.0] * 3])
-    every = torch.tensor([True, True, True, True])
-    assert float(selectivity(profiles[:1], every[:1])[0]) == pytest.approx(1 - 1 / 3)
-    shares = helped_share(profiles, every).tolist()
+    assert float(selectivity(profiles[:1], torch.tensor([True]))[0]) == pytest.approx(1 - 1 / 3)
+    shares = helped_share(profiles).tolist()
     assert shares[:3] == pytest.approx([5 / 5.02, 0.5, 0.0])
     assert math.isnan(shares[3])  # an all-zero profile helps and hurts nothing: undefined
-    assert math.isnan(float(helped_share(profiles[:1], torch.tensor([False]))[0]))
+    # a harmful head's profile, all negative, is not defined for the selectivity; its share is 1
+    assert float(helped_share(torch.tensor([[-0.4, 0.0, -0.1]]))[0]) == 1.0
 
 
 def test_division_index_known_values():

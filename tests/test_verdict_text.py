@@ -196,9 +196,14 @@ def test_threshold_flips_read_as_counts_of_heads_and_shares_of_labels():
     bare number beside a threshold's name, which read as its value; over seeds, a share."""
     runs = [
         RunVerdict(
-            run=f"r{seed}", task="reverse", n_heads=4, n_layers=1, seed=seed,
-            flips={"backup_ratio": 2, "min_effect": 1}, flip_heads=["L0H0", "L0H1"],
-        )  # fmt: skip
+            run=f"r{seed}",
+            task="reverse",
+            n_heads=4,
+            n_layers=1,
+            seed=seed,
+            flips={"backup_ratio": 2, "min_effect": 1},
+            flip_heads=["L0H0", "L0H1"],
+        )
         for seed in range(2)
     ]
     assert "(backup_ratio: 2 heads, min_effect: 1 head; heads L0H0, L0H1)" in runs[0].text

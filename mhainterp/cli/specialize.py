@@ -83,6 +83,7 @@ HEAD_COLUMNS = [
     "needed",
     "backed_up",
     "dead",
+    "harmful",
     "explained",
     "top_role",
     "top_effect",

@@ -488,6 +488,13 @@ def _run_verdict(
         relations=_relations(heads),
         needed=heads.loc[heads["needed"].astype(bool), "head_label"].tolist(),
         backed_up=heads.loc[heads["backed_up"].astype(bool), "head_label"].tolist(),
+        harmful=dict(
+            zip(
+                heads.loc[heads["harmful"].astype(bool), "head_label"],
+                heads.loc[heads["harmful"].astype(bool), "removal_gain"].astype(float),
+                strict=True,
+            )
+        ),
         **flip_summary(stability),
     )
 

@@ -127,7 +127,14 @@ def where_label(label: str) -> str:
     return UNSPECIALIZED if str(label).startswith(SERVES_PREFIX) else str(label)
 
 
-def head_finding(holds: str, serves: str | None, needed: bool, backed_up: bool, dead: bool) -> str:
+def head_finding(
+    holds: str,
+    serves: str | None,
+    needed: bool,
+    backed_up: bool,
+    dead: bool,
+    harm: float | None = None,
+) -> str:
     """What a head does on every axis, in one phrase: where it looks, whom it serves, whether
     it is needed. A dead head's finding is "dead" alone: it writes almost nothing and removing
     it costs nothing, so where it looks and whom it "serves" would describe nothing. A head
@@ -139,6 +146,8 @@ def head_finding(holds: str, serves: str | None, needed: bool, backed_up: bool, 
         serves: Whom it serves (``"position: 0,1,2; token: 3"``), "" when it serves no subset,
             None when the division of labour was not measured.
         needed, backed_up, dead: Its flags.
+        harm: Where the head is harmful, how much removing it improves its most-helped target
+            (``removal_gain``); None where it is not.
 
     Example:
         >>> head_finding("previous", "position: 1,2,3", True, False, False)
@@ -147,6 +156,8 @@ def head_finding(holds: str, serves: str | None, needed: bool, backed_up: bool, 
         'looks at no known relation; whom it serves not measured; backed up'
         >>> head_finding("", "", False, False, True)
         'dead'
+        >>> head_finding("previous", "", False, False, False, harm=0.45)
+        'looks at previous; serves no subset shown; harmful: removing it improves a target by 0.45'
     """
     if dead:
         return "dead"
@@ -156,6 +167,9 @@ def head_finding(holds: str, serves: str | None, needed: bool, backed_up: bool, 
     else:
         whom = f"serves {serves}" if serves else "serves no subset shown"
     need = "needed" if needed else BACKED_UP if backed_up else "not needed"
+    if harm is not None:  # "not needed" would call a head that costs accuracy a harmless spare
+        hurts = f"harmful: removing it improves a target by {harm:.2f}"
+        need = f"needed; also {hurts}" if needed else hurts
     return f"{where}; {whom}; {need}"
 
 
@@ -393,8 +407,8 @@ def label_heads(
         One row per head with ``head_label, layer, head, label, role, role_effect,
         role_p_adj, role_evenness, roles, mixed_roles, top_role, top_score, top_effect,
         top_p_adj, explained, unexplained, explained_chance, output_ratio, holds, needed,
-        backed_up, dead, redundant_with, total_damage, loss_increase, causal_target,
-        causal_selectivity, causal_p_adj, causal_specialized, causal_support, serves,
+        backed_up, dead, harmful, removal_gain, redundant_with, total_damage, loss_increase,
+        causal_target, causal_selectivity, causal_p_adj, causal_specialized, causal_support, serves,
         finding``; ``finding`` says what the head does on every axis (:func:`head_finding`;
         ``serves`` is filled when the division of labour is attached); ``role`` (=
         ``holds``) is the distinct role ("" when none; ``count:<set>`` for a counting head),
@@ -402,7 +416,10 @@ def label_heads(
         not, ``explained`` the share of the head's attention on the union of the known roles
         (``unexplained`` the rest, ``explained_chance`` what a blind head gets),
         ``redundant_with`` a head set ``"L0H1,L0H2"``, ``causal_support`` whether removing a
-        role head hurts its relation's target most (None for heads without a role).
+        role head hurts its relation's target most (None for heads without a role);
+        ``removal_gain`` what removing the head alone improves its most-helped target by (0
+        when it improves none; ``total_damage`` clips these at 0) and ``harmful`` whether that
+        is at least ``min_damage`` (a live head only).
     """
     top = _top_rows(roles)
     by_target = damage.pivot(index="head_label", columns="target", values="damage")
@@ -421,6 +438,8 @@ def label_heads(
         best_row = by_role.loc[(label, d.best)] if d.best else None
         c = causal.loc[label]
         needed = bool(float(by_target.loc[label].max()) >= settings.min_damage)
+        # what removing it gains on its most-helped target (signed damage below 0)
+        gain = max(0.0, -float(by_target.loc[label].min()))
         selectivity, p_adj = float(c["selectivity"]), float(c["causal_p_adj"])
         has_top = label in top.index
         share = float(explained.loc[label, "score"]) if explained is not None else math.nan
@@ -456,6 +475,8 @@ def label_heads(
                 and not needed
                 and (bool(d.partners) or (bool(role) and label in covered)),
                 "dead": d.dead,
+                "harmful": not d.dead and gain >= settings.min_damage,
+                "removal_gain": gain,
                 "redundant_with": HEAD_SET_SEPARATOR.join(d.partners),
                 "total_damage": float(c["total_damage"]),
                 "loss_increase": float(c["loss_increase"]),
@@ -482,6 +503,8 @@ def findings(heads: pd.DataFrame) -> list[str]:
     """:func:`head_finding` of every row of a per-head table (``holds, serves, needed,
     backed_up, dead``; ``serves`` None or NaN: not measured)."""
     serves = heads["serves"] if "serves" in heads.columns else [None] * len(heads)
+    harmful = heads["harmful"] if "harmful" in heads.columns else [False] * len(heads)
+    gains = heads["removal_gain"] if "removal_gain" in heads.columns else [0.0] * len(heads)
     return [
         head_finding(
             str(h) if isinstance(h, str) else "",
@@ -489,13 +512,16 @@ def findings(heads: pd.DataFrame) -> list[str]:
             bool(n),
             bool(b),
             bool(d),
+            float(g) if bool(x) else None,
         )
-        for h, s, n, b, d in zip(
+        for h, s, n, b, d, x, g in zip(
             heads["holds"],
             serves,
             heads["needed"],
             heads["backed_up"],
             heads["dead"],
+            harmful,
+            gains,
             strict=True,
         )
     ]

@@ -60,6 +60,8 @@ HEAD_COLUMNS = [
     "needed",
     "backed_up",
     "dead",
+    "harmful",
+    "removal_gain",
     "redundant_with",
     "total_damage",
     "loss_increase",

@@ -390,6 +390,8 @@ class RunVerdict:
             ``"nats of loss"`` / ``"embedding metric"`` (its damage is a loss increase).
         relations: Relation (role) -> the live heads that hold it, backed up or not.
         needed: Heads whose removal alone costs ``>= min_damage`` accuracy on some target.
+        harmful: Live heads whose removal alone improves a target by ``>= min_damage``:
+            label -> that improvement (``removal_gain``).
         backed_up: Live heads whose work others carry (redundant, or not needed in a group
             sharing their relation whose joint removal hurts; :mod:`.labels`).
         division: Rows ``by, index, null_index, p`` of the division test (empty: not run).
@@ -432,6 +434,7 @@ class RunVerdict:
     division: list[dict[str, Any]] = field(default_factory=list)
     flips: dict[str, int] = field(default_factory=dict)
     flip_heads: list[str] = field(default_factory=list)
+    harmful: dict[str, float] = field(default_factory=dict)
     n_untested: int = 0
 
     @property
@@ -520,6 +523,12 @@ class RunVerdict:
             f"{self.min_damage:g} {self.damage_unit}), {len(self.backed_up)} backed up, "
             f"{len(self.dead)} dead."
         )
+        if self.harmful:
+            gains = ", ".join(f"{h} {g:.2f}" for h, g in self.harmful.items())
+            text += (
+                f" {len(self.harmful)} harmful: removing one alone improves a target by ≥ "
+                f"{self.min_damage:g} {self.damage_unit} ({gains})."
+            )
         return text
 
     def _named(self, heads: list[str]) -> str:
@@ -625,6 +634,8 @@ class RunVerdict:
         out = dataclasses.asdict(self)
         if out["damage_unit"] == "accuracy":  # the default: saved verdicts read as before
             del out["damage_unit"]
+        if not out["harmful"]:  # likewise
+            del out["harmful"]
         return out
 
     @classmethod
@@ -697,7 +708,8 @@ class Verdict:
             )
             text += (
                 f" This verdict rests on thresholds: a share {sum(flipped) / (total * n):.2f} of "
-                f"the labels change with a threshold x 0.8 or x 1.25 (share per threshold: {worst})."
+                "the labels change with a threshold x 0.8 or x 1.25 (share per threshold: "
+                f"{worst})."
             )
         else:
             text += " Labels are stable: none changes with any threshold x 0.8 or x 1.25."

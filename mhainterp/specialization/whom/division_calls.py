@@ -492,7 +492,7 @@ def heads_rows(
     adjusted = adjust_pvalues(p.flatten().numpy(), s.correction)
     p_adj = torch.as_tensor(adjusted, device=p.device).reshape(p.shape)
     n_eff = effective_values(prof[:1], defined)[0]  # (A, H)
-    helped = helped_share(prof[0], defined)  # (A, H): what the clipping leaves out
+    helped = helped_share(prof[0])  # (A, H): what the clipping leaves out, defined or not
     low, high = interval(sel, s.alpha)
     served = _served(prof[0], ev.keep, s)  # (A, H, K)
     # Serving a subset means sparing a value: a head whose profile serves every kept value is

@@ -83,7 +83,8 @@ a head has both profiles; ``p`` (normal approximation, no floor: ``p_floor`` NaN
 (corrected over every head and axis); ``specialized`` = ``p_adj < alpha``, ``selectivity_gain >=
 min_selectivity_gain`` and a value spared, with both profiles where a head has both;
 ``helped_share`` the share of the profile's absolute damage that is negative (values on which
-removing the head helps, which the selectivity clips at 0); ``served_values`` the values its
+removing the head helps, which the selectivity clips at 0; given for undefined profiles too: 1
+for a head whose removal only helps); ``served_values`` the values its
 profile serves (damage at least ``serve_share`` of its
 largest), ``serves`` the same where specialized and "" elsewhere; ``kept_scope`` "layer" or
 "model" (kept alone in its layer, or across layers); ``null_init_mean`` is kept NaN for old

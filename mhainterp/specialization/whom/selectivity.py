@@ -91,23 +91,22 @@ def selectivity(
     return 1.0 - effective_values(profiles, defined) / K
 
 
-def helped_share(
-    profiles: Float[Tensor, "... U K"], defined: Bool[Tensor, " U"]
-) -> Float[Tensor, "... U"]:
+def helped_share(profiles: Float[Tensor, "... U K"]) -> Float[Tensor, "... U"]:
     """The share of a profile's absolute damage that is negative: the values on which removing
     the head *helps*. The selectivity and the division index clip these at 0, so this is what
     they leave out (``[-5, 0.02, 0]`` scores a near-maximal selectivity on a damage of 0.02).
-    NaN where not ``defined`` or the profile is all zero.
+    Given for every profile, ``defined`` or not (a harmful head's all-negative profile is not
+    defined, and it is the one this column must show); NaN where the profile is all zero.
 
     Example:
         >>> p = torch.tensor([[-1.0, 1.0], [-5.0, 0.02], [0.4, 0.1]])
-        >>> [round(float(v), 3) for v in helped_share(p, torch.tensor([True, True, True]))]
+        >>> [round(float(v), 3) for v in helped_share(p)]
         [0.5, 0.996, 0.0]
     """
     d = profiles.double()
     magnitude = d.abs().sum(-1)
     share = (-d).clamp(min=0).sum(-1) / magnitude.clamp(min=1e-300)
-    return torch.where(defined & (magnitude > 0), share, math.nan)
+    return torch.where(magnitude > 0, share, math.nan)
 
 
 def _unit(profiles: Tensor) -> Tensor:
