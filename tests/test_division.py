@@ -140,6 +140,26 @@ def test_heads_that_split_the_target_classes(batch):
     assert (prof.clean_accuracy == 1.0).all()
 
 
+def test_one_working_head_per_layer_serves_its_own_positions(batch):
+    """Two layers split the positions, one working head each (the other heads zeroed). The
+    index between them says the work is divided by position; each head must then serve its own
+    positions. Beside its own layer's job, which is the head's own job, it served nothing."""
+    early, late = [2, 3, 4, 5, 6], [7, 8, 9, 10, 11]
+    model = split_heads_model([("position", early), ("position", late)], n_layers=2)
+    with torch.no_grad():
+        for layer, head in ((0, 1), (1, 0)):
+            attn = model.blocks[layer].attn
+            for weight in (attn.W_Q, attn.W_K, attn.W_V, attn.W_O):
+                weight[head] = 0
+    result = division_of_labour(model, batch, **FAST)
+    assert _index(result, "position").call == "divided"
+    assert _row(result, "L0H0", "position").serves == ",".join(map(str, early))
+    assert _row(result, "L1H1", "position").serves == ",".join(map(str, late))
+    for head in ("L0H0", "L1H1"):  # against the model's job, which covers every position
+        assert _row(result, head, "position").null_selectivity < 0.05
+        assert _row(result, head, "token").serves == ""
+
+
 def test_heads_that_split_the_query_tokens(batch):
     model = split_heads_model([("query", A), ("query", B)])
     result = division_of_labour(model, batch, **FAST)

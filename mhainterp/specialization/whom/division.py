@@ -130,8 +130,9 @@ values::
 "serves 9 of 10" scores 0.1 and "serves 1 of 10" 0.9. A head's profile is its single profile
 when it is defined, else its kept profile (``basis``; NaN without either). Its null
 (``null_selectivity``) is the selectivity of its scope's whole job (its layer's removal
-profile; every head's, for a head kept across layers): a head that does that job in small is
-not specialized. A second null spreads the head's own damage evenly over the values with its
+profile; every head's, for a head kept across layers or the only head of its layer with a
+defined profile, whose layer's job is its own): a head that does that job in small is not
+specialized. A second null spreads the head's own damage evenly over the values with its
 sampling noise (values shuffled among the triples). ``p`` is one-sided against the larger of
 the two (normal approximations, no floor; ``p_adj`` over every head and axis). **Specialized**
 needs significance (``p_adj < alpha``), an effect (``selectivity_gain``, the selectivity

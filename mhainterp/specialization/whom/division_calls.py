@@ -47,6 +47,7 @@ __all__ = [
     "gates",
     "heads_rows",
     "index_rows",
+    "job_rows",
     "selectivity_test",
     "specialized_rule",
     "unit_profiles",
@@ -466,8 +467,9 @@ def heads_rows(
     prof = torch.where(use_kept[:, None], kept, single)  # (B, A, H, K)
     defined = g.single | g.kept
     # The job null: what the head's scope (its layer, or the model for heads kept across
-    # layers) does as a whole; a head that does that job in small is not specialized.
-    job = ev.kept(means[..., [configs.clean], :] - means[..., configs.kept_ref, :])
+    # layers or working alone in their layer) does as a whole; a head that does that job in
+    # small is not specialized.
+    job = ev.kept(means[..., [configs.clean], :] - means[..., job_rows(configs, defined), :])
     every = torch.ones(len(configs.pairs), dtype=torch.bool, device=job.device)
     job_sel = selectivity(job, every, K)
     sel = selectivity(prof, defined, K)  # (B, A, H)
@@ -557,6 +559,29 @@ def heads_rows(
             }
         )
     return parts
+
+
+def job_rows(configs: Configs, defined: Bool[Tensor, " H"]) -> list[int]:
+    """Per head, the row its scope's job is measured against (``clean - that row``): its
+    layer removed, or every head removed for a head kept across layers and for a head that
+    is the only one of its layer with a defined profile. Such a head's layer job is its own
+    job, so beside it any selectivity is "that job in small": two layers that split the
+    positions, one working head each, would serve nothing (audit), while the index between
+    them says they divide the work.
+
+    Example:
+        >>> from mhainterp.specialization.whom.profiles import build_configs
+        >>> c = build_configs(2, 2)
+        >>> job_rows(c, torch.tensor([True, True, True, False])), c.nothing
+        ([5, 5, 15, 6], 15)
+    """
+    if configs.nothing is None:  # one layer, or no every-head row: the layer is the scope
+        return list(configs.kept_ref)
+    layers = torch.tensor([layer for layer, _ in configs.pairs], device=defined.device)
+    working = torch.zeros(int(layers.max()) + 1, dtype=torch.long, device=defined.device)
+    working.index_add_(0, layers, defined.long())
+    alone = (defined & (working[layers] == 1)).tolist()
+    return [configs.nothing if a else r for r, a in zip(configs.kept_ref, alone, strict=True)]
 
 
 def specialized_rule(

@@ -76,7 +76,8 @@ HEADS_COLUMNS = [
 """Columns of :attr:`DivisionResult.heads`, one row per head and axis. ``selectivity`` is the
 K-invariant ``1 - n_eff / K`` on the head's ``basis`` profile, ``ci_low, ci_high`` its
 bootstrap interval; ``null_selectivity`` the selectivity of its scope's whole job (its layer's;
-the model's for a head whose ``kept_scope`` is "model"), ``null_mean`` the larger of that and
+the model's for a head whose ``kept_scope`` is "model" or that is the only head of its layer
+with a defined profile), ``null_mean`` the larger of that and
 the shuffled null's mean, ``null_high`` the larger upper quantile; ``selectivity_gain =
 selectivity - null_mean`` the effect; ``kept_selectivity`` the kept profile's selectivity where
 a head has both profiles; ``p`` (normal approximation, no floor: ``p_floor`` NaN) and ``p_adj``
