@@ -146,7 +146,7 @@ def gate_perturbations(
 
 def _headline(result: SpecializationResult) -> str:
     """The headline clauses of every run of ``result``, joined (one run: one clause)."""
-    return "; ".join(headline_call(run.calls) for run in result.verdict.runs)
+    return "; ".join(headline_call(run.calls, restated=run.restated) for run in result.verdict.runs)
 
 
 def compare_headlines(

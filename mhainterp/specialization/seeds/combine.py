@@ -56,6 +56,8 @@ def verdict_division_columns() -> tuple[str, ...]:
         *(f"index_{m}" for m in methods),
         *(f"call_{m}" for m in methods),
         "n_damaging",
+        "explained_by",
+        "index_explained",
     )
 
 

@@ -31,6 +31,7 @@ from mhainterp.render import format_p
 from mhainterp.specialization.settings import DivisionSettings
 from mhainterp.specialization.whom.division_calls import (
     CALLS,
+    restated_axis,
     zero_artefact,
     zero_left_out_text,
 )
@@ -224,6 +225,13 @@ def _index_text(d: dict[str, Any]) -> str:
     calls = {m: d.get(f"call_{m}") for m in _methods()}
     if zero_artefact(calls, str(d.get("by"))) and axis_call(d) != "method-dependent":
         text += f"; {zero_left_out_text(d)}"
+    other = restated_axis(d)
+    if other and axis_call(d) in SERVING_CALLS:
+        text += (
+            f"; {other}'s profiles alone give {float(d['index_explained']):.2f} here, through "
+            f"how {d.get('by')} and {other} go together in these data, so this may only "
+            f"restate the division by {other}"
+        )
     return text
 
 
@@ -239,7 +247,9 @@ def _division_text(division: list[dict[str, Any]], alpha: float) -> str:
     return f"Division of labour: {'; '.join(parts)}."
 
 
-def headline_call(calls: dict[str, str], *, group: bool = False) -> str:
+def headline_call(
+    calls: dict[str, str], *, group: bool = False, restated: dict[str, str] | None = None
+) -> str:
     """One clause for a set of per-axis calls: "the heads divide the work along token",
     "the heads do not divide the work along any axis tested", "cannot tell whether the heads
     divide the work", or "whether the heads divide the work along token depends on the
@@ -253,6 +263,12 @@ def headline_call(calls: dict[str, str], *, group: bool = False) -> str:
         'the heads divide the work along token (cannot tell along position)'
         >>> headline_call({"position": SEEDS_DISAGREE}, group=True)
         'the seeds disagree whether the heads divide the work along position'
+        >>> headline_call({"position": "divided", "target_class": "divided"},
+        ...               restated={"target_class": "position"})
+        'the heads divide the work along position (target_class follows it in these data)'
+
+    ``restated``: divided axes whose division may only restate another divided axis's
+    (:func:`restated_axis`), said as following it, not as a division of their own.
     """
     if not calls:
         return "the division of labour was not measured"
@@ -260,8 +276,23 @@ def headline_call(calls: dict[str, str], *, group: bool = False) -> str:
         c: [a for a, k in calls.items() if k == c] for c in (*CALLS, SEEDS_DISAGREE)
     }
     disagree = ", ".join(by[SEEDS_DISAGREE])
-    if by["divided"]:
-        text = f"the heads divide the work along {', '.join(by['divided'])}"
+    # an axis that follows another divided axis is named with it, not as a division of its own
+    follows = {
+        a: o for a, o in (restated or {}).items() if a in by["divided"] and o in by["divided"]
+    }
+    own = [a for a in by["divided"] if a not in follows]
+    if by["divided"] and own:
+        text = f"the heads divide the work along {', '.join(own)}"
+        for leader in own:
+            led = [a for a, o in follows.items() if o == leader]
+            if led:
+                verb = "follows" if len(led) == 1 else "follow"
+                text += f" ({', '.join(led)} {verb} it in these data)"
+    elif by["divided"]:  # each restates the other: the data cannot tell them apart
+        text = (
+            f"the heads divide the work along {' or '.join(by['divided'])} (these axes go "
+            "together in the data: which one is not told apart)"
+        )
     elif by["method-dependent"]:
         text = (
             f"whether the heads divide the work along {', '.join(by['method-dependent'])} "
@@ -487,6 +518,11 @@ class RunVerdict:
         return {str(d["by"]): axis_call(d, self.alpha) for d in self.division}
 
     @property
+    def restated(self) -> dict[str, str]:
+        """Axis -> the axis its division may only restate (:func:`restated_axis`)."""
+        return {str(d["by"]): o for d in self.division if (o := restated_axis(d))}
+
+    @property
     def _seed_text(self) -> str:
         return f", seed {self.seed}" if self.seed_shown else ""
 
@@ -495,7 +531,8 @@ class RunVerdict:
         """One sentence: does this run divide the work, along what, on what basis."""
         where = f"{_plural(self.n_relations, 'relation')} held"
         return (
-            f"{self.task}, h={self.n_heads}{self._seed_text}: {headline_call(self.calls)}"
+            f"{self.task}, h={self.n_heads}{self._seed_text}: "
+            f"{headline_call(self.calls, restated=self.restated)}"
             f"{_basis_text(self.division)}{_stability_clause([self])} ({where}; "
             f"{len(self.needed)} of {self.total_heads} needed, {len(self.backed_up)} backed up, "
             f"{len(self.dead)} dead)."
@@ -620,7 +657,8 @@ class RunVerdict:
         return " ".join(
             [
                 header + ":",
-                f"Headline: {headline_call(self.calls)}{_basis_text(self.division)}"
+                f"Headline: {headline_call(self.calls, restated=self.restated)}"
+                f"{_basis_text(self.division)}"
                 f"{_stability_clause([self])}.",
                 self.relation_sentence(),
                 _division_text(self.division, self.alpha),
@@ -750,10 +788,24 @@ class Verdict:
                 out[axis] = "cannot tell"
         return out
 
+    @staticmethod
+    def group_restated(runs: list[RunVerdict]) -> dict[str, str]:
+        """Axis -> the axis its division may only restate in most of the seeds that divide
+        along it (:func:`restated_axis`)."""
+        out = {}
+        for axis in dict.fromkeys(a for r in runs for a in r.calls):
+            divided = [r for r in runs if r.calls.get(axis) == "divided"]
+            others = [r.restated.get(axis, "") for r in divided]
+            best = max(set(others), key=others.count) if others else ""
+            if best and others.count(best) * 2 > len(divided):
+                out[axis] = best
+        return out
+
     def headline(self, runs: list[RunVerdict]) -> str:
         """ONE sentence for a task and head count over its seeds (the report's headline)."""
         first, n = runs[0], len(runs)
         calls = self.group_calls(runs)
+        restated = self.group_restated(runs)
         counts = []
         for axis in calls:  # an undefined call ("cannot tell") is not counted as "no"
             undefined = sum(r.calls.get(axis) == "cannot tell" for r in runs)
@@ -769,7 +821,8 @@ class Verdict:
         rows = [d for r in runs for d in r.division]
         return (
             f"h={first.n_heads} ({_plural(first.total_heads, 'head')}, {_plural(n, 'seed')}): "
-            f"{headline_call(calls, group=_some_defined(runs))}{evidence}{_basis_text(rows)}"
+            f"{headline_call(calls, group=_some_defined(runs), restated=restated)}{evidence}"
+            f"{_basis_text(rows)}"
             f"{_stability_clause(runs)}."
         )
 
@@ -805,7 +858,11 @@ class Verdict:
             else:
                 index = UNDEFINED_INDEX
             parts.append(f"by {axis} {index}, divided in {beats}/{n} seeds")
-        verdict = headline_call(Verdict.group_calls(runs), group=_some_defined(runs))
+        verdict = headline_call(
+            Verdict.group_calls(runs),
+            group=_some_defined(runs),
+            restated=Verdict.group_restated(runs),
+        )
         return f"Division of labour: {'; '.join(parts)}: {verdict}."
 
     @property

@@ -223,6 +223,7 @@ from mhainterp.specialization.whom.profiles import (
     pad_axes,
     run_pass,
     run_rows,
+    value_given,
     write_norms,
 )
 from mhainterp.specialization.whom.screen import Screen, estimate_damage, screen_heads
@@ -514,14 +515,16 @@ def _evidence(
     padded_counts = pad_axes(torch.cat([counts[a] for a in axes]), K)  # (A, K_max)
     ones = torch.ones(sum(K), device=padded_counts.device)
     inside = pad_axes(ones, K) > 0  # (A, K_max): an axis's own values
+    keep = inside & (padded_counts >= s.min_count)
     return Evidence(
         axes=list(axes),
         value_names={a: value_names[a] for a in axes},
         counts={a: counts[a] for a in axes},
-        keep=inside & (padded_counts >= s.min_count),
+        keep=keep,
         means=dict(zip(passes, by_method, strict=True)),
         null_pairs=_null_tables(tables, noisy, rows, B, first_half),
         loss=loss,
+        given=value_given([values[a] for a in axes], K, keep),
     )
 
 

@@ -28,6 +28,7 @@ from mhainterp.specialization.whom.selectivity import (
     division_index,
     effective_values,
     helped_share,
+    implied_index,
     interval,
     normal_null_means,
     same_function_distance,
@@ -48,6 +49,7 @@ __all__ = [
     "heads_rows",
     "index_rows",
     "job_rows",
+    "restated_axis",
     "selectivity_test",
     "specialized_rule",
     "unit_profiles",
@@ -161,6 +163,8 @@ class Evidence:
     # copy, the original first)
     null_pairs: dict[str, list[tuple[Float[Tensor, "B A C K"], Float[Tensor, "B A C K"]]]]
     loss: Float[Tensor, "A C K"]
+    # How the axes go together on the scored triples (:func:`~.profiles.value_given`)
+    given: Float[Tensor, "A A K K"]
 
     @property
     def n_values(self) -> Int[Tensor, " A"]:
@@ -189,6 +193,33 @@ def combine_calls(calls: dict[str, str]) -> str:
     if not decided:
         return "cannot tell"
     return decided.pop() if len(decided) == 1 else "method-dependent"
+
+
+def restated_axis(d: dict[str, Any]) -> str:
+    """The other axis a division row's index may only restate, or "": on an axis called
+    divided (or method-dependent), the index that axis's profiles give this one through the
+    data alone (``index_explained``, where the axes go together in the data) reaches the
+    index's own 95% interval (``ci_low``). Two heads that split the positions look divided by
+    target class too where early positions hold small classes.
+
+    Example:
+        >>> restated_axis({"by": "target_class", "call": "divided", "ci_low": 0.45,
+        ...                "explained_by": "position", "index_explained": 0.59})
+        'position'
+        >>> restated_axis({"by": "position", "call": "divided", "ci_low": 1.0,
+        ...                "explained_by": "target_class", "index_explained": 0.23})
+        ''
+    """
+    by = d.get("explained_by")
+    if d.get("call") not in ("divided", "method-dependent"):  # nothing claimed to restate
+        return ""
+    try:  # a row read back from CSV, or one from before the column: text, None, missing
+        implied, low = float(d["index_explained"]), float(d["ci_low"])
+    except (KeyError, TypeError, ValueError):
+        return ""
+    if not isinstance(by, str) or not by or math.isnan(implied) or math.isnan(low):
+        return ""
+    return by if implied >= low - TOLERANCE else ""
 
 
 def zero_artefact(calls: Mapping[str, Any], by: str) -> bool:
@@ -283,6 +314,9 @@ def index_rows(
         # p: the null's resamples at least the primary index (its rows 1..).
         index = all_draws[methods.index(s.method), 0]  # (A,)
         hits = (null[1:] >= index[None] - 1e-12).sum(0)  # (A,)
+        # (A, A): each axis's index that each other axis's profiles give through the data
+        primary_profiles = profiles[methods.index(s.method), 0]
+        implied = implied_index(ev.given, primary_profiles, primary.units(basis), ev.keep)
     rows = []
     for a, axis in enumerate(ev.axes):
         row: dict = {
@@ -299,6 +333,7 @@ def index_rows(
         for m in METHODS:
             row[f"index_{m}"], row[f"call_{m}"] = math.nan, ""
             row[f"null_index_{m}"] = row[f"null_high_{m}"] = math.nan
+        row.update(explained_by="", index_explained=math.nan)
         nan_stats = ("index", "ci_low", "ci_high", "null_index", "null_high", "p")
         row.update(dict.fromkeys(nan_stats, math.nan) | {"null_index_std": math.nan})
         if not basis:
@@ -322,6 +357,7 @@ def index_rows(
                     null_index_std=float(null_std[a]),
                     p=math.nan if math.isnan(value) else (1 + int(hits[a])) / (1 + B),
                 )
+        row.update(_explained(ev, implied, a))
         artefact = zero_artefact(calls, axis)
         call = combine_calls({m: c for m, c in calls.items() if not (artefact and m == "zero")})
         row.update(call=call, divided=call == "divided")
@@ -330,6 +366,16 @@ def index_rows(
             row["reason"] += "; " + zero_left_out_text(row)
         rows.append(row)
     return rows
+
+
+def _explained(ev: Evidence, implied: Float[Tensor, "A A"], a: int) -> dict[str, Any]:
+    """``explained_by``: the other axis whose profiles give axis ``a`` the largest index
+    through the data alone, and that index (``index_explained``); "" and NaN without one."""
+    row = implied[a]
+    if not bool((~row.isnan()).any()):
+        return {"explained_by": "", "index_explained": math.nan}
+    best = int(torch.nan_to_num(row, nan=-1.0).argmax())
+    return {"explained_by": ev.axes[best], "index_explained": float(row[best])}
 
 
 def _call(index: float, low: float, null_high: float, min_index: float) -> str:

@@ -22,7 +22,7 @@ from mhainterp.io import write_csv, write_json
 from mhainterp.runs import read_result_table, read_saved_meta
 from mhainterp.specialization.settings import DivisionSettings
 from mhainterp.specialization.whom.damage import TripleDamage
-from mhainterp.specialization.whom.division_calls import zero_artefact
+from mhainterp.specialization.whom.division_calls import restated_axis, zero_artefact
 from mhainterp.specialization.whom.pass_store import PassStore
 
 __all__ = [
@@ -111,7 +111,15 @@ _INDEX_LEADING = [
     "p_floor",
 ]
 _PER_METHOD = ("index", "call", "null_index", "null_high")
-_INDEX_TRAILING = ["index_single", "index_kept", "index_group", "n_kept", "n_groups"]
+_INDEX_TRAILING = [
+    "index_single",
+    "index_kept",
+    "index_group",
+    "n_kept",
+    "n_groups",
+    "explained_by",
+    "index_explained",
+]
 
 
 def index_columns() -> list[str]:
@@ -122,7 +130,10 @@ def index_columns() -> list[str]:
     its floor ``p_floor``, the index and call under each registered method (the default method
     first) with that method's own same-function null (``null_index_<method>``,
     ``null_high_<method>``: the noisy copy scored under that method), the primary method's index
-    on every basis, and the counts of damaging heads, heads contributing kept alone and groups.
+    on every basis, the counts of damaging heads, heads contributing kept alone and groups,
+    and ``index_explained``: the largest index that another axis's profiles give this axis
+    through the data alone (how the axes go together on the scored triples; ``explained_by``
+    names that axis): an index near it may only restate that axis's division.
     ``divided`` is ``call == "divided"``; ``null_init_index`` is kept NaN for old readers.
 
     Example:
@@ -181,7 +192,16 @@ def table_columns() -> dict[str, list[str]]:
 def text_columns() -> tuple[str, ...]:
     """The text columns, read back as "" where CSV wrote an empty string."""
     calls = (f"call_{m}" for m in METHODS)
-    return ("serves", "served_values", "kept_scope", "group", "basis", "reason", *calls)
+    return (
+        "serves",
+        "served_values",
+        "kept_scope",
+        "group",
+        "basis",
+        "reason",
+        "explained_by",
+        *calls,
+    )
 
 
 def join_columns(parts: list[dict[str, Any]], names: list[str]) -> dict[str, np.ndarray]:
@@ -244,6 +264,9 @@ class DivisionResult:
             calls = {m: getattr(row, f"call_{m}", "") for m in METHODS}
             if zero_artefact(calls, row.by) and call != "method-dependent":
                 call += " (zero ablation left out: the default-class artefact)"
+            other = restated_axis(row._asdict())
+            if other and call.startswith(("divided", "method-dependent")):
+                call += f" (may only restate {other}: the axes go together in these data)"
             parts.append(
                 f"{row.by} {row.index:.2f} [{row.ci_low:.2f}, {row.ci_high:.2f}] vs null "
                 f"{row.null_high:.2f} ({row.basis}): {call}"

@@ -49,6 +49,7 @@ __all__ = [
     "run_rows",
     "ValueMeans",
     "pad_axes",
+    "value_given",
     "value_means",
     "write_norms",
 ]
@@ -566,6 +567,33 @@ def pad_axes(
     zero = table.new_zeros(*table.shape[:dim], 1, *table.shape[dim + 1 :])
     padded = torch.cat([table, zero], dim).index_select(dim, source.flatten())
     return padded.reshape(*table.shape[:dim], len(sizes), K, *table.shape[dim + 1 :])
+
+
+def value_given(
+    values: Sequence[Int[Tensor, " N"]], sizes: Sequence[int], keep: Bool[Tensor, "A K"]
+) -> Float[Tensor, "A A K K"]:
+    """``given[x, y, i, j]``: among the scored triples with value ``i`` of axis ``x``, the share
+    with value ``j`` of axis ``y`` (over ``y``'s kept values; 0 past an axis's own values and
+    where value ``i`` has no triple). How the axes go together in the data: a division along
+    one shows along another through this table alone.
+
+    Example:
+        >>> pos, cls = torch.tensor([0, 0, 1, 1]), torch.tensor([0, 0, 0, 1])
+        >>> keep = torch.ones(2, 2, dtype=torch.bool)
+        >>> value_given([pos, cls], [2, 2], keep)[1, 0].tolist()  # position given the class
+        [[0.6666666666666666, 0.3333333333333333], [0.0, 1.0]]
+    """
+    A, K = len(values), max(sizes)
+    device = keep.device
+    given = torch.zeros(A, A, K, K, dtype=torch.float64, device=device)
+    for x, vx in enumerate(values):
+        for y, vy in enumerate(values):
+            counts = torch.zeros(K, K, dtype=torch.float64, device=device)
+            ones = torch.ones(len(vx), dtype=torch.float64, device=device)
+            counts.index_put_((vx.to(device), vy.to(device)), ones, accumulate=True)
+            counts = counts * keep[y][None, :]
+            given[x, y] = counts / counts.sum(-1, keepdim=True).clamp(min=1)
+    return given
 
 
 @torch.no_grad()

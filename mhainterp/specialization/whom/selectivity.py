@@ -6,6 +6,8 @@ from the engine passes and the tables (formulas in that module's docstring):
 - ``effective_values``: ``n_eff = exp(H(p))`` of a clipped, normalised profile;
 - ``helped_share``: the share of a profile's absolute damage that is negative, which the
   clipping leaves out;
+- ``implied_index``: the index along one axis that the profiles along another give through
+  the data alone (where the axes go together);
 - ``selectivity``: ``1 - n_eff / K`` (the share of values spared; K-invariant; one value of K
   scores ``1 - 1/K``);
 - ``division_index``: ``1 - mean pairwise cosine`` of the defined units' profiles;
@@ -35,6 +37,7 @@ __all__ = [
     "division_index",
     "effective_values",
     "helped_share",
+    "implied_index",
     "interval",
     "normal_null_means",
     "same_function_distance",
@@ -107,6 +110,33 @@ def helped_share(profiles: Float[Tensor, "... U K"]) -> Float[Tensor, "... U"]:
     magnitude = d.abs().sum(-1)
     share = (-d).clamp(min=0).sum(-1) / magnitude.clamp(min=1e-300)
     return torch.where(magnitude > 0, share, math.nan)
+
+
+def implied_index(
+    given: Float[Tensor, "A A K K"],
+    profiles: Float[Tensor, "A U K"],
+    defined: Bool[Tensor, " U"],
+    keep: Bool[Tensor, "A K"],
+) -> Float[Tensor, "A A"]:
+    """``[x, y]``: the division index along axis ``x`` that the units' profiles along axis
+    ``y`` give through the data alone, ``d_u(x_i) = sum_j P(y_j | x_i) d_u(y_j)``
+    (``given``, :func:`~.profiles.value_given`): what a division along ``y`` shows along ``x``
+    where the two go together in the data (positions and target classes often do). NaN on
+    the diagonal and where the index is undefined.
+
+    Example:
+        >>> given = torch.tensor([[[[1.0, 0], [0, 1]], [[1, 0], [0, 1]]],
+        ...                       [[[1, 0], [0, 1]], [[1, 0], [0, 1]]]])  # y fixed by x
+        >>> p = torch.tensor([[[1.0, 0], [0, 1]], [[0.5, 0.5], [0.5, 0.5]]])
+        >>> out = implied_index(given, p, torch.tensor([True, True]), torch.ones(2, 2).bool())
+        >>> [[round(float(v), 6) for v in row] for row in out]
+        [[nan, 0.0], [1.0, nan]]
+    """
+    implied = torch.einsum("xyij,yuj->xyui", given.double(), profiles.double())  # (A, A, U, K)
+    implied = torch.where(keep[:, None, None, :], implied, 0.0)  # x's own kept values
+    index = division_index(implied, defined)
+    diagonal = torch.eye(len(keep), dtype=torch.bool, device=index.device)
+    return torch.where(diagonal, math.nan, index)
 
 
 def _unit(profiles: Tensor) -> Tensor:
