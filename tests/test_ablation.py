@@ -402,7 +402,12 @@ def test_resample_from_one_sequence_is_refused(multi_model, multi_task):
         pass
     with pytest.raises(ParameterError, match=re.escape(said)):  # the engine's tables too
         head_importance(multi_model, one, method="resample")
-    assert head_importance(multi_model, one, method="mean").shape[0] == 8  # mean still runs
+    # Nor the mean of one sequence: it is that sequence's own z, and every damage came out 0
+    # (one sentence of text read "0 of 72 heads needed"). Zero ablation needs no reference.
+    own = "reference is invalid: at least 2 sequences for method='mean' (the mean of one"
+    with pytest.raises(ParameterError, match=re.escape(own)):
+        head_importance(multi_model, one, method="mean")
+    assert head_importance(multi_model, one, method="zero").shape[0] == 8
     # Two sequences: each takes the other's z.
     two = multi_task.sample(2, torch.Generator().manual_seed(5))
     clean = clean_z(multi_model, two)[:, :, 1]

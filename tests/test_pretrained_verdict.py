@@ -533,6 +533,25 @@ def test_an_interrupted_verdict_resumes_and_a_damaged_stage_is_refused(tmp_path,
     assert str(marker.parent) in str(error.value) and "\n" not in str(error.value)
 
 
+def test_a_verdict_on_one_sentence_is_refused_before_any_work(tmp_path, bert, monkeypatch):
+    """One sentence's mean is its own output: every mean ablation changed nothing, and the
+    verdict read "0 of 72 needed" on MiniLM without a word. Refused, naming the file."""
+    from mhainterp.analyze import pretrained_verdict
+    from mhainterp.validation import ParameterError
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the verdict started")
+
+    monkeypatch.setattr(pretrained_verdict, "division_of_labour", no_work)
+    one = tmp_path / "one.txt"
+    one.write_text(_sentences(1)[0] + "\n")
+    with pytest.raises(ParameterError, match=r"text='.*one.txt' is invalid: a text of at least 2"):
+        pretrained_verdict.specialize_pretrained(bert, one, tmp_path / "verdict")
+    with pytest.raises(ParameterError, match=r"n_eval=1 is invalid: an integer >= 2"):
+        pretrained_verdict.specialize_pretrained(bert, "stdlib", tmp_path / "v", n_eval=1)
+    assert not (tmp_path / "verdict").exists()
+
+
 def test_the_layer_rule_flags_a_layer_the_estimates_miss_and_not_one_they_explain():
     """Two layers of two heads (a SimpleNamespace stands in for the model: no forward runs).
     Layer 0: its removal costs 0.05, its heads' estimates 0.001 each -> both exact ("layer").

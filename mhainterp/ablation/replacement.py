@@ -8,7 +8,7 @@ values, and the clean capture of the reference they come from (see
   closed-form attribution estimate (:attr:`Replacement.closed_form`). :data:`METHODS` is the
   registry; every method list, column, default and help text of the toolkit iterates it.
 - The built-ins, in this order: ``"zero"``: 0; ``"mean"``: the reference's per-position mean
-  over real tokens; ``"resample"``: another reference sequence's z (a single-cycle permutation,
+  over real tokens (of at least 2 sequences: one sequence's mean is its own z); ``"resample"``: another reference sequence's z (a single-cycle permutation,
   so never its own: a reference of one sequence is refused, its ablation would equal the clean
   run).
 - :func:`capture_z` runs the reference clean once; :class:`ReferencePrefix` keeps that run's
@@ -571,12 +571,25 @@ class MeanReplacement(Replacement):
 
     name: ClassVar[str] = "mean"
     help: ClassVar[str] = "the head's z set to its per-position mean over the reference"
+    # the mean of one sequence is its own z: on that sequence the ablation changes nothing, and
+    # a verdict on it reads every head as unneeded (audit: one sentence, "0 of 72 needed")
+    min_sequences: ClassVar[int] = 2
     mean_z: list[Float[Tensor, "T h d_head"]] = field(default_factory=list)
     reference_prefix: ReferencePrefix | None = None
 
     @classmethod
     def build(cls, reference: Reference | None, generator: torch.Generator | None) -> Replacement:
         return cls(mean_z=reference.mean_z, reference_prefix=reference.prefix)
+
+    @classmethod
+    def refusal(cls, n_sequences: int) -> str | None:
+        if n_sequences >= cls.min_sequences:
+            return None
+        return (
+            "at least 2 sequences for method='mean' (the mean of one sequence is its own z: "
+            f"ablating a head on it changes nothing), got {n_sequences} sequence; use "
+            "method='zero', or more sequences"
+        )
 
     @staticmethod
     def closed_form(sums: AttributionSums) -> Float[Tensor, "L h"]:

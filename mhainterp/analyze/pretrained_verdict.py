@@ -58,6 +58,7 @@ from mhainterp.specialization.needed.dead import PRETRAINED_QUIET_SET
 from mhainterp.specialization.verdict.result import SpecializationResult
 from mhainterp.specialization.whom.division_result import DivisionResult
 from mhainterp.tasks.text import TEXT_N_EVAL, TextTask
+from mhainterp.validation import check_int, invalid
 
 __all__ = [
     "MARKER",
@@ -263,8 +264,17 @@ def specialize_pretrained(
         >>> v = specialize_pretrained("minilm", "stdlib", "runs/minilm", n_eval=8)  # doctest: +SKIP
         >>> print(v.sentences[0])  # doctest: +SKIP
     """
+    check_int("n_eval", n_eval, minimum=2)  # one sentence's mean is its own output (below)
     model = model if isinstance(model, BridgedModel) else load_pretrained(model)
     task = TextTask(model, text, n_eval=n_eval, bos=bos)
+    if task.n_eval < 2:  # before any work
+        raise invalid(
+            "text",
+            str(text),
+            f"a text of at least 2 sentences, one per line (it holds {task.n_eval}: mean "
+            "ablation replaces a head's output by its mean over the sentences, which for one "
+            "sentence is its own, so every damage would be 0)",
+        )
     base = (settings or SpecializationSettings()).to_dict()
     settings = SpecializationSettings.from_dict({**base, "n_eval": task.n_eval})
     division_kwargs = {} if by is None else {"by": by}
