@@ -62,6 +62,8 @@ __all__ = [
     "lead_with_head",
     "CHECKPOINT_FILE",
     "ANALYSIS_DIR",
+    "PRETRAINED_ANALYSIS_FILE",
+    "PRETRAINED_VERDICT_FILE",
     "RESULTS_FILE",
     "RUN_FILES",
     "SWEEP_FILE",
@@ -93,6 +95,10 @@ __all__ = [
     "weights_digest",
 ]
 
+PRETRAINED_VERDICT_FILE = "pretrained_verdict.json"
+"""What marks ``mhainterp specialize --model``'s folder, written last."""
+PRETRAINED_ANALYSIS_FILE = "categories.csv"
+"""What marks ``mhainterp analyze --model``'s folder (no other command writes it at the top)."""
 RUN_FILES = ("config.json", "model.safetensors", "metrics.csv", "eval.json")
 CHECKPOINT_FILE = "checkpoint.pt"
 """An unfinished run's training state (weights, optimizer, data generator, curve so far), which
@@ -376,13 +382,25 @@ def folder_kind(path: str | os.PathLike[str]) -> FolderKind:
     )
 
 
-def check_free_folder(
-    path: str | os.PathLike[str], kind: Literal["run", "sweep"], name: str
-) -> None:
-    """Refuse ``path`` as the folder of a new ``kind`` (a run, or a sweep) where it is an empty
-    path (the current folder, by accident) or already holds the other kind or sweep folders:
-    readers take such a folder for one of them and skip the rest (``name``: how the message
-    names the folder, ``--out`` for the CLI, ``run_dir`` or ``out_dir`` for the library).
+NewFolderKind = Literal["run", "sweep", "pretrained analysis", "pretrained verdict"]
+
+# Files that mark what a folder holds: only files no other command writes there (config.json
+# and metrics.csv are common names); for a run, eval.json first (what makes it read as a run).
+_HELD_BY = {
+    "run": ("eval.json", "model.safetensors", CHECKPOINT_FILE),
+    "sweep": (SWEEP_FILE,),
+    "pretrained verdict": (PRETRAINED_VERDICT_FILE,),
+    "pretrained analysis": (PRETRAINED_ANALYSIS_FILE,),
+}
+
+
+def check_free_folder(path: str | os.PathLike[str], kind: NewFolderKind, name: str) -> None:
+    """Refuse ``path`` as the folder of a new ``kind`` where it is an empty path (the current
+    folder, by accident) or already holds another kind (a run, a sweep, a pretrained model's
+    verdict or analysis) or sweep folders: readers take such a folder for one of them and skip
+    the rest, and the two pretrained commands overwrite each other's ``provenance.json``
+    (``name``: how the message names the folder, ``--out`` for the CLI, ``run_dir`` or
+    ``out_dir`` for the library).
 
     Example:
         >>> check_free_folder("runs/new_sweep", "sweep", "--out")  # free: nothing raised
@@ -393,14 +411,11 @@ def check_free_folder(
     if not path.is_dir():
         return
     held = None
-    if kind == "sweep":
-        # only files no other tool writes mark a run (config.json, metrics.csv are common
-        # names); eval.json first: it is what makes a folder read as a run
-        run_files = ("eval.json", "model.safetensors", CHECKPOINT_FILE)
-        found = next((path / f for f in run_files if (path / f).is_file()), None)
-        held = None if found is None else f"a run ({found})"
-    elif (path / SWEEP_FILE).is_file():
-        held = f"a sweep ({path / SWEEP_FILE})"
+    for other, files in _HELD_BY.items():
+        found = next((path / f for f in files if (path / f).is_file()), None)
+        if other != kind and found is not None:
+            held = f"a {other} ({found})"
+            break
     if held is None and (sweeps := sweep_folders(path)):
         held = f"sweep folders ({sweeps[0] / SWEEP_FILE})"
     if held is not None:

@@ -190,6 +190,58 @@ def test_out_with_a_folder_is_refused(command, made, tmp_path, no_model_loading,
     assert not elsewhere.exists()
 
 
+def _verdict_folder(base: Path) -> Path:
+    """What marks `specialize --model`'s folder, with the provenance analyze overwrote."""
+    from mhainterp.runs import PRETRAINED_VERDICT_FILE
+
+    folder = base / "verdict"
+    folder.mkdir()
+    (folder / PRETRAINED_VERDICT_FILE).write_text('{"sentences": [], "name": "m"}')
+    (folder / "provenance.json").write_text('{"n_sentences": 64}')
+    return folder
+
+
+def test_analyze_model_into_a_verdict_or_run_folder_is_refused_before_loading(
+    made, tmp_path, no_model_loading, capsys
+):
+    """`analyze --model` into `specialize --model`'s folder replaced its provenance.json (64
+    sentences became 8, its damage unit was lost) and `report` then misstated the verdict; into
+    a trained run it wrote 5 files beside the model. Both refused, nothing written."""
+    verdict = _verdict_folder(tmp_path)
+    before = _files(verdict)
+    for folder, held in ((verdict, "a pretrained verdict"), (made[0], "a run")):
+        capsys.readouterr()
+        assert main(["analyze", "--model", "minilm", "--out", str(folder)]) == 2
+        line = _one_line(capsys.readouterr().err)
+        assert "is invalid: a folder free for this pretrained analysis, but it holds " in line
+        assert f"{held} (" in line and line.endswith("; choose another --out"), line
+    assert _files(verdict) == before
+
+
+def test_the_two_pretrained_commands_refuse_each_others_folders_in_the_library(tmp_path):
+    from mhainterp.analyze import analyze_pretrained
+    from mhainterp.analyze.pretrained_verdict import specialize_pretrained
+    from mhainterp.runs import PRETRAINED_ANALYSIS_FILE
+
+    analysis = tmp_path / "analysis"
+    analysis.mkdir()
+    (analysis / PRETRAINED_ANALYSIS_FILE).write_text("head_label,category\n")
+    with pytest.raises(ParameterError, match="holds a pretrained analysis"):
+        specialize_pretrained("no-such-model", "stdlib", analysis)  # refused before loading
+    with pytest.raises(ParameterError, match="holds a pretrained verdict"):
+        analyze_pretrained("no-such-model", "stdlib", _verdict_folder(tmp_path))
+
+
+def test_analyze_model_writes_beside_the_verdict_by_default(no_model_loading, monkeypatch):
+    """`specialize --model minilm` writes runs/minilm; `analyze --model minilm` runs/minilm-
+    analysis, so that the two defaults never meet (the load is refused here: no model runs)."""
+    seen = []
+    monkeypatch.setattr("mhainterp.runs.check_free_folder", lambda *a: seen.append(a[:2]))
+    with pytest.raises(AssertionError, match="before any loading"):
+        main(["analyze", "--model", "minilm"])
+    assert seen == [(Path("runs") / "minilm-analysis", "pretrained analysis")]
+
+
 # ----- 4. the ablate table -----------------------------------------------------------------------
 def test_ablate_table_keeps_a_space_between_large_numbers():
     from mhainterp.cli.ablate import format_metrics_table

@@ -48,6 +48,7 @@ from mhainterp.heads import all_heads, head_label
 from mhainterp.io import write_csv, write_json, write_text
 from mhainterp.pretrained import load_pretrained, random_init_models
 from mhainterp.protocol import BridgedModel, HookedModel
+from mhainterp.runs import PRETRAINED_ANALYSIS_FILE, check_free_folder
 from mhainterp.scoring import CleanOutputMetric, pooled_output
 from mhainterp.specialization.where.nulls import combine_nulls, init_null_summary, init_p_values
 from mhainterp.specialization.where.roles import capture_role_sums, role_frame, role_templates
@@ -336,6 +337,8 @@ def analyze_pretrained(
     )
 
     n_eval = check_int("n_eval", n_eval, minimum=2)
+    # a verdict's folder (its provenance.json would be overwritten), a run, a sweep: refused
+    check_free_folder(out, "pretrained analysis", "out")
     model = model if isinstance(model, BridgedModel) else load_pretrained(model)
     sentences = sentences_of(text)[:n_eval]
     batch = text_batch(model, sentences, max_len=max_len, bos=bos)
@@ -365,7 +368,7 @@ def analyze_pretrained(
     written.append(plot_roles_vs_null(roles, out / "roles.png", title=title))
     written.append(out / "roles.csv")
     categories = clark_categories(roles, causal=model.cfg.causal)
-    written.append(write_csv(out / "categories.csv", categories))
+    written.append(write_csv(out / PRETRAINED_ANALYSIS_FILE, categories))  # marks the folder
     if not ablation:  # --no-ablation: the role scores and categories only
         steps.close()
         summary = _summary(model, batch, categories, None, None)

@@ -44,6 +44,7 @@ from mhainterp.render import (
     render_html,
     render_markdown,
 )
+from mhainterp.runs import PRETRAINED_VERDICT_FILE, check_free_folder
 from mhainterp.specialization import (
     SpecializationSettings,
     division_of_labour,
@@ -69,7 +70,7 @@ __all__ = [
     "write_pretrained_report",
 ]
 
-MARKER = "pretrained_verdict.json"
+MARKER = PRETRAINED_VERDICT_FILE
 """The file that makes a folder a pretrained model's verdict (written last)."""
 
 _DIVISION_PREFIX = "division"
@@ -265,6 +266,7 @@ def specialize_pretrained(
         >>> print(v.sentences[0])  # doctest: +SKIP
     """
     check_int("n_eval", n_eval, minimum=2)  # one sentence's mean is its own output (below)
+    check_free_folder(out, "pretrained verdict", "out")  # before the model loads
     model = model if isinstance(model, BridgedModel) else load_pretrained(model)
     task = TextTask(model, text, n_eval=n_eval, bos=bos)
     if task.n_eval < 2:  # before any work

@@ -2,7 +2,7 @@
 table and figure under ``RUN/analysis/``.
 
     mhainterp analyze runs/quickstart/reverse/runs/h8_seed0
-    mhainterp analyze --model smollm2 --text stdlib --n-eval 64 --out runs/smollm2
+    mhainterp analyze --model smollm2 --text stdlib --n-eval 64 --out runs/smollm2-analysis
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "model on real text instead: role scores against a random-weight null, Clark et al. "
         "(2019) categories per head, attribution patching vs exact ablation, zero vs mean.",
         epilog="examples:\n  mhainterp analyze runs/quickstart/reverse/runs/h8_seed0\n"
-        "  mhainterp analyze --model smollm2 --text stdlib --n-eval 64 --out runs/smollm2",
+        "  mhainterp analyze --model smollm2 --text stdlib --n-eval 64 "
+        "--out runs/smollm2-analysis",
     )
     analyze.add_argument("path", nargs="?", help="a run folder or a sweep folder")
     add_pretrained_args(analyze)
@@ -86,8 +87,11 @@ def _cmd_analyze_pretrained(args: argparse.Namespace) -> int:
     name, n_eval, note = model_plan(args)
     from mhainterp.analyze import analyze_pretrained
     from mhainterp.pretrained import quiet_loading
+    from mhainterp.runs import check_free_folder
 
-    out = Path(args.out or Path("runs") / Path(name).name)
+    # beside `specialize --model`'s runs/NAME, never in it: each writes its own provenance.json
+    out = Path(args.out or Path("runs") / f"{Path(name).name}-analysis")
+    check_free_folder(out, "pretrained analysis", "--out")  # before the model loads
     with quiet_loading() if args.quiet else contextlib.nullcontext():
         model = load_and_announce(args, name, n_eval, note)
         written = analyze_pretrained(
