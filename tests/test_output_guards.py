@@ -242,6 +242,29 @@ def test_analyze_model_writes_beside_the_verdict_by_default(no_model_loading, mo
     assert seen == [(Path("runs") / "minilm-analysis", "pretrained analysis")]
 
 
+def test_report_on_a_pretrained_verdict_refuses_the_settings_it_would_ignore(
+    tmp_path, monkeypatch, capsys
+):
+    """`report` renders `specialize --model`'s saved verdict as it is: --alpha, --n-eval, --by
+    ... gave a byte-identical report, while the help says they recompute. Refused, by name."""
+    from mhainterp.analyze import pretrained_verdict
+
+    verdict = _verdict_folder(tmp_path)
+    rendered = []
+    monkeypatch.setattr(
+        pretrained_verdict, "write_pretrained_report", lambda *a: rendered.append(a) or ("m", "h")
+    )
+    capsys.readouterr()
+    assert main(["report", str(verdict), "--alpha", "0.001", "--by", "position"]) == 2
+    assert _one_line(capsys.readouterr().err) == (
+        f"mhainterp report: error: {verdict} is what `specialize --model` wrote: report renders "
+        "that verdict as saved and takes no --alpha, --by; rerun `mhainterp specialize --model "
+        "NAME` with them instead"
+    )
+    assert rendered == []
+    assert main(["report", str(verdict), "--quiet"]) == 0 and len(rendered) == 1
+
+
 # ----- 4. the ablate table -----------------------------------------------------------------------
 def test_ablate_table_keeps_a_space_between_large_numbers():
     from mhainterp.cli.ablate import format_metrics_table

@@ -22,6 +22,7 @@ from mhainterp.cli.options import (
 )
 from mhainterp.cli.pretrained_options import n_eval_for, n_eval_given, text_n_eval_default
 from mhainterp.cli.static import DEFAULT_N_EVAL, SPECIALIZATION_DEFAULTS
+from mhainterp.validation import ParameterError
 
 __all__ = ["register"]
 
@@ -69,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_settings_args(report)
     text_n_eval_default(report)
     add_runtime_args(report)
-    report.set_defaults(func=_cmd_report)
+    report.set_defaults(func=_cmd_report, by_default=report.get_default("by"))
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
@@ -77,6 +78,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     if (Path(args.path) / PRETRAINED_MARKER).is_file():  # `specialize --model`'s folder
         from mhainterp.analyze.pretrained_verdict import write_pretrained_report
+
+        given = _options_given(args)
+        if given:  # each was silently ignored: the report rendered the saved verdict as it was
+            raise ParameterError(
+                f"{args.path} is what `specialize --model` wrote: report renders that verdict "
+                f"as saved and takes no {', '.join(given)}; rerun `mhainterp specialize "
+                f"--model NAME` with {'it' if len(given) == 1 else 'them'} instead"
+            )
 
         md, html = write_pretrained_report(args.path, args.out)
         print(f"report: {md}\n        {html}")
@@ -107,12 +116,20 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _options_given(args: argparse.Namespace) -> list[str]:
+    """The settings flags, and ``--by``, typed with a value other than their default."""
+    flags = {"alpha": "--alpha", "correction": "--correction", "min_effect": "--min-effect"}
+    given = [f for d, f in flags.items() if getattr(args, d) != SPECIALIZATION_DEFAULTS[d]]
+    if args.ablation_method != SPECIALIZATION_DEFAULTS["method"]:
+        given.append("--ablation-method")
+    if n_eval_given(args):
+        given.append("--n-eval")
+    if args.by != args.by_default:
+        given.append("--by")
+    return given
+
+
 def _settings_given(args: argparse.Namespace) -> bool:
     """Whether any settings option differs from its default (else the saved settings are
     read: :func:`~mhainterp.specialization.folders.saved_folder_settings`)."""
-    defaults = {"alpha": "alpha", "correction": "correction", "min_effect": "min_effect"}
-    defaults["ablation_method"] = "method"
-    changed = any(
-        getattr(args, dest) != SPECIALIZATION_DEFAULTS[key] for dest, key in defaults.items()
-    )
-    return changed or n_eval_given(args)
+    return any(flag != "--by" for flag in _options_given(args))
