@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
+
 from mhainterp.render import format_p
 from mhainterp.specialization import RunVerdict, Verdict
 from mhainterp.specialization.verdict.sentences import axis_call, headline_call
@@ -209,3 +211,31 @@ def test_threshold_flips_read_as_counts_of_heads_and_shares_of_labels():
     assert "(backup_ratio: 2 heads, min_effect: 1 head; heads L0H0, L0H1)" in runs[0].text
     sentence = Verdict(runs).group_sentence("reverse/4", runs)
     assert "(share per threshold: backup_ratio 0.50, min_effect 0.25)" in sentence
+
+
+def test_a_perturbed_setting_without_its_ablations_is_named_as_not_tested():
+    """On a pretrained model the looser similarity gate's pairs lie past the pair cap: its 1,155
+    pair ablations were never run, so its "0 labels changed" showed nothing. Named, per
+    setting, in the run's sentence and in the caveat, never "Labels are stable"."""
+    from mhainterp.specialization.verdict.stability import flip_summary
+
+    rows = pd.DataFrame(
+        {
+            "threshold": ["min_similarity", "min_similarity", "min_effect", "min_effect"],
+            "factor": [0.8, 1.25, 0.8, 1.25],
+            "changed": ["", "", "", ""],
+            "n_untested": [1155, 0, 0, 0],
+        }
+    )
+    summary = flip_summary(rows)
+    assert summary["untested"] == {"min_similarity x 0.8": 1155}
+    run = RunVerdict(run="r", task="text", n_heads=12, n_layers=6, seed=0, **summary)
+    untested = (
+        "not tested: min_similarity x 0.8 needs 1,155 pair or group ablations that were not "
+        "run (counted as not redundant), so the labels are not shown to survive it"
+    )
+    assert run.stability_sentence() == (
+        f"No label changes with a threshold x 0.8 or x 1.25 where tested ({untested})."
+    )
+    assert Verdict([run]).caveats[4].endswith(f"changes 0 of 72 head labels; {untested}.")
+    assert "untested" not in RunVerdict(run="r", task="t", n_heads=1, n_layers=1, seed=0).to_dict()

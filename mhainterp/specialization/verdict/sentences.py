@@ -247,6 +247,17 @@ def _division_text(division: list[dict[str, Any]], alpha: float) -> str:
     return f"Division of labour: {'; '.join(parts)}."
 
 
+def _untested_text(untested: dict[str, int]) -> str:
+    """ "not tested: min_similarity x 0.8 needs 1,155 pair or group ablations that were not run
+    (counted as not redundant), so the labels are not shown to survive it"."""
+    listed = "; ".join(f"{s} needs {n:,} pair or group ablations" for s, n in untested.items())
+    it = "it" if len(untested) == 1 else "them"
+    return (
+        f"not tested: {listed} that were not run (counted as not redundant), so the labels are "
+        f"not shown to survive {it}"
+    )
+
+
 def headline_call(
     calls: dict[str, str], *, group: bool = False, restated: dict[str, str] | None = None
 ) -> str:
@@ -429,6 +440,7 @@ class RunVerdict:
         flips: Threshold -> heads whose label changes with it x 0.8 or x 1.25.
         flip_heads: Heads whose label changes under at least one of those.
         n_untested: Pairs/groups a perturbed setting tests that the saved evidence lacks.
+        untested: Per perturbed setting (``"min_similarity x 0.8"``), those it lacks.
     """
 
     run: str
@@ -467,6 +479,7 @@ class RunVerdict:
     flip_heads: list[str] = field(default_factory=list)
     harmful: dict[str, float] = field(default_factory=dict)
     n_untested: int = 0
+    untested: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_heads(self) -> int:
@@ -582,6 +595,9 @@ class RunVerdict:
 
     def stability_sentence(self) -> str:
         """Whether the labels survive each threshold x 0.8 and x 1.25."""
+        untested = f" ({_untested_text(self.untested)})" if self.untested else ""
+        if not self.flip_heads and untested:  # "stable" would claim the untested setting too
+            return f"No label changes with a threshold x 0.8 or x 1.25 where tested{untested}."
         if not self.flip_heads:
             return "Labels are stable: none changes with any threshold x 0.8 or x 1.25."
         worst = sorted(((n, t) for t, n in self.flips.items() if n), reverse=True)
@@ -589,7 +605,7 @@ class RunVerdict:
         return (
             f"This verdict rests on thresholds: {len(self.flip_heads)} of {self.total_heads} "
             f"labels change with a threshold x 0.8 or x 1.25 ({listed}; heads "
-            f"{', '.join(self.flip_heads)})."
+            f"{', '.join(self.flip_heads)}){untested}."
         )
 
     def other_sentence(self) -> str:
@@ -672,8 +688,9 @@ class RunVerdict:
         out = dataclasses.asdict(self)
         if out["damage_unit"] == "accuracy":  # the default: saved verdicts read as before
             del out["damage_unit"]
-        if not out["harmful"]:  # likewise
-            del out["harmful"]
+        for empty in ("harmful", "untested"):  # likewise
+            if not out[empty]:
+                del out[empty]
         return out
 
     @classmethod
@@ -922,6 +939,12 @@ class Verdict:
             f"Thresholds: re-deciding every label with each threshold x 0.8 and x 1.25 (from the "
             f"saved evidence) changes {flipped} of {total} head labels"
         )
+        per: dict[str, int] = {}
+        for r in self.runs:
+            for setting, n in r.untested.items():
+                per[setting] = per.get(setting, 0) + n
+        if per:  # counted as not redundant, so "0 changed" there does not show they survive
+            return f"{text}; {_untested_text(per)}."
         return text + (f"; {untested} tests lacked evidence." if untested else ".")
 
     def to_dict(self) -> dict[str, Any]:

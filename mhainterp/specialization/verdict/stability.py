@@ -11,7 +11,10 @@ run's own. Nothing is recomputed: no forward pass, no ablation, so it costs mill
 Evidence a perturbed setting would need but the run did not gather (a pair or group that only
 a looser gate tests) is counted in ``n_untested`` and treated as not redundant; the test
 gathers pair ablations down to ``min_similarity x 0.8`` and group ablations for every
-perturbed setting's candidate groups, so on its own results ``n_untested`` is 0.
+perturbed setting's candidate groups, so on a trained run's own results ``n_untested`` is
+0. On a pretrained model the pair ablations are capped
+(:data:`~mhainterp.specialization.needed.redundancy.PRETRAINED_MAX_PAIRS`): a looser gate's
+pairs can lie past the cap, and the verdict names that setting as not tested.
 
 Example:
     >>> table = label_stability(result)  # doctest: +SKIP
@@ -296,7 +299,8 @@ def _specialized_axes(
 
 def flip_summary(stability: pd.DataFrame) -> dict[str, Any]:
     """What a run's verdict says of its stability rows: ``flips`` (threshold -> heads changed
-    by either factor), ``flip_heads`` (changed by any) and ``n_untested``.
+    by either factor), ``flip_heads`` (changed by any), ``n_untested`` and ``untested`` (per
+    perturbed setting, the tests it lacks: its "0 changed" does not show the labels survive).
 
     Example:
         >>> t = pd.DataFrame({"threshold": ["min_effect", "min_effect", DIVISION_THRESHOLD],
@@ -311,10 +315,21 @@ def flip_summary(stability: pd.DataFrame) -> dict[str, Any]:
         heads = {h for c in changed for h in head_set_labels(c)}
         flips[str(name)] = len(heads)
         every += sorted(heads)
+    lacking = stability[stability["n_untested"] > 0] if len(stability) else stability
     return {
         "flips": flips,
         "flip_heads": sorted(set(every), key=every.index),
         "n_untested": int(stability["n_untested"].sum()) if len(stability) else 0,
+        # per perturbed setting ("min_similarity x 0.8"): the tests it needs and the run lacks
+        "untested": {
+            f"{t} x {f:g}": int(n)
+            for t, f, n in zip(
+                lacking.get("threshold", []),
+                lacking.get("factor", []),
+                lacking.get("n_untested", []),
+                strict=True,
+            )
+        },
     }
 
 
