@@ -545,7 +545,7 @@ def test_a_verdict_on_one_sentence_is_refused_before_any_work(tmp_path, bert, mo
     monkeypatch.setattr(pretrained_verdict, "division_of_labour", no_work)
     one = tmp_path / "one.txt"
     one.write_text(_sentences(1)[0] + "\n")
-    with pytest.raises(ParameterError, match=r"text='.*' is invalid: a text of at least 2"):
+    with pytest.raises(ParameterError, match=r"text='.* is invalid: a text of at least 2"):
         pretrained_verdict.specialize_pretrained(bert, one, tmp_path / "verdict")
     with pytest.raises(ParameterError, match=r"n_eval=1 is invalid: an integer >= 2"):
         pretrained_verdict.specialize_pretrained(bert, "stdlib", tmp_path / "v", n_eval=1)
