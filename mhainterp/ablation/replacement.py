@@ -8,9 +8,9 @@ values, and the clean capture of the reference they come from (see
   closed-form attribution estimate (:attr:`Replacement.closed_form`). :data:`METHODS` is the
   registry; every method list, column, default and help text of the toolkit iterates it.
 - The built-ins, in this order: ``"zero"``: 0; ``"mean"``: the reference's per-position mean
-  over real tokens (of at least 2 sequences: one sequence's mean is its own z); ``"resample"``: another reference sequence's z (a single-cycle permutation,
-  so never its own: a reference of one sequence is refused, its ablation would equal the clean
-  run).
+  over real tokens (of at least 2 sequences: one sequence's mean is its own z);
+  ``"resample"``: another reference sequence's z (a single-cycle permutation, so never its
+  own: a reference of one sequence is refused, its ablation would equal the clean run).
 - :func:`capture_z` runs the reference clean once; :class:`ReferencePrefix` keeps that run's
   prefixes when the reference is also the evaluated batch, so the engine does not repeat it.
 - The chunk sizes both that capture and the engine's passes use live here too.
