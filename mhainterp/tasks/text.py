@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,11 +55,13 @@ __all__ = [
     "FUNCTION_WORDS",
     "POSITION_BUCKETS",
     "TEXT_AXES",
+    "TEXT_MAX_LEN",
     "TEXT_N_EVAL",
     "TEXT_RELATIONS",
     "TOKEN_CLASSES",
     "TextTask",
     "TextRelations",
+    "cut_sentences",
     "last_real_template",
     "next_token_batch",
     "next_token_template",
@@ -74,6 +77,8 @@ __all__ = [
 
 TEXT_RELATIONS = ("previous", "next", "self", "first", "last", "punctuation", "same_token")
 TOKEN_CLASSES = ("punctuation", "function", "content", "special")
+TEXT_MAX_LEN = 48
+"""Longest tokenized sentence of a text batch by default (longer ones are cut)."""
 POSITION_BUCKETS = (0, 1, 4, 8, 16)
 """Lower bounds of the position buckets: position 0, 1-3, 4-7, 8-15, 16 and later."""
 _FUNCTION_WORD_TEXT = (
@@ -132,13 +137,15 @@ def read_sentences(path: str | Path, n: int | None = None) -> list[str]:
     """Sentences of a user's UTF-8 text file: one per non-empty line (or split at ``. ``).
 
     Raises:
-        ParameterError: The file cannot be read or holds no text (the message names it).
+        ParameterError: The file cannot be read, holds control characters (a binary file:
+            NUL bytes are valid UTF-8) or holds no word (the message names it and the line).
     """
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
         raise invalid("text", str(path), f"a readable UTF-8 text file ({error})") from None
+    _check_no_control_characters(path, text)
     sentences = [
         s.strip()
         for line in text.splitlines()
@@ -147,14 +154,58 @@ def read_sentences(path: str | Path, n: int | None = None) -> list[str]:
     ]
     if not sentences:
         raise invalid("text", str(path), "a text file with at least one non-empty line")
+    if not any(character.isalnum() for sentence in sentences for character in sentence):
+        raise invalid("text", str(path), "a text file with words (it holds punctuation only)")
     return sentences if n is None else sentences[: check_int("n", n, minimum=1)]
+
+
+def _check_no_control_characters(path: Path, text: str) -> None:
+    """Refuse control characters other than whitespace (tab, CR, form feed ...): a file of NUL
+    bytes decodes as UTF-8, and its tokens were silently dropped, leaving [CLS] [SEP] to
+    analyse. Lines are counted at ``\\n``, as an editor and ``grep -n`` count them."""
+    for number, line in enumerate(text.split("\n"), start=1):
+        bad = next((c for c in line if _is_control(c)), None)
+        if bad is not None:
+            raise invalid(
+                "text",
+                str(path),
+                f"a text file without control characters (line {number} holds "
+                f"U+{ord(bad):04X}: a binary file?)",
+            )
+
+
+def _is_control(character: str) -> bool:
+    """A control character (Unicode "Cc") that is not whitespace."""
+    return unicodedata.category(character) == "Cc" and not character.isspace()
+
+
+def cut_sentences(
+    model: BridgedModel, sentences: Sequence[str], max_len: int = TEXT_MAX_LEN
+) -> tuple[int, int]:
+    """``(how many of sentences text_batch cuts at max_len tokens, the longest's tokens)``:
+    what a command says, so that a long line is not shortened silently (the batch itself is
+    unchanged).
+
+    Example:
+        >>> cut_sentences(load_pretrained("minilm"), ["A short one."])  # doctest: +SKIP
+        (0, 5)
+    """
+    if not sentences:
+        return 0, 0
+    # verbose=False: no "longer than the model's maximum" warning, the caller says it
+    lengths = [len(ids) for ids in model.tokenizer(list(sentences), verbose=False)["input_ids"]]
+    return sum(length > max_len for length in lengths), max(lengths)
 
 
 # ----------------------------------------------------------------------------- batch
 
 
 def text_batch(
-    model: BridgedModel, sentences: Sequence[str], *, max_len: int = 48, bos: bool = True
+    model: BridgedModel,
+    sentences: Sequence[str],
+    *,
+    max_len: int = TEXT_MAX_LEN,
+    bos: bool = True,
 ) -> Batch:
     """Tokenize ``sentences`` with ``model.tokenizer`` into a right-padded ``Batch``.
 
@@ -169,7 +220,8 @@ def text_batch(
     Args:
         model: A :class:`~mhainterp.protocol.BridgedModel` (its tokenizer and objective).
         sentences: The texts.
-        max_len: Longest tokenized sentence (longer ones are cut).
+        max_len: Longest tokenized sentence (longer ones are cut; :func:`cut_sentences`
+            says how many).
         bos: Keep a decoder's BOS prefix (``<|im_start|>`` for SmolLM2; default True).
 
     Returns:
@@ -443,7 +495,7 @@ class TextTask(Task):
         model: Any,
         text: str | Path = "stdlib",
         n_eval: int = TEXT_N_EVAL,
-        max_len: int = 48,
+        max_len: int = TEXT_MAX_LEN,
         sentences: Sequence[str] | None = None,
         bos: bool = True,
     ) -> None:
