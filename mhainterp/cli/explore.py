@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from mhainterp.cli.options import MAX_COUNT, Checked, add_choice, add_runtime_args
+from mhainterp.cli.pretrained_options import TEXT_MAX_LEN
 from mhainterp.cli.static import DEFAULT_N_EVAL, ablation_methods
 from mhainterp.cli.task_modules import add_task_module_argument
 from mhainterp.errors import PortInUseError
 from mhainterp.explore import TEXT_N_EVAL
 from mhainterp.explore.server import LOCAL_HOSTS
+from mhainterp.runtime import terminate_as_interrupt
 from mhainterp.validation import check_int, check_port, invalid
 
 __all__ = ["register", "run_explore"]
@@ -80,7 +82,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--text",
         default="stdlib",
-        help="with --model: 'stdlib' or a text file (one sentence per line; default stdlib)",
+        help=f"with --model: 'stdlib' or a text file (one sentence per line, each cut to "
+        f"{TEXT_MAX_LEN} tokens; default stdlib)",
     )
     parser.add_argument(
         "--verdict",
@@ -170,8 +173,13 @@ def run_explore(args: argparse.Namespace) -> int:
     except PortInUseError as error:
         return _fail(str(error))
     loader = ExplorerLoader(build, what=what)
+    # SIGTERM (kill, timeout, docker stop) stops the server as Ctrl-C does: one line, 130
+    # (the CLI leaves explore's signals to it; without this, a silent exit 143)
     try:
-        with ServerThread(build_app(loader, host=args.host), host=args.host, sock=sock) as server:
+        with (
+            terminate_as_interrupt(),
+            ServerThread(build_app(loader, host=args.host), host=args.host, sock=sock) as server,
+        ):
             loader.start()
             print(f"mhainterp explore: {shown} at {server.url}  (showing {what}; Ctrl-C stops)")
             sys.stdout.flush()
@@ -248,6 +256,7 @@ def _build_pretrained(args: argparse.Namespace) -> object:
         model = load_pretrained(args.model)
     except ModuleNotFoundError as error:  # a shipped model's wheel: the message says how
         raise invalid("--model", args.model, f"an installed model ({error})") from None
+    _say_cut_sentences(model, args.text, sentences_wanted(args))
     return Explorer.from_text(
         model,
         args.text,
@@ -256,6 +265,21 @@ def _build_pretrained(args: argparse.Namespace) -> object:
         method=args.method,
         verdict=args.verdict or default_verdict(model, args.model),
     )
+
+
+def _say_cut_sentences(model: object, text: str, n_eval: int) -> None:
+    """One line on stderr when sentences are cut to :data:`TEXT_MAX_LEN` tokens (silent before:
+    a 5,000-word line became 48 tokens)."""
+    from mhainterp.tasks.text import cut_sentences, text_sentences
+
+    sentences = text_sentences(text, n_eval)
+    n_cut, longest = cut_sentences(model, sentences, TEXT_MAX_LEN)
+    if n_cut:
+        print(
+            f"mhainterp explore: {n_cut} of {len(sentences)} sentences of {text} cut to "
+            f"{TEXT_MAX_LEN} tokens (longest {longest:,})",
+            file=sys.stderr,
+        )
 
 
 def default_verdict(model: object, name: str) -> Path | None:

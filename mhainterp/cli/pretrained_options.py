@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_BY",
     "DefaultCount",
     "SHIPPED",
+    "TEXT_MAX_LEN",
     "TEXT_N_EVAL",
     "add_pretrained_args",
     "check_folder_or_model",
@@ -29,6 +30,8 @@ __all__ = [
 
 TEXT_N_EVAL = 64
 """``mhainterp.tasks.text.TEXT_N_EVAL``: sentences of a text's evaluation set by default."""
+TEXT_MAX_LEN = 48
+"""``mhainterp.tasks.text.TEXT_MAX_LEN``: tokens a sentence is cut to."""
 DEFAULT_BY = "token,position,target_class,target"
 """``--by``'s default (every axis of a trained run; a text task's own axes replace it)."""
 SHIPPED = ("smollm2", "minilm")
@@ -45,7 +48,7 @@ def add_pretrained_args(parser: argparse.ArgumentParser) -> None:
         "--text",
         default="stdlib",
         help="with --model: 'stdlib' (sentences of Python's help texts) or a text file, one "
-        "sentence a line (default stdlib)",
+        f"sentence a line, each cut to {TEXT_MAX_LEN} tokens (default stdlib)",
     )
     group.add_argument(
         "--out",
@@ -153,13 +156,22 @@ def load_and_announce(args: argparse.Namespace, name: str, n_eval: int, note: st
 
     model = load_model(name)
     if not args.quiet:
-        print(sentences_line(name, args.text, n_eval, note), file=sys.stderr)
+        print(sentences_line(name, args.text, n_eval, note, model=model), file=sys.stderr)
     return model
 
 
-def sentences_line(name: str, text: str, n_eval: int, note: str = "") -> str:
-    """``"minilm: 64 of 335 sentences of stdlib (...)"``: what the command evaluates."""
-    from mhainterp.tasks.text import text_sentences
+def sentences_line(name: str, text: str, n_eval: int, note: str = "", model: Any = None) -> str:
+    """``"minilm: 64 of 335 sentences of stdlib (...)"``: what the command evaluates; with
+    ``model``, also how many of them its tokenizer cuts (``"; 1 of 3 cut to 48 tokens
+    (longest 5,000)"``): the cut was silent, and a 5,000-word line became 48 tokens."""
+    from mhainterp.tasks.text import cut_sentences, text_sentences
 
-    available = len(text_sentences(text))
-    return f"{name}: {min(n_eval, available)} of {available} sentences of {text}{note}"
+    sentences = text_sentences(text)
+    used = min(n_eval, len(sentences))
+    line = f"{name}: {used} of {len(sentences)} sentences of {text}{note}"
+    n_cut, longest = (
+        (0, 0) if model is None else cut_sentences(model, sentences[:used], TEXT_MAX_LEN)
+    )
+    if n_cut:
+        line += f"; {n_cut} of {used} cut to {TEXT_MAX_LEN} tokens (longest {longest:,})"
+    return line
