@@ -76,6 +76,14 @@ def _per_sequence_loss(
     return scores.nll.sum((1, 2)) / counts.clamp(min=1), counts > 0
 
 
+def _check_next_token(model: HookedModel, why: str) -> None:
+    """Refuse an embedding model (MiniLM) where the loss is cross-entropy against the targets:
+    its targets are placeholders (0), so the numbers would measure nothing. ``why``: what
+    to do instead."""
+    if getattr(model.cfg, "objective", "next_token") != "next_token":
+        raise invalid("model", type(model).__name__, f"a next-token model ({why})")
+
+
 def _gate_hook(z: Tensor, hook: Any, *, xi: Float[Tensor, "s h"]) -> Tensor:
     return z * xi[:, None, :, None]
 
@@ -100,7 +108,8 @@ def gradient_importance(
     gradients are not touched.
 
     Args:
-        model: The model.
+        model: A next-token model (an embedding model's targets are placeholders: use
+            :func:`~mhainterp.ablation.head_importance`, which scores its embedding damage).
         data: A Task (its evaluation set of ``n_eval`` sequences) or a Batch.
         normalize: Divide each layer's scores by their L2 norm.
         n_eval: Size of a Task's evaluation set.
@@ -114,6 +123,11 @@ def gradient_importance(
     Example:
         >>> gradient_importance(model, task).sort_values("importance")  # doctest: +SKIP
     """
+    _check_next_token(
+        model,
+        "an embedding model has no targets, only placeholders: use head_importance, which "
+        "scores the embedding damage",
+    )
     batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
     batch_size = check_int("batch_size", batch_size, minimum=1)
     L, H = model.cfg.n_layers, model.cfg.n_heads
@@ -271,7 +285,8 @@ def prune_curve(
 
     Args:
         model, data, method, reference, generator, n_eval, max_rows, progress: As in
-            :func:`mhainterp.ablation.head_importance`.
+            :func:`mhainterp.ablation.head_importance`; the model a next-token one (an
+            embedding model's targets are placeholders).
         by: ``"loss"`` (least important = lowest loss after removal) or ``"accuracy"``
             (highest accuracy; ties broken by lower loss).
         rescore: Re-score after every removal (True) or remove in the order of the first
@@ -296,6 +311,12 @@ def prune_curve(
         >>> curve = prune_curve(model, task, method="mean")  # doctest: +SKIP
         >>> curve[["n_heads_left", "accuracy"]]  # doctest: +SKIP
     """
+    # run_masks scores cross-entropy against the targets: an embedding model's are placeholders
+    _check_next_token(
+        model,
+        "an embedding model has no targets, only placeholders: ablate its heads with "
+        "evaluate_head_sets, which scores the embedding damage",
+    )
     by = check_option("by", by, ("loss", "accuracy"))
     if shortlist is not None:
         shortlist = check_int("shortlist", shortlist, minimum=1)
@@ -432,13 +453,11 @@ def attribution_patching(
     Example:
         >>> attribution_patching(model, batch).nlargest(5, "attribution")  # doctest: +SKIP
     """
-    if getattr(model.cfg, "objective", "next_token") != "next_token":
-        raise invalid(
-            "model",
-            type(model).__name__,
-            "a next-token model (an embedding model's damage has "
-            "zero gradient at the clean output: use evaluate_head_sets with a CleanOutputMetric)",
-        )
+    _check_next_token(
+        model,
+        "an embedding model's damage has zero gradient at the clean output: use "
+        "evaluate_head_sets with a CleanOutputMetric",
+    )
     methods = tuple(check_method(m) for m in methods)
     batch = batch_for_model(model, as_batch(data, n_eval=n_eval, needs_targets=True))
     batch_size = check_int("batch_size", batch_size, minimum=1)

@@ -41,7 +41,11 @@ if TYPE_CHECKING:  # annotations only: --help imports no torch
 
 __all__ = ["register"]
 
-SPECIALIZE_DESCRIPTION = """\
+SCREEN_SAMPLE = 0.05
+"""``DivisionSettings.screen_sample``, the share of screened-out heads computed exactly anyway
+(mirrored: the parser imports no torch; tests/test_gradient_objective.py checks it)."""
+
+SPECIALIZE_DESCRIPTION = f"""\
 Do the heads specialize? Three questions, each against a null:
 - where a head looks: its attention on each relation template of the task beats a key
   permutation and the untrained model (Holm-corrected, with an effect gate);
@@ -60,7 +64,8 @@ the division's axes the query token class, position bucket and target frequency,
 the loss increase per position (next-token cross-entropy; for MiniLM, 1 - cos of each
 position's output to the clean one). The division first screens every head by attribution
 patching and computes exactly only the heads whose estimate reaches half the damage gate, the
-heads of layers the estimate misses, and a 10% sample (the `evidence` column says which).
+heads of layers the estimate misses, and a {SCREEN_SAMPLE:.0%} sample (the `evidence` column says
+which).
 The verdict leads with one sentence per question and is saved in --out (default runs/NAME);
 `mhainterp report` on that folder renders it. Each stage is saved when it finishes
 (--out/cache/): interrupted and started again, the command continues.
