@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import operator
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar
@@ -89,8 +90,19 @@ def invalid(name: str, value: Any, allowed: str) -> ParameterError:
 
 
 def _show(value: Any) -> str:
+    """``repr(value)``, its middle cut past 80 characters (200 for a path or text: a message
+    names the file, and the file's name is at the end), so a huge value stays one line.
+
+    Example:
+        >>> _show("/tmp/" + "d" * 300 + "/dots.txt")[-10:]
+        "/dots.txt'"
+    """
     text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    limit = 200 if isinstance(value, (str, os.PathLike)) else 80
+    if len(text) <= limit:
+        return text
+    head = (limit - 3) // 2
+    return text[:head] + "..." + text[-(limit - 3 - head) :]
 
 
 # ----------------------------------------------------------------------------- constraints

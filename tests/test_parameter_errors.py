@@ -164,3 +164,17 @@ def test_train_into_a_folder_of_another_run(tmp_path, capsys):
         "already holds another run ("
     ), err
     assert err.endswith("to replace it, add --overwrite"), err
+
+
+def test_a_long_path_is_named_with_its_file_and_a_huge_value_stays_one_short_line():
+    """A value is shortened in the middle, never at the end: a path's end is the file's name
+    (cut at the end, "text='/tmp/.../dot..." named no file); a list stays under 80 characters."""
+    from mhainterp.validation import invalid
+
+    path = "/tmp/" + "d" * 300 + "/my_notes.txt"
+    message = str(invalid("text", path, "a text file"))
+    assert message.startswith("text='/tmp/dd") and "/my_notes.txt' is invalid" in message
+    assert message.count("...") == 1 and len(message) < 240
+    assert f"text='{path[:120]}' is invalid" in str(invalid("text", path[:120], "x"))  # whole
+    huge = str(invalid("tokens", list(range(10_000)), "a short list"))
+    assert len(huge.split(" is invalid")[0]) <= len("tokens=") + 80 and "..." in huge
