@@ -347,3 +347,15 @@ def test_a_library_check_names_the_flag_the_user_typed(argv, start, tmp_path, ca
     line = _one_line(capsys.readouterr().err)
     assert line.startswith(f"mhainterp {argv[0]}: error: {start} invalid"), line
     assert not (tmp_path / "out").exists()
+
+
+def test_specialize_model_into_an_analysis_folder_is_refused_before_loading(
+    tmp_path, no_model_loading, capsys
+):
+    from mhainterp.runs import PRETRAINED_ANALYSIS_FILE
+
+    (tmp_path / PRETRAINED_ANALYSIS_FILE).write_text("head_label,category\n")
+    capsys.readouterr()
+    assert main(["specialize", "--model", "minilm", "--out", str(tmp_path)]) == 2
+    line = _one_line(capsys.readouterr().err)
+    assert "a folder free for this pretrained verdict, but it holds a pretrained analysis" in line

@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--out runs/smollm2-analysis",
     )
     analyze.add_argument("path", nargs="?", help="a run folder or a sweep folder")
-    add_pretrained_args(analyze)
+    add_pretrained_args(analyze, out="runs/NAME-analysis, beside specialize's runs/NAME")
     add_n_eval(
         analyze,
         "sequences of the task's fixed evaluation set (with --model: sentences, "

@@ -38,8 +38,9 @@ SHIPPED = ("smollm2", "minilm")
 """``mhainterp.pretrained.PRETRAINED``'s names."""
 
 
-def add_pretrained_args(parser: argparse.ArgumentParser) -> None:
-    """``--model``, ``--text`` and ``--out`` (a pretrained model on real text)."""
+def add_pretrained_args(parser: argparse.ArgumentParser, out: str = "runs/NAME") -> None:
+    """``--model``, ``--text`` and ``--out`` (a pretrained model on real text; ``out``: its
+    default as the help shows it)."""
     group = parser.add_argument_group("pretrained model")
     group.add_argument(
         "--model", help=f"a pretrained model: {', '.join(SHIPPED)} or a Hugging Face folder"
@@ -54,7 +55,7 @@ def add_pretrained_args(parser: argparse.ArgumentParser) -> None:
         "--out",
         action=Checked,
         check=check_folder,
-        help="with --model: the folder to write (default runs/NAME)",
+        help=f"with --model: the folder to write (default {out})",
     )
     group.add_argument(
         "--no-chat-prefix",

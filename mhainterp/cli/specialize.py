@@ -178,12 +178,14 @@ def _cmd_specialize(args: argparse.Namespace) -> int:
 def _cmd_specialize_pretrained(args: argparse.Namespace) -> int:
     from mhainterp.analyze.pretrained_verdict import specialize_pretrained
     from mhainterp.pretrained import quiet_loading
+    from mhainterp.runs import check_free_folder
 
     name, n_eval, note = model_plan(args)
     args.n_eval = n_eval
     settings = settings_from_args(args)
     by = None if args.by == DEFAULT_BY else by_axes(args)
     out = Path(args.out or Path("runs") / Path(name).name)
+    check_free_folder(out, "pretrained verdict", "--out")  # before the model loads
     with quiet_loading() if args.quiet else contextlib.nullcontext():
         model = load_and_announce(args, name, n_eval, note)
         verdict = specialize_pretrained(
