@@ -70,6 +70,17 @@ def format_value(value: Any, digits: int = 3) -> str:
     return str(value)
 
 
+def format_index(value: float) -> str:
+    """An index or selectivity in a sentence: two decimals from 0.1, three significant digits
+    below it, where two decimals make an index, its interval and its null all read "0.01".
+
+    Example:
+        >>> format_index(0.3142), format_index(0.010521), format_index(0.0)
+        ('0.31', '0.0105', '0.00')
+    """
+    return f"{value:.2f}" if value == 0 or abs(value) >= 0.1 else f"{value:.3g}"
+
+
 def format_p(p: float | None, floor: float | None = None, *, exact: bool = False) -> str:
     """A p-value in text: ``"p = 0.031"``; at its ``floor`` (the smallest value its null can
     give) ``"p < 0.001"`` for a sampled null (e.g. ``1 / (1 + M)`` for M draws: a bound, not a

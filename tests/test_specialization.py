@@ -371,6 +371,7 @@ def test_a_head_that_mixes_two_relations_is_unspecialized(multi_task):
     assert scores["mirror"] == pytest.approx(9 / 16, abs=1e-6)
     assert heads.loc["L0H1", "roles"].split(";") == ["previous", "mirror"]
     assert heads.loc["L0H1", "mixed_roles"] == "mirror;previous"
+    assert heads.loc["L0H1", "finding"].startswith("mixes mirror and previous;")  # not "no known"
     assert (
         "1 unspecialized in where they look (L0H1 mixes mirror and previous)" in result.verdict.text
     )

@@ -239,3 +239,24 @@ def test_a_perturbed_setting_without_its_ablations_is_named_as_not_tested():
     )
     assert Verdict([run]).caveats[4].endswith(f"changes 0 of 72 head labels; {untested}.")
     assert "untested" not in RunVerdict(run="r", task="t", n_heads=1, n_layers=1, seed=0).to_dict()
+
+
+def test_pretrained_wording_backed_up_by_groups_and_small_indices():
+    """MiniLM's verdict said "14 backed up" and then "Labels: 0 backed up by a partner (none)";
+    it asked a fixed checkpoint for ">= 3 seeds", kept a caveat on causal selectivity, which
+    one target cannot have, and printed "index 0.01 [95% CI 0.01, 0.02] vs ... 0.01"."""
+    row = {"by": "position", "call": "not divided", "index": 0.010521, "ci_low": 0.0098,
+           "ci_high": 0.0151, "null_high": 0.0103, "p": 0.05, "basis": "single"}  # fmt: skip
+    run = RunVerdict(
+        run="m", task="text", n_heads=12, n_layers=6, seed=0, seed_shown=False,
+        backed_up=["L1H0", "L2H3"], division=[row],
+    )  # fmt: skip
+    assert run.other_sentence().startswith(
+        "Labels: 0 backed up by a partner (none), 2 more by a group of heads;"
+    )
+    assert "index 0.0105 [95% CI 0.0098, 0.0151] vs same-function null's 95% quantile 0.0103" in (
+        run.text
+    )
+    caveats = Verdict([run]).caveats
+    assert caveats[2].startswith("One pretrained checkpoint: there is no seed spread to know")
+    assert caveats[3] == "Causal selectivity was not computed: every task here has one target."

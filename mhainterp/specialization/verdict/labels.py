@@ -134,6 +134,7 @@ def head_finding(
     backed_up: bool,
     dead: bool,
     harm: float | None = None,
+    mixed: str = "",
 ) -> str:
     """What a head does on every axis, in one phrase: where it looks, whom it serves, whether
     it is needed. A dead head's finding is "dead" alone: it writes almost nothing and removing
@@ -148,6 +149,8 @@ def head_finding(
         needed, backed_up, dead: Its flags.
         harm: Where the head is harmful, how much removing it improves its most-helped target
             (``removal_gain``); None where it is not.
+        mixed: The roles it mixes (``mixed_roles``, ``";"``-joined; "" for none): such a head
+            holds no one relation, but it does not look at "no known relation" either.
 
     Example:
         >>> head_finding("previous", "position: 1,2,3", True, False, False)
@@ -156,12 +159,19 @@ def head_finding(
         'looks at no known relation; whom it serves not measured; backed up'
         >>> head_finding("", "", False, False, True)
         'dead'
+        >>> head_finding("", "", False, True, False, mixed="previous;first")
+        'mixes previous and first; serves no subset shown; backed up'
         >>> head_finding("previous", "", False, False, False, harm=0.45)
         'looks at previous; serves no subset shown; harmful: removing it improves a target by 0.45'
     """
     if dead:
         return "dead"
-    where = f"looks at {holds}" if holds else "looks at no known relation"
+    if holds:
+        where = f"looks at {holds}"
+    elif mixed:
+        where = f"mixes {' and '.join(mixed.split(';'))}"
+    else:
+        where = "looks at no known relation"
     if serves is None:
         whom = "whom it serves not measured"
     else:
@@ -505,6 +515,7 @@ def findings(heads: pd.DataFrame) -> list[str]:
     serves = heads["serves"] if "serves" in heads.columns else [None] * len(heads)
     harmful = heads["harmful"] if "harmful" in heads.columns else [False] * len(heads)
     gains = heads["removal_gain"] if "removal_gain" in heads.columns else [0.0] * len(heads)
+    mixed = heads["mixed_roles"] if "mixed_roles" in heads.columns else [""] * len(heads)
     return [
         head_finding(
             str(h) if isinstance(h, str) else "",
@@ -513,8 +524,9 @@ def findings(heads: pd.DataFrame) -> list[str]:
             bool(b),
             bool(d),
             float(g) if bool(x) else None,
+            m if isinstance(m, str) else "",
         )
-        for h, s, n, b, d, x, g in zip(
+        for h, s, n, b, d, x, g, m in zip(
             heads["holds"],
             serves,
             heads["needed"],
@@ -522,6 +534,7 @@ def findings(heads: pd.DataFrame) -> list[str]:
             heads["dead"],
             harmful,
             gains,
+            mixed,
             strict=True,
         )
     ]

@@ -27,7 +27,7 @@ import numpy as np
 
 from mhainterp.ablation.replacement import method_order
 from mhainterp.heads import head_set_labels, parse_head_label
-from mhainterp.render import format_p
+from mhainterp.render import format_index, format_p
 from mhainterp.specialization.settings import DivisionSettings
 from mhainterp.specialization.whom.division_calls import (
     CALLS,
@@ -195,8 +195,8 @@ def _null_text(d: dict[str, Any], null: str) -> str:
     """``same-function null's 95% quantile 0.09``, the line the call uses, where the row has
     it; else the null's mean (a row with only the index and its null), ``null 0.05``."""
     if _finite(d.get("null_high")):
-        return f"{null}'s 95% quantile {float(d['null_high']):.2f}"
-    return f"{null} {float(d['null_index']):.2f}"
+        return f"{null}'s 95% quantile {format_index(float(d['null_high']))}"
+    return f"{null} {format_index(float(d['null_index']))}"
 
 
 def _index_text(d: dict[str, Any]) -> str:
@@ -204,9 +204,10 @@ def _index_text(d: dict[str, Any]) -> str:
     if not _finite(d.get("index")):
         reason = d.get("reason")
         return UNDEFINED_INDEX + (f"; {reason}" if isinstance(reason, str) and reason else "")
-    text = f"index {float(d['index']):.2f}"
+    text = f"index {format_index(float(d['index']))}"
     if _finite(d.get("ci_low")) and _finite(d.get("ci_high")):
-        text += f" [95% CI {float(d['ci_low']):.2f}, {float(d['ci_high']):.2f}]"
+        low, high = format_index(float(d["ci_low"])), format_index(float(d["ci_high"]))
+        text += f" [95% CI {low}, {high}]"
     null = "same-function null" if "call" in d else "null"
     floor = float(d["p_floor"]) if _finite(d.get("p_floor")) else None
     p = float(d["p"]) if _finite(d.get("p")) else math.nan
@@ -218,7 +219,9 @@ def _index_text(d: dict[str, Any]) -> str:
     if len({_layer_of(u) for u in units}) > 1:
         text += f", comparing {with_layers(units)}"
     methods = [
-        f"{m} {float(d[f'index_{m}']):.2f}" for m in _methods() if _finite(d.get(f"index_{m}"))
+        f"{m} {format_index(float(d[f'index_{m}']))}"
+        for m in _methods()
+        if _finite(d.get(f"index_{m}"))
     ]
     if axis_call(d) == "method-dependent" and methods:
         text += f"; by method: {', '.join(methods)}"
@@ -228,7 +231,8 @@ def _index_text(d: dict[str, Any]) -> str:
     other = restated_axis(d)
     if other and axis_call(d) in SERVING_CALLS:
         text += (
-            f"; {other}'s profiles alone give {float(d['index_explained']):.2f} here, through "
+            f"; {other}'s profiles alone give {format_index(float(d['index_explained']))} here, "
+            "through "
             f"how {d.get('by')} and {other} go together in these data, so this may only "
             f"restate the division by {other}"
         )
@@ -622,8 +626,10 @@ class RunVerdict:
             + (f": {r}" if r else "")
             for g, r in zip(self.redundant_groups, roles, strict=False)
         ]
+        by_group = len(self.backed_up) - self.n_redundant  # backed up, but by no one partner
         parts = [
-            f"Labels: {self.n_redundant} backed up by a partner ({_join(groups)})",
+            f"Labels: {self.n_redundant} backed up by a partner ({_join(groups)})"
+            + (f", {by_group} more by a group of heads" if by_group > 0 else ""),
             f"{len(self.dead)} dead ({_join(self.dead)})",
             # "unspecialized" is about where a head looks only: the headline may still say the
             # heads divide the work (whom they serve), so the sentence names the axis.
@@ -904,11 +910,20 @@ class Verdict:
         supported = sum(len(r.supported) for r in self.runs)
         sizes = [len(runs) for runs in self.groups().values()]
         seeds = (
-            "One run per task and head count: no seed spread is known; rerun with >= 3 seeds "
-            "before generalising."
+            "One pretrained checkpoint: there is no seed spread to know; the verdict is about "
+            "this checkpoint on these sentences."
+            if not first.seed_shown
+            else "One run per task and head count: no seed spread is known; rerun with >= 3 "
+            "seeds before generalising."
             if max(sizes) == 1
             else f"{_span(sizes)} seeds per task and head count; ± is the sample standard "
             "deviation over seeds, which is coarse with so few."
+        )
+        causal = (
+            "Causal selectivity treats targets as exchangeable: a target that removing any "
+            "head hurts looks selective; read the head x target matrix too."
+            if any(r.n_targets > 1 for r in self.runs)
+            else "Causal selectivity was not computed: every task here has one target."
         )
         return [
             "Attention is a clue, not an explanation: a role score says where a head looks, "
@@ -919,8 +934,7 @@ class Verdict:
             "(initialisation); a role must beat both, after correction for every head x "
             "role test.",
             seeds,
-            "Causal selectivity treats targets as exchangeable: a target that removing any "
-            "head hurts looks selective; read the head x target matrix too.",
+            causal,
             self._stability_caveat(),
             "Holding a relation is not dividing the work: "
             + (
