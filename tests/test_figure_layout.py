@@ -277,6 +277,10 @@ FIGURES = {
     "average_patterns": lambda: plot_average_patterns(*patterns()),
     "example_patterns": lambda: plot_example_patterns(example_patterns()),
     "similarity_js": lambda: plot_similarity_heatmap(similarity(), method="js"),
+    # 4 heads: a narrow panel, whose title the colour bar covered
+    "similarity_js_4_heads": lambda: plot_similarity_heatmap(
+        similarity().iloc[:4, :4], method="js"
+    ),
     "similarity_separation": lambda: plot_similarity_heatmap(
         similarity(reference=True), method="separation"
     ),
@@ -364,6 +368,20 @@ def labels_into_titles(fig: plt.Figure) -> list[str]:
     return found
 
 
+def colour_bars_over_titles(fig: plt.Figure) -> list[str]:
+    """A colour bar that runs into a title (a panel's or the figure's): the similarity
+    heatmap's bar covered the end of "... (boxes = clusters)"."""
+    renderer = _drawn(fig).canvas.get_renderer()
+    bars = [ax for ax in fig.axes if ax.get_visible() and ax.get_label() == "<colorbar>"]
+    texts = [ax.title for ax in fig.axes if ax.get_visible() and ax.get_label() != "<colorbar>"]
+    texts += [fig._suptitle] if fig._suptitle is not None else []
+    return [
+        f"colour bar over {t.get_text()!r}"
+        for bar, t in itertools.product(bars, _shown(texts))
+        if bar.get_tightbbox(renderer).overlaps(t.get_window_extent(renderer))
+    ]
+
+
 def data_panels(fig: plt.Figure) -> list[plt.Axes]:
     """Visible panels with data: not colour bars, legend cells or blank grid cells."""
     return [ax for ax in fig.axes if ax.get_visible() and ax.axison
@@ -449,6 +467,7 @@ def test_figure_reads_at_its_saved_size(name, tmp_path):
         "labels into titles": labels_into_titles(fig),
         f"panels under {MIN_PANEL_PX} px": narrow_panels(fig),
         "legends over labels": legends_over_labels(fig),
+        "colour bars over titles": colour_bars_over_titles(fig),
     }
     if name in SWEEP_FIGURES and TASK not in titles(fig) and "multi_relation" not in titles(fig):
         problems["task not named"] = [titles(fig)]

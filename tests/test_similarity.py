@@ -332,7 +332,7 @@ def test_similarity_figures_write_png_and_csv(tmp_path, similarities):
     js = similarities["js"]
     fig = plot_similarity_heatmap(js, method="js", path=tmp_path / "js.png")
     ax = fig.axes[0]
-    assert ax.get_xlabel() == "head" and "js" in ax.get_title()
+    assert ax.get_xlabel() == "head" and "js" in fig.get_suptitle()  # above the colour bar
     assert fig.axes[1].get_ylabel() == "similarity (js)"  # the colour bar
     assert (tmp_path / "js.png").stat().st_size > 1000
     saved = pd.read_csv(tmp_path / "js.csv")

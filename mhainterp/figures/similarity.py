@@ -132,11 +132,12 @@ def plot_similarity_heatmap(
     ax.set_ylabel("head" if square else "model A head")
     name = f" ({method})" if method else ""
     default = (
-        f"Head similarity{name}, clustered (boxes = clusters)"
+        f"Head similarity{name}, clustered\n(boxes = clusters)"  # fits 4 heads' width
         if cluster_of
         else f"Head similarity{name}"
     )
-    ax.set_title(title or default)
+    # over the whole figure: a panel's title ran under the colour bar beside a narrow panel
+    fig.suptitle(title or default)
     data = similarity_frame(similarity, method or "")
     if cluster_of:
         data["cluster_a"] = data["head_a"].map(cluster_of)
