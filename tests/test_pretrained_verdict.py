@@ -355,6 +355,22 @@ def test_analyze_model_no_ablation_writes_no_ablation_tables(tmp_path, capsys, l
     assert capsys.readouterr().err.strip() == ""  # --quiet: nothing on stderr either
 
 
+def test_analyze_model_on_an_embedding_model_says_what_it_skips(tmp_path, bert):
+    """`analyze --model minilm` skipped attribution, pairwise and pruning without a word, named
+    its mean-pooled metric as the verdict names its per-position one, and wrote "Weights:
+    none (...)" (the quantisation) and "1 heads"."""
+    from mhainterp.analyze import analyze_pretrained
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(_sentences(4)) + "\n")
+    written = {p.name for p in analyze_pretrained(bert, text, tmp_path / "out", n_eval=4)}
+    assert "verified.csv" in written and not written & {"attribution.csv", "prune.csv"}
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "No attribution patching (an embedding's damage has zero gradient" in summary
+    assert "scores each position's output instead, so its numbers differ" in summary
+    assert "Weights: none" not in summary and " 1 heads" not in summary
+
+
 def test_the_command_mirrors_equal_their_homes():
     from mhainterp.analyze.pretrained_verdict import MARKER
     from mhainterp.cli import pretrained_options, report

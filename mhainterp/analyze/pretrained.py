@@ -415,15 +415,24 @@ def _summary(
 ) -> str:
     """The headline numbers of an analysis in Markdown sentences."""
     p = model.provenance
+    quantised = str(p.get("quantisation") or "none")
+    n, tokens = len(batch), int(batch.padding_mask.sum())
     lines = [
         f"# {p.get('upstream') or p.get('source')}",
         "",
-        f"Weights: {p.get('quantisation')} ({p.get('source')}). {len(batch)} sentences, "
-        f"{int(batch.padding_mask.sum())} tokens; metric: "
+        f"Weights: {p.get('source')}"
+        + (f", dequantised from {quantised}" if quantised != "none" else "")
+        + f". {n} sentence{'s' if n != 1 else ''}, {tokens} token{'s' if tokens != 1 else ''}; "
+        "metric: "
         + (
             "next-token cross-entropy."
             if model.cfg.objective == "next_token"
-            else "1 - cosine of the mean-pooled output to the clean one."
+            # what an embedding model has no attribution or pruning for, said where it is
+            else "1 - cosine of the mean-pooled output to the clean one (`specialize --model`'s "
+            "verdict scores each position's output instead, so its numbers differ). No "
+            "attribution patching (an embedding's damage has zero gradient at the clean "
+            "output): every head is ablated exactly; no pairwise or pruning table (both score "
+            "cross-entropy, which an embedding model has no targets for)."
         ),
         "",
         "Clark et al. (2019) categories (share >= 0.5 and beating the permutation and "
@@ -433,7 +442,8 @@ def _summary(
     for category, group in categories.groupby("category", sort=False):
         heads = ", ".join(group.sort_values("share", ascending=False)["head_label"].head(12))
         lines.append(
-            f"- {category}: {len(group)} heads ({heads}{', ...' if len(group) > 12 else ''})"
+            f"- {category}: {len(group)} head{'s' if len(group) != 1 else ''} "
+            f"({heads}{', ...' if len(group) > 12 else ''})"
         )
     if agreement is not None:
         lines += ["", "Attribution patching vs exact ablation on the verified heads:", ""]
