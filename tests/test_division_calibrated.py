@@ -15,6 +15,7 @@ from mhainterp import division_of_labour
 from mhainterp.model.handbuilt import head_copies_model, split_heads_model
 from mhainterp.specialization import DivisionResult
 from mhainterp.tasks import split_batch
+from mhainterp.validation import ParameterError
 
 FAST = dict(method="zero", methods=("zero",), n_bootstrap=50)
 POSITIONS = list(range(2, 12))  # the scored positions of split_batch(seq_len=12)
@@ -286,10 +287,13 @@ def test_one_noisy_copy_runs_on_the_odd_sequences_against_the_original_on_the_ev
 def test_one_sequence_has_no_odd_half_and_the_null_cannot_tell():
     # The copy runs on the odd sequences: with one sequence there are none, which must read
     # as an undefined null ("cannot tell"), as before, not as an empty batch's error.
+    # Mean ablation needs two sequences (the mean of one is its own z), so zero ablation here.
     model = split_heads_model([("target", [0, 1, 2, 3]), ("target", [4, 5, 6, 7, 8])])
-    result = division_of_labour(
-        model, split_batch(1), n_bootstrap=10, min_count=1, min_damage=0.0, min_loss_increase=-1.0
-    )
+    gates = {"min_count": 1, "min_damage": 0.0, "min_loss_increase": -1.0}
+    with pytest.raises(ParameterError, match="at least 2 sequences for method='mean'"):
+        division_of_labour(model, split_batch(1), n_bootstrap=10, **gates)
+    zero = {"method": "zero", "methods": ("zero",)}
+    result = division_of_labour(model, split_batch(1), n_bootstrap=10, **zero, **gates)
     assert result.settings["basis"] == "single"
     assert set(result.index["call"]) == {"cannot tell"}
     assert result.index["null_high"].isna().all()

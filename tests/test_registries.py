@@ -94,10 +94,11 @@ def test_builtin_column_lists_keep_their_order():
         *("null_high_mean", "null_high_zero", "null_high_resample"),
     ]
     assert index_columns()[16:28] == per_method
-    assert index_columns()[:2] == ["by", "index"] and index_columns()[-1] == "n_groups"
-    assert len(index_columns()) == 33
+    assert index_columns()[:2] == ["by", "index"] and index_columns()[-3] == "n_groups"
+    assert index_columns()[-2:] == ["explained_by", "index_explained"]
+    assert len(index_columns()) == 35
     assert verdict_division_columns()[8:14] == tuple(per_method[:6])
-    assert verdict_division_columns()[-1] == "n_damaging"
+    assert verdict_division_columns()[-3:] == ("n_damaging", "explained_by", "index_explained")
     assert text_columns()[-3:] == ("call_zero", "call_mean", "call_resample")
     division = [c for c in summary_columns() if c.startswith("division_")]
     assert division[0] == "division_token_mean" and division[-1] == "division_target_basis"
