@@ -380,7 +380,7 @@ def _basis_text(division: list[dict[str, Any]]) -> str:
 
 def _stability_clause(runs: list[RunVerdict]) -> str:
     """``; labels rest on thresholds: 24 of 24 head labels change when one moves x 0.8 or
-    x 1.25 (backup_ratio 24, min_similarity 18)``, or "" when none changes.
+    x 1.25 (backup_ratio: 24 labels, min_similarity: 18 labels)``, or "" when none changes.
 
     Example:
         >>> run = RunVerdict(run="r", task="t", n_heads=2, n_layers=1, seed=0,
@@ -388,7 +388,7 @@ def _stability_clause(runs: list[RunVerdict]) -> str:
         >>> _stability_clause([run])[:59]
         '; labels rest on thresholds: 2 of 2 head labels change when'
         >>> _stability_clause([run]).split(" (")[-1]
-        'min_selectivity_gain 2, min_effect 1)'
+        'min_selectivity_gain: 2 labels, min_effect: 1 label)'
     """
     flipped = sum(len(r.flip_heads) for r in runs)
     if not flipped:
@@ -397,7 +397,11 @@ def _stability_clause(runs: list[RunVerdict]) -> str:
     for r in runs:
         for name, k in r.flips.items():
             per[name] = per.get(name, 0) + k
-    worst = ", ".join(f"{t} {k}" for t, k in sorted(per.items(), key=lambda x: -x[1]) if k)
+    worst = ", ".join(  # counts of labels, never a bare number that reads as a threshold
+        f"{t}: {k} label{'s' if k != 1 else ''}"
+        for t, k in sorted(per.items(), key=lambda x: -x[1])
+        if k
+    )
     total = sum(r.total_heads for r in runs)
     return (
         f"; labels rest on thresholds: {flipped} of {total} head labels change when one moves "
