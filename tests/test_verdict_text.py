@@ -260,3 +260,40 @@ def test_pretrained_wording_backed_up_by_groups_and_small_indices():
     caveats = Verdict([run]).caveats
     assert caveats[2].startswith("One pretrained checkpoint: there is no seed spread to know")
     assert caveats[3] == "Causal selectivity was not computed: every task here has one target."
+
+
+def test_a_headline_names_every_divided_axis_through_chains_and_cycles():
+    """Review: a follower of a follower vanished (token -> target_class -> position read
+    "along position (target_class follows it)"), and so did a pair restating each other beside
+    a division of its own ("along token" alone)."""
+    divided = {"token": "divided", "position": "divided", "target_class": "divided"}
+    chain = {"token": "target_class", "target_class": "position"}
+    assert headline_call(divided, restated=chain) == (
+        "the heads divide the work along position (token, target_class follow it in these data)"
+    )
+    pair = {"position": "target_class", "target_class": "position"}
+    assert headline_call(divided, restated=pair) == (
+        "the heads divide the work along token, position or target_class (these axes go "
+        "together in the data: which one is not told apart)"
+    )
+    # a leader that is not divided leads nothing: the axis is a division of its own
+    calls = {"position": "not divided", "target_class": "divided"}
+    assert headline_call(calls, restated={"target_class": "position"}) == (
+        "the heads divide the work along target_class"
+    )
+
+
+def test_the_restated_note_names_only_a_divided_leader():
+    rows = [
+        {"by": "position", "call": "not divided", "index": 0.015, "ci_low": 0.01,
+         "ci_high": 0.02, "null_high": 0.02, "p": 0.3},
+        {"by": "target_class", "call": "divided", "index": 0.2, "ci_low": 0.15, "ci_high": 0.25,
+         "null_high": 0.05, "p": 0.001, "explained_by": "position", "index_explained": 0.3},
+    ]  # fmt: skip
+    run = RunVerdict(run="r", task="t", n_heads=4, n_layers=1, seed=0, division=rows)
+    assert "may only restate" not in run.text
+    rows[0].update(call="divided", index=0.5, ci_low=0.45, ci_high=0.55)
+    assert "so this may only restate the division by position" in run.text
+    # an interval above its index (a dispersion's bootstrap): the index itself is the bound
+    rows[1].update(ci_low=0.35)
+    assert "so this may only restate the division by position" in run.text

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -199,8 +200,10 @@ def _null_text(d: dict[str, Any], null: str) -> str:
     return f"{null} {format_index(float(d['null_index']))}"
 
 
-def _index_text(d: dict[str, Any]) -> str:
-    """The evidence of one axis: index with its CI against the null, or why it is undefined."""
+def _index_text(d: dict[str, Any], leaders: Collection[str] = ()) -> str:
+    """The evidence of one axis: index with its CI against the null, or why it is undefined;
+    where its division may only restate that of one of ``leaders`` (the axes called divided or
+    method-dependent beside it), which one."""
     if not _finite(d.get("index")):
         reason = d.get("reason")
         return UNDEFINED_INDEX + (f"; {reason}" if isinstance(reason, str) and reason else "")
@@ -229,7 +232,7 @@ def _index_text(d: dict[str, Any]) -> str:
     if zero_artefact(calls, str(d.get("by"))) and axis_call(d) != "method-dependent":
         text += f"; {zero_left_out_text(d)}"
     other = restated_axis(d)
-    if other and axis_call(d) in SERVING_CALLS:
+    if other in leaders and axis_call(d) in SERVING_CALLS:
         text += (
             f"; {other}'s profiles alone give {format_index(float(d['index_explained']))} here, "
             "through "
@@ -247,7 +250,8 @@ def _division_text(division: list[dict[str, Any]], alpha: float) -> str:
             "Division of labour not measured (no division table): this verdict does not say "
             "whether the heads divide the work."
         )
-    parts = [f"by {d['by']} {axis_call(d, alpha)} ({_index_text(d)})" for d in division]
+    leaders = {str(d["by"]) for d in division if axis_call(d, alpha) in SERVING_CALLS}
+    parts = [f"by {d['by']} {axis_call(d, alpha)} ({_index_text(d, leaders)})" for d in division]
     return f"Division of labour: {'; '.join(parts)}."
 
 
@@ -260,6 +264,52 @@ def _untested_text(untested: dict[str, int]) -> str:
         f"not tested: {listed} that were not run (counted as not redundant), so the labels are "
         f"not shown to survive {it}"
     )
+
+
+def _divided_text(divided: list[str], restated: dict[str, str]) -> str:
+    """The divided axes, each that only follows another named with the one it follows, to the
+    end of the chain (token -> target_class -> position: both follow position); axes that
+    restate each other (a cycle) are named together, as the data cannot tell them apart.
+
+    Example:
+        >>> _divided_text(["token", "position", "target_class"],
+        ...               {"token": "target_class", "target_class": "position"})
+        'position (token, target_class follow it in these data)'
+        >>> _divided_text(["token", "position", "target_class"],
+        ...               {"position": "target_class", "target_class": "position"})[:39]
+        'token, position or target_class (these '
+    """
+    follows = {a: o for a, o in restated.items() if a in divided and o in divided}
+
+    def lead(axis: str) -> tuple[str, ...]:
+        """The root axis a chain ends at, or the axes of the cycle it runs into."""
+        path = [axis]
+        while path[-1] in follows:
+            nxt = follows[path[-1]]
+            if nxt in path:  # a cycle: the axes from nxt on restate each other
+                cycle = path[path.index(nxt) :]
+                return tuple(a for a in divided if a in cycle)
+            path.append(nxt)
+        return (path[-1],)
+
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for axis in divided:
+        leaders = lead(axis)
+        groups.setdefault(leaders, [])
+        if axis not in leaders:
+            groups[leaders].append(axis)
+    parts = []
+    for leaders, led in groups.items():
+        part = " or ".join(leaders)
+        notes = []
+        if len(leaders) > 1:
+            notes.append("these axes go together in the data: which one is not told apart")
+        if led:
+            verb = "follows" if len(led) == 1 else "follow"
+            notes.append(f"{', '.join(led)} {verb} {'it' if len(leaders) == 1 else 'them'} in "
+                         "these data")  # fmt: skip
+        parts.append(part + (f" ({'; '.join(notes)})" if notes else ""))
+    return ", ".join(parts)
 
 
 def headline_call(
@@ -291,23 +341,8 @@ def headline_call(
         c: [a for a, k in calls.items() if k == c] for c in (*CALLS, SEEDS_DISAGREE)
     }
     disagree = ", ".join(by[SEEDS_DISAGREE])
-    # an axis that follows another divided axis is named with it, not as a division of its own
-    follows = {
-        a: o for a, o in (restated or {}).items() if a in by["divided"] and o in by["divided"]
-    }
-    own = [a for a in by["divided"] if a not in follows]
-    if by["divided"] and own:
-        text = f"the heads divide the work along {', '.join(own)}"
-        for leader in own:
-            led = [a for a, o in follows.items() if o == leader]
-            if led:
-                verb = "follows" if len(led) == 1 else "follow"
-                text += f" ({', '.join(led)} {verb} it in these data)"
-    elif by["divided"]:  # each restates the other: the data cannot tell them apart
-        text = (
-            f"the heads divide the work along {' or '.join(by['divided'])} (these axes go "
-            "together in the data: which one is not told apart)"
-        )
+    if by["divided"]:
+        text = f"the heads divide the work along {_divided_text(by['divided'], restated or {})}"
     elif by["method-dependent"]:
         text = (
             f"whether the heads divide the work along {', '.join(by['method-dependent'])} "

@@ -197,24 +197,26 @@ def combine_calls(calls: dict[str, str]) -> str:
 
 def restated_axis(d: dict[str, Any]) -> str:
     """The other axis a division row's index may only restate, or "": on an axis called
-    divided (or method-dependent), the index that axis's profiles give this one through the
-    data alone (``index_explained``, where the axes go together in the data) reaches the
-    index's own 95% interval (``ci_low``). Two heads that split the positions look divided by
-    target class too where early positions hold small classes.
+    divided (or method-dependent), the index that a divided axis's profiles give this one
+    through the data alone (``index_explained``, where the axes go together in the data)
+    reaches the index's own 95% interval (``ci_low``, or the index where the interval sits
+    above it). Two heads that split the positions look divided by target class too where
+    early positions hold small classes.
 
     Example:
-        >>> restated_axis({"by": "target_class", "call": "divided", "ci_low": 0.45,
-        ...                "explained_by": "position", "index_explained": 0.59})
+        >>> restated_axis({"by": "target_class", "call": "divided", "index": 0.49,
+        ...                "ci_low": 0.45, "explained_by": "position", "index_explained": 0.59})
         'position'
-        >>> restated_axis({"by": "position", "call": "divided", "ci_low": 1.0,
+        >>> restated_axis({"by": "position", "call": "divided", "index": 1.0, "ci_low": 1.0,
         ...                "explained_by": "target_class", "index_explained": 0.23})
         ''
     """
     by = d.get("explained_by")
-    if d.get("call") not in ("divided", "method-dependent"):  # nothing claimed to restate
+    if d.get("call") not in SERVING:  # nothing claimed to restate
         return ""
     try:  # a row read back from CSV, or one from before the column: text, None, missing
         implied, low = float(d["index_explained"]), float(d["ci_low"])
+        low = min(low, float(d["index"]))  # a dispersion's interval can sit above its index
     except (KeyError, TypeError, ValueError):
         return ""
     if not isinstance(by, str) or not by or math.isnan(implied) or math.isnan(low):
@@ -357,7 +359,6 @@ def index_rows(
                     null_index_std=float(null_std[a]),
                     p=math.nan if math.isnan(value) else (1 + int(hits[a])) / (1 + B),
                 )
-        row.update(_explained(ev, implied, a))
         artefact = zero_artefact(calls, axis)
         call = combine_calls({m: c for m, c in calls.items() if not (artefact and m == "zero")})
         row.update(call=call, divided=call == "divided")
@@ -365,17 +366,27 @@ def index_rows(
         if artefact:
             row["reason"] += "; " + zero_left_out_text(row)
         rows.append(row)
+    if basis:  # once every axis has its call: only a division can be restated
+        leaders = [r["call"] in SERVING for r in rows]
+        for a, row in enumerate(rows):
+            row.update(_explained(ev.axes, implied[a], leaders))
     return rows
 
 
-def _explained(ev: Evidence, implied: Float[Tensor, "A A"], a: int) -> dict[str, Any]:
-    """``explained_by``: the other axis whose profiles give axis ``a`` the largest index
-    through the data alone, and that index (``index_explained``); "" and NaN without one."""
-    row = implied[a]
-    if not bool((~row.isnan()).any()):
+SERVING = ("divided", "method-dependent")
+"""The calls that claim (or hedge on) a division: what another axis can restate."""
+
+
+def _explained(axes: list[str], implied: Float[Tensor, " A"], leaders: list[bool]) -> dict:
+    """``explained_by``: among the axes called divided or method-dependent (``leaders``), the
+    one whose profiles give this axis the largest index through the data alone, and that index
+    (``index_explained``); "" and NaN without one. An axis that is not divided is no leader:
+    a division cannot restate one that is not there."""
+    masked = torch.where(torch.tensor(leaders, device=implied.device), implied, math.nan)
+    if not bool((~masked.isnan()).any()):
         return {"explained_by": "", "index_explained": math.nan}
-    best = int(torch.nan_to_num(row, nan=-1.0).argmax())
-    return {"explained_by": ev.axes[best], "index_explained": float(row[best])}
+    best = int(torch.nan_to_num(masked, nan=-1.0).argmax())
+    return {"explained_by": axes[best], "index_explained": float(masked[best])}
 
 
 def _call(index: float, low: float, null_high: float, min_index: float) -> str:
