@@ -1015,3 +1015,43 @@ def test_ctrl_c_stops_the_explorer_whichever_thread_the_kernel_hands_it_to(sweep
         process.wait()
     assert process.returncode == 130
     assert err.strip().splitlines() == ["mhainterp explore: stopped"]
+
+
+def test_one_sequence_offers_zero_only_and_a_refused_method_changes_nothing():
+    """Mean and resample need two sequences. The explorer offered them on one, and a "mean"
+    click set the method before it was refused, so every later click failed (review)."""
+    from mhainterp.model.handbuilt import split_heads_model
+    from mhainterp.tasks import split_batch
+
+    model = split_heads_model([("position", [2, 3, 4, 5, 6]), ("position", [7, 8, 9, 10, 11])])
+    explorer = Explorer.from_model(model, split_batch(1), n_eval=1, method="zero")
+    assert explorer.state()["methods"] == ["zero"]
+    with pytest.raises(BadRequestError, match="method='mean' is invalid here: at least 2"):
+        explorer.handle("method", {"method": "mean"})
+    assert explorer.handle("toggle", {"head": "L0H0"})["method"] == "zero"  # not stuck
+
+
+def test_a_rebuilt_finding_keeps_harmful_and_mixed_heads(tmp_path):
+    """A saved finding that did not measure whom the head serves is completed from the
+    division table; it lost the harmful flag and the mixed roles the saved one stated."""
+    from mhainterp.explore.results import _findings
+    from mhainterp.specialization.verdict.labels import findings
+
+    heads = pd.DataFrame(
+        {
+            "head_label": ["L0H0", "L0H1"], "holds": ["", ""], "needed": [False, False],
+            "backed_up": [False, False], "dead": [False, False], "harmful": [True, False],
+            "removal_gain": [0.46, 0.0], "mixed_roles": ["", "previous;first"],
+            "serves": [None, None],
+        }
+    )  # fmt: skip
+    heads["finding"] = findings(heads)
+    heads.to_csv(tmp_path / "specialization_heads.csv", index=False)
+    division = {
+        h: [{"by": "position", "specialized": False, "serves": ""}] for h in heads.head_label
+    }
+    assert list(_findings(tmp_path / "specialization_heads.csv", division).values()) == [
+        "looks at no known relation; serves no subset shown; harmful: removing it improves a "
+        "target by 0.46",
+        "mixes previous and first; serves no subset shown; not needed",
+    ]

@@ -314,14 +314,25 @@ class Explorer:
                 raise BadRequestError(
                     f"run={body['run']!r} is invalid: one of {', '.join(self.runs)}"
                 )
-            elif action == "method" and _field(body, "method", str) not in METHODS:
-                raise BadRequestError(
-                    f"method={body['method']!r} is invalid: one of {', '.join(METHODS)}"
-                )
+            elif action == "method":
+                self._check_method(_field(body, "method", str))
         except BadRequestError:
             raise
         except (ValueError, TypeError) as error:  # resolve_heads on an unknown head
             raise BadRequestError(str(error)) from None
+
+    def _methods(self) -> list[str]:
+        """The methods this batch can run: mean and resample need two sequences (one
+        sequence's mean, or its only other sequence, is its own z)."""
+        n = len(self.session.batch)
+        return [m for m in METHODS if METHODS[m].refusal(n) is None]
+
+    def _check_method(self, method: str) -> None:
+        if method not in METHODS:
+            raise BadRequestError(f"method={method!r} is invalid: one of {', '.join(METHODS)}")
+        refusal = METHODS[method].refusal(len(self.session.batch))
+        if refusal is not None:  # refused before it is set: a stuck state refused every click
+            raise BadRequestError(f"method={method!r} is invalid here: {refusal}")
 
     def _exact(self, job: int) -> dict[str, Any]:
         """The exact view of click ``job``, or ``{"job", "cancelled": true}`` when a newer
@@ -353,10 +364,7 @@ class Explorer:
                     return self.estimate_view(job)
             elif action == "method":
                 method = _field(body, "method", str)
-                if method not in METHODS:
-                    raise BadRequestError(
-                        f"method={method!r} is invalid: one of {', '.join(METHODS)}"
-                    )
+                self._check_method(method)  # before the state changes
                 self.session.method = method
                 self._method = method
             elif action == "reset":
@@ -422,7 +430,7 @@ class Explorer:
                 "source": opened.session.importance_source,
                 "quantity": opened.session.importance_quantity,
             },
-            "methods": list(METHODS),
+            "methods": self._methods(),
             "heads": heads,
             "verdict": {"saved": opened.saved.has_verdict, "note": opened.verdict_note},
             "thumbnails": opened.thumbnails,

@@ -130,7 +130,11 @@ def _findings(path: Path, division: dict[str, list[dict[str, Any]]]) -> dict[str
             continue  # the saved finding says all the saved files say
         holds = row["holds"] if isinstance(row["holds"], str) else ""
         flags = [_flag(row[name]) for name in ("needed", "backed_up", "dead")]
-        out[label] = head_finding(holds, serves, *flags)
+        # a table that has them says harmful and mixing heads as its own findings do
+        harm = float(row["removal_gain"]) if _flag(row.get("harmful", False)) else None
+        mixed = row.get("mixed_roles")
+        mixed = mixed if isinstance(mixed, str) else ""
+        out[label] = head_finding(holds, serves, *flags, harm=harm, mixed=mixed)
     return out
 
 
