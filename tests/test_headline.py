@@ -135,3 +135,14 @@ def test_headline_stability_folder_saves_the_table_and_the_shares(tmp_path):
     summary = json.loads((run / "analysis" / "headline_stability.json").read_text())
     assert summary["headline"].startswith("cannot tell")
     assert summary["share_sentences_changed"] == 0.0 and summary["share_labels_changed"] == 0.0
+
+
+def test_halving_n_eval_never_asks_mean_ablation_for_one_sequence():
+    """n_eval=2 halved was 1: mean ablation now refuses one sequence (its own z), so the
+    perturbation failed after every other one had run (review). It stays at 2."""
+    from mhainterp.specialization import SpecializationSettings
+    from mhainterp.specialization.headline import gate_perturbations
+
+    moved = {p.name: p for p in gate_perturbations(SpecializationSettings(n_eval=2))}
+    assert moved["n_eval x0.5"].settings.n_eval == moved["n_eval x0.5"].division.n_eval == 2
+    assert moved["n_eval x2"].settings.n_eval == 4

@@ -132,7 +132,8 @@ def gate_perturbations(
             )
             out.append(Perturbation(f"{name} x{factor:g}", moved, division))
     for factor in (0.5, 2.0):
-        n_eval = max(1, round(settings.n_eval * factor))
+        # at least 2: mean and resample ablation refuse one sequence (its own z)
+        n_eval = max(2, round(settings.n_eval * factor))
         moved = dataclasses.replace(settings, n_eval=n_eval)
         out.append(Perturbation(f"n_eval x{factor:g}", moved, division.replace(n_eval=n_eval)))
     for method in METHODS:
