@@ -161,6 +161,8 @@ def head_finding(
         'dead'
         >>> head_finding("", "", False, True, False, mixed="previous;first")
         'mixes previous and first; serves no subset shown; backed up'
+        >>> head_finding("", "", False, True, False, harm=0.02)[-62:]
+        'backed up; also harmful: removing it improves a target by 0.02'
         >>> head_finding("previous", "", False, False, False, harm=0.45)
         'looks at previous; serves no subset shown; harmful: removing it improves a target by 0.45'
     """
@@ -179,7 +181,7 @@ def head_finding(
     need = "needed" if needed else BACKED_UP if backed_up else "not needed"
     if harm is not None:  # "not needed" would call a head that costs accuracy a harmless spare
         hurts = f"harmful: removing it improves a target by {harm:.2f}"
-        need = f"needed; also {hurts}" if needed else hurts
+        need = f"{need}; also {hurts}" if needed or backed_up else hurts
     return f"{where}; {whom}; {need}"
 
 
