@@ -118,7 +118,7 @@ def test_the_division_gate_moves_in_the_stability_table_and_the_headline(result)
     assert moved[["factor", "changed"]].values.tolist() == [[0.8, ""], [1.25, "L0H1"]]
     run = attached.verdict.runs[0]
     assert run.flips[DIVISION_THRESHOLD] == 1 and "L0H1" in run.flip_heads
-    assert "labels rest on thresholds" in run.text and f"{DIVISION_THRESHOLD} 1" in run.text
+    assert "labels rest on thresholds" in run.text and f"{DIVISION_THRESHOLD}: 1 " in run.text
     summary = stability_summary(attached.stability).set_index("threshold")
     assert summary.loc[DIVISION_THRESHOLD, "share_any"] == pytest.approx(1 / 3)
     assert attached.runs["n_label_flips"].tolist() == [len(run.flip_heads)]
