@@ -74,7 +74,7 @@ from mhainterp.specialization.folders import SweepSpecialization
 from mhainterp.specialization.headline import headline_stability_blocks
 from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, ROLE_NULLS, SAME_FUNCTION_NULL
 from mhainterp.specialization.seeds.summary import BLOCK_MARK, display_summary
-from mhainterp.specialization.verdict.sentences import BASIS_NAMES
+from mhainterp.specialization.verdict.division_words import BASIS_NAMES
 from mhainterp.specialization.whom.selectivity import SELECTIVITY_MEANING
 from mhainterp.sweep.compare import POWER_NOTE_MARK, comparison_display
 from mhainterp.sweep.summary import ACCURACY_BLOCK_MARK, TRAIN_LOSS_HEADER

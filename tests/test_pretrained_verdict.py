@@ -868,8 +868,8 @@ def test_headline_stability_of_a_pretrained_verdict_is_re_decided_not_rerun(
     )
     from mhainterp.specialization.seeds.combine import attach_division
     from mhainterp.specialization.settings import DivisionSettings
+    from mhainterp.specialization.verdict.division_words import headline_call
     from mhainterp.specialization.verdict.result import SpecializationResult
-    from mhainterp.specialization.verdict.sentences import headline_call
     from mhainterp.specialization.whom.division_result import DivisionResult
 
     text = tmp_path / "text.txt"

@@ -9,7 +9,7 @@ import pandas as pd
 
 from mhainterp.render import format_p
 from mhainterp.specialization import RunVerdict, Verdict
-from mhainterp.specialization.verdict.sentences import axis_call, headline_call
+from mhainterp.specialization.verdict.division_words import axis_call, headline_call
 
 NAN = math.nan
 
@@ -164,7 +164,7 @@ def test_per_head_findings_say_what_each_head_does_on_every_axis():
 
 def test_an_axis_with_no_basis_names_none():
     """h = 1: every axis undefined, so no profile kind to name (was "basis: -head profiles")."""
-    from mhainterp.specialization.verdict.sentences import _basis_text
+    from mhainterp.specialization.verdict.division_words import basis_text as _basis_text
 
     assert _basis_text([{"by": "token", "basis": ""}, {"by": "position", "basis": ""}]) == ""
     assert _basis_text([{"basis": "kept"}, {"basis": ""}]) == "; basis: kept-head profiles"

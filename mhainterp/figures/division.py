@@ -36,7 +36,7 @@ from mhainterp.figures._common import (
     save_figure,
 )
 from mhainterp.figures.headcount import draw_seeds
-from mhainterp.specialization.verdict.sentences import BASIS_NAMES
+from mhainterp.specialization.verdict.division_words import BASIS_NAMES
 
 __all__ = ["division_heatmap", "division_vs_heads", "save_division_figures"]
 

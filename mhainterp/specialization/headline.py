@@ -53,9 +53,9 @@ from mhainterp.runtime import uses_work_threads
 from mhainterp.specialization.battery import specialization_test
 from mhainterp.specialization.seeds.combine import attach_division
 from mhainterp.specialization.settings import THRESHOLDS, DivisionSettings, SpecializationSettings
+from mhainterp.specialization.verdict.division_words import headline_call
 from mhainterp.specialization.verdict.labels import where_label
 from mhainterp.specialization.verdict.result import SpecializationResult
-from mhainterp.specialization.verdict.sentences import headline_call
 from mhainterp.specialization.verdict.stability import FACTORS, relabel, run_evidence
 from mhainterp.specialization.whom.division import division_of_labour
 from mhainterp.specialization.whom.division_result import DivisionResult

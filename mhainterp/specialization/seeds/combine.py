@@ -15,13 +15,14 @@ from mhainterp.ablation.replacement import method_order
 from mhainterp.heads import HEAD_SET_SEPARATOR
 from mhainterp.specialization.seeds.consistency import CONSISTENCY_COLUMNS, cross_seed_consistency
 from mhainterp.specialization.settings import DivisionSettings, SpecializationSettings
+from mhainterp.specialization.verdict.division_words import axis_call
 from mhainterp.specialization.verdict.labels import findings, serving_label
 from mhainterp.specialization.verdict.result import (
     DIVISION_COLUMNS,
     RUN_COLUMNS,
     SpecializationResult,
 )
-from mhainterp.specialization.verdict.sentences import RunVerdict, Verdict, axis_call, group_key
+from mhainterp.specialization.verdict.sentences import RunVerdict, Verdict, group_key
 from mhainterp.specialization.verdict.stability import (
     DIVISION_THRESHOLD,
     division_stability,

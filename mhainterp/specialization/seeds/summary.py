@@ -28,7 +28,8 @@ import pandas as pd
 from mhainterp.render import format_p
 from mhainterp.specialization.nulls import HEADS_SHUFFLED_NULL, SAME_FUNCTION_NULL
 from mhainterp.specialization.seeds.answer import MIN_INDEX, answer_line
-from mhainterp.specialization.verdict.sentences import BASIS_NAMES, UNDEFINED_INDEX, group_key
+from mhainterp.specialization.verdict.division_words import BASIS_NAMES, UNDEFINED_INDEX
+from mhainterp.specialization.verdict.sentences import group_key
 from mhainterp.stats import describe
 from mhainterp.sweep.compare import (
     all_seeds_equal,

@@ -19,88 +19,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from mhainterp.ablation.replacement import method_order
-from mhainterp.heads import head_set_labels, parse_head_label
-from mhainterp.render import format_index, format_p
-from mhainterp.specialization.settings import DivisionSettings
-from mhainterp.specialization.whom.division_calls import (
-    CALLS,
-    restated_axis,
-    zero_artefact,
-    zero_left_out_text,
+from mhainterp.render import format_p
+from mhainterp.specialization.verdict.division_words import (
+    SEEDS_DISAGREE,
+    SERVING_CALLS,
+    UNDEFINED_INDEX,
+    axis_call,
+    basis_text,
+    division_axes,
+    division_text,
+    headline_call,
+    is_finite,
+    layer_of,
+    with_layers,
 )
+from mhainterp.specialization.whom.division_calls import CALLS, restated_axis
 from mhainterp.stats import correction_name
 
 __all__ = [
-    "BASIS_NAMES",
-    "SERVING_CALLS",
-    "UNDEFINED_INDEX",
     "RunVerdict",
     "Verdict",
-    "compared_unit_labels",
-    "division_axes",
     "group_key",
-    "with_layers",
 ]
-
-UNDEFINED_INDEX = "undefined (fewer than 2 heads do damage)"
-"""How an index that single-head removal cannot define is written (never "nan vs null nan")."""
-
-BASIS_NAMES = {
-    "single": "single-head profiles",
-    "kept": "kept-head profiles",
-    "group": "group profiles",
-}
-"""How each basis of a division call is named, in sentences and figure titles alike."""
-
-
-def with_layers(heads: list[str]) -> str:
-    """Heads joined, each with its layer named when they span several layers (a layer-0
-    previous-token head compared with a layer-1 induction head says so).
-
-    Example:
-        >>> with_layers(["L0H3", "L1H1"])
-        'L0H3 (layer 0) and L1H1 (layer 1)'
-        >>> with_layers(["L0H0", "L0H1", "L1H2"])
-        'L0H0, L0H1 (layer 0) and L1H2 (layer 1)'
-        >>> with_layers(["L0H0", "L0H2"])
-        'L0H0, L0H2'
-        >>> with_layers(compared_unit_labels("(L0H0,L1H1),L1H2"))  # a group: its first layer
-        '(L0H0,L1H1) (layer 0) and L1H2 (layer 1)'
-    """
-    by_layer: dict[str, list[str]] = {}
-    for head in heads:
-        by_layer.setdefault(_layer_of(head), []).append(head)
-    if len(by_layer) < 2:
-        return ", ".join(heads)
-    parts = [f"{', '.join(h)} (layer {layer})" for layer, h in by_layer.items()]
-    return ", ".join(parts[:-1]) + " and " + parts[-1]
-
-
-def _layer_of(unit: str) -> str:
-    """``"0"`` for ``L0H3`` (a group ``(L0H0,L0H1)``: its first head's layer)."""
-    return str(parse_head_label(head_set_labels(unit.strip("()"))[0])[0])
-
-
-def compared_unit_labels(units: str) -> list[str]:
-    """The units of :func:`~mhainterp.specialization.seeds.combine.compared_units`, split at
-    the commas between them, not inside a group.
-
-    Example:
-        >>> compared_unit_labels("(L0H0,L1H1),L1H2")
-        ['(L0H0,L1H1)', 'L1H2']
-    """
-    return [u.strip() for u in _UNIT.findall(units) if u.strip()]
-
-
-_UNIT = re.compile(r"\([^)]*\)|[^,()]+")  # a parenthesised group, or one head label
 
 
 def _join(items: list[str], empty: str = "none") -> str:
@@ -120,139 +65,10 @@ def _plural(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-def _methods() -> tuple[str, ...]:
-    """The ablation methods in the order a sentence names them: the division's default first."""
-    return method_order(DivisionSettings().method)
-
-
-UNCALLED_MIN_GAIN = 0.0
-"""How far above its null a division row without a call (only the index, its null and ``p``)
-must put its index to be "divided" (:func:`axis_call`): any amount, with ``p < alpha``. A row
-the calibrated test wrote has its own call, taken with ``min_index`` and
-``min_selectivity_gain``."""
-
-SERVING_CALLS = ("divided", "method-dependent")
-"""Calls whose index a headline shows beside them: the axes it claims or hedges on."""
-
-SEEDS_DISAGREE = "seeds disagree"
-"""The call of a group of seeds on an axis where no call has a majority of the seeds and the
-seeds' defined calls differ (3 divided, 3 not): not "cannot tell", which means undefined."""
-
-
-def axis_call(d: dict[str, Any], alpha: float = 0.05) -> str:
-    """The call of one division row: its own ``call`` (the calibrated test) where it has one;
-    for a row without one (a division table given with only the index and its null),
-    ``divided`` or ``p < alpha`` and an index at least the division
-    :data:`UNCALLED_MIN_GAIN` above its null, and "cannot tell" where the index is undefined.
-
-    Example:
-        >>> axis_call({"by": "token", "index": float("nan"), "null_index": 0.0, "p": 1.0})
-        'cannot tell'
-        >>> axis_call({"by": "token", "call": "method-dependent", "index": 0.3})
-        'method-dependent'
-    """
-    call = d.get("call")
-    if isinstance(call, str) and call in CALLS:
-        return call
-    if not _finite(d.get("index")):
-        return "cannot tell"
-    divided = str(d.get("divided"))  # a bool, or its text after a CSV round trip
-    if divided in ("True", "False"):
-        return "divided" if divided == "True" else "not divided"
-    beyond = (
-        _finite(d.get("p"))
-        and float(d["p"]) < alpha
-        and float(d["index"]) - float(d["null_index"]) >= UNCALLED_MIN_GAIN
-    )
-    return "divided" if beyond else "not divided"
-
-
-def division_axes(division: list[dict[str, Any]], alpha: float) -> list[str]:
-    """The axes along which the heads divide the work: those whose call is "divided"
-    (:func:`axis_call`).
-
-    Example:
-        >>> division_axes([{"by": "token", "index": 0.4, "null_index": 0.1, "p": 0.001},
-        ...                {"by": "position", "index": 0.1, "null_index": 0.1, "p": 0.5}], 0.05)
-        ['token']
-    """
-    return [str(d["by"]) for d in division if axis_call(d, alpha) == "divided"]
-
-
-def _finite(value: Any) -> bool:
-    try:
-        return not math.isnan(float(value))
-    except (TypeError, ValueError):
-        return False
-
-
 def _per_seed(values: list[int], most: int = 10) -> str:
     """``; per seed 1, 1, 0`` while there are at most ``most`` seeds, else nothing (the mean
     and std say it; 100 seeds would list 100 numbers)."""
     return f"; per seed {', '.join(map(str, values))}" if len(values) <= most else ""
-
-
-def _null_text(d: dict[str, Any], null: str) -> str:
-    """``same-function null's 95% quantile 0.09``, the line the call uses, where the row has
-    it; else the null's mean (a row with only the index and its null), ``null 0.05``."""
-    if _finite(d.get("null_high")):
-        return f"{null}'s 95% quantile {format_index(float(d['null_high']))}"
-    return f"{null} {format_index(float(d['null_index']))}"
-
-
-def _index_text(d: dict[str, Any], leaders: Collection[str] = ()) -> str:
-    """The evidence of one axis: index with its CI against the null, or why it is undefined;
-    where its division may only restate that of one of ``leaders`` (the axes called divided or
-    method-dependent beside it), which one."""
-    if not _finite(d.get("index")):
-        reason = d.get("reason")
-        return UNDEFINED_INDEX + (f"; {reason}" if isinstance(reason, str) and reason else "")
-    text = f"index {format_index(float(d['index']))}"
-    if _finite(d.get("ci_low")) and _finite(d.get("ci_high")):
-        low, high = format_index(float(d["ci_low"])), format_index(float(d["ci_high"]))
-        text += f" [95% CI {low}, {high}]"
-    null = "same-function null" if "call" in d else "null"
-    floor = float(d["p_floor"]) if _finite(d.get("p_floor")) else None
-    p = float(d["p"]) if _finite(d.get("p")) else math.nan
-    text += f" vs {_null_text(d, null)} ({format_p(p, floor)})"
-    basis = d.get("basis")
-    if isinstance(basis, str) and basis in BASIS_NAMES:
-        text += f", on {BASIS_NAMES[basis]}"
-    units = compared_unit_labels(str(d.get("units") or ""))
-    if len({_layer_of(u) for u in units}) > 1:
-        text += f", comparing {with_layers(units)}"
-    methods = [
-        f"{m} {format_index(float(d[f'index_{m}']))}"
-        for m in _methods()
-        if _finite(d.get(f"index_{m}"))
-    ]
-    if axis_call(d) == "method-dependent" and methods:
-        text += f"; by method: {', '.join(methods)}"
-    calls = {m: d.get(f"call_{m}") for m in _methods()}
-    if zero_artefact(calls, str(d.get("by"))) and axis_call(d) != "method-dependent":
-        text += f"; {zero_left_out_text(d)}"
-    other = restated_axis(d)
-    if other in leaders and axis_call(d) in SERVING_CALLS:
-        text += (
-            f"; {other}'s profiles alone give {format_index(float(d['index_explained']))} here, "
-            "through "
-            f"how {d.get('by')} and {other} go together in these data, so this may only "
-            f"restate the division by {other}"
-        )
-    return text
-
-
-def _division_text(division: list[dict[str, Any]], alpha: float) -> str:
-    """ "Division of labour: by token divided (index 0.31 [0.25, 0.36] vs null 0.05, p < 0.001);
-    by position cannot tell (undefined ...)"."""
-    if not division:
-        return (
-            "Division of labour not measured (no division table): this verdict does not say "
-            "whether the heads divide the work."
-        )
-    leaders = {str(d["by"]) for d in division if axis_call(d, alpha) in SERVING_CALLS}
-    parts = [f"by {d['by']} {axis_call(d, alpha)} ({_index_text(d, leaders)})" for d in division]
-    return f"Division of labour: {'; '.join(parts)}."
 
 
 def _untested_text(untested: dict[str, int]) -> str:
@@ -264,108 +80,6 @@ def _untested_text(untested: dict[str, int]) -> str:
         f"not tested: {listed} that were not run (counted as not redundant), so the labels are "
         f"not shown to survive {it}"
     )
-
-
-def _divided_text(divided: list[str], restated: dict[str, str]) -> str:
-    """The divided axes, each that only follows another named with the one it follows, to the
-    end of the chain (token -> target_class -> position: both follow position); axes that
-    restate each other (a cycle) are named together, as the data cannot tell them apart.
-
-    Example:
-        >>> _divided_text(["token", "position", "target_class"],
-        ...               {"token": "target_class", "target_class": "position"})
-        'position (token, target_class follow it in these data)'
-        >>> _divided_text(["token", "position", "target_class"],
-        ...               {"position": "target_class", "target_class": "position"})[:39]
-        'token, position or target_class (these '
-    """
-    follows = {a: o for a, o in restated.items() if a in divided and o in divided}
-
-    def lead(axis: str) -> tuple[str, ...]:
-        """The root axis a chain ends at, or the axes of the cycle it runs into."""
-        path = [axis]
-        while path[-1] in follows:
-            nxt = follows[path[-1]]
-            if nxt in path:  # a cycle: the axes from nxt on restate each other
-                cycle = path[path.index(nxt) :]
-                return tuple(a for a in divided if a in cycle)
-            path.append(nxt)
-        return (path[-1],)
-
-    groups: dict[tuple[str, ...], list[str]] = {}
-    for axis in divided:
-        leaders = lead(axis)
-        groups.setdefault(leaders, [])
-        if axis not in leaders:
-            groups[leaders].append(axis)
-    parts = []
-    for leaders, led in groups.items():
-        part = " or ".join(leaders)
-        notes = []
-        if len(leaders) > 1:
-            notes.append("these axes go together in the data: which one is not told apart")
-        if led:
-            verb = "follows" if len(led) == 1 else "follow"
-            notes.append(f"{', '.join(led)} {verb} {'it' if len(leaders) == 1 else 'them'} in "
-                         "these data")  # fmt: skip
-        parts.append(part + (f" ({'; '.join(notes)})" if notes else ""))
-    return ", ".join(parts)
-
-
-def headline_call(
-    calls: dict[str, str], *, group: bool = False, restated: dict[str, str] | None = None
-) -> str:
-    """One clause for a set of per-axis calls: "the heads divide the work along token",
-    "the heads do not divide the work along any axis tested", "cannot tell whether the heads
-    divide the work", or "whether the heads divide the work along token depends on the
-    ablation method", joined when the axes differ; for a group of seeds
-    (:meth:`Verdict.group_calls`, ``group=True``: some seed has a defined call) also "the
-    seeds disagree whether the heads divide the work along position", and a "cannot tell"
-    on every axis is said as undefined in most seeds, not in every one.
-
-    Example:
-        >>> headline_call({"token": "divided", "position": "cannot tell"})
-        'the heads divide the work along token (cannot tell along position)'
-        >>> headline_call({"position": SEEDS_DISAGREE}, group=True)
-        'the seeds disagree whether the heads divide the work along position'
-        >>> headline_call({"position": "divided", "target_class": "divided"},
-        ...               restated={"target_class": "position"})
-        'the heads divide the work along position (target_class follows it in these data)'
-
-    ``restated``: divided axes whose division may only restate another divided axis's
-    (:func:`restated_axis`), said as following it, not as a division of their own.
-    """
-    if not calls:
-        return "the division of labour was not measured"
-    by: dict[str, list[str]] = {
-        c: [a for a, k in calls.items() if k == c] for c in (*CALLS, SEEDS_DISAGREE)
-    }
-    disagree = ", ".join(by[SEEDS_DISAGREE])
-    if by["divided"]:
-        text = f"the heads divide the work along {_divided_text(by['divided'], restated or {})}"
-    elif by["method-dependent"]:
-        text = (
-            f"whether the heads divide the work along {', '.join(by['method-dependent'])} "
-            "depends on the ablation method"
-        )
-    elif by["not divided"]:
-        text = "the heads do not divide the work along " + (
-            "any axis tested" if not by["cannot tell"] else ", ".join(by["not divided"])
-        )
-    elif disagree:
-        text = f"the seeds disagree whether the heads divide the work along {disagree}"
-    elif group:
-        return "cannot tell whether the heads divide the work (no axis defined in most seeds)"
-    else:
-        return "cannot tell whether the heads divide the work (every axis undefined)"
-    rest = []
-    if by["divided"] and by["method-dependent"]:
-        rest.append(f"method-dependent along {', '.join(by['method-dependent'])}")
-    if disagree and not text.startswith("the seeds disagree"):
-        rest.append(f"the seeds disagree along {disagree}")
-    if by["cannot tell"]:
-        rest.append(f"cannot tell along {', '.join(by['cannot tell'])}")
-    return text + (f" ({'; '.join(rest)})" if rest else "")
 
 
 def _some_defined(runs: list[RunVerdict]) -> bool:
@@ -384,33 +98,15 @@ def _group_index(runs: list[RunVerdict], axis: str) -> str:
         >>> _group_index(runs, "token")
         ', index 0.30 vs null q95 0.02'
     """
-    rows = [d for r in runs for d in r.division if str(d["by"]) == axis and _finite(d.get("index"))]
+    rows = [
+        d for r in runs for d in r.division if str(d["by"]) == axis and is_finite(d.get("index"))
+    ]
     if not rows:
         return ""
     index = _mean_std([float(d["index"]) for d in rows])
-    if all(_finite(d.get("null_high")) for d in rows):
+    if all(is_finite(d.get("null_high")) for d in rows):
         return f", index {index} vs null q95 {_mean_std([float(d['null_high']) for d in rows])}"
     return f", index {index} vs null {_mean_std([float(d['null_index']) for d in rows])}"
-
-
-def _basis_text(division: list[dict[str, Any]]) -> str:
-    """``; basis: kept-head profiles under mean, zero and resample ablation``: the profiles
-    the calls rest on and the methods they agree under, each against its own null.
-
-    Example:
-        >>> _basis_text([{"basis": "kept", "index_mean": 0.3, "index_zero": 0.2}])
-        '; basis: kept-head profiles under mean and zero ablation'
-    """
-    # An axis that is undefined everywhere has no basis (""): nothing to name.
-    bases = sorted({d["basis"] for d in division if d.get("basis") in BASIS_NAMES})
-    if not bases:
-        return ""
-    methods = [m for m in _methods() if any(_finite(d.get(f"index_{m}")) for d in division)]
-    named = ", ".join(BASIS_NAMES[b] for b in bases)
-    if not methods:
-        return f"; basis: {named}"
-    listed = methods[0] if len(methods) == 1 else f"{', '.join(methods[:-1])} and {methods[-1]}"
-    return f"; basis: {named} under {listed} ablation"
 
 
 def _stability_clause(runs: list[RunVerdict]) -> str:
@@ -589,7 +285,7 @@ class RunVerdict:
         return (
             f"{self.task}, h={self.n_heads}{self._seed_text}: "
             f"{headline_call(self.calls, restated=self.restated)}"
-            f"{_basis_text(self.division)}{_stability_clause([self])} ({where}; "
+            f"{basis_text(self.division)}{_stability_clause([self])} ({where}; "
             f"{len(self.needed)} of {self.total_heads} needed, {len(self.backed_up)} backed up, "
             f"{len(self.dead)} dead)."
         )
@@ -630,7 +326,7 @@ class RunVerdict:
         head in layer 1)."""
         if self.n_layers < 2:
             return ", ".join(heads)
-        layers = {h: _layer_of(h) for h in heads}
+        layers = {h: layer_of(h) for h in heads}
         return "; ".join(
             f"{', '.join(h for h in heads if layers[h] == layer)} in layer {layer}"
             for layer in dict.fromkeys(layers.values())
@@ -660,7 +356,7 @@ class RunVerdict:
         roles = self.redundant_roles or [""] * len(self.redundant_groups)
         groups = [
             " = ".join(
-                with_layers([h]) if self.n_layers < 2 else f"{h} (layer {_layer_of(h)})" for h in g
+                with_layers([h]) if self.n_layers < 2 else f"{h} (layer {layer_of(h)})" for h in g
             )
             + (f": {r}" if r else "")
             for g, r in zip(self.redundant_groups, roles, strict=False)
@@ -719,10 +415,10 @@ class RunVerdict:
             [
                 header + ":",
                 f"Headline: {headline_call(self.calls, restated=self.restated)}"
-                f"{_basis_text(self.division)}"
+                f"{basis_text(self.division)}"
                 f"{_stability_clause([self])}.",
                 self.relation_sentence(),
-                _division_text(self.division, self.alpha),
+                division_text(self.division, self.alpha),
                 self.stability_sentence(),
                 self.other_sentence(),
                 self.causal_sentence(),
@@ -884,7 +580,7 @@ class Verdict:
         return (
             f"h={first.n_heads} ({_plural(first.total_heads, 'head')}, {_plural(n, 'seed')}): "
             f"{headline_call(calls, group=_some_defined(runs), restated=restated)}{evidence}"
-            f"{_basis_text(rows)}"
+            f"{basis_text(rows)}"
             f"{_stability_clause(runs)}."
         )
 
@@ -908,9 +604,9 @@ class Verdict:
         for axis in axes:
             rows = [d for r in runs for d in r.division if str(d["by"]) == axis]
             beats = sum(axis in r.specialized_axes for r in runs)
-            defined = [d for d in rows if _finite(d.get("index"))]
+            defined = [d for d in rows if is_finite(d.get("index"))]
             if defined:
-                quantile = all(_finite(d.get("null_high")) for d in defined)
+                quantile = all(is_finite(d.get("null_high")) for d in defined)
                 null = "null's 95% quantile" if quantile else "null"
                 column = "null_high" if quantile else "null_index"
                 index = (
