@@ -85,3 +85,22 @@ def test_value_given_is_the_share_of_each_value_given_another():
     # a value kept out of an axis (too few triples) takes no share
     keep = torch.tensor([[True, True], [True, False]])
     assert value_given([position, klass], [2, 2], keep)[0, 1].tolist() == [[1.0, 0.0], [0.0, 0.0]]
+
+
+@pytest.mark.parametrize("method", ["mean", "zero"])
+def test_noisy_copies_of_one_head_restate_nothing_and_harm_nothing(method):
+    """Two noisy copies of one head that does the whole job, on the position-biased data: the
+    heads are backed up and do the same job, so no axis is divided, none is restated
+    (``explained_by`` names only a divided axis) and no head helps when removed, under mean
+    and zero ablation alike."""
+    model = split_heads_model([("all", None), ("all", None)])
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        W_O = model.blocks[0].attn.W_O
+        W_O.mul_(0.5).add_(0.05 * torch.randn(W_O.shape, generator=generator) * W_O.abs().max())
+    result = division_of_labour(model, _biased(0.6), method=method, methods=(method,), **SETTINGS)
+    index = result.index.set_index("by")
+    assert (index["call"] != "divided").all(), index["call"].to_dict()
+    assert (index["explained_by"] == "").all() and index["index_explained"].isna().all()
+    assert _restated(result) == {"token": "", "position": "", "target_class": ""}
+    assert (result.heads["helped_share"].fillna(0.0) < 0.5).all()
